@@ -1,0 +1,144 @@
+// Package checkpoint owns the checkpoint protocol of a Weir job: the coordinator
+// (a pure state machine that decides when checkpoints are triggered, completed,
+// aborted and notified), the pebble-backed store of completed checkpoints (the
+// commit point of the job's distributed transaction), and the contracts that
+// operators implement to take part (snapshots, transaction handles, listeners).
+//
+// It deals in ids, task names, handles and opaque bytes only. It must not know
+// about runtime operators, Kafka, RPC or the cluster: the runtime, the job
+// manager and the connectors adapt to it, never the other way round.
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ID identifies a checkpoint of one job. IDs strictly increase over the life of
+// the job, across restarts and failovers; 0 means "no checkpoint".
+type ID uint64
+
+// TaskID names one parallel subtask of a job, e.g. "map-3#1". It is stable
+// for a given job graph and parallelism.
+type TaskID string
+
+// TxnHandle is everything needed to finish a pre-committed Kafka transaction
+// from any process: commit it on recovery, or abort it. Match transactions by
+// producer id, never by epoch alone: the epoch bumps after every EndTxn.
+type TxnHandle struct {
+	TransactionalID string `json:"transactional_id"`
+	ProducerID      int64  `json:"producer_id"`
+	Epoch           int16  `json:"epoch"`
+	// Checkpoint is the checkpoint whose epoch this transaction carries.
+	Checkpoint ID `json:"checkpoint"`
+}
+
+// OperatorSnapshot is the state one operator of one subtask took at a barrier.
+// Operators are matched on restore by UID, so it survives graph changes that
+// keep UIDs stable.
+type OperatorSnapshot struct {
+	UID string `json:"uid"`
+	// Subtask and Parallelism record where the snapshot was taken.
+	Subtask     int `json:"subtask"`
+	Parallelism int `json:"parallelism"`
+	// State is operator (non-keyed) state as a list of entries; on restore at
+	// another parallelism the entries of all subtasks are redistributed.
+	State [][]byte `json:"state,omitempty"`
+	// KeyGroups holds keyed state, one opaque blob per key group, so key groups
+	// can move between subtasks when the parallelism changes.
+	KeyGroups map[int][]byte `json:"key_groups,omitempty"`
+	// Handles are the transactions this operator pre-committed for the
+	// checkpoint. They are committed when the checkpoint completes and again,
+	// idempotently, on restore from it.
+	Handles []TxnHandle `json:"handles,omitempty"`
+}
+
+// TaskSnapshot is what a subtask acknowledges a checkpoint with.
+type TaskSnapshot struct {
+	Task      TaskID             `json:"task"`
+	Operators []OperatorSnapshot `json:"operators"`
+}
+
+// Handles returns every transaction handle of the snapshot.
+func (s TaskSnapshot) Handles() []TxnHandle {
+	var hs []TxnHandle
+	for _, op := range s.Operators {
+		hs = append(hs, op.Handles...)
+	}
+	return hs
+}
+
+// Size is the number of state bytes in the snapshot.
+func (s TaskSnapshot) Size() int64 {
+	var n int64
+	for _, op := range s.Operators {
+		for _, e := range op.State {
+			n += int64(len(e))
+		}
+		for _, kg := range op.KeyGroups {
+			n += int64(len(kg))
+		}
+	}
+	return n
+}
+
+// TaskStats are the per-task timings reported with an acknowledgement.
+type TaskStats struct {
+	// AckLatency is from trigger to the coordinator receiving the ack.
+	AckLatency time.Duration `json:"ack_latency"`
+	// Alignment is how long the task held inputs back waiting for barriers.
+	Alignment time.Duration `json:"alignment"`
+	Size      int64         `json:"size"`
+}
+
+// Completed is a checkpoint every task acknowledged. Writing it to the Store is
+// the commit point of the job's distributed transaction.
+type Completed struct {
+	Job         string                  `json:"job"`
+	ID          ID                      `json:"id"`
+	TriggeredAt time.Time               `json:"triggered_at"`
+	CompletedAt time.Time               `json:"completed_at"`
+	Tasks       map[TaskID]TaskSnapshot `json:"tasks"`
+	Stats       map[TaskID]TaskStats    `json:"stats,omitempty"`
+}
+
+// Handles returns every transaction handle of the checkpoint.
+func (c Completed) Handles() []TxnHandle {
+	var hs []TxnHandle
+	for _, t := range c.Tasks {
+		hs = append(hs, t.Handles()...)
+	}
+	return hs
+}
+
+// Size is the number of state bytes in the checkpoint.
+func (c Completed) Size() int64 {
+	var n int64
+	for _, t := range c.Tasks {
+		n += t.Size()
+	}
+	return n
+}
+
+// Listener is implemented by operators that take part in checkpoint
+// completion, e.g. transactional sinks and acknowledging sources.
+//
+// Notifications are best effort (as in Flink): one may be lost when a process
+// dies, so an implementation must also finish its pre-committed work on
+// restore, and must treat notifications idempotently. A notification for n
+// covers every checkpoint <= n.
+type Listener interface {
+	NotifyCheckpointComplete(ctx context.Context, id ID) error
+	NotifyCheckpointAborted(ctx context.Context, id ID) error
+}
+
+// ErrDeclined is wrapped by errors with which a task refuses a checkpoint.
+var ErrDeclined = errors.New("checkpoint declined")
+
+// ErrCorrupt is wrapped by store errors about checkpoints that fail their
+// checksum or cannot be decoded.
+var ErrCorrupt = errors.New("checkpoint corrupt")
+
+// ErrNotFound is returned when no completed checkpoint exists.
+var ErrNotFound = errors.New("no completed checkpoint")

@@ -1,0 +1,367 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+
+	"github.com/weirstream/weir/internal/kafkatest"
+)
+
+// streamctlBin is the streamctl binary built once by TestMain; tests run it
+// as a separate process. It is written only by TestMain, before any test.
+var streamctlBin string
+
+// TestMain builds streamctl once for the process tests and checks for leaked
+// goroutines after all tests.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "streamctl-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "temp dir:", err)
+		os.Exit(1)
+	}
+	streamctlBin = filepath.Join(dir, "streamctl")
+	build := exec.Command(goTool(), "build", "-o", streamctlBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build streamctl:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// goTool returns the go command running this test.
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
+}
+
+// runCLI runs the root command in-process.
+func runCLI(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	root := newRootCmd(&out, &errb)
+	root.SetArgs(args)
+	err = root.ExecuteContext(context.Background())
+	return out.String(), errb.String(), err
+}
+
+func TestVersionPrintsModuleAndGoVersion(t *testing.T) {
+	out, _, err := runCLI(t, "version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"streamctl ", "module: github.com/weirstream/weir", "go: " + runtime.Version()} {
+		if !strings.Contains(out, want) {
+			t.Errorf("version output %q lacks %q", out, want)
+		}
+	}
+}
+
+func TestCLIRejectsBadInvocations(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate" for "streamctl"`},
+		{"unknown flag", []string{"broker", "--frobnicate"}, "unknown flag: --frobnicate"},
+		{"bad log level", []string{"--log-level", "loud", "version"}, `invalid --log-level "loud"`},
+		{"bad log format", []string{"--log-format", "xml", "version"}, `invalid --log-format "xml"`},
+		{"extra argument", []string{"version", "extra"}, `unknown command "extra"`},
+		{"config without =", []string{"broker", "--config", "nokey"}, `"nokey": want key=value`},
+		{"unknown config", []string{"broker", "--listen", "127.0.0.1:0", "--config", "no.such=1"}, `unknown broker config "no.such"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, stderr, err := runCLI(t, tt.args...)
+			if err == nil {
+				t.Fatal("command succeeded")
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q lacks %q", err, tt.want)
+			}
+			if !strings.Contains(stderr, "Error: ") {
+				t.Errorf("stderr %q does not show the error", stderr)
+			}
+		})
+	}
+}
+
+func TestCompletionScriptIsGenerated(t *testing.T) {
+	out, _, err := runCLI(t, "completion", "bash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "__start_streamctl") {
+		t.Fatalf("bash completion lacks __start_streamctl: %.200q", out)
+	}
+}
+
+func TestLogFormatJSONWritesJSONToStderr(t *testing.T) {
+	var out, errb bytes.Buffer
+	a := &app{stdout: &out, stderr: &errb, logLevel: "info", logFormat: "json"}
+	log, err := a.logger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Debug("hidden")
+	log.Info("shown")
+	_ = log.Sync()
+	if out.Len() != 0 {
+		t.Fatalf("logger wrote to stdout: %q", out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(errb.String()), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "{") || !strings.Contains(lines[0], `"msg":"shown"`) {
+		t.Fatalf("stderr = %q, want one JSON line for the info message only", errb.String())
+	}
+}
+
+// brokerProc is a `streamctl broker` process.
+type brokerProc struct {
+	cmd    *exec.Cmd
+	addr   string
+	stdout *bytes.Buffer // stdout after the listening line
+	stderr *bytes.Buffer
+	done   chan struct{} // closed when the process has exited and output is drained
+}
+
+// startBroker starts `streamctl broker args...` and waits for its listening
+// line. The process is killed on cleanup if still running.
+func startBroker(t *testing.T, args ...string) *brokerProc {
+	t.Helper()
+	cmd := exec.Command(streamctlBin, append([]string{"broker"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &brokerProc{cmd: cmd, stdout: new(bytes.Buffer), stderr: new(bytes.Buffer), done: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lineCh := make(chan string, 1)
+	go func() {
+		defer close(p.done)
+		r := bufio.NewReader(stdout)
+		line, _ := r.ReadString('\n')
+		lineCh <- line
+		_, _ = io.Copy(p.stdout, r)
+		_ = cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+	})
+	select {
+	case line := <-lineCh:
+		m := regexp.MustCompile(`^broker listening on (127\.0\.0\.1:\d+)\n$`).FindStringSubmatch(line)
+		if m == nil {
+			<-p.done
+			t.Fatalf("first stdout line = %q, want \"broker listening on HOST:PORT\"; stderr:\n%s", line, p.stderr)
+		}
+		p.addr = m[1]
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no listening line within 30s; stderr:\n%s", p.stderr)
+	}
+	return p
+}
+
+// stop sends SIGTERM and checks the broker exits 0 without more stdout.
+func (p *brokerProc) stop(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("broker did not stop within 30s after SIGTERM; stderr:\n%s", p.stderr)
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("broker exit code after SIGTERM = %d, want 0; stderr:\n%s", code, p.stderr)
+	}
+	if p.stdout.Len() != 0 {
+		t.Fatalf("broker wrote more to stdout: %q", p.stdout)
+	}
+}
+
+func TestBrokerServesClientsAndKeepsStateAcrossRestart(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	p := startBroker(t, "--listen", "127.0.0.1:0", "--data-dir", dir, "--partitions", "3")
+
+	// Produce plain records to an auto-created topic.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr), kgo.AllowAutoTopicCreation(), kgo.DefaultProduceTopic("plain"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range 10 {
+		if err := cl.ProduceSync(ctx, kgo.StringRecord(fmt.Sprint("p", i))).FirstErr(); err != nil {
+			t.Fatalf("produce: %v", err)
+		}
+	}
+	topics, err := kadm.NewClient(cl).ListTopics(ctx, "plain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(topics["plain"].Partitions); n != 3 {
+		t.Fatalf("auto-created topic has %d partitions, want --partitions 3", n)
+	}
+
+	// Consume them with a consumer group (committing offsets).
+	cons, err := kgo.NewClient(kgo.SeedBrokers(p.addr), kgo.ConsumeTopics("plain"), kgo.ConsumerGroup("g"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for got < 10 {
+		fs := cons.PollFetches(ctx)
+		if err := fs.Err0(); err != nil {
+			t.Fatalf("consume: %v", err)
+		}
+		got += fs.NumRecords()
+	}
+	if err := cons.CommitUncommittedOffsets(ctx); err != nil {
+		t.Fatalf("commit offsets: %v", err)
+	}
+	cons.Close()
+
+	// A committed transaction on another topic.
+	txn, err := kgo.NewClient(kgo.SeedBrokers(p.addr), kgo.AllowAutoTopicCreation(), kgo.DefaultProduceTopic("txn"),
+		kgo.TransactionalID("t1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if err := txn.ProduceSync(ctx, kgo.StringRecord(fmt.Sprint("t", i))).FirstErr(); err != nil {
+			t.Fatalf("transactional produce: %v", err)
+		}
+	}
+	if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	before, err := kafkatest.ReadCommitted(ctx, []string{p.addr}, "txn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(before) != 5 {
+		t.Fatalf("before restart, read committed %d records, want 5", len(before))
+	}
+
+	p.stop(t)
+	p2 := startBroker(t, "--listen", "127.0.0.1:0", "--data-dir", dir)
+
+	for topic, want := range map[string]int{"plain": 10, "txn": 5} {
+		recs, err := kafkatest.ReadCommitted(ctx, []string{p2.addr}, topic)
+		if err != nil {
+			t.Fatalf("after restart, read %s: %v", topic, err)
+		}
+		if len(recs) != want {
+			t.Errorf("after restart, %s has %d committed records, want %d", topic, len(recs), want)
+		}
+	}
+	adm, err := kgo.NewClient(kgo.SeedBrokers(p2.addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	offs, err := kadm.NewClient(adm).FetchOffsets(ctx, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var committed int64
+	offs.Each(func(o kadm.OffsetResponse) { committed += o.At })
+	if committed != 10 {
+		t.Errorf("after restart, group g has committed offsets summing to %d, want 10", committed)
+	}
+	p2.stop(t)
+}
+
+func TestBrokerRefusesUnusableSetupsWithOneErrorLine(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"busy port", []string{"--listen", busy.Addr().String()},
+			"Error: cannot listen on " + busy.Addr().String() + ": address already in use"},
+		{"data dir under a file", []string{"--listen", "127.0.0.1:0", "--data-dir", filepath.Join(file, "data")},
+			"Error: data dir " + filepath.Join(file, "data") + " cannot be created: not a directory"},
+	}
+	if os.Geteuid() != 0 { // root writes anywhere
+		ro := filepath.Join(t.TempDir(), "ro")
+		if err := os.Mkdir(ro, 0o500); err != nil {
+			t.Fatal(err)
+		}
+		tests = append(tests, struct {
+			name string
+			args []string
+			want string
+		}{"read-only data dir", []string{"--listen", "127.0.0.1:0", "--data-dir", ro}, "Error: data dir " + ro + " is not writable: permission denied"})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := exec.Command(streamctlBin, append([]string{"broker"}, tt.args...)...)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+				t.Fatalf("run: %v, want exit code 1; stderr:\n%s", err, stderr.String())
+			}
+			if got := strings.TrimSuffix(stderr.String(), "\n"); got != tt.want {
+				t.Errorf("stderr = %q, want exactly one line %q", stderr.String(), tt.want)
+			}
+			if stdout.Len() != 0 {
+				t.Errorf("stdout = %q, want nothing", stdout.String())
+			}
+		})
+	}
+}

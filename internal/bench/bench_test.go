@@ -1,0 +1,44 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestCorpusIsDeterministic(t *testing.T) {
+	a, b := Corpus(7, 100, 10, 50), Corpus(7, 100, 10, 50)
+	if strings.Join(a, "\n") != strings.Join(b, "\n") || len(strings.Fields(a[0])) != 10 {
+		t.Fatal("corpus differs between runs with one seed, or has the wrong shape")
+	}
+}
+
+func TestWeirWordcountCountsEveryWord(t *testing.T) {
+	corpus := Corpus(3, 2000, 10, 300)
+	if _, err := weirWordcount(context.Background(), corpus, 20000); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunPrintsOneJSONLinePerResult(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a benchmark")
+	}
+	var buf bytes.Buffer
+	if err := Run(context.Background(), &buf, Config{Quick: true}, "runtime-wordcount"); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("got %d lines: %q", len(lines), buf.String())
+	}
+	var l Line
+	if err := json.Unmarshal([]byte(lines[0]), &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Bench != "runtime-wordcount" || l.Metric != "words_per_s" || l.Value <= 0 || l.BaselineValue <= 0 || l.Ratio <= 0 {
+		t.Fatalf("incomplete line %+v", l)
+	}
+}

@@ -1,0 +1,92 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/weirstream/weir/runtime"
+)
+
+// RuntimeWordcount measures an in-memory wordcount on the mini cluster
+// (parallelism 2, a checkpoint every 100 ms, keyed running counts) against a
+// hand-written single-goroutine strings.Fields + map loop over the same
+// corpus, in words per second.
+func RuntimeWordcount(ctx context.Context, cfg Config) ([]Line, error) {
+	lines, rounds := 400_000, 3
+	if cfg.Quick {
+		lines, rounds = 150_000, 2
+	}
+	corpus := Corpus(1, lines, 10, 20_000)
+	var words int
+	for _, l := range corpus {
+		words += len(strings.Fields(l))
+	}
+	var best, bestBase float64
+	for r := 0; r < rounds; r++ {
+		base := baselineWordcount(corpus)
+		el, err := weirWordcount(ctx, corpus, int64(words))
+		if err != nil {
+			return nil, err
+		}
+		best = max(best, float64(words)/el.Seconds())
+		bestBase = max(bestBase, float64(words)/base.Seconds())
+	}
+	return []Line{{Bench: "runtime-wordcount", Metric: "words_per_s", Value: best,
+		Baseline: "single-goroutine-fields-map", BaselineValue: bestBase, Ratio: best / bestBase}}, nil
+}
+
+func baselineWordcount(corpus []string) time.Duration {
+	start := time.Now()
+	counts := map[string]int64{}
+	var sink int64
+	for _, l := range corpus {
+		for _, w := range strings.Fields(strings.ToLower(l)) {
+			counts[w]++
+			sink += counts[w]
+		}
+	}
+	_ = sink
+	return time.Since(start)
+}
+
+type wordCount struct {
+	Word  string
+	Count int64
+}
+
+func weirWordcount(ctx context.Context, corpus []string, words int64) (time.Duration, error) {
+	j := runtime.NewJob("bench-wordcount", runtime.DefaultParallelism(2))
+	text := runtime.FromSource(j, "lines", runtime.SliceSource(corpus, 64))
+	split := runtime.FlatMap(text, "split", func(l string, out runtime.Collector[wordCount]) error {
+		for _, w := range strings.Fields(strings.ToLower(l)) {
+			out.Collect(wordCount{Word: w, Count: 1})
+		}
+		return nil
+	})
+	counts := runtime.Reduce(runtime.KeyBy(split, func(c wordCount) string { return c.Word }, nil), "count",
+		func(acc, c wordCount) (wordCount, error) {
+			acc.Count += c.Count
+			return acc, nil
+		}, nil)
+	var seen atomic.Int64
+	runtime.SinkTo(counts, "discard", runtime.SinkFunc(func(context.Context, wordCount) error {
+		seen.Add(1)
+		return nil
+	}))
+	start := time.Now()
+	_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond)).Run(ctx, j)
+	el := time.Since(start)
+	if err == nil && seen.Load() != words {
+		return 0, errWrongCount{seen.Load(), words}
+	}
+	return el, err
+}
+
+type errWrongCount struct{ got, want int64 }
+
+func (e errWrongCount) Error() string {
+	return fmt.Sprintf("wordcount emitted %d counts for %d words", e.got, e.want)
+}

@@ -1,0 +1,428 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/checkpoint"
+)
+
+// ErrEndOfInput is returned by Source.Poll when a bounded source has emitted
+// everything. The job finishes once every source ended and a final
+// checkpoint taken after that completed (so transactional sinks commit).
+var ErrEndOfInput = io.EOF
+
+// ErrInvalidJob is wrapped by every error about a job graph that cannot run.
+var ErrInvalidJob = errors.New("runtime: invalid job")
+
+// Collector receives the records an operator emits.
+type Collector[T any] interface {
+	Collect(v T)
+}
+
+// OperatorState is the non-keyed state an operator snapshots at a barrier:
+// a list of opaque entries (redistributed over subtasks when the parallelism
+// changes) and the transactions it pre-committed for the checkpoint.
+type OperatorState struct {
+	Entries [][]byte
+	Handles []checkpoint.TxnHandle
+}
+
+// Failpointer injects faults by name (see internal/failpoint). A nil
+// Failpointer injects nothing.
+type Failpointer interface {
+	Inject(name string) error
+}
+
+// OperatorContext is what an operator subtask learns when it opens.
+type OperatorContext struct {
+	Job         string
+	Name        string
+	UID         string
+	Subtask     int
+	Parallelism int
+	// Attempt counts restarts of the job in this executor, from 0.
+	Attempt int
+	// RestoredFrom is the checkpoint this subtask was restored from (0: none).
+	RestoredFrom checkpoint.ID
+	// Restored are the operator state entries assigned to this subtask.
+	Restored [][]byte
+	// CommitHandles are transactions of the restored checkpoint this subtask
+	// must commit (idempotently) before it produces anything.
+	CommitHandles []checkpoint.TxnHandle
+	// AbortHandles are transactions of later, incomplete checkpoints known to
+	// the executor, which this subtask should abort.
+	AbortHandles []checkpoint.TxnHandle
+	Logger       *zap.Logger
+	Failpoints   Failpointer
+	// RequestCheckpoint asks the coordinator for a checkpoint now (e.g. a
+	// source nearing its in-flight limit). It never blocks.
+	RequestCheckpoint func(reason string)
+}
+
+// Source produces records. Poll is called repeatedly from the task goroutine;
+// between two calls the task injects barriers, so Poll must return within a
+// bounded time (tens of milliseconds) even when no data arrives.
+//
+// A Source may implement checkpoint.Listener.
+type Source[T any] interface {
+	Open(ctx context.Context, oc *OperatorContext) error
+	// Poll emits zero or more records into out. It returns ErrEndOfInput
+	// when a bounded source is exhausted.
+	Poll(ctx context.Context, out Collector[T]) error
+	// Snapshot is called at barrier id, between two Polls. An error wrapping
+	// checkpoint.ErrDeclined declines the checkpoint; any other fails the
+	// task.
+	Snapshot(ctx context.Context, id checkpoint.ID) (OperatorState, error)
+	Close() error
+}
+
+// Sink consumes records. A Sink may implement checkpoint.Listener, which is
+// how transactional sinks commit on checkpoint completion.
+type Sink[T any] interface {
+	Open(ctx context.Context, oc *OperatorContext) error
+	Write(ctx context.Context, v T) error
+	// Snapshot is called at barrier id after every record before it was
+	// written: flush and pre-commit here.
+	Snapshot(ctx context.Context, id checkpoint.ID) (OperatorState, error)
+	Close() error
+}
+
+// KeyedProcessFunction processes a keyed stream with keyed state. Open
+// declares state with NewValueState / NewMapState; Process sees one record
+// and its key, with every state scoped to that key.
+type KeyedProcessFunction[K comparable, T, U any] interface {
+	Open(ctx context.Context, st *StateRegistry[K]) error
+	Process(key K, v T, out Collector[U]) error
+}
+
+// Job is a job graph under construction. Build it with FromSource, the
+// operator functions and SinkTo; run it with an Executor.
+type Job struct {
+	name           string
+	parallelism    int
+	maxParallelism int
+	nodes          []*node
+	err            error
+}
+
+// JobOpt configures a Job.
+type JobOpt func(*Job)
+
+// DefaultParallelism sets the parallelism of operators that set none (default 1).
+func DefaultParallelism(n int) JobOpt { return func(j *Job) { j.parallelism = n } }
+
+// MaxParallelism sets the number of key groups (default 128): the highest
+// parallelism a keyed operator may ever run at, fixed for the life of the
+// job's state.
+func MaxParallelism(n int) JobOpt { return func(j *Job) { j.maxParallelism = n } }
+
+// NewJob starts a job graph.
+func NewJob(name string, opts ...JobOpt) *Job {
+	j := &Job{name: name, parallelism: 1, maxParallelism: DefaultMaxParallelism}
+	for _, o := range opts {
+		o(j)
+	}
+	return j
+}
+
+// Name is the job's name.
+func (j *Job) Name() string { return j.name }
+
+// Parallelism is the job's default parallelism.
+func (j *Job) Parallelism() int { return j.parallelism }
+
+func (j *Job) fail(err error) {
+	if j.err == nil {
+		j.err = err
+	}
+}
+
+// OpOpt configures one operator.
+type OpOpt func(*node)
+
+// UID sets the operator's stable id, by which its state is matched on
+// restore. Defaults to the operator's name; set it explicitly before renaming.
+func UID(uid string) OpOpt { return func(n *node) { n.uid = uid } }
+
+// Parallelism sets the operator's parallelism.
+func Parallelism(p int) OpOpt { return func(n *node) { n.parallelism = p } }
+
+// Stream is a typed stream of records of T.
+type Stream[T any] struct {
+	job  *Job
+	node *node
+	part edgeKind // how the next operator connects
+}
+
+// Rebalance distributes the stream's records round-robin over the next
+// operator's subtasks.
+func Rebalance[T any](s *Stream[T]) *Stream[T] {
+	return &Stream[T]{job: s.job, node: s.node, part: edgeRebalance}
+}
+
+// Broadcast sends every record to every subtask of the next operator.
+func Broadcast[T any](s *Stream[T]) *Stream[T] {
+	return &Stream[T]{job: s.job, node: s.node, part: edgeBroadcast}
+}
+
+// KeyedStream is a stream partitioned by key: all records of one key reach
+// the same subtask, and keyed state is scoped to the key.
+type KeyedStream[K comparable, T any] struct {
+	s     *Stream[T]
+	key   func(T) K
+	codec Codec[K]
+}
+
+// KeyBy partitions s by key. kc encodes keys for hashing into key groups and
+// for state snapshots (nil: DefaultCodec).
+func KeyBy[T any, K comparable](s *Stream[T], key func(T) K, kc Codec[K]) *KeyedStream[K, T] {
+	if kc == nil {
+		kc = DefaultCodec[K]()
+	}
+	return &KeyedStream[K, T]{s: s, key: key, codec: kc}
+}
+
+// FromSource adds a source to the job. newSource is called once per subtask
+// and attempt: every subtask owns its Source.
+func FromSource[T any](j *Job, name string, newSource func() Source[T], opts ...OpOpt) *Stream[T] {
+	n := j.addNode(name, opts)
+	n.kind = kindSource
+	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
+		return &sourceInstance[T]{src: newSource(), out: out.(pushFn[T]), oc: oc}, nil
+	}
+	setOutputType[T](n)
+	return &Stream[T]{job: j, node: n}
+}
+
+// Map applies fn to every record. An error from fn fails the task. fn is
+// shared by every subtask: it must be safe for concurrent use.
+func Map[T, U any](s *Stream[T], name string, fn func(T) (U, error), opts ...OpOpt) *Stream[U] {
+	n := connect(s, name, opts)
+	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
+		next := out.(pushFn[U])
+		fp := oc.Failpoints
+		return &funcInstance{in: pushFn[T](func(v T) error {
+			if err := injectProcess(fp); err != nil {
+				return err
+			}
+			u, err := fn(v)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			return next(u)
+		})}, nil
+	}
+	setOutputType[U](n)
+	return &Stream[U]{job: s.job, node: n}
+}
+
+// FlatMap calls fn for every record; fn emits zero or more records into out.
+func FlatMap[T, U any](s *Stream[T], name string, fn func(T, Collector[U]) error, opts ...OpOpt) *Stream[U] {
+	n := connect(s, name, opts)
+	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
+		c := &collector[U]{push: out.(pushFn[U])}
+		fp := oc.Failpoints
+		return &funcInstance{in: pushFn[T](func(v T) error {
+			if err := injectProcess(fp); err != nil {
+				return err
+			}
+			if err := fn(v, c); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			return c.take()
+		})}, nil
+	}
+	setOutputType[U](n)
+	return &Stream[U]{job: s.job, node: n}
+}
+
+// Filter keeps the records for which keep returns true.
+func Filter[T any](s *Stream[T], name string, keep func(T) bool, opts ...OpOpt) *Stream[T] {
+	n := connect(s, name, opts)
+	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
+		next := out.(pushFn[T])
+		fp := oc.Failpoints
+		return &funcInstance{in: pushFn[T](func(v T) error {
+			if err := injectProcess(fp); err != nil {
+				return err
+			}
+			if keep(v) {
+				return next(v)
+			}
+			return nil
+		})}, nil
+	}
+	setOutputType[T](n)
+	return &Stream[T]{job: s.job, node: n}
+}
+
+// Process runs a keyed process function with keyed state. newFn is called
+// once per subtask and attempt.
+func Process[K comparable, T, U any](ks *KeyedStream[K, T], name string, newFn func() KeyedProcessFunction[K, T, U], opts ...OpOpt) *Stream[U] {
+	hashed := &Stream[T]{job: ks.s.job, node: ks.s.node, part: edgeHash}
+	n := connect(hashed, name, opts)
+	n.keyed = true
+	hash := keyHasher(ks.codec)
+	maxPar := ks.s.job.maxParallelism
+	n.inputs[0].keyGroup = func(v T) int { return int(hash(ks.key(v)) % uint32(maxPar)) }
+	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
+		return newKeyedInstance[K, T, U](name, ks, newFn(), hash, maxPar, oc, out.(pushFn[U])), nil
+	}
+	setOutputType[U](n)
+	return &Stream[U]{job: ks.s.job, node: n}
+}
+
+// Reduce keeps one accumulated value per key and emits it after every record
+// (a rolling reduce): the first record of a key is its first accumulator.
+func Reduce[K comparable, T any](ks *KeyedStream[K, T], name string, fn func(acc, v T) (T, error), c Codec[T], opts ...OpOpt) *Stream[T] {
+	return Process[K, T, T](ks, name, func() KeyedProcessFunction[K, T, T] { return &reducer[K, T]{fn: fn, codec: c} }, opts...)
+}
+
+type reducer[K comparable, T any] struct {
+	fn    func(acc, v T) (T, error)
+	codec Codec[T]
+	acc   *ValueState[T]
+}
+
+func (r *reducer[K, T]) Open(_ context.Context, st *StateRegistry[K]) error {
+	var err error
+	r.acc, err = NewValueState[T](st, "reduce", r.codec)
+	return err
+}
+
+func (r *reducer[K, T]) Process(_ K, v T, out Collector[T]) error {
+	if acc, ok := r.acc.Value(); ok {
+		var err error
+		if v, err = r.fn(acc, v); err != nil {
+			return err
+		}
+	}
+	r.acc.Update(v)
+	out.Collect(v)
+	return nil
+}
+
+// ProcessFunc adapts a function without state to a KeyedProcessFunction.
+type ProcessFunc[K comparable, T, U any] func(key K, v T, out Collector[U]) error
+
+// Open implements KeyedProcessFunction.
+func (ProcessFunc[K, T, U]) Open(context.Context, *StateRegistry[K]) error { return nil }
+
+// Process implements KeyedProcessFunction.
+func (f ProcessFunc[K, T, U]) Process(key K, v T, out Collector[U]) error { return f(key, v, out) }
+
+// SinkTo writes the stream into a sink. newSink is called once per subtask
+// and attempt.
+func SinkTo[T any](s *Stream[T], name string, newSink func() Sink[T], opts ...OpOpt) {
+	n := connect(s, name, opts)
+	n.kind = kindSink
+	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
+		return newSinkInstance(newSink(), oc), nil
+	}
+}
+
+var uidPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+func (j *Job) addNode(name string, opts []OpOpt) *node {
+	n := &node{id: len(j.nodes), name: name, uid: name, parallelism: j.parallelism}
+	for _, o := range opts {
+		o(n)
+	}
+	if !uidPattern.MatchString(n.uid) {
+		j.fail(fmt.Errorf("%w: operator %q: uid %q must be 1-128 of [A-Za-z0-9._-]", ErrInvalidJob, name, n.uid))
+	}
+	if n.parallelism < 1 {
+		j.fail(fmt.Errorf("%w: operator %q: parallelism %d < 1", ErrInvalidJob, name, n.parallelism))
+	}
+	j.nodes = append(j.nodes, n)
+	return n
+}
+
+func connect[T any](s *Stream[T], name string, opts []OpOpt) *node {
+	n := s.job.addNode(name, opts)
+	kind := s.part
+	if kind == edgeForward && s.node.parallelism != n.parallelism {
+		kind = edgeRebalance
+	}
+	e := &edge{from: s.node, to: n, kind: kind}
+	e.newWriter = func(tw *taskWiring, chans []chan envelope, subtask int) (any, outputGate) {
+		w := newOutWriter[T](tw, chans, e, subtask)
+		return pushFn[T](w.push), w
+	}
+	e.deliver = func(batch any, in any) error {
+		push := in.(pushFn[T])
+		for _, v := range batch.([]T) {
+			if err := push(v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	s.node.outputs = append(s.node.outputs, e)
+	n.inputs = append(n.inputs, e)
+	return n
+}
+
+// setOutputType records how to fan one output out to several edges.
+func setOutputType[T any](n *node) {
+	n.fanout = func(pushes []any) any {
+		ps := make([]pushFn[T], len(pushes))
+		for i, p := range pushes {
+			ps[i] = p.(pushFn[T])
+		}
+		return pushFn[T](func(v T) error {
+			for _, p := range ps {
+				if err := p(v); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	n.discard = func() any { return pushFn[T](func(T) error { return nil }) }
+}
+
+func injectProcess(fp Failpointer) error {
+	if fp == nil {
+		return nil
+	}
+	return fp.Inject("task.process")
+}
+
+// keyHasher returns the key hash for K, avoiding an encoding for strings.
+func keyHasher[K comparable](c Codec[K]) func(K) uint32 {
+	if _, ok := any(c).(stringCodec); ok {
+		var f any = hashString
+		if h, ok := f.(func(K) uint32); ok {
+			return h
+		}
+	}
+	return func(k K) uint32 {
+		var buf [64]byte
+		return hashKey(c.Append(buf[:0], k))
+	}
+}
+
+// collector buffers the first error of a push behind the Collector interface.
+type collector[T any] struct {
+	push pushFn[T]
+	err  error
+}
+
+func (c *collector[T]) Collect(v T) {
+	if c.err == nil {
+		c.err = c.push(v)
+	}
+}
+
+func (c *collector[T]) take() error {
+	err := c.err
+	c.err = nil
+	return err
+}

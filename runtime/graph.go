@@ -1,0 +1,178 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/weirstream/weir/checkpoint"
+)
+
+type nodeKind int
+
+const (
+	kindOperator nodeKind = iota
+	kindSource
+	kindSink
+)
+
+type edgeKind int
+
+const (
+	edgeForward edgeKind = iota
+	edgeHash
+	edgeRebalance
+	edgeBroadcast
+)
+
+func (k edgeKind) String() string {
+	return [...]string{"forward", "hash", "rebalance", "broadcast"}[k]
+}
+
+// pushFn hands one record to the next operator.
+type pushFn[T any] func(T) error
+
+// node is one operator of the job graph, with its types erased behind
+// closures built by the typed API functions.
+type node struct {
+	id          int
+	name, uid   string
+	parallelism int
+	kind        nodeKind
+	keyed       bool
+	inputs      []*edge
+	outputs     []*edge
+	// newInstance creates the operator of one subtask; out is the typed
+	// pushFn of its output (nil for sinks).
+	newInstance func(oc *OperatorContext, out any) (instance, error)
+	fanout      func(pushes []any) any
+	discard     func() any
+}
+
+// edge connects two operators. Its closures carry the record type.
+type edge struct {
+	from, to *node
+	kind     edgeKind
+	keyGroup any // func(T) int for hash edges
+	// newWriter creates the typed output writer of one upstream subtask.
+	newWriter func(tw *taskWiring, chans []chan envelope, subtask int) (any, outputGate)
+	// deliver pushes a batch ([]T) into the downstream head's pushFn[T].
+	deliver func(batch any, in any) error
+}
+
+// instance is one operator of one subtask, types erased.
+type instance interface {
+	// input is the operator's pushFn[In] (nil for sources).
+	input() any
+	// snapshot takes the synchronous part of the operator's snapshot at a
+	// barrier; the returned function, if any, finishes it asynchronously.
+	snapshot(ctx context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error)
+	restore(snap *restoredOperator) error
+	open(ctx context.Context) error
+	notify(ctx context.Context, id checkpoint.ID, complete bool) error
+	close() error
+}
+
+// vertex is a chain of operators that run in one task per subtask.
+type vertex struct {
+	id          int
+	nodes       []*node // head first
+	parallelism int
+	inputs      []*edge // network edges into the head
+	outputs     []*edge // network edges out of the tail
+}
+
+func (v *vertex) name() string {
+	names := make([]string, len(v.nodes))
+	for i, n := range v.nodes {
+		names[i] = n.name
+	}
+	return strings.Join(names, " -> ")
+}
+
+func (v *vertex) isSource() bool { return v.nodes[0].kind == kindSource }
+
+// taskID names subtask i of the vertex, stable for a graph and parallelism.
+func (v *vertex) taskID(i int) checkpoint.TaskID {
+	return checkpoint.TaskID(fmt.Sprintf("%s#%d", v.nodes[0].uid, i))
+}
+
+// plan is a compiled job graph: vertices in topological order.
+type plan struct {
+	job      *Job
+	vertices []*vertex
+	byNode   map[*node]*vertex
+}
+
+// chainable reports whether e is a forward edge inside one chain.
+func chainable(e *edge) bool {
+	return e.kind == edgeForward && len(e.from.outputs) == 1 && len(e.to.inputs) == 1 &&
+		e.from.parallelism == e.to.parallelism
+}
+
+// compile validates the graph and chains forward edges into vertices.
+func compile(j *Job) (*plan, error) {
+	if j.err != nil {
+		return nil, j.err
+	}
+	if j.maxParallelism < 1 || j.maxParallelism > 1<<15 {
+		return nil, fmt.Errorf("%w: max parallelism %d out of [1, 32768]", ErrInvalidJob, j.maxParallelism)
+	}
+	uids := map[string]string{}
+	var sources int
+	for _, n := range j.nodes {
+		if other, dup := uids[n.uid]; dup {
+			return nil, fmt.Errorf("%w: operators %q and %q share uid %q", ErrInvalidJob, other, n.name, n.uid)
+		}
+		uids[n.uid] = n.name
+		if n.kind == kindSource {
+			sources++
+		}
+		if n.keyed && n.parallelism > j.maxParallelism {
+			return nil, fmt.Errorf("%w: keyed operator %q: parallelism %d exceeds max parallelism %d",
+				ErrInvalidJob, n.name, n.parallelism, j.maxParallelism)
+		}
+		if n.kind != kindSource && len(n.inputs) == 0 {
+			return nil, fmt.Errorf("%w: operator %q has no input", ErrInvalidJob, n.name)
+		}
+	}
+	if sources == 0 {
+		return nil, fmt.Errorf("%w: job %q has no source", ErrInvalidJob, j.name)
+	}
+	p := &plan{job: j, byNode: map[*node]*vertex{}}
+	// Nodes are created in topological order (an operator only connects
+	// to streams that exist), so one pass builds the chains.
+	for _, n := range j.nodes {
+		if len(n.inputs) == 1 && chainable(n.inputs[0]) {
+			v := p.byNode[n.inputs[0].from]
+			v.nodes = append(v.nodes, n)
+			p.byNode[n] = v
+			continue
+		}
+		v := &vertex{id: len(p.vertices), nodes: []*node{n}, parallelism: n.parallelism, inputs: n.inputs}
+		p.vertices = append(p.vertices, v)
+		p.byNode[n] = v
+	}
+	for _, v := range p.vertices {
+		v.outputs = v.nodes[len(v.nodes)-1].outputs
+	}
+	return p, nil
+}
+
+// Describe renders the compiled plan: one line per task vertex with its
+// chain, parallelism and input edges.
+func (j *Job) Describe() (string, error) {
+	p, err := compile(j)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, v := range p.vertices {
+		fmt.Fprintf(&b, "%s [parallelism %d]", v.name(), v.parallelism)
+		for _, e := range v.inputs {
+			fmt.Fprintf(&b, " <-%s- %s", e.kind, p.byNode[e.from].name())
+		}
+		b.WriteByte('\n')
+	}
+	return b.String(), nil
+}

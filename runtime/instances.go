@@ -1,0 +1,193 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/weirstream/weir/checkpoint"
+)
+
+// restoredOperator is the part of a checkpoint assigned to one operator
+// subtask on restore.
+type restoredOperator struct {
+	from          checkpoint.ID
+	entries       [][]byte
+	keyGroups     map[int][]byte
+	commitHandles []checkpoint.TxnHandle
+	abortHandles  []checkpoint.TxnHandle
+}
+
+// funcInstance is a stateless operator: map, flatMap, filter.
+type funcInstance struct {
+	in any
+}
+
+func (f *funcInstance) input() any { return f.in }
+func (f *funcInstance) snapshot(context.Context, checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
+	return checkpoint.OperatorSnapshot{}, nil, nil
+}
+func (f *funcInstance) restore(*restoredOperator) error                   { return nil }
+func (f *funcInstance) open(context.Context) error                        { return nil }
+func (f *funcInstance) notify(context.Context, checkpoint.ID, bool) error { return nil }
+func (f *funcInstance) close() error                                      { return nil }
+
+// notifyListener forwards a notification to x if it is a checkpoint.Listener.
+func notifyListener(ctx context.Context, x any, id checkpoint.ID, complete bool) error {
+	l, ok := x.(checkpoint.Listener)
+	if !ok {
+		return nil
+	}
+	if complete {
+		return l.NotifyCheckpointComplete(ctx, id)
+	}
+	return l.NotifyCheckpointAborted(ctx, id)
+}
+
+// sourceInstance runs a user Source.
+type sourceInstance[T any] struct {
+	src Source[T]
+	out pushFn[T]
+	c   *collector[T]
+	oc  *OperatorContext
+}
+
+func (s *sourceInstance[T]) input() any { return nil }
+
+func (s *sourceInstance[T]) poll(ctx context.Context) error {
+	if err := s.src.Poll(ctx, s.c); err != nil {
+		if perr := s.c.take(); perr != nil {
+			return perr
+		}
+		return err
+	}
+	return s.c.take()
+}
+
+func (s *sourceInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
+	st, err := s.src.Snapshot(ctx, id)
+	return checkpoint.OperatorSnapshot{State: st.Entries, Handles: st.Handles}, nil, err
+}
+
+func (s *sourceInstance[T]) restore(r *restoredOperator) error {
+	s.oc.Restored, s.oc.CommitHandles, s.oc.RestoredFrom = r.entries, r.commitHandles, r.from
+	return nil
+}
+
+func (s *sourceInstance[T]) open(ctx context.Context) error {
+	s.c = &collector[T]{push: s.out}
+	return s.src.Open(ctx, s.oc)
+}
+
+func (s *sourceInstance[T]) notify(ctx context.Context, id checkpoint.ID, complete bool) error {
+	return notifyListener(ctx, s.src, id, complete)
+}
+
+func (s *sourceInstance[T]) close() error { return s.src.Close() }
+
+// sinkInstance runs a user Sink.
+type sinkInstance[T any] struct {
+	sink Sink[T]
+	oc   *OperatorContext
+	ctx  context.Context
+}
+
+func newSinkInstance[T any](sink Sink[T], oc *OperatorContext) *sinkInstance[T] {
+	return &sinkInstance[T]{sink: sink, oc: oc}
+}
+
+func (s *sinkInstance[T]) input() any {
+	fp := s.oc.Failpoints
+	return pushFn[T](func(v T) error {
+		if err := injectProcess(fp); err != nil {
+			return err
+		}
+		return s.sink.Write(s.ctx, v)
+	})
+}
+
+func (s *sinkInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
+	st, err := s.sink.Snapshot(ctx, id)
+	return checkpoint.OperatorSnapshot{State: st.Entries, Handles: st.Handles}, nil, err
+}
+
+func (s *sinkInstance[T]) restore(r *restoredOperator) error {
+	s.oc.Restored, s.oc.CommitHandles, s.oc.RestoredFrom = r.entries, r.commitHandles, r.from
+	return nil
+}
+
+func (s *sinkInstance[T]) open(ctx context.Context) error {
+	s.ctx = ctx
+	return s.sink.Open(ctx, s.oc)
+}
+
+func (s *sinkInstance[T]) notify(ctx context.Context, id checkpoint.ID, complete bool) error {
+	return notifyListener(ctx, s.sink, id, complete)
+}
+
+func (s *sinkInstance[T]) close() error { return s.sink.Close() }
+
+// keyedInstance runs a KeyedProcessFunction over its key groups.
+type keyedInstance[K comparable, T, U any] struct {
+	name    string
+	ks      *KeyedStream[K, T]
+	fn      KeyedProcessFunction[K, T, U]
+	hash    func(K) uint32
+	maxPar  int
+	backend *keyedBackend[K]
+	c       *collector[U]
+	oc      *OperatorContext
+	owned   map[int]bool
+}
+
+func newKeyedInstance[K comparable, T, U any](name string, ks *KeyedStream[K, T], fn KeyedProcessFunction[K, T, U],
+	hash func(K) uint32, maxPar int, oc *OperatorContext, out pushFn[U]) *keyedInstance[K, T, U] {
+	owned := map[int]bool{}
+	for _, kg := range KeyGroupRange(oc.Subtask, maxPar, oc.Parallelism) {
+		owned[kg] = true
+	}
+	return &keyedInstance[K, T, U]{name: name, ks: ks, fn: fn, hash: hash, maxPar: maxPar,
+		backend: newKeyedBackend[K](ks.codec), c: &collector[U]{push: out}, oc: oc, owned: owned}
+}
+
+func (k *keyedInstance[K, T, U]) input() any {
+	fp := k.oc.Failpoints
+	return pushFn[T](func(v T) error {
+		if err := injectProcess(fp); err != nil {
+			return err
+		}
+		key := k.ks.key(v)
+		k.backend.scope.key = key
+		k.backend.scope.kg = int(k.hash(key) % uint32(k.maxPar))
+		if err := k.fn.Process(key, v, k.c); err != nil {
+			return fmt.Errorf("%s: %w", k.name, err)
+		}
+		return k.c.take()
+	})
+}
+
+func (k *keyedInstance[K, T, U]) snapshot(context.Context, checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
+	enc := k.backend.snapshot()
+	return checkpoint.OperatorSnapshot{}, func() (map[int][]byte, error) { return enc(), nil }, nil
+}
+
+func (k *keyedInstance[K, T, U]) restore(r *restoredOperator) error {
+	for kg, blob := range r.keyGroups {
+		if !k.owned[kg] {
+			continue
+		}
+		if err := k.backend.restoreKeyGroup(kg, blob); err != nil {
+			return fmt.Errorf("%s: restore: %w", k.name, err)
+		}
+	}
+	return nil
+}
+
+func (k *keyedInstance[K, T, U]) open(ctx context.Context) error {
+	return k.fn.Open(ctx, &StateRegistry[K]{b: k.backend})
+}
+
+func (k *keyedInstance[K, T, U]) notify(ctx context.Context, id checkpoint.ID, complete bool) error {
+	return notifyListener(ctx, k.fn, id, complete)
+}
+
+func (k *keyedInstance[K, T, U]) close() error { return nil }

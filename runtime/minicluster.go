@@ -1,0 +1,570 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/checkpoint"
+)
+
+// ErrJobFailed is wrapped by the error of a job that exhausted its restarts.
+var ErrJobFailed = errors.New("runtime: job failed")
+
+// MiniCluster runs a job graph in one process: every subtask a goroutine,
+// checkpoints coordinated by checkpoint.Driver and stored in a pebble
+// checkpoint.Store, and every task restarted from the latest completed
+// checkpoint when one fails.
+type MiniCluster struct {
+	cfg clusterCfg
+}
+
+type clusterCfg struct {
+	jobID             string
+	interval          time.Duration
+	timeout           time.Duration
+	minPause          time.Duration
+	tolerable         int
+	store             *checkpoint.Store
+	storeDir          string
+	restarts          int
+	restartDelay      time.Duration
+	batchSize         int
+	channelCap        int
+	log               *zap.Logger
+	fp                Failpointer
+	driverFailpoint   func(string) error
+	onCheckpoint      func(checkpoint.ID)
+	restoreFromLatest bool
+}
+
+// ClusterOpt configures a MiniCluster.
+type ClusterOpt func(*clusterCfg)
+
+// JobID sets the id under which the job's checkpoints are stored (default:
+// the job's name).
+func JobID(id string) ClusterOpt { return func(c *clusterCfg) { c.jobID = id } }
+
+// CheckpointInterval sets the checkpoint trigger period (default 1s).
+func CheckpointInterval(d time.Duration) ClusterOpt { return func(c *clusterCfg) { c.interval = d } }
+
+// CheckpointTimeout aborts checkpoints not complete after d (default 1m).
+func CheckpointTimeout(d time.Duration) ClusterOpt { return func(c *clusterCfg) { c.timeout = d } }
+
+// MinPause sets the least time between two checkpoints (default 0).
+func MinPause(d time.Duration) ClusterOpt { return func(c *clusterCfg) { c.minPause = d } }
+
+// TolerableCheckpointFailures sets how many consecutive failed checkpoints
+// are tolerated before the job fails over (0: the coordinator's default).
+func TolerableCheckpointFailures(n int) ClusterOpt { return func(c *clusterCfg) { c.tolerable = n } }
+
+// CheckpointStore stores checkpoints in s (the caller closes it).
+func CheckpointStore(s *checkpoint.Store) ClusterOpt { return func(c *clusterCfg) { c.store = s } }
+
+// CheckpointDir stores checkpoints in a pebble store at dir. Without
+// CheckpointStore or CheckpointDir, checkpoints live in an in-memory pebble
+// and are lost with the process.
+func CheckpointDir(dir string) ClusterOpt { return func(c *clusterCfg) { c.storeDir = dir } }
+
+// Restarts sets how many times the job restarts after failures before it
+// fails (default 10), and the delay before each restart (default 100ms).
+func Restarts(n int, delay time.Duration) ClusterOpt {
+	return func(c *clusterCfg) { c.restarts, c.restartDelay = n, delay }
+}
+
+// BatchSize sets how many records travel together between tasks (default 256).
+func BatchSize(n int) ClusterOpt { return func(c *clusterCfg) { c.batchSize = n } }
+
+// ChannelCapacity sets how many batches a channel between two subtasks holds
+// before the sender blocks (default 8): with BatchSize, the bound on records
+// in flight per channel.
+func ChannelCapacity(n int) ClusterOpt { return func(c *clusterCfg) { c.channelCap = n } }
+
+// Logger sets the logger (default: none).
+func Logger(l *zap.Logger) ClusterOpt { return func(c *clusterCfg) { c.log = l } }
+
+// Failpoints injects faults into every operator and the checkpoint driver.
+func Failpoints(fp Failpointer) ClusterOpt {
+	return func(c *clusterCfg) {
+		c.fp = fp
+		if fp != nil {
+			c.driverFailpoint = fp.Inject
+		}
+	}
+}
+
+// OnCheckpointComplete calls fn after each completed checkpoint was stored,
+// before tasks are notified (for tests and metrics).
+func OnCheckpointComplete(fn func(checkpoint.ID)) ClusterOpt {
+	return func(c *clusterCfg) { c.onCheckpoint = fn }
+}
+
+// NewMiniCluster returns an executor with the given options.
+func NewMiniCluster(opts ...ClusterOpt) *MiniCluster {
+	c := clusterCfg{interval: time.Second, timeout: time.Minute, restarts: 10, restartDelay: 100 * time.Millisecond,
+		batchSize: 256, channelCap: 8, log: zap.NewNop(), restoreFromLatest: true}
+	for _, o := range opts {
+		o(&c)
+	}
+	return &MiniCluster{cfg: c}
+}
+
+// Result describes a finished job.
+type Result struct {
+	Restarts       int
+	LastCheckpoint checkpoint.ID
+}
+
+// Run runs job until every source ended and the final checkpoint completed
+// (nil), ctx is done (ctx's error), or the job failed more often than its
+// restart budget (an error wrapping ErrJobFailed and the last failure). A
+// restart restores every task from the latest completed checkpoint.
+func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
+	p, err := compile(job)
+	if err != nil {
+		return Result{}, err
+	}
+	cfg := m.cfg
+	if cfg.jobID == "" {
+		cfg.jobID = job.name
+	}
+	store := cfg.store
+	if store == nil {
+		dir, opts := cfg.storeDir, []checkpoint.StoreOpt{checkpoint.WithLogger(cfg.log)}
+		if dir == "" {
+			dir, opts = "checkpoints", append(opts, checkpoint.WithFS(vfs.NewMem()))
+		}
+		if store, err = checkpoint.OpenStore(dir, opts...); err != nil {
+			return Result{}, fmt.Errorf("runtime: open checkpoint store: %w", err)
+		}
+		defer store.Close()
+	}
+	var res Result
+	pending := newPendingHandles()
+	for attempt := 0; ; attempt++ {
+		restore, err := m.loadRestore(ctx, store, cfg.jobID, p, pending)
+		if err != nil {
+			return res, err
+		}
+		a := newAttempt(cfg, p, store, attempt, pending)
+		last, runErr := a.run(ctx, restore)
+		if last > res.LastCheckpoint {
+			res.LastCheckpoint = last
+		}
+		if runErr == nil {
+			return res, nil
+		}
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+		if attempt >= cfg.restarts {
+			return res, fmt.Errorf("%w after %d restarts: %w", ErrJobFailed, attempt, runErr)
+		}
+		res.Restarts++
+		cfg.log.Warn("job failed, restarting from the latest completed checkpoint",
+			zap.String("job", cfg.jobID), zap.Int("attempt", attempt+1), zap.Error(runErr))
+		select {
+		case <-time.After(cfg.restartDelay):
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+	}
+}
+
+// restorePlan maps (operator uid, subtask) to what that operator restores.
+type restorePlan map[opKey]*restoredOperator
+
+type opKey struct {
+	uid     string
+	subtask int
+}
+
+// loadRestore reads the latest usable checkpoint and assigns its state and
+// transaction handles to the subtasks of p.
+func (m *MiniCluster) loadRestore(ctx context.Context, store *checkpoint.Store, job string, p *plan, pending *pendingHandles) (restorePlan, error) {
+	c, skipped, err := store.LatestUsable(ctx, job)
+	if errors.Is(err, checkpoint.ErrNotFound) && len(skipped) == 0 {
+		return restorePlan{}, nil
+	}
+	if err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
+		return nil, fmt.Errorf("runtime: restore job %q: %w", job, err)
+	}
+	for _, s := range skipped {
+		m.cfg.log.Error("skipping a corrupt completed checkpoint; its transactions are committed, "+
+			"and records between it and the restored checkpoint may be processed twice",
+			zap.Uint64("checkpoint", uint64(s.ID)), zap.Error(s.Err))
+	}
+	return assignRestore(c, skipped, p, pending.after(c.ID)), nil
+}
+
+func assignRestore(c checkpoint.Completed, skipped []checkpoint.Skipped, p *plan, abort map[opKey][]checkpoint.TxnHandle) restorePlan {
+	byUID := map[string][]checkpoint.OperatorSnapshot{}
+	for _, t := range c.Tasks {
+		for _, op := range t.Operators {
+			byUID[op.UID] = append(byUID[op.UID], op)
+		}
+	}
+	out := restorePlan{}
+	for _, v := range p.vertices {
+		for _, n := range v.nodes {
+			snaps := byUID[n.uid]
+			sort.Slice(snaps, func(i, j int) bool { return snaps[i].Subtask < snaps[j].Subtask })
+			par := n.parallelism
+			kgs := map[int][]byte{}
+			for _, s := range snaps {
+				for kg, b := range s.KeyGroups {
+					kgs[kg] = b
+				}
+			}
+			for i := 0; i < par; i++ {
+				out[opKey{n.uid, i}] = &restoredOperator{from: c.ID, keyGroups: kgs}
+			}
+			same := len(snaps) == par
+			var k int
+			for _, s := range snaps {
+				for _, e := range s.State {
+					dst := k % par
+					if same {
+						dst = s.Subtask
+					}
+					out[opKey{n.uid, dst}].entries = append(out[opKey{n.uid, dst}].entries, e)
+					k++
+				}
+				r := out[opKey{n.uid, s.Subtask % par}]
+				r.commitHandles = append(r.commitHandles, s.Handles...)
+			}
+			for i := 0; i < par; i++ {
+				r := out[opKey{n.uid, i}]
+				r.abortHandles = abort[opKey{n.uid, i}]
+			}
+			// Handles of newer checkpoints skipped as corrupt were
+			// committed: commit them again (idempotent) from subtask 0 of
+			// every operator that holds transactions.
+			if len(snaps) > 0 && len(snaps[0].Handles) > 0 {
+				for _, s := range skipped {
+					out[opKey{n.uid, 0}].commitHandles = append(out[opKey{n.uid, 0}].commitHandles, s.Handles...)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// pendingHandles remembers the transaction handles of acknowledged but not
+// completed checkpoints, so a restart can tell operators to abort them.
+type pendingHandles struct {
+	mu   sync.Mutex
+	byID map[checkpoint.ID]map[opKey][]checkpoint.TxnHandle
+}
+
+func newPendingHandles() *pendingHandles {
+	return &pendingHandles{byID: map[checkpoint.ID]map[opKey][]checkpoint.TxnHandle{}}
+}
+
+func (p *pendingHandles) add(id checkpoint.ID, snap checkpoint.TaskSnapshot) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, op := range snap.Operators {
+		if len(op.Handles) == 0 {
+			continue
+		}
+		m := p.byID[id]
+		if m == nil {
+			m = map[opKey][]checkpoint.TxnHandle{}
+			p.byID[id] = m
+		}
+		k := opKey{op.UID, op.Subtask}
+		m[k] = append(m[k], op.Handles...)
+	}
+}
+
+// after returns the handles of checkpoints above id and forgets everything.
+func (p *pendingHandles) after(id checkpoint.ID) map[opKey][]checkpoint.TxnHandle {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[opKey][]checkpoint.TxnHandle{}
+	for cid, m := range p.byID {
+		if cid > id {
+			for k, hs := range m {
+				out[k] = append(out[k], hs...)
+			}
+		}
+	}
+	p.byID = map[checkpoint.ID]map[opKey][]checkpoint.TxnHandle{}
+	return out
+}
+
+// attempt is one run of every task of the job, from one restore point.
+type attempt struct {
+	cfg     clusterCfg
+	p       *plan
+	store   *checkpoint.Store
+	n       int
+	pending *pendingHandles
+
+	tasks       []*task
+	sourceTasks []*task
+	byID        map[checkpoint.TaskID]*task
+	driver      *checkpoint.Driver
+	ended       atomic.Int32
+	lastDone    atomic.Uint64
+	reports     sync.WaitGroup
+	ctx         context.Context
+	fail        func(error)
+}
+
+func newAttempt(cfg clusterCfg, p *plan, store *checkpoint.Store, n int, pending *pendingHandles) *attempt {
+	return &attempt{cfg: cfg, p: p, store: store, n: n, pending: pending, byID: map[checkpoint.TaskID]*task{}}
+}
+
+// run builds, starts and waits for every task; it returns the last completed
+// checkpoint and nil when the job finished, or the first failure.
+func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.ID, error) {
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	a.ctx = ctx
+	var once sync.Once
+	var firstErr error
+	a.fail = func(err error) {
+		once.Do(func() { firstErr = err })
+		cancel(err)
+	}
+	restores, err := a.build(ctx, restore)
+	if err != nil {
+		return 0, err
+	}
+	var ids, srcIDs []checkpoint.TaskID
+	for _, t := range a.tasks {
+		ids = append(ids, t.id)
+	}
+	for _, t := range a.sourceTasks {
+		srcIDs = append(srcIDs, t.id)
+	}
+	var dopts []checkpoint.DriverOpt
+	if a.cfg.driverFailpoint != nil {
+		dopts = append(dopts, checkpoint.WithFailpoint(a.cfg.driverFailpoint))
+	}
+	a.driver, err = checkpoint.NewDriver(checkpoint.CoordinatorConfig{
+		Job: a.cfg.jobID, Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.minPause,
+		TolerableFailures: a.cfg.tolerable, Tasks: ids, Sources: srcIDs,
+	}, a, a.store, dopts...)
+	if err != nil {
+		return 0, fmt.Errorf("runtime: %w", err)
+	}
+
+	var wg sync.WaitGroup
+	driverDone := make(chan error, 1)
+	driverCtx, stopDriver := context.WithCancel(ctx)
+	go func() { driverDone <- a.driver.Run(driverCtx) }()
+
+	var ready sync.WaitGroup
+	ready.Add(len(a.tasks))
+	start := make(chan struct{})
+	var finished atomic.Int32
+	for i, t := range a.tasks {
+		wg.Add(1)
+		go func(t *task, r []*restoredOperator) {
+			defer wg.Done()
+			var once sync.Once
+			err := t.run(ctx, r, func() { once.Do(ready.Done) }, start)
+			once.Do(ready.Done)
+			if err != nil {
+				a.fail(err)
+				return
+			}
+			finished.Add(1)
+		}(t, restores[i])
+	}
+	go func() {
+		ready.Wait()
+		if ctx.Err() == nil {
+			close(start)
+		}
+	}()
+	wg.Wait()
+	stopDriver()
+	derr := <-driverDone
+	a.reports.Wait()
+	last := checkpoint.ID(a.lastDone.Load())
+	if firstErr != nil {
+		return last, firstErr
+	}
+	if int(finished.Load()) == len(a.tasks) {
+		return last, nil
+	}
+	if derr != nil && !errors.Is(derr, context.Canceled) {
+		return last, derr
+	}
+	return last, context.Cause(ctx)
+}
+
+// build creates the tasks and their channels.
+func (a *attempt) build(ctx context.Context, restore restorePlan) ([][]*restoredOperator, error) {
+	// chans[edge][from subtask][to subtask]
+	chans := map[*edge][][]chan envelope{}
+	for _, v := range a.p.vertices {
+		for _, e := range v.inputs {
+			from := a.p.byNode[e.from]
+			m := make([][]chan envelope, from.parallelism)
+			for i := range m {
+				m[i] = make([]chan envelope, v.parallelism)
+				for j := range m[i] {
+					if e.kind == edgeForward && i != j {
+						continue
+					}
+					m[i][j] = make(chan envelope, a.cfg.channelCap)
+				}
+			}
+			chans[e] = m
+		}
+	}
+	var restores [][]*restoredOperator
+	tw := &taskWiring{ctx: ctx, batchSize: a.cfg.batchSize, maxPar: a.p.job.maxParallelism}
+	for _, v := range a.p.vertices {
+		for sub := 0; sub < v.parallelism; sub++ {
+			t := &task{id: v.taskID(sub), v: v, subtask: sub, ctrl: make(chan control, 1024), rep: a,
+				log: a.cfg.log}
+			// Output writers of the tail.
+			var pushes []any
+			for _, e := range v.outputs {
+				var targets []chan envelope
+				if e.kind == edgeForward {
+					targets = []chan envelope{chans[e][sub][sub]}
+				} else {
+					targets = chans[e][sub]
+				}
+				push, gate := e.newWriter(tw, targets, sub)
+				pushes = append(pushes, push)
+				t.outs = append(t.outs, gate)
+			}
+			var out any
+			tail := v.nodes[len(v.nodes)-1]
+			switch {
+			case tail.kind == kindSink:
+			case len(pushes) == 0:
+				out = tail.discard()
+			case len(pushes) == 1:
+				out = pushes[0]
+			default:
+				out = tail.fanout(pushes)
+			}
+			// Operators, tail first, each pushing into the next.
+			t.ops = make([]instance, len(v.nodes))
+			rs := make([]*restoredOperator, len(v.nodes))
+			for i := len(v.nodes) - 1; i >= 0; i-- {
+				n := v.nodes[i]
+				oc := &OperatorContext{Job: a.cfg.jobID, Name: n.name, UID: n.uid, Subtask: sub,
+					Parallelism: n.parallelism, Attempt: a.n, Logger: a.cfg.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
+					Failpoints: a.cfg.fp, RequestCheckpoint: a.requestCheckpoint}
+				if r := restore[opKey{n.uid, sub}]; r != nil {
+					rs[i] = r
+					oc.AbortHandles = r.abortHandles
+				}
+				inst, err := n.newInstance(oc, out)
+				if err != nil {
+					return nil, fmt.Errorf("runtime: operator %q: %w", n.name, err)
+				}
+				t.ops[i] = inst
+				out = inst.input()
+			}
+			t.head = out
+			for _, e := range v.inputs {
+				from := a.p.byNode[e.from]
+				for i := 0; i < from.parallelism; i++ {
+					if ch := chans[e][i][sub]; ch != nil {
+						t.inputs = append(t.inputs, inputChan{ch: ch, deliver: e.deliver})
+					}
+				}
+			}
+			a.tasks = append(a.tasks, t)
+			a.byID[t.id] = t
+			if v.isSource() {
+				a.sourceTasks = append(a.sourceTasks, t)
+			}
+			restores = append(restores, rs)
+		}
+	}
+	return restores, nil
+}
+
+func (a *attempt) requestCheckpoint(reason string) {
+	a.report(func(ctx context.Context) error { return a.driver.TriggerNow(ctx, reason) })
+}
+
+// report hands a message to the driver without blocking the calling task.
+func (a *attempt) report(fn func(ctx context.Context) error) {
+	a.reports.Add(1)
+	go func() {
+		defer a.reports.Done()
+		_ = fn(a.ctx) // fails only when the attempt is over
+	}()
+}
+
+func (a *attempt) ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
+	a.pending.add(id, snap)
+	a.report(func(ctx context.Context) error { return a.driver.Ack(ctx, task, id, snap, alignment) })
+}
+
+func (a *attempt) decline(task checkpoint.TaskID, id checkpoint.ID, err error) {
+	a.cfg.log.Info("checkpoint declined", zap.String("task", string(task)), zap.Uint64("checkpoint", uint64(id)), zap.Error(err))
+	a.report(func(ctx context.Context) error { return a.driver.Decline(ctx, task, id, err) })
+}
+
+func (a *attempt) sourceEnded(checkpoint.TaskID) {
+	if int(a.ended.Add(1)) == len(a.sourceTasks) {
+		a.requestCheckpoint("every source ended")
+	}
+}
+
+// TriggerCheckpoint implements checkpoint.Executor.
+func (a *attempt) TriggerCheckpoint(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID) error {
+	final := int(a.ended.Load()) == len(a.sourceTasks)
+	for _, s := range sources {
+		if err := a.send(ctx, a.byID[s], control{kind: ctrlTrigger, id: id, final: final}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// NotifyComplete implements checkpoint.Executor.
+func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
+	if uint64(id) > a.lastDone.Load() {
+		a.lastDone.Store(uint64(id))
+	}
+	if a.cfg.onCheckpoint != nil {
+		a.cfg.onCheckpoint(id)
+	}
+	for _, t := range a.tasks {
+		_ = a.send(ctx, t, control{kind: ctrlComplete, id: id})
+	}
+}
+
+// NotifyAborted implements checkpoint.Executor.
+func (a *attempt) NotifyAborted(ctx context.Context, id checkpoint.ID, reason error) {
+	a.cfg.log.Info("checkpoint aborted", zap.Uint64("checkpoint", uint64(id)), zap.Error(reason))
+	for _, t := range a.tasks {
+		_ = a.send(ctx, t, control{kind: ctrlAbort, id: id})
+	}
+}
+
+// FailJob implements checkpoint.Executor.
+func (a *attempt) FailJob(_ context.Context, err error) {
+	a.fail(fmt.Errorf("runtime: checkpointing failed: %w", err))
+}
+
+func (a *attempt) send(ctx context.Context, t *task, c control) error {
+	select {
+	case t.ctrl <- c:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

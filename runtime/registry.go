@@ -1,0 +1,128 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrUnknownJob is returned for a job type name nobody registered.
+var ErrUnknownJob = errors.New("runtime: unknown job type")
+
+// ErrBadParam is wrapped by errors about job parameters.
+var ErrBadParam = errors.New("runtime: bad job parameter")
+
+// ParamSpec documents one parameter of a job type.
+type ParamSpec struct {
+	Name        string
+	Default     string
+	Description string
+}
+
+// JobType is a job registered by name: every node of a cluster runs the same
+// binary and builds the same graph from the name and the parameters.
+type JobType struct {
+	Name        string
+	Description string
+	Params      []ParamSpec
+	// Build builds the job graph. p holds every declared parameter, with
+	// defaults filled in.
+	Build func(p Params) (*Job, error)
+}
+
+// Params are a job's parameters (string values, as given with --set).
+type Params map[string]string
+
+// String returns the parameter's value.
+func (p Params) String(name string) string { return p[name] }
+
+// Int parses the parameter as an integer.
+func (p Params) Int(name string) (int, error) {
+	v, err := strconv.Atoi(p[name])
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s=%q is not an integer", ErrBadParam, name, p[name])
+	}
+	return v, nil
+}
+
+// Duration parses the parameter as a Go duration (e.g. 500ms).
+func (p Params) Duration(name string) (time.Duration, error) {
+	v, err := time.ParseDuration(p[name])
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s=%q is not a duration", ErrBadParam, name, p[name])
+	}
+	return v, nil
+}
+
+// OneOf checks the parameter is one of allowed and returns it.
+func (p Params) OneOf(name string, allowed ...string) (string, error) {
+	v := p[name]
+	for _, a := range allowed {
+		if v == a {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("%w: %s=%q, want one of %s", ErrBadParam, name, v, strings.Join(allowed, ", "))
+}
+
+// Registry maps job type names to job types. Build one at program start and
+// register every job type the binary can run.
+type Registry struct {
+	types map[string]JobType
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{types: map[string]JobType{}} }
+
+// Register adds a job type; names are unique.
+func (r *Registry) Register(t JobType) error {
+	if t.Name == "" || t.Build == nil {
+		return fmt.Errorf("runtime: job type needs a name and a Build function")
+	}
+	if _, dup := r.types[t.Name]; dup {
+		return fmt.Errorf("runtime: job type %q registered twice", t.Name)
+	}
+	r.types[t.Name] = t
+	return nil
+}
+
+// Types lists the registered job types by name.
+func (r *Registry) Types() []JobType {
+	out := make([]JobType, 0, len(r.types))
+	for _, t := range r.types {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Build builds the job graph of a registered type. Unknown parameters are an
+// error (a typo must not silently run with a default); missing ones take
+// their defaults.
+func (r *Registry) Build(name string, params map[string]string) (*Job, error) {
+	t, ok := r.types[name]
+	if !ok {
+		names := make([]string, 0, len(r.types))
+		for n := range r.types {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return nil, fmt.Errorf("%w %q (registered: %s)", ErrUnknownJob, name, strings.Join(names, ", "))
+	}
+	p := Params{}
+	known := map[string]bool{}
+	for _, s := range t.Params {
+		known[s.Name] = true
+		p[s.Name] = s.Default
+	}
+	for k, v := range params {
+		if !known[k] {
+			return nil, fmt.Errorf("%w: job %q has no parameter %q", ErrBadParam, name, k)
+		}
+		p[k] = v
+	}
+	return t.Build(p)
+}

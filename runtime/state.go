@@ -1,0 +1,408 @@
+package runtime
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sort"
+)
+
+// ValueState is one value per key, scoped to the key of the record being
+// processed. Values are stored by value: a value that holds pointers, slices
+// or maps must not be changed after Update (snapshots may still read it).
+type ValueState[T any] struct {
+	s cell[T]
+}
+
+// cell is the current key's slot of one state, whatever the key type.
+type cell[V any] interface {
+	get() (V, bool)
+	getForWrite() (V, bool)
+	put(V)
+	del()
+}
+
+// Value returns the current key's value and whether it is set.
+func (v *ValueState[T]) Value() (T, bool) { return v.s.get() }
+
+// Update sets the current key's value.
+func (v *ValueState[T]) Update(x T) { v.s.put(x) }
+
+// Clear removes the current key's value.
+func (v *ValueState[T]) Clear() { v.s.del() }
+
+// MapState is a map per key, scoped to the key of the record being processed.
+type MapState[UK comparable, UV any] struct {
+	s cell[map[UK]UV]
+}
+
+// Get returns the current key's value for uk.
+func (m *MapState[UK, UV]) Get(uk UK) (UV, bool) {
+	mm, _ := m.s.get()
+	v, ok := mm[uk]
+	return v, ok
+}
+
+// Put sets the current key's value for uk.
+func (m *MapState[UK, UV]) Put(uk UK, uv UV) {
+	mm, _ := m.s.getForWrite()
+	if mm == nil {
+		mm = make(map[UK]UV)
+	}
+	mm[uk] = uv
+	m.s.put(mm)
+}
+
+// Delete removes uk from the current key's map.
+func (m *MapState[UK, UV]) Delete(uk UK) {
+	mm, ok := m.s.getForWrite()
+	if !ok {
+		return
+	}
+	delete(mm, uk)
+	if len(mm) == 0 {
+		m.s.del()
+	}
+}
+
+// Range calls fn for each entry of the current key's map until it returns
+// false. The map must not be changed from fn.
+func (m *MapState[UK, UV]) Range(fn func(UK, UV) bool) {
+	mm, _ := m.s.get()
+	for k, v := range mm {
+		if !fn(k, v) {
+			return
+		}
+	}
+}
+
+// Len is the number of entries of the current key's map.
+func (m *MapState[UK, UV]) Len() int {
+	mm, _ := m.s.get()
+	return len(mm)
+}
+
+// Clear removes the current key's map.
+func (m *MapState[UK, UV]) Clear() { m.s.del() }
+
+// keyScope is the current key of a keyed operator, shared by its states.
+type keyScope[K comparable] struct {
+	key K
+	kg  int
+}
+
+// stateSnapshotter is the untyped face of one named state of an operator.
+type stateSnapshotter interface {
+	name() string
+	// freeze marks every key group copy-on-write and returns a function that
+	// encodes them; it may run on another goroutine while processing goes on.
+	freeze() func() map[int][]byte
+	restore(kg int, b []byte) error
+}
+
+// keyGroupMap is one key group of one state. shared marks it as owned by an
+// in-flight snapshot: the next write copies it first.
+type keyGroupMap[K comparable, V any] struct {
+	m      map[K]V
+	shared bool
+}
+
+// keyedStore holds one named state of one keyed operator subtask, split by key
+// group, copy-on-write at key-group granularity so a snapshot's synchronous
+// part is O(key groups) and encoding runs asynchronously.
+type keyedStore[K comparable, V any] struct {
+	stateName string
+	scope     *keyScope[K]
+	groups    map[int]*keyGroupMap[K, V]
+	keyCodec  Codec[K]
+	valCodec  Codec[V]
+	clone     func(V) V // deep copy for copy-on-write of reference values; nil: plain copy
+}
+
+func (s *keyedStore[K, V]) name() string { return s.stateName }
+
+func (s *keyedStore[K, V]) get() (V, bool) {
+	g := s.groups[s.scope.kg]
+	if g == nil {
+		var zero V
+		return zero, false
+	}
+	v, ok := g.m[s.scope.key]
+	return v, ok
+}
+
+// writable returns the current key group's map, copying it if a snapshot
+// still owns it.
+func (s *keyedStore[K, V]) writable() *keyGroupMap[K, V] {
+	g := s.groups[s.scope.kg]
+	if g == nil {
+		g = &keyGroupMap[K, V]{m: make(map[K]V)}
+		s.groups[s.scope.kg] = g
+		return g
+	}
+	if g.shared {
+		m := make(map[K]V, len(g.m)+1)
+		for k, v := range g.m {
+			if s.clone != nil {
+				v = s.clone(v)
+			}
+			m[k] = v
+		}
+		g = &keyGroupMap[K, V]{m: m}
+		s.groups[s.scope.kg] = g
+	}
+	return g
+}
+
+func (s *keyedStore[K, V]) getForWrite() (V, bool) {
+	v, ok := s.writable().m[s.scope.key]
+	return v, ok
+}
+
+func (s *keyedStore[K, V]) put(v V) { s.writable().m[s.scope.key] = v }
+
+func (s *keyedStore[K, V]) del() {
+	if g := s.groups[s.scope.kg]; g == nil {
+		return
+	}
+	delete(s.writable().m, s.scope.key)
+}
+
+func (s *keyedStore[K, V]) freeze() func() map[int][]byte {
+	frozen := make(map[int]map[K]V, len(s.groups))
+	for kg, g := range s.groups {
+		if len(g.m) == 0 {
+			continue
+		}
+		g.shared = true
+		frozen[kg] = g.m
+	}
+	return func() map[int][]byte {
+		out := make(map[int][]byte, len(frozen))
+		var kb, vb []byte
+		for kg, m := range frozen {
+			b := binary.AppendUvarint(nil, uint64(len(m)))
+			for k, v := range m {
+				kb = s.keyCodec.Append(kb[:0], k)
+				vb = s.valCodec.Append(vb[:0], v)
+				b = appendFrame(b, kb)
+				b = appendFrame(b, vb)
+			}
+			out[kg] = b
+		}
+		return out
+	}
+}
+
+func (s *keyedStore[K, V]) restore(kg int, b []byte) error {
+	n, k := binary.Uvarint(b)
+	if k <= 0 {
+		return fmt.Errorf("state %q key group %d: %w: bad entry count", s.stateName, kg, ErrDecode)
+	}
+	b = b[k:]
+	g := &keyGroupMap[K, V]{m: make(map[K]V, n)}
+	for i := uint64(0); i < n; i++ {
+		var kb, vb []byte
+		var err error
+		if kb, b, err = readFrame(b); err != nil {
+			return fmt.Errorf("state %q key group %d: %w", s.stateName, kg, err)
+		}
+		if vb, b, err = readFrame(b); err != nil {
+			return fmt.Errorf("state %q key group %d: %w", s.stateName, kg, err)
+		}
+		key, err := s.keyCodec.Decode(kb)
+		if err != nil {
+			return fmt.Errorf("state %q key group %d key: %w", s.stateName, kg, err)
+		}
+		val, err := s.valCodec.Decode(vb)
+		if err != nil {
+			return fmt.Errorf("state %q key group %d value: %w", s.stateName, kg, err)
+		}
+		g.m[key] = val
+	}
+	s.groups[kg] = g
+	return nil
+}
+
+// keyedBackend is the keyed state of one keyed operator subtask: the current
+// key scope, its named states, and what was restored for states not yet
+// registered.
+type keyedBackend[K comparable] struct {
+	scope    keyScope[K]
+	keyCodec Codec[K]
+	states   []stateSnapshotter
+	restored map[string]map[int][]byte // state name -> key group -> bytes
+}
+
+func newKeyedBackend[K comparable](kc Codec[K]) *keyedBackend[K] {
+	return &keyedBackend[K]{keyCodec: kc, restored: map[string]map[int][]byte{}}
+}
+
+func (b *keyedBackend[K]) register(s stateSnapshotter) error {
+	for _, o := range b.states {
+		if o.name() == s.name() {
+			return fmt.Errorf("runtime: state %q registered twice", s.name())
+		}
+	}
+	b.states = append(b.states, s)
+	for kg, blob := range b.restored[s.name()] {
+		if err := s.restore(kg, blob); err != nil {
+			return err
+		}
+	}
+	delete(b.restored, s.name())
+	return nil
+}
+
+// snapshot freezes every state and returns the encoder of the key-group
+// blobs. Each key group's blob holds every state of the operator.
+func (b *keyedBackend[K]) snapshot() func() map[int][]byte {
+	encs := make([]func() map[int][]byte, len(b.states))
+	names := make([]string, len(b.states))
+	for i, s := range b.states {
+		encs[i] = s.freeze()
+		names[i] = s.name()
+	}
+	// State restored but never registered again (the job stopped using it)
+	// is carried along so a later version can still read it.
+	carried := b.restored
+	return func() map[int][]byte {
+		perKG := map[int][]byte{}
+		add := func(name string, kg int, blob []byte) {
+			out := perKG[kg]
+			out = appendFrame(out, []byte(name))
+			out = appendFrame(out, blob)
+			perKG[kg] = out
+		}
+		for i, enc := range encs {
+			for kg, blob := range enc() {
+				add(names[i], kg, blob)
+			}
+		}
+		cn := make([]string, 0, len(carried))
+		for n := range carried {
+			cn = append(cn, n)
+		}
+		sort.Strings(cn)
+		for _, n := range cn {
+			for kg, blob := range carried[n] {
+				add(n, kg, blob)
+			}
+		}
+		return perKG
+	}
+}
+
+// restoreKeyGroup splits a key-group blob into its states.
+func (b *keyedBackend[K]) restoreKeyGroup(kg int, blob []byte) error {
+	for len(blob) > 0 {
+		name, rest, err := readFrame(blob)
+		if err != nil {
+			return fmt.Errorf("key group %d: %w", kg, err)
+		}
+		data, rest, err := readFrame(rest)
+		if err != nil {
+			return fmt.Errorf("key group %d: %w", kg, err)
+		}
+		blob = rest
+		m := b.restored[string(name)]
+		if m == nil {
+			m = map[int][]byte{}
+			b.restored[string(name)] = m
+		}
+		m[kg] = data
+	}
+	return nil
+}
+
+// StateRegistry declares the keyed state of a keyed process function. It is
+// handed to KeyedProcessFunction.Open.
+type StateRegistry[K comparable] struct {
+	b *keyedBackend[K]
+}
+
+// NewValueState declares a ValueState named name with codec c (nil: DefaultCodec).
+// Declaring the same name twice is an error.
+func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T]) (*ValueState[T], error) {
+	if c == nil {
+		c = DefaultCodec[T]()
+	}
+	s := &keyedStore[K, T]{stateName: name, scope: &r.b.scope, groups: map[int]*keyGroupMap[K, T]{}, keyCodec: r.b.keyCodec, valCodec: c}
+	if err := r.b.register(s); err != nil {
+		return nil, err
+	}
+	return &ValueState[T]{s: s}, nil
+}
+
+// NewMapState declares a MapState named name with codecs for its keys and values
+// (nil: DefaultCodec).
+func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name string, kc Codec[UK], vc Codec[UV]) (*MapState[UK, UV], error) {
+	if kc == nil {
+		kc = DefaultCodec[UK]()
+	}
+	if vc == nil {
+		vc = DefaultCodec[UV]()
+	}
+	s := &keyedStore[K, map[UK]UV]{
+		stateName: name, scope: &r.b.scope, groups: map[int]*keyGroupMap[K, map[UK]UV]{},
+		keyCodec: r.b.keyCodec, valCodec: mapCodec[UK, UV]{kc, vc},
+		clone: func(m map[UK]UV) map[UK]UV {
+			c := make(map[UK]UV, len(m))
+			for k, v := range m {
+				c[k] = v
+			}
+			return c
+		},
+	}
+	if err := r.b.register(s); err != nil {
+		return nil, err
+	}
+	return &MapState[UK, UV]{s: s}, nil
+}
+
+// mapCodec encodes a map as a count and framed key/value pairs.
+type mapCodec[UK comparable, UV any] struct {
+	kc Codec[UK]
+	vc Codec[UV]
+}
+
+func (c mapCodec[UK, UV]) Append(dst []byte, m map[UK]UV) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(m)))
+	var buf []byte
+	for k, v := range m {
+		buf = c.kc.Append(buf[:0], k)
+		dst = appendFrame(dst, buf)
+		buf = c.vc.Append(buf[:0], v)
+		dst = appendFrame(dst, buf)
+	}
+	return dst
+}
+
+func (c mapCodec[UK, UV]) Decode(b []byte) (map[UK]UV, error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 {
+		return nil, fmt.Errorf("%w: map count", ErrDecode)
+	}
+	b = b[k:]
+	m := make(map[UK]UV, n)
+	for i := uint64(0); i < n; i++ {
+		kb, rest, err := readFrame(b)
+		if err != nil {
+			return nil, err
+		}
+		vb, rest, err := readFrame(rest)
+		if err != nil {
+			return nil, err
+		}
+		b = rest
+		key, err := c.kc.Decode(kb)
+		if err != nil {
+			return nil, err
+		}
+		val, err := c.vc.Decode(vb)
+		if err != nil {
+			return nil, err
+		}
+		m[key] = val
+	}
+	return m, nil
+}

@@ -1,0 +1,422 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/checkpoint"
+)
+
+type ctrlKind int
+
+const (
+	ctrlTrigger ctrlKind = iota + 1 // sources only
+	ctrlComplete
+	ctrlAbort
+)
+
+// control is a message from the executor to one task.
+type control struct {
+	kind ctrlKind
+	id   checkpoint.ID
+	// final marks a trigger sent after every source ended: once it
+	// completes, sources end their streams.
+	final bool
+}
+
+// reporter is how a task talks back to whoever runs it.
+type reporter interface {
+	ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration)
+	decline(task checkpoint.TaskID, id checkpoint.ID, err error)
+	sourceEnded(task checkpoint.TaskID)
+}
+
+type inputChan struct {
+	ch      chan envelope
+	deliver func(batch any, in any) error
+}
+
+// task is one subtask of a vertex: a chain of operator instances driven by
+// one goroutine.
+type task struct {
+	id      checkpoint.TaskID
+	v       *vertex
+	subtask int
+	ops     []instance
+	head    any // pushFn of the head operator (non-source tasks)
+	inputs  []inputChan
+	outs    []outputGate
+	ctrl    chan control
+	rep     reporter
+	log     *zap.Logger
+
+	aligner       *aligner
+	alignStart    time.Time
+	lastSnapshot  checkpoint.ID
+	lastCompleted checkpoint.ID // highest id notified complete
+	lastResolved  checkpoint.ID // highest id notified complete or aborted
+	finalID       checkpoint.ID
+	async         sync.WaitGroup
+}
+
+// panicError is a task's recovered panic with its stack.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (p *panicError) Error() string { return fmt.Sprintf("panic: %v\n%s", p.value, p.stack) }
+
+// run executes the task until its input ends, an error, or ctx is done.
+// ready is called once every operator is open and restored; sources then
+// wait for start before reading.
+func (t *task) run(ctx context.Context, restore []*restoredOperator, ready func(), start <-chan struct{}) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("task %s: %w", t.id, &panicError{value: r, stack: debug.Stack()})
+		}
+		for i := len(t.ops) - 1; i >= 0; i-- {
+			if cerr := t.ops[i].close(); cerr != nil && err == nil {
+				err = fmt.Errorf("task %s: close %s: %w", t.id, t.v.nodes[i].name, cerr)
+			}
+		}
+		t.async.Wait()
+	}()
+	for i, op := range t.ops {
+		if restore[i] != nil {
+			if err := op.restore(restore[i]); err != nil {
+				return fmt.Errorf("task %s: restore %s: %w", t.id, t.v.nodes[i].name, err)
+			}
+		}
+		if err := op.open(ctx); err != nil {
+			return fmt.Errorf("task %s: open %s: %w", t.id, t.v.nodes[i].name, err)
+		}
+	}
+	ready()
+	if t.v.isSource() {
+		select {
+		case <-start:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		err = t.runSource(ctx)
+	} else {
+		err = t.runInputs(ctx)
+	}
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("task %s: %w", t.id, err)
+	}
+	return err
+}
+
+func (t *task) runSource(ctx context.Context) error {
+	src := t.ops[0].(interface{ poll(context.Context) error })
+	ended := false
+	for {
+		// Control first: barriers go in between two polls.
+		for drained := false; !drained; {
+			select {
+			case c := <-t.ctrl:
+				done, err := t.handleControl(ctx, c, ended)
+				if err != nil || done {
+					return err
+				}
+			default:
+				drained = true
+			}
+		}
+		if ended {
+			select {
+			case c := <-t.ctrl:
+				done, err := t.handleControl(ctx, c, ended)
+				if err != nil || done {
+					return err
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			continue
+		}
+		err := src.poll(ctx)
+		if errors.Is(err, ErrEndOfInput) {
+			ended = true
+			t.rep.sourceEnded(t.id)
+		} else if err != nil {
+			return err
+		}
+		if err := t.flush(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// handleControl executes one control message; done reports that the task
+// finished its stream.
+func (t *task) handleControl(ctx context.Context, c control, ended bool) (done bool, err error) {
+	switch c.kind {
+	case ctrlTrigger:
+		if c.final && ended && t.finalID == 0 {
+			t.finalID = c.id
+		}
+		return false, t.checkpoint(ctx, c.id, 0)
+	case ctrlComplete, ctrlAbort:
+		if err := t.notify(ctx, c.id, c.kind == ctrlComplete); err != nil {
+			return false, err
+		}
+		if c.kind == ctrlComplete && t.finalID != 0 && c.id >= t.finalID {
+			return true, t.event(ctx, envelope{eos: true})
+		}
+	}
+	return false, nil
+}
+
+func (t *task) runInputs(ctx context.Context) error {
+	t.aligner = newAligner(len(t.inputs))
+	sel := newSelector(t)
+	for t.aligner.live() > 0 {
+		idx, e, c, err := sel.next(ctx)
+		if err != nil {
+			return err
+		}
+		if idx < 0 {
+			if _, err := t.handleControl(ctx, c, false); err != nil {
+				return err
+			}
+			continue
+		}
+		switch {
+		case e.batch != nil:
+			if err := t.inputs[idx].deliver(e.batch, t.head); err != nil {
+				return err
+			}
+		case e.barrier != 0:
+			if err := t.align(ctx, t.aligner.onBarrier(idx, e.barrier)); err != nil {
+				return err
+			}
+		case e.eos:
+			if err := t.align(ctx, t.aligner.onEnd(idx)); err != nil {
+				return err
+			}
+		}
+		sel.update()
+	}
+	// Every input ended. The last checkpoint before the end must be resolved
+	// before the stream ends here, or a sink would close with its last
+	// transaction uncommitted.
+	for t.lastResolved < t.lastSnapshot {
+		select {
+		case c := <-t.ctrl:
+			if _, err := t.handleControl(ctx, c, true); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return t.event(ctx, envelope{eos: true})
+}
+
+func (t *task) align(ctx context.Context, acts []alignAction) error {
+	for _, a := range acts {
+		switch a.Kind {
+		case alignBlock:
+			if t.alignStart.IsZero() {
+				t.alignStart = time.Now()
+			}
+		case alignAbort:
+			t.alignStart = time.Time{}
+			t.rep.decline(t.id, a.ID, fmt.Errorf("%w: alignment overtaken by a newer barrier", checkpoint.ErrDeclined))
+		case alignSnapshot:
+			var alignment time.Duration
+			if !t.alignStart.IsZero() {
+				alignment = time.Since(t.alignStart)
+				t.alignStart = time.Time{}
+			}
+			if err := t.checkpoint(ctx, a.ID, alignment); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkpoint snapshots every operator of the chain (synchronous part),
+// forwards the barrier, and acknowledges once the asynchronous parts are done.
+func (t *task) checkpoint(ctx context.Context, id checkpoint.ID, alignment time.Duration) error {
+	if id <= t.lastSnapshot {
+		return nil
+	}
+	t.lastSnapshot = id
+	snap := checkpoint.TaskSnapshot{Task: t.id, Operators: make([]checkpoint.OperatorSnapshot, len(t.ops))}
+	asyncs := make([]func() (map[int][]byte, error), len(t.ops))
+	var declined error
+	for i, op := range t.ops {
+		s, async, err := op.snapshot(ctx, id)
+		if err != nil {
+			if !errors.Is(err, checkpoint.ErrDeclined) {
+				return fmt.Errorf("snapshot %s for checkpoint %d: %w", t.v.nodes[i].name, id, err)
+			}
+			declined = err
+			break
+		}
+		s.UID, s.Subtask, s.Parallelism = t.v.nodes[i].uid, t.subtask, t.v.parallelism
+		snap.Operators[i], asyncs[i] = s, async
+	}
+	// The barrier goes on even when declined: downstream alignment must not
+	// wait for a barrier that never comes; the decline aborts the checkpoint.
+	if err := t.event(ctx, envelope{barrier: id}); err != nil {
+		return err
+	}
+	if declined != nil {
+		t.rep.decline(t.id, id, declined)
+		return nil
+	}
+	t.async.Add(1)
+	go func() {
+		defer t.async.Done()
+		for i, async := range asyncs {
+			if async == nil {
+				continue
+			}
+			kgs, err := async()
+			if err != nil {
+				t.rep.decline(t.id, id, fmt.Errorf("%w: async snapshot of %s: %w", checkpoint.ErrDeclined, t.v.nodes[i].name, err))
+				return
+			}
+			snap.Operators[i].KeyGroups = kgs
+		}
+		t.rep.ack(t.id, id, snap, alignment)
+	}()
+	return nil
+}
+
+// notify delivers a completion or abort to every operator, tail first, so a
+// sink commits the transaction a chained source's acknowledgements ride in
+// before that source acts on them.
+func (t *task) notify(ctx context.Context, id checkpoint.ID, complete bool) error {
+	if complete && id <= t.lastCompleted {
+		return nil
+	}
+	for i := len(t.ops) - 1; i >= 0; i-- {
+		if err := t.ops[i].notify(ctx, id, complete); err != nil {
+			kind := "aborted"
+			if complete {
+				kind = "complete"
+			}
+			return fmt.Errorf("%s: notify checkpoint %d %s: %w", t.v.nodes[i].name, id, kind, err)
+		}
+	}
+	if complete && id > t.lastCompleted {
+		t.lastCompleted = id
+	}
+	if id > t.lastResolved {
+		t.lastResolved = id
+	}
+	return nil
+}
+
+func (t *task) flush(ctx context.Context) error {
+	for _, o := range t.outs {
+		if err := o.flush(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *task) event(ctx context.Context, e envelope) error {
+	for _, o := range t.outs {
+		if err := o.event(ctx, e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// selector receives from the task's unblocked inputs and its control
+// channel. Before blocking it flushes the task's outputs: records wait in a
+// batch only while more input is ready.
+type selector struct {
+	t     *task
+	cases []reflect.SelectCase
+	idx   []int // case -> input index; -1 control, -2 ctx, -3 default
+	stale bool
+}
+
+func newSelector(t *task) *selector {
+	s := &selector{t: t}
+	s.update()
+	return s
+}
+
+// update marks the case list for rebuilding after blocking changed.
+func (s *selector) update() { s.stale = true }
+
+func (s *selector) rebuild(ctx context.Context) {
+	s.cases, s.idx = s.cases[:0], s.idx[:0]
+	for i, in := range s.t.inputs {
+		if s.t.aligner.ended[i] || s.t.aligner.blocked(i) {
+			continue
+		}
+		s.cases = append(s.cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(in.ch)})
+		s.idx = append(s.idx, i)
+	}
+	s.cases = append(s.cases,
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.t.ctrl)},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+		reflect.SelectCase{Dir: reflect.SelectDefault})
+	s.idx = append(s.idx, -1, -2, -3)
+	s.stale = false
+}
+
+func (s *selector) next(ctx context.Context) (int, envelope, control, error) {
+	if len(s.t.inputs) == 1 && !s.t.aligner.ended[0] {
+		return s.nextSingle(ctx)
+	}
+	if s.stale {
+		s.rebuild(ctx)
+	}
+	chosen, v, _ := reflect.Select(s.cases)
+	if s.idx[chosen] == -3 { // nothing ready: flush, then block
+		if err := s.t.flush(ctx); err != nil {
+			return 0, envelope{}, control{}, err
+		}
+		chosen, v, _ = reflect.Select(s.cases[:len(s.cases)-1])
+	}
+	switch s.idx[chosen] {
+	case -1:
+		return -1, envelope{}, v.Interface().(control), nil
+	case -2:
+		return 0, envelope{}, control{}, ctx.Err()
+	}
+	return s.idx[chosen], v.Interface().(envelope), control{}, nil
+}
+
+func (s *selector) nextSingle(ctx context.Context) (int, envelope, control, error) {
+	in := s.t.inputs[0].ch
+	select {
+	case e := <-in:
+		return 0, e, control{}, nil
+	case c := <-s.t.ctrl:
+		return -1, envelope{}, c, nil
+	default:
+	}
+	if err := s.t.flush(ctx); err != nil {
+		return 0, envelope{}, control{}, err
+	}
+	select {
+	case e := <-in:
+		return 0, e, control{}, nil
+	case c := <-s.t.ctrl:
+		return -1, envelope{}, c, nil
+	case <-ctx.Done():
+		return 0, envelope{}, control{}, ctx.Err()
+	}
+}

@@ -1,0 +1,13 @@
+// Package sharegroup owns the Kafka share-group (KIP-932) source and the
+// transactional-acknowledgement library: records acquired in a checkpoint's
+// epoch stay unacknowledged until that checkpoint completes, an ack marker is
+// written into the checkpoint's Kafka transaction (the ack-log), the conflict
+// check (the first committed marker in log order wins) declines a checkpoint
+// that holds records someone else processed, and the records are ACCEPTed
+// after the commit or RELEASEd on abort. It also offers at-least-once.
+//
+// It is written like user code: against runtime's operator API and
+// checkpoint's listener contracts only. It must not import jobmanager or
+// taskmanager, and must not assume the embedded broker: it must work against
+// any broker with share groups (Apache Kafka 4.2+).
+package sharegroup

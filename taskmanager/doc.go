@@ -1,0 +1,9 @@
+// Package taskmanager owns the worker side of a Weir cluster: slots, the
+// deployment and execution of tasks handed out by the job manager, the data
+// plane between task managers (credit-based, so backpressure crosses process
+// boundaries without unbounded buffers), and heartbeats to the job manager.
+//
+// It must not import jobmanager: the two share only the RPC contract in
+// internal. It must not import sources or sinks: it runs whatever operators
+// runtime instantiates from a registered job name and its parameters.
+package taskmanager
