@@ -74,7 +74,7 @@ func TestRestoreAtDifferentParallelismKeepsEveryKeysState(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			var completed int
 			mc := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond),
-				OnCheckpointComplete(func(checkpoint.ID) {
+				OnCheckpointComplete(func(CheckpointEvent) {
 					if completed++; completed == 3 {
 						cancel()
 					}

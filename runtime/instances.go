@@ -146,7 +146,7 @@ func newKeyedInstance[K comparable, T, U any](name string, ks *KeyedStream[K, T]
 		owned[kg] = true
 	}
 	return &keyedInstance[K, T, U]{name: name, ks: ks, fn: fn, hash: hash, maxPar: maxPar,
-		backend: newKeyedBackend[K](ks.codec), c: &collector[U]{push: out}, oc: oc, owned: owned}
+		backend: newKeyedBackend[K](ks.codec, maxPar), c: &collector[U]{push: out}, oc: oc, owned: owned}
 }
 
 func (k *keyedInstance[K, T, U]) input() any {

@@ -41,7 +41,7 @@ type clusterCfg struct {
 	log               *zap.Logger
 	fp                Failpointer
 	driverFailpoint   func(string) error
-	onCheckpoint      func(checkpoint.ID)
+	onCheckpoint      func(CheckpointEvent)
 	restoreFromLatest bool
 }
 
@@ -100,9 +100,17 @@ func Failpoints(fp Failpointer) ClusterOpt {
 	}
 }
 
-// OnCheckpointComplete calls fn after each completed checkpoint was stored,
-// before tasks are notified (for tests and metrics).
-func OnCheckpointComplete(fn func(checkpoint.ID)) ClusterOpt {
+// CheckpointEvent describes a completed checkpoint.
+type CheckpointEvent struct {
+	ID checkpoint.ID
+	// Cycle is from the trigger to the last task's notification being sent.
+	Cycle time.Duration
+}
+
+// OnCheckpointComplete calls fn after each completed checkpoint was stored
+// and every task was sent its notification (for tests and metrics). fn runs
+// on the checkpoint driver's goroutine and must return quickly.
+func OnCheckpointComplete(fn func(CheckpointEvent)) ClusterOpt {
 	return func(c *clusterCfg) { c.onCheckpoint = fn }
 }
 
@@ -315,13 +323,15 @@ type attempt struct {
 	driver      *checkpoint.Driver
 	ended       atomic.Int32
 	lastDone    atomic.Uint64
+	triggered   map[checkpoint.ID]time.Time // driver goroutine only
 	reports     sync.WaitGroup
 	ctx         context.Context
 	fail        func(error)
 }
 
 func newAttempt(cfg clusterCfg, p *plan, store *checkpoint.Store, n int, pending *pendingHandles) *attempt {
-	return &attempt{cfg: cfg, p: p, store: store, n: n, pending: pending, byID: map[checkpoint.TaskID]*task{}}
+	return &attempt{cfg: cfg, p: p, store: store, n: n, pending: pending, byID: map[checkpoint.TaskID]*task{},
+		triggered: map[checkpoint.ID]time.Time{}}
 }
 
 // run builds, starts and waits for every task; it returns the last completed
@@ -526,6 +536,7 @@ func (a *attempt) sourceEnded(checkpoint.TaskID) {
 // TriggerCheckpoint implements checkpoint.Executor.
 func (a *attempt) TriggerCheckpoint(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID) error {
 	final := int(a.ended.Load()) == len(a.sourceTasks)
+	a.triggered[id] = time.Now()
 	for _, s := range sources {
 		if err := a.send(ctx, a.byID[s], control{kind: ctrlTrigger, id: id, final: final}); err != nil {
 			return err
@@ -539,11 +550,16 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 	if uint64(id) > a.lastDone.Load() {
 		a.lastDone.Store(uint64(id))
 	}
-	if a.cfg.onCheckpoint != nil {
-		a.cfg.onCheckpoint(id)
-	}
 	for _, t := range a.tasks {
 		_ = a.send(ctx, t, control{kind: ctrlComplete, id: id})
+	}
+	if a.cfg.onCheckpoint != nil {
+		a.cfg.onCheckpoint(CheckpointEvent{ID: id, Cycle: time.Since(a.triggered[id])})
+	}
+	for cid := range a.triggered {
+		if cid <= id {
+			delete(a.triggered, cid)
+		}
 	}
 }
 
@@ -553,6 +569,7 @@ func (a *attempt) NotifyAborted(ctx context.Context, id checkpoint.ID, reason er
 	for _, t := range a.tasks {
 		_ = a.send(ctx, t, control{kind: ctrlAbort, id: id})
 	}
+	delete(a.triggered, id)
 }
 
 // FailJob implements checkpoint.Executor.

@@ -112,7 +112,7 @@ type keyGroupMap[K comparable, V any] struct {
 type keyedStore[K comparable, V any] struct {
 	stateName string
 	scope     *keyScope[K]
-	groups    map[int]*keyGroupMap[K, V]
+	groups    []*keyGroupMap[K, V] // by key group; nil: empty
 	keyCodec  Codec[K]
 	valCodec  Codec[V]
 	clone     func(V) V // deep copy for copy-on-write of reference values; nil: plain copy
@@ -161,7 +161,7 @@ func (s *keyedStore[K, V]) getForWrite() (V, bool) {
 func (s *keyedStore[K, V]) put(v V) { s.writable().m[s.scope.key] = v }
 
 func (s *keyedStore[K, V]) del() {
-	if g := s.groups[s.scope.kg]; g == nil {
+	if s.groups[s.scope.kg] == nil {
 		return
 	}
 	delete(s.writable().m, s.scope.key)
@@ -170,7 +170,7 @@ func (s *keyedStore[K, V]) del() {
 func (s *keyedStore[K, V]) freeze() func() map[int][]byte {
 	frozen := make(map[int]map[K]V, len(s.groups))
 	for kg, g := range s.groups {
-		if len(g.m) == 0 {
+		if g == nil || len(g.m) == 0 {
 			continue
 		}
 		g.shared = true
@@ -227,14 +227,15 @@ func (s *keyedStore[K, V]) restore(kg int, b []byte) error {
 // key scope, its named states, and what was restored for states not yet
 // registered.
 type keyedBackend[K comparable] struct {
+	maxPar   int
 	scope    keyScope[K]
 	keyCodec Codec[K]
 	states   []stateSnapshotter
 	restored map[string]map[int][]byte // state name -> key group -> bytes
 }
 
-func newKeyedBackend[K comparable](kc Codec[K]) *keyedBackend[K] {
-	return &keyedBackend[K]{keyCodec: kc, restored: map[string]map[int][]byte{}}
+func newKeyedBackend[K comparable](kc Codec[K], maxPar int) *keyedBackend[K] {
+	return &keyedBackend[K]{keyCodec: kc, maxPar: maxPar, restored: map[string]map[int][]byte{}}
 }
 
 func (b *keyedBackend[K]) register(s stateSnapshotter) error {
@@ -326,7 +327,7 @@ func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Code
 	if c == nil {
 		c = DefaultCodec[T]()
 	}
-	s := &keyedStore[K, T]{stateName: name, scope: &r.b.scope, groups: map[int]*keyGroupMap[K, T]{}, keyCodec: r.b.keyCodec, valCodec: c}
+	s := &keyedStore[K, T]{stateName: name, scope: &r.b.scope, groups: make([]*keyGroupMap[K, T], r.b.maxPar), keyCodec: r.b.keyCodec, valCodec: c}
 	if err := r.b.register(s); err != nil {
 		return nil, err
 	}
@@ -343,7 +344,7 @@ func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name 
 		vc = DefaultCodec[UV]()
 	}
 	s := &keyedStore[K, map[UK]UV]{
-		stateName: name, scope: &r.b.scope, groups: map[int]*keyGroupMap[K, map[UK]UV]{},
+		stateName: name, scope: &r.b.scope, groups: make([]*keyGroupMap[K, map[UK]UV], r.b.maxPar),
 		keyCodec: r.b.keyCodec, valCodec: mapCodec[UK, UV]{kc, vc},
 		clone: func(m map[UK]UV) map[UK]UV {
 			c := make(map[UK]UV, len(m))

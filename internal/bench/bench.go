@@ -43,6 +43,7 @@ type Benchmark struct {
 func All() []Benchmark {
 	return []Benchmark{
 		{Name: "runtime-wordcount", Run: RuntimeWordcount},
+		{Name: "checkpoint-cycle", Run: CheckpointCycle},
 	}
 }
 

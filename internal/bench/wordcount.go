@@ -58,8 +58,21 @@ type wordCount struct {
 }
 
 func weirWordcount(ctx context.Context, corpus []string, words int64) (time.Duration, error) {
+	j, seen := wordcountJob(runtime.SliceSource(corpus, 64))
+	start := time.Now()
+	_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond)).Run(ctx, j)
+	el := time.Since(start)
+	if err == nil && seen.Load() != words {
+		return 0, errWrongCount{seen.Load(), words}
+	}
+	return el, err
+}
+
+// wordcountJob is the in-memory wordcount: lines, split, keyBy word,
+// running count, a sink that counts what it receives.
+func wordcountJob(lines func() runtime.Source[string]) (*runtime.Job, *atomic.Int64) {
 	j := runtime.NewJob("bench-wordcount", runtime.DefaultParallelism(2))
-	text := runtime.FromSource(j, "lines", runtime.SliceSource(corpus, 64))
+	text := runtime.FromSource(j, "lines", lines)
 	split := runtime.FlatMap(text, "split", func(l string, out runtime.Collector[wordCount]) error {
 		for _, w := range strings.Fields(strings.ToLower(l)) {
 			out.Collect(wordCount{Word: w, Count: 1})
@@ -71,18 +84,12 @@ func weirWordcount(ctx context.Context, corpus []string, words int64) (time.Dura
 			acc.Count += c.Count
 			return acc, nil
 		}, nil)
-	var seen atomic.Int64
+	seen := new(atomic.Int64)
 	runtime.SinkTo(counts, "discard", runtime.SinkFunc(func(context.Context, wordCount) error {
 		seen.Add(1)
 		return nil
 	}))
-	start := time.Now()
-	_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond)).Run(ctx, j)
-	el := time.Since(start)
-	if err == nil && seen.Load() != words {
-		return 0, errWrongCount{seen.Load(), words}
-	}
-	return el, err
+	return j, seen
 }
 
 type errWrongCount struct{ got, want int64 }
