@@ -52,8 +52,9 @@ type OperatorContext struct {
 	RestoredFrom checkpoint.ID
 	// Restored are the operator state entries assigned to this subtask.
 	Restored [][]byte
-	// CommitHandles are transactions of the restored checkpoint this subtask
-	// must commit (idempotently) before it produces anything.
+	// CommitHandles are the transactions of the restored checkpoint that
+	// this operator (all its subtasks, not only this one: commit is
+	// idempotent) pre-committed; commit them before producing anything.
 	CommitHandles []checkpoint.TxnHandle
 	// AbortHandles are transactions of later, incomplete checkpoints known to
 	// the executor, which this subtask should abort.
@@ -63,6 +64,17 @@ type OperatorContext struct {
 	// RequestCheckpoint asks the coordinator for a checkpoint now (e.g. a
 	// source nearing its in-flight limit). It never blocks.
 	RequestCheckpoint func(reason string)
+	// RestartCause is the failure that restarted the job ("" on the first
+	// attempt), e.g. for dead-letter headers.
+	RestartCause string
+}
+
+// Inject fires the named failpoint (nil-safe).
+func (oc *OperatorContext) Inject(name string) error {
+	if oc == nil || oc.Failpoints == nil {
+		return nil
+	}
+	return oc.Failpoints.Inject(name)
 }
 
 // Source produces records. Poll is called repeatedly from the task goroutine;

@@ -70,16 +70,17 @@ func TestRestoreAtDifferentParallelismKeepsEveryKeysState(t *testing.T) {
 			defer store.Close()
 			viol := &violations{}
 			txns := newMemTxns()
-			// First run: stop after a few checkpoints, mid-input.
+			// First run: the source stalls halfway; stop it after a few
+			// checkpoints.
 			ctx, cancel := context.WithCancel(context.Background())
 			var completed int
 			mc := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond),
 				OnCheckpointComplete(func(CheckpointEvent) {
-					if completed++; completed == 3 {
+					if completed++; completed == 5 {
 						cancel()
 					}
 				}))
-			src := seqSourceOf(seqSource{keys: keys, splits: 6, n: n, perPoll: 1})
+			src := seqSourceOf(seqSource{keys: keys, splits: 6, n: n, perPoll: 1, stallAt: n / 2})
 			_, err = mc.Run(ctx, seqJob(src, viol, txns, nil, tc.from, tc.from))
 			cancel()
 			if !errors.Is(err, context.Canceled) {

@@ -33,6 +33,7 @@ type seqRec struct {
 // number of rounds it emitted.
 type seqSource struct {
 	keys, splits, n, perPoll int
+	stallAt                  int         // when > 0, emit nothing past this round (an endless, idle source)
 	owned                    map[int]int // split -> rounds emitted
 	order                    []int
 	emitted                  *atomic.Int64
@@ -62,7 +63,7 @@ func (s *seqSource) Open(_ context.Context, oc *OperatorContext) error {
 func (s *seqSource) Poll(_ context.Context, out Collector[seqRec]) error {
 	polled := 0
 	for _, sp := range s.order {
-		for polled < s.perPoll && s.owned[sp] < s.n {
+		for polled < s.perPoll && s.owned[sp] < s.n && (s.stallAt == 0 || s.owned[sp] < s.stallAt) {
 			round := s.owned[sp] + 1
 			for k := sp; k < s.keys; k += s.splits {
 				out.Collect(seqRec{Key: fmt.Sprintf("k%03d", k), Seq: int64(round)})
@@ -74,7 +75,7 @@ func (s *seqSource) Poll(_ context.Context, out Collector[seqRec]) error {
 			polled++
 		}
 	}
-	if polled == 0 {
+	if polled == 0 && s.stallAt == 0 {
 		return ErrEndOfInput
 	}
 	return nil

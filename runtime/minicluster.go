@@ -156,12 +156,14 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 	}
 	var res Result
 	pending := newPendingHandles()
+	var cause string
 	for attempt := 0; ; attempt++ {
 		restore, err := m.loadRestore(ctx, store, cfg.jobID, p, pending)
 		if err != nil {
 			return res, err
 		}
 		a := newAttempt(cfg, p, store, attempt, pending)
+		a.cause = cause
 		last, runErr := a.run(ctx, restore)
 		if last > res.LastCheckpoint {
 			res.LastCheckpoint = last
@@ -176,6 +178,7 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 			return res, fmt.Errorf("%w after %d restarts: %w", ErrJobFailed, attempt, runErr)
 		}
 		res.Restarts++
+		cause = runErr.Error()
 		cfg.log.Warn("job failed, restarting from the latest completed checkpoint",
 			zap.String("job", cfg.jobID), zap.Int("attempt", attempt+1), zap.Error(runErr))
 		select {
@@ -245,8 +248,14 @@ func assignRestore(c checkpoint.Completed, skipped []checkpoint.Skipped, p *plan
 					out[opKey{n.uid, dst}].entries = append(out[opKey{n.uid, dst}].entries, e)
 					k++
 				}
-				r := out[opKey{n.uid, s.Subtask % par}]
-				r.commitHandles = append(r.commitHandles, s.Handles...)
+				// Every subtask gets every handle of the operator: commit
+				// is idempotent, and a subtask that aborts lingering
+				// transactions (of ids a larger parallelism used) must
+				// have committed the checkpoint's ones first.
+				for i := 0; i < par; i++ {
+					r := out[opKey{n.uid, i}]
+					r.commitHandles = append(r.commitHandles, s.Handles...)
+				}
 			}
 			for i := 0; i < par; i++ {
 				r := out[opKey{n.uid, i}]
@@ -324,6 +333,7 @@ type attempt struct {
 	ended       atomic.Int32
 	lastDone    atomic.Uint64
 	triggered   map[checkpoint.ID]time.Time // driver goroutine only
+	cause       string                      // failure that led to this attempt
 	reports     sync.WaitGroup
 	ctx         context.Context
 	fail        func(error)
@@ -372,7 +382,17 @@ func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.I
 	var wg sync.WaitGroup
 	driverDone := make(chan error, 1)
 	driverCtx, stopDriver := context.WithCancel(ctx)
-	go func() { driverDone <- a.driver.Run(driverCtx) }()
+	go func() {
+		err := a.driver.Run(driverCtx)
+		if err != nil && driverCtx.Err() == nil {
+			// The coordinator stopped (e.g. a failpoint after persisting a
+			// checkpoint): the job manager is gone, the attempt fails.
+			a.fail(fmt.Errorf("runtime: checkpoint coordinator stopped: %w", err))
+		} else if err == nil && driverCtx.Err() == nil {
+			a.fail(errors.New("runtime: checkpoint coordinator stopped"))
+		}
+		driverDone <- err
+	}()
 
 	var ready sync.WaitGroup
 	ready.Add(len(a.tasks))
@@ -472,7 +492,7 @@ func (a *attempt) build(ctx context.Context, restore restorePlan) ([][]*restored
 				n := v.nodes[i]
 				oc := &OperatorContext{Job: a.cfg.jobID, Name: n.name, UID: n.uid, Subtask: sub,
 					Parallelism: n.parallelism, Attempt: a.n, Logger: a.cfg.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
-					Failpoints: a.cfg.fp, RequestCheckpoint: a.requestCheckpoint}
+					Failpoints: a.cfg.fp, RequestCheckpoint: a.requestCheckpoint, RestartCause: a.cause}
 				if r := restore[opKey{n.uid, sub}]; r != nil {
 					rs[i] = r
 					oc.AbortHandles = r.abortHandles

@@ -120,6 +120,9 @@ func (t *task) runSource(ctx context.Context) error {
 	src := t.ops[0].(interface{ poll(context.Context) error })
 	ended := false
 	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		// Control first: barriers go in between two polls.
 		for drained := false; !drained; {
 			select {

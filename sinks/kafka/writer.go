@@ -1,0 +1,520 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/failpoint"
+)
+
+// Errors of a TxnWriter, matchable with errors.Is.
+var (
+	// ErrTxnLost is wrapped by Recover errors for pre-committed
+	// transactions of a completed checkpoint that can no longer be
+	// committed (timed out or aborted at the broker): their records are
+	// lost. Callers fail the job unless the user opted out.
+	ErrTxnLost = errors.New("kafka sink: pre-committed transaction lost")
+	// ErrPoolExhausted is returned by Write when every transactional id of
+	// the subtask's pool is open, pre-committed, or still named by the
+	// latest completed checkpoint, and by PreCommit (also wrapping
+	// checkpoint.ErrDeclined) when all but one id await their commit:
+	// notifications lag too far behind. The job restarts from its latest
+	// completed checkpoint, which always leaves an id free.
+	ErrPoolExhausted = errors.New("kafka sink: transactional id pool exhausted")
+	// ErrNotRecovered is returned by Write and PreCommit of an exactly-once
+	// writer before Recover succeeded.
+	ErrNotRecovered = errors.New("kafka sink: Recover must be called before writing")
+	// ErrClosed is returned by every method after Close.
+	ErrClosed = errors.New("kafka sink: writer closed")
+)
+
+// LostTxnError describes one transaction Recover could not commit. It
+// matches ErrTxnLost with errors.Is.
+type LostTxnError struct {
+	Handle checkpoint.TxnHandle
+	Err    error // the broker's answer, e.g. kerr.InvalidTxnState
+}
+
+func (e *LostTxnError) Error() string {
+	return fmt.Sprintf("kafka sink: transaction %s (producer %d, epoch %d) of checkpoint %d lost: %v",
+		e.Handle.TransactionalID, e.Handle.ProducerID, e.Handle.Epoch, e.Handle.Checkpoint, e.Err)
+}
+
+// Unwrap returns ErrTxnLost and the broker error.
+func (e *LostTxnError) Unwrap() []error { return []error{ErrTxnLost, e.Err} }
+
+type slotState uint8
+
+const (
+	slotFree slotState = iota
+	slotOpen
+	slotPrecommitted
+	// slotCommitted: committed, but its handle may still be named by the
+	// latest completed checkpoint, so a restore may try to commit it again.
+	// Reusing the id now would start a transaction at the next epoch, and
+	// that repeated commit would answer PRODUCER_FENCED, indistinguishable
+	// from a real loss. The slot is freed once a checkpoint taken after the
+	// commit completes (lastSnap < the notified id).
+	slotCommitted
+)
+
+// syncClient brings the slot's kgo client up to date after its transaction
+// was ended with a raw EndTxn: it repeats the same end through kgo, which
+// the broker answers as a retry (success, with the bumped epoch, under
+// KIP-890). If kgo did not end up at a newer epoch than the handle's (it
+// skipped the request, or took its "nothing produced" abort path, which the
+// broker refuses), the client is closed and the next transaction on the id
+// gets a fresh one (InitProducerID).
+func (w *TxnWriter) syncClient(ctx context.Context, s *slot, how kgo.TransactionEndTry) {
+	if s.cl == nil {
+		return
+	}
+	if err := s.cl.EndTransaction(ctx, how); err == nil {
+		if pid, epoch, err := s.cl.ProducerID(ctx); err == nil && (pid != s.handle.ProducerID || epoch > s.handle.Epoch) {
+			return
+		}
+	}
+	w.cfg.logger.Debug("kafka sink: replacing producer after EndTxn", zap.String("txn", s.txnID))
+	s.cl.Close()
+	s.cl = nil
+}
+
+func (s slotState) String() string {
+	return [...]string{"free", "open", "pre-committed", "committed"}[s]
+}
+
+// slot is one transactional id of the pool and its (lazily made) producer.
+type slot struct {
+	index    int
+	txnID    string
+	cl       *kgo.Client
+	state    slotState
+	records  int64                // records written into the open transaction
+	handle   checkpoint.TxnHandle // valid when pre-committed or committed
+	lastSnap checkpoint.ID        // last checkpoint whose snapshot names handle
+}
+
+// TxnWriter is the runtime-independent core of the Kafka sink for one sink
+// subtask: a two-phase-commit writer with one Kafka transaction per
+// checkpoint epoch.
+//
+// Life cycle (exactly-once):
+//
+//	w, _ := NewTxnWriter(ctx, opts...)
+//	w.Recover(ctx, handlesOfRestoredCheckpoint) // nil on a fresh start
+//	for each record:      w.Write(ctx, r)
+//	on barrier n:         w.PreCommit(ctx, n); snapshot w.Pending()
+//	on notify complete n: w.Commit(ctx, n)
+//	on notify aborted n:  w.Abort(ctx, n)
+//	w.Close()
+//
+// Transactional ids are "<prefix>-<subtask>-<poolIndex>", a bounded pool
+// per subtask. A transaction is begun lazily on the first Write of an epoch
+// and stays open after pre-commit until Commit or Abort. Notifications are
+// best effort: Commit(n) commits everything pre-committed up to n, and the
+// snapshot of checkpoint n must name every transaction still pending at
+// barrier n (Pending), so a restore from n finishes what a lost
+// notification left open.
+//
+// A TxnWriter is safe for concurrent use, but operations are serialised;
+// failpoint hooks run under its lock and must not call back into it.
+type TxnWriter struct {
+	cfg   cfg
+	admin *kgo.Client // raw transaction requests; the producer when not exactly-once
+
+	asyncErr atomic.Pointer[error] // first asynchronous produce error
+
+	mu            sync.Mutex
+	slots         []*slot
+	cur           *slot   // open transaction, nil between epochs
+	pending       []*slot // pre-committed, in checkpoint order
+	lastPrecommit checkpoint.ID
+	recovered     bool
+	closed        bool
+	failed        error // sticky: the writer's transactions are in an unknown state
+}
+
+// NewTxnWriter validates the options and connects to the cluster. An
+// exactly-once writer makes no producer and touches no transaction until
+// Recover.
+func NewTxnWriter(ctx context.Context, opts ...Opt) (*TxnWriter, error) {
+	c := defaultCfg()
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	copts := append(append([]kgo.Opt(nil), c.clientOpts...), kgo.SeedBrokers(c.brokers...))
+	admin, err := kgo.NewClient(copts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: kafka client: %w", ErrInvalidConfig, err)
+	}
+	if err := admin.Ping(ctx); err != nil {
+		admin.Close()
+		return nil, fmt.Errorf("kafka sink: connect to %v: %w", c.brokers, err)
+	}
+	w := &TxnWriter{cfg: c, admin: admin}
+	if c.guarantee == ExactlyOnce {
+		w.slots = make([]*slot, c.poolSize)
+		for i := range w.slots {
+			w.slots[i] = &slot{index: i, txnID: TransactionalID(c.prefix, c.subtask, i)}
+		}
+	} else {
+		w.recovered = true // nothing to recover without transactions
+	}
+	c.logger.Debug("kafka sink writer created",
+		zap.Stringer("guarantee", c.guarantee), zap.String("prefix", c.prefix),
+		zap.Int("subtask", c.subtask), zap.Int("parallelism", c.parallelism), zap.Int("pool", c.poolSize))
+	return w, nil
+}
+
+// TransactionalID returns the transactional id of a pool index of a
+// subtask: "<prefix>-<subtask>-<index>".
+func TransactionalID(prefix string, subtask, index int) string {
+	return prefix + "-" + strconv.Itoa(subtask) + "-" + strconv.Itoa(index)
+}
+
+// Guarantee returns the writer's delivery guarantee.
+func (w *TxnWriter) Guarantee() DeliveryGuarantee { return w.cfg.guarantee }
+
+func (w *TxnWriter) onProduced(r *kgo.Record, err error) {
+	if err == nil {
+		return
+	}
+	err = fmt.Errorf("kafka sink: produce to %s[%d]: %w", r.Topic, r.Partition, err)
+	w.asyncErr.CompareAndSwap(nil, &err)
+}
+
+func (w *TxnWriter) produceErr() error {
+	if p := w.asyncErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// usable reports why the writer cannot take records, if it cannot.
+func (w *TxnWriter) usable() error {
+	switch {
+	case w.closed:
+		return ErrClosed
+	case w.failed != nil:
+		return w.failed
+	case !w.recovered:
+		return ErrNotRecovered
+	}
+	return w.produceErr()
+}
+
+func (w *TxnWriter) fail(err error) error {
+	if w.failed == nil {
+		w.failed = err
+	}
+	return err
+}
+
+// Write produces r asynchronously into the current transaction (exactly
+// once) or directly. A produce failure is remembered and returned by later
+// Write and PreCommit calls: the epoch can then only be rolled back. ctx
+// bounds the wait for buffer space (backpressure), as in kgo.
+func (w *TxnWriter) Write(ctx context.Context, r *kgo.Record) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.usable(); err != nil {
+		return err
+	}
+	if w.cfg.guarantee != ExactlyOnce {
+		w.admin.Produce(ctx, r, w.onProduced)
+		return nil
+	}
+	if w.cur == nil {
+		s, err := w.begin(ctx)
+		if err != nil {
+			return err
+		}
+		w.cur = s
+	}
+	w.cur.records++
+	w.cur.cl.Produce(ctx, r, w.onProduced)
+	return nil
+}
+
+// Flush waits until every record written so far was acknowledged by the
+// broker (into the open transaction, if exactly once), and returns the
+// first produce error. It neither pre-commits nor commits.
+func (w *TxnWriter) Flush(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	cl := w.admin
+	if w.cfg.guarantee == ExactlyOnce {
+		if w.cur == nil {
+			return w.produceErr()
+		}
+		cl = w.cur.cl
+	}
+	if err := cl.Flush(ctx); err != nil {
+		return fmt.Errorf("kafka sink: flush: %w", err)
+	}
+	return w.produceErr()
+}
+
+// begin takes the lowest free slot and begins a transaction on it.
+func (w *TxnWriter) begin(ctx context.Context) (*slot, error) {
+	var s *slot
+	for _, c := range w.slots {
+		if c.state == slotFree {
+			s = c
+			break
+		}
+	}
+	if s == nil {
+		return nil, fmt.Errorf("%w: %s", ErrPoolExhausted, w.poolSummary())
+	}
+	if s.cl == nil {
+		// Client telemetry is off: a closing client would wait to push its
+		// final metrics, and producers are replaced after failures.
+		opts := append(append([]kgo.Opt(nil), w.cfg.clientOpts...),
+			kgo.DisableClientMetrics(),
+			kgo.SeedBrokers(w.cfg.brokers...),
+			kgo.TransactionalID(s.txnID),
+			kgo.TransactionTimeout(w.cfg.txnTimeout),
+		)
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			return nil, w.fail(fmt.Errorf("%w: kafka producer %s: %w", ErrInvalidConfig, s.txnID, err))
+		}
+		// InitProducerID now, so that a bad transaction timeout or a
+		// missing ACL fails this Write rather than a later flush.
+		if _, _, err := cl.ProducerID(ctx); err != nil {
+			cl.Close()
+			return nil, fmt.Errorf("kafka sink: init producer %s: %w", s.txnID, err)
+		}
+		s.cl = cl
+	}
+	if err := s.cl.BeginTransaction(); err != nil {
+		return nil, w.fail(fmt.Errorf("kafka sink: begin transaction on %s: %w", s.txnID, err))
+	}
+	s.state, s.records = slotOpen, 0
+	return s, nil
+}
+
+func (w *TxnWriter) poolSummary() string {
+	counts := make(map[slotState]int)
+	for _, s := range w.slots {
+		counts[s.state]++
+	}
+	return fmt.Sprintf("pool of %d: %d open, %d pre-committed, %d committed but still named by the latest checkpoint (notifications lag; raise PoolSize)",
+		len(w.slots), counts[slotOpen], counts[slotPrecommitted], counts[slotCommitted])
+}
+
+// PreCommit ends epoch id at barrier id. Exactly once: it flushes the
+// current transaction and, if it holds records, pre-commits it: it records
+// its handle (transactional id, producer id and epoch, read right before
+// pre-commit since the epoch bumps after every EndTxn), leaves it open, and
+// the next Write begins the next transaction on another pool id. It returns
+// ok=false for an epoch without records, which commits nothing. Then it
+// fires failpoint sink.after-precommit.
+//
+// The handle alone is not the snapshot: store Pending() in checkpoint id,
+// which also names earlier transactions whose commit notification has not
+// arrived.
+//
+// At least once: PreCommit flushes and returns ok=false. None: it does
+// nothing. ids must increase.
+func (w *TxnWriter) PreCommit(ctx context.Context, id checkpoint.ID) (checkpoint.TxnHandle, bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.usable(); err != nil {
+		return checkpoint.TxnHandle{}, false, err
+	}
+	if id <= w.lastPrecommit {
+		return checkpoint.TxnHandle{}, false, fmt.Errorf("kafka sink: pre-commit of checkpoint %d after %d: ids must increase", id, w.lastPrecommit)
+	}
+	var (
+		h  checkpoint.TxnHandle
+		ok bool
+	)
+	switch {
+	case w.cfg.guarantee == AtLeastOnce:
+		if err := w.admin.Flush(ctx); err != nil {
+			return h, false, fmt.Errorf("kafka sink: flush at checkpoint %d: %w", id, err)
+		}
+		if err := w.produceErr(); err != nil {
+			return h, false, err
+		}
+	case w.cfg.guarantee == ExactlyOnce && w.cur != nil && w.cur.records > 0:
+		s := w.cur
+		// A snapshot may name at most len(slots)-1 of our ids, so that a
+		// restore from it (which keeps the named ids out of the pool) leaves
+		// an id to write with.
+		if len(w.pending) >= len(w.slots)-1 {
+			return h, false, fmt.Errorf("kafka sink: checkpoint %d: %w: %w: %d transactions already await their commit notification",
+				id, checkpoint.ErrDeclined, ErrPoolExhausted, len(w.pending))
+		}
+		if err := s.cl.Flush(ctx); err != nil {
+			return h, false, fmt.Errorf("kafka sink: flush %s at checkpoint %d: %w", s.txnID, id, err)
+		}
+		if err := w.produceErr(); err != nil {
+			return h, false, err
+		}
+		pid, epoch, err := s.cl.ProducerID(ctx)
+		if err != nil {
+			return h, false, w.fail(fmt.Errorf("kafka sink: producer id of %s: %w", s.txnID, err))
+		}
+		h = checkpoint.TxnHandle{TransactionalID: s.txnID, ProducerID: pid, Epoch: epoch, Checkpoint: id}
+		s.state, s.handle = slotPrecommitted, h
+		w.pending = append(w.pending, s)
+		w.cur, ok = nil, true
+		w.cfg.logger.Debug("kafka sink pre-committed", zap.String("txn", s.txnID), zap.Int64("producer_id", pid),
+			zap.Int16("epoch", epoch), zap.Uint64("checkpoint", uint64(id)), zap.Int64("records", s.records))
+	}
+	w.lastPrecommit = id
+	for _, s := range w.pending {
+		s.lastSnap = id // every pending transaction is named by snapshot id
+	}
+	if err := w.cfg.failpoints.InjectContext(ctx, failpoint.SinkAfterPrecommit); err != nil {
+		return checkpoint.TxnHandle{}, false, err
+	}
+	return h, ok, nil
+}
+
+// Pending returns the handles of every pre-committed transaction not yet
+// committed, in checkpoint order. After PreCommit(id) these are the handles
+// to store in the snapshot of checkpoint id. Nil unless exactly-once.
+func (w *TxnWriter) Pending() []checkpoint.TxnHandle {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var hs []checkpoint.TxnHandle
+	for _, s := range w.pending {
+		hs = append(hs, s.handle)
+	}
+	return hs
+}
+
+// Commit commits, in checkpoint order, every pre-committed transaction of a
+// checkpoint <= upTo (EndTxn commit on its own producer), firing failpoint
+// sink.after-commit after each EndTxn returned. It is idempotent, and a
+// commit for n covers every checkpoint <= n. A failed EndTxn leaves the
+// writer failed: restore from the latest completed checkpoint, whose
+// Recover retries the commit.
+func (w *TxnWriter) Commit(ctx context.Context, upTo checkpoint.ID) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	if w.failed != nil {
+		return w.failed
+	}
+	for len(w.pending) > 0 && w.pending[0].handle.Checkpoint <= upTo {
+		s := w.pending[0]
+		if err := w.endTxn(ctx, s.handle, true); err != nil {
+			var le *LostTxnError
+			if errors.As(err, &le) {
+				w.cfg.logger.Error("kafka sink: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
+					zap.String("txn", s.txnID), zap.Uint64("checkpoint", uint64(s.handle.Checkpoint)), zap.Error(le.Err))
+			}
+			return w.fail(err)
+		}
+		w.syncClient(ctx, s, kgo.TryCommit)
+		s.state = slotCommitted
+		w.pending = w.pending[1:]
+		w.cfg.logger.Debug("kafka sink committed", zap.String("txn", s.txnID), zap.Uint64("checkpoint", uint64(s.handle.Checkpoint)))
+		if err := w.cfg.failpoints.InjectContext(ctx, failpoint.SinkAfterCommit); err != nil {
+			return err
+		}
+	}
+	// Checkpoint upTo completed: a restore now starts from upTo or later,
+	// whose snapshots do not name transactions committed before they were
+	// taken.
+	for _, s := range w.slots {
+		if s.state == slotCommitted && s.lastSnap < upTo {
+			s.state = slotFree
+		}
+	}
+	return nil
+}
+
+// Abort aborts the transactions pre-committed for checkpoint id and
+// returns their ids to the pool. Use it only when checkpoint id can no
+// longer complete (notifyCheckpointAborted).
+func (w *TxnWriter) Abort(ctx context.Context, id checkpoint.ID) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	kept := w.pending[:0]
+	var err error
+	for _, s := range w.pending {
+		if s.handle.Checkpoint != id || err != nil {
+			kept = append(kept, s)
+			continue
+		}
+		if e := w.endTxn(ctx, s.handle, false); e != nil {
+			err = w.fail(e)
+			kept = append(kept, s)
+			continue
+		}
+		w.syncClient(ctx, s, kgo.TryAbort)
+		s.state = slotFree
+		w.cfg.logger.Info("kafka sink aborted pre-committed transaction", zap.String("txn", s.txnID), zap.Uint64("checkpoint", uint64(id)))
+	}
+	w.pending = kept
+	return err
+}
+
+// Close aborts the open (not yet pre-committed) transaction and closes
+// every client. Pre-committed transactions are left open on purpose: their
+// checkpoint may complete after all, and the next Recover commits them (if
+// the restored checkpoint names them) or aborts them. A job that is
+// cancelled for good should Abort the checkpoints of Pending first, or
+// they pin the last stable offset until the transaction timeout.
+func (w *TxnWriter) Close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	w.closed = true
+	if s := w.cur; s != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := s.cl.AbortBufferedRecords(ctx)
+		var pid int64
+		var epoch int16
+		if err == nil {
+			pid, epoch, err = s.cl.ProducerID(ctx)
+		}
+		if err == nil {
+			err = w.endTxn(ctx, checkpoint.TxnHandle{TransactionalID: s.txnID, ProducerID: pid, Epoch: epoch}, false)
+		}
+		if err != nil {
+			w.cfg.logger.Warn("kafka sink: abort open transaction on close; it lingers until Recover or its timeout",
+				zap.String("txn", s.txnID), zap.Error(err))
+		}
+		cancel()
+	}
+	w.closeClients()
+}
+
+func (w *TxnWriter) closeClients() {
+	for _, s := range w.slots {
+		if s.cl != nil {
+			s.cl.Close()
+			s.cl = nil
+		}
+	}
+	w.admin.Close()
+}

@@ -1,0 +1,182 @@
+package sharegroup
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+)
+
+// AckMode says when the source acknowledges what it read.
+type AckMode uint8
+
+const (
+	// Transactional is exactly-once: records stay acquired until their
+	// checkpoint completes; an ack marker rides in the checkpoint's Kafka
+	// transaction; records are ACCEPTed after the commit. The default.
+	Transactional AckMode = iota
+	// AtLeastOnce ACCEPTs records when the checkpoint that covers them
+	// completes. After a failure, records processed since the last completed
+	// checkpoint are delivered again.
+	AtLeastOnce
+	// Implicit ACCEPTs records as soon as they are emitted. After a failure,
+	// records emitted but not yet reflected in a completed checkpoint are
+	// lost: at-most-once.
+	Implicit
+)
+
+func (m AckMode) String() string {
+	switch m {
+	case Transactional:
+		return "transactional"
+	case AtLeastOnce:
+		return "at-least-once"
+	case Implicit:
+		return "implicit"
+	}
+	return fmt.Sprintf("AckMode(%d)", m)
+}
+
+// ParseAckMode parses "transactional" (or "exactly-once"), "at-least-once"
+// or "implicit".
+func ParseAckMode(s string) (AckMode, error) {
+	switch s {
+	case "transactional", "exactly-once":
+		return Transactional, nil
+	case "at-least-once":
+		return AtLeastOnce, nil
+	case "implicit":
+		return Implicit, nil
+	}
+	return 0, fmt.Errorf("%w: acknowledgement mode %q: want transactional, at-least-once or implicit", ErrInvalidConfig, s)
+}
+
+// ErrInvalidConfig is wrapped by errors about the source's options.
+var ErrInvalidConfig = errors.New("sharegroup: invalid configuration")
+
+// ErrNoShareGroups is returned when the broker does not speak the share-group
+// APIs (KIP-932).
+var ErrNoShareGroups = errors.New("sharegroup: broker does not support share groups (KIP-932, Apache Kafka 4.2+)")
+
+// ErrRolledBack is wrapped by the error with which the source fails its task
+// when a checkpoint covering records it holds was aborted: in transactional
+// mode the job must roll back to the last completed checkpoint, as those
+// records are already reflected in downstream state.
+var ErrRolledBack = errors.New("sharegroup: checkpoint aborted while holding its records; rolling back")
+
+type cfg struct {
+	brokers        []string
+	topics         []string
+	group          string
+	mode           AckMode
+	lanes          int
+	batch          int
+	maxDeliveries  int32
+	dlqTopic       string
+	ackLogTopic    string
+	txnPrefix      string
+	txnTimeout     time.Duration
+	resetEarliest  bool
+	pollWait       time.Duration
+	lockMargin     time.Duration
+	tombstoneEvery time.Duration
+	grace          time.Duration
+	clientOpts     []kgo.Opt
+	logger         *zap.Logger
+}
+
+func defaultCfg() cfg {
+	return cfg{mode: Transactional, batch: 2000, maxDeliveries: 4, txnTimeout: 15 * time.Minute, resetEarliest: true,
+		pollWait: 50 * time.Millisecond, lockMargin: 5 * time.Second, tombstoneEvery: time.Minute}
+}
+
+// Opt configures a Source.
+type Opt func(*cfg)
+
+// Brokers sets the seed brokers.
+func Brokers(seeds ...string) Opt { return func(c *cfg) { c.brokers = seeds } }
+
+// Topics sets the topics the share group reads.
+func Topics(topics ...string) Opt { return func(c *cfg) { c.topics = topics } }
+
+// Group sets the share group.
+func Group(g string) Opt { return func(c *cfg) { c.group = g } }
+
+// Mode sets the acknowledgement mode (default Transactional).
+func Mode(m AckMode) Opt { return func(c *cfg) { c.mode = m } }
+
+// Lanes sets how many share-consumer clients each subtask runs (default:
+// partitions / parallelism, at least 1, at most 8). A lane holds one batch
+// until its checkpoint completes, so lanes bound what a subtask holds;
+// more lanes than partitions in the group wait on each other.
+func Lanes(n int) Opt { return func(c *cfg) { c.lanes = n } }
+
+// BatchSize sets the records one lane acquires per poll (default 2000, the
+// broker's default per-partition in-flight cap). The broker clips it to
+// group.share.partition.max.record.locks.
+func BatchSize(n int) Opt { return func(c *cfg) { c.batch = n } }
+
+// MaxDeliveries sets the delivery count at which a record is treated as
+// poison: REJECTed and copied to the dead-letter topic instead of emitted
+// (default 4; keep it below the broker's group.share.delivery.count.limit,
+// default 5).
+func MaxDeliveries(n int) Opt { return func(c *cfg) { c.maxDeliveries = int32(n) } }
+
+// DeadLetterTopic sets where poison and undecodable records go (default
+// "<group>-dlq", created when missing).
+func DeadLetterTopic(t string) Opt { return func(c *cfg) { c.dlqTopic = t } }
+
+// AckLogTopic sets the ack-log topic (default acklog.TopicFor(group)).
+func AckLogTopic(t string) Opt { return func(c *cfg) { c.ackLogTopic = t } }
+
+// TransactionalIDPrefix sets the prefix of the transactional ids of the
+// ack-marker transactions (default "weir-<job>-<operator uid>").
+func TransactionalIDPrefix(p string) Opt { return func(c *cfg) { c.txnPrefix = p } }
+
+// TransactionTimeout sets the ack-marker transactions' timeout (default 15m).
+func TransactionTimeout(d time.Duration) Opt { return func(c *cfg) { c.txnTimeout = d } }
+
+// StartFromLatest makes a new group start at the end of its topics; the
+// default sets share.auto.offset.reset=earliest on the group before it reads.
+func StartFromLatest() Opt { return func(c *cfg) { c.resetEarliest = false } }
+
+// LockMargin sets how long before a lock's expiry a lane considers it at
+// risk (default 5s): an epoch whose locks may have lapsed declines its
+// checkpoint, and records whose lock has less left than this when polled
+// are released unprocessed.
+func LockMargin(d time.Duration) Opt { return func(c *cfg) { c.lockMargin = d } }
+
+// MarkerGrace sets how long after their creation resolved ack markers are
+// kept before they are tombstoned (default 10 x the lock duration).
+func MarkerGrace(d time.Duration) Opt { return func(c *cfg) { c.grace = d } }
+
+// ClientOpts passes options (TLS, SASL, ...) to every franz-go client.
+func ClientOpts(opts ...kgo.Opt) Opt {
+	return func(c *cfg) { c.clientOpts = append(c.clientOpts, opts...) }
+}
+
+// Logger sets the logger (default: the operator's).
+func Logger(l *zap.Logger) Opt { return func(c *cfg) { c.logger = l } }
+
+func (c *cfg) validate() error {
+	bad := func(f string, a ...any) error { return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(f, a...)) }
+	switch {
+	case len(c.brokers) == 0:
+		return bad("no brokers")
+	case len(c.topics) == 0:
+		return bad("no topics")
+	case c.group == "":
+		return bad("no group")
+	case c.lanes < 0 || c.lanes > 64:
+		return bad("lanes %d out of [0, 64]", c.lanes)
+	case c.batch < 1:
+		return bad("batch size %d < 1", c.batch)
+	case c.maxDeliveries < 2:
+		return bad("max deliveries %d < 2", c.maxDeliveries)
+	case c.mode > Implicit:
+		return bad("unknown mode %d", c.mode)
+	}
+	return nil
+}

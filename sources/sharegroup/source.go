@@ -1,0 +1,567 @@
+package sharegroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/runtime"
+	"github.com/weirstream/weir/sinks/kafka"
+	"github.com/weirstream/weir/sources/sharegroup/acklog"
+)
+
+// Failpoints of the source (DESIGN.md's contract).
+const (
+	FailpointAfterAckPrecommit = "source.after-ack-precommit"
+	FailpointAfterAckCommit    = "source.after-ack-commit"
+)
+
+// Dead-letter headers.
+const (
+	HeaderError         = "weir.error"
+	HeaderDeliveryCount = "weir.delivery.count"
+	HeaderTopic         = "weir.source.topic"
+	HeaderPartition     = "weir.source.partition"
+	HeaderOffset        = "weir.source.offset"
+)
+
+// New returns a source factory reading a share group and decoding each
+// record with decode. Options are validated here, so a bad job is refused
+// when it is built.
+func New[T any](decode func(*kgo.Record) (T, error), opts ...Opt) (func() runtime.Source[T], error) {
+	c := defaultCfg()
+	for _, o := range opts {
+		o(&c)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	if decode == nil {
+		return nil, fmt.Errorf("%w: no decode function", ErrInvalidConfig)
+	}
+	if c.ackLogTopic == "" {
+		c.ackLogTopic = acklog.TopicFor(c.group)
+	}
+	if c.dlqTopic == "" {
+		c.dlqTopic = c.group + "-dlq"
+	}
+	return func() runtime.Source[T] { return &Source[T]{cfg: c, decode: decode} }, nil
+}
+
+// Source is one subtask of a share-group source. Build it with New.
+type Source[T any] struct {
+	cfg    cfg
+	decode func(*kgo.Record) (T, error)
+	oc     *runtime.OperatorContext
+	log    *zap.Logger
+
+	admin *kgo.Client
+	txn   *kafka.TxnWriter // ack markers and dead letters (transactional); dead letters otherwise
+	ix    *acklog.Index
+
+	lanes   []*lane
+	ready   chan *lane
+	started bool
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	member  string
+}
+
+var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
+
+// Open implements runtime.Source: checks the broker, prepares topics and the
+// group, and in transactional mode finishes the restored checkpoint's marker
+// transactions (commit) and aborts lingering ones before anything is polled.
+func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
+	s.oc = oc
+	s.log = s.cfg.logger
+	if s.log == nil {
+		s.log = oc.Logger
+	}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	s.member = fmt.Sprintf("%s#%d", oc.UID, oc.Subtask)
+	base := append([]kgo.Opt{kgo.SeedBrokers(s.cfg.brokers...)}, s.cfg.clientOpts...)
+	var err error
+	if s.admin, err = kgo.NewClient(base...); err != nil {
+		return fmt.Errorf("sharegroup: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := s.checkBroker(sctx); err != nil {
+		return err
+	}
+	partitions, err := s.partitions(sctx)
+	if err != nil {
+		return err
+	}
+	adm := kadm.NewClient(s.admin)
+	if err := ensureTopic(sctx, adm, s.cfg.dlqTopic, 1); err != nil {
+		return err
+	}
+	if s.cfg.resetEarliest {
+		if err := setGroupConfig(sctx, s.admin, s.cfg.group, "share.auto.offset.reset", "earliest"); err != nil {
+			return err
+		}
+	}
+	prefix := s.cfg.txnPrefix
+	if prefix == "" {
+		prefix = unsafeChars.ReplaceAllString("weir-"+oc.Job+"-"+oc.UID, "_")
+	}
+	wopts := []kafka.Opt{kafka.Brokers(s.cfg.brokers...), kafka.TransactionalIDPrefix(prefix),
+		kafka.Subtask(oc.Subtask, oc.Parallelism), kafka.TransactionTimeout(s.cfg.txnTimeout),
+		kafka.ClientOpts(s.cfg.clientOpts...), kafka.Logger(s.log)}
+	if s.cfg.mode == Transactional {
+		if err := acklog.EnsureTopic(sctx, adm, s.cfg.ackLogTopic); err != nil {
+			return fmt.Errorf("sharegroup: ack-log: %w", err)
+		}
+		wopts = append(wopts, kafka.Guarantee(kafka.ExactlyOnce))
+	} else {
+		wopts = append(wopts, kafka.Guarantee(kafka.AtLeastOnce))
+	}
+	if s.txn, err = kafka.NewTxnWriter(ctx, wopts...); err != nil {
+		return fmt.Errorf("sharegroup: %w", err)
+	}
+	if s.cfg.mode == Transactional {
+		// Commit the restored checkpoint's marker transactions and abort
+		// anything later, before any lane polls: a redelivery must find
+		// the recovered markers committed.
+		if err := s.txn.Recover(ctx, oc.CommitHandles); err != nil {
+			return fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
+		}
+		if s.ix, err = acklog.NewIndex(ctx, s.cfg.brokers, s.cfg.ackLogTopic, s.cfg.clientOpts...); err != nil {
+			return fmt.Errorf("sharegroup: ack-log index: %w", err)
+		}
+	}
+	n := s.cfg.lanes
+	if n == 0 {
+		n = max(1, min(8, partitions/max(1, oc.Parallelism)))
+	}
+	s.ready = make(chan *lane, n)
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("%s/lane%d", s.member, i)
+		cl, err := kgo.NewClient(append(base,
+			kgo.ShareGroup(s.cfg.group), kgo.ConsumeTopics(s.cfg.topics...),
+			kgo.ShareMaxRecords(int32(s.cfg.batch)), kgo.ShareMaxRecordsStrict(),
+			kgo.ConnIdleTimeout(10*time.Minute), kgo.ClientID(name))...)
+		if err != nil {
+			return fmt.Errorf("sharegroup: lane %d: %w", i, err)
+		}
+		s.lanes = append(s.lanes, newLane(i, name, cl))
+	}
+	s.log.Info("share-group source open", zap.String("group", s.cfg.group), zap.Strings("topics", s.cfg.topics),
+		zap.Stringer("mode", s.cfg.mode), zap.Int("lanes", n), zap.Int("batch", s.cfg.batch),
+		zap.Int("restored_handles", len(oc.CommitHandles)))
+	return nil
+}
+
+func (s *Source[T]) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	for _, l := range s.lanes {
+		s.wg.Add(1)
+		go func(l *lane) {
+			defer s.wg.Done()
+			l.run(ctx, s.cfg.batch, s.ready)
+		}(l)
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.renewLoop(ctx)
+	}()
+	s.started = true
+}
+
+// Poll implements runtime.Source: it emits the batches lanes have acquired,
+// waiting a little when none is ready.
+func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
+	if !s.started {
+		s.start()
+	}
+	t := time.NewTimer(s.cfg.pollWait)
+	defer t.Stop()
+	select {
+	case l := <-s.ready:
+		if err := s.admit(ctx, l, out); err != nil {
+			return err
+		}
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for drained := false; !drained; {
+		select {
+		case l := <-s.ready:
+			if err := s.admit(ctx, l, out); err != nil {
+				return err
+			}
+		default:
+			drained = true
+		}
+	}
+	if s.cfg.mode != Implicit && s.allHolding() && s.oc.RequestCheckpoint != nil {
+		s.oc.RequestCheckpoint("every share-group lane holds a batch")
+	}
+	return nil
+}
+
+func (s *Source[T]) allHolding() bool {
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		st := l.state
+		l.mu.Unlock()
+		if st != laneHolding {
+			return false
+		}
+	}
+	return true
+}
+
+// admit sorts a lane's fresh batch: already processed (ACCEPT, skip),
+// covered by an open marker (set aside), poison or undecodable (dead
+// letter, REJECT), lock nearly expired (RELEASE unprocessed), or emitted.
+func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fetchErr != nil {
+		s.log.Warn("share fetch error", zap.String("lane", l.name), zap.Error(l.fetchErr))
+	}
+	batch := l.batch
+	l.batch, l.state, l.epoch = nil, laneHolding, 0
+	if s.cfg.mode == Transactional {
+		for _, r := range batch {
+			if r.DeliveryCount() > 1 {
+				if err := s.ix.CatchUpToEnd(ctx); err != nil {
+					return fmt.Errorf("sharegroup: ack-log: %w", err)
+				}
+				break
+			}
+		}
+	}
+	now := time.Now()
+	var stale []*kgo.Record
+	for _, r := range batch {
+		if dl := r.AcquisitionDeadline(); !dl.IsZero() && dl.Sub(now) < s.cfg.lockMargin {
+			stale = append(stale, r)
+			continue
+		}
+		if s.cfg.mode == Transactional && r.DeliveryCount() > 1 {
+			tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+			if e, ok := s.ix.Lookup(tp, r.Offset); ok {
+				if e.Status == acklog.Committed {
+					l.accepted = append(l.accepted, r)
+				} else {
+					l.aside = append(l.aside, asideRec{r: r, marker: e.Offset})
+				}
+				continue
+			}
+		}
+		if r.DeliveryCount() >= s.cfg.maxDeliveries {
+			if err := s.deadLetter(ctx, r, fmt.Errorf("delivered %d times (max %d)", r.DeliveryCount(), s.cfg.maxDeliveries)); err != nil {
+				return err
+			}
+			l.rejected = append(l.rejected, r)
+			continue
+		}
+		v, err := s.decode(r)
+		if err != nil {
+			if err := s.deadLetter(ctx, r, fmt.Errorf("decode: %w", err)); err != nil {
+				return err
+			}
+			l.rejected = append(l.rejected, r)
+			continue
+		}
+		out.Collect(v)
+		l.emitted = append(l.emitted, r)
+	}
+	if len(stale) > 0 {
+		s.log.Info("releasing records whose lock was too close to expiry to process", zap.String("lane", l.name), zap.Int("records", len(stale)))
+		l.cl.MarkAcks(kgo.AckRelease, stale...)
+		if err := l.cl.FlushAcks(ctx); err != nil {
+			return fmt.Errorf("sharegroup: release stale records: %w", err)
+		}
+	}
+	if s.cfg.mode == Implicit || l.held() == 0 {
+		return l.finish(ctx, releaseAside)
+	}
+	return nil
+}
+
+func releaseAside(int64) kgo.AckStatus { return kgo.AckRelease }
+
+// deadLetter copies r to the dead-letter topic, in the current transaction in
+// transactional mode.
+func (s *Source[T]) deadLetter(ctx context.Context, r *kgo.Record, cause error) error {
+	reason := cause.Error()
+	if s.oc.RestartCause != "" {
+		reason += "; last task failure: " + s.oc.RestartCause
+	}
+	d := &kgo.Record{Topic: s.cfg.dlqTopic, Key: r.Key, Value: r.Value, Headers: append(append([]kgo.RecordHeader(nil), r.Headers...),
+		kgo.RecordHeader{Key: HeaderError, Value: []byte(reason)},
+		kgo.RecordHeader{Key: HeaderDeliveryCount, Value: []byte(strconv.Itoa(int(r.DeliveryCount())))},
+		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.Topic)},
+		kgo.RecordHeader{Key: HeaderPartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
+		kgo.RecordHeader{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))})}
+	s.log.Warn("record sent to the dead-letter topic", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
+		zap.Int64("offset", r.Offset), zap.String("dlq", s.cfg.dlqTopic), zap.String("reason", reason))
+	if err := s.txn.Write(ctx, d); err != nil {
+		return fmt.Errorf("sharegroup: dead letter: %w", err)
+	}
+	return nil
+}
+
+// Snapshot implements runtime.Source. Every batch emitted since the last
+// barrier belongs to checkpoint id. In transactional mode the source writes
+// the epoch's ack marker into the checkpoint's transaction, runs the
+// conflict check, and pre-commits; it declines when the epoch may hold
+// records another lane processed.
+func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.OperatorState, error) {
+	var epoch []*lane
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		if l.state == laneHolding && l.epoch == 0 {
+			l.epoch = id
+		}
+		if l.state == laneHolding && l.epoch == id {
+			epoch = append(epoch, l)
+		}
+		l.mu.Unlock()
+	}
+	if s.cfg.mode != Transactional {
+		if err := s.txn.Flush(ctx); err != nil {
+			return runtime.OperatorState{}, fmt.Errorf("sharegroup: flush dead letters: %w", err)
+		}
+		return runtime.OperatorState{}, nil
+	}
+	now := time.Now()
+	offsets := map[acklog.TopicPartition][]int64{}
+	for _, l := range epoch {
+		l.mu.Lock()
+		lapsed := l.lapsed(now, s.cfg.lockMargin)
+		l.offsets(offsets)
+		l.mu.Unlock()
+		if lapsed {
+			return runtime.OperatorState{}, fmt.Errorf("%w: %s: the locks of its batch may have expired", checkpoint.ErrDeclined, l.name)
+		}
+	}
+	if len(offsets) > 0 {
+		m := acklog.Marker{Group: s.cfg.group, Member: s.member, Checkpoint: uint64(id),
+			Ranges: acklog.RangesOf(offsets), CreatedAt: now}
+		rec := m.Record(s.cfg.ackLogTopic)
+		if err := s.txn.Write(ctx, rec); err != nil {
+			return runtime.OperatorState{}, fmt.Errorf("sharegroup: write ack marker: %w", err)
+		}
+		if err := s.txn.Flush(ctx); err != nil {
+			return runtime.OperatorState{}, fmt.Errorf("sharegroup: flush ack marker: %w", err)
+		}
+		m.ProducerID = rec.ProducerID
+		if err := s.ix.CatchUp(ctx, rec.Offset+1); err != nil {
+			return runtime.OperatorState{}, fmt.Errorf("sharegroup: ack-log: %w", err)
+		}
+		if cs := s.ix.Conflicts(acklog.Entry{Marker: m, Offset: rec.Offset, Status: acklog.Open}); len(cs) > 0 {
+			return runtime.OperatorState{}, fmt.Errorf("%w: ack marker at %d overlaps an earlier %s marker at %d (producer %d): "+
+				"these records were processed elsewhere (a lock expired)", checkpoint.ErrDeclined, rec.Offset,
+				cs[0].Status, cs[0].Offset, cs[0].Marker.ProducerID)
+		}
+	}
+	if _, _, err := s.txn.PreCommit(ctx, id); err != nil {
+		return runtime.OperatorState{}, fmt.Errorf("sharegroup: pre-commit: %w", err)
+	}
+	if err := s.oc.Inject(FailpointAfterAckPrecommit); err != nil {
+		return runtime.OperatorState{}, err
+	}
+	return runtime.OperatorState{Handles: s.txn.Pending()}, nil
+}
+
+// NotifyCheckpointComplete implements checkpoint.Listener: commit the marker
+// transactions up to id, then ACCEPT (or REJECT) the records they cover.
+func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.ID) error {
+	outcome := releaseAside
+	if s.cfg.mode == Transactional {
+		if err := s.txn.Commit(ctx, id); err != nil {
+			return fmt.Errorf("sharegroup: commit ack markers of checkpoint %d: %w", id, err)
+		}
+		if err := s.oc.Inject(FailpointAfterAckCommit); err != nil {
+			return err
+		}
+		caught := false
+		outcome = func(marker int64) kgo.AckStatus {
+			if !caught {
+				caught = s.ix.CatchUpToEnd(ctx) == nil
+			}
+			if e, ok := s.ix.Status(marker); ok && e.Status == acklog.Committed {
+				return kgo.AckAccept
+			}
+			return kgo.AckRelease
+		}
+	}
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		var err error
+		if l.state == laneHolding && l.epoch != 0 && l.epoch <= id {
+			err = l.finish(ctx, outcome)
+		}
+		l.mu.Unlock()
+		if err != nil {
+			// The commit point passed: a lost ACCEPT only means the
+			// records come back and are recognised as processed.
+			s.log.Warn("acknowledging a completed epoch failed; its records will be redelivered and skipped",
+				zap.String("lane", l.name), zap.Error(err))
+		}
+	}
+	return nil
+}
+
+// NotifyCheckpointAborted implements checkpoint.Listener. At least once, the
+// epoch's records stay held and join the next checkpoint. Transactional, an
+// aborted checkpoint that covered held records fails the task so the job
+// rolls back to the last completed checkpoint (the records' effects are in
+// downstream state that is rolled back with it).
+func (s *Source[T]) NotifyCheckpointAborted(ctx context.Context, id checkpoint.ID) error {
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		covered := l.state == laneHolding && l.epoch != 0 && l.epoch <= id
+		if covered && s.cfg.mode != Transactional {
+			l.epoch = 0
+		}
+		l.mu.Unlock()
+		if covered && s.cfg.mode == Transactional {
+			return fmt.Errorf("%w (checkpoint %d)", ErrRolledBack, id)
+		}
+	}
+	if s.cfg.mode == Transactional {
+		return s.txn.Abort(ctx, id)
+	}
+	return nil
+}
+
+// renewLoop renews the locks of held batches at a third of the lock
+// duration, without polling.
+func (s *Source[T]) renewLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			for _, l := range s.lanes {
+				l.mu.Lock()
+				if l.state == laneHolding && l.lockDur > 0 && now.Sub(l.acquiredAt) > l.lockDur/3 {
+					if err := l.renew(ctx, now); err != nil {
+						s.log.Warn("renewing held records failed", zap.String("lane", l.name), zap.Error(err))
+					}
+				}
+				l.mu.Unlock()
+			}
+		}
+	}
+}
+
+// Close implements runtime.Source: stop polling and close every client,
+// which releases held records at once.
+func (s *Source[T]) Close() error {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	for _, l := range s.lanes {
+		l.cl.Close()
+	}
+	s.wg.Wait()
+	if s.txn != nil {
+		s.txn.Close()
+	}
+	if s.ix != nil {
+		s.ix.Close()
+	}
+	if s.admin != nil {
+		s.admin.Close()
+	}
+	return nil
+}
+
+// checkBroker fails fast when the broker lacks share groups, and says so
+// when it advertises KIP-1289's transactional share acknowledgements.
+func (s *Source[T]) checkBroker(ctx context.Context) error {
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, s.admin)
+	if err != nil {
+		return fmt.Errorf("sharegroup: brokers %v unreachable: %w", s.cfg.brokers, err)
+	}
+	have := map[int16]bool{}
+	for _, k := range resp.ApiKeys {
+		have[k.ApiKey] = true
+		if name := kmsg.NameForKey(k.ApiKey); name == "" && k.ApiKey > 92 {
+			s.log.Info("broker advertises an API this client does not know; if it is KIP-1289's transactional "+
+				"share acknowledgement, Weir still uses its ack-log", zap.Int16("api_key", k.ApiKey))
+		}
+	}
+	for _, k := range []int16{76, 78, 79} { // ShareGroupHeartbeat, ShareFetch, ShareAcknowledge
+		if !have[k] {
+			return fmt.Errorf("%w: ApiVersions lacks %s", ErrNoShareGroups, kmsg.NameForKey(k))
+		}
+	}
+	return nil
+}
+
+func (s *Source[T]) partitions(ctx context.Context) (int, error) {
+	md, err := kadm.NewClient(s.admin).Metadata(ctx, s.cfg.topics...)
+	if err != nil {
+		return 0, fmt.Errorf("sharegroup: metadata: %w", err)
+	}
+	n := 0
+	for _, t := range s.cfg.topics {
+		td, ok := md.Topics[t]
+		if !ok || td.Err != nil {
+			return 0, fmt.Errorf("sharegroup: input topic %q does not exist: %v", t, td.Err)
+		}
+		n += len(td.Partitions)
+	}
+	return n, nil
+}
+
+func ensureTopic(ctx context.Context, adm *kadm.Client, topic string, partitions int32) error {
+	resp, err := adm.CreateTopic(ctx, partitions, -1, nil, topic)
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("sharegroup: create topic %q: %w", topic, err)
+	}
+	if resp.Err != nil && !errors.Is(resp.Err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("sharegroup: create topic %q: %w", topic, resp.Err)
+	}
+	return nil
+}
+
+// setGroupConfig sets a group-level config (resource type GROUP).
+func setGroupConfig(ctx context.Context, cl *kgo.Client, group, key, value string) error {
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = group
+	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	c.Name, c.Value = key, kmsg.StringPtr(value)
+	res.Configs = append(res.Configs, c)
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("sharegroup: set %s on group %q: %w", key, group, err)
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			return fmt.Errorf("sharegroup: set %s on group %q: %w", key, group, err)
+		}
+	}
+	return nil
+}
