@@ -1,0 +1,142 @@
+package wordcount
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/runtime"
+	"github.com/weirstream/weir/sinks/kafka"
+	"github.com/weirstream/weir/sources/sharegroup"
+)
+
+// Name is the job type's registered name.
+const Name = "wordcount"
+
+// Type is the wordcount job type (the wordcount contract of DESIGN.md).
+var Type = runtime.JobType{
+	Name:        Name,
+	Description: "exactly-once wordcount: share group on input -> words -> running count per word -> output",
+	Params: []runtime.ParamSpec{
+		{Name: "brokers", Default: "127.0.0.1:9092", Description: "Kafka seed brokers, comma separated"},
+		{Name: "input", Default: "lines", Description: "input topic (read as a share group)"},
+		{Name: "output", Default: "counts", Description: "output topic, created when missing"},
+		{Name: "group", Default: "wordcount", Description: "share group"},
+		{Name: "guarantee", Default: "exactly-once", Description: "exactly-once | at-least-once"},
+	},
+	Build: Build,
+}
+
+// Register adds the wordcount job type to r.
+func Register(r *runtime.Registry) error { return r.Register(Type) }
+
+// Words splits a line as the contract says.
+func Words(line string) []string { return strings.Fields(strings.ToLower(line)) }
+
+// Count is a word and its running count.
+type Count struct {
+	Word  string
+	Count int64
+}
+
+// Build builds the wordcount graph from its parameters.
+func Build(p runtime.Params) (*runtime.Job, error) {
+	guarantee, err := p.OneOf("guarantee", "exactly-once", "at-least-once")
+	if err != nil {
+		return nil, err
+	}
+	brokers := strings.Split(p.String("brokers"), ",")
+	mode, sinkG := sharegroup.Transactional, kafka.ExactlyOnce
+	if guarantee == "at-least-once" {
+		mode, sinkG = sharegroup.AtLeastOnce, kafka.AtLeastOnce
+	}
+	src, err := sharegroup.New(func(r *kgo.Record) (string, error) { return string(r.Value), nil },
+		sharegroup.Brokers(brokers...), sharegroup.Topics(p.String("input")), sharegroup.Group(p.String("group")),
+		sharegroup.Mode(mode))
+	if err != nil {
+		return nil, err
+	}
+	output := p.String("output")
+	sink, err := kafka.NewSink(func(c Count) (*kgo.Record, error) {
+		return &kgo.Record{Topic: output, Key: []byte(c.Word), Value: strconv.AppendInt(nil, c.Count, 10)}, nil
+	}, []kafka.Opt{kafka.Brokers(brokers...), kafka.Guarantee(sinkG)})
+	if err != nil {
+		return nil, err
+	}
+
+	j := runtime.NewJob(Name)
+	lines := runtime.FromSource(j, "lines", src)
+	words := runtime.FlatMap(lines, "split", func(line string, out runtime.Collector[string]) error {
+		for _, w := range Words(line) {
+			out.Collect(w)
+		}
+		return nil
+	})
+	byWord := runtime.KeyBy(words, func(w string) string { return w }, nil)
+	counts := runtime.Process(byWord, "count", func() runtime.KeyedProcessFunction[string, string, Count] {
+		return &counter{}
+	})
+	runtime.SinkTo(counts, "counts", withTopic(brokers, output, sink))
+	return j, nil
+}
+
+// counter keeps each word's count in keyed state.
+type counter struct {
+	n *runtime.ValueState[int64]
+}
+
+func (c *counter) Open(_ context.Context, st *runtime.StateRegistry[string]) (err error) {
+	c.n, err = runtime.NewValueState[int64](st, "count", nil)
+	return err
+}
+
+func (c *counter) Process(word string, _ string, out runtime.Collector[Count]) error {
+	n, _ := c.n.Value()
+	n++
+	c.n.Update(n)
+	out.Collect(Count{Word: word, Count: n})
+	return nil
+}
+
+// withTopic creates the output topic (broker default partitions) when a sink
+// subtask opens and it is missing.
+func withTopic[T any](brokers []string, topic string, sink func() runtime.Sink[T]) func() runtime.Sink[T] {
+	return func() runtime.Sink[T] { return &topicSink[T]{Sink: sink(), brokers: brokers, topic: topic} }
+}
+
+type topicSink[T any] struct {
+	runtime.Sink[T]
+	brokers []string
+	topic   string
+}
+
+func (s *topicSink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, -1, -1, nil, s.topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("wordcount: create output topic %q: %w", s.topic, err)
+	}
+	return s.Sink.Open(ctx, oc)
+}
+
+func (s *topicSink[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.ID) error {
+	return s.Sink.(checkpoint.Listener).NotifyCheckpointComplete(ctx, id)
+}
+
+func (s *topicSink[T]) NotifyCheckpointAborted(ctx context.Context, id checkpoint.ID) error {
+	return s.Sink.(checkpoint.Listener).NotifyCheckpointAborted(ctx, id)
+}
