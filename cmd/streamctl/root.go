@@ -18,6 +18,7 @@ func subcommands() []func(*app) *cobra.Command {
 	return []func(*app) *cobra.Command{
 		newBrokerCmd,
 		newBenchCmd,
+		newDemoCmd,
 		newVersionCmd,
 	}
 }

@@ -3,7 +3,9 @@ package wordcount_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/runtime"
 )
@@ -44,8 +47,8 @@ func produce(t *testing.T, env *kafkatest.Env, topic string, lines []string) {
 }
 
 // runUntil runs the job until the output holds want's total count of
-// records read_committed, then stops it.
-func runUntil(t *testing.T, env *kafkatest.Env, job *runtime.Job, want map[string]int, opts ...runtime.ClusterOpt) runtime.Result {
+// records read_committed and settled (if given) reports true, then stops it.
+func runUntil(t *testing.T, env *kafkatest.Env, job *runtime.Job, want map[string]int, settled func() bool, opts ...runtime.ClusterOpt) runtime.Result {
 	t.Helper()
 	total := 0
 	for _, n := range want {
@@ -71,7 +74,7 @@ func runUntil(t *testing.T, env *kafkatest.Env, job *runtime.Job, want map[strin
 			t.Fatalf("output did not reach %d records in time (have %d)", total, len(env.ReadCommitted(t, "counts")))
 		case <-time.After(200 * time.Millisecond):
 		}
-		if len(env.ReadCommitted(t, "counts")) >= total {
+		if (settled == nil || settled()) && len(env.ReadCommitted(t, "counts")) >= total {
 			break
 		}
 	}
@@ -96,7 +99,7 @@ func TestWordcountExactlyOnceOnTheEmbeddedBroker(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := wordcount.Expected(lines)
-			runUntil(t, env, job, want, runtime.CheckpointInterval(50*time.Millisecond))
+			runUntil(t, env, job, want, nil, runtime.CheckpointInterval(50*time.Millisecond))
 			rep := wordcount.Check(env.ReadCommitted(t, "counts"), want)
 			if !rep.OK() {
 				t.Fatal(rep)
@@ -104,4 +107,63 @@ func TestWordcountExactlyOnceOnTheEmbeddedBroker(t *testing.T) {
 			t.Log(rep)
 		})
 	}
+}
+
+// The KIP-1289 failure matrix on the in-process cluster: each failpoint
+// fails its task once (the whole job restarts from the latest completed
+// checkpoint), and the committed output must still be exactly-once.
+func TestWordcountSurvivesAFailureAtEveryPoint(t *testing.T) {
+	points := []string{
+		"source.after-ack-precommit=error@2",    // acks in the transaction, before the checkpoint ack
+		"source.after-ack-commit=error@1",       // ack-log committed, before the broker ACCEPT
+		"sink.after-precommit=error@2",          // output pre-committed, before the checkpoint ack
+		"sink.after-commit=error@1",             // output committed, before notify finished
+		"jm.after-checkpoint-persisted=error@1", // first checkpoint stored, no notification: recovery commits it
+		"task.process=error@5000",               // mid-epoch processing failure
+	}
+	for _, spec := range points {
+		t.Run(spec, func(t *testing.T) {
+			env := kafkatest.New(t)
+			env.CreateTopic(t, "lines", 4, nil)
+			lines := corpus(4000)
+			produce(t, env, "lines", lines)
+			job, err := wordcount.Build(runtime.Params{"brokers": env.Addr, "input": "lines", "output": "counts",
+				"group": "wc", "guarantee": "exactly-once"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fp, err := failpoint.Parse(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := wordcount.Expected(lines)
+			name := strings.SplitN(spec, "=", 2)[0]
+			// Run on until the failure fired and two checkpoints completed
+			// after it: the restarted job recovered and made progress.
+			var after atomic.Int32
+			fired := func() bool { return fp.Hits(name) >= hitsOf(spec) }
+			res := runUntil(t, env, job, want, func() bool { return after.Load() >= 2 },
+				runtime.CheckpointInterval(30*time.Millisecond), runtime.Failpoints(fp), runtime.Restarts(5, 10*time.Millisecond),
+				runtime.OnCheckpointComplete(func(runtime.CheckpointEvent) {
+					if fired() {
+						after.Add(1)
+					}
+				}))
+			if res.Restarts == 0 {
+				t.Fatalf("failpoint %s was hit %d times, %d restarts: the failure was not exercised", name, fp.Hits(name), res.Restarts)
+			}
+			rep := wordcount.Check(env.ReadCommitted(t, "counts"), want)
+			if !rep.OK() {
+				t.Fatal(rep)
+			}
+			t.Logf("%s (restarts %d)", rep, res.Restarts)
+		})
+	}
+}
+
+// hitsOf returns N of a "name=error@N" spec.
+func hitsOf(spec string) int64 {
+	_, n, _ := strings.Cut(spec, "@")
+	v, _ := strconv.Atoi(n)
+	return int64(v)
 }

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/runtime"
 )
 
@@ -17,7 +20,9 @@ import (
 type SinkOpt func(*sinkCfg)
 
 type sinkCfg struct {
-	tolerateLoss bool
+	tolerateLoss      bool
+	checkpointTimeout time.Duration
+	restartBudget     time.Duration
 }
 
 // TolerateLostTransactions makes a sink whose restored transactions were
@@ -25,10 +30,23 @@ type sinkCfg struct {
 // instead of failing the job. Losing them loses records: opt in knowingly.
 func TolerateLostTransactions() SinkOpt { return func(c *sinkCfg) { c.tolerateLoss = true } }
 
+// CheckpointTimeouts tells an exactly-once sink the job's checkpoint timeout
+// and its restart budget (the worst-case time to notice a failure, restart
+// and recover), so that it refuses a transaction timeout that could expire
+// while a pre-committed transaction still waits for its commit: NewSink
+// fails unless the transaction timeout exceeds their sum, and every
+// subtask's Open runs ValidateTimeouts against the brokers. Without this
+// option Open only checks the transaction timeout against the brokers'
+// transaction.max.timeout.ms.
+func CheckpointTimeouts(checkpointTimeout, restartBudget time.Duration) SinkOpt {
+	return func(c *sinkCfg) { c.checkpointTimeout, c.restartBudget = checkpointTimeout, restartBudget }
+}
+
 // NewSink returns a runtime sink factory writing the records serialize
 // makes. Every subtask gets its own TxnWriter: transactional ids
 // "<prefix>-<subtask>-<pool index>", the prefix defaulting to
-// "weir-<job>-<operator uid>".
+// "weir-<job>-<operator uid>" (characters outside [A-Za-z0-9._-] replaced
+// by '_').
 //
 // Checkpoint n's barrier pre-commits the subtask's transaction; its
 // completion commits it; a restore commits the restored checkpoint's
@@ -36,6 +54,18 @@ func TolerateLostTransactions() SinkOpt { return func(c *sinkCfg) { c.tolerateLo
 // checkpoint's transaction stays pending and is committed with the next
 // completed checkpoint (as Flink's KafkaSink does), so an aborted checkpoint
 // loses nothing.
+//
+// Failpoints: the sink fires sink.after-precommit after every pre-commit
+// (before the snapshot goes back to the task, which then acks) and
+// sink.after-commit after each transaction's commit returned, through the
+// runtime's OperatorContext.Failpoints; a *failpoint.Set given with the
+// Failpoints option is used only when the runtime gives none.
+//
+// NewSink refuses (with an error wrapping ErrInvalidConfig) options that
+// cannot work, and, with CheckpointTimeouts, a transaction timeout not
+// longer than checkpoint timeout plus restart budget. Each subtask's Open
+// refuses a transaction timeout above the brokers'
+// transaction.max.timeout.ms, failing the job.
 func NewSink[T any](serialize func(T) (*kgo.Record, error), opts []Opt, sopts ...SinkOpt) (func() runtime.Sink[T], error) {
 	c := defaultCfg()
 	for _, o := range opts {
@@ -56,44 +86,98 @@ func NewSink[T any](serialize func(T) (*kgo.Record, error), opts []Opt, sopts ..
 	for _, o := range sopts {
 		o(&sc)
 	}
+	if c.guarantee == ExactlyOnce && (sc.checkpointTimeout != 0 || sc.restartBudget != 0) {
+		switch {
+		case sc.checkpointTimeout <= 0 || sc.restartBudget < 0:
+			return nil, fmt.Errorf("%w: checkpoint timeout %v must be positive and restart budget %v not negative",
+				ErrInvalidConfig, sc.checkpointTimeout, sc.restartBudget)
+		case c.txnTimeout <= sc.checkpointTimeout+sc.restartBudget:
+			return nil, fmt.Errorf("%w: transaction timeout %v must exceed checkpoint timeout %v + restart budget %v = %v, or a pre-committed transaction may be aborted by the broker before recovery commits it (data loss)",
+				ErrInvalidConfig, c.txnTimeout, sc.checkpointTimeout, sc.restartBudget, sc.checkpointTimeout+sc.restartBudget)
+		}
+	}
 	return func() runtime.Sink[T] {
-		return &Sink[T]{opts: opts, prefixSet: c.prefix != "", ser: serialize, sc: sc}
+		return &Sink[T]{opts: opts, prefixSet: c.prefix != "", ser: serialize, sc: sc,
+			guarantee: c.guarantee, txnTimeout: c.txnTimeout, ownFP: c.failpoints}
 	}, nil
 }
 
 // Sink is one subtask of a Kafka sink. Build it with NewSink.
 type Sink[T any] struct {
-	opts      []Opt
-	prefixSet bool
-	ser       func(T) (*kgo.Record, error)
-	sc        sinkCfg
-	w         *TxnWriter
-	log       *zap.Logger
+	opts       []Opt
+	prefixSet  bool
+	ser        func(T) (*kgo.Record, error)
+	sc         sinkCfg
+	guarantee  DeliveryGuarantee
+	txnTimeout time.Duration
+	ownFP      *failpoint.Set // from the Failpoints option
+	fp         runtime.Failpointer
+	w          *TxnWriter
+	log        *zap.Logger
 }
 
 var unsafePrefix = regexp.MustCompile(`[^A-Za-z0-9._-]`)
 
-// Open implements runtime.Sink.
+// Open implements runtime.Sink: it connects, checks the transaction
+// timeout against the brokers (exactly-once), commits the restored
+// checkpoint's transactions and aborts lingering ones (TxnWriter.Recover).
 func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 	s.log = oc.Logger
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
+	s.fp = oc.Failpoints
+	if s.fp == nil && s.ownFP != nil {
+		s.fp = s.ownFP
+	}
 	opts := append([]Opt{Logger(s.log)}, s.opts...)
 	if !s.prefixSet {
 		opts = append(opts, TransactionalIDPrefix(unsafePrefix.ReplaceAllString("weir-"+oc.Job+"-"+oc.UID, "_")))
 	}
-	opts = append(opts, Subtask(oc.Subtask, oc.Parallelism))
+	// The sink fires the failpoints itself (see NewSink), so that the
+	// runtime's Failpointer reaches them; the writer fires none.
+	opts = append(opts, Subtask(oc.Subtask, oc.Parallelism), Failpoints(nil))
 	var err error
 	if s.w, err = NewTxnWriter(ctx, opts...); err != nil {
 		return err
 	}
-	if err := s.w.Recover(ctx, oc.CommitHandles); err != nil {
+	if s.guarantee == ExactlyOnce {
+		if err := s.checkTimeouts(ctx); err != nil {
+			return err
+		}
+	}
+	if err := s.w.Recover(ctx, nil); err != nil {
 		if errors.Is(err, ErrTxnLost) && s.sc.tolerateLoss {
 			s.log.Error("kafka sink: continuing after LOST transactions (TolerateLostTransactions)", zap.Error(err))
 			return nil
 		}
 		return err
+	}
+	return nil
+}
+
+// checkTimeouts refuses a transaction timeout the brokers would refuse or
+// that could expire before recovery. If the brokers' maximum cannot be read
+// (e.g. no DescribeConfigs permission), it logs a warning and lets the
+// brokers refuse a bad timeout at InitProducerID.
+func (s *Sink[T]) checkTimeouts(ctx context.Context) error {
+	adm := kadm.NewClient(s.w.admin)
+	if s.sc.checkpointTimeout > 0 {
+		err := ValidateTimeouts(ctx, adm, s.txnTimeout, s.sc.checkpointTimeout, s.sc.restartBudget)
+		if err == nil || errors.Is(err, ErrInvalidConfig) {
+			return err
+		}
+		s.log.Warn("kafka sink: cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
+		return nil
+	}
+	maxTimeout, err := BrokerMaxTransactionTimeout(ctx, adm)
+	if err != nil {
+		s.log.Warn("kafka sink: cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
+		return nil
+	}
+	if s.txnTimeout > maxTimeout {
+		return fmt.Errorf("%w: transaction timeout %v exceeds the brokers' transaction.max.timeout.ms (%v); lower it (TransactionTimeout) or raise the broker setting",
+			ErrInvalidConfig, s.txnTimeout, maxTimeout)
 	}
 	return nil
 }
@@ -108,16 +192,34 @@ func (s *Sink[T]) Write(ctx context.Context, v T) error {
 }
 
 // Snapshot implements runtime.Sink: flush and pre-commit; the snapshot names
-// every transaction still pending.
+// every transaction still pending. Then it fires sink.after-precommit.
 func (s *Sink[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.OperatorState, error) {
 	if _, _, err := s.w.PreCommit(ctx, id); err != nil {
 		return runtime.OperatorState{}, err
 	}
-	return runtime.OperatorState{Handles: s.w.Pending()}, nil
+	st := runtime.OperatorState{Handles: s.w.Pending()}
+	if err := s.inject(failpoint.SinkAfterPrecommit); err != nil {
+		return runtime.OperatorState{}, err
+	}
+	return st, nil
 }
 
-// NotifyCheckpointComplete implements checkpoint.Listener.
+// NotifyCheckpointComplete implements checkpoint.Listener: it commits every
+// transaction pre-committed for a checkpoint <= id, in checkpoint order,
+// firing sink.after-commit after each commit returned.
 func (s *Sink[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.ID) error {
+	for _, h := range s.w.Pending() {
+		if h.Checkpoint > id {
+			break
+		}
+		if err := s.w.Commit(ctx, h.Checkpoint); err != nil {
+			return err
+		}
+		if err := s.inject(failpoint.SinkAfterCommit); err != nil {
+			return err
+		}
+	}
+	// Commit(id) also frees the ids that checkpoint id no longer names.
 	return s.w.Commit(ctx, id)
 }
 
@@ -125,10 +227,19 @@ func (s *Sink[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.ID
 // checkpoint's transaction stays pending for the next completed checkpoint.
 func (s *Sink[T]) NotifyCheckpointAborted(context.Context, checkpoint.ID) error { return nil }
 
-// Close implements runtime.Sink.
+// Close implements runtime.Sink: it aborts the open transaction (records
+// not yet pre-committed) and leaves pre-committed ones for the next
+// Recover.
 func (s *Sink[T]) Close() error {
 	if s.w != nil {
 		s.w.Close()
 	}
 	return nil
+}
+
+func (s *Sink[T]) inject(name string) error {
+	if s.fp == nil {
+		return nil
+	}
+	return s.fp.Inject(name)
 }

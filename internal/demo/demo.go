@@ -1,0 +1,205 @@
+// Package demo owns `streamctl demo`: one command from a fresh clone that
+// starts the embedded broker, writes a generated corpus, runs the
+// exactly-once wordcount on the in-process mini cluster with one injected
+// task failure, and checks the committed output independently.
+//
+// It only orchestrates: the job is examples/wordcount, the check is
+// wordcount.Verify. It must not hold logic that other packages need.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/runtime"
+	"github.com/weirstream/weir/sinks/kafka/committed"
+)
+
+// ErrViolated is returned when the verification finds a duplicate or a loss.
+var ErrViolated = errors.New("demo: exactly-once violated")
+
+// Config sizes the demo.
+type Config struct {
+	Lines      int           // lines of generated text (default 20000)
+	Partitions int32         // partitions of the input topic (default 8)
+	Timeout    time.Duration // how long the job may take to produce all output (default 3m)
+	Logger     *zap.Logger
+}
+
+// Run runs the demo, printing progress and the verdict to w.
+func Run(ctx context.Context, w io.Writer, cfg Config) error {
+	if cfg.Lines <= 0 {
+		cfg.Lines = 20000
+	}
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = 8
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 3 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	dir, err := os.MkdirTemp("", "weir-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	b, err := broker.Start(ctx, broker.Listen("127.0.0.1:0"), broker.DataDir(dir+"/broker"), broker.Logger(cfg.Logger))
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	fmt.Fprintf(w, "embedded broker listening on %s\n", b.Addr())
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()), kgo.DefaultProduceTopic("lines"))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, cfg.Partitions, -1, nil, "lines"); err != nil {
+		return fmt.Errorf("demo: create input topic: %w", err)
+	}
+	lines := Corpus(7, cfg.Lines)
+	recs := make([]*kgo.Record, len(lines))
+	for i, l := range lines {
+		recs[i] = kgo.StringRecord(l)
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return fmt.Errorf("demo: produce input: %w", err)
+	}
+	want := wordcount.Expected(lines)
+	total := 0
+	for _, n := range want {
+		total += n
+	}
+	fmt.Fprintf(w, "produced %d lines (%d words, %d distinct) to topic lines (%d partitions)\n", len(lines), total, len(want), cfg.Partitions)
+
+	reg := runtime.NewRegistry()
+	if err := wordcount.Register(reg); err != nil {
+		return err
+	}
+	job, err := reg.Build(wordcount.Name, map[string]string{"brokers": b.Addr()})
+	if err != nil {
+		return err
+	}
+	// One task failure, a third of the way through the words.
+	failAt := max(1, total/3)
+	fp, err := failpoint.Parse(fmt.Sprintf("%s=error@%d", failpoint.TaskProcess, failAt))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "running wordcount (exactly-once, checkpoints every 200ms) with a task failure injected at record %d\n", failAt)
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	var res runtime.Result
+	store := dir + "/checkpoints"
+	go func() {
+		var err error
+		res, err = runtime.NewMiniCluster(runtime.CheckpointInterval(200*time.Millisecond), runtime.CheckpointDir(store),
+			runtime.Failpoints(fp), runtime.Logger(cfg.Logger), runtime.Restarts(3, 100*time.Millisecond)).Run(runCtx, job)
+		done <- err
+	}()
+	start := time.Now()
+	deadline := time.After(cfg.Timeout)
+	for {
+		n, err := committedCount(ctx, b.Addr())
+		if err == nil && n >= total {
+			// Offsets count transaction markers too: count the records.
+			recs, err := committed.Read(ctx, []string{b.Addr()}, "counts")
+			if n = len(recs); err == nil && n >= total {
+				break
+			}
+		}
+		select {
+		case err := <-done:
+			return fmt.Errorf("demo: job stopped before its output was complete: %w", err)
+		case <-deadline:
+			return fmt.Errorf("demo: output incomplete after %v (%d of %d records)", cfg.Timeout, n, total)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	fmt.Fprintf(w, "output complete after %.1fs; the job restarted %d time(s) from its latest checkpoint\n",
+		time.Since(start).Seconds(), res.Restarts)
+	if fp.Hits(failpoint.TaskProcess) < int64(failAt) {
+		return fmt.Errorf("demo: the injected failure never fired")
+	}
+
+	rep, err := wordcount.Verify(ctx, []string{b.Addr()}, "counts", want)
+	if err != nil {
+		return fmt.Errorf("demo: verify: %w", err)
+	}
+	fmt.Fprintln(w, rep)
+	if !rep.OK() {
+		return ErrViolated
+	}
+	return nil
+}
+
+// committedCount is the sum of the output topic's last stable offsets: an
+// upper bound of its committed records (transaction markers take offsets).
+func committedCount(ctx context.Context, addr string) (int, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListCommittedOffsets(ctx, "counts")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil {
+			n += int(o.Offset)
+		}
+	})
+	return n, nil
+}
+
+// Corpus generates n deterministic lines over a small vocabulary, mixed case.
+func Corpus(seed int64, n int) []string {
+	words := strings.Fields(`stream barrier checkpoint kafka share group record offset epoch commit abort
+		marker lane lock broker topic partition transaction state key value window count word Weir Flink`)
+	r := rand.New(rand.NewSource(seed))
+	lines := make([]string, n)
+	var b strings.Builder
+	for i := range lines {
+		b.Reset()
+		for k, m := 0, 3+r.Intn(10); k < m; k++ {
+			if k > 0 {
+				b.WriteByte(' ')
+			}
+			w := words[r.Intn(len(words))]
+			if r.Intn(4) == 0 {
+				w = strings.ToUpper(w)
+			}
+			b.WriteString(w)
+		}
+		lines[i] = b.String()
+	}
+	return lines
+}
