@@ -85,6 +85,9 @@ type cfg struct {
 	grace          time.Duration
 	clientOpts     []kgo.Opt
 	logger         *zap.Logger
+	// paused stops lock renewal: tests use it to play a process that is
+	// paused (GC, partition) while it holds records.
+	paused bool
 }
 
 func defaultCfg() cfg {
@@ -143,7 +146,7 @@ func TransactionTimeout(d time.Duration) Opt { return func(c *cfg) { c.txnTimeou
 func StartFromLatest() Opt { return func(c *cfg) { c.resetEarliest = false } }
 
 // LockMargin sets how long before a lock's expiry a lane considers it at
-// risk (default 5s): an epoch whose locks may have lapsed declines its
+// risk (default 5s, at most a quarter of the broker's lock duration): an epoch whose locks may have lapsed declines its
 // checkpoint, and records whose lock has less left than this when polled
 // are released unprocessed.
 func LockMargin(d time.Duration) Opt { return func(c *cfg) { c.lockMargin = d } }

@@ -177,11 +177,13 @@ func (s *Source[T]) start() {
 			l.run(ctx, s.cfg.batch, s.ready)
 		}(l)
 	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.renewLoop(ctx)
-	}()
+	if !s.cfg.paused {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.renewLoop(ctx)
+		}()
+	}
 	s.started = true
 }
 
@@ -253,9 +255,10 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 		}
 	}
 	now := time.Now()
+	margin := s.margin(l.lockDur)
 	var stale []*kgo.Record
 	for _, r := range batch {
-		if dl := r.AcquisitionDeadline(); !dl.IsZero() && dl.Sub(now) < s.cfg.lockMargin {
+		if dl := r.AcquisitionDeadline(); !dl.IsZero() && dl.Sub(now) < margin {
 			stale = append(stale, r)
 			continue
 		}
@@ -295,13 +298,30 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 			return fmt.Errorf("sharegroup: release stale records: %w", err)
 		}
 	}
-	if s.cfg.mode == Implicit || l.held() == 0 {
+	if ce := s.log.Check(zap.DebugLevel, "share batch admitted"); ce != nil {
+		ce.Write(zap.String("lane", l.name), zap.Int("records", len(batch)), zap.Int("emitted", len(l.emitted)),
+			zap.Int("already_processed", len(l.accepted)), zap.Int("set_aside", len(l.aside)),
+			zap.Int("rejected", len(l.rejected)), zap.Int("released_stale", len(stale)))
+	}
+	// A batch with nothing to carry through a checkpoint finishes now:
+	// already-processed records are ACCEPTed at once.
+	if s.cfg.mode == Implicit || len(l.emitted)+len(l.rejected)+len(l.aside) == 0 {
 		return l.finish(ctx, releaseAside)
 	}
 	return nil
 }
 
 func releaseAside(int64) kgo.AckStatus { return kgo.AckRelease }
+
+// margin is how close to a lock's expiry a record counts as at risk: the
+// configured margin, but at most a quarter of the lock duration (a broker
+// with short locks would otherwise have every record released as stale).
+func (s *Source[T]) margin(lockDur time.Duration) time.Duration {
+	if lockDur > 0 && s.cfg.lockMargin > lockDur/4 {
+		return lockDur / 4
+	}
+	return s.cfg.lockMargin
+}
 
 // deadLetter copies r to the dead-letter topic, in the current transaction in
 // transactional mode.
@@ -351,7 +371,7 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 	offsets := map[acklog.TopicPartition][]int64{}
 	for _, l := range epoch {
 		l.mu.Lock()
-		lapsed := l.lapsed(now, s.cfg.lockMargin)
+		lapsed := l.lapsed(now, s.margin(l.lockDur))
 		l.offsets(offsets)
 		l.mu.Unlock()
 		if lapsed {
@@ -432,6 +452,13 @@ func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.
 // rolls back to the last completed checkpoint (the records' effects are in
 // downstream state that is rolled back with it).
 func (s *Source[T]) NotifyCheckpointAborted(ctx context.Context, id checkpoint.ID) error {
+	if s.cfg.mode == Transactional {
+		// Abort the epoch's marker at once, so a redelivery of its records
+		// is not set aside behind it.
+		if err := s.txn.Abort(ctx, id); err != nil {
+			return fmt.Errorf("sharegroup: abort ack markers of checkpoint %d: %w", id, err)
+		}
+	}
 	for _, l := range s.lanes {
 		l.mu.Lock()
 		covered := l.state == laneHolding && l.epoch != 0 && l.epoch <= id
@@ -442,9 +469,6 @@ func (s *Source[T]) NotifyCheckpointAborted(ctx context.Context, id checkpoint.I
 		if covered && s.cfg.mode == Transactional {
 			return fmt.Errorf("%w (checkpoint %d)", ErrRolledBack, id)
 		}
-	}
-	if s.cfg.mode == Transactional {
-		return s.txn.Abort(ctx, id)
 	}
 	return nil
 }

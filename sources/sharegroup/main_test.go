@@ -1,0 +1,11 @@
+package sharegroup
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain checks every test of the package (source and session) for leaked
+// goroutines.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -1,0 +1,262 @@
+package sharegroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/runtime"
+)
+
+// sliceCollector collects emitted values.
+type sliceCollector struct{ vals []string }
+
+func (c *sliceCollector) Collect(v string) { c.vals = append(c.vals, v) }
+
+func produceN(t *testing.T, env *kafkatest.Env, topic string, n int) {
+	t.Helper()
+	cl := env.Client(t, kgo.DefaultProduceTopic(topic))
+	var recs []*kgo.Record
+	for i := 0; i < n; i++ {
+		recs = append(recs, kgo.StringRecord(strconv.Itoa(i)))
+	}
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// openSource opens subtask sub of a source the test drives by hand.
+func openSource(t *testing.T, env *kafkatest.Env, sub int, commit []checkpoint.TxnHandle, opts ...Opt) *Source[string] {
+	t.Helper()
+	newSrc, err := New(func(r *kgo.Record) (string, error) {
+		if string(r.Value) == "poison" {
+			return "", errors.New("not a number")
+		}
+		return string(r.Value), nil
+	}, append([]Opt{Brokers(env.Addr), Topics("in"), Group("g"), Lanes(1), BatchSize(100)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSrc().(*Source[string])
+	oc := &runtime.OperatorContext{Job: "job", Name: "src", UID: "src", Subtask: sub, Parallelism: 2,
+		CommitHandles: commit, Logger: testLogger(t)}
+	if err := s.Open(context.Background(), oc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// pollFor polls until at least n values were emitted or the deadline passes.
+func pollFor(t *testing.T, s *Source[string], n int, within time.Duration) []string {
+	t.Helper()
+	c := &sliceCollector{}
+	deadline := time.Now().Add(within)
+	for len(c.vals) < n && time.Now().Before(deadline) {
+		if err := s.Poll(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c.vals
+}
+
+// A zombie: lane A's lock expires while it works, the broker redelivers the
+// records to lane B, B commits first. A's conflict check must decline, so
+// exactly one of them commits. Lapse detection by A's own clock is switched
+// off (negative margin) to exercise the conflict check alone.
+func TestZombieLaneLosesToTheFirstCommittedMarker(t *testing.T) {
+	for _, bCommits := range []bool{true, false} {
+		t.Run(fmt.Sprintf("earlier marker committed=%v", bCommits), func(t *testing.T) {
+			env := kafkatest.New(t, broker.Config("group.share.record.lock.duration.ms", "1500"),
+				broker.Config("share.record.lock.sweep.interval.ms", "100"))
+			env.CreateTopic(t, "in", 1, nil)
+			produceN(t, env, "in", 20)
+			paused := func(c *cfg) { c.paused = true } // A renews nothing: it is paused
+			a := openSource(t, env, 0, nil, LockMargin(-time.Hour), paused)
+			got := pollFor(t, a, 20, 10*time.Second)
+			if len(got) != 20 {
+				t.Fatalf("lane A got %d records, want 20", len(got))
+			}
+			// A stalls past its lock; B gets the same records.
+			time.Sleep(2500 * time.Millisecond)
+			b := openSource(t, env, 1, nil, LockMargin(-time.Hour))
+			again := pollFor(t, b, 20, 10*time.Second)
+			if len(again) != 20 {
+				t.Fatalf("lane B got %d redelivered records, want 20", len(again))
+			}
+			st, err := b.Snapshot(context.Background(), 1)
+			if err != nil {
+				t.Fatalf("B's checkpoint: %v", err)
+			}
+			if bCommits {
+				if err := b.NotifyCheckpointComplete(context.Background(), 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The zombie A now reaches its barrier.
+			_, err = a.Snapshot(context.Background(), 2)
+			if !errors.Is(err, checkpoint.ErrDeclined) {
+				t.Fatalf("zombie A's checkpoint: got %v, want a decline", err)
+			}
+			if !bCommits && len(st.Handles) == 0 {
+				t.Fatal("B pre-committed nothing")
+			}
+			// The declined checkpoint aborts: A's marker is aborted and
+			// the job rolls back.
+			if err := a.NotifyCheckpointAborted(context.Background(), 2); !errors.Is(err, ErrRolledBack) {
+				t.Fatalf("A on abort: got %v, want ErrRolledBack", err)
+			}
+		})
+	}
+}
+
+func TestAbortReleasesRecordsAtOnce(t *testing.T) {
+	env := kafkatest.New(t) // default 30 s locks: only a release brings them back quickly
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 10)
+	a := openSource(t, env, 0, nil)
+	if got := pollFor(t, a, 10, 10*time.Second); len(got) != 10 {
+		t.Fatalf("got %d records, want 10", len(got))
+	}
+	if _, err := a.Snapshot(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.NotifyCheckpointAborted(context.Background(), 1); !errors.Is(err, ErrRolledBack) {
+		t.Fatalf("abort of a checkpoint holding records: got %v, want ErrRolledBack (the job must roll back)", err)
+	}
+	a.Close() // the task fails and closes its source
+	start := time.Now()
+	b := openSource(t, env, 1, nil)
+	if got := pollFor(t, b, 10, 5*time.Second); len(got) != 10 {
+		t.Fatalf("after the abort another lane got %d records within 5s, want all 10", len(got))
+	}
+	t.Logf("records back after %v", time.Since(start))
+}
+
+func TestPoisonRecordsGoToTheDeadLetterTopicInTheTransaction(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "in", 1, nil)
+	cl := env.Client(t, kgo.DefaultProduceTopic("in"))
+	if err := cl.ProduceSync(context.Background(), kgo.StringRecord("1"), kgo.StringRecord("poison"), kgo.StringRecord("2")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	a := openSource(t, env, 0, nil, DeadLetterTopic("dlq"))
+	got := pollFor(t, a, 2, 10*time.Second)
+	if len(got) != 2 {
+		t.Fatalf("emitted %v, want the 2 good records", got)
+	}
+	if n := len(env.ReadCommitted(t, "dlq")); n != 0 {
+		t.Fatalf("dead letter visible before its checkpoint committed (%d records)", n)
+	}
+	if _, err := a.Snapshot(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.NotifyCheckpointComplete(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	dlq := env.ReadCommitted(t, "dlq")
+	if len(dlq) != 1 || string(dlq[0].Value) != "poison" {
+		t.Fatalf("dead-letter topic holds %d records, want the poison record once", len(dlq))
+	}
+	hdr := map[string]string{}
+	for _, h := range dlq[0].Headers {
+		hdr[h.Key] = string(h.Value)
+	}
+	if hdr[HeaderTopic] != "in" || hdr[HeaderOffset] != "1" || hdr[HeaderDeliveryCount] != "1" || hdr[HeaderError] == "" {
+		t.Fatalf("dead-letter headers %v", hdr)
+	}
+}
+
+func TestRedeliveryAfterCommitIsAcceptedNotEmitted(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 10)
+	a := openSource(t, env, 0, nil)
+	if got := pollFor(t, a, 10, 10*time.Second); len(got) != 10 {
+		t.Fatalf("got %d, want 10", len(got))
+	}
+	st, err := a.Snapshot(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The checkpoint completes, but the process dies before the broker
+	// ACCEPT: the marker transaction is committed on restore instead.
+	a.Close()
+	b := openSource(t, env, 0, st.Handles)
+	if got := pollFor(t, b, 1, 3*time.Second); len(got) != 0 {
+		t.Fatalf("records covered by a committed marker were emitted again: %v", got)
+	}
+	produceN(t, env, "in", 1) // fresh data still flows
+	if got := pollFor(t, b, 1, 10*time.Second); len(got) != 1 {
+		t.Fatalf("new record not emitted: %v", got)
+	}
+}
+
+func TestBrokerWithoutShareGroupsFailsFast(t *testing.T) {
+	newSrc, err := New(func(r *kgo.Record) (string, error) { return "", nil }, Brokers("127.0.0.1:1"), Topics("in"), Group("g"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s := newSrc()
+	err = s.Open(ctx, &runtime.OperatorContext{Job: "j", UID: "s", Parallelism: 1, Logger: zap.NewNop()})
+	s.Close()
+	if err == nil {
+		t.Fatal("open against an unreachable broker succeeded")
+	}
+}
+
+func TestBadOptionsAreRefused(t *testing.T) {
+	dec := func(r *kgo.Record) (string, error) { return "", nil }
+	cases := []struct {
+		name string
+		opts []Opt
+	}{
+		{"no brokers", []Opt{Topics("t"), Group("g")}},
+		{"no topics", []Opt{Brokers("b"), Group("g")}},
+		{"no group", []Opt{Brokers("b"), Topics("t")}},
+		{"max deliveries 1", []Opt{Brokers("b"), Topics("t"), Group("g"), MaxDeliveries(1)}},
+		{"batch 0", []Opt{Brokers("b"), Topics("t"), Group("g"), BatchSize(0)}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(dec, tc.opts...); !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("got %v, want ErrInvalidConfig", err)
+			}
+		})
+	}
+}
+
+func testLogger(t *testing.T) *zap.Logger {
+	if testing.Verbose() {
+		return zap.NewExample(zap.IncreaseLevel(zap.DebugLevel))
+	}
+	return zap.NewNop()
+}
+
+// A lane that, by its own clock, may have let its locks lapse declines before
+// it writes a marker (the second line of defence behind the conflict check).
+func TestLaneThatMayHaveLostItsLocksDeclines(t *testing.T) {
+	env := kafkatest.New(t, broker.Config("group.share.record.lock.duration.ms", "1200"),
+		broker.Config("share.record.lock.sweep.interval.ms", "100"))
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 5)
+	a := openSource(t, env, 0, nil, func(c *cfg) { c.paused = true })
+	if got := pollFor(t, a, 5, 10*time.Second); len(got) != 5 {
+		t.Fatalf("got %d, want 5", len(got))
+	}
+	time.Sleep(1200 * time.Millisecond)
+	if _, err := a.Snapshot(context.Background(), 1); !errors.Is(err, checkpoint.ErrDeclined) {
+		t.Fatalf("got %v, want a decline", err)
+	}
+}
