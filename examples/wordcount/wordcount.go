@@ -47,7 +47,11 @@ type Count struct {
 }
 
 // Build builds the wordcount graph from its parameters.
-func Build(p runtime.Params) (*runtime.Job, error) {
+func Build(p runtime.Params) (*runtime.Job, error) { return BuildWith(p) }
+
+// BuildWith is Build with extra options for the share-group source (e.g.
+// sharegroup.ObserveInFlight for metrics).
+func BuildWith(p runtime.Params, srcOpts ...sharegroup.Opt) (*runtime.Job, error) {
 	guarantee, err := p.OneOf("guarantee", "exactly-once", "at-least-once")
 	if err != nil {
 		return nil, err
@@ -58,8 +62,8 @@ func Build(p runtime.Params) (*runtime.Job, error) {
 		mode, sinkG = sharegroup.AtLeastOnce, kafka.AtLeastOnce
 	}
 	src, err := sharegroup.New(func(r *kgo.Record) (string, error) { return string(r.Value), nil },
-		sharegroup.Brokers(brokers...), sharegroup.Topics(p.String("input")), sharegroup.Group(p.String("group")),
-		sharegroup.Mode(mode))
+		append([]sharegroup.Opt{sharegroup.Brokers(brokers...), sharegroup.Topics(p.String("input")),
+			sharegroup.Group(p.String("group")), sharegroup.Mode(mode)}, srcOpts...)...)
 	if err != nil {
 		return nil, err
 	}

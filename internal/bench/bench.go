@@ -44,6 +44,8 @@ func All() []Benchmark {
 	return []Benchmark{
 		{Name: "runtime-wordcount", Run: RuntimeWordcount},
 		{Name: "checkpoint-cycle", Run: CheckpointCycle},
+		{Name: "eos-sink", Run: EOSSink},
+		{Name: "eos-wordcount", Run: EOSWordcount},
 	}
 }
 

@@ -146,7 +146,7 @@ func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 			return err
 		}
 	}
-	if err := s.w.Recover(ctx, nil); err != nil {
+	if err := s.w.Recover(ctx, oc.CommitHandles); err != nil {
 		if errors.Is(err, ErrTxnLost) && s.sc.tolerateLoss {
 			s.log.Error("kafka sink: continuing after LOST transactions (TolerateLostTransactions)", zap.Error(err))
 			return nil
@@ -227,15 +227,29 @@ func (s *Sink[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.ID
 // checkpoint's transaction stays pending for the next completed checkpoint.
 func (s *Sink[T]) NotifyCheckpointAborted(context.Context, checkpoint.ID) error { return nil }
 
-// Close implements runtime.Sink: it aborts the open transaction (records
-// not yet pre-committed) and leaves pre-committed ones for the next
-// Recover.
+// Close implements runtime.Sink. Exactly once, it aborts the open
+// transaction (records not yet pre-committed) and leaves pre-committed ones
+// for the next Recover. Otherwise it first waits, for at most
+// closeFlushTimeout, until the records written so far are acknowledged
+// (best effort: an error is logged), since closing a kgo client drops what
+// it still buffers.
 func (s *Sink[T]) Close() error {
-	if s.w != nil {
-		s.w.Close()
+	if s.w == nil {
+		return nil
 	}
+	if s.guarantee != ExactlyOnce {
+		ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+		if err := s.w.Flush(ctx); err != nil {
+			s.log.Warn("kafka sink: flush on close failed; buffered records may be lost", zap.Error(err))
+		}
+		cancel()
+	}
+	s.w.Close()
 	return nil
 }
+
+// closeFlushTimeout bounds the flush of a non-transactional sink on Close.
+const closeFlushTimeout = 5 * time.Second
 
 func (s *Sink[T]) inject(name string) error {
 	if s.fp == nil {

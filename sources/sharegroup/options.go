@@ -7,6 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/sources/sharegroup/acklog"
 )
 
 // AckMode says when the source acknowledges what it read.
@@ -85,6 +87,7 @@ type cfg struct {
 	grace          time.Duration
 	clientOpts     []kgo.Opt
 	logger         *zap.Logger
+	observe        func(held map[acklog.TopicPartition]int, limit int)
 	// paused stops lock renewal: tests use it to play a process that is
 	// paused (GC, partition) while it holds records.
 	paused bool
@@ -158,6 +161,15 @@ func MarkerGrace(d time.Duration) Opt { return func(c *cfg) { c.grace = d } }
 // ClientOpts passes options (TLS, SASL, ...) to every franz-go client.
 func ClientOpts(opts ...kgo.Opt) Opt {
 	return func(c *cfg) { c.clientOpts = append(c.clientOpts, opts...) }
+}
+
+// ObserveInFlight calls fn, on the task goroutine, each time the records
+// held by this subtask change: held records per topic-partition (acquired,
+// not yet acknowledged) and the broker's per-partition cap
+// (group.share.partition.max.record.locks). It is the in-flight window
+// metric; fn must return quickly.
+func ObserveInFlight(fn func(held map[acklog.TopicPartition]int, limit int)) Opt {
+	return func(c *cfg) { c.observe = fn }
 }
 
 // Logger sets the logger (default: the operator's).

@@ -72,6 +72,7 @@ type Source[T any] struct {
 
 	lanes   []*lane
 	ready   chan *lane
+	limit   int // the broker's group.share.partition.max.record.locks
 	started bool
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -108,11 +109,12 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		return err
 	}
 	adm := kadm.NewClient(s.admin)
+	s.limit = recordLockLimit(sctx, adm)
 	if err := ensureTopic(sctx, adm, s.cfg.dlqTopic, 1); err != nil {
 		return err
 	}
 	if s.cfg.resetEarliest {
-		if err := setGroupConfig(sctx, s.admin, s.cfg.group, "share.auto.offset.reset", "earliest"); err != nil {
+		if err := SetGroupConfig(sctx, s.admin, s.cfg.group, "share.auto.offset.reset", "earliest"); err != nil {
 			return err
 		}
 	}
@@ -215,10 +217,47 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 			drained = true
 		}
 	}
-	if s.cfg.mode != Implicit && s.allHolding() && s.oc.RequestCheckpoint != nil {
-		s.oc.RequestCheckpoint("every share-group lane holds a batch")
+	if s.cfg.mode != Implicit && s.oc.RequestCheckpoint != nil {
+		if s.allHolding() {
+			s.oc.RequestCheckpoint("every share-group lane holds a batch")
+		} else if s.nearLimit() {
+			s.oc.RequestCheckpoint("held share records near the per-partition cap")
+		}
 	}
 	return nil
+}
+
+// inFlight counts held records per topic-partition.
+func (s *Source[T]) inFlight() map[acklog.TopicPartition]int {
+	held := map[acklog.TopicPartition]int{}
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		for _, rs := range [][]*kgo.Record{l.emitted, l.rejected, l.accepted} {
+			for _, r := range rs {
+				held[acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}]++
+			}
+		}
+		for _, a := range l.aside {
+			held[acklog.TopicPartition{Topic: a.r.Topic, Partition: a.r.Partition}]++
+		}
+		l.mu.Unlock()
+	}
+	return held
+}
+
+// nearLimit reports whether some partition's held records reached 80% of the
+// broker's cap, and reports the window to the observer.
+func (s *Source[T]) nearLimit() bool {
+	held := s.inFlight()
+	if s.cfg.observe != nil {
+		s.cfg.observe(held, s.limit)
+	}
+	for _, n := range held {
+		if n*5 >= s.limit*4 {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Source[T]) allHolding() bool {
@@ -557,6 +596,30 @@ func (s *Source[T]) partitions(ctx context.Context) (int, error) {
 	return n, nil
 }
 
+// recordLockLimit reads group.share.partition.max.record.locks from the
+// brokers (the smallest), or Kafka's default 2000 when it cannot.
+func recordLockLimit(ctx context.Context, adm *kadm.Client) int {
+	const key, def = "group.share.partition.max.record.locks", 2000
+	rcs, err := adm.DescribeBrokerConfigs(ctx)
+	if err != nil {
+		return def
+	}
+	limit := 0
+	for _, rc := range rcs {
+		for _, c := range rc.Configs {
+			if c.Key == key && c.Value != nil {
+				if v, err := strconv.Atoi(*c.Value); err == nil && (limit == 0 || v < limit) {
+					limit = v
+				}
+			}
+		}
+	}
+	if limit == 0 {
+		return def
+	}
+	return limit
+}
+
 func ensureTopic(ctx context.Context, adm *kadm.Client, topic string, partitions int32) error {
 	resp, err := adm.CreateTopic(ctx, partitions, -1, nil, topic)
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
@@ -568,8 +631,10 @@ func ensureTopic(ctx context.Context, adm *kadm.Client, topic string, partitions
 	return nil
 }
 
-// setGroupConfig sets a group-level config (resource type GROUP).
-func setGroupConfig(ctx context.Context, cl *kgo.Client, group, key, value string) error {
+// SetGroupConfig sets a group-level config (IncrementalAlterConfigs, resource
+// type GROUP), e.g. share.auto.offset.reset=earliest, which Kafka reads only
+// from the group, before the group first reads.
+func SetGroupConfig(ctx context.Context, cl *kgo.Client, group, key, value string) error {
 	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
 	res := kmsg.NewIncrementalAlterConfigsRequestResource()
 	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
