@@ -18,6 +18,19 @@ import (
 // ErrJobFailed is wrapped by the error of a job that exhausted its restarts.
 var ErrJobFailed = errors.New("runtime: job failed")
 
+// ErrUnrecoverable marks a task failure that a restart cannot fix (e.g. a
+// configuration the broker refuses): wrap it (Unrecoverable) and the job
+// fails at once instead of restarting.
+var ErrUnrecoverable = errors.New("unrecoverable")
+
+// Unrecoverable wraps err so that the job fails without restarting.
+func Unrecoverable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrUnrecoverable, err)
+}
+
 // MiniCluster runs a job graph in one process: every subtask a goroutine,
 // checkpoints coordinated by checkpoint.Driver and stored in a pebble
 // checkpoint.Store, and every task restarted from the latest completed
@@ -173,6 +186,9 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		}
 		if ctx.Err() != nil {
 			return res, ctx.Err()
+		}
+		if errors.Is(runErr, ErrUnrecoverable) {
+			return res, fmt.Errorf("%w (not restarted): %w", ErrJobFailed, runErr)
 		}
 		if attempt >= cfg.restarts {
 			return res, fmt.Errorf("%w after %d restarts: %w", ErrJobFailed, attempt, runErr)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/runtime"
@@ -166,4 +167,52 @@ func hitsOf(spec string) int64 {
 	_, n, _ := strings.Cut(spec, "@")
 	v, _ := strconv.Atoi(n)
 	return int64(v)
+}
+
+// A broker restart (state persisted in its data dir) during the prepare
+// phase: after the source wrote its ack marker into the checkpoint's
+// transaction and before the checkpoint completes. Clients reconnect, the
+// pending transactions survive the restart and commit, and output stays
+// exactly-once.
+func TestWordcountSurvivesABrokerRestartDuringPrepare(t *testing.T) {
+	dir := t.TempDir()
+	env := kafkatest.New(t, broker.DataDir(dir))
+	env.CreateTopic(t, "lines", 4, nil)
+	lines := corpus(4000)
+	produce(t, env, "lines", lines)
+	var restarted atomic.Bool
+	var restartErr error
+	var next *broker.Broker
+	t.Cleanup(func() {
+		if next != nil {
+			next.Close()
+		}
+	})
+	fp := failpoint.New(failpoint.WithHook(failpoint.SourceAfterAckPrecommit, func() error {
+		if restarted.Swap(true) {
+			return nil
+		}
+		if err := env.Broker.Close(); err != nil {
+			restartErr = err
+			return nil
+		}
+		next, restartErr = broker.Start(context.Background(), broker.Listen(env.Addr), broker.DataDir(dir))
+		return nil
+	}))
+	job, err := wordcount.Build(runtime.Params{"brokers": env.Addr, "input": "lines", "output": "counts",
+		"group": "wc", "guarantee": "exactly-once"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := wordcount.Expected(lines)
+	res := runUntil(t, env, job, want, restarted.Load, runtime.CheckpointInterval(30*time.Millisecond),
+		runtime.Failpoints(fp), runtime.Restarts(5, 50*time.Millisecond))
+	if restartErr != nil {
+		t.Fatalf("broker restart: %v", restartErr)
+	}
+	rep := wordcount.Check(env.ReadCommitted(t, "counts"), want)
+	if !rep.OK() {
+		t.Fatal(rep)
+	}
+	t.Logf("%s (job restarts %d)", rep, res.Restarts)
 }

@@ -143,7 +143,7 @@ func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 	}
 	if s.guarantee == ExactlyOnce {
 		if err := s.checkTimeouts(ctx); err != nil {
-			return err
+			return runtime.Unrecoverable(err) // a restart cannot fix a configuration
 		}
 	}
 	if err := s.w.Recover(ctx, oc.CommitHandles); err != nil {

@@ -541,9 +541,15 @@ func TestSinkRefusesTransactionTimeoutTheBrokerCannotHonour(t *testing.T) {
 					t.Fatalf("NewSink: %v", err)
 				}
 				job := numberedJob(t, topic, numberedItems(10), 0, 1, shapeDirect, f)
-				_, err = runtime.NewMiniCluster(runtime.Restarts(0, 0)).Run(ctx, job)
-				if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, runtime.ErrJobFailed) || !strings.Contains(err.Error(), "transaction.max.timeout.ms") {
-					t.Fatalf("Run = %v, want a job failure wrapping ErrInvalidConfig about transaction.max.timeout.ms", err)
+				// Default restart budget: a configuration error must fail
+				// the job at once, not be retried.
+				res, err := runtime.NewMiniCluster().Run(ctx, job)
+				if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, runtime.ErrJobFailed) || !errors.Is(err, runtime.ErrUnrecoverable) ||
+					!strings.Contains(err.Error(), "transaction.max.timeout.ms") {
+					t.Fatalf("Run = %v, want an unrecoverable job failure wrapping ErrInvalidConfig about transaction.max.timeout.ms", err)
+				}
+				if res.Restarts != 0 {
+					t.Fatalf("a configuration error was retried %d times", res.Restarts)
 				}
 				if recs := env.ReadCommitted(t, topic); len(recs) != 0 {
 					t.Fatalf("a refused job committed %d records", len(recs))

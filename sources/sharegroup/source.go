@@ -574,7 +574,7 @@ func (s *Source[T]) checkBroker(ctx context.Context) error {
 	}
 	for _, k := range []int16{76, 78, 79} { // ShareGroupHeartbeat, ShareFetch, ShareAcknowledge
 		if !have[k] {
-			return fmt.Errorf("%w: ApiVersions lacks %s", ErrNoShareGroups, kmsg.NameForKey(k))
+			return runtime.Unrecoverable(fmt.Errorf("%w: ApiVersions lacks %s", ErrNoShareGroups, kmsg.NameForKey(k)))
 		}
 	}
 	return nil
