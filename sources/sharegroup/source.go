@@ -73,6 +73,7 @@ type Source[T any] struct {
 	lanes   []*lane
 	ready   chan *lane
 	limit   int // the broker's group.share.partition.max.record.locks
+	lastGC  time.Time
 	started bool
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -195,6 +196,9 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 	if !s.started {
 		s.start()
 	}
+	if err := s.collectMarkers(ctx); err != nil {
+		s.log.Warn("ack-log marker collection failed; retried later", zap.Error(err))
+	}
 	t := time.NewTimer(s.cfg.pollWait)
 	defer t.Stop()
 	select {
@@ -225,6 +229,74 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 		}
 	}
 	return nil
+}
+
+// collectMarkers tombstones ack markers that can no longer matter: every
+// record they cover is below its partition's share start offset (done for
+// good), and they are older than the grace period (default 10x the lock
+// duration; a tombstoned marker no longer stops a zombie, so the grace
+// period bounds how long a paused process can stay one). Subtask 0 does it,
+// every tombstoneEvery, outside any transaction.
+func (s *Source[T]) collectMarkers(ctx context.Context) error {
+	if s.cfg.mode != Transactional || s.oc.Subtask != 0 || time.Since(s.lastGC) < s.cfg.tombstoneEvery {
+		return nil
+	}
+	s.lastGC = time.Now()
+	grace := s.cfg.grace
+	if grace == 0 {
+		lock := 30 * time.Second
+		for _, l := range s.lanes {
+			l.mu.Lock()
+			if l.lockDur > 0 {
+				lock = l.lockDur
+			}
+			l.mu.Unlock()
+		}
+		grace = 10 * lock
+	}
+	starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
+	if err != nil {
+		return err
+	}
+	if err := s.ix.CatchUpToEnd(ctx); err != nil {
+		return err
+	}
+	tombs := s.ix.Tombstones(starts, time.Now(), grace)
+	if len(tombs) == 0 {
+		return nil
+	}
+	if err := s.admin.ProduceSync(ctx, tombs...).FirstErr(); err != nil {
+		return fmt.Errorf("tombstone %d ack markers: %w", len(tombs), err)
+	}
+	s.log.Debug("ack markers tombstoned", zap.Int("markers", len(tombs)))
+	return nil
+}
+
+// shareStartOffsets reads the share-partition start offsets of a group
+// (DescribeShareGroupOffsets): below them every record is done.
+func shareStartOffsets(ctx context.Context, cl *kgo.Client, group string) (map[acklog.TopicPartition]int64, error) {
+	req := kmsg.NewPtrDescribeShareGroupOffsetsRequest()
+	g := kmsg.NewDescribeShareGroupOffsetsRequestGroup()
+	g.GroupID = group
+	req.Groups = append(req.Groups, g)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, fmt.Errorf("describe share group offsets: %w", err)
+	}
+	out := map[acklog.TopicPartition]int64{}
+	for _, rg := range resp.Groups {
+		if err := kerr.ErrorForCode(rg.ErrorCode); err != nil {
+			return nil, fmt.Errorf("describe share group offsets of %q: %w", group, err)
+		}
+		for _, t := range rg.Topics {
+			for _, p := range t.Partitions {
+				if kerr.ErrorForCode(p.ErrorCode) == nil && p.StartOffset >= 0 {
+					out[acklog.TopicPartition{Topic: t.Topic, Partition: p.Partition}] = p.StartOffset
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 // inFlight counts held records per topic-partition.

@@ -15,6 +15,7 @@ import (
 	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/runtime"
+	"github.com/weirstream/weir/sources/sharegroup/acklog"
 )
 
 // sliceCollector collects emitted values.
@@ -258,5 +259,44 @@ func TestLaneThatMayHaveLostItsLocksDeclines(t *testing.T) {
 	time.Sleep(1200 * time.Millisecond)
 	if _, err := a.Snapshot(context.Background(), 1); !errors.Is(err, checkpoint.ErrDeclined) {
 		t.Fatalf("got %v, want a decline", err)
+	}
+}
+
+// Markers whose records are all done (below the share start offset) are
+// tombstoned once the grace period passed, so the ack-log stays small.
+func TestDoneMarkersAreTombstonedAfterTheGracePeriod(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 10)
+	a := openSource(t, env, 0, nil, MarkerGrace(100*time.Millisecond), func(c *cfg) { c.tombstoneEvery = 50 * time.Millisecond })
+	if got := pollFor(t, a, 10, 10*time.Second); len(got) != 10 {
+		t.Fatalf("got %d, want 10", len(got))
+	}
+	if _, err := a.Snapshot(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.NotifyCheckpointComplete(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	live := func() int {
+		ix, err := acklog.NewIndex(context.Background(), []string{env.Addr}, acklog.TopicFor("g"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ix.Close()
+		if err := ix.CatchUpToEnd(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return ix.Len()
+	}
+	if n := live(); n != 1 {
+		t.Fatalf("%d live markers after the commit, want 1", n)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for live() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the done marker was never tombstoned")
+		}
+		pollFor(t, a, 1, 100*time.Millisecond) // the source collects while polling
 	}
 }
