@@ -19,6 +19,7 @@ func subcommands() []func(*app) *cobra.Command {
 		newBrokerCmd,
 		newBenchCmd,
 		newDemoCmd,
+		newJobsCmd,
 		newVersionCmd,
 	}
 }
