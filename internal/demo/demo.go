@@ -99,7 +99,13 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 	}
 	// One task failure, a third of the way through the words.
 	failAt := max(1, total/3)
-	fp, err := failpoint.Parse(fmt.Sprintf("%s=error@%d", failpoint.TaskProcess, failAt))
+	// WEIR_FAILPOINTS adds the caller's failpoints (DESIGN.md's contract).
+	spec := fmt.Sprintf("%s=error@%d", failpoint.TaskProcess, failAt)
+	if env := os.Getenv(failpoint.EnvVar); env != "" {
+		spec = env + "," + spec
+		fmt.Fprintf(w, "failpoints from %s: %s\n", failpoint.EnvVar, env)
+	}
+	fp, err := failpoint.Parse(spec)
 	if err != nil {
 		return err
 	}
