@@ -104,14 +104,11 @@ func weirEOSWordcount(ctx context.Context, addr string, words int, opts ...share
 		done <- err
 	}()
 	for {
-		if n, _ := committedUpperBound(ctx, addr, "bench-weir-out"); n >= words {
-			recs, err := committed.Read(ctx, []string{addr}, "bench-weir-out")
-			if err == nil && len(recs) >= words {
-				el := time.Since(start)
-				cancel()
-				<-done
-				return el, nil
-			}
+		if ok, err := committed.Reached(ctx, []string{addr}, "bench-weir-out", words); err == nil && ok {
+			el := time.Since(start)
+			cancel()
+			<-done
+			return el, nil
 		}
 		select {
 		case err := <-done:
@@ -121,27 +118,6 @@ func weirEOSWordcount(ctx context.Context, addr string, words int, opts ...share
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// committedUpperBound sums topic's last stable offsets: at least its number
-// of committed records (transaction markers take offsets too).
-func committedUpperBound(ctx context.Context, addr, topic string) (int, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
-	if err != nil {
-		return 0, err
-	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topic)
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Err == nil {
-			n += int(o.Offset)
-		}
-	})
-	return n, nil
 }
 
 // shareLoop is the hand-written baseline: 2 share consumers, each polling,

@@ -125,19 +125,14 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 	start := time.Now()
 	deadline := time.After(cfg.Timeout)
 	for {
-		n, err := committedCount(ctx, b.Addr())
-		if err == nil && n >= total {
-			// Offsets count transaction markers too: count the records.
-			recs, err := committed.Read(ctx, []string{b.Addr()}, "counts")
-			if n = len(recs); err == nil && n >= total {
-				break
-			}
+		if done, err := committed.Reached(ctx, []string{b.Addr()}, "counts", total); err == nil && done {
+			break
 		}
 		select {
 		case err := <-done:
 			return fmt.Errorf("demo: job stopped before its output was complete: %w", err)
 		case <-deadline:
-			return fmt.Errorf("demo: output incomplete after %v (%d of %d records)", cfg.Timeout, n, total)
+			return fmt.Errorf("demo: output incomplete after %v (want %d records)", cfg.Timeout, total)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(250 * time.Millisecond):
@@ -162,28 +157,6 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 		return ErrViolated
 	}
 	return nil
-}
-
-// committedCount is the sum of the output topic's last stable offsets: an
-// upper bound of its committed records (transaction markers take offsets).
-func committedCount(ctx context.Context, addr string) (int, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
-	if err != nil {
-		return 0, err
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ends, err := adm.ListCommittedOffsets(ctx, "counts")
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Err == nil {
-			n += int(o.Offset)
-		}
-	})
-	return n, nil
 }
 
 // Corpus generates n deterministic lines over a small vocabulary, mixed case.

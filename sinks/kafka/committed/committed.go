@@ -139,3 +139,28 @@ func listOffsets(ctx context.Context, topic string, list func(context.Context, .
 	}
 	return out, nil
 }
+
+// Reached reports whether topic holds at least n committed records. It first
+// sums the last stable offsets (an upper bound: transaction markers take
+// offsets too) and reads the records only when that bound reaches n, so
+// polling it while output grows stays cheap.
+func Reached(ctx context.Context, seeds []string, topic string, n int, opts ...kgo.Opt) (bool, error) {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, opts...)...)
+	if err != nil {
+		return false, err
+	}
+	defer cl.Close()
+	ends, err := listOffsets(ctx, topic, kadm.NewClient(cl).ListCommittedOffsets)
+	if err != nil {
+		return false, err
+	}
+	var bound int64
+	for _, o := range ends {
+		bound += o
+	}
+	if bound < int64(n) {
+		return false, nil
+	}
+	recs, err := Read(ctx, seeds, topic, opts...)
+	return len(recs) >= n, err
+}
