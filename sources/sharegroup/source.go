@@ -137,13 +137,14 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	if s.txn, err = kafka.NewTxnWriter(ctx, wopts...); err != nil {
 		return fmt.Errorf("sharegroup: %w", err)
 	}
+	// Commit the restored checkpoint's marker transactions and abort
+	// anything later, before any lane polls: a redelivery must find the
+	// recovered markers committed. (Without transactions this only readies
+	// the dead-letter writer.)
+	if err := s.txn.Recover(ctx, oc.CommitHandles); err != nil {
+		return fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
+	}
 	if s.cfg.mode == Transactional {
-		// Commit the restored checkpoint's marker transactions and abort
-		// anything later, before any lane polls: a redelivery must find
-		// the recovered markers committed.
-		if err := s.txn.Recover(ctx, oc.CommitHandles); err != nil {
-			return fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
-		}
 		if s.ix, err = acklog.NewIndex(ctx, s.cfg.brokers, s.cfg.ackLogTopic, s.cfg.clientOpts...); err != nil {
 			return fmt.Errorf("sharegroup: ack-log index: %w", err)
 		}

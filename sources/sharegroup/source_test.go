@@ -144,18 +144,24 @@ func TestAbortReleasesRecordsAtOnce(t *testing.T) {
 }
 
 func TestPoisonRecordsGoToTheDeadLetterTopicInTheTransaction(t *testing.T) {
+	for _, mode := range []AckMode{Transactional, AtLeastOnce} {
+		t.Run(mode.String(), func(t *testing.T) { testPoison(t, mode) })
+	}
+}
+
+func testPoison(t *testing.T, mode AckMode) {
 	env := kafkatest.New(t)
 	env.CreateTopic(t, "in", 1, nil)
 	cl := env.Client(t, kgo.DefaultProduceTopic("in"))
 	if err := cl.ProduceSync(context.Background(), kgo.StringRecord("1"), kgo.StringRecord("poison"), kgo.StringRecord("2")).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	a := openSource(t, env, 0, nil, DeadLetterTopic("dlq"))
+	a := openSource(t, env, 0, nil, DeadLetterTopic("dlq"), Mode(mode))
 	got := pollFor(t, a, 2, 10*time.Second)
 	if len(got) != 2 {
 		t.Fatalf("emitted %v, want the 2 good records", got)
 	}
-	if n := len(env.ReadCommitted(t, "dlq")); n != 0 {
+	if n := len(env.ReadCommitted(t, "dlq")); n != 0 && mode == Transactional {
 		t.Fatalf("dead letter visible before its checkpoint committed (%d records)", n)
 	}
 	if _, err := a.Snapshot(context.Background(), 1); err != nil {
@@ -298,5 +304,39 @@ func TestDoneMarkersAreTombstonedAfterTheGracePeriod(t *testing.T) {
 			t.Fatal("the done marker was never tombstoned")
 		}
 		pollFor(t, a, 1, 100*time.Millisecond) // the source collects while polling
+	}
+}
+
+// What a failure before any checkpoint completed means in each mode:
+// implicit has acknowledged what it emitted (lost to the job: at-most-once),
+// the others get every record again.
+func TestModesOnAFailureBeforeTheCheckpoint(t *testing.T) {
+	cases := []struct {
+		mode      AckMode
+		redeliver bool
+	}{
+		{Implicit, false},
+		{AtLeastOnce, true},
+		{Transactional, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			env := kafkatest.New(t)
+			env.CreateTopic(t, "in", 1, nil)
+			produceN(t, env, "in", 10)
+			a := openSource(t, env, 0, nil, Mode(tc.mode))
+			if got := pollFor(t, a, 10, 10*time.Second); len(got) != 10 {
+				t.Fatalf("got %d, want 10", len(got))
+			}
+			a.Close() // the task fails before checkpoint 1 completes
+			b := openSource(t, env, 0, nil, Mode(tc.mode))
+			want := 0
+			if tc.redeliver {
+				want = 10
+			}
+			if got := pollFor(t, b, 10, 2*time.Second); len(got) != want {
+				t.Fatalf("after the failure %d records came back, want %d", len(got), want)
+			}
+		})
 	}
 }
