@@ -224,6 +224,12 @@ func (m *MiniCluster) loadRestore(ctx context.Context, store *checkpoint.Store, 
 		return nil, fmt.Errorf("runtime: restore job %q: %w", job, err)
 	}
 	for _, s := range skipped {
+		if !s.HandlesOK {
+			m.cfg.log.Error("skipping a corrupt completed checkpoint whose transaction handles are unreadable too: "+
+				"its pre-committed transactions cannot be committed and will be aborted by the broker's timeout (data loss)",
+				zap.Uint64("checkpoint", uint64(s.ID)), zap.Error(s.Err))
+			continue
+		}
 		m.cfg.log.Error("skipping a corrupt completed checkpoint; its transactions are committed, "+
 			"and records between it and the restored checkpoint may be processed twice",
 			zap.Uint64("checkpoint", uint64(s.ID)), zap.Error(s.Err))
@@ -282,7 +288,9 @@ func assignRestore(c checkpoint.Completed, skipped []checkpoint.Skipped, p *plan
 			// every operator that holds transactions.
 			if len(snaps) > 0 && len(snaps[0].Handles) > 0 {
 				for _, s := range skipped {
-					out[opKey{n.uid, 0}].commitHandles = append(out[opKey{n.uid, 0}].commitHandles, s.Handles...)
+					if s.HandlesOK {
+						out[opKey{n.uid, 0}].commitHandles = append(out[opKey{n.uid, 0}].commitHandles, s.Handles...)
+					}
 				}
 			}
 		}
