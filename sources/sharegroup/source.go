@@ -102,7 +102,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	}
 	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	if err := s.checkBroker(sctx); err != nil {
+	if err := checkShareAPIs(sctx, s.admin, s.log); err != nil {
 		return err
 	}
 	partitions, err := s.partitions(sctx)
@@ -425,6 +425,17 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 
 func releaseAside(int64) kgo.AckStatus { return kgo.AckRelease }
 
+// deadLetterRecord copies r for the dead-letter topic, with the reason and
+// r's origin in headers.
+func deadLetterRecord(r *kgo.Record, topic, reason string) *kgo.Record {
+	return &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: append(append([]kgo.RecordHeader(nil), r.Headers...),
+		kgo.RecordHeader{Key: HeaderError, Value: []byte(reason)},
+		kgo.RecordHeader{Key: HeaderDeliveryCount, Value: []byte(strconv.Itoa(int(r.DeliveryCount())))},
+		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.Topic)},
+		kgo.RecordHeader{Key: HeaderPartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
+		kgo.RecordHeader{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))})}
+}
+
 // margin is how close to a lock's expiry a record counts as at risk: the
 // configured margin, but at most a quarter of the lock duration (a broker
 // with short locks would otherwise have every record released as stale).
@@ -442,12 +453,7 @@ func (s *Source[T]) deadLetter(ctx context.Context, r *kgo.Record, cause error) 
 	if s.oc.RestartCause != "" {
 		reason += "; last task failure: " + s.oc.RestartCause
 	}
-	d := &kgo.Record{Topic: s.cfg.dlqTopic, Key: r.Key, Value: r.Value, Headers: append(append([]kgo.RecordHeader(nil), r.Headers...),
-		kgo.RecordHeader{Key: HeaderError, Value: []byte(reason)},
-		kgo.RecordHeader{Key: HeaderDeliveryCount, Value: []byte(strconv.Itoa(int(r.DeliveryCount())))},
-		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.Topic)},
-		kgo.RecordHeader{Key: HeaderPartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
-		kgo.RecordHeader{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))})}
+	d := deadLetterRecord(r, s.cfg.dlqTopic, reason)
 	s.log.Warn("record sent to the dead-letter topic", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
 		zap.Int64("offset", r.Offset), zap.String("dlq", s.cfg.dlqTopic), zap.String("reason", reason))
 	if err := s.txn.Write(ctx, d); err != nil {
@@ -630,18 +636,19 @@ func (s *Source[T]) Close() error {
 	return nil
 }
 
-// checkBroker fails fast when the broker lacks share groups, and says so
-// when it advertises KIP-1289's transactional share acknowledgements.
-func (s *Source[T]) checkBroker(ctx context.Context) error {
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, s.admin)
+// checkShareAPIs fails fast when the brokers lack the share-group APIs, and
+// says so when they advertise an API this client does not know (KIP-1289's
+// transactional share acknowledgement, once it exists).
+func checkShareAPIs(ctx context.Context, cl *kgo.Client, log *zap.Logger) error {
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
 	if err != nil {
-		return fmt.Errorf("sharegroup: brokers %v unreachable: %w", s.cfg.brokers, err)
+		return fmt.Errorf("sharegroup: brokers unreachable: %w", err)
 	}
 	have := map[int16]bool{}
 	for _, k := range resp.ApiKeys {
 		have[k.ApiKey] = true
 		if name := kmsg.NameForKey(k.ApiKey); name == "" && k.ApiKey > 92 {
-			s.log.Info("broker advertises an API this client does not know; if it is KIP-1289's transactional "+
+			log.Info("broker advertises an API this client does not know; if it is KIP-1289's transactional "+
 				"share acknowledgement, Weir still uses its ack-log", zap.Int16("api_key", k.ApiKey))
 		}
 	}

@@ -1,0 +1,1370 @@
+package sharegroup
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/sources/sharegroup/acklog"
+)
+
+// Errors of a Session, matchable with errors.Is.
+var (
+	// ErrConflict is wrapped by Commit's error when the batch holds records
+	// that another transaction processed (or may have processed): an
+	// earlier ack marker of another producer that overlaps the batch
+	// committed, stayed open past every bound, or the session's own clock
+	// says its locks may have lapsed. The session's transaction was aborted
+	// (nothing of it becomes visible) and its records were released.
+	// Retry with a new Poll: records already processed elsewhere are then
+	// recognised and skipped. Use errors.As with *ConflictError for details.
+	ErrConflict = errors.New("sharegroup: session: records of the batch were processed by another transaction")
+	// ErrAborted is wrapped by Commit's error when the session's
+	// transaction was aborted: none of its outputs, dead letters or its ack
+	// marker ever become visible, and its records were released for
+	// redelivery. ErrConflict errors wrap it too.
+	ErrAborted = errors.New("sharegroup: session: transaction aborted")
+	// ErrOutcomeUnknown is wrapped by Commit's error when the commit request
+	// failed and the session could not learn whether the transaction
+	// committed. Its records were released: if it did commit, their
+	// redelivery is recognised through the ack marker and not processed
+	// again; if it did not, they are processed again. Exactly once holds
+	// either way; only the caller does not know which one happened.
+	ErrOutcomeUnknown = errors.New("sharegroup: session: transaction outcome unknown")
+	// ErrBatchOpen is returned by Poll while the previous batch is neither
+	// committed nor aborted: polling again would make the client accept it.
+	ErrBatchOpen = errors.New("sharegroup: session: the polled batch is still open; Commit or Abort it first")
+	// ErrNotInBatch is returned by Reject for a record that is not one of
+	// the open batch's records.
+	ErrNotInBatch = errors.New("sharegroup: session: record is not in the open batch")
+	// ErrSessionClosed is returned by every method after Close.
+	ErrSessionClosed = errors.New("sharegroup: session closed")
+)
+
+// ConflictError details an ErrConflict. It unwraps to ErrConflict and
+// ErrAborted.
+type ConflictError struct {
+	// Marker is the ack-log offset of the session's own marker, or -1 if
+	// the session declined before writing it.
+	Marker int64
+	// Earlier is the earlier overlapping marker that won (committed), or
+	// stayed open (Unresolved). Zero when Lapsed.
+	Earlier acklog.Entry
+	// Lapsed is set when the session's own clock says the batch's locks may
+	// have expired (no successful renewal within the lock duration minus
+	// the margin), or the broker refused a renewal.
+	Lapsed bool
+	// Unresolved is set when Earlier was still open after the wait bound
+	// and an attempt to abort it.
+	Unresolved bool
+}
+
+// Error implements error.
+func (e *ConflictError) Error() string {
+	switch {
+	case e.Lapsed:
+		return "sharegroup: session: conflict: the batch's record locks may have expired (no successful renewal in time); aborted"
+	case e.Unresolved:
+		return fmt.Sprintf("sharegroup: session: conflict: ack marker at %d overlaps the earlier marker at %d (producer %d, %q) "+
+			"which stayed open past the wait bound and could not be aborted; aborted",
+			e.Marker, e.Earlier.Offset, e.Earlier.Marker.ProducerID, e.Earlier.Marker.TransactionalID)
+	}
+	return fmt.Sprintf("sharegroup: session: conflict: ack marker at %d overlaps the earlier %s marker at %d (producer %d, %q): "+
+		"these records were processed there (a lock expired); aborted",
+		e.Marker, e.Earlier.Status, e.Earlier.Offset, e.Earlier.Marker.ProducerID, e.Earlier.Marker.TransactionalID)
+}
+
+// Unwrap returns ErrConflict and ErrAborted.
+func (e *ConflictError) Unwrap() []error { return []error{ErrConflict, ErrAborted} }
+
+// Session defaults.
+const (
+	// DefaultSessionMaxRecords is the default for SessionMaxRecords.
+	DefaultSessionMaxRecords = 500
+	// DefaultSessionTransactionTimeout is the default for
+	// SessionTransactionTimeout.
+	DefaultSessionTransactionTimeout = time.Minute
+	// DefaultSessionOpenMarkerWait is the default for
+	// SessionOpenMarkerWait.
+	DefaultSessionOpenMarkerWait = 10 * time.Second
+)
+
+type sessCfg struct {
+	brokers       []string
+	topics        []string
+	group         string
+	txnID         string
+	ackLogTopic   string
+	maxRecords    int
+	txnTimeout    time.Duration
+	openWait      time.Duration
+	renewEvery    time.Duration // 0: a third of the lock duration; < 0: never
+	lockMargin    time.Duration // 0: a quarter of the lock duration, at most 5s
+	resetEarliest bool
+	clientOpts    []kgo.Opt
+	logger        *zap.Logger
+}
+
+// SessionOpt configures NewSession.
+type SessionOpt func(*sessCfg)
+
+// SessionBrokers sets the seed brokers (required).
+func SessionBrokers(seeds ...string) SessionOpt {
+	return func(c *sessCfg) { c.brokers = slices.Clone(seeds) }
+}
+
+// SessionTopics sets the topics the share group reads (required; they must
+// exist).
+func SessionTopics(topics ...string) SessionOpt {
+	return func(c *sessCfg) { c.topics = slices.Clone(topics) }
+}
+
+// SessionGroup sets the share group (required).
+func SessionGroup(group string) SessionOpt { return func(c *sessCfg) { c.group = group } }
+
+// SessionTransactionalID sets the transactional.id of the session's
+// producer, overriding a random "weir-session-<hex>". Give each concurrently
+// running session its own; reusing the id of a dead session fences it and
+// aborts its open transaction at once.
+func SessionTransactionalID(id string) SessionOpt { return func(c *sessCfg) { c.txnID = id } }
+
+// SessionAckLogTopic sets the ack-log topic, overriding
+// acklog.TopicFor(group). It is created (one partition, compacted) when
+// missing. Every session and source of the group must use the same one.
+func SessionAckLogTopic(topic string) SessionOpt { return func(c *sessCfg) { c.ackLogTopic = topic } }
+
+// SessionMaxRecords sets the most records one Poll acquires, overriding
+// DefaultSessionMaxRecords. The broker clips it to
+// group.share.partition.max.record.locks.
+func SessionMaxRecords(n int) SessionOpt { return func(c *sessCfg) { c.maxRecords = n } }
+
+// SessionTransactionTimeout sets the producer's transaction timeout,
+// overriding DefaultSessionTransactionTimeout. A transaction open longer
+// (from the first Produce to Commit, waits included) is aborted by the
+// broker. It must exceed the open-marker wait.
+func SessionTransactionTimeout(d time.Duration) SessionOpt {
+	return func(c *sessCfg) { c.txnTimeout = d }
+}
+
+// SessionOpenMarkerWait bounds how long Commit waits on an earlier, still
+// open ack marker that overlaps its batch (or covers a record set aside by
+// Poll) before it aborts that stale transaction itself, overriding
+// DefaultSessionOpenMarkerWait. Aborting another transaction is always safe:
+// if it committed first, the abort fails and the commit is seen. The wait
+// renews the batch's locks.
+func SessionOpenMarkerWait(d time.Duration) SessionOpt { return func(c *sessCfg) { c.openWait = d } }
+
+// SessionRenewEvery sets how often the locks of the open batch are renewed
+// in the background (AckRenew, no poll), overriding a third of the lock
+// duration. A negative value disables renewal: a batch is then held for at
+// most one lock duration.
+func SessionRenewEvery(d time.Duration) SessionOpt { return func(c *sessCfg) { c.renewEvery = d } }
+
+// SessionLockMargin sets how close to its lock's expiry a record is treated
+// as lost, overriding a quarter of the lock duration (at most 5s): Poll
+// releases, unprocessed, records acquired with less than this left, and
+// Commit declines (ErrConflict) a batch whose locks, by the session's own
+// clock, were not renewed in time.
+func SessionLockMargin(d time.Duration) SessionOpt { return func(c *sessCfg) { c.lockMargin = d } }
+
+// SessionStartFromLatest leaves share.auto.offset.reset alone; by default
+// NewSession sets it to earliest on the group (a group-level config) so a
+// new group reads its topics from the start.
+func SessionStartFromLatest() SessionOpt { return func(c *sessCfg) { c.resetEarliest = false } }
+
+// SessionClientOpts passes options (TLS, SASL, ...) to every franz-go client
+// of the session. They must not change what is consumed or produced.
+func SessionClientOpts(opts ...kgo.Opt) SessionOpt {
+	return func(c *sessCfg) { c.clientOpts = append(c.clientOpts, opts...) }
+}
+
+// SessionLogger sets the logger, overriding a no-op logger.
+func SessionLogger(l *zap.Logger) SessionOpt { return func(c *sessCfg) { c.logger = l } }
+
+func (c *sessCfg) validate() error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: session: %s", ErrInvalidConfig, fmt.Sprintf(f, a...))
+	}
+	switch {
+	case len(c.brokers) == 0:
+		return bad("no brokers")
+	case len(c.topics) == 0:
+		return bad("no topics")
+	case c.group == "":
+		return bad("no group")
+	case c.maxRecords < 1 || c.maxRecords > 1<<30:
+		return bad("max records %d out of [1, 2^30]", c.maxRecords)
+	case c.txnTimeout <= 0:
+		return bad("transaction timeout %v <= 0", c.txnTimeout)
+	case c.openWait < 0:
+		return bad("open-marker wait %v < 0", c.openWait)
+	case c.txnTimeout <= c.openWait:
+		return bad("transaction timeout %v must exceed the open-marker wait %v", c.txnTimeout, c.openWait)
+	case c.lockMargin < 0:
+		return bad("lock margin %v < 0", c.lockMargin)
+	}
+	return nil
+}
+
+// sessAside is a redelivered record covered by a still-open ack marker.
+type sessAside struct {
+	r      *kgo.Record
+	marker int64
+}
+
+// sessBatch is what one Poll acquired and the session holds.
+type sessBatch struct {
+	recs      []*kgo.Record            // returned; in the marker
+	in        map[*kgo.Record]struct{} // recs as a set
+	reject    map[*kgo.Record]struct{} // subset of recs to REJECT
+	aside     []sessAside              // not returned; resolved by their marker
+	lockDur   time.Duration            // from the acquisition deadline at poll
+	lockUntil time.Time                // by our clock, after acquisition or the last renewal
+	renewedAt time.Time                // last renewal attempt (or the poll)
+	lost      bool                     // the broker refused a renewal
+}
+
+func (b *sessBatch) held() []*kgo.Record {
+	out := slices.Clone(b.recs)
+	for _, a := range b.aside {
+		out = append(out, a.r)
+	}
+	return out
+}
+
+// sessPoint names a place in Commit where tests may interrupt it.
+type sessPoint int
+
+const (
+	sessAfterMarker sessPoint = iota // outputs and marker flushed, conflict check passed, before EndTxn
+	sessAfterCommit                  // EndTxn committed, before the ACCEPT
+)
+
+// errSessCrashed is returned by Commit when a test hook crashed the session.
+var errSessCrashed = errors.New("sharegroup: session crashed (test hook)")
+
+// Session is a transactional share-group session for plain Go programs:
+// poll a batch of records from a share group, produce outputs into a Kafka
+// transaction, and Commit, which makes the outputs visible and acknowledges
+// (ACCEPTs) the records as one outcome. It is Weir's stand-in for KIP-1289
+// (transactional acknowledgements for share groups) without the framework:
+// Commit writes an ack marker naming the batch's offsets into the same
+// transaction, on the group's one-partition ack-log, and applies the
+// conflict rule (the first committed marker in log order wins) before it
+// commits.
+//
+// The loop:
+//
+//	for {
+//		recs, err := s.Poll(ctx)  // a batch; nil error means one is open
+//		if err != nil { ... }
+//		for _, r := range recs {
+//			s.Produce(ctx, transform(r))
+//		}
+//		if err := s.Commit(ctx); errors.Is(err, sharegroup.ErrConflict) {
+//			continue // someone else processed them; nothing of ours is visible
+//		}
+//	}
+//
+// Guarantee: each record of the group is processed by at most one
+// committed transaction, and a record is ACCEPTed only after the
+// transaction that processed it committed. A crash anywhere leaves either
+// the outputs and the marker committed (the redelivered records are then
+// recognised and ACCEPTed without being returned) or neither (the records
+// are processed again).
+//
+// Methods are safe for concurrent use but run one at a time; a background
+// goroutine renews the locks of the open batch.
+type Session struct {
+	cfg    sessCfg
+	log    *zap.Logger
+	admin  *kgo.Client // metadata, configs, raw transaction requests
+	adm    *kadm.Client
+	cons   *kgo.Client // the share consumer
+	ix     *acklog.Index
+	ctx    context.Context // background work; cancelled by Close
+	cancel context.CancelFunc
+
+	opMu   sync.Mutex // serialises the public methods
+	prod   *kgo.Client
+	inTxn  bool
+	seq    uint64
+	closed bool
+
+	pmu  sync.Mutex
+	perr error // first failed produce of the open transaction
+
+	ackMu sync.Mutex // serialises acknowledgements (renewer vs. methods)
+
+	mu      sync.Mutex // guards batch and ackErrs
+	batch   *sessBatch
+	ackErrs []error
+
+	wake chan struct{}
+	wg   sync.WaitGroup
+
+	// Tests only, set before use.
+	hook         func(sessPoint) (crash bool)
+	noLapseCheck bool
+}
+
+// NewSession validates the options, checks that the brokers speak share
+// groups (else an error wrapping ErrNoShareGroups) and that the input topics
+// exist, creates the ack-log when missing, sets share.auto.offset.reset on
+// the group (unless SessionStartFromLatest), initialises the transactional
+// producer (which aborts a transaction its transactional id left open) and
+// joins the share group.
+func NewSession(ctx context.Context, opts ...SessionOpt) (*Session, error) {
+	c := sessCfg{
+		maxRecords:    DefaultSessionMaxRecords,
+		txnTimeout:    DefaultSessionTransactionTimeout,
+		openWait:      DefaultSessionOpenMarkerWait,
+		resetEarliest: true,
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	if c.ackLogTopic == "" {
+		c.ackLogTopic = acklog.TopicFor(c.group)
+	}
+	if c.txnID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		c.txnID = "weir-session-" + hex.EncodeToString(b[:])
+	}
+	if c.logger == nil {
+		c.logger = zap.NewNop()
+	}
+	s := &Session{cfg: c, log: c.logger.With(zap.String("session", c.txnID)), wake: make(chan struct{}, 1)}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	ok := false
+	defer func() {
+		if !ok {
+			s.cancel()
+			s.closeClients()
+		}
+	}()
+
+	var err error
+	if s.admin, err = kgo.NewClient(s.baseOpts()...); err != nil {
+		return nil, fmt.Errorf("%w: session: kafka client: %w", ErrInvalidConfig, err)
+	}
+	s.adm = kadm.NewClient(s.admin)
+	if err := checkShareAPIs(ctx, s.admin, s.log); err != nil {
+		return nil, err
+	}
+	if err := s.checkTopics(ctx); err != nil {
+		return nil, err
+	}
+	if err := acklog.EnsureTopic(ctx, s.adm, c.ackLogTopic); err != nil {
+		return nil, fmt.Errorf("sharegroup: session: ack-log: %w", err)
+	}
+	if c.resetEarliest {
+		if err := SetGroupConfig(ctx, s.admin, s.cfg.group, "share.auto.offset.reset", "earliest"); err != nil {
+			return nil, err
+		}
+	}
+	if s.ix, err = acklog.NewIndex(ctx, c.brokers, c.ackLogTopic, c.clientOpts...); err != nil {
+		return nil, fmt.Errorf("sharegroup: session: ack-log index: %w", err)
+	}
+	if _, err := s.producer(ctx); err != nil {
+		return nil, err
+	}
+	s.cons, err = kgo.NewClient(append(s.baseOpts(),
+		kgo.ShareGroup(c.group),
+		kgo.ConsumeTopics(c.topics...),
+		kgo.ShareMaxRecords(int32(c.maxRecords)),
+		kgo.ShareMaxRecordsStrict(), // fetch only when polled: no stale prefetch
+		kgo.ShareAckCallback(s.onAcks),
+		kgo.ConnIdleTimeout(10*time.Minute), // an idle connection may drop held records
+		kgo.ClientID(c.txnID),
+	)...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: session: share consumer: %w", ErrInvalidConfig, err)
+	}
+	s.wg.Add(1)
+	go s.renewLoop()
+	ok = true
+	s.log.Info("share-group session open", zap.String("group", c.group), zap.Strings("topics", c.topics),
+		zap.String("ack_log", c.ackLogTopic))
+	return s, nil
+}
+
+// TransactionalID returns the transactional.id of the session's producer.
+func (s *Session) TransactionalID() string { return s.cfg.txnID }
+
+func (s *Session) baseOpts() []kgo.Opt {
+	return append(slices.Clone(s.cfg.clientOpts), kgo.SeedBrokers(s.cfg.brokers...), kgo.DisableClientMetrics())
+}
+
+// producer returns the transactional producer, making and initialising it
+// if needed (InitProducerID aborts a transaction left open by the id).
+func (s *Session) producer(ctx context.Context) (*kgo.Client, error) {
+	if s.prod != nil {
+		return s.prod, nil
+	}
+	cl, err := kgo.NewClient(append(s.baseOpts(),
+		kgo.TransactionalID(s.cfg.txnID),
+		kgo.TransactionTimeout(s.cfg.txnTimeout),
+	)...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: session: producer: %w", ErrInvalidConfig, err)
+	}
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("sharegroup: session: init producer %q: %w", s.cfg.txnID, err)
+	}
+	s.prod = cl
+	return cl, nil
+}
+
+// dropProducer closes the producer; the next one re-initialises the id,
+// which aborts whatever transaction of ours is still open.
+func (s *Session) dropProducer() {
+	if s.prod != nil {
+		s.prod.Close()
+		s.prod = nil
+	}
+	s.inTxn = false
+}
+
+func (s *Session) onProduced(r *kgo.Record, err error) {
+	if err == nil {
+		return
+	}
+	s.pmu.Lock()
+	if s.perr == nil {
+		s.perr = fmt.Errorf("sharegroup: session: produce to %s[%d]: %w", r.Topic, r.Partition, err)
+	}
+	s.pmu.Unlock()
+}
+
+func (s *Session) produceErr() error {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	return s.perr
+}
+
+func (s *Session) onAcks(_ *kgo.Client, rs kgo.ShareAckResults) {
+	for _, r := range rs {
+		if r.Err != nil {
+			s.mu.Lock()
+			s.ackErrs = append(s.ackErrs, fmt.Errorf("%s[%d]: %w", r.Topic, r.Partition, r.Err))
+			s.mu.Unlock()
+		}
+	}
+}
+
+// flushAcks flushes marked acknowledgements and returns the errors the
+// broker reported for them. s.ackMu is held.
+func (s *Session) flushAcks(ctx context.Context) ([]error, error) {
+	s.mu.Lock()
+	s.ackErrs = nil
+	s.mu.Unlock()
+	err := s.cons.FlushAcks(ctx)
+	s.mu.Lock()
+	errs := s.ackErrs
+	s.ackErrs = nil
+	s.mu.Unlock()
+	return errs, err
+}
+
+// detached returns a context that outlives ctx's cancellation, bounded by d:
+// for steps whose interruption would leave an unknown state (EndTxn, acks).
+func detached(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), d)
+}
+
+func (s *Session) margin(lockDur time.Duration) time.Duration {
+	if s.cfg.lockMargin > 0 {
+		return s.cfg.lockMargin
+	}
+	return min(5*time.Second, lockDur/4)
+}
+
+// Poll acquires a batch of records and returns those to process. A nil
+// error means a batch is open, even if no record is returned: Commit or
+// Abort it before polling again (else ErrBatchOpen). It blocks until
+// records arrive or ctx is done (then it returns ctx's error and no batch).
+//
+// Redelivered records (DeliveryCount() > 1) are looked up in the ack-log,
+// caught up to its end: covered by a committed marker, they were processed
+// and their outputs committed, so they are ACCEPTed and not returned;
+// covered by a still-open marker, they are set aside (held, not returned)
+// and resolved by Commit or Abort: ACCEPTed if that marker committed,
+// RELEASEd otherwise (Commit first waits for the marker, as for a conflict).
+// Records whose lock has less than the lock margin left are RELEASEd
+// unprocessed.
+func (s *Session) Poll(ctx context.Context) ([]*kgo.Record, error) {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if s.closed {
+		return nil, ErrSessionClosed
+	}
+	s.mu.Lock()
+	open := s.batch != nil
+	s.mu.Unlock()
+	if open {
+		return nil, ErrBatchOpen
+	}
+	for {
+		fs := s.cons.PollRecords(ctx, s.cfg.maxRecords)
+		if fs.IsClientClosed() {
+			return nil, ErrSessionClosed
+		}
+		var recs []*kgo.Record
+		var ferr error
+		fs.EachError(func(t string, p int32, err error) {
+			if ferr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				ferr = fmt.Errorf("sharegroup: session: fetch %s[%d]: %w", t, p, err)
+			}
+		})
+		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+		if len(recs) == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("sharegroup: session: poll: %w", err)
+			}
+			if ferr != nil {
+				return nil, ferr
+			}
+			continue
+		}
+		if ferr != nil {
+			s.log.Warn("share fetch error", zap.Error(ferr))
+		}
+		b, err := s.admit(ctx, recs)
+		if err != nil {
+			return nil, err
+		}
+		if len(b.recs) == 0 && len(b.aside) == 0 {
+			continue // everything was already processed or released
+		}
+		s.mu.Lock()
+		s.batch = b
+		s.mu.Unlock()
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+		return slices.Clone(b.recs), nil
+	}
+}
+
+// admit sorts a fresh batch: already processed (ACCEPT now), covered by an
+// open marker (set aside), lock nearly expired (RELEASE now), or returned.
+func (s *Session) admit(ctx context.Context, recs []*kgo.Record) (*sessBatch, error) {
+	now := time.Now()
+	b := &sessBatch{in: make(map[*kgo.Record]struct{}), reject: make(map[*kgo.Record]struct{}), renewedAt: now}
+	for _, r := range recs {
+		if dl := r.AcquisitionDeadline(); !dl.IsZero() && (b.lockUntil.IsZero() || dl.Before(b.lockUntil)) {
+			b.lockUntil = dl
+		}
+	}
+	if !b.lockUntil.IsZero() {
+		b.lockDur = b.lockUntil.Sub(now)
+	}
+	margin := s.margin(b.lockDur)
+	if slices.ContainsFunc(recs, func(r *kgo.Record) bool { return r.DeliveryCount() > 1 }) {
+		if err := s.ix.CatchUpToEnd(ctx); err != nil {
+			s.ackNow(ctx, kgo.AckRelease, recs)
+			return nil, fmt.Errorf("sharegroup: session: ack-log: %w", err)
+		}
+	}
+	var accept, release []*kgo.Record
+	for _, r := range recs {
+		if dl := r.AcquisitionDeadline(); !dl.IsZero() && dl.Sub(now) < margin {
+			release = append(release, r)
+			continue
+		}
+		if r.DeliveryCount() > 1 {
+			tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+			if e, ok := s.ix.Lookup(tp, r.Offset); ok {
+				if e.Status == acklog.Committed {
+					accept = append(accept, r)
+				} else {
+					b.aside = append(b.aside, sessAside{r: r, marker: e.Offset})
+				}
+				continue
+			}
+		}
+		b.recs = append(b.recs, r)
+		b.in[r] = struct{}{}
+	}
+	if len(release) > 0 {
+		s.log.Info("releasing records whose lock was too close to expiry to process", zap.Int("records", len(release)))
+		s.ackNow(ctx, kgo.AckRelease, release)
+	}
+	if len(accept) > 0 {
+		s.log.Debug("accepting redelivered records already processed by a committed transaction", zap.Int("records", len(accept)))
+		s.ackNow(ctx, kgo.AckAccept, accept)
+	}
+	return b, nil
+}
+
+// ackNow acknowledges records at once. A failure only means they come
+// back: they are then judged again.
+func (s *Session) ackNow(ctx context.Context, st kgo.AckStatus, recs []*kgo.Record) {
+	s.ackMu.Lock()
+	defer s.ackMu.Unlock()
+	s.cons.MarkAcks(st, recs...)
+	fctx, cancel := detached(ctx, 10*time.Second)
+	defer cancel()
+	if errs, err := s.flushAcks(fctx); err != nil || len(errs) > 0 {
+		s.log.Warn("acknowledging records failed; they will be redelivered", zap.Stringer("ack", st),
+			zap.Error(errors.Join(append(errs, err)...)))
+	}
+}
+
+// Produce produces r asynchronously into the session's transaction,
+// beginning one if none is open. A failed produce is returned by the next
+// Produce and makes Commit abort. As in kgo, ctx bounds the wait for buffer
+// space and a record whose ctx is cancelled before it is sent fails: keep
+// ctx alive until Commit.
+func (s *Session) Produce(ctx context.Context, r *kgo.Record) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if s.closed {
+		return ErrSessionClosed
+	}
+	return s.produce(ctx, r)
+}
+
+func (s *Session) produce(ctx context.Context, r *kgo.Record) error {
+	if err := s.produceErr(); err != nil {
+		return err
+	}
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	s.prod.Produce(ctx, r, s.onProduced)
+	return nil
+}
+
+func (s *Session) begin(ctx context.Context) error {
+	if s.inTxn {
+		return nil
+	}
+	cl, err := s.producer(ctx)
+	if err != nil {
+		return err
+	}
+	if err := cl.BeginTransaction(); err != nil {
+		s.dropProducer()
+		return fmt.Errorf("sharegroup: session: begin transaction: %w", err)
+	}
+	s.pmu.Lock()
+	s.perr = nil
+	s.pmu.Unlock()
+	s.inTxn = true
+	return nil
+}
+
+// Reject marks r, a record of the open batch, as poison: Commit REJECTs it
+// (the broker archives it, never to redeliver it) instead of ACCEPTing it,
+// in the same outcome as the transaction. If dlqTopic is not empty, r is
+// copied there inside the transaction, with the headers weir.error (reason),
+// weir.delivery.count, weir.source.topic, weir.source.partition and
+// weir.source.offset. Abort forgets the mark.
+func (s *Session) Reject(ctx context.Context, r *kgo.Record, reason error, dlqTopic string) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if s.closed {
+		return ErrSessionClosed
+	}
+	s.mu.Lock()
+	b := s.batch
+	var ok bool
+	if b != nil {
+		_, ok = b.in[r]
+	}
+	s.mu.Unlock()
+	if !ok {
+		return ErrNotInBatch
+	}
+	if dlqTopic != "" {
+		why := "rejected"
+		if reason != nil {
+			why = reason.Error()
+		}
+		d := deadLetterRecord(r, dlqTopic, why)
+		if err := s.produce(ctx, d); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	b.reject[r] = struct{}{}
+	s.mu.Unlock()
+	return nil
+}
+
+// Commit ends the session's transaction and batch as one outcome:
+//
+//  1. If the batch's locks may have lapsed by the session's own clock
+//     (or the broker refused a renewal), it aborts (ErrConflict).
+//  2. It waits for the markers of records Poll set aside (bounded, see
+//     SessionOpenMarkerWait).
+//  3. It flushes the outputs, then produces the ack marker for the batch's
+//     records into the same transaction and flushes it.
+//  4. Conflict check: it reads the ack-log up to its marker; an earlier
+//     marker of another producer overlapping the batch that committed
+//     means these records were processed there: it aborts its own
+//     transaction and returns an error wrapping ErrConflict. An earlier
+//     one still open is waited for (renewing the locks), up to the
+//     open-marker wait; then that stale transaction is aborted and the
+//     check repeated.
+//  5. It commits the transaction (EndTxn), then ACCEPTs the records (and
+//     REJECTs those marked with Reject).
+//
+// On nil the outputs are visible (read_committed) and the records
+// acknowledged. On an error wrapping ErrAborted (ErrConflict included)
+// nothing of the transaction becomes visible and the records were
+// released; on ErrOutcomeUnknown see there. Either way the batch is closed
+// and Poll may be called again. Without a batch Commit just commits what
+// was produced; with nothing at all it does nothing.
+func (s *Session) Commit(ctx context.Context) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if s.closed {
+		return ErrSessionClosed
+	}
+	s.mu.Lock()
+	b := s.batch
+	s.mu.Unlock()
+	if b == nil && !s.inTxn {
+		return nil
+	}
+	if b != nil && len(b.recs) > 0 && s.lapsed(b) {
+		return s.fail(ctx, b, &ConflictError{Marker: -1, Lapsed: true})
+	}
+	if b != nil && len(b.aside) > 0 {
+		if err := s.awaitAside(ctx, b); err != nil {
+			return s.fail(ctx, b, err)
+		}
+	}
+	var own acklog.Entry
+	hasMarker := b != nil && len(b.recs) > 0
+	if s.inTxn {
+		if err := s.prod.Flush(ctx); err != nil {
+			return s.fail(ctx, b, fmt.Errorf("%w: flush outputs: %w", ErrAborted, err))
+		}
+		if err := s.produceErr(); err != nil {
+			return s.fail(ctx, b, fmt.Errorf("%w: %w", ErrAborted, err))
+		}
+	}
+	if hasMarker {
+		var err error
+		if own, err = s.writeMarker(ctx, b); err != nil {
+			return s.fail(ctx, b, fmt.Errorf("%w: %w", ErrAborted, err))
+		}
+		if err := s.checkConflicts(ctx, own); err != nil {
+			return s.fail(ctx, b, err)
+		}
+		// The waits may have outlasted a lock whose renewal failed.
+		if s.lapsed(b) {
+			return s.fail(ctx, b, &ConflictError{Marker: own.Offset, Lapsed: true})
+		}
+	}
+	if s.crashAt(sessAfterMarker) {
+		return errSessCrashed
+	}
+	if s.inTxn {
+		if err := s.commitTxn(ctx, own, hasMarker); err != nil {
+			return s.fail(ctx, b, err)
+		}
+	}
+	if s.crashAt(sessAfterCommit) {
+		return errSessCrashed
+	}
+	if b != nil {
+		ok := true
+		if hasMarker {
+			ok = s.markerCommitted(ctx, own.Offset)
+		}
+		s.finish(ctx, b, ok)
+	}
+	return nil
+}
+
+// lapsed reports whether the batch's locks may have expired.
+func (s *Session) lapsed(b *sessBatch) bool {
+	if s.noLapseCheck {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b.lost {
+		return true
+	}
+	return !b.lockUntil.IsZero() && time.Now().After(b.lockUntil.Add(-s.margin(b.lockDur)))
+}
+
+// writeMarker produces the batch's ack marker into the open transaction
+// and returns it as an Open entry at its ack-log offset.
+func (s *Session) writeMarker(ctx context.Context, b *sessBatch) (acklog.Entry, error) {
+	if err := s.begin(ctx); err != nil {
+		return acklog.Entry{}, err
+	}
+	pid, _, err := s.prod.ProducerID(ctx)
+	if err != nil {
+		return acklog.Entry{}, fmt.Errorf("producer id: %w", err)
+	}
+	offsets := make(map[acklog.TopicPartition][]int64)
+	for _, r := range b.recs {
+		tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+		offsets[tp] = append(offsets[tp], r.Offset)
+	}
+	s.seq++
+	m := acklog.Marker{
+		Group:           s.cfg.group,
+		Member:          s.cfg.txnID,
+		Checkpoint:      s.seq,
+		TransactionalID: s.cfg.txnID,
+		ProducerID:      pid,
+		Ranges:          acklog.RangesOf(offsets),
+		CreatedAt:       time.Now(),
+	}
+	rec := m.Record(s.cfg.ackLogTopic)
+	if err := s.prod.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		return acklog.Entry{}, fmt.Errorf("write ack marker: %w", err)
+	}
+	return acklog.Entry{Marker: m, Offset: rec.Offset, Status: acklog.Open}, nil
+}
+
+// checkConflicts runs the conflict check for the session's marker own.
+func (s *Session) checkConflicts(ctx context.Context, own acklog.Entry) error {
+	if err := s.ix.CatchUp(ctx, own.Offset+1); err != nil {
+		return fmt.Errorf("%w: ack-log: %w", ErrAborted, err)
+	}
+	var winner *acklog.Entry
+	unresolved, err := s.await(ctx, func() ([]acklog.Entry, bool) {
+		var open []acklog.Entry
+		for _, c := range s.ix.Conflicts(own) {
+			if c.Status == acklog.Committed {
+				winner = &c
+				return nil, true
+			}
+			open = append(open, c)
+		}
+		return open, false
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: conflict check: %w", ErrAborted, err)
+	case winner != nil:
+		return &ConflictError{Marker: own.Offset, Earlier: *winner}
+	case len(unresolved) > 0:
+		return &ConflictError{Marker: own.Offset, Earlier: unresolved[0], Unresolved: true}
+	}
+	return nil
+}
+
+// awaitAside waits for the open markers covering set-aside records. A
+// marker that stays open is aborted; one that cannot be is left to Commit's
+// outcome (its records are released).
+func (s *Session) awaitAside(ctx context.Context, b *sessBatch) error {
+	_, err := s.await(ctx, func() ([]acklog.Entry, bool) {
+		var open []acklog.Entry
+		seen := make(map[int64]bool)
+		for _, a := range b.aside {
+			if e, ok := s.ix.Status(a.marker); ok && e.Status == acklog.Open && !seen[a.marker] {
+				seen[a.marker] = true
+				open = append(open, e)
+			}
+		}
+		return open, false
+	})
+	if err != nil {
+		return fmt.Errorf("%w: waiting for the markers of set-aside records: %w", ErrAborted, err)
+	}
+	return nil
+}
+
+// await catches the index up and calls pending until it reports nothing
+// open or stop. After the open-marker wait it aborts the transactions of
+// the markers still open, and waits as long again for the index to see
+// it; what is still open then is returned.
+func (s *Session) await(ctx context.Context, pending func() (open []acklog.Entry, stop bool)) ([]acklog.Entry, error) {
+	deadline := time.Now().Add(s.cfg.openWait)
+	aborted, logged := false, false
+	backoff := 10 * time.Millisecond
+	for {
+		open, stop := pending()
+		if stop || len(open) == 0 {
+			return nil, nil
+		}
+		if !logged {
+			logged = true
+			s.log.Info("waiting for an earlier ack marker's transaction to end", zap.Int64("marker", open[0].Offset),
+				zap.String("txn", open[0].Marker.TransactionalID), zap.Int("open_markers", len(open)),
+				zap.Duration("bound", s.cfg.openWait))
+		}
+		if time.Now().After(deadline) {
+			if aborted {
+				return open, nil
+			}
+			for _, e := range open {
+				s.abortStale(ctx, e)
+			}
+			aborted = true
+			deadline = time.Now().Add(max(s.cfg.openWait, time.Second))
+		} else {
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			case <-t.C:
+			}
+			backoff = min(2*backoff, 200*time.Millisecond)
+		}
+		if err := s.ix.CatchUpToEnd(ctx); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// abortStale aborts the transaction of an open marker that outstayed the
+// wait, with a raw EndTxn carrying the marker's transactional id and
+// producer id and the epoch the coordinator reports. If that transaction
+// committed or ended meanwhile, the request fails (or finds nothing to
+// abort) and the index shows the outcome: the abort is always safe.
+func (s *Session) abortStale(ctx context.Context, e acklog.Entry) {
+	id := e.Marker.TransactionalID
+	log := s.log.With(zap.Int64("marker", e.Offset), zap.String("txn", id), zap.Int64("producer_id", e.Marker.ProducerID))
+	if id == "" {
+		log.Warn("an earlier overlapping ack marker stays open and names no transactional id; cannot abort it")
+		return
+	}
+	ds, err := s.adm.DescribeTransactions(ctx, id)
+	var d kadm.DescribedTransaction
+	if err == nil {
+		var ok bool
+		if d, ok = ds[id]; !ok {
+			err = errors.New("not in the response")
+		} else {
+			err = d.Err
+		}
+	}
+	if err != nil {
+		log.Warn("describing the transaction of a stale ack marker failed", zap.Error(err))
+		return
+	}
+	if d.State != "Ongoing" || (e.Marker.ProducerID != 0 && d.ProducerID != e.Marker.ProducerID) {
+		log.Info("the transaction of a stale ack marker already ended", zap.String("state", d.State))
+		return
+	}
+	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		req := kmsg.NewPtrEndTxnRequest()
+		req.TransactionalID = id
+		req.ProducerID = d.ProducerID
+		req.ProducerEpoch = d.ProducerEpoch
+		req.Commit = false
+		resp, err := req.RequestWith(ctx, s.admin)
+		if err == nil {
+			err = kerr.ErrorForCode(resp.ErrorCode)
+		}
+		switch {
+		case err == nil:
+			log.Warn("aborted the stale transaction of an earlier overlapping ack marker",
+				zap.Int16("epoch", d.ProducerEpoch), zap.Duration("waited", s.cfg.openWait))
+			return
+		case errors.Is(err, kerr.ConcurrentTransactions) && ctx.Err() == nil:
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		default:
+			log.Info("aborting the transaction of a stale ack marker failed (it may have ended)", zap.Error(err))
+			return
+		}
+	}
+}
+
+// commitTxn commits the open transaction with a raw EndTxn carrying the
+// producer's id and epoch (kgo's EndTransaction may turn a commit into an
+// abort on its own), then brings the kgo client up to date. On failure
+// the transaction is settled (the producer is re-initialised, which aborts
+// it if still open) and the error says what became of it.
+func (s *Session) commitTxn(ctx context.Context, own acklog.Entry, hasMarker bool) error {
+	dctx, cancel := detached(ctx, 30*time.Second)
+	defer cancel()
+	pid, epoch, err := s.prod.ProducerID(dctx)
+	if err == nil {
+		err = s.endTxn(dctx, pid, epoch, true)
+	}
+	if err == nil {
+		s.syncProducer(dctx, pid, epoch, kgo.TryCommit)
+		return nil
+	}
+	known := errors.Is(err, kerr.InvalidTxnState) || errors.Is(err, kerr.ProducerFenced) ||
+		errors.Is(err, kerr.InvalidProducerEpoch) || errors.Is(err, kerr.InvalidProducerIDMapping)
+	s.dropProducer()
+	_, perr := s.producer(dctx) // settles the transaction: aborts it if still open
+	if hasMarker {
+		if e, ok := s.markerStatus(dctx, own.Offset); ok {
+			switch e.Status {
+			case acklog.Committed:
+				s.log.Warn("commit request failed but the transaction committed", zap.Error(err))
+				return nil
+			case acklog.Aborted:
+				return fmt.Errorf("%w: commit: %w", ErrAborted, err)
+			}
+		}
+	}
+	if known && perr == nil {
+		return fmt.Errorf("%w: commit: %w", ErrAborted, err)
+	}
+	return fmt.Errorf("%w: commit: %w", ErrOutcomeUnknown, errors.Join(err, perr))
+}
+
+// endTxn sends a raw EndTxn, retrying CONCURRENT_TRANSACTIONS.
+func (s *Session) endTxn(ctx context.Context, pid int64, epoch int16, commit bool) error {
+	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		req := kmsg.NewPtrEndTxnRequest()
+		req.TransactionalID = s.cfg.txnID
+		req.ProducerID = pid
+		req.ProducerEpoch = epoch
+		req.Commit = commit
+		resp, err := req.RequestWith(ctx, s.admin)
+		if err != nil {
+			return err
+		}
+		err = kerr.ErrorForCode(resp.ErrorCode)
+		if !errors.Is(err, kerr.ConcurrentTransactions) {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// syncProducer repeats the end through kgo after a raw EndTxn, which the
+// broker answers as a retry; if the client did not move past the ended
+// epoch, it is replaced.
+func (s *Session) syncProducer(ctx context.Context, pid int64, epoch int16, how kgo.TransactionEndTry) {
+	s.inTxn = false
+	if err := s.prod.EndTransaction(ctx, how); err == nil {
+		if p, e, err := s.prod.ProducerID(ctx); err == nil && (p != pid || e > epoch) {
+			return
+		}
+	}
+	s.log.Debug("replacing the producer after EndTxn")
+	s.dropProducer()
+}
+
+// abortTxn aborts the open transaction; if kgo cannot, the producer is
+// dropped, and re-initialising its id aborts the transaction.
+func (s *Session) abortTxn(ctx context.Context) {
+	if !s.inTxn {
+		return
+	}
+	dctx, cancel := detached(ctx, 30*time.Second)
+	defer cancel()
+	err := s.prod.AbortBufferedRecords(dctx)
+	if err == nil {
+		err = s.prod.EndTransaction(dctx, kgo.TryAbort)
+	}
+	s.inTxn = false
+	if err != nil {
+		s.log.Info("abort through the client failed; re-initialising the producer aborts the transaction", zap.Error(err))
+		s.dropProducer()
+		if _, err := s.producer(dctx); err != nil {
+			s.log.Warn("re-initialising the producer failed; the transaction stays open until its timeout, "+
+				"then aborts (it can never commit)", zap.Error(err))
+		}
+	}
+	s.pmu.Lock()
+	s.perr = nil
+	s.pmu.Unlock()
+}
+
+// fail aborts the transaction, releases the batch and returns cause.
+func (s *Session) fail(ctx context.Context, b *sessBatch, cause error) error {
+	s.abortTxn(ctx)
+	if b != nil {
+		s.finish(ctx, b, false)
+	}
+	var ce *ConflictError
+	if errors.As(cause, &ce) {
+		s.log.Warn("commit declined", zap.Error(cause))
+	}
+	return cause
+}
+
+// markerStatus catches the index up and returns the status of the marker
+// at offset.
+func (s *Session) markerStatus(ctx context.Context, offset int64) (acklog.Entry, bool) {
+	if err := s.ix.CatchUpToEnd(ctx); err != nil {
+		s.log.Warn("reading the ack-log failed", zap.Error(err))
+		return acklog.Entry{}, false
+	}
+	return s.ix.Status(offset)
+}
+
+// markerCommitted double-checks, before ACCEPTing, that the marker
+// committed. If that cannot be confirmed the records are released instead:
+// redelivered, they are judged by the marker.
+func (s *Session) markerCommitted(ctx context.Context, offset int64) bool {
+	dctx, cancel := detached(ctx, 10*time.Second)
+	defer cancel()
+	e, ok := s.markerStatus(dctx, offset)
+	if ok && e.Status == acklog.Committed {
+		return true
+	}
+	s.log.Error("committed transaction's ack marker is not seen committed; releasing its records instead of accepting them",
+		zap.Int64("marker", offset), zap.Bool("found", ok), zap.Stringer("status", e.Status))
+	return false
+}
+
+// finish acknowledges and closes the batch: on success ACCEPT (REJECT the
+// rejected), otherwise RELEASE; set-aside records by their marker's
+// outcome.
+func (s *Session) finish(ctx context.Context, b *sessBatch, success bool) {
+	dctx, cancel := detached(ctx, 10*time.Second)
+	defer cancel()
+	var asideSt map[int64]kgo.AckStatus
+	if len(b.aside) > 0 {
+		asideSt = make(map[int64]kgo.AckStatus)
+		if err := s.ix.CatchUpToEnd(dctx); err != nil {
+			s.log.Warn("reading the ack-log failed; releasing set-aside records", zap.Error(err))
+		}
+		for _, a := range b.aside {
+			st := kgo.AckRelease
+			if e, ok := s.ix.Status(a.marker); ok && e.Status == acklog.Committed {
+				st = kgo.AckAccept
+			}
+			asideSt[a.marker] = st
+		}
+	}
+	s.ackMu.Lock()
+	s.mu.Lock()
+	var accept, reject []*kgo.Record
+	for _, r := range b.recs {
+		if _, rej := b.reject[r]; rej {
+			reject = append(reject, r)
+		} else {
+			accept = append(accept, r)
+		}
+	}
+	s.mu.Unlock()
+	if success {
+		if len(accept) > 0 {
+			s.cons.MarkAcks(kgo.AckAccept, accept...)
+		}
+		if len(reject) > 0 {
+			s.cons.MarkAcks(kgo.AckReject, reject...)
+		}
+	} else if len(b.recs) > 0 {
+		s.cons.MarkAcks(kgo.AckRelease, b.recs...)
+	}
+	for _, a := range b.aside {
+		s.cons.MarkAcks(asideSt[a.marker], a.r)
+	}
+	errs, err := s.flushAcks(dctx)
+	s.ackMu.Unlock()
+	if err != nil || len(errs) > 0 {
+		s.log.Warn("acknowledging the batch failed; its records will be redelivered and judged by the ack-log",
+			zap.Bool("committed", success), zap.Error(errors.Join(append(errs, err)...)))
+	}
+	s.mu.Lock()
+	if s.batch == b {
+		s.batch = nil
+	}
+	s.mu.Unlock()
+}
+
+// Abort aborts the session's transaction (none of its outputs becomes
+// visible) and RELEASEs the batch's records, which the broker redelivers at
+// once; set-aside records are ACCEPTed if their marker committed by now,
+// else RELEASEd, without waiting.
+func (s *Session) Abort(ctx context.Context) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if s.closed {
+		return ErrSessionClosed
+	}
+	s.abortTxn(ctx)
+	s.mu.Lock()
+	b := s.batch
+	s.mu.Unlock()
+	if b != nil {
+		s.finish(ctx, b, false)
+	}
+	return nil
+}
+
+// Close aborts the open transaction, releases the open batch and closes
+// every client. It waits for a method in progress to return. Later calls
+// return nil.
+func (s *Session) Close() error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if s.closed {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s.abortTxn(ctx)
+	s.mu.Lock()
+	b := s.batch
+	s.mu.Unlock()
+	if b != nil {
+		s.finish(ctx, b, false)
+	}
+	s.shutdown()
+	s.log.Info("share-group session closed")
+	return nil
+}
+
+// shutdown stops the renewer and closes every client, without acknowledging
+// or ending anything. s.opMu is held.
+func (s *Session) shutdown() {
+	s.closed = true
+	s.cancel()
+	s.wg.Wait()
+	s.closeClients()
+}
+
+func (s *Session) closeClients() {
+	if s.cons != nil {
+		s.cons.Close() // releases whatever is still held
+	}
+	if s.prod != nil {
+		s.prod.Close()
+		s.prod = nil
+	}
+	if s.ix != nil {
+		s.ix.Close()
+	}
+	if s.admin != nil {
+		s.admin.Close()
+	}
+}
+
+// crashAt lets a test crash the session at p: every client is closed with
+// no EndTxn and no acknowledgement, as if the process died (the share
+// consumer's close still releases its records at once, as the broker does
+// when a consumer's connection drops). s.opMu is held.
+func (s *Session) crashAt(p sessPoint) bool {
+	if s.hook == nil || !s.hook(p) {
+		return false
+	}
+	s.shutdown()
+	return true
+}
+
+// renewLoop renews the open batch's locks when due, without polling.
+func (s *Session) renewLoop() {
+	defer s.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		t.Reset(s.untilRenew(time.Now()))
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.wake:
+		case <-t.C:
+			s.renew()
+		}
+	}
+}
+
+// renewEvery returns the renewal period for a batch (0: never).
+func (s *Session) renewEvery(b *sessBatch) time.Duration {
+	switch {
+	case s.cfg.renewEvery < 0:
+		return 0
+	case s.cfg.renewEvery > 0:
+		return s.cfg.renewEvery
+	case b.lockDur > 0:
+		return max(b.lockDur/3, 10*time.Millisecond)
+	}
+	return 10 * time.Second
+}
+
+func (s *Session) untilRenew(now time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.batch
+	if b == nil {
+		return time.Hour
+	}
+	every := s.renewEvery(b)
+	if every == 0 {
+		return time.Hour
+	}
+	return max(b.renewedAt.Add(every).Sub(now), time.Millisecond)
+}
+
+// renew extends the locks of every record the open batch holds.
+func (s *Session) renew() {
+	s.ackMu.Lock()
+	defer s.ackMu.Unlock()
+	now := time.Now()
+	s.mu.Lock()
+	b := s.batch
+	if b == nil || s.renewEvery(b) == 0 || now.Before(b.renewedAt.Add(s.renewEvery(b))) {
+		s.mu.Unlock()
+		return
+	}
+	b.renewedAt = now
+	held := b.held()
+	s.mu.Unlock()
+	for _, r := range held {
+		r.Ack(kgo.AckRenew)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, max(b.lockDur/2, time.Second))
+	errs, err := s.flushAcks(ctx)
+	cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case len(errs) > 0:
+		b.lost = true
+		s.log.Warn("the broker refused to renew held records; the batch's locks are lost", zap.Error(errors.Join(errs...)))
+	case err != nil:
+		s.log.Warn("renewing held records did not complete", zap.Error(err))
+	default:
+		b.lockUntil = now.Add(b.lockDur)
+	}
+}
+
+// checkTopics fails when an input topic does not exist.
+func (s *Session) checkTopics(ctx context.Context) error {
+	tds, err := s.adm.ListTopics(ctx, s.cfg.topics...)
+	if err != nil {
+		return fmt.Errorf("sharegroup: session: describe input topics: %w", err)
+	}
+	for _, t := range s.cfg.topics {
+		td, ok := tds[t]
+		switch {
+		case !ok:
+			return fmt.Errorf("sharegroup: session: input topic %q: %w", t, kerr.UnknownTopicOrPartition)
+		case td.Err != nil:
+			return fmt.Errorf("sharegroup: session: input topic %q: %w", t, td.Err)
+		}
+	}
+	return nil
+}
