@@ -222,6 +222,33 @@ func (w *TxnWriter) fail(err error) error {
 	return err
 }
 
+// Current begins the epoch's transaction if none is open and returns its
+// transactional id, producer id and epoch: what a record written into the
+// transaction needs to name it (an ack marker, so that others can match and,
+// if stale, abort it). Exactly once only.
+func (w *TxnWriter) Current(ctx context.Context) (checkpoint.TxnHandle, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.usable(); err != nil {
+		return checkpoint.TxnHandle{}, err
+	}
+	if w.cfg.guarantee != ExactlyOnce {
+		return checkpoint.TxnHandle{}, fmt.Errorf("%w: no transaction without exactly-once", ErrInvalidConfig)
+	}
+	if w.cur == nil {
+		s, err := w.begin(ctx)
+		if err != nil {
+			return checkpoint.TxnHandle{}, err
+		}
+		w.cur = s
+	}
+	pid, epoch, err := w.cur.cl.ProducerID(ctx)
+	if err != nil {
+		return checkpoint.TxnHandle{}, fmt.Errorf("kafka sink: producer id of %s: %w", w.cur.txnID, err)
+	}
+	return checkpoint.TxnHandle{TransactionalID: w.cur.txnID, ProducerID: pid, Epoch: epoch}, nil
+}
+
 // Write produces r asynchronously into the current transaction (exactly
 // once) or directly. A produce failure is remembered and returned by later
 // Write and PreCommit calls: the epoch can then only be rolled back. ctx

@@ -497,8 +497,12 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 		}
 	}
 	if len(offsets) > 0 {
-		m := acklog.Marker{Group: s.cfg.group, Member: s.member, Checkpoint: uint64(id),
-			Ranges: acklog.RangesOf(offsets), CreatedAt: now}
+		cur, err := s.txn.Current(ctx)
+		if err != nil {
+			return runtime.OperatorState{}, fmt.Errorf("sharegroup: ack-marker transaction: %w", err)
+		}
+		m := acklog.Marker{Group: s.cfg.group, Member: s.member, Checkpoint: uint64(id), TransactionalID: cur.TransactionalID,
+			ProducerID: cur.ProducerID, Ranges: acklog.RangesOf(offsets), CreatedAt: now}
 		rec := m.Record(s.cfg.ackLogTopic)
 		if err := s.txn.Write(ctx, rec); err != nil {
 			return runtime.OperatorState{}, fmt.Errorf("sharegroup: write ack marker: %w", err)
@@ -506,7 +510,6 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 		if err := s.txn.Flush(ctx); err != nil {
 			return runtime.OperatorState{}, fmt.Errorf("sharegroup: flush ack marker: %w", err)
 		}
-		m.ProducerID = rec.ProducerID
 		if err := s.ix.CatchUp(ctx, rec.Offset+1); err != nil {
 			return runtime.OperatorState{}, fmt.Errorf("sharegroup: ack-log: %w", err)
 		}

@@ -199,6 +199,20 @@ func TestRedeliveryAfterCommitIsAcceptedNotEmitted(t *testing.T) {
 	// ACCEPT: the marker transaction is committed on restore instead.
 	a.Close()
 	b := openSource(t, env, 0, st.Handles)
+	// The marker names its transaction, so others can match it (and, if
+	// stale, abort it).
+	logged := env.ReadCommitted(t, acklog.TopicFor("g"))
+	if len(logged) != 1 || len(st.Handles) != 1 {
+		t.Fatalf("ack-log holds %d committed markers for %d handles, want 1 and 1", len(logged), len(st.Handles))
+	}
+	m, err := acklog.Decode(logged[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := st.Handles[0]; m.TransactionalID != h.TransactionalID || m.ProducerID != h.ProducerID || m.Checkpoint != 1 {
+		t.Fatalf("marker names %s/%d checkpoint %d, want %s/%d checkpoint 1", m.TransactionalID, m.ProducerID, m.Checkpoint,
+			h.TransactionalID, h.ProducerID)
+	}
 	if got := pollFor(t, b, 1, 3*time.Second); len(got) != 0 {
 		t.Fatalf("records covered by a committed marker were emitted again: %v", got)
 	}
