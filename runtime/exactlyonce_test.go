@@ -25,7 +25,7 @@ func seqJob(src func() Source[seqRec], viol *violations, txns *memTxns, sinkFP f
 
 func TestExactlyOnceStateAndOutputUnderRandomFailures(t *testing.T) {
 	const keys, n = 20, 300
-	seeds := 12
+	seeds := 40
 	if testing.Short() {
 		seeds = 4
 	}

@@ -4,7 +4,10 @@
 // written into the checkpoint's Kafka transaction (the ack-log), the conflict
 // check (the first committed marker in log order wins) declines a checkpoint
 // that holds records someone else processed, and the records are ACCEPTed
-// after the commit or RELEASEd on abort. It also offers at-least-once.
+// after the commit or RELEASEd on abort. It also offers at-least-once and
+// implicit (at-most-once) acknowledgement, and Session, the same
+// transactional acknowledgement for plain Go programs without the framework.
+// The ack-log itself (markers, index, conflict check) is package acklog.
 //
 // It is written like user code: against runtime's operator API and
 // checkpoint's listener contracts only. It must not import jobmanager or
