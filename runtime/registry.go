@@ -36,6 +36,27 @@ type JobType struct {
 // Params are a job's parameters (string values, as given with --set).
 type Params map[string]string
 
+// ParamParallelism is the reserved parameter carrying the job's default
+// parallelism (streamctl submit --parallelism); a JobType need not declare
+// it and passes p.JobOpts() to NewJob.
+const ParamParallelism = "parallelism"
+
+// JobOpts returns the job options the reserved parameters ask for.
+func (p Params) JobOpts() ([]JobOpt, error) {
+	v, ok := p[ParamParallelism]
+	if !ok || v == "" {
+		return nil, nil
+	}
+	n, err := p.Int(ParamParallelism)
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("%w: %s=%d must be at least 1", ErrBadParam, ParamParallelism, n)
+	}
+	return []JobOpt{DefaultParallelism(n)}, nil
+}
+
 // String returns the parameter's value.
 func (p Params) String(name string) string { return p[name] }
 
@@ -119,7 +140,7 @@ func (r *Registry) Build(name string, params map[string]string) (*Job, error) {
 		p[s.Name] = s.Default
 	}
 	for k, v := range params {
-		if !known[k] {
+		if !known[k] && k != ParamParallelism {
 			return nil, fmt.Errorf("%w: job %q has no parameter %q", ErrBadParam, name, k)
 		}
 		p[k] = v

@@ -17,6 +17,9 @@ func TestRegistryBuildsFromNameAndParams(t *testing.T) {
 			if _, err := p.OneOf("mode", "a", "b"); err != nil {
 				return nil, err
 			}
+			if _, err := p.JobOpts(); err != nil {
+				return nil, err
+			}
 			return NewJob("seq"), nil
 		}})
 	if err != nil {
@@ -41,6 +44,7 @@ func TestRegistryBuildsFromNameAndParams(t *testing.T) {
 		{"unknown param", "seq", map[string]string{"typo": "1"}, ErrBadParam},
 		{"bad int", "seq", map[string]string{"n": "x"}, ErrBadParam},
 		{"bad choice", "seq", map[string]string{"mode": "c"}, ErrBadParam},
+		{"bad parallelism", "seq", map[string]string{"parallelism": "0"}, ErrBadParam},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -75,7 +75,11 @@ func BuildWith(p runtime.Params, srcOpts ...sharegroup.Opt) (*runtime.Job, error
 		return nil, err
 	}
 
-	j := runtime.NewJob(Name)
+	jopts, err := p.JobOpts()
+	if err != nil {
+		return nil, err
+	}
+	j := runtime.NewJob(Name, jopts...)
 	lines := runtime.FromSource(j, "lines", src)
 	words := runtime.FlatMap(lines, "split", func(line string, out runtime.Collector[string]) error {
 		for _, w := range Words(line) {

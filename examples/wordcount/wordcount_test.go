@@ -89,8 +89,11 @@ func runUntil(t *testing.T, env *kafkatest.Env, job *runtime.Job, want map[strin
 }
 
 func TestWordcountExactlyOnceOnTheEmbeddedBroker(t *testing.T) {
-	for _, guarantee := range []string{"exactly-once", "at-least-once"} {
-		t.Run(guarantee, func(t *testing.T) {
+	for _, tc := range []struct{ guarantee, parallelism string }{
+		{"exactly-once", "1"}, {"exactly-once", "2"}, {"at-least-once", "1"},
+	} {
+		guarantee := tc.guarantee
+		t.Run(guarantee+"/parallelism="+tc.parallelism, func(t *testing.T) {
 			env := kafkatest.New(t)
 			env.CreateTopic(t, "lines", 4, nil)
 			lines := corpus(3000)
@@ -99,7 +102,8 @@ func TestWordcountExactlyOnceOnTheEmbeddedBroker(t *testing.T) {
 			if err := wordcount.Register(reg); err != nil {
 				t.Fatal(err)
 			}
-			job, err := reg.Build("wordcount", map[string]string{"brokers": env.Addr, "guarantee": guarantee})
+			job, err := reg.Build("wordcount", map[string]string{"brokers": env.Addr, "guarantee": guarantee,
+				"parallelism": tc.parallelism})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,7 +137,7 @@ func TestWordcountSurvivesAFailureAtEveryPoint(t *testing.T) {
 			lines := corpus(4000)
 			produce(t, env, "lines", lines)
 			job, err := wordcount.Build(runtime.Params{"brokers": env.Addr, "input": "lines", "output": "counts",
-				"group": "wc", "guarantee": "exactly-once"})
+				"group": "wc", "guarantee": "exactly-once", "parallelism": "2"})
 			if err != nil {
 				t.Fatal(err)
 			}

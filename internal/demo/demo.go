@@ -93,7 +93,7 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 	if err := wordcount.Register(reg); err != nil {
 		return err
 	}
-	job, err := reg.Build(wordcount.Name, map[string]string{"brokers": b.Addr()})
+	job, err := reg.Build(wordcount.Name, map[string]string{"brokers": b.Addr(), runtime.ParamParallelism: "2"})
 	if err != nil {
 		return err
 	}
@@ -109,7 +109,7 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "running wordcount (exactly-once, checkpoints every 200ms) with a task failure injected at record %d\n", failAt)
+	fmt.Fprintf(w, "running wordcount (exactly-once, parallelism 2, checkpoints every 200ms) with a task failure injected at record %d\n", failAt)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
