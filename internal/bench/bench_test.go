@@ -42,3 +42,35 @@ func TestRunPrintsOneJSONLinePerResult(t *testing.T) {
 		t.Fatalf("incomplete line %+v", l)
 	}
 }
+
+// Every benchmark produces its lines (values are measured, not asserted).
+func TestEveryBenchmarkReportsItsLines(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the benchmarks")
+	}
+	want := map[string][]string{
+		"checkpoint-cycle": {"p50_ms", "p99_ms"},
+		"eos-wordcount":    {"records_per_s"},
+		"share-inflight":   {"max_held_per_partition"},
+	}
+	var buf bytes.Buffer
+	if err := Run(context.Background(), &buf, Config{Quick: true}, "checkpoint-cycle", "eos-wordcount"); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var l Line
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		if l.Value <= 0 {
+			t.Errorf("%s %s: value %v", l.Bench, l.Metric, l.Value)
+		}
+		got[l.Bench] = append(got[l.Bench], l.Metric)
+	}
+	for b, metrics := range want {
+		if strings.Join(got[b], ",") != strings.Join(metrics, ",") {
+			t.Errorf("bench %s reported %v, want %v", b, got[b], metrics)
+		}
+	}
+}
