@@ -57,13 +57,10 @@ type task struct {
 	rep     reporter
 	log     *zap.Logger
 
-	aligner       *aligner
-	alignStart    time.Time
-	lastSnapshot  checkpoint.ID
-	lastCompleted checkpoint.ID // highest id notified complete
-	lastResolved  checkpoint.ID // highest id notified complete or aborted
-	finalID       checkpoint.ID
-	async         sync.WaitGroup
+	aligner    *aligner  // barrier alignment (pure state machine)
+	seq        sequencer // per-task checkpoint logic (pure state machine)
+	alignStart time.Time
+	async      sync.WaitGroup
 }
 
 // panicError is a task's recovered panic with its stack.
@@ -127,8 +124,7 @@ func (t *task) runSource(ctx context.Context) error {
 		for drained := false; !drained; {
 			select {
 			case c := <-t.ctrl:
-				done, err := t.handleControl(ctx, c, ended)
-				if err != nil || done {
+				if done, err := t.handleControl(ctx, c); err != nil || done {
 					return err
 				}
 			default:
@@ -138,8 +134,7 @@ func (t *task) runSource(ctx context.Context) error {
 		if ended {
 			select {
 			case c := <-t.ctrl:
-				done, err := t.handleControl(ctx, c, ended)
-				if err != nil || done {
+				if done, err := t.handleControl(ctx, c); err != nil || done {
 					return err
 				}
 			case <-ctx.Done():
@@ -150,6 +145,7 @@ func (t *task) runSource(ctx context.Context) error {
 		err := src.poll(ctx)
 		if errors.Is(err, ErrEndOfInput) {
 			ended = true
+			t.seq.endOfSource()
 			t.rep.sourceEnded(t.id)
 		} else if err != nil {
 			return err
@@ -160,24 +156,34 @@ func (t *task) runSource(ctx context.Context) error {
 	}
 }
 
-// handleControl executes one control message; done reports that the task
-// finished its stream.
-func (t *task) handleControl(ctx context.Context, c control, ended bool) (done bool, err error) {
+// handleControl feeds one control message to the sequencer and executes
+// what it decides; done reports that the task ended its stream.
+func (t *task) handleControl(ctx context.Context, c control) (done bool, err error) {
 	switch c.kind {
 	case ctrlTrigger:
-		if c.final && ended && t.finalID == 0 {
-			t.finalID = c.id
-		}
-		return false, t.checkpoint(ctx, c.id, 0)
+		return t.execute(ctx, t.seq.trigger(c.id, c.final), 0)
 	case ctrlComplete, ctrlAbort:
-		if err := t.notify(ctx, c.id, c.kind == ctrlComplete); err != nil {
-			return false, err
-		}
-		if c.kind == ctrlComplete && t.finalID != 0 && c.id >= t.finalID {
-			return true, t.event(ctx, envelope{eos: true})
-		}
+		return t.execute(ctx, t.seq.notify(c.id, c.kind == ctrlComplete), 0)
 	}
 	return false, nil
+}
+
+// execute carries out the sequencer's actions.
+func (t *task) execute(ctx context.Context, acts []seqAction, alignment time.Duration) (done bool, err error) {
+	for _, a := range acts {
+		switch a.kind {
+		case seqSnapshot:
+			err = t.checkpoint(ctx, a.id, alignment)
+		case seqNotify:
+			err = t.notify(ctx, a.id, a.complete)
+		case seqEnd:
+			err, done = t.event(ctx, envelope{eos: true}), true
+		}
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
 }
 
 func (t *task) runInputs(ctx context.Context) error {
@@ -189,7 +195,7 @@ func (t *task) runInputs(ctx context.Context) error {
 			return err
 		}
 		if idx < 0 {
-			if _, err := t.handleControl(ctx, c, false); err != nil {
+			if _, err := t.handleControl(ctx, c); err != nil {
 				return err
 			}
 			continue
@@ -210,20 +216,17 @@ func (t *task) runInputs(ctx context.Context) error {
 		}
 		sel.update()
 	}
-	// Every input ended. The last checkpoint before the end must be resolved
-	// before the stream ends here, or a sink would close with its last
-	// transaction uncommitted.
-	for t.lastResolved < t.lastSnapshot {
+	// Every input ended: the stream ends once the last snapshot is resolved.
+	done, err := t.execute(ctx, t.seq.endOfInputs(), 0)
+	for !done && err == nil {
 		select {
 		case c := <-t.ctrl:
-			if _, err := t.handleControl(ctx, c, true); err != nil {
-				return err
-			}
+			done, err = t.handleControl(ctx, c)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
-	return t.event(ctx, envelope{eos: true})
+	return err
 }
 
 func (t *task) align(ctx context.Context, acts []alignAction) error {
@@ -242,7 +245,7 @@ func (t *task) align(ctx context.Context, acts []alignAction) error {
 				alignment = time.Since(t.alignStart)
 				t.alignStart = time.Time{}
 			}
-			if err := t.checkpoint(ctx, a.ID, alignment); err != nil {
+			if _, err := t.execute(ctx, t.seq.aligned(a.ID), alignment); err != nil {
 				return err
 			}
 		}
@@ -253,10 +256,6 @@ func (t *task) align(ctx context.Context, acts []alignAction) error {
 // checkpoint snapshots every operator of the chain (synchronous part),
 // forwards the barrier, and acknowledges once the asynchronous parts are done.
 func (t *task) checkpoint(ctx context.Context, id checkpoint.ID, alignment time.Duration) error {
-	if id <= t.lastSnapshot {
-		return nil
-	}
-	t.lastSnapshot = id
 	snap := checkpoint.TaskSnapshot{Task: t.id, Operators: make([]checkpoint.OperatorSnapshot, len(t.ops))}
 	asyncs := make([]func() (map[int][]byte, error), len(t.ops))
 	var declined error
@@ -304,9 +303,6 @@ func (t *task) checkpoint(ctx context.Context, id checkpoint.ID, alignment time.
 // sink commits the transaction a chained source's acknowledgements ride in
 // before that source acts on them.
 func (t *task) notify(ctx context.Context, id checkpoint.ID, complete bool) error {
-	if complete && id <= t.lastCompleted {
-		return nil
-	}
 	for i := len(t.ops) - 1; i >= 0; i-- {
 		if err := t.ops[i].notify(ctx, id, complete); err != nil {
 			kind := "aborted"
@@ -315,12 +311,6 @@ func (t *task) notify(ctx context.Context, id checkpoint.ID, complete bool) erro
 			}
 			return fmt.Errorf("%s: notify checkpoint %d %s: %w", t.v.nodes[i].name, id, kind, err)
 		}
-	}
-	if complete && id > t.lastCompleted {
-		t.lastCompleted = id
-	}
-	if id > t.lastResolved {
-		t.lastResolved = id
 	}
 	return nil
 }
