@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kversion"
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
@@ -223,17 +226,42 @@ func TestRedeliveryAfterCommitIsAcceptedNotEmitted(t *testing.T) {
 }
 
 func TestBrokerWithoutShareGroupsFailsFast(t *testing.T) {
+	// A broker that speaks Kafka 3.9's APIs: no share groups.
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.MaxVersions(kversion.V3_9_0()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	newSrc, err := New(func(r *kgo.Record) (string, error) { return "", nil }, Brokers(c.ListenAddrs()...), Topics("in"), Group("g"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s := newSrc()
+	start := time.Now()
+	err = s.Open(ctx, &runtime.OperatorContext{Job: "j", UID: "s", Parallelism: 1, Logger: zap.NewNop()})
+	s.Close()
+	if !errors.Is(err, ErrNoShareGroups) || !errors.Is(err, runtime.ErrUnrecoverable) {
+		t.Fatalf("got %v, want ErrNoShareGroups, unrecoverable (a restart cannot help)", err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("took %v to refuse: not fast", el)
+	}
+}
+
+func TestUnreachableBrokersGiveAClearError(t *testing.T) {
 	newSrc, err := New(func(r *kgo.Record) (string, error) { return "", nil }, Brokers("127.0.0.1:1"), Topics("in"), Group("g"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	s := newSrc()
 	err = s.Open(ctx, &runtime.OperatorContext{Job: "j", UID: "s", Parallelism: 1, Logger: zap.NewNop()})
 	s.Close()
-	if err == nil {
-		t.Fatal("open against an unreachable broker succeeded")
+	if err == nil || !strings.Contains(err.Error(), "unreachable") {
+		t.Fatalf("got %v, want an error saying the brokers are unreachable", err)
 	}
 }
 
