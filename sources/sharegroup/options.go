@@ -94,7 +94,7 @@ type cfg struct {
 }
 
 func defaultCfg() cfg {
-	return cfg{mode: Transactional, batch: 2000, maxDeliveries: 4, txnTimeout: 15 * time.Minute, resetEarliest: true,
+	return cfg{mode: Transactional, maxDeliveries: 4, txnTimeout: 15 * time.Minute, resetEarliest: true,
 		pollWait: 50 * time.Millisecond, lockMargin: 5 * time.Second, tombstoneEvery: time.Minute}
 }
 
@@ -119,9 +119,12 @@ func Mode(m AckMode) Opt { return func(c *cfg) { c.mode = m } }
 // more lanes than partitions in the group wait on each other.
 func Lanes(n int) Opt { return func(c *cfg) { c.lanes = n } }
 
-// BatchSize sets the records one lane acquires per poll (default 2000, the
-// broker's default per-partition in-flight cap). The broker clips it to
-// group.share.partition.max.record.locks.
+// BatchSize sets the records one lane acquires per poll. The default (0)
+// is the broker's per-partition in-flight cap
+// (group.share.partition.max.record.locks, Kafka's default 2000), at most
+// 10000: a lane holds its batch for a whole checkpoint cycle, so the batch
+// sets how much one cycle moves (the broker clips larger values to the cap
+// anyway).
 func BatchSize(n int) Opt { return func(c *cfg) { c.batch = n } }
 
 // MaxDeliveries sets the delivery count at which a record is treated as
@@ -186,8 +189,8 @@ func (c *cfg) validate() error {
 		return bad("no group")
 	case c.lanes < 0 || c.lanes > 64:
 		return bad("lanes %d out of [0, 64]", c.lanes)
-	case c.batch < 1:
-		return bad("batch size %d < 1", c.batch)
+	case c.batch < 0:
+		return bad("batch size %d < 0", c.batch)
 	case c.maxDeliveries < 2:
 		return bad("max deliveries %d < 2", c.maxDeliveries)
 	case c.mode > Implicit:

@@ -149,6 +149,9 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 			return fmt.Errorf("sharegroup: ack-log index: %w", err)
 		}
 	}
+	if s.cfg.batch == 0 {
+		s.cfg.batch = min(s.limit, 10000)
+	}
 	n := s.cfg.lanes
 	if n == 0 {
 		n = max(1, min(8, partitions/max(1, oc.Parallelism)))

@@ -275,7 +275,7 @@ func TestBadOptionsAreRefused(t *testing.T) {
 		{"no topics", []Opt{Brokers("b"), Group("g")}},
 		{"no group", []Opt{Brokers("b"), Topics("t")}},
 		{"max deliveries 1", []Opt{Brokers("b"), Topics("t"), Group("g"), MaxDeliveries(1)}},
-		{"batch 0", []Opt{Brokers("b"), Topics("t"), Group("g"), BatchSize(0)}},
+		{"negative batch", []Opt{Brokers("b"), Topics("t"), Group("g"), BatchSize(-1)}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
