@@ -42,9 +42,6 @@ func newAligner(inputs int) *aligner {
 	return &aligner{ended: make([]bool, inputs), arrived: make([]bool, inputs)}
 }
 
-// aligning reports whether an alignment is in progress.
-func (a *aligner) aligning() bool { return a.pending != 0 }
-
 // blocked reports whether input i is held back.
 func (a *aligner) blocked(i int) bool { return a.pending != 0 && a.arrived[i] }
 

@@ -131,21 +131,6 @@ func (l *lane) finish(ctx context.Context, asideOutcome func(marker int64) kgo.A
 	return err
 }
 
-// release gives the whole batch back to the broker for redelivery.
-func (l *lane) release(ctx context.Context) error {
-	for _, rs := range [][]*kgo.Record{l.emitted, l.rejected, l.accepted} {
-		if len(rs) > 0 {
-			l.cl.MarkAcks(kgo.AckRelease, rs...)
-		}
-	}
-	for _, a := range l.aside {
-		l.cl.MarkAcks(kgo.AckRelease, a.r)
-	}
-	err := l.cl.FlushAcks(ctx)
-	l.reset()
-	return err
-}
-
 // renew extends the locks of every held record.
 func (l *lane) renew(ctx context.Context, now time.Time) error {
 	n := 0
@@ -176,8 +161,4 @@ func (l *lane) reset() {
 	case l.wake <- struct{}{}:
 	default:
 	}
-}
-
-func (l *lane) held() int {
-	return len(l.emitted) + len(l.rejected) + len(l.accepted) + len(l.aside)
 }
