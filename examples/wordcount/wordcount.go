@@ -88,14 +88,15 @@ func BuildWith(p runtime.Params, srcOpts ...sharegroup.Opt) (*runtime.Job, error
 		return nil
 	})
 	byWord := runtime.KeyBy(words, func(w string) string { return w }, nil)
-	counts := runtime.Process(byWord, "count", func() runtime.KeyedProcessFunction[string, string, Count] {
-		return &counter{}
-	})
+	counts := runtime.Process(byWord, "count", NewCounter)
 	runtime.SinkTo(counts, "counts", withTopic(brokers, output, sink))
 	return j, nil
 }
 
-// counter keeps each word's count in keyed state.
+// NewCounter returns the keyed process function that keeps each word's
+// running count in keyed state and emits it for every occurrence.
+func NewCounter() runtime.KeyedProcessFunction[string, string, Count] { return &counter{} }
+
 type counter struct {
 	n *runtime.ValueState[int64]
 }

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/runtime"
 )
 
@@ -52,11 +53,6 @@ func baselineWordcount(corpus []string) time.Duration {
 	return time.Since(start)
 }
 
-type wordCount struct {
-	Word  string
-	Count int64
-}
-
 func weirWordcount(ctx context.Context, corpus []string, words int64) (time.Duration, error) {
 	j, seen := wordcountJob(runtime.SliceSource(corpus, 64))
 	start := time.Now()
@@ -68,42 +64,25 @@ func weirWordcount(ctx context.Context, corpus []string, words int64) (time.Dura
 	return el, err
 }
 
-// wordcountJob is the in-memory wordcount, shaped like examples/wordcount:
-// lines, split into words, keyBy word, a running count in keyed
-// ValueState[int64], a sink that counts what it receives.
+// wordcountJob is the in-memory wordcount, with examples/wordcount's
+// split and keyed counter: lines, split into words, keyBy word, running
+// count in keyed ValueState[int64], a sink that counts what it receives.
 func wordcountJob(lines func() runtime.Source[string]) (*runtime.Job, *atomic.Int64) {
 	j := runtime.NewJob("bench-wordcount", runtime.DefaultParallelism(2))
 	text := runtime.FromSource(j, "lines", lines)
 	words := runtime.FlatMap(text, "split", func(l string, out runtime.Collector[string]) error {
-		for _, w := range strings.Fields(strings.ToLower(l)) {
+		for _, w := range wordcount.Words(l) {
 			out.Collect(w)
 		}
 		return nil
 	})
-	counts := runtime.Process(runtime.KeyBy(words, func(w string) string { return w }, nil), "count",
-		func() runtime.KeyedProcessFunction[string, string, wordCount] { return &counter{} })
+	counts := runtime.Process(runtime.KeyBy(words, func(w string) string { return w }, nil), "count", wordcount.NewCounter)
 	seen := new(atomic.Int64)
-	runtime.SinkTo(counts, "discard", runtime.SinkFunc(func(context.Context, wordCount) error {
+	runtime.SinkTo(counts, "discard", runtime.SinkFunc(func(context.Context, wordcount.Count) error {
 		seen.Add(1)
 		return nil
 	}))
 	return j, seen
-}
-
-// counter keeps a word's running count.
-type counter struct{ n *runtime.ValueState[int64] }
-
-func (c *counter) Open(_ context.Context, st *runtime.StateRegistry[string]) (err error) {
-	c.n, err = runtime.NewValueState[int64](st, "count", nil)
-	return err
-}
-
-func (c *counter) Process(w string, _ string, out runtime.Collector[wordCount]) error {
-	n, _ := c.n.Value()
-	n++
-	c.n.Update(n)
-	out.Collect(wordCount{Word: w, Count: n})
-	return nil
 }
 
 type errWrongCount struct{ got, want int64 }
