@@ -11,6 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/broker"
@@ -153,6 +155,7 @@ func TestWordcountSurvivesAFailureAtEveryPoint(t *testing.T) {
 			fired := func() bool { return fp.Hits(name) >= hitsOf(spec) }
 			res := runUntil(t, env, job, want, func() bool { return after.Load() >= 2 },
 				runtime.CheckpointInterval(30*time.Millisecond), runtime.Failpoints(fp), runtime.Restarts(5, 10*time.Millisecond),
+				runtime.Logger(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))),
 				runtime.OnCheckpointComplete(func(runtime.CheckpointEvent) {
 					if fired() {
 						after.Add(1)

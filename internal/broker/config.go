@@ -57,6 +57,13 @@ func DefaultConfigs() []ConfigDefault {
 				"exactly-once holds records until their checkpoint completes, so throughput per partition is " +
 				"at most this cap per checkpoint cycle: 5x the default lets several lanes hold a full batch each",
 		},
+		{
+			Key: "group.share.delivery.count.limit", Value: "10", Kafka: "5",
+			Why: "every redelivery counts, including those caused by group churn: when a job restarts, its " +
+				"lanes leave and join one by one and held records are released and acquired again, so a " +
+				"record can burn several deliveries without ever failing; past the limit the broker archives " +
+				"it. 10 leaves room for restarts; raise it on real clusters running exactly-once jobs too",
+		},
 	}
 }
 

@@ -94,7 +94,7 @@ type cfg struct {
 }
 
 func defaultCfg() cfg {
-	return cfg{mode: Transactional, maxDeliveries: 4, txnTimeout: 15 * time.Minute, resetEarliest: true,
+	return cfg{mode: Transactional, txnTimeout: 15 * time.Minute, resetEarliest: true,
 		pollWait: 50 * time.Millisecond, lockMargin: 5 * time.Second, tombstoneEvery: time.Minute}
 }
 
@@ -128,9 +128,12 @@ func Lanes(n int) Opt { return func(c *cfg) { c.lanes = n } }
 func BatchSize(n int) Opt { return func(c *cfg) { c.batch = n } }
 
 // MaxDeliveries sets the delivery count at which a record is treated as
-// poison: REJECTed and copied to the dead-letter topic instead of emitted
-// (default 4; keep it below the broker's group.share.delivery.count.limit,
-// default 5).
+// poison: REJECTed and copied to the dead-letter topic instead of emitted.
+// The default is one below the broker's group.share.delivery.count.limit
+// (Kafka's default 5, so 4), the last delivery before the broker would
+// archive the record. Redeliveries caused by group churn (lanes leaving and
+// joining when a job restarts) count too: raise the broker's limit for
+// exactly-once jobs.
 func MaxDeliveries(n int) Opt { return func(c *cfg) { c.maxDeliveries = int32(n) } }
 
 // DeadLetterTopic sets where poison and undecodable records go (default
@@ -191,7 +194,7 @@ func (c *cfg) validate() error {
 		return bad("lanes %d out of [0, 64]", c.lanes)
 	case c.batch < 0:
 		return bad("batch size %d < 0", c.batch)
-	case c.maxDeliveries < 2:
+	case c.maxDeliveries != 0 && c.maxDeliveries < 2:
 		return bad("max deliveries %d < 2", c.maxDeliveries)
 	case c.mode > Implicit:
 		return bad("unknown mode %d", c.mode)

@@ -110,7 +110,12 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		return err
 	}
 	adm := kadm.NewClient(s.admin)
-	s.limit = recordLockLimit(sctx, adm)
+	s.limit = brokerIntConfig(sctx, adm, "group.share.partition.max.record.locks", 2000)
+	if s.cfg.maxDeliveries == 0 {
+		// One below the broker's limit: the last delivery is ours to
+		// dead-letter before the broker archives the record.
+		s.cfg.maxDeliveries = int32(max(2, brokerIntConfig(sctx, adm, "group.share.delivery.count.limit", 5)-1))
+	}
 	if err := ensureTopic(sctx, adm, s.cfg.dlqTopic, 1); err != nil {
 		return err
 	}
@@ -682,28 +687,27 @@ func (s *Source[T]) partitions(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// recordLockLimit reads group.share.partition.max.record.locks from the
-// brokers (the smallest), or Kafka's default 2000 when it cannot.
-func recordLockLimit(ctx context.Context, adm *kadm.Client) int {
-	const key, def = "group.share.partition.max.record.locks", 2000
+// brokerIntConfig reads an integer broker config (the smallest over the
+// brokers), or def when it cannot.
+func brokerIntConfig(ctx context.Context, adm *kadm.Client, key string, def int) int {
 	rcs, err := adm.DescribeBrokerConfigs(ctx)
 	if err != nil {
 		return def
 	}
-	limit := 0
+	v := 0
 	for _, rc := range rcs {
 		for _, c := range rc.Configs {
 			if c.Key == key && c.Value != nil {
-				if v, err := strconv.Atoi(*c.Value); err == nil && (limit == 0 || v < limit) {
-					limit = v
+				if n, err := strconv.Atoi(*c.Value); err == nil && (v == 0 || n < v) {
+					v = n
 				}
 			}
 		}
 	}
-	if limit == 0 {
+	if v == 0 {
 		return def
 	}
-	return limit
+	return v
 }
 
 func ensureTopic(ctx context.Context, adm *kadm.Client, topic string, partitions int32) error {
