@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
@@ -132,11 +133,23 @@ func (w *TxnWriter) Recover(ctx context.Context, handles []checkpoint.TxnHandle)
 	return errors.Join(lost...)
 }
 
-// endTxn commits or aborts the transaction of h with a raw EndTxn request
-// on the admin client. It retries while the broker answers
-// CONCURRENT_TRANSACTIONS (a transition in progress). A commit the broker
-// can no longer perform returns a *LostTxnError.
+// endTxn commits or aborts the transaction of h (EndTxn) on the writer's
+// admin client.
 func (w *TxnWriter) endTxn(ctx context.Context, h checkpoint.TxnHandle, commit bool) error {
+	return EndTxn(ctx, w.admin, h, commit)
+}
+
+// EndTxn commits or aborts the transaction of h with a raw EndTxn request
+// sent through cl (any client: it needs no producer of that transactional
+// id, and it does not fence one). It retries while the broker answers
+// CONCURRENT_TRANSACTIONS (a transition in progress). A commit the broker
+// can no longer perform (the transaction timed out, was aborted or fenced,
+// or its id expired) returns a *LostTxnError; the broker's error stays
+// matchable with errors.Is either way.
+//
+// Weir commits this way even with a producer at hand: kgo v1.22.3's
+// EndTransaction(TryCommit) has been seen to abort instead and return nil.
+func EndTxn(ctx context.Context, cl *kgo.Client, h checkpoint.TxnHandle, commit bool) error {
 	what := "commit"
 	if !commit {
 		what = "abort"
@@ -147,9 +160,9 @@ func (w *TxnWriter) endTxn(ctx context.Context, h checkpoint.TxnHandle, commit b
 		req.ProducerID = h.ProducerID
 		req.ProducerEpoch = h.Epoch
 		req.Commit = commit
-		resp, err := req.RequestWith(ctx, w.admin)
+		resp, err := req.RequestWith(ctx, cl)
 		if err != nil {
-			return fmt.Errorf("kafka sink: %s %s of checkpoint %d: %w", what, h.TransactionalID, h.Checkpoint, err)
+			return fmt.Errorf("kafka: %s %s of checkpoint %d: %w", what, h.TransactionalID, h.Checkpoint, err)
 		}
 		err = kerr.ErrorForCode(resp.ErrorCode)
 		switch {
@@ -157,7 +170,7 @@ func (w *TxnWriter) endTxn(ctx context.Context, h checkpoint.TxnHandle, commit b
 			return nil
 		case errors.Is(err, kerr.ConcurrentTransactions):
 			if err := sleep(ctx, backoff); err != nil {
-				return fmt.Errorf("kafka sink: %s %s: %w", what, h.TransactionalID, err)
+				return fmt.Errorf("kafka: %s %s: %w", what, h.TransactionalID, err)
 			}
 		case commit && (errors.Is(err, kerr.InvalidTxnState) || errors.Is(err, kerr.ProducerFenced) ||
 			errors.Is(err, kerr.InvalidProducerEpoch) || errors.Is(err, kerr.InvalidProducerIDMapping)):
@@ -165,7 +178,7 @@ func (w *TxnWriter) endTxn(ctx context.Context, h checkpoint.TxnHandle, commit b
 			// or its id expired: the broker can no longer commit it.
 			return &LostTxnError{Handle: h, Err: err}
 		default:
-			return fmt.Errorf("kafka sink: %s %s of checkpoint %d: %w", what, h.TransactionalID, h.Checkpoint, err)
+			return fmt.Errorf("kafka: %s %s of checkpoint %d: %w", what, h.TransactionalID, h.Checkpoint, err)
 		}
 	}
 }

@@ -13,9 +13,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/sinks/kafka"
 	"github.com/weirstream/weir/sources/sharegroup/acklog"
 )
 
@@ -967,33 +968,13 @@ func (s *Session) abortStale(ctx context.Context, e acklog.Entry) {
 		log.Info("the transaction of a stale ack marker already ended", zap.String("state", d.State))
 		return
 	}
-	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-		req := kmsg.NewPtrEndTxnRequest()
-		req.TransactionalID = id
-		req.ProducerID = d.ProducerID
-		req.ProducerEpoch = d.ProducerEpoch
-		req.Commit = false
-		resp, err := req.RequestWith(ctx, s.admin)
-		if err == nil {
-			err = kerr.ErrorForCode(resp.ErrorCode)
-		}
-		switch {
-		case err == nil:
-			log.Warn("aborted the stale transaction of an earlier overlapping ack marker",
-				zap.Int16("epoch", d.ProducerEpoch), zap.Duration("waited", s.cfg.openWait))
-			return
-		case errors.Is(err, kerr.ConcurrentTransactions) && ctx.Err() == nil:
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
-		default:
-			log.Info("aborting the transaction of a stale ack marker failed (it may have ended)", zap.Error(err))
-			return
-		}
+	h := checkpoint.TxnHandle{TransactionalID: id, ProducerID: d.ProducerID, Epoch: d.ProducerEpoch}
+	if err := kafka.EndTxn(ctx, s.admin, h, false); err != nil {
+		log.Info("aborting the transaction of a stale ack marker failed (it may have ended)", zap.Error(err))
+		return
 	}
+	log.Warn("aborted the stale transaction of an earlier overlapping ack marker",
+		zap.Int16("epoch", d.ProducerEpoch), zap.Duration("waited", s.cfg.openWait))
 }
 
 // commitTxn commits the open transaction with a raw EndTxn carrying the
@@ -1006,7 +987,7 @@ func (s *Session) commitTxn(ctx context.Context, own acklog.Entry, hasMarker boo
 	defer cancel()
 	pid, epoch, err := s.prod.ProducerID(dctx)
 	if err == nil {
-		err = s.endTxn(dctx, pid, epoch, true)
+		err = kafka.EndTxn(dctx, s.admin, checkpoint.TxnHandle{TransactionalID: s.cfg.txnID, ProducerID: pid, Epoch: epoch}, true)
 	}
 	if err == nil {
 		s.syncProducer(dctx, pid, epoch, kgo.TryCommit)
@@ -1031,32 +1012,6 @@ func (s *Session) commitTxn(ctx context.Context, own acklog.Entry, hasMarker boo
 		return fmt.Errorf("%w: commit: %w", ErrAborted, err)
 	}
 	return fmt.Errorf("%w: commit: %w", ErrOutcomeUnknown, errors.Join(err, perr))
-}
-
-// endTxn sends a raw EndTxn, retrying CONCURRENT_TRANSACTIONS.
-func (s *Session) endTxn(ctx context.Context, pid int64, epoch int16, commit bool) error {
-	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-		req := kmsg.NewPtrEndTxnRequest()
-		req.TransactionalID = s.cfg.txnID
-		req.ProducerID = pid
-		req.ProducerEpoch = epoch
-		req.Commit = commit
-		resp, err := req.RequestWith(ctx, s.admin)
-		if err != nil {
-			return err
-		}
-		err = kerr.ErrorForCode(resp.ErrorCode)
-		if !errors.Is(err, kerr.ConcurrentTransactions) {
-			return err
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
 }
 
 // syncProducer repeats the end through kgo after a raw EndTxn, which the
