@@ -46,6 +46,7 @@ type lane struct {
 	rejected   []*kgo.Record // REJECT on completion (poison, undecodable)
 	accepted   []*kgo.Record // already processed (committed marker): ACCEPT
 	aside      []asideRec
+	perTP      map[acklog.TopicPartition]int // held records per partition, counted at admission
 
 	wake chan struct{} // signals the poller that the lane is idle again
 }
@@ -104,6 +105,20 @@ func (l *lane) offsets(into map[acklog.TopicPartition][]int64) {
 	}
 }
 
+// count tallies the held records per topic-partition (once per batch: the
+// in-flight window is read on every poll).
+func (l *lane) count() {
+	l.perTP = map[acklog.TopicPartition]int{}
+	for _, rs := range [][]*kgo.Record{l.emitted, l.rejected, l.accepted} {
+		for _, r := range rs {
+			l.perTP[acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}]++
+		}
+	}
+	for _, a := range l.aside {
+		l.perTP[acklog.TopicPartition{Topic: a.r.Topic, Partition: a.r.Partition}]++
+	}
+}
+
 // lapsed reports whether, by the lane's own clock, its locks may have expired
 // before now+margin.
 func (l *lane) lapsed(now time.Time, margin time.Duration) bool {
@@ -156,7 +171,7 @@ func (l *lane) renew(ctx context.Context, now time.Time) error {
 
 func (l *lane) reset() {
 	l.state, l.batch, l.epoch = laneIdle, nil, 0
-	l.emitted, l.rejected, l.accepted, l.aside = nil, nil, nil, nil
+	l.emitted, l.rejected, l.accepted, l.aside, l.perTP = nil, nil, nil, nil, nil
 	select {
 	case l.wake <- struct{}{}:
 	default:

@@ -313,13 +313,8 @@ func (s *Source[T]) inFlight() map[acklog.TopicPartition]int {
 	held := map[acklog.TopicPartition]int{}
 	for _, l := range s.lanes {
 		l.mu.Lock()
-		for _, rs := range [][]*kgo.Record{l.emitted, l.rejected, l.accepted} {
-			for _, r := range rs {
-				held[acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}]++
-			}
-		}
-		for _, a := range l.aside {
-			held[acklog.TopicPartition{Topic: a.r.Topic, Partition: a.r.Partition}]++
+		for tp, n := range l.perTP {
+			held[tp] += n
 		}
 		l.mu.Unlock()
 	}
@@ -428,6 +423,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	if s.cfg.mode == Implicit || len(l.emitted)+len(l.rejected)+len(l.aside) == 0 {
 		return l.finish(ctx, releaseAside)
 	}
+	l.count()
 	return nil
 }
 
