@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -33,8 +34,9 @@ type seqRec struct {
 // number of rounds it emitted.
 type seqSource struct {
 	keys, splits, n, perPoll int
-	stallAt                  int         // when > 0, emit nothing past this round (an endless, idle source)
-	owned                    map[int]int // split -> rounds emitted
+	stallAt                  int           // when > 0, emit nothing past this round (an endless, idle source)
+	pollDelay                time.Duration // paces the source: a sleep per Poll
+	owned                    map[int]int   // split -> rounds emitted
 	order                    []int
 	emitted                  *atomic.Int64
 }
@@ -61,6 +63,7 @@ func (s *seqSource) Open(_ context.Context, oc *OperatorContext) error {
 }
 
 func (s *seqSource) Poll(_ context.Context, out Collector[seqRec]) error {
+	time.Sleep(s.pollDelay)
 	polled := 0
 	for _, sp := range s.order {
 		for polled < s.perPoll && s.owned[sp] < s.n && (s.stallAt == 0 || s.owned[sp] < s.stallAt) {
