@@ -7,7 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/weirstream/weir/sinks/kafka/committed"
+	"github.com/weirstream/weir/sinks/kafka"
 )
 
 // Report is the outcome of Verify.
@@ -46,7 +46,7 @@ func Expected(lines []string) map[string]int {
 // each word the values, in offset order, are exactly 1, 2, ..., n with n its
 // number of occurrences (want). A repeat is a duplicate, a gap a loss.
 func Verify(ctx context.Context, brokers []string, output string, want map[string]int, opts ...kgo.Opt) (Report, error) {
-	recs, err := committed.Read(ctx, brokers, output, opts...)
+	recs, err := kafka.ReadCommitted(ctx, brokers, output, opts...)
 	if err != nil {
 		return Report{}, err
 	}

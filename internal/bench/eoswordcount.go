@@ -14,8 +14,8 @@ import (
 
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/kafkatxn/committed"
 	"github.com/weirstream/weir/runtime"
-	"github.com/weirstream/weir/sinks/kafka/committed"
 	"github.com/weirstream/weir/sources/sharegroup"
 	"github.com/weirstream/weir/sources/sharegroup/acklog"
 )

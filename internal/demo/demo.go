@@ -24,8 +24,8 @@ import (
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/internal/kafkatxn/committed"
 	"github.com/weirstream/weir/runtime"
-	"github.com/weirstream/weir/sinks/kafka/committed"
 )
 
 // ErrViolated is returned when the verification finds a duplicate or a loss.

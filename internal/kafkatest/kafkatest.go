@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weirstream/weir/sinks/kafka/committed"
+	"github.com/weirstream/weir/internal/kafkatxn/committed"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"

@@ -7,12 +7,12 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/internal/kafkatxn"
 	"github.com/weirstream/weir/runtime"
 )
 
@@ -67,16 +67,9 @@ func CheckpointTimeouts(checkpointTimeout, restartBudget time.Duration) SinkOpt 
 // refuses a transaction timeout above the brokers'
 // transaction.max.timeout.ms, failing the job.
 func NewSink[T any](serialize func(T) (*kgo.Record, error), opts []Opt, sopts ...SinkOpt) (func() runtime.Sink[T], error) {
-	c := defaultCfg()
-	for _, o := range opts {
-		o.apply(&c)
-	}
 	// Subtask and prefix are filled in per subtask; validate the rest now.
-	probe := c
-	if probe.prefix == "" {
-		probe.prefix = "probe"
-	}
-	if err := probe.validate(); err != nil {
+	c, err := kafkatxn.Inspect(opts...)
+	if err != nil {
 		return nil, err
 	}
 	if serialize == nil {
@@ -86,19 +79,19 @@ func NewSink[T any](serialize func(T) (*kgo.Record, error), opts []Opt, sopts ..
 	for _, o := range sopts {
 		o(&sc)
 	}
-	if c.guarantee == ExactlyOnce && (sc.checkpointTimeout != 0 || sc.restartBudget != 0) {
+	if c.Guarantee == ExactlyOnce && (sc.checkpointTimeout != 0 || sc.restartBudget != 0) {
 		switch {
 		case sc.checkpointTimeout <= 0 || sc.restartBudget < 0:
 			return nil, fmt.Errorf("%w: checkpoint timeout %v must be positive and restart budget %v not negative",
 				ErrInvalidConfig, sc.checkpointTimeout, sc.restartBudget)
-		case c.txnTimeout <= sc.checkpointTimeout+sc.restartBudget:
+		case c.TransactionTimeout <= sc.checkpointTimeout+sc.restartBudget:
 			return nil, fmt.Errorf("%w: transaction timeout %v must exceed checkpoint timeout %v + restart budget %v = %v, or a pre-committed transaction may be aborted by the broker before recovery commits it (data loss)",
-				ErrInvalidConfig, c.txnTimeout, sc.checkpointTimeout, sc.restartBudget, sc.checkpointTimeout+sc.restartBudget)
+				ErrInvalidConfig, c.TransactionTimeout, sc.checkpointTimeout, sc.restartBudget, sc.checkpointTimeout+sc.restartBudget)
 		}
 	}
 	return func() runtime.Sink[T] {
-		return &Sink[T]{opts: opts, prefixSet: c.prefix != "", ser: serialize, sc: sc,
-			guarantee: c.guarantee, txnTimeout: c.txnTimeout, ownFP: c.failpoints}
+		return &Sink[T]{opts: opts, prefixSet: c.PrefixSet, ser: serialize, sc: sc,
+			guarantee: c.Guarantee, txnTimeout: c.TransactionTimeout, ownFP: c.Failpoints}
 	}, nil
 }
 
@@ -112,7 +105,7 @@ type Sink[T any] struct {
 	txnTimeout time.Duration
 	ownFP      *failpoint.Set // from the Failpoints option
 	fp         runtime.Failpointer
-	w          *TxnWriter
+	w          *kafkatxn.TxnWriter
 	log        *zap.Logger
 }
 
@@ -136,9 +129,9 @@ func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 	}
 	// The sink fires the failpoints itself (see NewSink), so that the
 	// runtime's Failpointer reaches them; the writer fires none.
-	opts = append(opts, Subtask(oc.Subtask, oc.Parallelism), Failpoints(nil))
+	opts = append(opts, kafkatxn.Subtask(oc.Subtask, oc.Parallelism), Failpoints(nil))
 	var err error
-	if s.w, err = NewTxnWriter(ctx, opts...); err != nil {
+	if s.w, err = kafkatxn.NewTxnWriter(ctx, opts...); err != nil {
 		return err
 	}
 	if s.guarantee == ExactlyOnce {
@@ -161,16 +154,16 @@ func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 // (e.g. no DescribeConfigs permission), it logs a warning and lets the
 // brokers refuse a bad timeout at InitProducerID.
 func (s *Sink[T]) checkTimeouts(ctx context.Context) error {
-	adm := kadm.NewClient(s.w.admin)
+	adm := s.w.Admin()
 	if s.sc.checkpointTimeout > 0 {
-		err := ValidateTimeouts(ctx, adm, s.txnTimeout, s.sc.checkpointTimeout, s.sc.restartBudget)
+		err := kafkatxn.ValidateTimeouts(ctx, adm, s.txnTimeout, s.sc.checkpointTimeout, s.sc.restartBudget)
 		if err == nil || errors.Is(err, ErrInvalidConfig) {
 			return err
 		}
 		s.log.Warn("kafka sink: cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
 		return nil
 	}
-	maxTimeout, err := BrokerMaxTransactionTimeout(ctx, adm)
+	maxTimeout, err := kafkatxn.BrokerMaxTransactionTimeout(ctx, adm)
 	if err != nil {
 		s.log.Warn("kafka sink: cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
 		return nil

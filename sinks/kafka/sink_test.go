@@ -18,6 +18,7 @@ import (
 	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/internal/kafkatxn"
 	"github.com/weirstream/weir/runtime"
 )
 
@@ -454,7 +455,7 @@ func TestSinkAbortsLingeringTransactions(t *testing.T) {
 	t.Run("killed previous process", func(t *testing.T) {
 		const topic = "linger-killed"
 		env.CreateTopic(t, topic, 3, nil)
-		zombie, err := kgo.NewClient(kgo.SeedBrokers(env.Addr), kgo.TransactionalID(TransactionalID("weir-"+topic+"-kafka", 0, 3)),
+		zombie, err := kgo.NewClient(kgo.SeedBrokers(env.Addr), kgo.TransactionalID(kafkatxn.TransactionalID("weir-"+topic+"-kafka", 0, 3)),
 			kgo.TransactionTimeout(time.Minute))
 		if err != nil {
 			t.Fatal(err)

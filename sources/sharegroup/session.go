@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
-	"github.com/weirstream/weir/sinks/kafka"
+	"github.com/weirstream/weir/internal/kafkatxn"
 	"github.com/weirstream/weir/sources/sharegroup/acklog"
 )
 
@@ -969,7 +969,7 @@ func (s *Session) abortStale(ctx context.Context, e acklog.Entry) {
 		return
 	}
 	h := checkpoint.TxnHandle{TransactionalID: id, ProducerID: d.ProducerID, Epoch: d.ProducerEpoch}
-	if err := kafka.EndTxn(ctx, s.admin, h, false); err != nil {
+	if err := kafkatxn.EndTxn(ctx, s.admin, h, false); err != nil {
 		log.Info("aborting the transaction of a stale ack marker failed (it may have ended)", zap.Error(err))
 		return
 	}
@@ -987,7 +987,7 @@ func (s *Session) commitTxn(ctx context.Context, own acklog.Entry, hasMarker boo
 	defer cancel()
 	pid, epoch, err := s.prod.ProducerID(dctx)
 	if err == nil {
-		err = kafka.EndTxn(dctx, s.admin, checkpoint.TxnHandle{TransactionalID: s.cfg.txnID, ProducerID: pid, Epoch: epoch}, true)
+		err = kafkatxn.EndTxn(dctx, s.admin, checkpoint.TxnHandle{TransactionalID: s.cfg.txnID, ProducerID: pid, Epoch: epoch}, true)
 	}
 	if err == nil {
 		s.syncProducer(dctx, pid, epoch, kgo.TryCommit)

@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/kafkatxn"
 	"github.com/weirstream/weir/runtime"
-	"github.com/weirstream/weir/sinks/kafka"
 	"github.com/weirstream/weir/sources/sharegroup/acklog"
 )
 
@@ -67,7 +67,7 @@ type Source[T any] struct {
 	log    *zap.Logger
 
 	admin *kgo.Client
-	txn   *kafka.TxnWriter // ack markers and dead letters (transactional); dead letters otherwise
+	txn   *kafkatxn.TxnWriter // ack markers and dead letters (transactional); dead letters otherwise
 	ix    *acklog.Index
 
 	lanes   []*lane
@@ -128,18 +128,18 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	if prefix == "" {
 		prefix = unsafeChars.ReplaceAllString("weir-"+oc.Job+"-"+oc.UID, "_")
 	}
-	wopts := []kafka.Opt{kafka.Brokers(s.cfg.brokers...), kafka.TransactionalIDPrefix(prefix),
-		kafka.Subtask(oc.Subtask, oc.Parallelism), kafka.TransactionTimeout(s.cfg.txnTimeout),
-		kafka.ClientOpts(s.cfg.clientOpts...), kafka.Logger(s.log)}
+	wopts := []kafkatxn.Opt{kafkatxn.Brokers(s.cfg.brokers...), kafkatxn.TransactionalIDPrefix(prefix),
+		kafkatxn.Subtask(oc.Subtask, oc.Parallelism), kafkatxn.TransactionTimeout(s.cfg.txnTimeout),
+		kafkatxn.ClientOpts(s.cfg.clientOpts...), kafkatxn.Logger(s.log)}
 	if s.cfg.mode == Transactional {
 		if err := acklog.EnsureTopic(sctx, adm, s.cfg.ackLogTopic); err != nil {
 			return fmt.Errorf("sharegroup: ack-log: %w", err)
 		}
-		wopts = append(wopts, kafka.Guarantee(kafka.ExactlyOnce))
+		wopts = append(wopts, kafkatxn.Guarantee(kafkatxn.ExactlyOnce))
 	} else {
-		wopts = append(wopts, kafka.Guarantee(kafka.AtLeastOnce))
+		wopts = append(wopts, kafkatxn.Guarantee(kafkatxn.AtLeastOnce))
 	}
-	if s.txn, err = kafka.NewTxnWriter(ctx, wopts...); err != nil {
+	if s.txn, err = kafkatxn.NewTxnWriter(ctx, wopts...); err != nil {
 		return fmt.Errorf("sharegroup: %w", err)
 	}
 	// Commit the restored checkpoint's marker transactions and abort

@@ -1,4 +1,4 @@
-package kafka
+package kafkatxn
 
 import (
 	"context"
@@ -83,7 +83,7 @@ func (w *TxnWriter) Recover(ctx context.Context, handles []checkpoint.TxnHandle)
 		return ErrClosed
 	}
 	if w.cfg.guarantee == ExactlyOnce && w.recovered {
-		return errors.New("kafka sink: Recover called twice")
+		return errors.New("kafkatxn: Recover called twice")
 	}
 	var lost []error
 	for _, h := range handles {
@@ -91,14 +91,14 @@ func (w *TxnWriter) Recover(ctx context.Context, handles []checkpoint.TxnHandle)
 		var le *LostTxnError
 		switch {
 		case errors.As(err, &le):
-			w.cfg.logger.Error("kafka sink: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
+			w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
 				zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
 				zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Error(le.Err))
 			lost = append(lost, err)
 		case err != nil:
 			return err
 		default:
-			w.cfg.logger.Info("kafka sink: recovered transaction committed",
+			w.cfg.logger.Info("kafkatxn: recovered transaction committed",
 				zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)))
 		}
 	}
@@ -188,7 +188,7 @@ func EndTxn(ctx context.Context, cl *kgo.Client, h checkpoint.TxnHandle, commit 
 func (w *TxnWriter) abortLingering(ctx context.Context) error {
 	listed, err := kadm.NewClient(w.admin).ListTransactions(ctx, nil, []string{"Ongoing"})
 	if err != nil {
-		return fmt.Errorf("kafka sink: recover: list transactions: %w", err)
+		return fmt.Errorf("kafkatxn: recover: list transactions: %w", err)
 	}
 	for _, t := range listed.Sorted() {
 		if !w.owns(t.TxnID) || t.State != "Ongoing" {
@@ -197,7 +197,7 @@ func (w *TxnWriter) abortLingering(ctx context.Context) error {
 		if err := w.fence(ctx, t.TxnID); err != nil {
 			return err
 		}
-		w.cfg.logger.Info("kafka sink: aborted lingering transaction", zap.String("txn", t.TxnID), zap.Int64("producer_id", t.ProducerID))
+		w.cfg.logger.Info("kafkatxn: aborted lingering transaction", zap.String("txn", t.TxnID), zap.Int64("producer_id", t.ProducerID))
 	}
 	return nil
 }
@@ -220,10 +220,10 @@ func (w *TxnWriter) fence(ctx context.Context, txnID string) error {
 		case errors.Is(err, kerr.ConcurrentTransactions):
 			// A real broker answers this while it aborts; ask again.
 			if err := sleep(ctx, backoff); err != nil {
-				return fmt.Errorf("kafka sink: recover: abort lingering %s: %w", txnID, err)
+				return fmt.Errorf("kafkatxn: recover: abort lingering %s: %w", txnID, err)
 			}
 		default:
-			return fmt.Errorf("kafka sink: recover: abort lingering %s: %w", txnID, err)
+			return fmt.Errorf("kafkatxn: recover: abort lingering %s: %w", txnID, err)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package kafka
+package kafkatxn
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -22,19 +23,19 @@ var (
 	// transactions of a completed checkpoint that can no longer be
 	// committed (timed out or aborted at the broker): their records are
 	// lost. Callers fail the job unless the user opted out.
-	ErrTxnLost = errors.New("kafka sink: pre-committed transaction lost")
+	ErrTxnLost = errors.New("kafkatxn: pre-committed transaction lost")
 	// ErrPoolExhausted is returned by Write when every transactional id of
 	// the subtask's pool is open, pre-committed, or still named by the
 	// latest completed checkpoint, and by PreCommit (also wrapping
 	// checkpoint.ErrDeclined) when all but one id await their commit:
 	// notifications lag too far behind. The job restarts from its latest
 	// completed checkpoint, which always leaves an id free.
-	ErrPoolExhausted = errors.New("kafka sink: transactional id pool exhausted")
+	ErrPoolExhausted = errors.New("kafkatxn: transactional id pool exhausted")
 	// ErrNotRecovered is returned by Write and PreCommit of an exactly-once
 	// writer before Recover succeeded.
-	ErrNotRecovered = errors.New("kafka sink: Recover must be called before writing")
+	ErrNotRecovered = errors.New("kafkatxn: Recover must be called before writing")
 	// ErrClosed is returned by every method after Close.
-	ErrClosed = errors.New("kafka sink: writer closed")
+	ErrClosed = errors.New("kafkatxn: writer closed")
 )
 
 // LostTxnError describes one transaction Recover could not commit. It
@@ -45,7 +46,7 @@ type LostTxnError struct {
 }
 
 func (e *LostTxnError) Error() string {
-	return fmt.Sprintf("kafka sink: transaction %s (producer %d, epoch %d) of checkpoint %d lost: %v",
+	return fmt.Sprintf("kafkatxn: transaction %s (producer %d, epoch %d) of checkpoint %d lost: %v",
 		e.Handle.TransactionalID, e.Handle.ProducerID, e.Handle.Epoch, e.Handle.Checkpoint, e.Err)
 }
 
@@ -83,7 +84,7 @@ func (w *TxnWriter) syncClient(ctx context.Context, s *slot, how kgo.Transaction
 			return
 		}
 	}
-	w.cfg.logger.Debug("kafka sink: replacing producer after EndTxn", zap.String("txn", s.txnID))
+	w.cfg.logger.Debug("kafkatxn: replacing producer after EndTxn", zap.String("txn", s.txnID))
 	s.cl.Close()
 	s.cl = nil
 }
@@ -161,7 +162,7 @@ func NewTxnWriter(ctx context.Context, opts ...Opt) (*TxnWriter, error) {
 	}
 	if err := admin.Ping(ctx); err != nil {
 		admin.Close()
-		return nil, fmt.Errorf("kafka sink: connect to %v: %w", c.brokers, err)
+		return nil, fmt.Errorf("kafkatxn: connect to %v: %w", c.brokers, err)
 	}
 	w := &TxnWriter{cfg: c, admin: admin}
 	if c.guarantee == ExactlyOnce {
@@ -172,7 +173,7 @@ func NewTxnWriter(ctx context.Context, opts ...Opt) (*TxnWriter, error) {
 	} else {
 		w.recovered = true // nothing to recover without transactions
 	}
-	c.logger.Debug("kafka sink writer created",
+	c.logger.Debug("transactional writer created",
 		zap.Stringer("guarantee", c.guarantee), zap.String("prefix", c.prefix),
 		zap.Int("subtask", c.subtask), zap.Int("parallelism", c.parallelism), zap.Int("pool", c.poolSize))
 	return w, nil
@@ -185,13 +186,17 @@ func TransactionalID(prefix string, subtask, index int) string {
 }
 
 // Guarantee returns the writer's delivery guarantee.
+// Admin returns an admin client of the writer's brokers (owned by the
+// writer: do not close it).
+func (w *TxnWriter) Admin() *kadm.Client { return kadm.NewClient(w.admin) }
+
 func (w *TxnWriter) Guarantee() DeliveryGuarantee { return w.cfg.guarantee }
 
 func (w *TxnWriter) onProduced(r *kgo.Record, err error) {
 	if err == nil {
 		return
 	}
-	err = fmt.Errorf("kafka sink: produce to %s[%d]: %w", r.Topic, r.Partition, err)
+	err = fmt.Errorf("kafkatxn: produce to %s[%d]: %w", r.Topic, r.Partition, err)
 	w.asyncErr.CompareAndSwap(nil, &err)
 }
 
@@ -244,7 +249,7 @@ func (w *TxnWriter) Current(ctx context.Context) (checkpoint.TxnHandle, error) {
 	}
 	pid, epoch, err := w.cur.cl.ProducerID(ctx)
 	if err != nil {
-		return checkpoint.TxnHandle{}, fmt.Errorf("kafka sink: producer id of %s: %w", w.cur.txnID, err)
+		return checkpoint.TxnHandle{}, fmt.Errorf("kafkatxn: producer id of %s: %w", w.cur.txnID, err)
 	}
 	return checkpoint.TxnHandle{TransactionalID: w.cur.txnID, ProducerID: pid, Epoch: epoch}, nil
 }
@@ -292,7 +297,7 @@ func (w *TxnWriter) Flush(ctx context.Context) error {
 		cl = w.cur.cl
 	}
 	if err := cl.Flush(ctx); err != nil {
-		return fmt.Errorf("kafka sink: flush: %w", err)
+		return fmt.Errorf("kafkatxn: flush: %w", err)
 	}
 	return w.produceErr()
 }
@@ -326,12 +331,12 @@ func (w *TxnWriter) begin(ctx context.Context) (*slot, error) {
 		// missing ACL fails this Write rather than a later flush.
 		if _, _, err := cl.ProducerID(ctx); err != nil {
 			cl.Close()
-			return nil, fmt.Errorf("kafka sink: init producer %s: %w", s.txnID, err)
+			return nil, fmt.Errorf("kafkatxn: init producer %s: %w", s.txnID, err)
 		}
 		s.cl = cl
 	}
 	if err := s.cl.BeginTransaction(); err != nil {
-		return nil, w.fail(fmt.Errorf("kafka sink: begin transaction on %s: %w", s.txnID, err))
+		return nil, w.fail(fmt.Errorf("kafkatxn: begin transaction on %s: %w", s.txnID, err))
 	}
 	s.state, s.records = slotOpen, 0
 	return s, nil
@@ -367,7 +372,7 @@ func (w *TxnWriter) PreCommit(ctx context.Context, id checkpoint.ID) (checkpoint
 		return checkpoint.TxnHandle{}, false, err
 	}
 	if id <= w.lastPrecommit {
-		return checkpoint.TxnHandle{}, false, fmt.Errorf("kafka sink: pre-commit of checkpoint %d after %d: ids must increase", id, w.lastPrecommit)
+		return checkpoint.TxnHandle{}, false, fmt.Errorf("kafkatxn: pre-commit of checkpoint %d after %d: ids must increase", id, w.lastPrecommit)
 	}
 	var (
 		h  checkpoint.TxnHandle
@@ -376,7 +381,7 @@ func (w *TxnWriter) PreCommit(ctx context.Context, id checkpoint.ID) (checkpoint
 	switch {
 	case w.cfg.guarantee == AtLeastOnce:
 		if err := w.admin.Flush(ctx); err != nil {
-			return h, false, fmt.Errorf("kafka sink: flush at checkpoint %d: %w", id, err)
+			return h, false, fmt.Errorf("kafkatxn: flush at checkpoint %d: %w", id, err)
 		}
 		if err := w.produceErr(); err != nil {
 			return h, false, err
@@ -387,24 +392,24 @@ func (w *TxnWriter) PreCommit(ctx context.Context, id checkpoint.ID) (checkpoint
 		// restore from it (which keeps the named ids out of the pool) leaves
 		// an id to write with.
 		if len(w.pending) >= len(w.slots)-1 {
-			return h, false, fmt.Errorf("kafka sink: checkpoint %d: %w: %w: %d transactions already await their commit notification",
+			return h, false, fmt.Errorf("kafkatxn: checkpoint %d: %w: %w: %d transactions already await their commit notification",
 				id, checkpoint.ErrDeclined, ErrPoolExhausted, len(w.pending))
 		}
 		if err := s.cl.Flush(ctx); err != nil {
-			return h, false, fmt.Errorf("kafka sink: flush %s at checkpoint %d: %w", s.txnID, id, err)
+			return h, false, fmt.Errorf("kafkatxn: flush %s at checkpoint %d: %w", s.txnID, id, err)
 		}
 		if err := w.produceErr(); err != nil {
 			return h, false, err
 		}
 		pid, epoch, err := s.cl.ProducerID(ctx)
 		if err != nil {
-			return h, false, w.fail(fmt.Errorf("kafka sink: producer id of %s: %w", s.txnID, err))
+			return h, false, w.fail(fmt.Errorf("kafkatxn: producer id of %s: %w", s.txnID, err))
 		}
 		h = checkpoint.TxnHandle{TransactionalID: s.txnID, ProducerID: pid, Epoch: epoch, Checkpoint: id}
 		s.state, s.handle = slotPrecommitted, h
 		w.pending = append(w.pending, s)
 		w.cur, ok = nil, true
-		w.cfg.logger.Debug("kafka sink pre-committed", zap.String("txn", s.txnID), zap.Int64("producer_id", pid),
+		w.cfg.logger.Debug("transaction pre-committed", zap.String("txn", s.txnID), zap.Int64("producer_id", pid),
 			zap.Int16("epoch", epoch), zap.Uint64("checkpoint", uint64(id)), zap.Int64("records", s.records))
 	}
 	w.lastPrecommit = id
@@ -450,7 +455,7 @@ func (w *TxnWriter) Commit(ctx context.Context, upTo checkpoint.ID) error {
 		if err := w.endTxn(ctx, s.handle, true); err != nil {
 			var le *LostTxnError
 			if errors.As(err, &le) {
-				w.cfg.logger.Error("kafka sink: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
+				w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
 					zap.String("txn", s.txnID), zap.Uint64("checkpoint", uint64(s.handle.Checkpoint)), zap.Error(le.Err))
 			}
 			return w.fail(err)
@@ -458,7 +463,7 @@ func (w *TxnWriter) Commit(ctx context.Context, upTo checkpoint.ID) error {
 		w.syncClient(ctx, s, kgo.TryCommit)
 		s.state = slotCommitted
 		w.pending = w.pending[1:]
-		w.cfg.logger.Debug("kafka sink committed", zap.String("txn", s.txnID), zap.Uint64("checkpoint", uint64(s.handle.Checkpoint)))
+		w.cfg.logger.Debug("transaction committed", zap.String("txn", s.txnID), zap.Uint64("checkpoint", uint64(s.handle.Checkpoint)))
 		if err := w.cfg.failpoints.InjectContext(ctx, failpoint.SinkAfterCommit); err != nil {
 			return err
 		}
@@ -497,7 +502,7 @@ func (w *TxnWriter) Abort(ctx context.Context, id checkpoint.ID) error {
 		}
 		w.syncClient(ctx, s, kgo.TryAbort)
 		s.state = slotFree
-		w.cfg.logger.Info("kafka sink aborted pre-committed transaction", zap.String("txn", s.txnID), zap.Uint64("checkpoint", uint64(id)))
+		w.cfg.logger.Info("aborted pre-committed transaction", zap.String("txn", s.txnID), zap.Uint64("checkpoint", uint64(id)))
 	}
 	w.pending = kept
 	return err
@@ -528,7 +533,7 @@ func (w *TxnWriter) Close() {
 			err = w.endTxn(ctx, checkpoint.TxnHandle{TransactionalID: s.txnID, ProducerID: pid, Epoch: epoch}, false)
 		}
 		if err != nil {
-			w.cfg.logger.Warn("kafka sink: abort open transaction on close; it lingers until Recover or its timeout",
+			w.cfg.logger.Warn("kafkatxn: abort open transaction on close; it lingers until Recover or its timeout",
 				zap.String("txn", s.txnID), zap.Error(err))
 		}
 		cancel()

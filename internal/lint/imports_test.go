@@ -1,0 +1,124 @@
+package lint
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/weirstream/weir/"
+
+// rule forbids packages under from (a module-relative path prefix) to import
+// packages under any of to.
+type rule struct {
+	from string
+	to   []string
+	why  string
+}
+
+var rules = []rule{
+	{"runtime", []string{"jobmanager", "taskmanager", "sources", "sinks", "internal/kafkatxn", "internal/broker"},
+		"runtime is the core: it knows no connector and no cluster"},
+	{"checkpoint", []string{"runtime", "jobmanager", "taskmanager", "sources", "sinks"},
+		"checkpoint deals in ids, handles and bytes, not operators"},
+	{"sources", []string{"sinks", "jobmanager", "taskmanager"},
+		"a source is written like user code and never imports a sink: shared Kafka code is internal/kafkatxn"},
+	{"sinks", []string{"sources", "jobmanager", "taskmanager"},
+		"a sink is written like user code and never imports a source: shared Kafka code is internal/kafkatxn"},
+	{"jobmanager", []string{"taskmanager"}, "the job manager and task managers share only the RPC contract"},
+	{"taskmanager", []string{"jobmanager"}, "the job manager and task managers share only the RPC contract"},
+	{"examples", []string{"internal", "jobmanager", "taskmanager"}, "examples use only what a user may use"},
+	{"internal/kafkatxn", []string{"runtime", "sources", "sinks", "jobmanager", "taskmanager"},
+		"the shared Kafka transaction code knows no operator and no cluster"},
+}
+
+// under reports whether the module-relative package path p is dir or below it.
+func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+
+func TestImportRules(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("module root not found at %s: %v", root, err)
+	}
+	files := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, filepath.Dir(path))
+		pkg := filepath.ToSlash(rel)
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		files++
+		for _, is := range f.Imports {
+			imp, _ := strconv.Unquote(is.Path.Value)
+			if !strings.HasPrefix(imp, module) {
+				continue
+			}
+			imp = strings.TrimPrefix(imp, module)
+			for _, r := range rules {
+				if !under(pkg, r.from) {
+					continue
+				}
+				for _, to := range r.to {
+					if under(imp, to) {
+						t.Errorf("%s imports %s: %s", filepath.ToSlash(mustRel(root, path)), imp, r.why)
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 50 {
+		t.Fatalf("checked only %d files under %s: the walk is broken", files, root)
+	}
+}
+
+func mustRel(root, path string) string {
+	r, err := filepath.Rel(root, path)
+	if err != nil {
+		return path
+	}
+	return r
+}
+
+// TestImportRulesPrefixMatch checks the checker: a rule's prefix match
+// must not be fooled by a sibling with a common prefix.
+func TestImportRulesPrefixMatch(t *testing.T) {
+	for _, c := range []struct {
+		p, dir string
+		want   bool
+	}{
+		{"sources/sharegroup", "sources", true},
+		{"sources", "sources", true},
+		{"sourcesx", "sources", false},
+		{"internal/kafkatxn/committed", "internal/kafkatxn", true},
+		{"internal/kafkatest", "internal/kafkatxn", false},
+	} {
+		if got := under(c.p, c.dir); got != c.want {
+			t.Errorf("under(%q, %q) = %v, want %v", c.p, c.dir, got, c.want)
+		}
+	}
+}
