@@ -15,44 +15,53 @@ import (
 type laneState uint8
 
 const (
-	laneIdle    laneState = iota // may poll (its poller is fetching)
-	laneReady                    // a batch arrived, not yet emitted
-	laneHolding                  // batch emitted; waiting for its checkpoint
+	laneIdle      laneState = iota // may poll (its poller is fetching)
+	laneReady                      // a batch arrived, not yet admitted
+	laneAdmitting                  // the task goroutine is sorting and emitting the batch
+	laneHolding                    // batch emitted; waiting for its checkpoint
+	laneParked                     // epoch finished; records set aside behind open markers still held
 )
 
-// asideRec is a redelivered record covered by a still-open ack marker: not
-// emitted, resolved when the lane finalizes.
+// asideRec is a delivered record covered by a still-open ack marker: not
+// emitted, held (renewed, so no delivery is burnt) until that marker
+// resolves: ACCEPTed if it committed, RELEASEd if it aborted.
 type asideRec struct {
 	r      *kgo.Record
-	marker int64 // ack-log offset of the covering marker
+	marker acklog.Entry // the covering marker, as first seen
 }
 
 // lane is one share-consumer client that holds at most one batch: kgo
 // auto-accepts the previous poll's records on the next poll, so a lane polls
-// again only once its batch is finalized.
+// again only once every record of its batch is acknowledged.
+//
+// Locking: ack.mu (one acknowledgement flush at a time) is taken before mu;
+// mu is never held across emission or a broker round trip other than an
+// acknowledgement flush, so back-pressure never stops renewals.
 type lane struct {
 	id   int
 	name string
 	cl   *kgo.Client
+	ack  *acker
 
-	mu         sync.Mutex
-	state      laneState
-	batch      []*kgo.Record
-	fetchErr   error
-	epoch      checkpoint.ID // checkpoint covering the batch; 0 until assigned
-	acquiredAt time.Time     // when the batch was polled or last renewed
-	lockDur    time.Duration // from the batch's acquisition deadline
-	emitted    []*kgo.Record // ACCEPT on completion
-	rejected   []*kgo.Record // REJECT on completion (poison, undecodable)
-	accepted   []*kgo.Record // already processed (committed marker): ACCEPT
-	aside      []asideRec
-	perTP      map[acklog.TopicPartition]int // held records per partition, counted at admission
+	mu       sync.Mutex
+	state    laneState
+	batch    []*kgo.Record // ready, not yet admitted
+	fetchErr error
+	epoch    checkpoint.ID // checkpoint covering the batch; 0 until assigned
+	clock    lockClock     // of the batch's locks, by our clock
+	renewed  time.Time     // last renewal attempt (or the acquisition)
+	held     []*kgo.Record // acquired and not yet acknowledged: what renewals cover
+	emitted  []*kgo.Record // ACCEPT on completion
+	rejected []*kgo.Record // REJECT on completion (poison, undecodable)
+	accepted []*kgo.Record // already processed (committed marker or watermark): ACCEPT
+	aside    []asideRec
+	perTP    map[acklog.TopicPartition]int // held records per partition, counted at admission
 
 	wake chan struct{} // signals the poller that the lane is idle again
 }
 
-func newLane(id int, name string, cl *kgo.Client) *lane {
-	return &lane{id: id, name: name, cl: cl, wake: make(chan struct{}, 1)}
+func newLane(id int, name string) *lane {
+	return &lane{id: id, name: name, ack: &acker{}, wake: make(chan struct{}, 1)}
 }
 
 // run polls whenever the lane is idle and hands batches over through ready.
@@ -75,11 +84,8 @@ func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane) {
 		}
 		now := time.Now()
 		l.mu.Lock()
-		l.state, l.batch, l.fetchErr, l.acquiredAt = laneReady, recs, ferr, now
-		l.lockDur = 0
-		if len(recs) > 0 {
-			l.lockDur = recs[0].AcquisitionDeadline().Sub(now)
-		}
+		l.state, l.batch, l.fetchErr = laneReady, recs, ferr
+		l.clock, l.renewed, l.held = newLockClock(recs, now), now, recs
 		l.mu.Unlock()
 		select {
 		case ready <- l:
@@ -94,8 +100,8 @@ func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane) {
 	}
 }
 
-// offsets returns what the lane's marker must cover: emitted and rejected
-// records (already-processed ones and set-aside ones are not this epoch's).
+// offsets adds what the lane's marker must cover: emitted and rejected
+// records (already-processed and set-aside ones are not this epoch's).
 func (l *lane) offsets(into map[acklog.TopicPartition][]int64) {
 	for _, rs := range [][]*kgo.Record{l.emitted, l.rejected} {
 		for _, r := range rs {
@@ -109,71 +115,133 @@ func (l *lane) offsets(into map[acklog.TopicPartition][]int64) {
 // in-flight window is read on every poll).
 func (l *lane) count() {
 	l.perTP = map[acklog.TopicPartition]int{}
-	for _, rs := range [][]*kgo.Record{l.emitted, l.rejected, l.accepted} {
-		for _, r := range rs {
-			l.perTP[acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}]++
+	for _, r := range l.held {
+		l.perTP[acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}]++
+	}
+}
+
+// drop removes acknowledged records from held. l.mu is held.
+func (l *lane) drop(done []*kgo.Record) {
+	if len(done) == 0 {
+		return
+	}
+	gone := make(map[*kgo.Record]bool, len(done))
+	for _, r := range done {
+		gone[r] = true
+	}
+	kept := l.held[:0:0]
+	for _, r := range l.held {
+		if !gone[r] {
+			kept = append(kept, r)
 		}
 	}
-	for _, a := range l.aside {
-		l.perTP[acklog.TopicPartition{Topic: a.r.Topic, Partition: a.r.Partition}]++
-	}
+	l.held = kept
 }
 
-// lapsed reports whether, by the lane's own clock, its locks may have expired
-// before now+margin.
-func (l *lane) lapsed(now time.Time, margin time.Duration) bool {
-	return l.lockDur > 0 && l.acquiredAt.Add(l.lockDur-margin).Before(now)
-}
-
-// finish acknowledges the lane's batch and makes it poll again: accept
-// emitted and already-processed records, reject poison, and resolve records
-// set aside by the outcome of their marker.
-func (l *lane) finish(ctx context.Context, asideOutcome func(marker int64) kgo.AckStatus) error {
-	if len(l.emitted) > 0 {
-		l.cl.MarkAcks(kgo.AckAccept, l.emitted...)
-	}
-	if len(l.accepted) > 0 {
-		l.cl.MarkAcks(kgo.AckAccept, l.accepted...)
-	}
-	if len(l.rejected) > 0 {
-		l.cl.MarkAcks(kgo.AckReject, l.rejected...)
-	}
-	for _, a := range l.aside {
-		l.cl.MarkAcks(asideOutcome(a.marker), a.r)
-	}
-	err := l.cl.FlushAcks(ctx)
-	l.reset()
-	return err
-}
-
-// renew extends the locks of every held record.
-func (l *lane) renew(ctx context.Context, now time.Time) error {
-	n := 0
-	for _, rs := range [][]*kgo.Record{l.emitted, l.rejected, l.accepted} {
+// finish acknowledges the lane's epoch: ACCEPT emitted and already-processed
+// records, REJECT poison, and resolve set-aside records by their marker's
+// outcome (outcome returns 0 for a marker still open: the record stays held
+// and the lane parks). Records of a partition whose acknowledgement the
+// broker refused are not ACCEPTed: they are no longer ours. The lane polls
+// again once nothing is held. It returns the partitions the broker refused
+// and the flush error.
+func (l *lane) finish(ctx context.Context, outcome func(acklog.Entry) kgo.AckStatus) (map[acklog.TopicPartition]error, error) {
+	l.ack.mu.Lock()
+	defer l.ack.mu.Unlock()
+	l.mu.Lock()
+	var accept, reject, release, done []*kgo.Record
+	for _, rs := range [][]*kgo.Record{l.emitted, l.accepted} {
 		for _, r := range rs {
-			r.Ack(kgo.AckRenew)
-			n++
+			if !l.clock.isLost(r) {
+				accept = append(accept, r)
+			}
+			done = append(done, r)
 		}
 	}
+	for _, r := range l.rejected {
+		if !l.clock.isLost(r) {
+			reject = append(reject, r)
+		}
+		done = append(done, r)
+	}
+	var still []asideRec
 	for _, a := range l.aside {
-		a.r.Ack(kgo.AckRenew)
-		n++
+		switch st := outcome(a.marker); st {
+		case 0:
+			still = append(still, a)
+		case kgo.AckAccept:
+			accept = append(accept, a.r)
+			done = append(done, a.r)
+		default:
+			release = append(release, a.r)
+			done = append(done, a.r)
+		}
 	}
-	if n == 0 {
-		return nil
+	l.emitted, l.accepted, l.rejected, l.aside, l.epoch = nil, nil, nil, still, 0
+	l.drop(done)
+	l.state = laneParked
+	l.mu.Unlock()
+
+	for st, rs := range map[kgo.AckStatus][]*kgo.Record{kgo.AckAccept: accept, kgo.AckReject: reject, kgo.AckRelease: release} {
+		if len(rs) > 0 {
+			l.cl.MarkAcks(st, rs...)
+		}
 	}
-	if err := l.cl.FlushAcks(ctx); err != nil {
-		return err
+	refused, err := l.ack.ackLocked(ctx, 0)
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.clock.refuse(refused)
+	if len(l.aside) == 0 {
+		l.reset()
 	}
-	l.acquiredAt = now
-	return nil
+	l.count()
+	return refused, err
 }
 
+// reset makes the lane poll again. l.mu is held.
 func (l *lane) reset() {
-	l.state, l.batch, l.epoch = laneIdle, nil, 0
-	l.emitted, l.rejected, l.accepted, l.aside, l.perTP = nil, nil, nil, nil, nil
+	l.state, l.batch, l.epoch, l.clock = laneIdle, nil, 0, lockClock{}
+	l.held, l.emitted, l.rejected, l.accepted, l.aside, l.perTP = nil, nil, nil, nil, nil, nil
 	select {
 	case l.wake <- struct{}{}:
 	default:
 	}
+}
+
+// renew extends the locks of every record the lane holds, if due at now
+// (every third of the lock duration, or every `every` when set). A renewal
+// the broker refused for a partition marks it lost: its records count as
+// lapsed and are never ACCEPTed by this lane.
+func (l *lane) renew(ctx context.Context, now time.Time, every time.Duration) error {
+	l.ack.mu.Lock()
+	defer l.ack.mu.Unlock()
+	l.mu.Lock()
+	if every == 0 {
+		every = l.clock.dur / 3
+	}
+	due := (l.state == laneAdmitting || l.state == laneHolding || l.state == laneParked) &&
+		l.clock.dur > 0 && len(l.held) > 0 && now.Sub(l.renewed) >= every
+	held := l.held
+	if due {
+		l.renewed = now
+	}
+	l.mu.Unlock()
+	if !due {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, max(l.clock.dur/2, time.Second))
+	defer cancel()
+	refused, err := l.ack.ackLocked(rctx, kgo.AckRenew, held...)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case len(refused) > 0:
+		l.clock.refuse(refused)
+		return refusedErr(refused)
+	case err != nil:
+		return err // unconfirmed: the clock does not move
+	}
+	l.clock.renewed(now)
+	return nil
 }

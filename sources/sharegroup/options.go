@@ -68,6 +68,13 @@ var ErrNoShareGroups = errors.New("sharegroup: broker does not support share gro
 // records are already reflected in downstream state.
 var ErrRolledBack = errors.New("sharegroup: checkpoint aborted while holding its records; rolling back")
 
+// ErrRecordsSkipped is wrapped by the (unrecoverable) error with which the
+// transactional source fails its job when the group's share start offset
+// moved past records that no committed ack marker covers: the broker lost or
+// reset the share-group state, or archived records, and those records were
+// never processed. It names the group, the partitions and the offsets.
+var ErrRecordsSkipped = errors.New("sharegroup: records skipped by the share group")
+
 type cfg struct {
 	brokers        []string
 	topics         []string
@@ -85,6 +92,9 @@ type cfg struct {
 	lockMargin     time.Duration
 	tombstoneEvery time.Duration
 	grace          time.Duration
+	openWait       time.Duration // how long set-aside records wait on a foreign open marker
+	checkEvery     time.Duration // share start offset check (subtask 0)
+	renewTick      time.Duration // how often the renewer looks at the lanes
 	clientOpts     []kgo.Opt
 	logger         *zap.Logger
 	observe        func(held map[acklog.TopicPartition]int, limit int)
@@ -95,8 +105,23 @@ type cfg struct {
 
 func defaultCfg() cfg {
 	return cfg{mode: Transactional, txnTimeout: 15 * time.Minute, resetEarliest: true,
-		pollWait: 50 * time.Millisecond, lockMargin: 5 * time.Second, tombstoneEvery: time.Minute}
+		pollWait: 50 * time.Millisecond, tombstoneEvery: time.Minute, openWait: DefaultOpenMarkerWait,
+		checkEvery: 5 * time.Second, renewTick: 100 * time.Millisecond}
 }
+
+// DefaultOpenMarkerWait is the default for OpenMarkerWait.
+const DefaultOpenMarkerWait = 5 * time.Minute
+
+// OpenMarkerWait bounds how long a record covered by another job's
+// still-open ack marker is held (and renewed, which costs no delivery)
+// before that stale transaction is aborted by its recorded handle and the
+// record redelivered, overriding DefaultOpenMarkerWait. Markers of the
+// source's own job are never aborted this way: its checkpoints decide them.
+// Aborting another job's marker is safe when that job is gone (crashed and
+// not restarted, or cancelled before Weir aborted on cancel); if it was
+// alive, its checkpoint has had this long to complete and commit, and a
+// commit that comes later fails loudly as a lost transaction in that job.
+func OpenMarkerWait(d time.Duration) Opt { return func(c *cfg) { c.openWait = d } }
 
 // Opt configures a Source.
 type Opt func(*cfg)
@@ -155,9 +180,9 @@ func TransactionTimeout(d time.Duration) Opt { return func(c *cfg) { c.txnTimeou
 func StartFromLatest() Opt { return func(c *cfg) { c.resetEarliest = false } }
 
 // LockMargin sets how long before a lock's expiry a lane considers it at
-// risk (default 5s, at most a quarter of the broker's lock duration): an epoch whose locks may have lapsed declines its
-// checkpoint, and records whose lock has less left than this when polled
-// are released unprocessed.
+// risk, overriding a quarter of the broker's lock duration, at most 5s: an
+// epoch whose locks may have lapsed declines its checkpoint, and records
+// whose lock has less left than this when polled are released unprocessed.
 func LockMargin(d time.Duration) Opt { return func(c *cfg) { c.lockMargin = d } }
 
 // MarkerGrace sets how long after their creation resolved ack markers are
@@ -198,6 +223,8 @@ func (c *cfg) validate() error {
 		return bad("max deliveries %d < 2", c.maxDeliveries)
 	case c.mode > Implicit:
 		return bad("unknown mode %d", c.mode)
+	case c.openWait <= 0:
+		return bad("open-marker wait %v <= 0", c.openWait)
 	}
 	return nil
 }

@@ -230,10 +230,8 @@ type sessBatch struct {
 	in        map[*kgo.Record]struct{} // recs as a set
 	reject    map[*kgo.Record]struct{} // subset of recs to REJECT
 	aside     []sessAside              // not returned; resolved by their marker
-	lockDur   time.Duration            // from the acquisition deadline at poll
-	lockUntil time.Time                // by our clock, after acquisition or the last renewal
+	clock     lockClock                // of the batch's locks, by our clock
 	renewedAt time.Time                // last renewal attempt (or the poll)
-	lost      bool                     // the broker refused a renewal
 }
 
 func (b *sessBatch) held() []*kgo.Record {
@@ -306,11 +304,10 @@ type Session struct {
 	pmu  sync.Mutex
 	perr error // first failed produce of the open transaction
 
-	ackMu sync.Mutex // serialises acknowledgements (renewer vs. methods)
+	ack *acker // serialises acknowledgements (renewer vs. methods) and sees refusals
 
-	mu      sync.Mutex // guards batch and ackErrs
-	batch   *sessBatch
-	ackErrs []error
+	mu    sync.Mutex // guards batch
+	batch *sessBatch
 
 	wake chan struct{}
 	wg   sync.WaitGroup
@@ -350,7 +347,7 @@ func NewSession(ctx context.Context, opts ...SessionOpt) (*Session, error) {
 	if c.logger == nil {
 		c.logger = zap.NewNop()
 	}
-	s := &Session{cfg: c, log: c.logger.With(zap.String("session", c.txnID)), wake: make(chan struct{}, 1)}
+	s := &Session{cfg: c, log: c.logger.With(zap.String("session", c.txnID)), wake: make(chan struct{}, 1), ack: &acker{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -390,13 +387,14 @@ func NewSession(ctx context.Context, opts ...SessionOpt) (*Session, error) {
 		kgo.ConsumeTopics(c.topics...),
 		kgo.ShareMaxRecords(int32(c.maxRecords)),
 		kgo.ShareMaxRecordsStrict(), // fetch only when polled: no stale prefetch
-		kgo.ShareAckCallback(s.onAcks),
+		kgo.ShareAckCallback(s.ack.callback),
 		kgo.ConnIdleTimeout(10*time.Minute), // an idle connection may drop held records
 		kgo.ClientID(c.txnID),
 	)...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: session: share consumer: %w", ErrInvalidConfig, err)
 	}
+	s.ack.cl = s.cons
 	s.wg.Add(1)
 	go s.renewLoop()
 	ok = true
@@ -460,41 +458,10 @@ func (s *Session) produceErr() error {
 	return s.perr
 }
 
-func (s *Session) onAcks(_ *kgo.Client, rs kgo.ShareAckResults) {
-	for _, r := range rs {
-		if r.Err != nil {
-			s.mu.Lock()
-			s.ackErrs = append(s.ackErrs, fmt.Errorf("%s[%d]: %w", r.Topic, r.Partition, r.Err))
-			s.mu.Unlock()
-		}
-	}
-}
-
-// flushAcks flushes marked acknowledgements and returns the errors the
-// broker reported for them. s.ackMu is held.
-func (s *Session) flushAcks(ctx context.Context) ([]error, error) {
-	s.mu.Lock()
-	s.ackErrs = nil
-	s.mu.Unlock()
-	err := s.cons.FlushAcks(ctx)
-	s.mu.Lock()
-	errs := s.ackErrs
-	s.ackErrs = nil
-	s.mu.Unlock()
-	return errs, err
-}
-
 // detached returns a context that outlives ctx's cancellation, bounded by d:
 // for steps whose interruption would leave an unknown state (EndTxn, acks).
 func detached(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), d)
-}
-
-func (s *Session) margin(lockDur time.Duration) time.Duration {
-	if s.cfg.lockMargin > 0 {
-		return s.cfg.lockMargin
-	}
-	return min(5*time.Second, lockDur/4)
 }
 
 // Poll acquires a batch of records and returns those to process. A nil
@@ -502,7 +469,7 @@ func (s *Session) margin(lockDur time.Duration) time.Duration {
 // Abort it before polling again (else ErrBatchOpen). It blocks until
 // records arrive or ctx is done (then it returns ctx's error and no batch).
 //
-// Redelivered records (DeliveryCount() > 1) are looked up in the ack-log,
+// Every record (whatever its delivery count) is looked up in the ack-log,
 // caught up to its end: covered by a committed marker, they were processed
 // and their outputs committed, so they are ACCEPTed and not returned;
 // covered by a still-open marker, they are set aside (held, not returned)
@@ -569,21 +536,15 @@ func (s *Session) Poll(ctx context.Context) ([]*kgo.Record, error) {
 // open marker (set aside), lock nearly expired (RELEASE now), or returned.
 func (s *Session) admit(ctx context.Context, recs []*kgo.Record) (*sessBatch, error) {
 	now := time.Now()
-	b := &sessBatch{in: make(map[*kgo.Record]struct{}), reject: make(map[*kgo.Record]struct{}), renewedAt: now}
-	for _, r := range recs {
-		if dl := r.AcquisitionDeadline(); !dl.IsZero() && (b.lockUntil.IsZero() || dl.Before(b.lockUntil)) {
-			b.lockUntil = dl
-		}
-	}
-	if !b.lockUntil.IsZero() {
-		b.lockDur = b.lockUntil.Sub(now)
-	}
-	margin := s.margin(b.lockDur)
-	if slices.ContainsFunc(recs, func(r *kgo.Record) bool { return r.DeliveryCount() > 1 }) {
-		if err := s.ix.CatchUpToEnd(ctx); err != nil {
-			s.ackNow(ctx, kgo.AckRelease, recs)
-			return nil, fmt.Errorf("sharegroup: session: ack-log: %w", err)
-		}
+	b := &sessBatch{in: make(map[*kgo.Record]struct{}), reject: make(map[*kgo.Record]struct{}), renewedAt: now,
+		clock: newLockClock(recs, now)}
+	margin := lockMargin(s.cfg.lockMargin, b.clock.dur)
+	// Every record is looked up, whatever its delivery count: a share
+	// partition whose state was lost or reset redelivers committed records
+	// at count 1.
+	if err := s.ix.CatchUpToEnd(ctx); err != nil {
+		s.ackNow(ctx, kgo.AckRelease, recs)
+		return nil, fmt.Errorf("sharegroup: session: ack-log: %w", err)
 	}
 	var accept, release []*kgo.Record
 	for _, r := range recs {
@@ -591,16 +552,14 @@ func (s *Session) admit(ctx context.Context, recs []*kgo.Record) (*sessBatch, er
 			release = append(release, r)
 			continue
 		}
-		if r.DeliveryCount() > 1 {
-			tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
-			if e, ok := s.ix.Lookup(tp, r.Offset); ok {
-				if e.Status == acklog.Committed {
-					accept = append(accept, r)
-				} else {
-					b.aside = append(b.aside, sessAside{r: r, marker: e.Offset})
-				}
-				continue
+		tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+		if e, ok := s.ix.Lookup(tp, r.Offset); ok {
+			if e.Status == acklog.Committed {
+				accept = append(accept, r)
+			} else {
+				b.aside = append(b.aside, sessAside{r: r, marker: e.Offset})
 			}
+			continue
 		}
 		b.recs = append(b.recs, r)
 		b.in[r] = struct{}{}
@@ -619,14 +578,11 @@ func (s *Session) admit(ctx context.Context, recs []*kgo.Record) (*sessBatch, er
 // ackNow acknowledges records at once. A failure only means they come
 // back: they are then judged again.
 func (s *Session) ackNow(ctx context.Context, st kgo.AckStatus, recs []*kgo.Record) {
-	s.ackMu.Lock()
-	defer s.ackMu.Unlock()
-	s.cons.MarkAcks(st, recs...)
 	fctx, cancel := detached(ctx, 10*time.Second)
 	defer cancel()
-	if errs, err := s.flushAcks(fctx); err != nil || len(errs) > 0 {
+	if refused, err := s.ack.ack(fctx, st, recs...); err != nil || len(refused) > 0 {
 		s.log.Warn("acknowledging records failed; they will be redelivered", zap.Stringer("ack", st),
-			zap.Error(errors.Join(append(errs, err)...)))
+			zap.Error(errors.Join(err, refusedErr(refused))))
 	}
 }
 
@@ -807,10 +763,7 @@ func (s *Session) lapsed(b *sessBatch) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if b.lost {
-		return true
-	}
-	return !b.lockUntil.IsZero() && time.Now().After(b.lockUntil.Add(-s.margin(b.lockDur)))
+	return b.clock.lapsed(time.Now(), lockMargin(s.cfg.lockMargin, b.clock.dur)) != nil
 }
 
 // writeMarker produces the batch's ack marker into the open transaction
@@ -939,42 +892,9 @@ func (s *Session) await(ctx context.Context, pending func() (open []acklog.Entry
 }
 
 // abortStale aborts the transaction of an open marker that outstayed the
-// wait, with a raw EndTxn carrying the marker's transactional id and
-// producer id and the epoch the coordinator reports. If that transaction
-// committed or ended meanwhile, the request fails (or finds nothing to
-// abort) and the index shows the outcome: the abort is always safe.
+// wait (abortStaleMarker).
 func (s *Session) abortStale(ctx context.Context, e acklog.Entry) {
-	id := e.Marker.TransactionalID
-	log := s.log.With(zap.Int64("marker", e.Offset), zap.String("txn", id), zap.Int64("producer_id", e.Marker.ProducerID))
-	if id == "" {
-		log.Warn("an earlier overlapping ack marker stays open and names no transactional id; cannot abort it")
-		return
-	}
-	ds, err := s.adm.DescribeTransactions(ctx, id)
-	var d kadm.DescribedTransaction
-	if err == nil {
-		var ok bool
-		if d, ok = ds[id]; !ok {
-			err = errors.New("not in the response")
-		} else {
-			err = d.Err
-		}
-	}
-	if err != nil {
-		log.Warn("describing the transaction of a stale ack marker failed", zap.Error(err))
-		return
-	}
-	if d.State != "Ongoing" || (e.Marker.ProducerID != 0 && d.ProducerID != e.Marker.ProducerID) {
-		log.Info("the transaction of a stale ack marker already ended", zap.String("state", d.State))
-		return
-	}
-	h := checkpoint.TxnHandle{TransactionalID: id, ProducerID: d.ProducerID, Epoch: d.ProducerEpoch}
-	if err := kafkatxn.EndTxn(ctx, s.admin, h, false); err != nil {
-		log.Info("aborting the transaction of a stale ack marker failed (it may have ended)", zap.Error(err))
-		return
-	}
-	log.Warn("aborted the stale transaction of an earlier overlapping ack marker",
-		zap.Int16("epoch", d.ProducerEpoch), zap.Duration("waited", s.cfg.openWait))
+	abortStaleMarker(ctx, s.admin, e, s.cfg.openWait, s.log)
 }
 
 // commitTxn commits the open transaction with a raw EndTxn carrying the
@@ -1112,10 +1032,13 @@ func (s *Session) finish(ctx context.Context, b *sessBatch, success bool) {
 			asideSt[a.marker] = st
 		}
 	}
-	s.ackMu.Lock()
+	s.ack.mu.Lock()
 	s.mu.Lock()
 	var accept, reject []*kgo.Record
 	for _, r := range b.recs {
+		if b.clock.isLost(r) {
+			continue // no longer ours: never ACCEPTed by us
+		}
 		if _, rej := b.reject[r]; rej {
 			reject = append(reject, r)
 		} else {
@@ -1136,11 +1059,11 @@ func (s *Session) finish(ctx context.Context, b *sessBatch, success bool) {
 	for _, a := range b.aside {
 		s.cons.MarkAcks(asideSt[a.marker], a.r)
 	}
-	errs, err := s.flushAcks(dctx)
-	s.ackMu.Unlock()
-	if err != nil || len(errs) > 0 {
+	refused, err := s.ack.ackLocked(dctx, 0)
+	s.ack.mu.Unlock()
+	if err != nil || len(refused) > 0 {
 		s.log.Warn("acknowledging the batch failed; its records will be redelivered and judged by the ack-log",
-			zap.Bool("committed", success), zap.Error(errors.Join(append(errs, err)...)))
+			zap.Bool("committed", success), zap.Error(errors.Join(err, refusedErr(refused))))
 	}
 	s.mu.Lock()
 	if s.batch == b {
@@ -1253,8 +1176,8 @@ func (s *Session) renewEvery(b *sessBatch) time.Duration {
 		return 0
 	case s.cfg.renewEvery > 0:
 		return s.cfg.renewEvery
-	case b.lockDur > 0:
-		return max(b.lockDur/3, 10*time.Millisecond)
+	case b.clock.dur > 0:
+		return max(b.clock.dur/3, 10*time.Millisecond)
 	}
 	return 10 * time.Second
 }
@@ -1273,10 +1196,12 @@ func (s *Session) untilRenew(now time.Time) time.Duration {
 	return max(b.renewedAt.Add(every).Sub(now), time.Millisecond)
 }
 
-// renew extends the locks of every record the open batch holds.
+// renew extends the locks of every record the open batch holds. A renewal
+// the broker refused marks its partitions lost: the batch counts as lapsed
+// and those records are never ACCEPTed by this session.
 func (s *Session) renew() {
-	s.ackMu.Lock()
-	defer s.ackMu.Unlock()
+	s.ack.mu.Lock()
+	defer s.ack.mu.Unlock()
 	now := time.Now()
 	s.mu.Lock()
 	b := s.batch
@@ -1287,22 +1212,19 @@ func (s *Session) renew() {
 	b.renewedAt = now
 	held := b.held()
 	s.mu.Unlock()
-	for _, r := range held {
-		r.Ack(kgo.AckRenew)
-	}
-	ctx, cancel := context.WithTimeout(s.ctx, max(b.lockDur/2, time.Second))
-	errs, err := s.flushAcks(ctx)
+	ctx, cancel := context.WithTimeout(s.ctx, max(b.clock.dur/2, time.Second))
+	refused, err := s.ack.ackLocked(ctx, kgo.AckRenew, held...)
 	cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case len(errs) > 0:
-		b.lost = true
-		s.log.Warn("the broker refused to renew held records; the batch's locks are lost", zap.Error(errors.Join(errs...)))
+	case len(refused) > 0:
+		b.clock.refuse(refused)
+		s.log.Warn("the broker refused to renew held records; the batch's locks are lost", zap.Error(refusedErr(refused)))
 	case err != nil:
 		s.log.Warn("renewing held records did not complete", zap.Error(err))
 	default:
-		b.lockUntil = now.Add(b.lockDur)
+		b.clock.renewed(now)
 	}
 }
 

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -66,18 +69,23 @@ type Source[T any] struct {
 	oc     *runtime.OperatorContext
 	log    *zap.Logger
 
-	admin *kgo.Client
-	txn   *kafkatxn.TxnWriter // ack markers and dead letters (transactional); dead letters otherwise
-	ix    *acklog.Index
+	admin  *kgo.Client
+	txn    *kafkatxn.TxnWriter // ack markers and dead letters (transactional); dead letters otherwise
+	ix     *acklog.Index
+	prefix string // of this operator's transactional ids: markers with it are this job's
 
-	lanes   []*lane
-	ready   chan *lane
-	limit   int // the broker's group.share.partition.max.record.locks
-	lastGC  time.Time
-	started bool
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	member  string
+	lanes     []*lane
+	ready     chan *lane
+	limit     int // the broker's group.share.partition.max.record.locks
+	lastGC    time.Time
+	lastCheck time.Time
+	started   bool
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	member    string
+	paused    atomic.Bool // renewals stopped (tests play a paused process)
+	fatal     chan error  // a background check found an unrecoverable loss
+	stale     map[int64]bool
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
@@ -85,6 +93,8 @@ var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
 // Open implements runtime.Source: checks the broker, prepares topics and the
 // group, and in transactional mode finishes the restored checkpoint's marker
 // transactions (commit) and aborts lingering ones before anything is polled.
+// Subtask 0 then checks that the group's share start offsets never skipped
+// a record no committed marker covers.
 func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 	s.oc = oc
 	s.log = s.cfg.logger
@@ -94,6 +104,9 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
+	s.paused.Store(s.cfg.paused)
+	s.fatal = make(chan error, 1)
+	s.stale = map[int64]bool{}
 	s.member = fmt.Sprintf("%s#%d", oc.UID, oc.Subtask)
 	base := append([]kgo.Opt{kgo.SeedBrokers(s.cfg.brokers...)}, s.cfg.clientOpts...)
 	var err error
@@ -124,11 +137,11 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 			return err
 		}
 	}
-	prefix := s.cfg.txnPrefix
-	if prefix == "" {
-		prefix = unsafeChars.ReplaceAllString("weir-"+oc.Job+"-"+oc.UID, "_")
+	s.prefix = s.cfg.txnPrefix
+	if s.prefix == "" {
+		s.prefix = unsafeChars.ReplaceAllString("weir-"+oc.Job+"-"+oc.UID, "_")
 	}
-	wopts := []kafkatxn.Opt{kafkatxn.Brokers(s.cfg.brokers...), kafkatxn.TransactionalIDPrefix(prefix),
+	wopts := []kafkatxn.Opt{kafkatxn.Brokers(s.cfg.brokers...), kafkatxn.TransactionalIDPrefix(s.prefix),
 		kafkatxn.Subtask(oc.Subtask, oc.Parallelism), kafkatxn.TransactionTimeout(s.cfg.txnTimeout),
 		kafkatxn.ClientOpts(s.cfg.clientOpts...), kafkatxn.Logger(s.log)}
 	if s.cfg.mode == Transactional {
@@ -153,6 +166,11 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		if s.ix, err = acklog.NewIndex(ctx, s.cfg.brokers, s.cfg.ackLogTopic, s.cfg.clientOpts...); err != nil {
 			return fmt.Errorf("sharegroup: ack-log index: %w", err)
 		}
+		if oc.Subtask == 0 {
+			if err := s.checkStarts(sctx); err != nil {
+				return err
+			}
+		}
 	}
 	if s.cfg.batch == 0 {
 		s.cfg.batch = min(s.limit, 10000)
@@ -163,15 +181,17 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	}
 	s.ready = make(chan *lane, n)
 	for i := 0; i < n; i++ {
-		name := fmt.Sprintf("%s/lane%d", s.member, i)
+		l := newLane(i, fmt.Sprintf("%s/lane%d", s.member, i))
 		cl, err := kgo.NewClient(append(base,
 			kgo.ShareGroup(s.cfg.group), kgo.ConsumeTopics(s.cfg.topics...),
 			kgo.ShareMaxRecords(int32(s.cfg.batch)), kgo.ShareMaxRecordsStrict(),
-			kgo.ConnIdleTimeout(10*time.Minute), kgo.ClientID(name))...)
+			kgo.ShareAckCallback(l.ack.callback),
+			kgo.ConnIdleTimeout(10*time.Minute), kgo.ClientID(l.name))...)
 		if err != nil {
 			return fmt.Errorf("sharegroup: lane %d: %w", i, err)
 		}
-		s.lanes = append(s.lanes, newLane(i, name, cl))
+		l.cl, l.ack.cl = cl, cl
+		s.lanes = append(s.lanes, l)
 	}
 	s.log.Info("share-group source open", zap.String("group", s.cfg.group), zap.Strings("topics", s.cfg.topics),
 		zap.Stringer("mode", s.cfg.mode), zap.Int("lanes", n), zap.Int("batch", s.cfg.batch),
@@ -189,15 +209,17 @@ func (s *Source[T]) start() {
 			l.run(ctx, s.cfg.batch, s.ready)
 		}(l)
 	}
-	if !s.cfg.paused {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.renewLoop(ctx)
-		}()
-	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.renewLoop(ctx)
+	}()
 	s.started = true
 }
+
+// setPaused stops (true) or resumes the renewal of held locks: tests use it
+// to play a process that pauses (GC, partition) while it holds records.
+func (s *Source[T]) setPaused(p bool) { s.paused.Store(p) }
 
 // Poll implements runtime.Source: it emits the batches lanes have acquired,
 // waiting a little when none is ready.
@@ -205,8 +227,13 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 	if !s.started {
 		s.start()
 	}
-	if err := s.collectMarkers(ctx); err != nil {
-		s.log.Warn("ack-log marker collection failed; retried later", zap.Error(err))
+	select {
+	case err := <-s.fatal:
+		return err
+	default:
+	}
+	if err := s.housekeep(ctx); err != nil {
+		return err
 	}
 	t := time.NewTimer(s.cfg.pollWait)
 	defer t.Stop()
@@ -215,6 +242,8 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 		if err := s.admit(ctx, l, out); err != nil {
 			return err
 		}
+	case err := <-s.fatal:
+		return err
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
@@ -240,14 +269,104 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 	return nil
 }
 
+// housekeep runs subtask 0's periodic ack-log work: the share start offset
+// check (every checkEvery) and marker collection (every tombstoneEvery).
+// A failed check of a start offset that skipped records is unrecoverable;
+// other failures are retried later.
+func (s *Source[T]) housekeep(ctx context.Context) error {
+	if s.cfg.mode != Transactional || s.oc.Subtask != 0 {
+		return nil
+	}
+	if time.Since(s.lastCheck) >= s.cfg.checkEvery {
+		s.lastCheck = time.Now()
+		if err := s.checkStarts(ctx); err != nil {
+			if errors.Is(err, ErrRecordsSkipped) {
+				return err
+			}
+			s.log.Warn("share start offset check failed; retried later", zap.Error(err))
+		}
+	}
+	if err := s.collectMarkers(ctx); err != nil {
+		s.log.Warn("ack-log marker collection failed; retried later", zap.Error(err))
+	}
+	return nil
+}
+
+// checkStarts compares the group's share start offsets with the ack-log.
+// Below a share start offset every record is acknowledged for good, so every
+// offset between a partition's watermark (where the previous check left it)
+// and its start offset must be covered by a committed marker: if not, the
+// broker skipped records the job never processed (share state lost or reset,
+// records archived), and the job fails with ErrRecordsSkipped naming them,
+// never silently. A partition without a watermark gets one at its start
+// offset (the group starts there); one whose start moved back (state reset
+// to an earlier offset) is fine: the lookup recognises what comes back.
+// Watermarks then advance to the start offsets.
+func (s *Source[T]) checkStarts(ctx context.Context) error {
+	starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
+	if err != nil {
+		return err
+	}
+	if err := s.ix.CatchUpToEnd(ctx); err != nil {
+		return fmt.Errorf("ack-log: %w", err)
+	}
+	var skipped []string
+	var advance []*kgo.Record
+	for tp, start := range starts {
+		if !slices.Contains(s.cfg.topics, tp.Topic) {
+			continue
+		}
+		wm, ok := s.ix.Watermark(tp)
+		switch {
+		case ok && start > wm:
+			if gaps := s.ix.Uncovered(tp, wm, start); len(gaps) > 0 {
+				skipped = append(skipped, fmt.Sprintf("%s offsets %s", tp, fmtRanges(gaps)))
+				continue
+			}
+		case ok:
+			continue
+		}
+		advance = append(advance, acklog.Watermark{Group: s.cfg.group, TP: tp, Offset: start}.Record(s.cfg.ackLogTopic))
+	}
+	if len(skipped) > 0 {
+		slices.Sort(skipped)
+		return runtime.Unrecoverable(fmt.Errorf("%w: group %q, %s: the share start offset moved past records that no "+
+			"committed ack marker covers (share-group state lost or reset, or records archived by the broker); "+
+			"rewind the group's share offsets to re-read them", ErrRecordsSkipped, s.cfg.group, strings.Join(skipped, "; ")))
+	}
+	if len(advance) > 0 {
+		if err := s.admin.ProduceSync(ctx, advance...).FirstErr(); err != nil {
+			return fmt.Errorf("write ack-log watermarks: %w", err)
+		}
+	}
+	return nil
+}
+
+// fmtRanges prints ranges as "[a, b)" lists, at most five.
+func fmtRanges(rs []acklog.Range) string {
+	var b strings.Builder
+	for i, r := range rs {
+		if i == 5 {
+			fmt.Fprintf(&b, " and %d more", len(rs)-5)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "[%d, %d)", r.Start, r.End)
+	}
+	return b.String()
+}
+
 // collectMarkers tombstones ack markers that can no longer matter: every
 // record they cover is below its partition's share start offset (done for
-// good), and they are older than the grace period (default 10x the lock
-// duration; a tombstoned marker no longer stops a zombie, so the grace
-// period bounds how long a paused process can stay one). Subtask 0 does it,
-// every tombstoneEvery, outside any transaction.
+// good, and below the watermark checkStarts wrote), and they are older than
+// the grace period (default 10x the lock duration; a tombstoned marker no
+// longer stops a zombie, so the grace period bounds how long a paused
+// process can stay one). Subtask 0 does it, every tombstoneEvery, outside
+// any transaction, after checkStarts.
 func (s *Source[T]) collectMarkers(ctx context.Context) error {
-	if s.cfg.mode != Transactional || s.oc.Subtask != 0 || time.Since(s.lastGC) < s.cfg.tombstoneEvery {
+	if time.Since(s.lastGC) < s.cfg.tombstoneEvery {
 		return nil
 	}
 	s.lastGC = time.Now()
@@ -256,21 +375,29 @@ func (s *Source[T]) collectMarkers(ctx context.Context) error {
 		lock := 30 * time.Second
 		for _, l := range s.lanes {
 			l.mu.Lock()
-			if l.lockDur > 0 {
-				lock = l.lockDur
+			if l.clock.dur > 0 {
+				lock = l.clock.dur
 			}
 			l.mu.Unlock()
 		}
 		grace = 10 * lock
 	}
+	if err := s.ix.CatchUpToEnd(ctx); err != nil {
+		return err
+	}
+	// Only what a watermark already covers may go: the watermark is what
+	// keeps recognising those records once their markers are gone.
+	wms := map[acklog.TopicPartition]int64{}
 	starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
 	if err != nil {
 		return err
 	}
-	if err := s.ix.CatchUpToEnd(ctx); err != nil {
-		return err
+	for tp, start := range starts {
+		if wm, ok := s.ix.Watermark(tp); ok {
+			wms[tp] = min(wm, start)
+		}
 	}
-	tombs := s.ix.Tombstones(starts, time.Now(), grace)
+	tombs := s.ix.Tombstones(wms, time.Now(), grace)
 	if len(tombs) == 0 {
 		return nil
 	}
@@ -336,54 +463,60 @@ func (s *Source[T]) nearLimit() bool {
 	return false
 }
 
+// allHolding reports whether no lane can take more work until a checkpoint
+// completes: none is idle or ready, and some hold an epoch not yet covered.
 func (s *Source[T]) allHolding() bool {
+	waiting := false
 	for _, l := range s.lanes {
 		l.mu.Lock()
-		st := l.state
+		st, epoch := l.state, l.epoch
 		l.mu.Unlock()
-		if st != laneHolding {
+		switch {
+		case st == laneIdle || st == laneReady || st == laneAdmitting:
 			return false
+		case st == laneHolding && epoch == 0:
+			waiting = true
 		}
 	}
-	return true
+	return waiting
 }
 
-// admit sorts a lane's fresh batch: already processed (ACCEPT, skip),
-// covered by an open marker (set aside), poison or undecodable (dead
-// letter, REJECT), lock nearly expired (RELEASE unprocessed), or emitted.
+// admit sorts a lane's fresh batch: already processed (ACCEPT later, skip),
+// covered by an open marker (set aside), poison or undecodable (dead letter,
+// REJECT), lock nearly expired (RELEASE unprocessed), or emitted. Every
+// record is looked up in the ack-log, whatever its delivery count: a share
+// partition whose state was lost or reset redelivers committed records at
+// count 1. It holds no lock while it emits: downstream back-pressure never
+// stops the renewals of this or any other lane.
 func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]) error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.fetchErr != nil {
 		s.log.Warn("share fetch error", zap.String("lane", l.name), zap.Error(l.fetchErr))
 	}
 	batch := l.batch
-	l.batch, l.state, l.epoch = nil, laneHolding, 0
-	if s.cfg.mode == Transactional {
-		for _, r := range batch {
-			if r.DeliveryCount() > 1 {
-				if err := s.ix.CatchUpToEnd(ctx); err != nil {
-					return fmt.Errorf("sharegroup: ack-log: %w", err)
-				}
-				break
-			}
+	l.batch, l.state, l.epoch = nil, laneAdmitting, 0
+	margin := lockMargin(s.cfg.lockMargin, l.clock.dur)
+	l.mu.Unlock()
+	if s.cfg.mode == Transactional && len(batch) > 0 {
+		if err := s.ix.CatchUpToEnd(ctx); err != nil {
+			return fmt.Errorf("sharegroup: ack-log: %w", err)
 		}
 	}
 	now := time.Now()
-	margin := s.margin(l.lockDur)
-	var stale []*kgo.Record
+	var stale, emitted, rejected, accepted []*kgo.Record
+	var aside []asideRec
 	for _, r := range batch {
-		if dl := r.AcquisitionDeadline(); !dl.IsZero() && dl.Sub(now) < margin {
+		if expiresSoon(r, now, margin) {
 			stale = append(stale, r)
 			continue
 		}
-		if s.cfg.mode == Transactional && r.DeliveryCount() > 1 {
+		if s.cfg.mode == Transactional {
 			tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
 			if e, ok := s.ix.Lookup(tp, r.Offset); ok {
 				if e.Status == acklog.Committed {
-					l.accepted = append(l.accepted, r)
+					accepted = append(accepted, r)
 				} else {
-					l.aside = append(l.aside, asideRec{r: r, marker: e.Offset})
+					aside = append(aside, asideRec{r: r, marker: e})
 				}
 				continue
 			}
@@ -392,7 +525,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 			if err := s.deadLetter(ctx, r, fmt.Errorf("delivered %d times (max %d)", r.DeliveryCount(), s.cfg.maxDeliveries)); err != nil {
 				return err
 			}
-			l.rejected = append(l.rejected, r)
+			rejected = append(rejected, r)
 			continue
 		}
 		v, err := s.decode(r)
@@ -400,34 +533,67 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 			if err := s.deadLetter(ctx, r, fmt.Errorf("decode: %w", err)); err != nil {
 				return err
 			}
-			l.rejected = append(l.rejected, r)
+			rejected = append(rejected, r)
 			continue
 		}
 		out.Collect(v)
-		l.emitted = append(l.emitted, r)
+		emitted = append(emitted, r)
 	}
 	if len(stale) > 0 {
 		s.log.Info("releasing records whose lock was too close to expiry to process", zap.String("lane", l.name), zap.Int("records", len(stale)))
-		l.cl.MarkAcks(kgo.AckRelease, stale...)
-		if err := l.cl.FlushAcks(ctx); err != nil {
-			return fmt.Errorf("sharegroup: release stale records: %w", err)
+		if refused, err := l.ack.ack(ctx, kgo.AckRelease, stale...); err != nil || len(refused) > 0 {
+			s.log.Warn("releasing stale records failed; they come back when their lock expires", zap.String("lane", l.name),
+				zap.Error(errors.Join(err, refusedErr(refused))))
 		}
 	}
 	if ce := s.log.Check(zap.DebugLevel, "share batch admitted"); ce != nil {
-		ce.Write(zap.String("lane", l.name), zap.Int("records", len(batch)), zap.Int("emitted", len(l.emitted)),
-			zap.Int("already_processed", len(l.accepted)), zap.Int("set_aside", len(l.aside)),
-			zap.Int("rejected", len(l.rejected)), zap.Int("released_stale", len(stale)))
+		ce.Write(zap.String("lane", l.name), zap.Int("records", len(batch)), zap.Int("emitted", len(emitted)),
+			zap.Int("already_processed", len(accepted)), zap.Int("set_aside", len(aside)),
+			zap.Int("rejected", len(rejected)), zap.Int("released_stale", len(stale)))
 	}
+	l.mu.Lock()
+	l.drop(stale)
+	l.emitted, l.rejected, l.accepted, l.aside = emitted, rejected, accepted, aside
+	l.state = laneHolding
+	l.count()
+	l.mu.Unlock()
 	// A batch with nothing to carry through a checkpoint finishes now:
 	// already-processed records are ACCEPTed at once.
-	if s.cfg.mode == Implicit || len(l.emitted)+len(l.rejected)+len(l.aside) == 0 {
-		return l.finish(ctx, releaseAside)
+	if s.cfg.mode == Implicit || len(emitted)+len(rejected) == 0 {
+		if _, err := l.finish(ctx, s.asideOutcome(ctx)); err != nil {
+			s.log.Warn("acknowledging an admitted batch failed; its records come back and are judged again",
+				zap.String("lane", l.name), zap.Error(err))
+		}
 	}
-	l.count()
 	return nil
 }
 
-func releaseAside(int64) kgo.AckStatus { return kgo.AckRelease }
+// asideOutcome returns how a set-aside record is resolved at a lane's
+// finalization: ACCEPT if its marker committed, RELEASE if it aborted (or
+// was forgotten), 0 (keep holding) while it is open. The index is caught up
+// once, at the first call.
+func (s *Source[T]) asideOutcome(ctx context.Context) func(acklog.Entry) kgo.AckStatus {
+	if s.cfg.mode != Transactional {
+		return func(acklog.Entry) kgo.AckStatus { return kgo.AckRelease }
+	}
+	caught := false
+	return func(m acklog.Entry) kgo.AckStatus {
+		if !caught {
+			caught = true
+			if err := s.ix.CatchUpToEnd(ctx); err != nil {
+				s.log.Warn("reading the ack-log failed; set-aside records stay held", zap.Error(err))
+			}
+		}
+		e, ok := s.ix.Status(m.Offset)
+		switch {
+		case !ok || e.Status == acklog.Aborted:
+			return kgo.AckRelease
+		case e.Status == acklog.Committed:
+			return kgo.AckAccept
+		}
+		return 0
+	}
+}
 
 // deadLetterRecord copies r for the dead-letter topic, with the reason and
 // r's origin in headers.
@@ -438,16 +604,6 @@ func deadLetterRecord(r *kgo.Record, topic, reason string) *kgo.Record {
 		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.Topic)},
 		kgo.RecordHeader{Key: HeaderPartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
 		kgo.RecordHeader{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))})}
-}
-
-// margin is how close to a lock's expiry a record counts as at risk: the
-// configured margin, but at most a quarter of the lock duration (a broker
-// with short locks would otherwise have every record released as stale).
-func (s *Source[T]) margin(lockDur time.Duration) time.Duration {
-	if lockDur > 0 && s.cfg.lockMargin > lockDur/4 {
-		return lockDur / 4
-	}
-	return s.cfg.lockMargin
 }
 
 // deadLetter copies r to the dead-letter topic, in the current transaction in
@@ -467,10 +623,13 @@ func (s *Source[T]) deadLetter(ctx context.Context, r *kgo.Record, cause error) 
 }
 
 // Snapshot implements runtime.Source. Every batch emitted since the last
-// barrier belongs to checkpoint id. In transactional mode the source writes
-// the epoch's ack marker into the checkpoint's transaction, runs the
-// conflict check, and pre-commits; it declines when the epoch may hold
-// records another lane processed.
+// barrier belongs to checkpoint id. In transactional mode the source declines
+// when a lane's locks may have lapsed (by its own clock, or a renewal the
+// broker refused) or when an offset was acquired twice within the epoch (a
+// lane's lock lapsed and the record was redelivered to another lane of this
+// subtask); otherwise it writes the epoch's ack marker into the checkpoint's
+// transaction and runs the conflict check, aborting its transaction at once
+// if it loses; then it pre-commits.
 func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.OperatorState, error) {
 	var epoch []*lane
 	for _, l := range s.lanes {
@@ -493,12 +652,16 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 	offsets := map[acklog.TopicPartition][]int64{}
 	for _, l := range epoch {
 		l.mu.Lock()
-		lapsed := l.lapsed(now, s.margin(l.lockDur))
+		lapsed := l.clock.lapsed(now, lockMargin(s.cfg.lockMargin, l.clock.dur))
 		l.offsets(offsets)
 		l.mu.Unlock()
-		if lapsed {
-			return runtime.OperatorState{}, fmt.Errorf("%w: %s: the locks of its batch may have expired", checkpoint.ErrDeclined, l.name)
+		if lapsed != nil {
+			return runtime.OperatorState{}, fmt.Errorf("%w: %s: %w", checkpoint.ErrDeclined, l.name, lapsed)
 		}
+	}
+	if dup := twice(offsets); dup != "" {
+		return runtime.OperatorState{}, fmt.Errorf("%w: %s: offset %s was acquired twice in checkpoint %d's epoch: a lane's lock "+
+			"lapsed and the broker redelivered the record to another lane", checkpoint.ErrDeclined, s.member, dup, id)
 	}
 	if len(offsets) > 0 {
 		cur, err := s.txn.Current(ctx)
@@ -517,10 +680,12 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 		if err := s.ix.CatchUp(ctx, rec.Offset+1); err != nil {
 			return runtime.OperatorState{}, fmt.Errorf("sharegroup: ack-log: %w", err)
 		}
-		if cs := s.ix.Conflicts(acklog.Entry{Marker: m, Offset: rec.Offset, Status: acklog.Open}); len(cs) > 0 {
-			return runtime.OperatorState{}, fmt.Errorf("%w: ack marker at %d overlaps an earlier %s marker at %d (producer %d): "+
+		own := acklog.Entry{Marker: m, Offset: rec.Offset, Status: acklog.Open, ProducerEpoch: rec.ProducerEpoch}
+		if cs := s.ix.Conflicts(own); len(cs) > 0 {
+			s.abortDeclined(ctx, id)
+			return runtime.OperatorState{}, fmt.Errorf("%w: ack marker at %d overlaps an earlier %s marker at %d (%s, checkpoint %d): "+
 				"these records were processed elsewhere (a lock expired)", checkpoint.ErrDeclined, rec.Offset,
-				cs[0].Status, cs[0].Offset, cs[0].Marker.ProducerID)
+				cs[0].Status, cs[0].Offset, cs[0].Marker.TransactionalID, cs[0].Marker.Checkpoint)
 		}
 	}
 	if _, _, err := s.txn.PreCommit(ctx, id); err != nil {
@@ -532,10 +697,43 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 	return runtime.OperatorState{Handles: s.txn.Pending()}, nil
 }
 
+// abortDeclined aborts the transaction of a marker that lost the conflict
+// check, at once: redeliveries must not be set aside behind it, and a lost
+// abort notification must not let it be pre-committed with the next
+// checkpoint.
+func (s *Source[T]) abortDeclined(ctx context.Context, id checkpoint.ID) {
+	_, _, err := s.txn.PreCommit(ctx, id)
+	if err == nil {
+		err = s.txn.Abort(ctx, id)
+	}
+	if err != nil {
+		s.log.Warn("aborting a declined ack marker's transaction failed; the task fails and recovery aborts it",
+			zap.Uint64("checkpoint", uint64(id)), zap.Error(err))
+		select {
+		case s.fatal <- fmt.Errorf("sharegroup: abort the declined marker of checkpoint %d: %w", id, err):
+		default:
+		}
+	}
+}
+
+// twice returns "topic[partition]@offset" for an offset that appears twice,
+// or "".
+func twice(offsets map[acklog.TopicPartition][]int64) string {
+	for tp, offs := range offsets {
+		sorted := slices.Clone(offs)
+		slices.Sort(sorted)
+		for i := 1; i < len(sorted); i++ {
+			if sorted[i] == sorted[i-1] {
+				return fmt.Sprintf("%s@%d", tp, sorted[i])
+			}
+		}
+	}
+	return ""
+}
+
 // NotifyCheckpointComplete implements checkpoint.Listener: commit the marker
 // transactions up to id, then ACCEPT (or REJECT) the records they cover.
 func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.ID) error {
-	outcome := releaseAside
 	if s.cfg.mode == Transactional {
 		if err := s.txn.Commit(ctx, id); err != nil {
 			return fmt.Errorf("sharegroup: commit ack markers of checkpoint %d: %w", id, err)
@@ -543,29 +741,20 @@ func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.
 		if err := s.oc.Inject(FailpointAfterAckCommit); err != nil {
 			return err
 		}
-		caught := false
-		outcome = func(marker int64) kgo.AckStatus {
-			if !caught {
-				caught = s.ix.CatchUpToEnd(ctx) == nil
-			}
-			if e, ok := s.ix.Status(marker); ok && e.Status == acklog.Committed {
-				return kgo.AckAccept
-			}
-			return kgo.AckRelease
-		}
 	}
+	outcome := s.asideOutcome(ctx)
 	for _, l := range s.lanes {
 		l.mu.Lock()
-		var err error
-		if l.state == laneHolding && l.epoch != 0 && l.epoch <= id {
-			err = l.finish(ctx, outcome)
-		}
+		due := l.state == laneHolding && l.epoch != 0 && l.epoch <= id
 		l.mu.Unlock()
-		if err != nil {
-			// The commit point passed: a lost ACCEPT only means the
-			// records come back and are recognised as processed.
-			s.log.Warn("acknowledging a completed epoch failed; its records will be redelivered and skipped",
-				zap.String("lane", l.name), zap.Error(err))
+		if !due {
+			continue
+		}
+		// The commit point passed: a refused or lost ACCEPT only means the
+		// records come back and are recognised as processed.
+		if refused, err := l.finish(ctx, outcome); err != nil || len(refused) > 0 {
+			s.log.Warn("the broker did not confirm the acknowledgement of a completed epoch; its records will be "+
+				"redelivered and recognised by the ack-log", zap.String("lane", l.name), zap.Error(errors.Join(err, refusedErr(refused))))
 		}
 	}
 	return nil
@@ -598,37 +787,98 @@ func (s *Source[T]) NotifyCheckpointAborted(ctx context.Context, id checkpoint.I
 	return nil
 }
 
-// renewLoop renews the locks of held batches at a third of the lock
-// duration, without polling.
+// renewLoop renews the locks of held records, without polling, and resolves
+// parked lanes' set-aside records as their markers end. It never waits on
+// the task goroutine or downstream.
 func (s *Source[T]) renewLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(s.cfg.renewTick)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			for _, l := range s.lanes {
-				l.mu.Lock()
-				if l.state == laneHolding && l.lockDur > 0 && now.Sub(l.acquiredAt) > l.lockDur/3 {
-					if err := l.renew(ctx, now); err != nil {
-						s.log.Warn("renewing held records failed", zap.String("lane", l.name), zap.Error(err))
-					}
-				}
-				l.mu.Unlock()
+			if s.paused.Load() {
+				continue
 			}
+			for _, l := range s.lanes {
+				if err := l.renew(ctx, now, 0); err != nil && ctx.Err() == nil {
+					s.log.Warn("renewing held records failed; the lane's epoch will decline if its locks are gone",
+						zap.String("lane", l.name), zap.Error(err))
+				}
+			}
+			s.resolveParked(ctx)
 		}
 	}
 }
 
+// resolveParked finishes parked lanes whose set-aside records' markers
+// ended. A foreign marker (another job's transactional id) open longer than
+// the open-marker wait is stale: its transaction is aborted by its recorded
+// handle, so its records are redelivered instead of waiting for the broker's
+// transaction timeout. A marker of this job is never aborted here: its
+// checkpoint's coordinator decides it.
+func (s *Source[T]) resolveParked(ctx context.Context) {
+	var parked []*lane
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		if l.state == laneParked {
+			parked = append(parked, l)
+		}
+		l.mu.Unlock()
+	}
+	if len(parked) == 0 || s.cfg.mode != Transactional {
+		return
+	}
+	outcome := s.asideOutcome(ctx)
+	for _, l := range parked {
+		if _, err := l.finish(ctx, func(m acklog.Entry) kgo.AckStatus {
+			st := outcome(m)
+			if st == 0 && !strings.HasPrefix(m.Marker.TransactionalID, s.prefix+"-") && !s.stale[m.Offset] &&
+				time.Since(m.Marker.CreatedAt) > s.cfg.openWait {
+				s.stale[m.Offset] = true
+				abortStaleMarker(ctx, s.admin, m, s.cfg.openWait, s.log)
+			}
+			return st
+		}); err != nil && ctx.Err() == nil {
+			s.log.Warn("resolving set-aside records failed; retried", zap.String("lane", l.name), zap.Error(err))
+		}
+	}
+}
+
+// Cancel ends the source for good (the job is cancelled, not restarted):
+// it aborts every ack-marker transaction no completed checkpoint covers
+// (pre-committed or open) and releases every held record, so a cancelled
+// job leaves no open transaction and no held record behind. Call it after
+// the notification of the job's last completed checkpoint, then Close.
+func (s *Source[T]) Cancel(ctx context.Context) error {
+	if s.txn == nil || s.cfg.mode != Transactional {
+		return nil
+	}
+	var errs []error
+	for _, h := range s.txn.Pending() {
+		if err := s.txn.Abort(ctx, h.Checkpoint); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sharegroup: cancel: %w", err)
+	}
+	return nil
+}
+
 // Close implements runtime.Source: stop polling and close every client,
-// which releases held records at once.
+// which aborts the open (not pre-committed) transaction and releases held
+// records at once. Pre-committed transactions stay for the next attempt's
+// recovery; Cancel aborts them when the job ends for good.
 func (s *Source[T]) Close() error {
 	if s.cancel != nil {
 		s.cancel()
 	}
 	for _, l := range s.lanes {
-		l.cl.Close()
+		if l.cl != nil {
+			l.cl.Close()
+		}
 	}
 	s.wg.Wait()
 	if s.txn != nil {
@@ -643,25 +893,38 @@ func (s *Source[T]) Close() error {
 	return nil
 }
 
-// checkShareAPIs fails fast when the brokers lack the share-group APIs, and
-// says so when they advertise an API this client does not know (KIP-1289's
-// transactional share acknowledgement, once it exists).
+// Minimum API versions: ShareGroupHeartbeat v1, and ShareFetch and
+// ShareAcknowledge v2, which carry the RENEW acknowledgement (KIP-1222) that
+// keeps held records' locks: Apache Kafka 4.2.
+var minShareAPIs = []struct {
+	key, version int16
+}{{76, 1}, {78, 2}, {79, 2}}
+
+// checkShareAPIs fails fast when the brokers lack the share-group APIs at
+// the versions Weir needs (Apache Kafka 4.2: lock renewal), and says so when
+// they advertise an API this client does not know (KIP-1289's transactional
+// share acknowledgement, once it exists).
 func checkShareAPIs(ctx context.Context, cl *kgo.Client, log *zap.Logger) error {
 	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
 	if err != nil {
 		return fmt.Errorf("sharegroup: brokers unreachable: %w", err)
 	}
-	have := map[int16]bool{}
+	have := map[int16]int16{}
 	for _, k := range resp.ApiKeys {
-		have[k.ApiKey] = true
+		have[k.ApiKey] = k.MaxVersion
 		if name := kmsg.NameForKey(k.ApiKey); name == "" && k.ApiKey > 92 {
 			log.Info("broker advertises an API this client does not know; if it is KIP-1289's transactional "+
 				"share acknowledgement, Weir still uses its ack-log", zap.Int16("api_key", k.ApiKey))
 		}
 	}
-	for _, k := range []int16{76, 78, 79} { // ShareGroupHeartbeat, ShareFetch, ShareAcknowledge
-		if !have[k] {
-			return runtime.Unrecoverable(fmt.Errorf("%w: ApiVersions lacks %s", ErrNoShareGroups, kmsg.NameForKey(k)))
+	for _, k := range minShareAPIs {
+		v, ok := have[k.key]
+		switch {
+		case !ok:
+			return runtime.Unrecoverable(fmt.Errorf("%w: ApiVersions lacks %s", ErrNoShareGroups, kmsg.NameForKey(k.key)))
+		case v < k.version:
+			return runtime.Unrecoverable(fmt.Errorf("%w: the broker's %s goes up to v%d; v%d (Apache Kafka 4.2, KIP-1222 lock "+
+				"renewal) is needed", ErrNoShareGroups, kmsg.NameForKey(k.key), v, k.version))
 		}
 	}
 	return nil

@@ -115,7 +115,7 @@ func (w *txnWriter) write(m Marker) Entry {
 	if err := w.cl.ProduceSync(testCtx(w.f.t), r).FirstErr(); err != nil {
 		w.f.t.Fatalf("%s: produce marker: %v", w.id, err)
 	}
-	return Entry{Marker: m, Offset: r.Offset, Status: Open}
+	return Entry{Marker: m, Offset: r.Offset, Status: Open, ProducerEpoch: r.ProducerEpoch}
 }
 
 // end commits or aborts the open transaction.

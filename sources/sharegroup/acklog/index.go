@@ -52,6 +52,17 @@ type Entry struct {
 	Marker Marker
 	Offset int64
 	Status Status
+	// ProducerEpoch is the producer epoch of the record that carried the
+	// marker. With the producer id and the checkpoint it identifies the
+	// marker's transaction: a transactional id keeps its producer id across
+	// transactions, and the epoch bumps at every EndTxn (KIP-890).
+	ProducerEpoch int16
+}
+
+// sameTxn reports whether two markers were written by one transaction.
+func sameTxn(a, b Entry) bool {
+	return a.Marker.ProducerID == b.Marker.ProducerID && a.ProducerEpoch == b.ProducerEpoch &&
+		a.Marker.Checkpoint == b.Marker.Checkpoint
 }
 
 // entry is the Index's record of one live marker.
@@ -62,9 +73,12 @@ type entry struct {
 	key    string
 	born   time.Time // CreatedAt, or the record timestamp if unset
 	gone   bool      // forgotten (tombstoned)
+	epoch  int16     // producer epoch of the marker's record
 }
 
-func (e *entry) export() Entry { return Entry{Marker: e.m, Offset: e.offset, Status: e.status} }
+func (e *entry) export() Entry {
+	return Entry{Marker: e.m, Offset: e.offset, Status: e.status, ProducerEpoch: e.epoch}
+}
 
 // interval is one range of one marker in a partition's interval list.
 type interval struct {
@@ -143,6 +157,7 @@ type Index struct {
 	open        map[int64][]*entry  // open markers by producer id
 	pendingTomb map[int64][]string  // keys of uncommitted tombstones by producer id
 	byTP        map[TopicPartition]*intervals
+	wm          map[TopicPartition]int64 // highest watermark read per partition
 	skipped     int
 }
 
@@ -193,6 +208,7 @@ func newIndex(topic string) *Index {
 		open:        make(map[int64][]*entry),
 		pendingTomb: make(map[int64][]string),
 		byTP:        make(map[TopicPartition]*intervals),
+		wm:          make(map[TopicPartition]int64),
 	}
 }
 
@@ -361,6 +377,16 @@ func (ix *Index) ingest(r *kgo.Record) {
 		}
 		return
 	}
+	if isWatermark(r.Value) {
+		// Watermarks are written outside transactions: a transactional
+		// one (not Weir's) is not trusted.
+		if w, err := DecodeWatermark(r); err == nil && !r.Attrs.IsTransactional() {
+			ix.wm[w.TP] = max(ix.wm[w.TP], w.Offset)
+		} else {
+			ix.skipped++
+		}
+		return
+	}
 	m, err := Decode(r)
 	if err != nil {
 		ix.skipped++
@@ -374,13 +400,13 @@ func (ix *Index) ingest(r *kgo.Record) {
 	if born.IsZero() {
 		born = r.Timestamp
 	}
-	ix.add(m, r.Offset, string(r.Key), born, st, r.ProducerID)
+	ix.add(m, r.Offset, string(r.Key), born, st, r.ProducerID, r.ProducerEpoch)
 }
 
 // add indexes a marker read at offset; an Open one waits for a control
 // record of pid. ix.mu is held.
-func (ix *Index) add(m Marker, offset int64, key string, born time.Time, st Status, pid int64) {
-	e := &entry{m: m, offset: offset, status: st, key: key, born: born}
+func (ix *Index) add(m Marker, offset int64, key string, born time.Time, st Status, pid int64, epoch int16) {
+	e := &entry{m: m, offset: offset, status: st, key: key, born: born, epoch: epoch}
 	if st == Open {
 		ix.open[pid] = append(ix.open[pid], e)
 	}
@@ -448,14 +474,19 @@ func (ix *Index) unlinkRanges(e *entry) {
 }
 
 // Lookup returns the marker covering offset of tp that matters for a
-// redelivered record: the earliest Committed one if any (the record was
+// delivered record: the earliest Committed one if any (the record was
 // processed and its output committed: ACCEPT it, do not emit it), else the
 // earliest Open one (set the record aside until that marker resolves).
-// Aborted markers are ignored. It answers from what has been read: call
-// CatchUpToEnd first for an up-to-date answer.
+// Aborted markers are ignored. An offset below tp's watermark is done: the
+// answer is then a Committed entry with Offset -1 (no marker). It answers
+// from what has been read: call CatchUpToEnd first for an up-to-date
+// answer.
 func (ix *Index) Lookup(tp TopicPartition, offset int64) (Entry, bool) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	if wm, ok := ix.wm[tp]; ok && offset < wm {
+		return Entry{Offset: -1, Status: Committed}, true
+	}
 	l := ix.byTP[tp]
 	if l == nil {
 		return Entry{}, false
@@ -477,12 +508,14 @@ func (ix *Index) Lookup(tp TopicPartition, offset int64) (Entry, bool) {
 }
 
 // Conflicts returns, in ack-log order, every marker at an offset below
-// own.Offset, of another producer id, overlapping own's ranges, whose
+// own.Offset, of another transaction, overlapping own's ranges, whose
 // transaction is Open or Committed (Aborted ones are ignored): if there is
 // any, own's epoch holds records someone else has processed or is
-// processing, and own's checkpoint must be declined. Catch up to
-// own.Offset + 1 (or at least own.Offset) first. A later marker is never a
-// conflict.
+// processing, and own's checkpoint must be declined. Transactions are told
+// apart by producer id, producer epoch and checkpoint, never by producer id
+// alone: the transactions of one transactional id share a producer id, so
+// two checkpoints of one subtask do conflict. Catch up to own.Offset + 1 (or
+// at least own.Offset) first. A later marker is never a conflict.
 func (ix *Index) Conflicts(own Entry) []Entry {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -496,7 +529,7 @@ func (ix *Index) Conflicts(own Entry) []Entry {
 		for _, rg := range rs {
 			l.each(rg.Start, rg.End, func(iv interval) {
 				e := iv.e
-				if seen[e] || e.offset >= own.Offset || e.m.ProducerID == own.Marker.ProducerID || e.status == Aborted {
+				if seen[e] || e.offset >= own.Offset || e.status == Aborted || sameTxn(e.export(), own) {
 					return
 				}
 				seen[e] = true
@@ -505,6 +538,50 @@ func (ix *Index) Conflicts(own Entry) []Entry {
 		}
 	}
 	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.Offset, b.Offset) })
+	return out
+}
+
+// Watermark returns the highest watermark read for tp: every offset below it
+// is done.
+func (ix *Index) Watermark(tp TopicPartition) (int64, bool) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	wm, ok := ix.wm[tp]
+	return wm, ok
+}
+
+// Uncovered returns the offsets of tp in [from, to) that neither a
+// Committed marker nor tp's watermark covers, as sorted, merged ranges.
+// Open and aborted markers do not cover. Call CatchUpToEnd first.
+func (ix *Index) Uncovered(tp TopicPartition, from, to int64) []Range {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if wm, ok := ix.wm[tp]; ok {
+		from = max(from, wm)
+	}
+	if from >= to {
+		return nil
+	}
+	var covered []Range
+	if l := ix.byTP[tp]; l != nil {
+		l.each(from, to, func(iv interval) {
+			if iv.e.status == Committed {
+				covered = append(covered, Range{Start: max(iv.start, from), End: min(iv.end, to)})
+			}
+		})
+	}
+	covered = normalize(covered)
+	var out []Range
+	next := from
+	for _, c := range covered {
+		if c.Start > next {
+			out = append(out, Range{Start: next, End: c.Start})
+		}
+		next = max(next, c.End)
+	}
+	if next < to {
+		out = append(out, Range{Start: next, End: to})
+	}
 	return out
 }
 

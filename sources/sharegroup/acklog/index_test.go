@@ -120,14 +120,19 @@ func TestConflicts(t *testing.T) {
 		rg      Range
 		// later: the other marker is written after own
 		later bool
-		want  bool
+		// sameTxn: the earlier marker is written in own's transaction
+		sameTxn bool
+		want    bool
 	}{
 		{name: "earlier committed overlapping marker of another producer", earlier: Committed, rg: Range{5, 15}, want: true},
 		{name: "earlier open overlapping marker of another producer", earlier: Open, rg: Range{9, 10}, want: true},
 		{name: "earlier aborted overlapping marker", earlier: Aborted, rg: Range{0, 20}},
 		{name: "later committed overlapping marker", earlier: Committed, rg: Range{0, 20}, later: true},
 		{name: "later open overlapping marker", earlier: Open, rg: Range{0, 20}, later: true},
-		{name: "same producer id, earlier committed", samePID: true, earlier: Committed, rg: Range{0, 20}},
+		// One transactional id keeps its producer id across transactions:
+		// an earlier transaction of the same id is another transaction.
+		{name: "same producer id, earlier committed transaction", samePID: true, earlier: Committed, rg: Range{0, 20}, want: true},
+		{name: "same producer id, earlier open marker of the same transaction", samePID: true, earlier: Open, rg: Range{0, 20}, sameTxn: true},
 		{name: "non-overlapping committed marker", earlier: Committed, rg: Range{10, 20}},
 		{name: "touching but not overlapping", earlier: Open, rg: Range{0, 2}},
 	}
@@ -145,6 +150,10 @@ func TestConflicts(t *testing.T) {
 				own.begin()
 				e = own.write(own.marker(2, ownRanges...))
 				oe = other.txn(tt.earlier, 1, tt.rg)
+			} else if tt.sameTxn {
+				own.begin()
+				oe = own.write(own.marker(2, tt.rg))
+				e = own.write(own.marker(2, ownRanges...))
 			} else {
 				oe = other.txn(tt.earlier, 1, tt.rg)
 				own.begin()
@@ -538,4 +547,54 @@ func TestTombstonesAfterGraceAndForgetting(t *testing.T) {
 		t.Fatalf("fresh index after compaction holds %d markers, want 1", fresh.Len())
 	}
 	wantStatus(t, fresh, openOld, Committed)
+}
+
+// A watermark covers every offset below it: Lookup answers Committed for
+// them (a record whose marker was tombstoned, redelivered after its share
+// state was lost), and Uncovered leaves them out.
+func TestWatermarkCoversOffsetsBelowIt(t *testing.T) {
+	f := newFixture(t)
+	topic := f.ackTopic("watermark")
+	a := f.writer(topic, "a")
+	ea := a.txn(Committed, 1, Range{10, 20})
+	a.txn(Open, 2, Range{20, 25})
+	wm := Watermark{Group: "g", TP: tp0, Offset: 8}
+	if err := f.client().ProduceSync(testCtx(t), wm.Record(topic)).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	ix := f.index(topic)
+	if err := ix.CatchUpToEnd(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := ix.Watermark(tp0); !ok || got != 8 {
+		t.Fatalf("Watermark = %d, %v; want 8", got, ok)
+	}
+	for _, tt := range []struct {
+		off    int64
+		ok     bool
+		offset int64
+		status Status
+	}{
+		{0, true, -1, Committed},
+		{7, true, -1, Committed},
+		{8, false, 0, 0},
+		{10, true, ea.Offset, Committed},
+		{22, true, ea.Offset + 2, Open},
+		{30, false, 0, 0},
+	} {
+		got, ok := ix.Lookup(tp0, tt.off)
+		if ok != tt.ok || (ok && (got.Status != tt.status || (tt.offset >= 0 && got.Offset != tt.offset) || (tt.offset < 0 && got.Offset != -1))) {
+			t.Errorf("Lookup(%d) = %d %v (%v), want %d %v (%v)", tt.off, got.Offset, got.Status, ok, tt.offset, tt.status, tt.ok)
+		}
+	}
+	// [8, 10) and the open marker's [20, 25) and [25, 30) are not done.
+	if got, want := ix.Uncovered(tp0, 0, 30), []Range{{8, 10}, {20, 30}}; !slices.Equal(got, want) {
+		t.Fatalf("Uncovered(0, 30) = %v, want %v", got, want)
+	}
+	if got := ix.Uncovered(tp0, 10, 20); len(got) != 0 {
+		t.Fatalf("Uncovered(10, 20) = %v, want none: a committed marker covers it", got)
+	}
+	if ix.Skipped() != 0 {
+		t.Fatalf("Skipped = %d: the watermark was not recognised", ix.Skipped())
+	}
 }

@@ -34,7 +34,7 @@ func randomIndex(rng *rand.Rand, n int) (*Index, []*modelMarker) {
 		}
 		m := Marker{ProducerID: pid, Checkpoint: uint64(off), Ranges: RangesOf(offs)}
 		ix.mu.Lock()
-		ix.add(m, off, fmt.Sprint(off), time.Time{}, Open, pid)
+		ix.add(m, off, fmt.Sprint(off), time.Time{}, Open, pid, 0)
 		ix.mu.Unlock()
 		model = append(model, &modelMarker{e: Entry{Marker: m, Offset: off, Status: Open}, pid: pid})
 
@@ -93,7 +93,7 @@ func TestIndexMatchesBruteForceModel(t *testing.T) {
 	for _, own := range model {
 		var want []int64
 		for _, mm := range model {
-			if live(mm) && mm.e.Offset < own.e.Offset && mm.pid != own.pid && mm.e.Marker.Overlaps(own.e.Marker) {
+			if live(mm) && mm.e.Offset < own.e.Offset && mm.e.Marker.Overlaps(own.e.Marker) { // every marker is its own transaction
 				want = append(want, mm.e.Offset)
 			}
 		}
@@ -122,7 +122,7 @@ func BenchmarkLookup(b *testing.B) {
 	ix := newIndex("t")
 	for i := range int64(10000) {
 		m := Marker{ProducerID: i % 16, Ranges: map[TopicPartition][]Range{tp0: {{i * 2000, (i + 1) * 2000}}}}
-		ix.add(m, i, fmt.Sprint(i), time.Time{}, Committed, i%16)
+		ix.add(m, i, fmt.Sprint(i), time.Time{}, Committed, i%16, 0)
 	}
 	rng := rand.New(rand.NewPCG(1, 1))
 	b.ResetTimer()
@@ -137,8 +137,8 @@ func TestLookupFindsTheLastOffsetOfTheLongestRange(t *testing.T) {
 	ix := newIndex("t")
 	long := Marker{ProducerID: 1, Ranges: map[TopicPartition][]Range{tp0: {{0, 10}}}}
 	short := Marker{ProducerID: 2, Ranges: map[TopicPartition][]Range{tp0: {{12, 14}}}}
-	ix.add(long, 0, "long", time.Time{}, Committed, 1)
-	ix.add(short, 1, "short", time.Time{}, Open, 2)
+	ix.add(long, 0, "long", time.Time{}, Committed, 1, 0)
+	ix.add(short, 1, "short", time.Time{}, Open, 2, 0)
 	tests := []struct {
 		off  int64
 		want int64 // -1: none
