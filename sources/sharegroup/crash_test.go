@@ -64,6 +64,28 @@ func TestConsumerCrashMidTransaction(t *testing.T) {
 	env.CreateTopic(t, "in", 1, nil)
 	produceN(t, env, "in", 50)
 
+	killChildHoldingRecords(t, env)
+
+	// The restarted subtask: checkpoint 1 never completed, so nothing is
+	// restored; recovery aborts the dead process's marker transaction.
+	start := time.Now()
+	b := openSource(t, env, 0, nil)
+	got := pollFor(t, b, 50, 20*time.Second)
+	seen := map[string]int{}
+	for _, v := range got {
+		seen[v]++
+	}
+	if len(got) != 50 || len(seen) != 50 {
+		t.Fatalf("after the crash %d records (%d distinct) came back, want each of the 50 once", len(got), len(seen))
+	}
+	t.Logf("records back %v after the kill", time.Since(start))
+}
+
+// killChildHoldingRecords runs TestCrashChild in a child process against
+// env, waits until it holds all 50 records of "in" with its ack marker
+// pre-committed (transactional ids "weir-job-src-0-<n>"), and SIGKILLs it.
+func killChildHoldingRecords(t *testing.T, env *kafkatest.Env) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.v")
 	cmd.Env = append(os.Environ(), childEnv+"="+env.Addr)
 	out, err := cmd.StdoutPipe()
@@ -95,18 +117,4 @@ func TestConsumerCrashMidTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-
-	// The restarted subtask: checkpoint 1 never completed, so nothing is
-	// restored; recovery aborts the dead process's marker transaction.
-	start := time.Now()
-	b := openSource(t, env, 0, nil)
-	got := pollFor(t, b, 50, 20*time.Second)
-	seen := map[string]int{}
-	for _, v := range got {
-		seen[v]++
-	}
-	if len(got) != 50 || len(seen) != 50 {
-		t.Fatalf("after the crash %d records (%d distinct) came back, want each of the 50 once", len(got), len(seen))
-	}
-	t.Logf("records back %v after the kill", time.Since(start))
 }

@@ -80,6 +80,7 @@ type Source[T any] struct {
 	lastGC    time.Time
 	lastCheck time.Time
 	started   bool
+	stopped   bool
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	member    string
@@ -294,14 +295,14 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 
 // checkStarts compares the group's share start offsets with the ack-log.
 // Below a share start offset every record is acknowledged for good, so every
-// offset between a partition's watermark (where the previous check left it)
-// and its start offset must be covered by a committed marker: if not, the
-// broker skipped records the job never processed (share state lost or reset,
-// records archived), and the job fails with ErrRecordsSkipped naming them,
-// never silently. A partition without a watermark gets one at its start
-// offset (the group starts there); one whose start moved back (state reset
-// to an earlier offset) is fine: the lookup recognises what comes back.
-// Watermarks then advance to the start offsets.
+// offset between a partition's watermark (where the previous check left it;
+// at first sight, the lower of the start offset and the lowest offset a
+// marker covers) and its start offset must be covered by a committed
+// marker: if not, the broker skipped records the job never processed (share
+// state lost or reset, records archived), and the job fails with
+// ErrRecordsSkipped naming them, never silently. A start that moved back
+// (state reset to an earlier offset) is fine: the lookup recognises what
+// comes back. Watermarks then advance to the start offsets.
 func (s *Source[T]) checkStarts(ctx context.Context) error {
 	starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
 	if err != nil {
@@ -317,13 +318,20 @@ func (s *Source[T]) checkStarts(ctx context.Context) error {
 			continue
 		}
 		wm, ok := s.ix.Watermark(tp)
-		switch {
-		case ok && start > wm:
+		if !ok {
+			// First sight: the group starts at its start offset, or
+			// earlier, where its first markers are.
+			wm = start
+			if low, found := s.ix.Lowest(tp); found {
+				wm = min(wm, low)
+			}
+		}
+		if start > wm {
 			if gaps := s.ix.Uncovered(tp, wm, start); len(gaps) > 0 {
 				skipped = append(skipped, fmt.Sprintf("%s offsets %s", tp, fmtRanges(gaps)))
 				continue
 			}
-		case ok:
+		} else if ok {
 			continue
 		}
 		advance = append(advance, acklog.Watermark{Group: s.cfg.group, TP: tp, Offset: start}.Record(s.cfg.ackLogTopic))
@@ -852,26 +860,30 @@ func (s *Source[T]) resolveParked(ctx context.Context) {
 // job leaves no open transaction and no held record behind. Call it after
 // the notification of the job's last completed checkpoint, then Close.
 func (s *Source[T]) Cancel(ctx context.Context) error {
-	if s.txn == nil || s.cfg.mode != Transactional {
-		return nil
-	}
 	var errs []error
-	for _, h := range s.txn.Pending() {
-		if err := s.txn.Abort(ctx, h.Checkpoint); err != nil {
-			errs = append(errs, err)
+	if s.txn != nil && s.cfg.mode == Transactional {
+		for _, h := range s.txn.Pending() {
+			if err := s.txn.Abort(ctx, h.Checkpoint); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
+	// Then release: a record must not reach another consumer while a
+	// marker of ours still covers it.
+	s.stopLanes()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sharegroup: cancel: %w", err)
 	}
 	return nil
 }
 
-// Close implements runtime.Source: stop polling and close every client,
-// which aborts the open (not pre-committed) transaction and releases held
-// records at once. Pre-committed transactions stay for the next attempt's
-// recovery; Cancel aborts them when the job ends for good.
-func (s *Source[T]) Close() error {
+// stopLanes stops polling and renewing and closes every lane's client,
+// which releases its held records at once. Idempotent.
+func (s *Source[T]) stopLanes() {
+	if s.stopped {
+		return
+	}
+	s.stopped = true
 	if s.cancel != nil {
 		s.cancel()
 	}
@@ -881,6 +893,14 @@ func (s *Source[T]) Close() error {
 		}
 	}
 	s.wg.Wait()
+}
+
+// Close implements runtime.Source: stop polling and close every client,
+// which aborts the open (not pre-committed) transaction and releases held
+// records at once. Pre-committed transactions stay for the next attempt's
+// recovery; Cancel aborts them when the job ends for good.
+func (s *Source[T]) Close() error {
+	s.stopLanes()
 	if s.txn != nil {
 		s.txn.Close()
 	}

@@ -41,6 +41,16 @@ func produceN(t *testing.T, env *kafkatest.Env, topic string, n int) {
 // openSource opens subtask sub of a source the test drives by hand.
 func openSource(t *testing.T, env *kafkatest.Env, sub int, commit []checkpoint.TxnHandle, opts ...Opt) *Source[string] {
 	t.Helper()
+	s, err := tryOpenSource(t, env, sub, commit, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// tryOpenSource is openSource returning Open's error.
+func tryOpenSource(t *testing.T, env *kafkatest.Env, sub int, commit []checkpoint.TxnHandle, opts ...Opt) (*Source[string], error) {
+	t.Helper()
 	newSrc, err := New(func(r *kgo.Record) (string, error) {
 		if string(r.Value) == "poison" {
 			return "", errors.New("not a number")
@@ -53,11 +63,8 @@ func openSource(t *testing.T, env *kafkatest.Env, sub int, commit []checkpoint.T
 	s := newSrc().(*Source[string])
 	oc := &runtime.OperatorContext{Job: "job", Name: "src", UID: "src", Subtask: sub, Parallelism: 2,
 		CommitHandles: commit, Logger: testLogger(t)}
-	if err := s.Open(context.Background(), oc); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { s.Close() })
-	return s
+	return s, s.Open(context.Background(), oc)
 }
 
 // pollFor polls until at least n values were emitted or the deadline passes.

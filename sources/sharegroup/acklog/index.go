@@ -550,6 +550,18 @@ func (ix *Index) Watermark(tp TopicPartition) (int64, bool) {
 	return wm, ok
 }
 
+// Lowest returns the lowest offset of tp that an open or committed marker
+// covers.
+func (ix *Index) Lowest(tp TopicPartition) (int64, bool) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	l := ix.byTP[tp]
+	if l == nil || len(l.ivs) == 0 {
+		return 0, false
+	}
+	return l.ivs[0].start, true
+}
+
 // Uncovered returns the offsets of tp in [from, to) that neither a
 // Committed marker nor tp's watermark covers, as sorted, merged ranges.
 // Open and aborted markers do not cover. Call CatchUpToEnd first.
