@@ -48,10 +48,10 @@ func ExampleSession() {
 	}
 
 	s, err := sharegroup.NewSession(ctx,
-		sharegroup.SessionBrokers(b.Addr()),
-		sharegroup.SessionGroup("shouter"),
-		sharegroup.SessionTopics("lines"),
-		sharegroup.SessionTransactionalID("shouter-1"),
+		sharegroup.Brokers(b.Addr()),
+		sharegroup.Group("shouter"),
+		sharegroup.Topics("lines"),
+		sharegroup.TransactionalID("shouter-1"),
 	)
 	if err != nil {
 		fmt.Println(err)

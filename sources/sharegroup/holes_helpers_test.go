@@ -27,19 +27,32 @@ import (
 // holes_api_test.go): what was emitted, what committed markers cover, where
 // the share start offset is.
 
-// shortLockBroker is a broker whose record locks last 1.5 s and are swept
-// every 100 ms, so a paused lane loses them quickly.
-func shortLockBroker(extra ...broker.Opt) []broker.Opt {
-	return append([]broker.Opt{
-		broker.Config("group.share.record.lock.duration.ms", "1500"),
+// shortLock is the record lock duration of lockBroker(shortLock): short
+// enough that a paused lane loses its locks quickly, long enough that a
+// lane renewing every second keeps them under load.
+const shortLock = 2 * time.Second
+
+// lockBroker is a broker whose record locks last lock and are swept every
+// 100 ms, with 200 ms share heartbeats.
+func lockBroker(lock time.Duration) []broker.Opt {
+	return []broker.Opt{
+		broker.Config("group.share.record.lock.duration.ms", strconv.Itoa(int(lock.Milliseconds()))),
 		broker.Config("share.record.lock.sweep.interval.ms", "100"),
 		broker.Config("group.share.heartbeat.interval.ms", "200"),
-	}, extra...)
+	}
 }
 
 // pausedOpt stops the source's lock renewals: a process that is paused
 // while it holds records.
-func pausedOpt(c *cfg) { c.paused = true }
+var pausedOpt = withCfg(func(c *cfg) { c.paused = true })
+
+// noLockClock switches the holder's own lock clock off, to exercise the
+// defences behind it (refused renewals, duplicate offsets, the conflict
+// check).
+var noLockClock = withCfg(func(c *cfg) { c.lockMargin, c.testNoLockClock = -time.Hour, true })
+
+// withCfg is an Opt that sets unexported configuration (tests only).
+func withCfg(fn func(*cfg)) Opt { return opt{fn} }
 
 // produceTo produces the values from..to-1 (each its produce index) to one
 // partition.
@@ -212,7 +225,7 @@ func runCheckpoints(t *testing.T, env *kafkatest.Env, s *Source[string], group s
 	ctx := t.Context()
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
-		for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+		for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
 			if err := s.Poll(ctx, c); err != nil {
 				t.Fatalf("Poll: %v", err)
 			}
@@ -258,15 +271,15 @@ func checkEveryRecordOnce(t *testing.T, env *kafkatest.Env, vals []string, n int
 // gets the same 20 at delivery 2 and emits them.
 func zombieAndRedelivery(t *testing.T, bSubtask int) (env *kafkatest.Env, a, b *Source[string]) {
 	t.Helper()
-	env = kafkatest.New(t, shortLockBroker()...)
+	env = kafkatest.New(t, lockBroker(shortLock)...)
 	env.CreateTopic(t, "in", 1, nil)
 	produceN(t, env, "in", 20)
-	a = openSource(t, env, 0, nil, LockMargin(-time.Hour), pausedOpt)
+	a = openSource(t, env, 0, nil, noLockClock, pausedOpt)
 	if d := exactlyOnce(counts(t, pollFor(t, a, 20, 10*time.Second)), 20); d != "" {
 		t.Fatalf("setup: the zombie's batch: %s", d)
 	}
-	time.Sleep(2500 * time.Millisecond) // its locks lapse
-	b = openSource(t, env, bSubtask, nil, LockMargin(-time.Hour))
+	time.Sleep(shortLock + time.Second) // its locks lapse
+	b = openSource(t, env, bSubtask, nil, noLockClock)
 	if d := exactlyOnce(counts(t, pollFor(t, b, 20, 10*time.Second)), 20); d != "" {
 		t.Fatalf("setup: the redelivery to subtask %d: %s", bSubtask, d)
 	}

@@ -31,10 +31,10 @@ var in0 = acklog.TopicPartition{Topic: "in", Partition: 0}
 // must be declined as a lost lock, and after the rollback every record is
 // processed and committed exactly once.
 func TestOffsetAcquiredTwiceByLanesOfOneSubtaskDeclinesTheCheckpoint(t *testing.T) {
-	env := kafkatest.New(t, shortLockBroker()...)
+	env := kafkatest.New(t, lockBroker(shortLock)...)
 	env.CreateTopic(t, "in", 1, nil)
 	produceN(t, env, "in", 20)
-	s := openSource(t, env, 0, nil, Lanes(2), LockMargin(-time.Hour), pausedOpt)
+	s := openSource(t, env, 0, nil, Lanes(2), noLockClock, pausedOpt)
 	first := pollFor(t, s, 20, 10*time.Second)
 	if d := exactlyOnce(counts(t, first), 20); d != "" {
 		t.Fatalf("setup: the first lane's batch: %s", d)
@@ -172,9 +172,8 @@ func TestShareStartJumpingPastUncommittedOffsetsFailsNamingGroupAndPartition(t *
 		t.Fatalf("setup: share start %d after the first run, want 5", st)
 	}
 	setShareStart(t, env, group, "in", 0, 10) // offsets 5-9: never processed
-	// The job may fail as it starts (Open checks the start offsets) or
-	// while it runs.
-	b, err := tryOpenSource(t, env, 0, nil, Group(group), BatchSize(5))
+	// The source may refuse at Open already, or while it runs.
+	b, err := openSourceErr(t, env, 0, nil, Group(group), BatchSize(5))
 	c := &sliceCollector{}
 	ctx := t.Context()
 	cycles := 0
@@ -271,8 +270,8 @@ func (c *gateCollector) values() []string {
 // checkpoint does not decline, and every record is committed once and
 // ACCEPTed.
 func TestBlockedEmitDoesNotStopRenewalsOfOtherLanes(t *testing.T) {
-	const lock = 1500 * time.Millisecond
-	env := kafkatest.New(t, shortLockBroker()...)
+	const lock = 3 * time.Second
+	env := kafkatest.New(t, lockBroker(lock)...)
 	env.CreateTopic(t, "in", 2, nil)
 	in1 := acklog.TopicPartition{Topic: "in", Partition: 1}
 	s := openSource(t, env, 0, nil, Lanes(2))
@@ -357,7 +356,7 @@ func TestRecordsArchivedAfterRepeatedRestartsFailTheJobLoudly(t *testing.T) {
 	var err error
 	for i := 1; i <= 7 && err == nil; i++ {
 		var s *Source[string]
-		if s, err = tryOpenSource(t, env, 0, nil); err == nil {
+		if s, err = openSourceErr(t, env, 0, nil); err == nil {
 			perAttempt = append(perAttempt, len(pollFor(t, s, 10, 4*time.Second)))
 		}
 		s.Close() // the task fails before its checkpoint completes

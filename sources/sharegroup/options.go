@@ -3,6 +3,8 @@ package sharegroup
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -55,7 +57,8 @@ func ParseAckMode(s string) (AckMode, error) {
 	return 0, fmt.Errorf("%w: acknowledgement mode %q: want transactional, at-least-once or implicit", ErrInvalidConfig, s)
 }
 
-// ErrInvalidConfig is wrapped by errors about the source's options.
+// ErrInvalidConfig is wrapped by errors about the options of a Source or a
+// Session.
 var ErrInvalidConfig = errors.New("sharegroup: invalid configuration")
 
 // ErrNoShareGroups is returned when the broker does not speak the share-group
@@ -75,139 +78,250 @@ var ErrRolledBack = errors.New("sharegroup: checkpoint aborted while holding its
 // never processed. It names the group, the partitions and the offsets.
 var ErrRecordsSkipped = errors.New("sharegroup: records skipped by the share group")
 
+// cfg is the configuration of a Source or a Session: the options they
+// share, then each one's own.
 type cfg struct {
-	brokers        []string
-	topics         []string
-	group          string
+	// Shared.
+	brokers     []string
+	topics      []string
+	group       string
+	ackLogTopic string
+	batch       int // records per poll
+	txnTimeout  time.Duration
+	openWait    time.Duration // how long records wait on another transaction's open marker
+	lockMargin  time.Duration // 0: a quarter of the lock duration, at most 5s; < 0 (tests): own clock off
+	// testNoLockClock lets tests switch the holder's own lock clock off
+	// (a negative lockMargin) to exercise what stands behind it.
+	testNoLockClock bool
+	resetEarliest   bool
+	clientOpts      []kgo.Opt
+	logger          *zap.Logger
+
+	// The framework Source's.
 	mode           AckMode
 	lanes          int
-	batch          int
 	maxDeliveries  int32
 	dlqTopic       string
-	ackLogTopic    string
 	txnPrefix      string
-	txnTimeout     time.Duration
-	resetEarliest  bool
-	pollWait       time.Duration
-	lockMargin     time.Duration
-	tombstoneEvery time.Duration
 	grace          time.Duration
-	openWait       time.Duration // how long set-aside records wait on a foreign open marker
+	observe        func(held map[acklog.TopicPartition]int, limit int)
+	pollWait       time.Duration
+	tombstoneEvery time.Duration
 	checkEvery     time.Duration // share start offset check (subtask 0)
 	renewTick      time.Duration // how often the renewer looks at the lanes
-	clientOpts     []kgo.Opt
-	logger         *zap.Logger
-	observe        func(held map[acklog.TopicPartition]int, limit int)
 	// paused stops lock renewal: tests use it to play a process that is
 	// paused (GC, partition) while it holds records.
 	paused bool
+
+	// The Session's.
+	txnID      string
+	renewEvery time.Duration // 0: a third of the lock duration; < 0: never
+
+	// Role-specific options given, for the misuse check.
+	sourceOnly, sessionOnly []string
 }
 
-func defaultCfg() cfg {
-	return cfg{mode: Transactional, txnTimeout: 15 * time.Minute, resetEarliest: true,
+// Defaults of a Source.
+const (
+	// DefaultTransactionTimeout is the Source's default TransactionTimeout,
+	// Kafka's default transaction.max.timeout.ms.
+	DefaultTransactionTimeout = 15 * time.Minute
+	// DefaultOpenMarkerWait is the Source's default OpenMarkerWait.
+	DefaultOpenMarkerWait = 5 * time.Minute
+)
+
+func sourceDefaults() cfg {
+	return cfg{mode: Transactional, txnTimeout: DefaultTransactionTimeout, resetEarliest: true,
 		pollWait: 50 * time.Millisecond, tombstoneEvery: time.Minute, openWait: DefaultOpenMarkerWait,
 		checkEvery: 5 * time.Second, renewTick: 100 * time.Millisecond}
 }
 
-// DefaultOpenMarkerWait is the default for OpenMarkerWait.
-const DefaultOpenMarkerWait = 5 * time.Minute
+// Session defaults.
+const (
+	// DefaultSessionMaxRecords is a Session's default BatchSize.
+	DefaultSessionMaxRecords = 500
+	// DefaultSessionTransactionTimeout is a Session's default
+	// TransactionTimeout.
+	DefaultSessionTransactionTimeout = time.Minute
+	// DefaultSessionOpenMarkerWait is a Session's default OpenMarkerWait.
+	DefaultSessionOpenMarkerWait = 10 * time.Second
+)
 
-// OpenMarkerWait bounds how long a record covered by another job's
-// still-open ack marker is held (and renewed, which costs no delivery)
-// before that stale transaction is aborted by its recorded handle and the
-// record redelivered, overriding DefaultOpenMarkerWait. Markers of the
-// source's own job are never aborted this way: its checkpoints decide them.
-// Aborting another job's marker is safe when that job is gone (crashed and
-// not restarted, or cancelled before Weir aborted on cancel); if it was
-// alive, its checkpoint has had this long to complete and commit, and a
-// commit that comes later fails loudly as a lost transaction in that job.
-func OpenMarkerWait(d time.Duration) Opt { return func(c *cfg) { c.openWait = d } }
+func sessionDefaults() cfg {
+	return cfg{batch: DefaultSessionMaxRecords, txnTimeout: DefaultSessionTransactionTimeout,
+		openWait: DefaultSessionOpenMarkerWait, resetEarliest: true}
+}
 
-// Opt configures a Source.
-type Opt func(*cfg)
+// Opt configures a Source (New) or a Session (NewSession). The options only
+// one of them takes are a SourceOpt or a SessionOpt; giving one to the other
+// is refused with ErrInvalidConfig.
+type Opt interface{ apply(*cfg) }
 
-// Brokers sets the seed brokers.
-func Brokers(seeds ...string) Opt { return func(c *cfg) { c.brokers = seeds } }
+// SourceOpt is an option only the framework Source (New) takes.
+type SourceOpt interface {
+	Opt
+	sourceOpt()
+}
 
-// Topics sets the topics the share group reads.
-func Topics(topics ...string) Opt { return func(c *cfg) { c.topics = topics } }
+// SessionOpt is an option only Session (NewSession) takes.
+type SessionOpt interface {
+	Opt
+	sessionOpt()
+}
 
-// Group sets the share group.
-func Group(g string) Opt { return func(c *cfg) { c.group = g } }
+type opt struct{ fn func(*cfg) }
 
-// Mode sets the acknowledgement mode (default Transactional).
-func Mode(m AckMode) Opt { return func(c *cfg) { c.mode = m } }
+func (o opt) apply(c *cfg) { o.fn(c) }
 
-// Lanes sets how many share-consumer clients each subtask runs (default:
-// partitions / parallelism, at least 1, at most 8). A lane holds one batch
-// until its checkpoint completes, so lanes bound what a subtask holds;
-// more lanes than partitions in the group wait on each other.
-func Lanes(n int) Opt { return func(c *cfg) { c.lanes = n } }
+type sourceOpt struct {
+	name string
+	fn   func(*cfg)
+}
 
-// BatchSize sets the records one lane acquires per poll. The default (0)
-// is the broker's per-partition in-flight cap
-// (group.share.partition.max.record.locks, Kafka's default 2000), at most
-// 10000: a lane holds its batch for a whole checkpoint cycle, so the batch
-// sets how much one cycle moves (the broker clips larger values to the cap
-// anyway).
-func BatchSize(n int) Opt { return func(c *cfg) { c.batch = n } }
+func (o sourceOpt) apply(c *cfg) { o.fn(c); c.sourceOnly = append(c.sourceOnly, o.name) }
+func (sourceOpt) sourceOpt()     {}
 
-// MaxDeliveries sets the delivery count at which a record is treated as
-// poison: REJECTed and copied to the dead-letter topic instead of emitted.
-// The default is one below the broker's group.share.delivery.count.limit
-// (Kafka's default 5, so 4), the last delivery before the broker would
-// archive the record. Redeliveries caused by group churn (lanes leaving and
-// joining when a job restarts) count too: raise the broker's limit for
+type sessionOpt struct {
+	name string
+	fn   func(*cfg)
+}
+
+func (o sessionOpt) apply(c *cfg) { o.fn(c); c.sessionOnly = append(c.sessionOnly, o.name) }
+func (sessionOpt) sessionOpt()    {}
+
+// Brokers sets the seed brokers, "host:port". Required.
+func Brokers(seeds ...string) Opt { return opt{func(c *cfg) { c.brokers = slices.Clone(seeds) }} }
+
+// Topics sets the topics the share group reads. Required; they must exist.
+func Topics(topics ...string) Opt { return opt{func(c *cfg) { c.topics = slices.Clone(topics) }} }
+
+// Group sets the share group. Required.
+func Group(g string) Opt { return opt{func(c *cfg) { c.group = g }} }
+
+// AckLogTopic sets the ack-log topic, overriding acklog.TopicFor(group). It
+// is created (one partition, compacted) when missing. Every source and
+// session of the group must use the same one.
+func AckLogTopic(t string) Opt { return opt{func(c *cfg) { c.ackLogTopic = t }} }
+
+// BatchSize sets the records one poll acquires (a Source's lane, or a
+// Session's Poll). A Source's default (0) is the broker's per-partition
+// in-flight cap (group.share.partition.max.record.locks, Kafka's default
+// 2000), at most 10000: a lane holds its batch for a whole checkpoint cycle,
+// so the batch sets how much one cycle moves. A Session's default is
+// DefaultSessionMaxRecords. The broker clips larger values to the cap.
+func BatchSize(n int) Opt { return opt{func(c *cfg) { c.batch = n }} }
+
+// TransactionTimeout sets the timeout of the transactions that carry ack
+// markers, overriding DefaultTransactionTimeout for a Source and
+// DefaultSessionTransactionTimeout for a Session. A transaction open longer
+// is aborted by the broker: for a Session from its first Produce to Commit,
+// waits included, so it must exceed OpenMarkerWait.
+func TransactionTimeout(d time.Duration) Opt { return opt{func(c *cfg) { c.txnTimeout = d }} }
+
+// OpenMarkerWait bounds how long a record covered by another transaction's
+// still-open ack marker waits, held (renewed, which costs no delivery),
+// before that stale transaction is aborted by the handle the marker names
+// and the record is judged again: an abort is safe when that transaction's
+// owner is gone; if it had committed, the abort fails and the commit is
+// seen. It overrides DefaultOpenMarkerWait for a Source and
+// DefaultSessionOpenMarkerWait for a Session.
+//
+// A Source never aborts markers of its own job (its checkpoints decide
+// them). Another Weir job's marker whose checkpoint completed but was not
+// committed within the wait (that job down for longer) is aborted too:
+// that job's recovery then fails loudly with a lost transaction.
+func OpenMarkerWait(d time.Duration) Opt { return opt{func(c *cfg) { c.openWait = d }} }
+
+// LockMargin sets how close to its lock's expiry a held record counts as
+// lost, overriding a quarter of the broker's lock duration, at most 5s:
+// records acquired with less than this left are released unprocessed, and a
+// batch whose locks may have lapsed by the holder's own clock declines its
+// checkpoint (a Session's Commit fails with ErrConflict).
+func LockMargin(d time.Duration) Opt { return opt{func(c *cfg) { c.lockMargin = d }} }
+
+// StartFromLatest leaves share.auto.offset.reset alone (a new group then
+// starts at the end of its topics); by default it is set to earliest on the
+// group (a group config) before the group first reads.
+func StartFromLatest() Opt { return opt{func(c *cfg) { c.resetEarliest = false }} }
+
+// ClientOpts passes options (TLS, SASL, ...) to every franz-go client. They
+// must not change what is consumed or produced.
+func ClientOpts(opts ...kgo.Opt) Opt {
+	return opt{func(c *cfg) { c.clientOpts = append(c.clientOpts, opts...) }}
+}
+
+// Logger sets the logger, overriding the operator's (Source) or a no-op
+// logger (Session).
+func Logger(l *zap.Logger) Opt { return opt{func(c *cfg) { c.logger = l }} }
+
+// Mode sets a Source's acknowledgement mode, overriding Transactional.
+func Mode(m AckMode) SourceOpt { return sourceOpt{"Mode", func(c *cfg) { c.mode = m }} }
+
+// Lanes sets how many share-consumer clients each Source subtask runs,
+// overriding partitions / parallelism (at least 1, at most 8). A lane holds
+// one batch until its checkpoint completes, so lanes bound what a subtask
+// holds; more lanes than partitions in the group wait on each other.
+func Lanes(n int) SourceOpt { return sourceOpt{"Lanes", func(c *cfg) { c.lanes = n }} }
+
+// MaxDeliveries sets the delivery count at which a Source treats a record
+// as poison: REJECTed and copied to the dead-letter topic instead of
+// emitted. The default is one below the broker's
+// group.share.delivery.count.limit (Kafka's default 5, so 4), the last
+// delivery before the broker would archive the record. Every acquisition
+// counts, restarts and rollbacks included: raise the broker's limit for
 // exactly-once jobs.
-func MaxDeliveries(n int) Opt { return func(c *cfg) { c.maxDeliveries = int32(n) } }
+func MaxDeliveries(n int) SourceOpt {
+	return sourceOpt{"MaxDeliveries", func(c *cfg) { c.maxDeliveries = int32(n) }}
+}
 
-// DeadLetterTopic sets where poison and undecodable records go (default
-// "<group>-dlq", created when missing).
-func DeadLetterTopic(t string) Opt { return func(c *cfg) { c.dlqTopic = t } }
+// DeadLetterTopic sets where a Source sends poison and undecodable records,
+// overriding "<group>-dlq" (created when missing).
+func DeadLetterTopic(t string) SourceOpt {
+	return sourceOpt{"DeadLetterTopic", func(c *cfg) { c.dlqTopic = t }}
+}
 
-// AckLogTopic sets the ack-log topic (default acklog.TopicFor(group)).
-func AckLogTopic(t string) Opt { return func(c *cfg) { c.ackLogTopic = t } }
-
-// TransactionalIDPrefix sets the prefix of the transactional ids of the
-// ack-marker transactions (default "weir-<job>-<operator uid>").
-func TransactionalIDPrefix(p string) Opt { return func(c *cfg) { c.txnPrefix = p } }
-
-// TransactionTimeout sets the ack-marker transactions' timeout (default 15m).
-func TransactionTimeout(d time.Duration) Opt { return func(c *cfg) { c.txnTimeout = d } }
-
-// StartFromLatest makes a new group start at the end of its topics; the
-// default sets share.auto.offset.reset=earliest on the group before it reads.
-func StartFromLatest() Opt { return func(c *cfg) { c.resetEarliest = false } }
-
-// LockMargin sets how long before a lock's expiry a lane considers it at
-// risk, overriding a quarter of the broker's lock duration, at most 5s: an
-// epoch whose locks may have lapsed declines its checkpoint, and records
-// whose lock has less left than this when polled are released unprocessed.
-func LockMargin(d time.Duration) Opt { return func(c *cfg) { c.lockMargin = d } }
+// TransactionalIDPrefix sets the prefix of a Source's ack-marker
+// transactional ids, overriding "weir-<job>-<operator uid>".
+func TransactionalIDPrefix(p string) SourceOpt {
+	return sourceOpt{"TransactionalIDPrefix", func(c *cfg) { c.txnPrefix = p }}
+}
 
 // MarkerGrace sets how long after their creation resolved ack markers are
-// kept before they are tombstoned (default 10 x the lock duration).
-func MarkerGrace(d time.Duration) Opt { return func(c *cfg) { c.grace = d } }
-
-// ClientOpts passes options (TLS, SASL, ...) to every franz-go client.
-func ClientOpts(opts ...kgo.Opt) Opt {
-	return func(c *cfg) { c.clientOpts = append(c.clientOpts, opts...) }
+// kept before a Source tombstones them, overriding 10 x the lock duration.
+func MarkerGrace(d time.Duration) SourceOpt {
+	return sourceOpt{"MarkerGrace", func(c *cfg) { c.grace = d }}
 }
 
 // ObserveInFlight calls fn, on the task goroutine, each time the records
-// held by this subtask change: held records per topic-partition (acquired,
-// not yet acknowledged) and the broker's per-partition cap
+// held by a Source subtask change: held records per topic-partition
+// (acquired, not yet acknowledged) and the broker's per-partition cap
 // (group.share.partition.max.record.locks). It is the in-flight window
 // metric; fn must return quickly.
-func ObserveInFlight(fn func(held map[acklog.TopicPartition]int, limit int)) Opt {
-	return func(c *cfg) { c.observe = fn }
+func ObserveInFlight(fn func(held map[acklog.TopicPartition]int, limit int)) SourceOpt {
+	return sourceOpt{"ObserveInFlight", func(c *cfg) { c.observe = fn }}
 }
 
-// Logger sets the logger (default: the operator's).
-func Logger(l *zap.Logger) Opt { return func(c *cfg) { c.logger = l } }
+// TransactionalID sets the transactional.id of a Session's producer,
+// overriding a random "weir-session-<hex>". Give each concurrently running
+// session its own; reusing the id of a dead session fences it and aborts
+// its open transaction at once.
+func TransactionalID(id string) SessionOpt {
+	return sessionOpt{"TransactionalID", func(c *cfg) { c.txnID = id }}
+}
 
-func (c *cfg) validate() error {
-	bad := func(f string, a ...any) error { return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(f, a...)) }
+// RenewEvery sets how often a Session renews the locks of its open batch in
+// the background (AckRenew, no poll), overriding a third of the lock
+// duration. A negative value disables renewal: a batch is then held for at
+// most one lock duration.
+func RenewEvery(d time.Duration) SessionOpt {
+	return sessionOpt{"RenewEvery", func(c *cfg) { c.renewEvery = d }}
+}
+
+// validate checks the shared options.
+func (c *cfg) validate(role string) error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrInvalidConfig, role, fmt.Sprintf(f, a...))
+	}
 	switch {
 	case len(c.brokers) == 0:
 		return bad("no brokers")
@@ -215,16 +329,56 @@ func (c *cfg) validate() error {
 		return bad("no topics")
 	case c.group == "":
 		return bad("no group")
+	case c.batch < 0 || c.batch > 1<<30:
+		return bad("batch size %d out of [0, 2^30]", c.batch)
+	case c.txnTimeout <= 0:
+		return bad("transaction timeout %v <= 0", c.txnTimeout)
+	case c.openWait <= 0:
+		return bad("open-marker wait %v <= 0", c.openWait)
+	case c.lockMargin < 0 && !c.testNoLockClock:
+		return bad("lock margin %v < 0", c.lockMargin)
+	}
+	return nil
+}
+
+// validateSource checks a Source's options.
+func (c *cfg) validateSource() error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: source: %s", ErrInvalidConfig, fmt.Sprintf(f, a...))
+	}
+	if len(c.sessionOnly) > 0 {
+		return bad("%s only configure a Session", strings.Join(c.sessionOnly, ", "))
+	}
+	if err := c.validate("source"); err != nil {
+		return err
+	}
+	switch {
 	case c.lanes < 0 || c.lanes > 64:
 		return bad("lanes %d out of [0, 64]", c.lanes)
-	case c.batch < 0:
-		return bad("batch size %d < 0", c.batch)
 	case c.maxDeliveries != 0 && c.maxDeliveries < 2:
 		return bad("max deliveries %d < 2", c.maxDeliveries)
 	case c.mode > Implicit:
 		return bad("unknown mode %d", c.mode)
-	case c.openWait <= 0:
-		return bad("open-marker wait %v <= 0", c.openWait)
+	}
+	return nil
+}
+
+// validateSession checks a Session's options.
+func (c *cfg) validateSession() error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: session: %s", ErrInvalidConfig, fmt.Sprintf(f, a...))
+	}
+	if len(c.sourceOnly) > 0 {
+		return bad("%s only configure a Source", strings.Join(c.sourceOnly, ", "))
+	}
+	if err := c.validate("session"); err != nil {
+		return err
+	}
+	switch {
+	case c.batch < 1:
+		return bad("batch size %d < 1", c.batch)
+	case c.txnTimeout <= c.openWait:
+		return bad("transaction timeout %v must exceed the open-marker wait %v", c.txnTimeout, c.openWait)
 	}
 	return nil
 }

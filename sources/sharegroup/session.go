@@ -89,135 +89,6 @@ func (e *ConflictError) Error() string {
 // Unwrap returns ErrConflict and ErrAborted.
 func (e *ConflictError) Unwrap() []error { return []error{ErrConflict, ErrAborted} }
 
-// Session defaults.
-const (
-	// DefaultSessionMaxRecords is the default for SessionMaxRecords.
-	DefaultSessionMaxRecords = 500
-	// DefaultSessionTransactionTimeout is the default for
-	// SessionTransactionTimeout.
-	DefaultSessionTransactionTimeout = time.Minute
-	// DefaultSessionOpenMarkerWait is the default for
-	// SessionOpenMarkerWait.
-	DefaultSessionOpenMarkerWait = 10 * time.Second
-)
-
-type sessCfg struct {
-	brokers       []string
-	topics        []string
-	group         string
-	txnID         string
-	ackLogTopic   string
-	maxRecords    int
-	txnTimeout    time.Duration
-	openWait      time.Duration
-	renewEvery    time.Duration // 0: a third of the lock duration; < 0: never
-	lockMargin    time.Duration // 0: a quarter of the lock duration, at most 5s
-	resetEarliest bool
-	clientOpts    []kgo.Opt
-	logger        *zap.Logger
-}
-
-// SessionOpt configures NewSession.
-type SessionOpt func(*sessCfg)
-
-// SessionBrokers sets the seed brokers (required).
-func SessionBrokers(seeds ...string) SessionOpt {
-	return func(c *sessCfg) { c.brokers = slices.Clone(seeds) }
-}
-
-// SessionTopics sets the topics the share group reads (required; they must
-// exist).
-func SessionTopics(topics ...string) SessionOpt {
-	return func(c *sessCfg) { c.topics = slices.Clone(topics) }
-}
-
-// SessionGroup sets the share group (required).
-func SessionGroup(group string) SessionOpt { return func(c *sessCfg) { c.group = group } }
-
-// SessionTransactionalID sets the transactional.id of the session's
-// producer, overriding a random "weir-session-<hex>". Give each concurrently
-// running session its own; reusing the id of a dead session fences it and
-// aborts its open transaction at once.
-func SessionTransactionalID(id string) SessionOpt { return func(c *sessCfg) { c.txnID = id } }
-
-// SessionAckLogTopic sets the ack-log topic, overriding
-// acklog.TopicFor(group). It is created (one partition, compacted) when
-// missing. Every session and source of the group must use the same one.
-func SessionAckLogTopic(topic string) SessionOpt { return func(c *sessCfg) { c.ackLogTopic = topic } }
-
-// SessionMaxRecords sets the most records one Poll acquires, overriding
-// DefaultSessionMaxRecords. The broker clips it to
-// group.share.partition.max.record.locks.
-func SessionMaxRecords(n int) SessionOpt { return func(c *sessCfg) { c.maxRecords = n } }
-
-// SessionTransactionTimeout sets the producer's transaction timeout,
-// overriding DefaultSessionTransactionTimeout. A transaction open longer
-// (from the first Produce to Commit, waits included) is aborted by the
-// broker. It must exceed the open-marker wait.
-func SessionTransactionTimeout(d time.Duration) SessionOpt {
-	return func(c *sessCfg) { c.txnTimeout = d }
-}
-
-// SessionOpenMarkerWait bounds how long Commit waits on an earlier, still
-// open ack marker that overlaps its batch (or covers a record set aside by
-// Poll) before it aborts that stale transaction itself, overriding
-// DefaultSessionOpenMarkerWait. Aborting another transaction is always safe:
-// if it committed first, the abort fails and the commit is seen. The wait
-// renews the batch's locks.
-func SessionOpenMarkerWait(d time.Duration) SessionOpt { return func(c *sessCfg) { c.openWait = d } }
-
-// SessionRenewEvery sets how often the locks of the open batch are renewed
-// in the background (AckRenew, no poll), overriding a third of the lock
-// duration. A negative value disables renewal: a batch is then held for at
-// most one lock duration.
-func SessionRenewEvery(d time.Duration) SessionOpt { return func(c *sessCfg) { c.renewEvery = d } }
-
-// SessionLockMargin sets how close to its lock's expiry a record is treated
-// as lost, overriding a quarter of the lock duration (at most 5s): Poll
-// releases, unprocessed, records acquired with less than this left, and
-// Commit declines (ErrConflict) a batch whose locks, by the session's own
-// clock, were not renewed in time.
-func SessionLockMargin(d time.Duration) SessionOpt { return func(c *sessCfg) { c.lockMargin = d } }
-
-// SessionStartFromLatest leaves share.auto.offset.reset alone; by default
-// NewSession sets it to earliest on the group (a group-level config) so a
-// new group reads its topics from the start.
-func SessionStartFromLatest() SessionOpt { return func(c *sessCfg) { c.resetEarliest = false } }
-
-// SessionClientOpts passes options (TLS, SASL, ...) to every franz-go client
-// of the session. They must not change what is consumed or produced.
-func SessionClientOpts(opts ...kgo.Opt) SessionOpt {
-	return func(c *sessCfg) { c.clientOpts = append(c.clientOpts, opts...) }
-}
-
-// SessionLogger sets the logger, overriding a no-op logger.
-func SessionLogger(l *zap.Logger) SessionOpt { return func(c *sessCfg) { c.logger = l } }
-
-func (c *sessCfg) validate() error {
-	bad := func(f string, a ...any) error {
-		return fmt.Errorf("%w: session: %s", ErrInvalidConfig, fmt.Sprintf(f, a...))
-	}
-	switch {
-	case len(c.brokers) == 0:
-		return bad("no brokers")
-	case len(c.topics) == 0:
-		return bad("no topics")
-	case c.group == "":
-		return bad("no group")
-	case c.maxRecords < 1 || c.maxRecords > 1<<30:
-		return bad("max records %d out of [1, 2^30]", c.maxRecords)
-	case c.txnTimeout <= 0:
-		return bad("transaction timeout %v <= 0", c.txnTimeout)
-	case c.openWait < 0:
-		return bad("open-marker wait %v < 0", c.openWait)
-	case c.txnTimeout <= c.openWait:
-		return bad("transaction timeout %v must exceed the open-marker wait %v", c.txnTimeout, c.openWait)
-	case c.lockMargin < 0:
-		return bad("lock margin %v < 0", c.lockMargin)
-	}
-	return nil
-}
-
 // sessAside is a redelivered record covered by a still-open ack marker.
 type sessAside struct {
 	r      *kgo.Record
@@ -286,7 +157,7 @@ var errSessCrashed = errors.New("sharegroup: session crashed (test hook)")
 // Methods are safe for concurrent use but run one at a time; a background
 // goroutine renews the locks of the open batch.
 type Session struct {
-	cfg    sessCfg
+	cfg    cfg
 	log    *zap.Logger
 	admin  *kgo.Client // metadata, configs, raw transaction requests
 	adm    *kadm.Client
@@ -320,20 +191,15 @@ type Session struct {
 // NewSession validates the options, checks that the brokers speak share
 // groups (else an error wrapping ErrNoShareGroups) and that the input topics
 // exist, creates the ack-log when missing, sets share.auto.offset.reset on
-// the group (unless SessionStartFromLatest), initialises the transactional
+// the group (unless StartFromLatest), initialises the transactional
 // producer (which aborts a transaction its transactional id left open) and
 // joins the share group.
-func NewSession(ctx context.Context, opts ...SessionOpt) (*Session, error) {
-	c := sessCfg{
-		maxRecords:    DefaultSessionMaxRecords,
-		txnTimeout:    DefaultSessionTransactionTimeout,
-		openWait:      DefaultSessionOpenMarkerWait,
-		resetEarliest: true,
-	}
+func NewSession(ctx context.Context, opts ...Opt) (*Session, error) {
+	c := sessionDefaults()
 	for _, o := range opts {
-		o(&c)
+		o.apply(&c)
 	}
-	if err := c.validate(); err != nil {
+	if err := c.validateSession(); err != nil {
 		return nil, err
 	}
 	if c.ackLogTopic == "" {
@@ -385,7 +251,7 @@ func NewSession(ctx context.Context, opts ...SessionOpt) (*Session, error) {
 	s.cons, err = kgo.NewClient(append(s.baseOpts(),
 		kgo.ShareGroup(c.group),
 		kgo.ConsumeTopics(c.topics...),
-		kgo.ShareMaxRecords(int32(c.maxRecords)),
+		kgo.ShareMaxRecords(int32(c.batch)),
 		kgo.ShareMaxRecordsStrict(), // fetch only when polled: no stale prefetch
 		kgo.ShareAckCallback(s.ack.callback),
 		kgo.ConnIdleTimeout(10*time.Minute), // an idle connection may drop held records
@@ -490,7 +356,7 @@ func (s *Session) Poll(ctx context.Context) ([]*kgo.Record, error) {
 		return nil, ErrBatchOpen
 	}
 	for {
-		fs := s.cons.PollRecords(ctx, s.cfg.maxRecords)
+		fs := s.cons.PollRecords(ctx, s.cfg.batch)
 		if fs.IsClientClosed() {
 			return nil, ErrSessionClosed
 		}
@@ -673,7 +539,7 @@ func (s *Session) Reject(ctx context.Context, r *kgo.Record, reason error, dlqTo
 //  1. If the batch's locks may have lapsed by the session's own clock
 //     (or the broker refused a renewal), it aborts (ErrConflict).
 //  2. It waits for the markers of records Poll set aside (bounded, see
-//     SessionOpenMarkerWait).
+//     OpenMarkerWait).
 //  3. It flushes the outputs, then produces the ack marker for the batch's
 //     records into the same transaction and flushes it.
 //  4. Conflict check: it reads the ack-log up to its marker; an earlier

@@ -58,11 +58,11 @@ func sessInputs(t *testing.T, env *kafkatest.Env, topic string, partitions int32
 
 // sessOpen opens a session on env (closed on cleanup) with a 20 s
 // transaction timeout and a 1 s open-marker wait unless opts override them.
-func sessOpen(t *testing.T, env *kafkatest.Env, group, in, txnID string, opts ...SessionOpt) *Session {
+func sessOpen(t *testing.T, env *kafkatest.Env, group, in, txnID string, opts ...Opt) *Session {
 	t.Helper()
-	all := append([]SessionOpt{SessionBrokers(env.Addr), SessionGroup(group), SessionTopics(in),
-		SessionTransactionalID(txnID), SessionTransactionTimeout(20 * time.Second),
-		SessionOpenMarkerWait(time.Second), SessionLogger(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))}, opts...)
+	all := append([]Opt{Brokers(env.Addr), Group(group), Topics(in),
+		TransactionalID(txnID), TransactionTimeout(20 * time.Second),
+		OpenMarkerWait(time.Second), Logger(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))}, opts...)
 	s, err := NewSession(sessCtx(t, 20*time.Second), all...)
 	if err != nil {
 		t.Fatalf("NewSession(%s): %v", txnID, err)
@@ -238,19 +238,19 @@ func sessTxnState(t *testing.T, env *kafkatest.Env, id string) string {
 }
 
 func TestSessionOptionsAreValidatedBeforeConnecting(t *testing.T) {
-	base := []SessionOpt{SessionBrokers("127.0.0.1:1"), SessionGroup("g"), SessionTopics("in")}
+	base := []Opt{Brokers("127.0.0.1:1"), Group("g"), Topics("in")}
 	for _, tc := range []struct {
 		name string
-		opts []SessionOpt
+		opts []Opt
 	}{
-		{"no brokers", []SessionOpt{SessionBrokers(), SessionGroup("g"), SessionTopics("in")}},
-		{"no topics", []SessionOpt{SessionBrokers("127.0.0.1:1"), SessionGroup("g")}},
-		{"no group", []SessionOpt{SessionBrokers("127.0.0.1:1"), SessionTopics("in")}},
-		{"zero max records", append(base, SessionMaxRecords(0))},
-		{"zero transaction timeout", append(base, SessionTransactionTimeout(0))},
-		{"negative open-marker wait", append(base, SessionOpenMarkerWait(-time.Second))},
-		{"transaction timeout not above the wait", append(base, SessionTransactionTimeout(time.Second), SessionOpenMarkerWait(time.Second))},
-		{"negative lock margin", append(base, SessionLockMargin(-time.Second))},
+		{"no brokers", []Opt{Brokers(), Group("g"), Topics("in")}},
+		{"no topics", []Opt{Brokers("127.0.0.1:1"), Group("g")}},
+		{"no group", []Opt{Brokers("127.0.0.1:1"), Topics("in")}},
+		{"zero max records", append(base, BatchSize(0))},
+		{"zero transaction timeout", append(base, TransactionTimeout(0))},
+		{"negative open-marker wait", append(base, OpenMarkerWait(-time.Second))},
+		{"transaction timeout not above the wait", append(base, TransactionTimeout(time.Second), OpenMarkerWait(time.Second))},
+		{"negative lock margin", append(base, LockMargin(-time.Second))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := NewSession(context.Background(), tc.opts...)
@@ -269,7 +269,7 @@ func TestSessionRefusesMisuse(t *testing.T) {
 	sessInputs(t, env, "in", 1, 3)
 	ctx := sessCtx(t, 30*time.Second)
 
-	if _, err := NewSession(ctx, SessionBrokers(env.Addr), SessionGroup("g"), SessionTopics("missing")); !errors.Is(err, kerr.UnknownTopicOrPartition) {
+	if _, err := NewSession(ctx, Brokers(env.Addr), Group("g"), Topics("missing")); !errors.Is(err, kerr.UnknownTopicOrPartition) {
 		t.Errorf("NewSession on a missing topic: %v, want UNKNOWN_TOPIC_OR_PARTITION", err)
 	}
 
@@ -318,7 +318,7 @@ func TestSessionMirrorLoopOutputsEachInputExactlyOnce(t *testing.T) {
 	l := newSessLedger()
 	errs := make(chan error, sessions)
 	for i := range sessions {
-		s := sessOpen(t, env, "mirror", "in", fmt.Sprintf("mirror-%d", i), SessionMaxRecords(40))
+		s := sessOpen(t, env, "mirror", "in", fmt.Sprintf("mirror-%d", i), BatchSize(40))
 		go func() { errs <- sessMirror(ctx, s, "out", n, l) }()
 	}
 	for range sessions {
@@ -492,7 +492,7 @@ func TestSessionRejectSendsToDeadLetterInTheTransaction(t *testing.T) {
 	env.CreateTopic(t, "dlq", 1, nil)
 	ctx := sessCtx(t, 30*time.Second)
 
-	s := sessOpen(t, env, "rej", "in", "rej-a", SessionMaxRecords(n))
+	s := sessOpen(t, env, "rej", "in", "rej-a", BatchSize(n))
 	var recs []*kgo.Record
 	for len(recs) < n {
 		got, err := s.Poll(ctx)
@@ -572,7 +572,7 @@ func TestSessionZombieCommitFailsWithConflict(t *testing.T) {
 			if tc.otherPaused {
 				wait = 15 * time.Second
 			}
-			z := sessOpen(t, env, group, "in", "zombie-z", SessionRenewEvery(-1), SessionOpenMarkerWait(wait))
+			z := sessOpen(t, env, group, "in", "zombie-z", RenewEvery(-1), OpenMarkerWait(wait))
 			z.noLapseCheck = !tc.lapseCheck
 			b := sessOpen(t, env, group, "in", "zombie-b")
 

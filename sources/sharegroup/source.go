@@ -43,11 +43,11 @@ const (
 // record with decode. Options are validated here, so a bad job is refused
 // when it is built.
 func New[T any](decode func(*kgo.Record) (T, error), opts ...Opt) (func() runtime.Source[T], error) {
-	c := defaultCfg()
+	c := sourceDefaults()
 	for _, o := range opts {
-		o(&c)
+		o.apply(&c)
 	}
-	if err := c.validate(); err != nil {
+	if err := c.validateSource(); err != nil {
 		return nil, err
 	}
 	if decode == nil {
@@ -81,6 +81,7 @@ type Source[T any] struct {
 	lastCheck time.Time
 	started   bool
 	stopped   bool
+	closed    bool
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	member    string
@@ -898,8 +899,12 @@ func (s *Source[T]) stopLanes() {
 // Close implements runtime.Source: stop polling and close every client,
 // which aborts the open (not pre-committed) transaction and releases held
 // records at once. Pre-committed transactions stay for the next attempt's
-// recovery; Cancel aborts them when the job ends for good.
+// recovery; Cancel aborts them when the job ends for good. Idempotent.
 func (s *Source[T]) Close() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
 	s.stopLanes()
 	if s.txn != nil {
 		s.txn.Close()

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kversion"
 	"go.uber.org/zap"
@@ -41,15 +40,16 @@ func produceN(t *testing.T, env *kafkatest.Env, topic string, n int) {
 // openSource opens subtask sub of a source the test drives by hand.
 func openSource(t *testing.T, env *kafkatest.Env, sub int, commit []checkpoint.TxnHandle, opts ...Opt) *Source[string] {
 	t.Helper()
-	s, err := tryOpenSource(t, env, sub, commit, opts...)
+	s, err := openSourceErr(t, env, sub, commit, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
 
-// tryOpenSource is openSource returning Open's error.
-func tryOpenSource(t *testing.T, env *kafkatest.Env, sub int, commit []checkpoint.TxnHandle, opts ...Opt) (*Source[string], error) {
+// openSourceErr is openSource returning Open's error (the source is closed
+// on cleanup either way).
+func openSourceErr(t *testing.T, env *kafkatest.Env, sub int, commit []checkpoint.TxnHandle, opts ...Opt) (*Source[string], error) {
 	t.Helper()
 	newSrc, err := New(func(r *kgo.Record) (string, error) {
 		if string(r.Value) == "poison" {
@@ -91,15 +91,15 @@ func TestZombieLaneLosesToTheFirstCommittedMarker(t *testing.T) {
 				broker.Config("share.record.lock.sweep.interval.ms", "100"))
 			env.CreateTopic(t, "in", 1, nil)
 			produceN(t, env, "in", 20)
-			paused := func(c *cfg) { c.paused = true } // A renews nothing: it is paused
-			a := openSource(t, env, 0, nil, LockMargin(-time.Hour), paused)
+			paused := withCfg(func(c *cfg) { c.paused = true }) // A renews nothing: it is paused
+			a := openSource(t, env, 0, nil, noLockClock, paused)
 			got := pollFor(t, a, 20, 10*time.Second)
 			if len(got) != 20 {
 				t.Fatalf("lane A got %d records, want 20", len(got))
 			}
 			// A stalls past its lock; B gets the same records.
 			time.Sleep(2500 * time.Millisecond)
-			b := openSource(t, env, 1, nil, LockMargin(-time.Hour))
+			b := openSource(t, env, 1, nil, noLockClock)
 			again := pollFor(t, b, 20, 10*time.Second)
 			if len(again) != 20 {
 				t.Fatalf("lane B got %d redelivered records, want 20", len(again))
@@ -234,21 +234,8 @@ func TestRedeliveryAfterCommitIsAcceptedNotEmitted(t *testing.T) {
 
 func TestBrokerWithoutShareGroupsFailsFast(t *testing.T) {
 	// A broker that speaks Kafka 3.9's APIs: no share groups.
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.MaxVersions(kversion.V3_9_0()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	newSrc, err := New(func(r *kgo.Record) (string, error) { return "", nil }, Brokers(c.ListenAddrs()...), Topics("in"), Group("g"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	s := newSrc()
 	start := time.Now()
-	err = s.Open(ctx, &runtime.OperatorContext{Job: "j", UID: "s", Parallelism: 1, Logger: zap.NewNop()})
-	s.Close()
+	err := openOnBroker(t, kversion.V3_9_0())
 	if !errors.Is(err, ErrNoShareGroups) || !errors.Is(err, runtime.ErrUnrecoverable) {
 		t.Fatalf("got %v, want ErrNoShareGroups, unrecoverable (a restart cannot help)", err)
 	}
@@ -307,7 +294,7 @@ func TestLaneThatMayHaveLostItsLocksDeclines(t *testing.T) {
 		broker.Config("share.record.lock.sweep.interval.ms", "100"))
 	env.CreateTopic(t, "in", 1, nil)
 	produceN(t, env, "in", 5)
-	a := openSource(t, env, 0, nil, func(c *cfg) { c.paused = true })
+	a := openSource(t, env, 0, nil, pausedOpt)
 	if got := pollFor(t, a, 5, 10*time.Second); len(got) != 5 {
 		t.Fatalf("got %d, want 5", len(got))
 	}
@@ -323,7 +310,7 @@ func TestDoneMarkersAreTombstonedAfterTheGracePeriod(t *testing.T) {
 	env := kafkatest.New(t)
 	env.CreateTopic(t, "in", 1, nil)
 	produceN(t, env, "in", 10)
-	a := openSource(t, env, 0, nil, MarkerGrace(100*time.Millisecond), func(c *cfg) { c.tombstoneEvery = 50 * time.Millisecond })
+	a := openSource(t, env, 0, nil, MarkerGrace(100*time.Millisecond), withCfg(func(c *cfg) { c.tombstoneEvery = 50 * time.Millisecond }))
 	if got := pollFor(t, a, 10, 10*time.Second); len(got) != 10 {
 		t.Fatalf("got %d, want 10", len(got))
 	}
