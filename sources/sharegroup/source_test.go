@@ -84,6 +84,8 @@ func pollFor(t *testing.T, s *Source[string], n int, within time.Duration) []str
 // records to lane B, B commits first. A's conflict check must decline, so
 // exactly one of them commits. Lapse detection by A's own clock is switched
 // off (negative margin) to exercise the conflict check alone.
+//
+// Each subtask runs two lanes, and B renews its locks as the defaults do.
 func TestZombieLaneLosesToTheFirstCommittedMarker(t *testing.T) {
 	for _, bCommits := range []bool{true, false} {
 		t.Run(fmt.Sprintf("earlier marker committed=%v", bCommits), func(t *testing.T) {
@@ -91,15 +93,14 @@ func TestZombieLaneLosesToTheFirstCommittedMarker(t *testing.T) {
 				broker.Config("share.record.lock.sweep.interval.ms", "100"))
 			env.CreateTopic(t, "in", 1, nil)
 			produceN(t, env, "in", 20)
-			paused := withCfg(func(c *cfg) { c.paused = true }) // A renews nothing: it is paused
-			a := openSource(t, env, 0, nil, noLockClock, paused)
+			a := openSource(t, env, 0, nil, noLockClock, pausedOpt, Lanes(2)) // A renews nothing: it is paused
 			got := pollFor(t, a, 20, 10*time.Second)
 			if len(got) != 20 {
 				t.Fatalf("lane A got %d records, want 20", len(got))
 			}
 			// A stalls past its lock; B gets the same records.
 			time.Sleep(2500 * time.Millisecond)
-			b := openSource(t, env, 1, nil, noLockClock)
+			b := openSource(t, env, 1, nil, noLockClock, Lanes(2))
 			again := pollFor(t, b, 20, 10*time.Second)
 			if len(again) != 20 {
 				t.Fatalf("lane B got %d redelivered records, want 20", len(again))
