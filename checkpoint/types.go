@@ -133,6 +133,17 @@ type Listener interface {
 	NotifyCheckpointAborted(ctx context.Context, id ID) error
 }
 
+// CancelListener is implemented by participants that hold transactions or
+// broker-side state across checkpoints (a transactional source's ack
+// markers and held records). NotifyJobCanceled is called once when the job
+// is cancelled for good (never restored again), with its latest completed
+// checkpoint (0: none): commit what that checkpoint covers, since its
+// notification may have been lost, abort everything later, and release
+// what is held, so that a cancelled job leaves nothing open behind.
+type CancelListener interface {
+	NotifyJobCanceled(ctx context.Context, lastCompleted ID) error
+}
+
 // ErrDeclined is wrapped by errors with which a task refuses a checkpoint.
 var ErrDeclined = errors.New("checkpoint declined")
 

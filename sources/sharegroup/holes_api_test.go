@@ -1,5 +1,5 @@
 // Tests of issue 9 that drive the source through setPaused (a process that
-// pauses and resumes), OpenMarkerWait and Cancel.
+// pauses and resumes), OpenMarkerWait and NotifyJobCanceled.
 
 package sharegroup
 
@@ -77,12 +77,12 @@ func TestCancelledJobAbortsItsMarkersSoTheNextJobCommitsEveryRecord(t *testing.T
 	if _, err := job1.Snapshot(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := job1.Cancel(ctx); err != nil {
-		t.Fatalf("Cancel: %v", err)
+	if err := job1.NotifyJobCanceled(ctx, 0); err != nil {
+		t.Fatalf("NotifyJobCanceled: %v", err)
 	}
 	for _, e := range ackLogEntries(t, env, "g") {
 		if e.Status != acklog.Aborted {
-			t.Fatalf("after Cancel, job 1's marker at %d is %s, want aborted", e.Offset, e.Status)
+			t.Fatalf("after NotifyJobCanceled, job 1's marker at %d is %s, want aborted", e.Offset, e.Status)
 		}
 	}
 	job2 := openSource(t, env, 0, nil, TransactionalIDPrefix("job2"))

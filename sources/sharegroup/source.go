@@ -855,17 +855,25 @@ func (s *Source[T]) resolveParked(ctx context.Context) {
 	}
 }
 
-// Cancel ends the source for good (the job is cancelled, not restarted):
-// it aborts every ack-marker transaction no completed checkpoint covers
-// (pre-committed or open) and releases every held record, so a cancelled
-// job leaves no open transaction and no held record behind. Call it after
-// the notification of the job's last completed checkpoint, then Close.
-func (s *Source[T]) Cancel(ctx context.Context) error {
+// NotifyJobCanceled implements checkpoint.CancelListener: the job ends for
+// good (cancelled, not restarted) and lastCompleted is its latest completed
+// checkpoint (0: none). The source commits the marker transactions that
+// checkpoint covers (its notification may have been lost), aborts every
+// later one, pre-committed or open, and then releases every held record: a
+// cancelled job leaves no open transaction and no held record behind.
+func (s *Source[T]) NotifyJobCanceled(ctx context.Context, lastCompleted checkpoint.ID) error {
 	var errs []error
 	if s.txn != nil && s.cfg.mode == Transactional {
-		for _, h := range s.txn.Pending() {
-			if err := s.txn.Abort(ctx, h.Checkpoint); err != nil {
+		if lastCompleted > 0 {
+			if err := s.txn.Commit(ctx, lastCompleted); err != nil {
 				errs = append(errs, err)
+			}
+		}
+		for _, h := range s.txn.Pending() {
+			if h.Checkpoint > lastCompleted {
+				if err := s.txn.Abort(ctx, h.Checkpoint); err != nil {
+					errs = append(errs, err)
+				}
 			}
 		}
 	}
@@ -1028,3 +1036,5 @@ func SetGroupConfig(ctx context.Context, cl *kgo.Client, group, key, value strin
 	}
 	return nil
 }
+
+var _ checkpoint.CancelListener = (*Source[int])(nil)
