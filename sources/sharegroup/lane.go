@@ -209,19 +209,16 @@ func (l *lane) reset() {
 	}
 }
 
-// renew extends the locks of every record the lane holds, if due at now
-// (every third of the lock duration, or every `every` when set). A renewal
+// renew extends the locks of every record the lane holds (ready, being
+// admitted, holding or parked), if due at now: every third of the lock
+// duration. A renewal
 // the broker refused for a partition marks it lost: its records count as
 // lapsed and are never ACCEPTed by this lane.
-func (l *lane) renew(ctx context.Context, now time.Time, every time.Duration) error {
+func (l *lane) renew(ctx context.Context, now time.Time) error {
 	l.ack.mu.Lock()
 	defer l.ack.mu.Unlock()
 	l.mu.Lock()
-	if every == 0 {
-		every = l.clock.dur / 3
-	}
-	due := (l.state == laneAdmitting || l.state == laneHolding || l.state == laneParked) &&
-		l.clock.dur > 0 && len(l.held) > 0 && now.Sub(l.renewed) >= every
+	due := l.state != laneIdle && l.clock.dur > 0 && len(l.held) > 0 && now.Sub(l.renewed) >= l.clock.dur/3
 	held := l.held
 	if due {
 		l.renewed = now

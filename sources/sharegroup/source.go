@@ -811,7 +811,7 @@ func (s *Source[T]) renewLoop(ctx context.Context) {
 				continue
 			}
 			for _, l := range s.lanes {
-				if err := l.renew(ctx, now, 0); err != nil && ctx.Err() == nil {
+				if err := l.renew(ctx, now); err != nil && ctx.Err() == nil {
 					s.log.Warn("renewing held records failed; the lane's epoch will decline if its locks are gone",
 						zap.String("lane", l.name), zap.Error(err))
 				}
