@@ -20,7 +20,8 @@ the same process run, and prints one JSON object per result on stdout:
 --quick keeps the whole run under a minute. While a benchmark runs, a progress
 line goes to stderr (live on a terminal, every few seconds otherwise).
 
-Benchmarks (--only NAME, repeatable; in run order):
+Benchmarks (--only NAME, repeatable; in run order; eos-wordcount also
+reports share-inflight):
   ` + strings.Join(bench.Names(), "\n  "),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

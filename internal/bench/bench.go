@@ -1,6 +1,6 @@
 // Package bench holds Weir's benchmarks behind `streamctl bench`: each one
 // runs Weir and a hand-written baseline on the same data in the same process
-// run and reports one JSON line (DESIGN.md's benchmark contract).
+// run and reports one JSON line (docs/architecture.md, "Benchmark output").
 //
 // It measures; it must not assert. Speed is judged from its output, never by
 // timed assertions in tests.
