@@ -127,10 +127,7 @@ func checkSnippet(root string, s snippet) error {
 // `go test` compiles (and runs, when it has an Output comment): a snippet
 // that does not compile cannot stay in the README.
 func TestDocumentedGoSnippetsQuoteExampleTests(t *testing.T) {
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := moduleRoot(t)
 	total := 0
 	for _, doc := range documented {
 		md, err := os.ReadFile(filepath.Join(root, doc))
