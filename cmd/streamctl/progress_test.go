@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"io"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -79,5 +80,27 @@ func TestDemoPrintsPlainProgressWhenNotATerminal(t *testing.T) {
 	}
 	if !strings.Contains(stderr, "output records committed\n") || strings.Contains(stderr, "\r") || strings.Contains(stdout, "output records committed") {
 		t.Fatalf("stderr %q: want plain progress lines (and none on stdout %q)", stderr, stdout)
+	}
+}
+
+// A log line written while the live line is shown erases it, and the live
+// line is drawn again below the log line.
+func TestLogLinesDoNotLandOnTheLiveLine(t *testing.T) {
+	var errb bytes.Buffer
+	a := &app{stdout: io.Discard, stderr: &errb, logLevel: "info", logFormat: "console"}
+	log, err := a.logger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := a.progress(log)
+	p.live = true
+	p.Update("wordcount: 1s")
+	log.Warn("job failed, restarting")
+	p.Update("")
+	log.Info("after")
+	got := errb.String()
+	want := regexp.MustCompile(`^\r\033\[Kwordcount: 1s\r\033\[K[^\r\n]*WARN\tjob failed, restarting\nwordcount: 1s\r\033\[K[^\r\n]*INFO\tafter\n$`)
+	if !want.MatchString(got) {
+		t.Fatalf("stderr = %q, want the live line erased before the log line and drawn again after it", got)
 	}
 }

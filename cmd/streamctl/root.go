@@ -36,6 +36,10 @@ type app struct {
 
 	logLevel  string
 	logFormat string
+
+	// sink is stderr as logs and the progress line share it
+	// (stderrSink), made on first use.
+	sink *progressLine
 }
 
 // newRootCmd builds the streamctl command tree writing to stdout and stderr.
@@ -117,7 +121,7 @@ func (a *app) logger() (*zap.Logger, error) {
 		return nil, err
 	}
 	lvl, _ := a.level()
-	core := zapcore.NewCore(newEncoder(a.logFormat), zapcore.Lock(zapcore.AddSync(a.stderr)), lvl)
+	core := zapcore.NewCore(newEncoder(a.logFormat), a.stderrSink(), lvl)
 	return zap.New(newCLICore(core), zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(a.stderr)))), nil
 }
 

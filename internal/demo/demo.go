@@ -172,7 +172,14 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 	}()
 	start := time.Now()
 	deadline := time.After(cfg.Timeout)
-	adm := kadm.NewClient(cl)
+	// The admin client for the progress line must not cache the output
+	// topic's metadata from before the job created it.
+	admCl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()), kgo.MetadataMinAge(progressEvery))
+	if err != nil {
+		return err
+	}
+	defer admCl.Close()
+	adm := kadm.NewClient(admCl)
 	for {
 		if done, err := committed.Reached(ctx, []string{b.Addr()}, "counts", total); err == nil && done {
 			break
