@@ -80,6 +80,7 @@ submission are not built); the demo runs wordcount with its defaults.`,
 			case "json":
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
+				enc.SetEscapeHTML(false)
 				return enc.Encode(types)
 			case "table":
 				tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)

@@ -40,6 +40,9 @@ func TestJobsJSONHasLowerCaseFieldsAndTheReservedParallelism(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !strings.Contains(out, "share group on input -> words") {
+		t.Errorf("the description is not printed as written (HTML-escaped?):\n%s", out)
+	}
 	// Decode generically: field names must be exactly these, lower case.
 	var jobs []map[string]any
 	if err := json.Unmarshal([]byte(out), &jobs); err != nil || len(jobs) != 1 {

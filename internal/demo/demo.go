@@ -14,6 +14,7 @@ import (
 	"io"
 	"math/rand"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,18 +70,22 @@ func (cfg Config) validate() error {
 	return nil
 }
 
-// failpoints parses the demo's injected task failure at failAt together with
-// the caller's spec.
+// failpoints parses the caller's spec and adds the demo's injected task
+// failure at failAt.
 func (cfg Config) failpoints(failAt int) (*failpoint.Set, error) {
+	user, err := failpoint.Parse(cfg.Failpoints)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s=%q: %w", ErrBadConfig, failpoint.EnvVar, cfg.Failpoints, err)
+	}
+	if slices.Contains(user.Names(), failpoint.TaskProcess) {
+		return nil, fmt.Errorf("%w: %s=%q: %w: the demo injects %s itself; leave it out", ErrBadConfig, failpoint.EnvVar, cfg.Failpoints,
+			failpoint.ErrBadSpec, failpoint.TaskProcess)
+	}
 	spec := fmt.Sprintf("%s=error@%d", failpoint.TaskProcess, failAt)
 	if cfg.Failpoints != "" {
 		spec = cfg.Failpoints + "," + spec
 	}
-	fp, err := failpoint.Parse(spec)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s=%q with the demo's own %s failure: %w", ErrBadConfig, failpoint.EnvVar, cfg.Failpoints, failpoint.TaskProcess, err)
-	}
-	return fp, nil
+	return failpoint.Parse(spec)
 }
 
 // progressEvery is how often Run passes its status to Config.Progress.

@@ -62,7 +62,7 @@ func TestDemoRefusesBadConfigBeforeStarting(t *testing.T) {
 		{"negative timeout", func(c *Config) { c.Timeout = -time.Second }, "--timeout -1s"},
 		{"unknown failpoint", func(c *Config) { c.Failpoints = "sink.after-comit=crash" }, `WEIR_FAILPOINTS="sink.after-comit=crash"`},
 		{"bad action", func(c *Config) { c.Failpoints = "sink.after-commit=boom" }, `unknown action "boom"`},
-		{"task.process taken by the demo", func(c *Config) { c.Failpoints = "task.process=sleep(1)" }, "configured twice"},
+		{"task.process taken by the demo", func(c *Config) { c.Failpoints = "task.process=sleep(1)" }, "the demo injects task.process itself"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
