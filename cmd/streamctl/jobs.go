@@ -68,7 +68,7 @@ func newJobsCmd(a *app) *cobra.Command {
 
 Parameters are key=value strings; a job type refuses parameters it does not
 declare. No command runs a registered job by name yet (the job manager and
-submission are not built); the demo runs wordcount with its defaults.`,
+submission are not built); the demo runs wordcount on its own embedded broker.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			r, err := registry()
