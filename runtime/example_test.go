@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/weirstream/weir/runtime"
 )
@@ -17,9 +18,18 @@ type WordCount struct {
 }
 
 // A wordcount: split lines into words, key by word, keep a running count per
-// word in keyed state, and emit every new count.
+// word in keyed state, and emit every new count. The README quotes it.
 func Example_wordcount() {
+	ctx := context.Background()
 	lines := []string{"To be or not to be", "that is the question", "to be"}
+	var mu sync.Mutex
+	final := map[string]int64{}
+	mySink := runtime.SinkFunc(func(_ context.Context, c WordCount) error {
+		mu.Lock()
+		defer mu.Unlock()
+		final[c.Word] = max(final[c.Word], c.Count)
+		return nil
+	})
 
 	j := runtime.NewJob("wordcount", runtime.DefaultParallelism(2))
 	text := runtime.FromSource(j, "lines", runtime.SliceSource(lines, 0))
@@ -34,17 +44,10 @@ func Example_wordcount() {
 		acc.Count += c.Count
 		return acc, nil
 	}, nil)
+	runtime.SinkTo(counts, "out", mySink)
+	_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond)).Run(ctx, j)
 
-	var mu sync.Mutex
-	final := map[string]int64{}
-	runtime.SinkTo(counts, "collect", runtime.SinkFunc(func(_ context.Context, c WordCount) error {
-		mu.Lock()
-		defer mu.Unlock()
-		final[c.Word] = max(final[c.Word], c.Count)
-		return nil
-	}))
-
-	if _, err := runtime.NewMiniCluster().Run(context.Background(), j); err != nil {
+	if err != nil {
 		fmt.Println("job failed:", err)
 		return
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"strings"
+
 	"github.com/spf13/cobra"
 
 	"github.com/weirstream/weir/internal/bench"
@@ -15,13 +17,24 @@ func newBenchCmd(a *app) *cobra.Command {
 		Long: `bench runs every benchmark against a hand-written baseline on the same data in
 the same process run, and prints one JSON object per result on stdout:
   {"bench":..,"metric":..,"value":..,"baseline":..,"baseline_value":..,"ratio":..}
---quick keeps the whole run under a minute.`,
+--quick keeps the whole run under a minute. While a benchmark runs, a progress
+line goes to stderr (live on a terminal, every few seconds otherwise).
+
+Benchmarks (--only NAME, repeatable; in run order; eos-wordcount also
+reports share-inflight):
+  ` + strings.Join(bench.Names(), "\n  "),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := a.logger()
+			if err != nil {
+				return err
+			}
+			defer func() { _ = log.Sync() }()
+			cfg.Progress = a.progress(log).Update
 			return bench.Run(cmd.Context(), a.stdout, cfg, only...)
 		},
 	}
 	cmd.Flags().BoolVar(&cfg.Quick, "quick", false, "shorter runs (whole bench under 60 s)")
-	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these benchmarks (repeatable)")
+	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these benchmarks (repeatable): "+strings.Join(bench.Names(), ", "))
 	return cmd
 }

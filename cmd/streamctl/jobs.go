@@ -21,41 +21,81 @@ func registry() (*runtime.Registry, error) {
 	return r, nil
 }
 
+// jobParam is one parameter of a job type as `jobs` shows it.
+type jobParam struct {
+	Name        string `json:"name"`
+	Default     string `json:"default"`
+	Description string `json:"description"`
+	// Reserved parameters are understood by every job type without being
+	// declared by it (runtime.ParamParallelism).
+	Reserved bool `json:"reserved"`
+}
+
+// jobType is a registered job type as `jobs` shows it.
+type jobType struct {
+	Name        string     `json:"name"`
+	Description string     `json:"description"`
+	Params      []jobParam `json:"params"`
+}
+
+// jobTypes lists r's job types with their declared parameters followed by
+// the reserved ones every job type takes.
+func jobTypes(r *runtime.Registry) []jobType {
+	out := []jobType{}
+	for _, t := range r.Types() {
+		j := jobType{Name: t.Name, Description: t.Description, Params: []jobParam{}}
+		declared := map[string]bool{}
+		for _, p := range t.Params {
+			declared[p.Name] = true
+			j.Params = append(j.Params, jobParam{Name: p.Name, Default: p.Default, Description: p.Description})
+		}
+		if !declared[runtime.ParamParallelism] {
+			j.Params = append(j.Params, jobParam{Name: runtime.ParamParallelism, Default: "1",
+				Description: "default parallelism of the job's operators", Reserved: true})
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
 func newJobsCmd(a *app) *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
-		Use:   "jobs",
+		Use:   "jobs [--output table|json]",
 		Short: "List the registered job types and their parameters",
-		Args:  cobra.NoArgs,
+		Long: `jobs lists the job types this binary has registered, with their parameters
+(name, default, meaning). "parallelism" is reserved: every job type takes it.
+
+Parameters are key=value strings; a job type refuses parameters it does not
+declare. No command runs a registered job by name yet (the job manager and
+submission are not built); the demo runs wordcount on its own embedded broker.`,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			r, err := registry()
 			if err != nil {
 				return err
 			}
+			types := jobTypes(r)
 			switch output {
 			case "json":
-				type param struct{ Name, Default, Description string }
-				type job struct {
-					Name, Description string
-					Params            []param
-				}
-				var out []job
-				for _, t := range r.Types() {
-					j := job{Name: t.Name, Description: t.Description}
-					for _, p := range t.Params {
-						j.Params = append(j.Params, param(p))
-					}
-					out = append(out, j)
-				}
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(out)
+				enc.SetEscapeHTML(false)
+				return enc.Encode(types)
 			case "table":
 				tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-				for _, t := range r.Types() {
+				for i, t := range types {
+					if i > 0 {
+						fmt.Fprintln(tw)
+					}
 					fmt.Fprintf(tw, "%s\t%s\n", t.Name, t.Description)
+					fmt.Fprintf(tw, "  PARAMETER\tDEFAULT\tDESCRIPTION\n")
 					for _, p := range t.Params {
-						fmt.Fprintf(tw, "  --set %s=\t(default %q)\t%s\n", p.Name, p.Default, p.Description)
+						desc := p.Description
+						if p.Reserved {
+							desc += " (reserved: every job type)"
+						}
+						fmt.Fprintf(tw, "  %s\t%s\t%s\n", p.Name, p.Default, desc)
 					}
 				}
 				return tw.Flush()

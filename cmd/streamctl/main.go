@@ -1,6 +1,5 @@
 // Command streamctl is Weir's command-line interface: the embedded broker,
-// and (as they arrive) the job manager, task managers, job submission and
-// inspection, a local cluster and the demo.
+// the end-to-end demo, the benchmarks and the list of registered job types.
 //
 // It wires packages together and must hold no logic a test of another
 // package would need: anything worth testing on its own lives in the package

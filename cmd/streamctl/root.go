@@ -8,6 +8,8 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/weirstream/weir/internal/failpoint"
 )
 
 // subcommands returns the constructors of streamctl's subcommands, in help
@@ -34,6 +36,10 @@ type app struct {
 
 	logLevel  string
 	logFormat string
+
+	// sink is stderr as logs and the progress line share it
+	// (stderrSink), made on first use.
+	sink *progressLine
 }
 
 // newRootCmd builds the streamctl command tree writing to stdout and stderr.
@@ -42,16 +48,20 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "streamctl",
 		Short: "Weir: exactly-once stream processing from Kafka share groups to Kafka topics",
-		Long: `streamctl runs and drives Weir: an embedded Kafka broker, the job manager and
-task managers, job submission and inspection.
+		Long: `streamctl runs Weir's embedded Kafka broker, the end-to-end exactly-once demo
+and the benchmarks, and lists the registered job types. Jobs run on the
+in-process mini cluster today; the job manager, task managers and job
+submission are not built yet.
 
-Logs go to stderr; results go to stdout.`,
+Logs go to stderr; results go to stdout. WEIR_FAILPOINTS in the environment
+injects faults (see the README); a bad spec is refused before any command runs.`,
 		// A failing command prints its error once, without the usage
 		// text; flag errors add a pointer to --help (flagError).
 		SilenceUsage: true,
-		// Validate the global flags before any command runs. A
-		// subcommand that defines its own PersistentPreRunE must call
-		// a.validate itself (cobra runs only the nearest hook).
+		// Validate the global flags and WEIR_FAILPOINTS before any
+		// command runs. A subcommand that defines its own
+		// PersistentPreRunE must call a.validate itself (cobra runs
+		// only the nearest hook).
 		PersistentPreRunE: func(*cobra.Command, []string) error { return a.validate() },
 	}
 	root.SetOut(stdout)
@@ -73,9 +83,14 @@ func flagError(cmd *cobra.Command, err error) error {
 	return fmt.Errorf("%w\nRun '%s --help' for usage.", err, cmd.CommandPath())
 }
 
-// validate checks the global flags.
+// validate checks the global flags and the failpoints in the environment
+// (every weir process reads WEIR_FAILPOINTS; a typo must not run silently
+// without its fault).
 func (a *app) validate() error {
 	if _, err := a.level(); err != nil {
+		return err
+	}
+	if _, err := failpoint.FromEnv(); err != nil {
 		return err
 	}
 	switch a.logFormat {
@@ -106,14 +121,19 @@ func (a *app) logger() (*zap.Logger, error) {
 		return nil, err
 	}
 	lvl, _ := a.level()
-	var enc zapcore.Encoder
-	if a.logFormat == "json" {
-		enc = zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
-	} else {
-		ec := zap.NewDevelopmentEncoderConfig()
+	core := zapcore.NewCore(newEncoder(a.logFormat), a.stderrSink(), lvl)
+	return zap.New(newCLICore(core), zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(a.stderr)))), nil
+}
+
+// newEncoder returns the encoder of a --log-format: JSON (one object per
+// line) or console, both with ISO 8601 timestamps.
+func newEncoder(format string) zapcore.Encoder {
+	if format == "json" {
+		ec := zap.NewProductionEncoderConfig()
 		ec.EncodeTime = zapcore.ISO8601TimeEncoder
-		enc = zapcore.NewConsoleEncoder(ec)
+		return zapcore.NewJSONEncoder(ec)
 	}
-	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(a.stderr)), lvl)
-	return zap.New(core, zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(a.stderr)))), nil
+	ec := zap.NewDevelopmentEncoderConfig()
+	ec.EncodeTime = zapcore.ISO8601TimeEncoder
+	return zapcore.NewConsoleEncoder(ec)
 }

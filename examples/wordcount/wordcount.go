@@ -20,7 +20,7 @@ import (
 // Name is the job type's registered name.
 const Name = "wordcount"
 
-// Type is the wordcount job type (the wordcount contract of DESIGN.md).
+// Type is the wordcount job type (docs/architecture.md, "The wordcount contract").
 var Type = runtime.JobType{
 	Name:        Name,
 	Description: "exactly-once wordcount: share group on input -> words -> running count per word -> output",

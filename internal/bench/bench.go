@@ -1,6 +1,6 @@
 // Package bench holds Weir's benchmarks behind `streamctl bench`: each one
 // runs Weir and a hand-written baseline on the same data in the same process
-// run and reports one JSON line (DESIGN.md's benchmark contract).
+// run and reports one JSON line (docs/architecture.md, "Benchmark output").
 //
 // It measures; it must not assert. Speed is judged from its output, never by
 // timed assertions in tests.
@@ -9,11 +9,18 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"math/rand"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"time"
+
+	"github.com/weirstream/weir/runtime"
 )
 
 // Line is one benchmark result, printed as one JSON object per line.
@@ -31,6 +38,43 @@ type Line struct {
 type Config struct {
 	// Quick keeps the whole run under a minute.
 	Quick bool
+	// Progress, when set, is called a few times a second while a benchmark
+	// runs with a one-line status ("bench eos-sink (3/4): 12s ..."), and
+	// with "" before results are written, so a live line can be cleared.
+	// It must not block.
+	Progress func(status string)
+
+	// clusterOpts are added to every mini cluster a benchmark starts
+	// (tests of this package use them to slow checkpoints down).
+	clusterOpts []runtime.ClusterOpt
+	// checkpoints overrides how many checkpoints checkpoint-cycle measures.
+	checkpoints int
+	// detail holds what the running benchmark last said about itself.
+	detail *detail
+}
+
+// detail is a benchmark's latest word about its progress.
+type detail struct {
+	mu  sync.Mutex
+	msg string
+}
+
+// progress records a benchmark's own progress detail, shown with the next
+// status line.
+func (c Config) progress(format string, args ...any) {
+	if c.detail == nil {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	c.detail.mu.Lock()
+	c.detail.msg = msg
+	c.detail.mu.Unlock()
+}
+
+func (d *detail) get() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.msg
 }
 
 // Benchmark is one named benchmark.
@@ -49,19 +93,55 @@ func All() []Benchmark {
 	}
 }
 
-// Run runs the benchmarks whose names are in only (all when empty) and
-// writes their lines to w as they finish.
-func Run(ctx context.Context, w io.Writer, cfg Config, only ...string) error {
+// Names lists the names --only accepts, in run order.
+func Names() []string {
+	var names []string
+	for _, b := range All() {
+		names = append(names, b.Name)
+	}
+	return names
+}
+
+// ErrUnknownBenchmark is wrapped by Run's error for a name in only that is
+// not a benchmark.
+var ErrUnknownBenchmark = errors.New("unknown benchmark")
+
+// Select returns the benchmarks whose names are in only (all when only is
+// empty), in run order, or an error naming every unknown name and listing
+// the known ones.
+func Select(only ...string) ([]Benchmark, error) {
 	want := map[string]bool{}
+	var unknown []string
+	known := Names()
 	for _, o := range only {
+		if !slices.Contains(known, o) {
+			unknown = append(unknown, strconv.Quote(o))
+		}
 		want[o] = true
 	}
-	enc := json.NewEncoder(w)
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("%w %s: the benchmarks are %s", ErrUnknownBenchmark, strings.Join(unknown, ", "), strings.Join(known, ", "))
+	}
+	var out []Benchmark
 	for _, b := range All() {
-		if len(want) > 0 && !want[b.Name] {
-			continue
+		if len(want) == 0 || want[b.Name] {
+			out = append(out, b)
 		}
-		lines, err := b.Run(ctx, cfg)
+	}
+	return out, nil
+}
+
+// Run runs the benchmarks whose names are in only (all when empty) and
+// writes their lines to w as they finish. An unknown name in only is an
+// error before anything runs.
+func Run(ctx context.Context, w io.Writer, cfg Config, only ...string) error {
+	benches, err := Select(only...)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(w)
+	for i, b := range benches {
+		lines, err := runOne(ctx, cfg, b, fmt.Sprintf("bench %s (%d/%d)", b.Name, i+1, len(benches)))
 		if err != nil {
 			return fmt.Errorf("bench %s: %w", b.Name, err)
 		}
@@ -73,6 +153,48 @@ func Run(ctx context.Context, w io.Writer, cfg Config, only ...string) error {
 		}
 	}
 	return nil
+}
+
+// statusEvery is how often a running benchmark's status is passed to
+// Config.Progress.
+const statusEvery = 250 * time.Millisecond
+
+// runOne runs b, passing its status to cfg.Progress while it runs and ""
+// when it is done.
+func runOne(ctx context.Context, cfg Config, b Benchmark, title string) ([]Line, error) {
+	if cfg.Progress == nil {
+		return b.Run(ctx, cfg)
+	}
+	cfg.detail = &detail{}
+	start := time.Now()
+	status := func() string {
+		s := fmt.Sprintf("%s: %s", title, time.Since(start).Round(time.Second))
+		if d := cfg.detail.get(); d != "" {
+			s += ", " + d
+		}
+		return s
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(statusEvery)
+		defer t.Stop()
+		for {
+			cfg.Progress(status())
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	lines, err := b.Run(ctx, cfg)
+	close(stop)
+	wg.Wait()
+	cfg.Progress("")
+	return lines, err
 }
 
 func round(v float64) float64  { return math.Round(v*10) / 10 }

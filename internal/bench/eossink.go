@@ -66,10 +66,12 @@ func EOSSink(ctx context.Context, cfg Config) ([]Line, error) {
 	var best, bestBase float64
 	var checkpoints int64
 	for r := range rounds {
+		cfg.progress("round %d/%d: baseline, plain produce of %d records", r+1, rounds, n)
 		base, err := plainProduce(ctx, adm, b.Addr(), fmt.Sprintf("eos-sink-plain-%d", r), n, value)
 		if err != nil {
 			return nil, fmt.Errorf("baseline: %w", err)
 		}
+		cfg.progress("round %d/%d: weir, exactly-once sink", r+1, rounds)
 		el, cps, err := eosSinkRun(ctx, adm, b.Addr(), fmt.Sprintf("eos-sink-weir-%d", r), items, value)
 		if err != nil {
 			return nil, err

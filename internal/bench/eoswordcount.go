@@ -42,15 +42,18 @@ func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 	for _, l := range corpus {
 		words += len(wordcount.Words(l))
 	}
+	cfg.progress("producing %d lines", lines)
 	if err := produceCorpus(ctx, b.Addr(), "bench-lines", corpus); err != nil {
 		return nil, err
 	}
+	cfg.progress("baseline: franz-go share loop")
 	base, err := shareLoop(ctx, b.Addr(), "bench-lines", "bench-loop-out", words)
 	if err != nil {
 		return nil, fmt.Errorf("baseline: %w", err)
 	}
 	var mu sync.Mutex
 	maxHeld, limit := 0, 0
+	cfg.progress("weir: exactly-once wordcount")
 	weir, err := weirEOSWordcount(ctx, b.Addr(), words, sharegroup.ObserveInFlight(func(held map[acklog.TopicPartition]int, lim int) {
 		mu.Lock()
 		defer mu.Unlock()

@@ -27,6 +27,7 @@ func RuntimeWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 	}
 	var best, bestBase float64
 	for r := 0; r < rounds; r++ {
+		cfg.progress("round %d/%d", r+1, rounds)
 		base := baselineWordcount(corpus)
 		el, err := weirWordcount(ctx, corpus, int64(words))
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 	"io"
 	"math/rand"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,27 +32,82 @@ import (
 // ErrViolated is returned when the verification finds a duplicate or a loss.
 var ErrViolated = errors.New("demo: exactly-once violated")
 
-// Config sizes the demo.
+// ErrBadConfig is wrapped by Run's error for a Config it refuses.
+var ErrBadConfig = errors.New("demo: bad configuration")
+
+// Config sizes the demo. Start from DefaultConfig: every field is checked,
+// and a zero or negative size is an error, not a default.
 type Config struct {
-	Lines      int           // lines of generated text (default 20000)
-	Partitions int32         // partitions of the input topic (default 8)
-	Timeout    time.Duration // how long the job may take to produce all output (default 3m)
-	Logger     *zap.Logger
+	Lines      int           // lines of generated text
+	Partitions int32         // partitions of the input topic
+	Timeout    time.Duration // how long the job may take to produce all output
+	// Failpoints is a WEIR_FAILPOINTS spec added to the demo's own injected
+	// failure; it is checked before anything starts.
+	Failpoints string
+	Logger     *zap.Logger // nil: no logs
+	// Progress, when set, is called every progressEvery while the job runs
+	// with a one-line status, and with "" before the next result line is
+	// printed (so a live line can be cleared). It must not block.
+	Progress func(status string)
 }
 
-// Run runs the demo, printing progress and the verdict to w.
+// DefaultConfig returns the demo's defaults: 20000 lines, 8 partitions, a 3
+// minute timeout.
+func DefaultConfig() Config {
+	return Config{Lines: 20000, Partitions: 8, Timeout: 3 * time.Minute}
+}
+
+// validate checks cfg's sizes.
+func (cfg Config) validate() error {
+	switch {
+	case cfg.Lines < 1:
+		return fmt.Errorf("%w: --lines %d: want at least 1", ErrBadConfig, cfg.Lines)
+	case cfg.Partitions < 1:
+		return fmt.Errorf("%w: --partitions %d: want at least 1", ErrBadConfig, cfg.Partitions)
+	case cfg.Timeout <= 0:
+		return fmt.Errorf("%w: --timeout %v: want a positive duration", ErrBadConfig, cfg.Timeout)
+	}
+	return nil
+}
+
+// failpoints parses the caller's spec and adds the demo's injected task
+// failure at failAt.
+func (cfg Config) failpoints(failAt int) (*failpoint.Set, error) {
+	user, err := failpoint.Parse(cfg.Failpoints)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s=%q: %w", ErrBadConfig, failpoint.EnvVar, cfg.Failpoints, err)
+	}
+	if slices.Contains(user.Names(), failpoint.TaskProcess) {
+		return nil, fmt.Errorf("%w: %s=%q: %w: the demo injects %s itself; leave it out", ErrBadConfig, failpoint.EnvVar, cfg.Failpoints,
+			failpoint.ErrBadSpec, failpoint.TaskProcess)
+	}
+	spec := fmt.Sprintf("%s=error@%d", failpoint.TaskProcess, failAt)
+	if cfg.Failpoints != "" {
+		spec = cfg.Failpoints + "," + spec
+	}
+	return failpoint.Parse(spec)
+}
+
+// progressEvery is how often Run passes its status to Config.Progress.
+const progressEvery = 250 * time.Millisecond
+
+// Run runs the demo, printing progress and the verdict to w. A bad Config is
+// an error wrapping ErrBadConfig before anything starts.
 func Run(ctx context.Context, w io.Writer, cfg Config) error {
-	if cfg.Lines <= 0 {
-		cfg.Lines = 20000
+	if err := cfg.validate(); err != nil {
+		return err
 	}
-	if cfg.Partitions <= 0 {
-		cfg.Partitions = 8
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 3 * time.Minute
+	// Check the failpoints before any work: the real spec depends on the
+	// corpus, but a bad one is bad at any count.
+	if _, err := cfg.failpoints(1); err != nil {
+		return err
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
+	}
+	progress := cfg.Progress
+	if progress == nil {
+		progress = func(string) {}
 	}
 	dir, err := os.MkdirTemp("", "weir-demo-")
 	if err != nil {
@@ -99,15 +155,12 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 	}
 	// One task failure, a third of the way through the words.
 	failAt := max(1, total/3)
-	// WEIR_FAILPOINTS adds the caller's failpoints (DESIGN.md's contract).
-	spec := fmt.Sprintf("%s=error@%d", failpoint.TaskProcess, failAt)
-	if env := os.Getenv(failpoint.EnvVar); env != "" {
-		spec = env + "," + spec
-		fmt.Fprintf(w, "failpoints from %s: %s\n", failpoint.EnvVar, env)
-	}
-	fp, err := failpoint.Parse(spec)
+	fp, err := cfg.failpoints(failAt)
 	if err != nil {
 		return err
+	}
+	if cfg.Failpoints != "" {
+		fmt.Fprintf(w, "failpoints from %s: %s\n", failpoint.EnvVar, cfg.Failpoints)
 	}
 	fmt.Fprintf(w, "running wordcount (exactly-once, parallelism 2, checkpoints every 200ms) with a task failure injected at record %d\n", failAt)
 
@@ -124,20 +177,34 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 	}()
 	start := time.Now()
 	deadline := time.After(cfg.Timeout)
+	// The admin client for the progress line must not cache the output
+	// topic's metadata from before the job created it.
+	admCl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()), kgo.MetadataMinAge(progressEvery))
+	if err != nil {
+		return err
+	}
+	defer admCl.Close()
+	adm := kadm.NewClient(admCl)
 	for {
 		if done, err := committed.Reached(ctx, []string{b.Addr()}, "counts", total); err == nil && done {
 			break
 		}
+		progress(fmt.Sprintf("wordcount: %s, about %d of %d output records committed",
+			time.Since(start).Round(100*time.Millisecond), committedBound(ctx, adm, "counts", total), total))
 		select {
 		case err := <-done:
+			progress("")
 			return fmt.Errorf("demo: job stopped before its output was complete: %w", err)
 		case <-deadline:
+			progress("")
 			return fmt.Errorf("demo: output incomplete after %v (want %d records)", cfg.Timeout, total)
 		case <-ctx.Done():
+			progress("")
 			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
+		case <-time.After(progressEvery):
 		}
 	}
+	progress("")
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		return err
@@ -157,6 +224,23 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 		return ErrViolated
 	}
 	return nil
+}
+
+// committedBound returns the sum of topic's last stable offsets, at most max:
+// an estimate of its committed records for the progress line (transaction
+// markers take offsets too), 0 when the topic is not there yet.
+func committedBound(ctx context.Context, adm *kadm.Client, topic string, max int) int {
+	offs, err := adm.ListCommittedOffsets(ctx, topic)
+	if err != nil {
+		return 0
+	}
+	var n int64
+	offs.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil {
+			n += o.Offset
+		}
+	})
+	return int(min(n, int64(max)))
 }
 
 // Corpus generates n deterministic lines over a small vocabulary, mixed case.

@@ -38,7 +38,8 @@ import (
 	"time"
 )
 
-// Names of the failpoints of the Weir contract (DESIGN.md, "Failpoints").
+// Names of the failpoints of the Weir contract (docs/architecture.md,
+// "Failpoints"). Known lists them; Parse accepts no other name.
 const (
 	// SourceAfterAckPrecommit fires after the source wrote its ack marker into
 	// the checkpoint's transaction, before it acks the checkpoint.
@@ -58,6 +59,37 @@ const (
 	// TaskProcess fires for each record processed by any operator.
 	TaskProcess = "task.process"
 )
+
+// Point describes one failpoint of the contract.
+type Point struct {
+	Name  string
+	Where string // where in the code it fires
+}
+
+// Known returns the failpoints the code fires, in contract order: the only
+// names Parse accepts. It returns a new slice on every call.
+func Known() []Point {
+	return []Point{
+		{SourceAfterAckPrecommit, "ack marker written into the checkpoint's transaction, before the source acks the checkpoint"},
+		{SinkAfterPrecommit, "sink flushed and pre-committed, before it acks the checkpoint"},
+		{JMAfterCheckpointPersisted, "completed checkpoint synced to pebble, before any notification is sent"},
+		{SinkAfterCommit, "sink's EndTxn commit returned, before the task finishes handling notify"},
+		{SourceAfterAckCommit, "ack-log transaction committed, before the broker ACCEPT"},
+		{TaskProcess, "each record processed by any operator"},
+	}
+}
+
+// knownName reports whether name is in Known, or an error listing them.
+func knownName(name string) error {
+	var names []string
+	for _, p := range Known() {
+		if p.Name == name {
+			return nil
+		}
+		names = append(names, p.Name)
+	}
+	return fmt.Errorf("unknown failpoint %q (known: %s)", name, strings.Join(names, ", "))
+}
 
 // EnvVar is the environment variable FromEnv and Default read.
 const EnvVar = "WEIR_FAILPOINTS"
@@ -123,7 +155,8 @@ func New(opts ...Option) *Set {
 }
 
 // Parse parses a WEIR_FAILPOINTS spec ("name=action[,name=action...]").
-// An empty spec gives an empty Set. Options are applied after parsing.
+// An empty spec gives an empty Set. A name not in Known, an unknown action or
+// a malformed entry is an error wrapping ErrBadSpec that quotes the entry. Options are applied after parsing.
 func Parse(spec string, opts ...Option) (*Set, error) {
 	s := New()
 	for _, entry := range strings.Split(spec, ",") {
@@ -153,6 +186,9 @@ func parseEntry(entry string) (*point, error) {
 		return nil, fmt.Errorf("%w: %q: want name=action", ErrBadSpec, entry)
 	}
 	if err := validName(name); err != nil {
+		return nil, fmt.Errorf("%w: %q: %v", ErrBadSpec, entry, err)
+	}
+	if err := knownName(name); err != nil {
 		return nil, fmt.Errorf("%w: %q: %v", ErrBadSpec, entry, err)
 	}
 	p := &point{name: name}
@@ -197,11 +233,13 @@ func validName(name string) error {
 }
 
 // FromEnv parses the WEIR_FAILPOINTS environment variable. An unset or empty
-// variable gives an empty Set.
+// variable gives an empty Set. An error starts with the variable and its
+// value as the user wrote it (WEIR_FAILPOINTS="...": ...).
 func FromEnv(opts ...Option) (*Set, error) {
-	s, err := Parse(os.Getenv(EnvVar), opts...)
+	spec := os.Getenv(EnvVar)
+	s, err := Parse(spec, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", EnvVar, err)
+		return nil, fmt.Errorf("%s=%q: %w", EnvVar, spec, err)
 	}
 	return s, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -109,6 +110,8 @@ func TestParseRejectsBadSpecs(t *testing.T) {
 		{"task.process=sleep(-5)", "sleep needs"},
 		{"task.process=sleep(5", "unknown action"},
 		{"task.process=error,task.process=crash", "configured twice"},
+		{"task.proces=crash", `unknown failpoint "task.proces" (known: source.after-ack-precommit, sink.after-precommit, jm.after-checkpoint-persisted, sink.after-commit, source.after-ack-commit, task.process)`},
+		{"sink.after-commit=error,source.after-ack=crash", `"source.after-ack=crash": unknown failpoint "source.after-ack"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec, func(t *testing.T) {
@@ -127,10 +130,13 @@ func TestParseRejectsBadSpecs(t *testing.T) {
 }
 
 func TestFromEnvReportsVariableOnBadSpec(t *testing.T) {
-	t.Setenv(EnvVar, "x=nope")
-	_, err := FromEnv()
-	if !errors.Is(err, ErrBadSpec) || !strings.Contains(err.Error(), EnvVar) {
-		t.Fatalf("FromEnv error = %v, want ErrBadSpec naming %s", err, EnvVar)
+	for _, spec := range []string{"x=nope", "task.process=error, sink.after-comit=crash@2"} {
+		t.Setenv(EnvVar, spec)
+		_, err := FromEnv()
+		// The error quotes what the user wrote, whole.
+		if quoted := EnvVar + "=" + strconv.Quote(spec); !errors.Is(err, ErrBadSpec) || !strings.HasPrefix(err.Error(), quoted) {
+			t.Fatalf("FromEnv error = %v, want ErrBadSpec starting with %s", err, quoted)
+		}
 	}
 	t.Setenv(EnvVar, "task.process=error")
 	s, err := FromEnv()
@@ -327,5 +333,24 @@ func BenchmarkInjectOtherPointSet(b *testing.B) {
 	s, _ := Parse("sink.after-commit=error")
 	for b.Loop() {
 		_ = s.Inject(TaskProcess)
+	}
+}
+
+// Known lists every name the code fires, each once, in contract order, and
+// Parse accepts exactly those.
+func TestKnownNamesAreTheContractAndParseAcceptsThem(t *testing.T) {
+	want := []string{SourceAfterAckPrecommit, SinkAfterPrecommit, JMAfterCheckpointPersisted, SinkAfterCommit, SourceAfterAckCommit, TaskProcess}
+	var got []string
+	for _, p := range Known() {
+		got = append(got, p.Name)
+		if p.Where == "" {
+			t.Errorf("failpoint %s has no description", p.Name)
+		}
+		if _, err := Parse(p.Name + "=error"); err != nil {
+			t.Errorf("Parse(%s=error): %v", p.Name, err)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Known() = %v, want %v", got, want)
 	}
 }

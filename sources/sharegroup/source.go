@@ -24,7 +24,7 @@ import (
 	"github.com/weirstream/weir/sources/sharegroup/acklog"
 )
 
-// Failpoints of the source (DESIGN.md's contract).
+// Failpoints of the source (docs/architecture.md, "Failpoints").
 const (
 	FailpointAfterAckPrecommit = "source.after-ack-precommit"
 	FailpointAfterAckCommit    = "source.after-ack-commit"
