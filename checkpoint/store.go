@@ -1283,8 +1283,9 @@ func (p *pebbleFatal) Unwrap() error { return p.cause }
 // pebbleLogger adapts zap to pebble's Logger.
 type pebbleLogger struct{ l *zap.Logger }
 
+// Infof logs pebble's routine chatter (flushes, compactions) at DEBUG.
 func (p pebbleLogger) Infof(format string, args ...any) {
-	p.l.Info(strings.TrimSpace(fmt.Sprintf(format, args...)), zap.String("component", "pebble"))
+	p.l.Debug(strings.TrimSpace(fmt.Sprintf(format, args...)), zap.String("component", "pebble"))
 }
 
 func (p pebbleLogger) Errorf(format string, args ...any) {

@@ -173,9 +173,9 @@ func NewTxnWriter(ctx context.Context, opts ...Opt) (*TxnWriter, error) {
 	} else {
 		w.recovered = true // nothing to recover without transactions
 	}
+	// The caller's logger is scoped with the operator and subtask already.
 	c.logger.Debug("transactional writer created",
-		zap.Stringer("guarantee", c.guarantee), zap.String("prefix", c.prefix),
-		zap.Int("subtask", c.subtask), zap.Int("parallelism", c.parallelism), zap.Int("pool", c.poolSize))
+		zap.Stringer("guarantee", c.guarantee), zap.String("prefix", c.prefix), zap.Int("pool", c.poolSize))
 	return w, nil
 }
 
