@@ -261,10 +261,11 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 			drained = true
 		}
 	}
+	near := s.nearLimit() // reports the in-flight window too
 	if s.cfg.mode != Implicit && s.oc.RequestCheckpoint != nil {
 		if s.allHolding() {
 			s.oc.RequestCheckpoint("every share-group lane holds a batch")
-		} else if s.nearLimit() {
+		} else if near {
 			s.oc.RequestCheckpoint("held share records near the per-partition cap")
 		}
 	}
