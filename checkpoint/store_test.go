@@ -39,11 +39,12 @@ func testCheckpoint(job string, id ID) Completed {
 	}
 	for i, name := range []TaskID{"source#0", "map#0", "sink#0"} {
 		ops := []OperatorSnapshot{{
-			UID:         fmt.Sprintf("uid-%s", name),
-			Subtask:     0,
-			Parallelism: 1,
-			State:       [][]byte{[]byte(fmt.Sprintf("%s@%d", name, id)), {byte(id), 0, 0xff}},
-			KeyGroups:   map[int][]byte{i: []byte(strings.Repeat("k", int(id)%17+1)), 127: {byte(i)}},
+			UID:            fmt.Sprintf("uid-%s", name),
+			Subtask:        0,
+			Parallelism:    1,
+			MaxParallelism: 128,
+			State:          [][]byte{[]byte(fmt.Sprintf("%s@%d", name, id)), {byte(id), 0, 0xff}},
+			KeyGroups:      map[int][]byte{i: []byte(strings.Repeat("k", int(id)%17+1)), 127: {byte(i)}},
 		}}
 		if name != "map#0" {
 			ops[0].Handles = []TxnHandle{{
@@ -378,6 +379,18 @@ func TestLatestRefusesCorruptNewestAndLatestUsableFallsBack(t *testing.T) {
 			}
 			if want := testCheckpoint("j", 3).Handles(); !sameHandles(skipped[0].Handles, want) {
 				t.Fatalf("skipped handles = %v, want %v", skipped[0].Handles, want)
+			}
+			// Each skipped handle names the operator that pre-committed it.
+			owners := map[string][]TxnHandle{}
+			for _, o := range skipped[0].Owners {
+				owners[string(o.Task)+"/"+o.UID] = append(owners[string(o.Task)+"/"+o.UID], o.Handles...)
+			}
+			for task, ts := range testCheckpoint("j", 3).Tasks {
+				for _, op := range ts.Operators {
+					if got := owners[string(task)+"/"+op.UID]; !sameHandles(got, op.Handles) {
+						t.Fatalf("skipped owner %s/%s: handles %v, want %v", task, op.UID, got, op.Handles)
+					}
+				}
 			}
 
 			sums, err := s.List(ctx, "j")

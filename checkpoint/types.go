@@ -42,6 +42,10 @@ type OperatorSnapshot struct {
 	// Subtask and Parallelism record where the snapshot was taken.
 	Subtask     int `json:"subtask"`
 	Parallelism int `json:"parallelism"`
+	// MaxParallelism is the number of key groups KeyGroups is split into
+	// (0: the operator keeps no keyed state, or the checkpoint predates the
+	// field). Keyed state can only be restored with the same number.
+	MaxParallelism int `json:"max_parallelism,omitempty"`
 	// State is operator (non-keyed) state as a list of entries; on restore at
 	// another parallelism the entries of all subtasks are redistributed.
 	State [][]byte `json:"state,omitempty"`

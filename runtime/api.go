@@ -59,8 +59,13 @@ type OperatorContext struct {
 	// AbortHandles are transactions of later, incomplete checkpoints known to
 	// the executor, which this subtask should abort.
 	AbortHandles []checkpoint.TxnHandle
-	Logger       *zap.Logger
-	Failpoints   Failpointer
+	// OrphanHandles (subtask 0 of a RestoreCommitter only) are completed
+	// transactions of operators the job no longer has (allowed with
+	// AllowNonRestoredState), or of skipped checkpoints that did not record
+	// their operator: CommitRestored commits them too.
+	OrphanHandles []checkpoint.TxnHandle
+	Logger        *zap.Logger
+	Failpoints    Failpointer
 	// RequestCheckpoint asks the coordinator for a checkpoint now (e.g. a
 	// source nearing its in-flight limit). It never blocks.
 	RequestCheckpoint func(reason string)
@@ -92,6 +97,21 @@ type Source[T any] interface {
 	// task.
 	Snapshot(ctx context.Context, id checkpoint.ID) (OperatorState, error)
 	Close() error
+}
+
+// RestoreCommitter is implemented by a Source or Sink whose snapshots carry
+// transaction handles, to commit them before the job restarts. On restore,
+// before any subtask of the job opens, the runtime calls CommitRestored on
+// subtask 0 of every such operator that has something to commit
+// (oc.CommitHandles: the operator's transactions of the restored checkpoint
+// and of newer checkpoints skipped as corrupt; oc.OrphanHandles), all at
+// once, and opens subtasks only once every call returned nil. So no Open
+// fences or reuses a transactional id whose completed transaction is not yet
+// committed. Commits must be idempotent: Open still receives CommitHandles.
+// Close is called as usual, also when Open never ran. An error fails the
+// attempt (wrap it with Unrecoverable when a restart cannot help).
+type RestoreCommitter interface {
+	CommitRestored(ctx context.Context, oc *OperatorContext) error
 }
 
 // Sink consumes records. A Sink may implement checkpoint.Listener, which is

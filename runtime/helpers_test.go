@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -190,9 +191,14 @@ type txnSink struct {
 	cur     []seqRec
 	pending []checkpoint.TxnHandle
 	fp      func(string) error
+	// delayOpen0 delays subtask 0's Open (a slow subtask on restore).
+	delayOpen0 time.Duration
 }
 
 func (s *txnSink) Open(_ context.Context, oc *OperatorContext) error {
+	if oc.Subtask == 0 {
+		time.Sleep(s.delayOpen0)
+	}
 	s.oc, s.cur, s.pending = oc, nil, nil
 	keep := map[string]bool{}
 	for _, h := range oc.CommitHandles {
@@ -201,6 +207,15 @@ func (s *txnSink) Open(_ context.Context, oc *OperatorContext) error {
 	}
 	// Abort whatever this subtask left open (lingering transactions).
 	s.txns.abortAllBut(fmt.Sprintf("%s-%d-", oc.UID, oc.Subtask), keep)
+	return nil
+}
+
+// CommitRestored implements RestoreCommitter: it commits every completed
+// transaction of the operator before any subtask opens.
+func (s *txnSink) CommitRestored(_ context.Context, oc *OperatorContext) error {
+	for _, h := range append(slices.Clone(oc.CommitHandles), oc.OrphanHandles...) {
+		s.txns.commit(h.TransactionalID)
+	}
 	return nil
 }
 

@@ -7,14 +7,25 @@ import (
 	"github.com/weirstream/weir/checkpoint"
 )
 
-// restoredOperator is the part of a checkpoint assigned to one operator
-// subtask on restore.
-type restoredOperator struct {
-	from          checkpoint.ID
-	entries       [][]byte
-	keyGroups     map[int][]byte
-	commitHandles []checkpoint.TxnHandle
-	abortHandles  []checkpoint.TxnHandle
+// restoreCommitter is implemented by the instances of sources and sinks:
+// whether their user code is a RestoreCommitter, whether it has anything to
+// commit, and the call.
+type restoreCommitter interface {
+	hasRestoreCommitter() bool
+	mustCommitRestored() bool
+	commitRestored(ctx context.Context) error
+}
+
+// callCommitRestored runs x's CommitRestored, a panic turned into an error.
+func callCommitRestored(ctx context.Context, x any, oc *OperatorContext) (err error) {
+	defer recoverInto(&err)
+	return x.(RestoreCommitter).CommitRestored(ctx, oc)
+}
+
+func isRestoreCommitter(x any) bool { _, ok := x.(RestoreCommitter); return ok }
+
+func hasHandlesToCommit(oc *OperatorContext) bool {
+	return len(oc.CommitHandles) > 0 || len(oc.OrphanHandles) > 0
 }
 
 // funcInstance is a stateless operator: map, flatMap, filter.
@@ -26,7 +37,7 @@ func (f *funcInstance) input() any { return f.in }
 func (f *funcInstance) snapshot(context.Context, checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
 	return checkpoint.OperatorSnapshot{}, nil, nil
 }
-func (f *funcInstance) restore(*restoredOperator) error                   { return nil }
+func (f *funcInstance) restore(*SubtaskState) error                       { return nil }
 func (f *funcInstance) open(context.Context) error                        { return nil }
 func (f *funcInstance) notify(context.Context, checkpoint.ID, bool) error { return nil }
 func (f *funcInstance) close() error                                      { return nil }
@@ -68,9 +79,12 @@ func (s *sourceInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (che
 	return checkpoint.OperatorSnapshot{State: st.Entries, Handles: st.Handles}, nil, err
 }
 
-func (s *sourceInstance[T]) restore(r *restoredOperator) error {
-	s.oc.Restored, s.oc.CommitHandles, s.oc.RestoredFrom = r.entries, r.commitHandles, r.from
-	return nil
+func (s *sourceInstance[T]) restore(*SubtaskState) error { return nil }
+
+func (s *sourceInstance[T]) hasRestoreCommitter() bool { return isRestoreCommitter(s.src) }
+func (s *sourceInstance[T]) mustCommitRestored() bool  { return hasHandlesToCommit(s.oc) }
+func (s *sourceInstance[T]) commitRestored(ctx context.Context) error {
+	return callCommitRestored(ctx, s.src, s.oc)
 }
 
 func (s *sourceInstance[T]) open(ctx context.Context) error {
@@ -110,9 +124,12 @@ func (s *sinkInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (check
 	return checkpoint.OperatorSnapshot{State: st.Entries, Handles: st.Handles}, nil, err
 }
 
-func (s *sinkInstance[T]) restore(r *restoredOperator) error {
-	s.oc.Restored, s.oc.CommitHandles, s.oc.RestoredFrom = r.entries, r.commitHandles, r.from
-	return nil
+func (s *sinkInstance[T]) restore(*SubtaskState) error { return nil }
+
+func (s *sinkInstance[T]) hasRestoreCommitter() bool { return isRestoreCommitter(s.sink) }
+func (s *sinkInstance[T]) mustCommitRestored() bool  { return hasHandlesToCommit(s.oc) }
+func (s *sinkInstance[T]) commitRestored(ctx context.Context) error {
+	return callCommitRestored(ctx, s.sink, s.oc)
 }
 
 func (s *sinkInstance[T]) open(ctx context.Context) error {
@@ -167,11 +184,11 @@ func (k *keyedInstance[K, T, U]) input() any {
 
 func (k *keyedInstance[K, T, U]) snapshot(context.Context, checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
 	enc := k.backend.snapshot()
-	return checkpoint.OperatorSnapshot{}, func() (map[int][]byte, error) { return enc(), nil }, nil
+	return checkpoint.OperatorSnapshot{MaxParallelism: k.maxPar}, func() (map[int][]byte, error) { return enc(), nil }, nil
 }
 
-func (k *keyedInstance[K, T, U]) restore(r *restoredOperator) error {
-	for kg, blob := range r.keyGroups {
+func (k *keyedInstance[K, T, U]) restore(r *SubtaskState) error {
+	for kg, blob := range r.KeyGroups {
 		if !k.owned[kg] {
 			continue
 		}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +29,12 @@ func Unrecoverable(err error) error {
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrUnrecoverable, err)
+}
+
+// isConfigError reports whether err is one a restart cannot fix.
+func isConfigError(err error) bool {
+	return errors.Is(err, ErrUnrecoverable) || errors.Is(err, ErrInvalidJob) || errors.Is(err, ErrInvalidOption) ||
+		errors.Is(err, ErrIncompatibleState) || errors.Is(err, checkpoint.ErrInvalidConfig)
 }
 
 // MiniCluster runs a job graph in one process: every subtask a goroutine,
@@ -56,6 +62,48 @@ type clusterCfg struct {
 	driverFailpoint   func(string) error
 	onCheckpoint      func(CheckpointEvent)
 	restoreFromLatest bool
+	allowNonRestored  bool
+}
+
+// ErrInvalidOption is wrapped by the error of Run when an executor option
+// cannot work; the job does not start (and is never restarted).
+var ErrInvalidOption = errors.New("runtime: invalid option")
+
+// validate refuses options that cannot work, naming every bad one.
+func (c *clusterCfg) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.interval <= 0 {
+		bad("CheckpointInterval %v must be positive", c.interval)
+	}
+	if c.timeout <= 0 {
+		bad("CheckpointTimeout %v must be positive", c.timeout)
+	}
+	if c.minPause < 0 {
+		bad("MinPause %v must not be negative", c.minPause)
+	}
+	if c.tolerable < 0 {
+		bad("TolerableCheckpointFailures %d must not be negative", c.tolerable)
+	}
+	if c.restarts < 0 || c.restartDelay < 0 {
+		bad("Restarts(%d, %v): neither may be negative", c.restarts, c.restartDelay)
+	}
+	if c.batchSize < 1 {
+		bad("BatchSize %d must be at least 1", c.batchSize)
+	}
+	if c.channelCap < 1 {
+		bad("ChannelCapacity %d must be at least 1", c.channelCap)
+	}
+	if c.store != nil && c.storeDir != "" {
+		bad("CheckpointStore and CheckpointDir are exclusive")
+	}
+	if c.log == nil {
+		bad("Logger must not be nil")
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidOption, errors.Join(errs...))
 }
 
 // ClusterOpt configures a MiniCluster.
@@ -103,6 +151,13 @@ func ChannelCapacity(n int) ClusterOpt { return func(c *clusterCfg) { c.channelC
 // Logger sets the logger (default: none).
 func Logger(l *zap.Logger) ClusterOpt { return func(c *clusterCfg) { c.log = l } }
 
+// AllowNonRestoredState lets a job restore from a checkpoint that holds
+// state of operators (UIDs) the job no longer has, dropping that state (as
+// Flink's --allowNonRestoredState). Their pre-committed transactions are
+// still committed, by an operator of the job that implements
+// RestoreCommitter. Without it such a restore is refused, naming the UIDs.
+func AllowNonRestoredState() ClusterOpt { return func(c *clusterCfg) { c.allowNonRestored = true } }
+
 // Failpoints injects faults into every operator and the checkpoint driver.
 func Failpoints(fp Failpointer) ClusterOpt {
 	return func(c *clusterCfg) {
@@ -148,11 +203,14 @@ type Result struct {
 // restart budget (an error wrapping ErrJobFailed and the last failure). A
 // restart restores every task from the latest completed checkpoint.
 func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
+	cfg := m.cfg
+	if err := cfg.validate(); err != nil {
+		return Result{}, err
+	}
 	p, err := compile(job)
 	if err != nil {
 		return Result{}, err
 	}
-	cfg := m.cfg
 	if cfg.jobID == "" {
 		cfg.jobID = job.name
 	}
@@ -187,7 +245,7 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		if ctx.Err() != nil {
 			return res, ctx.Err()
 		}
-		if errors.Is(runErr, ErrUnrecoverable) {
+		if isConfigError(runErr) {
 			return res, fmt.Errorf("%w (not restarted): %w", ErrJobFailed, runErr)
 		}
 		if attempt >= cfg.restarts {
@@ -205,20 +263,12 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 	}
 }
 
-// restorePlan maps (operator uid, subtask) to what that operator restores.
-type restorePlan map[opKey]*restoredOperator
-
-type opKey struct {
-	uid     string
-	subtask int
-}
-
 // loadRestore reads the latest usable checkpoint and assigns its state and
-// transaction handles to the subtasks of p.
-func (m *MiniCluster) loadRestore(ctx context.Context, store *checkpoint.Store, job string, p *plan, pending *pendingHandles) (restorePlan, error) {
+// transaction handles to the operators of p (AssignState).
+func (m *MiniCluster) loadRestore(ctx context.Context, store *checkpoint.Store, job string, p *plan, pending *pendingHandles) (*StateAssignment, error) {
 	c, skipped, err := store.LatestUsable(ctx, job)
 	if errors.Is(err, checkpoint.ErrNotFound) && len(skipped) == 0 {
-		return restorePlan{}, nil
+		return &StateAssignment{Subtasks: map[OperatorSubtask]*SubtaskState{}}, nil
 	}
 	if err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
 		return nil, fmt.Errorf("runtime: restore job %q: %w", job, err)
@@ -234,112 +284,16 @@ func (m *MiniCluster) loadRestore(ctx context.Context, store *checkpoint.Store, 
 			"and records between it and the restored checkpoint may be processed twice",
 			zap.Uint64("checkpoint", uint64(s.ID)), zap.Error(s.Err))
 	}
-	return assignRestore(c, skipped, p, pending.after(c.ID)), nil
-}
-
-func assignRestore(c checkpoint.Completed, skipped []checkpoint.Skipped, p *plan, abort map[opKey][]checkpoint.TxnHandle) restorePlan {
-	byUID := map[string][]checkpoint.OperatorSnapshot{}
-	for _, t := range c.Tasks {
-		for _, op := range t.Operators {
-			byUID[op.UID] = append(byUID[op.UID], op)
-		}
+	as, err := AssignState(p.layout(), RestoreInput{Checkpoint: c, Skipped: skipped, Abort: pending.after(c.ID),
+		AllowNonRestoredState: m.cfg.allowNonRestored})
+	if err != nil {
+		return nil, fmt.Errorf("runtime: restore job %q: %w", job, err)
 	}
-	out := restorePlan{}
-	for _, v := range p.vertices {
-		for _, n := range v.nodes {
-			snaps := byUID[n.uid]
-			sort.Slice(snaps, func(i, j int) bool { return snaps[i].Subtask < snaps[j].Subtask })
-			par := n.parallelism
-			kgs := map[int][]byte{}
-			for _, s := range snaps {
-				for kg, b := range s.KeyGroups {
-					kgs[kg] = b
-				}
-			}
-			for i := 0; i < par; i++ {
-				out[opKey{n.uid, i}] = &restoredOperator{from: c.ID, keyGroups: kgs}
-			}
-			same := len(snaps) == par
-			var k int
-			for _, s := range snaps {
-				for _, e := range s.State {
-					dst := k % par
-					if same {
-						dst = s.Subtask
-					}
-					out[opKey{n.uid, dst}].entries = append(out[opKey{n.uid, dst}].entries, e)
-					k++
-				}
-				// Every subtask gets every handle of the operator: commit
-				// is idempotent, and a subtask that aborts lingering
-				// transactions (of ids a larger parallelism used) must
-				// have committed the checkpoint's ones first.
-				for i := 0; i < par; i++ {
-					r := out[opKey{n.uid, i}]
-					r.commitHandles = append(r.commitHandles, s.Handles...)
-				}
-			}
-			for i := 0; i < par; i++ {
-				r := out[opKey{n.uid, i}]
-				r.abortHandles = abort[opKey{n.uid, i}]
-			}
-			// Handles of newer checkpoints skipped as corrupt were
-			// committed: commit them again (idempotent) from subtask 0 of
-			// every operator that holds transactions.
-			if len(snaps) > 0 && len(snaps[0].Handles) > 0 {
-				for _, s := range skipped {
-					if s.HandlesOK {
-						out[opKey{n.uid, 0}].commitHandles = append(out[opKey{n.uid, 0}].commitHandles, s.Handles...)
-					}
-				}
-			}
-		}
+	if len(as.NonRestored) > 0 {
+		m.cfg.log.Warn("restoring without the state of operators no longer in the job (AllowNonRestoredState); their transactions are committed",
+			zap.Uint64("checkpoint", uint64(c.ID)), zap.Strings("uids", as.NonRestored), zap.Int("transactions", len(as.Orphans)))
 	}
-	return out
-}
-
-// pendingHandles remembers the transaction handles of acknowledged but not
-// completed checkpoints, so a restart can tell operators to abort them.
-type pendingHandles struct {
-	mu   sync.Mutex
-	byID map[checkpoint.ID]map[opKey][]checkpoint.TxnHandle
-}
-
-func newPendingHandles() *pendingHandles {
-	return &pendingHandles{byID: map[checkpoint.ID]map[opKey][]checkpoint.TxnHandle{}}
-}
-
-func (p *pendingHandles) add(id checkpoint.ID, snap checkpoint.TaskSnapshot) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, op := range snap.Operators {
-		if len(op.Handles) == 0 {
-			continue
-		}
-		m := p.byID[id]
-		if m == nil {
-			m = map[opKey][]checkpoint.TxnHandle{}
-			p.byID[id] = m
-		}
-		k := opKey{op.UID, op.Subtask}
-		m[k] = append(m[k], op.Handles...)
-	}
-}
-
-// after returns the handles of checkpoints above id and forgets everything.
-func (p *pendingHandles) after(id checkpoint.ID) map[opKey][]checkpoint.TxnHandle {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := map[opKey][]checkpoint.TxnHandle{}
-	for cid, m := range p.byID {
-		if cid > id {
-			for k, hs := range m {
-				out[k] = append(out[k], hs...)
-			}
-		}
-	}
-	p.byID = map[checkpoint.ID]map[opKey][]checkpoint.TxnHandle{}
-	return out
+	return as, nil
 }
 
 // attempt is one run of every task of the job, from one restore point.
@@ -370,7 +324,7 @@ func newAttempt(cfg clusterCfg, p *plan, store *checkpoint.Store, n int, pending
 
 // run builds, starts and waits for every task; it returns the last completed
 // checkpoint and nil when the job finished, or the first failure.
-func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.ID, error) {
+func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpoint.ID, error) {
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
 	a.ctx = ctx
@@ -382,6 +336,13 @@ func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.I
 	}
 	restores, err := a.build(ctx, restore)
 	if err != nil {
+		a.closeAll()
+		return 0, err
+	}
+	// Everything the restore must commit is committed before any subtask
+	// opens: an Open may fence or reuse transactional ids.
+	if err := a.commitRestored(ctx, restore); err != nil {
+		a.closeAll()
 		return 0, err
 	}
 	var ids, srcIDs []checkpoint.TaskID
@@ -400,7 +361,8 @@ func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.I
 		TolerableFailures: a.cfg.tolerable, Tasks: ids, Sources: srcIDs,
 	}, a, a.store, dopts...)
 	if err != nil {
-		return 0, fmt.Errorf("runtime: %w", err)
+		a.closeAll()
+		return 0, Unrecoverable(fmt.Errorf("runtime: %w", err))
 	}
 
 	var wg sync.WaitGroup
@@ -424,7 +386,7 @@ func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.I
 	var finished atomic.Int32
 	for i, t := range a.tasks {
 		wg.Add(1)
-		go func(t *task, r []*restoredOperator) {
+		go func(t *task, r []*SubtaskState) {
 			defer wg.Done()
 			var once sync.Once
 			err := t.run(ctx, r, func() { once.Do(ready.Done) }, start)
@@ -460,7 +422,7 @@ func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.I
 }
 
 // build creates the tasks and their channels.
-func (a *attempt) build(ctx context.Context, restore restorePlan) ([][]*restoredOperator, error) {
+func (a *attempt) build(ctx context.Context, restore *StateAssignment) ([][]*SubtaskState, error) {
 	// chans[edge][from subtask][to subtask]
 	chans := map[*edge][][]chan envelope{}
 	for _, v := range a.p.vertices {
@@ -479,7 +441,7 @@ func (a *attempt) build(ctx context.Context, restore restorePlan) ([][]*restored
 			chans[e] = m
 		}
 	}
-	var restores [][]*restoredOperator
+	var restores [][]*SubtaskState
 	tw := &taskWiring{ctx: ctx, batchSize: a.cfg.batchSize, maxPar: a.p.job.maxParallelism}
 	for _, v := range a.p.vertices {
 		for sub := 0; sub < v.parallelism; sub++ {
@@ -511,15 +473,19 @@ func (a *attempt) build(ctx context.Context, restore restorePlan) ([][]*restored
 			}
 			// Operators, tail first, each pushing into the next.
 			t.ops = make([]instance, len(v.nodes))
-			rs := make([]*restoredOperator, len(v.nodes))
+			rs := make([]*SubtaskState, len(v.nodes))
 			for i := len(v.nodes) - 1; i >= 0; i-- {
 				n := v.nodes[i]
 				oc := &OperatorContext{Job: a.cfg.jobID, Name: n.name, UID: n.uid, Subtask: sub,
 					Parallelism: n.parallelism, Attempt: a.n, Logger: a.cfg.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
 					Failpoints: a.cfg.fp, RequestCheckpoint: a.requestCheckpoint, RestartCause: a.cause}
-				if r := restore[opKey{n.uid, sub}]; r != nil {
+				if r := restore.Subtasks[OperatorSubtask{n.uid, sub}]; r != nil {
 					rs[i] = r
-					oc.AbortHandles = r.abortHandles
+					oc.RestoredFrom, oc.Restored = r.From, r.Entries
+					oc.CommitHandles, oc.AbortHandles = r.CommitHandles, r.AbortHandles
+				}
+				if sub == 0 {
+					oc.OrphanHandles = restore.Orphans
 				}
 				inst, err := n.newInstance(oc, out)
 				if err != nil {
@@ -548,6 +514,54 @@ func (a *attempt) build(ctx context.Context, restore restorePlan) ([][]*restored
 	return restores, nil
 }
 
+// commitRestored runs CommitRestored on subtask 0 of every operator with
+// transactions to commit, all at once, and waits for every one.
+func (a *attempt) commitRestored(ctx context.Context, restore *StateAssignment) error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	committers := 0
+	for _, t := range a.tasks {
+		if t.subtask != 0 {
+			continue
+		}
+		for i, op := range t.ops {
+			rc, ok := op.(restoreCommitter)
+			if !ok || !rc.hasRestoreCommitter() {
+				continue
+			}
+			committers++
+			if !rc.mustCommitRestored() {
+				continue
+			}
+			wg.Add(1)
+			go func(name string) {
+				defer wg.Done()
+				if err := rc.commitRestored(ctx); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("task %s: commit restored transactions of %s: %w", t.id, name, err))
+					mu.Unlock()
+				}
+			}(t.v.nodes[i].name)
+		}
+	}
+	wg.Wait()
+	if len(restore.Orphans) > 0 && committers == 0 {
+		return Unrecoverable(fmt.Errorf("%w: %d transactions of checkpoint %d (%s) must be committed, but no operator of the job can commit them (none implements RestoreCommitter)",
+			ErrIncompatibleState, len(restore.Orphans), restore.From, strings.Join(restore.NonRestored, ", ")))
+	}
+	return errors.Join(errs...)
+}
+
+// closeAll closes every operator of a job that never ran.
+func (a *attempt) closeAll() {
+	for _, t := range a.tasks {
+		if err := t.closeOps(); err != nil {
+			a.cfg.log.Warn("closing an operator of a task that never ran", zap.String("task", string(t.id)), zap.Error(err))
+		}
+	}
+}
+
 func (a *attempt) requestCheckpoint(reason string) {
 	a.report(func(ctx context.Context) error { return a.driver.TriggerNow(ctx, reason) })
 }
@@ -571,6 +585,8 @@ func (a *attempt) decline(task checkpoint.TaskID, id checkpoint.ID, err error) {
 	a.report(func(ctx context.Context) error { return a.driver.Decline(ctx, task, id, err) })
 }
 
+func (a *attempt) failed(_ checkpoint.TaskID, err error) { a.fail(err) }
+
 func (a *attempt) sourceEnded(checkpoint.TaskID) {
 	if int(a.ended.Add(1)) == len(a.sourceTasks) {
 		a.requestCheckpoint("every source ended")
@@ -591,6 +607,7 @@ func (a *attempt) TriggerCheckpoint(ctx context.Context, id checkpoint.ID, sourc
 
 // NotifyComplete implements checkpoint.Executor.
 func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
+	a.pending.completed(id)
 	if uint64(id) > a.lastDone.Load() {
 		a.lastDone.Store(uint64(id))
 	}

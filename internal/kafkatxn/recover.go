@@ -85,22 +85,9 @@ func (w *TxnWriter) Recover(ctx context.Context, handles []checkpoint.TxnHandle)
 	if w.cfg.guarantee == ExactlyOnce && w.recovered {
 		return errors.New("kafkatxn: Recover called twice")
 	}
-	var lost []error
-	for _, h := range handles {
-		err := w.endTxn(ctx, h, true)
-		var le *LostTxnError
-		switch {
-		case errors.As(err, &le):
-			w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
-				zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
-				zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Error(le.Err))
-			lost = append(lost, err)
-		case err != nil:
-			return err
-		default:
-			w.cfg.logger.Info("kafkatxn: recovered transaction committed",
-				zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)))
-		}
+	lost, err := w.commitHandles(ctx, handles)
+	if err != nil {
+		return err
 	}
 	if w.cfg.prefix != "" {
 		if err := w.abortLingering(ctx); err != nil {
@@ -131,6 +118,53 @@ func (w *TxnWriter) Recover(ctx context.Context, handles []checkpoint.TxnHandle)
 	w.lastPrecommit = max(w.lastPrecommit, maxCkpt)
 	w.recovered = true
 	return errors.Join(lost...)
+}
+
+// CommitRestored commits handles as Recover does (step 1), without touching
+// any producer: the runtime calls it (RestoreCommitter) before any subtask
+// of the job may fence or reuse transactional ids. A later Recover does not
+// commit these handles again. It returns an error wrapping ErrTxnLost for
+// lost transactions, as Recover does.
+func (w *TxnWriter) CommitRestored(ctx context.Context, handles []checkpoint.TxnHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	lost, err := w.commitHandles(ctx, handles)
+	if err != nil {
+		return err
+	}
+	return errors.Join(lost...)
+}
+
+// commitHandles commits each handle not committed yet by this writer; lost
+// transactions are logged and returned in lost, any other error stops it.
+func (w *TxnWriter) commitHandles(ctx context.Context, handles []checkpoint.TxnHandle) (lost []error, err error) {
+	if w.restoreDone == nil {
+		w.restoreDone = map[checkpoint.TxnHandle]bool{}
+	}
+	for _, h := range handles {
+		if w.restoreDone[h] {
+			continue
+		}
+		err := w.endTxn(ctx, h, true)
+		var le *LostTxnError
+		switch {
+		case errors.As(err, &le):
+			w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
+				zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
+				zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Error(le.Err))
+			lost = append(lost, err)
+		case err != nil:
+			return nil, err
+		default:
+			w.cfg.logger.Info("kafkatxn: recovered transaction committed",
+				zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)))
+		}
+		w.restoreDone[h] = true
+	}
+	return lost, nil
 }
 
 // endTxn commits or aborts the transaction of h (EndTxn) on the writer's

@@ -140,6 +140,7 @@ type TxnWriter struct {
 	pending       []*slot // pre-committed, in checkpoint order
 	lastPrecommit checkpoint.ID
 	recovered     bool
+	restoreDone   map[checkpoint.TxnHandle]bool // handles committed (or found lost) on restore
 	closed        bool
 	failed        error // sticky: the writer's transactions are in an unknown state
 }

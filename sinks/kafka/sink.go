@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -111,10 +112,23 @@ type Sink[T any] struct {
 
 var unsafePrefix = regexp.MustCompile(`[^A-Za-z0-9._-]`)
 
-// Open implements runtime.Sink: it connects, checks the transaction
-// timeout against the brokers (exactly-once), commits the restored
-// checkpoint's transactions and aborts lingering ones (TxnWriter.Recover).
-func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
+// CommitRestored implements runtime.RestoreCommitter: before any subtask of
+// the job opens, subtask 0 commits every completed transaction of the sink
+// (the restored checkpoint's and those of newer checkpoints skipped as
+// corrupt, of every subtask) and the orphaned ones the runtime hands it, so
+// no subtask's recovery fences a transaction that must be committed.
+func (s *Sink[T]) CommitRestored(ctx context.Context, oc *runtime.OperatorContext) error {
+	if err := s.connect(ctx, oc); err != nil {
+		return err
+	}
+	return s.tolerate(s.w.CommitRestored(ctx, append(slices.Clone(oc.CommitHandles), oc.OrphanHandles...)))
+}
+
+// connect creates the subtask's writer once.
+func (s *Sink[T]) connect(ctx context.Context, oc *runtime.OperatorContext) error {
+	if s.w != nil {
+		return nil
+	}
 	s.log = oc.Logger
 	if s.log == nil {
 		s.log = zap.NewNop()
@@ -130,8 +144,33 @@ func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 	// The sink fires the failpoints itself (see NewSink), so that the
 	// runtime's Failpointer reaches them; the writer fires none.
 	opts = append(opts, kafkatxn.Subtask(oc.Subtask, oc.Parallelism), Failpoints(nil))
-	var err error
-	if s.w, err = kafkatxn.NewTxnWriter(ctx, opts...); err != nil {
+	w, err := kafkatxn.NewTxnWriter(ctx, opts...)
+	if errors.Is(err, ErrInvalidConfig) {
+		return runtime.Unrecoverable(err) // a restart cannot fix a configuration
+	}
+	if err != nil {
+		return err
+	}
+	s.w = w
+	return nil
+}
+
+// tolerate turns lost transactions into a logged error when the user opted
+// in (TolerateLostTransactions).
+func (s *Sink[T]) tolerate(err error) error {
+	if errors.Is(err, ErrTxnLost) && s.sc.tolerateLoss {
+		s.log.Error("kafka sink: continuing after LOST transactions (TolerateLostTransactions)", zap.Error(err))
+		return nil
+	}
+	return err
+}
+
+// Open implements runtime.Sink: it connects, checks the transaction
+// timeout against the brokers (exactly-once), commits the restored
+// checkpoint's transactions (those CommitRestored did not) and aborts
+// lingering ones (TxnWriter.Recover).
+func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
+	if err := s.connect(ctx, oc); err != nil {
 		return err
 	}
 	if s.guarantee == ExactlyOnce {
@@ -139,14 +178,7 @@ func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 			return runtime.Unrecoverable(err) // a restart cannot fix a configuration
 		}
 	}
-	if err := s.w.Recover(ctx, oc.CommitHandles); err != nil {
-		if errors.Is(err, ErrTxnLost) && s.sc.tolerateLoss {
-			s.log.Error("kafka sink: continuing after LOST transactions (TolerateLostTransactions)", zap.Error(err))
-			return nil
-		}
-		return err
-	}
-	return nil
+	return s.tolerate(s.w.Recover(ctx, oc.CommitHandles))
 }
 
 // checkTimeouts refuses a transaction timeout the brokers would refuse or

@@ -1,0 +1,154 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weirstream/weir/checkpoint"
+)
+
+func h(id string, ckpt checkpoint.ID) checkpoint.TxnHandle {
+	return checkpoint.TxnHandle{TransactionalID: id, ProducerID: 7, Checkpoint: ckpt}
+}
+
+func txnIDs(hs []checkpoint.TxnHandle) []string {
+	var ids []string
+	for _, h := range hs {
+		ids = append(ids, h.TransactionalID)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// completedOf builds a checkpoint from operator snapshots, one task each.
+func completedOf(id checkpoint.ID, ops ...checkpoint.OperatorSnapshot) checkpoint.Completed {
+	c := checkpoint.Completed{Job: "j", ID: id, Tasks: map[checkpoint.TaskID]checkpoint.TaskSnapshot{}}
+	for _, op := range ops {
+		t := checkpoint.TaskID(fmt.Sprintf("%s#%d", op.UID, op.Subtask))
+		c.Tasks[t] = checkpoint.TaskSnapshot{Task: t, Operators: []checkpoint.OperatorSnapshot{op}}
+	}
+	return c
+}
+
+// Every subtask of an operator must be able to commit every completed
+// transaction of the operator, the skipped checkpoints' included, whichever
+// subtask had them and whether or not subtask 0 had any: otherwise a subtask
+// that fences its own ids first aborts a completed transaction.
+func TestAssignStateGivesEveryCompletedTransactionToEverySubtaskOfItsOperator(t *testing.T) {
+	c := completedOf(5,
+		checkpoint.OperatorSnapshot{UID: "src", Subtask: 0, Parallelism: 1, Handles: []checkpoint.TxnHandle{h("src-0-0", 5)}},
+		checkpoint.OperatorSnapshot{UID: "sink", Subtask: 0, Parallelism: 2}, // empty epoch: no handle
+		checkpoint.OperatorSnapshot{UID: "sink", Subtask: 1, Parallelism: 2, Handles: []checkpoint.TxnHandle{h("sink-1-0", 5)}},
+	)
+	skipped := []checkpoint.Skipped{{ID: 7, HandlesOK: true, Owners: []checkpoint.HandleOwner{
+		{Task: "sink#1", UID: "sink", Handles: []checkpoint.TxnHandle{h("sink-1-1", 7)}},
+		{Task: "src#0", UID: "src", Handles: []checkpoint.TxnHandle{h("src-0-1", 7)}},
+	}}, {ID: 6, HandlesOK: false}}
+	for _, par := range []int{1, 2, 3} {
+		t.Run(fmt.Sprintf("sink parallelism %d", par), func(t *testing.T) {
+			as, err := AssignState([]OperatorLayout{{UID: "src", Parallelism: 1}, {UID: "sink", Parallelism: par}},
+				RestoreInput{Checkpoint: c, Skipped: skipped})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < par; i++ {
+				got := txnIDs(as.Subtasks[OperatorSubtask{"sink", i}].CommitHandles)
+				if want := []string{"sink-1-0", "sink-1-1"}; !slices.Equal(got, want) {
+					t.Errorf("sink subtask %d commits %v, want %v", i, got, want)
+				}
+			}
+			if got, want := txnIDs(as.Subtasks[OperatorSubtask{"src", 0}].CommitHandles), []string{"src-0-0", "src-0-1"}; !slices.Equal(got, want) {
+				t.Errorf("source commits %v, want %v", got, want)
+			}
+			if len(as.Orphans) != 0 || len(as.NonRestored) != 0 {
+				t.Errorf("orphans %v, non-restored %v; want none", as.Orphans, as.NonRestored)
+			}
+		})
+	}
+}
+
+// orderLog records, across subtasks, when each commits and opens.
+type orderLog struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (l *orderLog) add(e string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+}
+
+type orderSink struct {
+	*txnSink
+	log *orderLog
+}
+
+func (s *orderSink) CommitRestored(ctx context.Context, oc *OperatorContext) error {
+	time.Sleep(20 * time.Millisecond) // a slow commit must still come first
+	s.log.add(fmt.Sprintf("commit %d %v", oc.Subtask, txnIDs(oc.CommitHandles)))
+	return s.txnSink.CommitRestored(ctx, oc)
+}
+
+func (s *orderSink) Open(ctx context.Context, oc *OperatorContext) error {
+	s.log.add(fmt.Sprintf("open %d", oc.Subtask))
+	return s.txnSink.Open(ctx, oc)
+}
+
+// On restore, the completed transactions are committed once per operator,
+// by subtask 0, before any subtask of the job opens.
+func TestRestoreCommitsEveryTransactionBeforeAnySubtaskOpens(t *testing.T) {
+	const keys, n, par = 10, 100, 3
+	store, err := checkpoint.OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	viol, txns := &violations{}, newMemTxns()
+	var persisted int
+	fp := &hookFailpoints{fn: func(name string) error {
+		if name == "jm.after-checkpoint-persisted" {
+			if persisted++; persisted == 3 {
+				return errors.New("coordinator crash")
+			}
+		}
+		return nil
+	}}
+	src := seqSourceOf(seqSource{keys: keys, splits: 2, n: n, perPoll: 1, stallAt: n / 2, pollDelay: time.Millisecond})
+	_, err = NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond), Failpoints(fp), Restarts(0, 0)).
+		Run(t.Context(), seqJob(src, viol, txns, nil, 1, par))
+	if !errors.Is(err, ErrJobFailed) {
+		t.Fatalf("first run: %v, want the injected crash", err)
+	}
+	latest, err := store.Latest(t.Context(), "seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := txnIDs(latest.Handles())
+	if len(want) == 0 {
+		t.Fatal("the latest checkpoint holds no transaction: nothing to test")
+	}
+
+	log := &orderLog{}
+	newSink := func() Sink[seqRec] { return &orderSink{txnSink: &txnSink{txns: txns}, log: log} }
+	if _, err := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond)).
+		Run(t.Context(), seqJobTo(seqSourceOf(seqSource{keys: keys, splits: 2, n: n, perPoll: 3}), viol, newSink, 1, par)); err != nil {
+		t.Fatal(err)
+	}
+	ev := log.events
+	if len(ev) != par+1 || ev[0] != fmt.Sprintf("commit 0 %v", want) {
+		t.Fatalf("events %q: want first one commit by subtask 0 of %v, then %d opens", ev, want, par)
+	}
+	for _, e := range ev[1:] {
+		if !strings.HasPrefix(e, "open ") {
+			t.Fatalf("events %q: %q after the commit, want only opens", ev, e)
+		}
+	}
+	checkSequences(t, txns.output(), keys, n)
+}
