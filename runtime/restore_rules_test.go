@@ -88,3 +88,90 @@ func first(s []string) string {
 	return s[0]
 }
 
+// crashAfterPersisting runs job until the coordinator "dies" right after
+// persisting its third checkpoint, so that checkpoint's transactions are
+// pre-committed and never notified, and returns that checkpoint.
+func crashAfterPersisting(t *testing.T, store *checkpoint.Store, job *Job) checkpoint.Completed {
+	t.Helper()
+	var persisted int
+	fp := &hookFailpoints{fn: func(name string) error {
+		if name == "jm.after-checkpoint-persisted" {
+			if persisted++; persisted == 3 {
+				return errors.New("coordinator crash")
+			}
+		}
+		return nil
+	}}
+	_, err := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond), Failpoints(fp), Restarts(0, 0)).
+		Run(t.Context(), job)
+	if !errors.Is(err, ErrJobFailed) {
+		t.Fatalf("first run: %v, want the injected coordinator crash", err)
+	}
+	c, err := store.Latest(t.Context(), job.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Handles()) == 0 {
+		t.Fatal("the latest checkpoint holds no transaction: nothing to test")
+	}
+	return c
+}
+
+// A checkpoint holding state of an operator the job no longer has (here a
+// sink whose UID changed) is refused, naming the UID. With
+// AllowNonRestoredState the job runs, and the dropped operator's
+// pre-committed transactions are committed all the same: nothing is lost.
+func TestRestoreWithStateOfARemovedOperator(t *testing.T) {
+	const keys, n = 10, 100
+	for _, allow := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allow non-restored state %v", allow), func(t *testing.T) {
+			store := openStore(t)
+			viol, txns := &violations{}, newMemTxns()
+			src := seqSourceOf(seqSource{keys: keys, splits: 2, n: n, perPoll: 1, stallAt: n / 2, pollDelay: time.Millisecond})
+			c := crashAfterPersisting(t, store, seqJob(src, viol, txns, nil, 1, 2))
+			before := len(txns.output())
+
+			// The same job, its sink renamed.
+			j := NewJob("seq", DefaultParallelism(2))
+			recs := FromSource(j, "source", seqSourceOf(seqSource{keys: keys, splits: 2, n: n, perPoll: 3}), Parallelism(1))
+			checked := Process(KeyBy(recs, func(r seqRec) string { return r.Key }, nil), "checker",
+				func() KeyedProcessFunction[string, seqRec, seqRec] { return &seqChecker{violations: viol} })
+			SinkTo(checked, "sink", func() Sink[seqRec] { return &txnSink{txns: txns} }, UID("sink-v2"))
+			opts := []ClusterOpt{CheckpointStore(store), CheckpointInterval(5 * time.Millisecond)}
+			if allow {
+				opts = append(opts, AllowNonRestoredState())
+			}
+			res, err := NewMiniCluster(opts...).Run(t.Context(), j)
+			if !allow {
+				if err == nil {
+					var lost []string
+					for _, h := range c.Handles() {
+						if !txns.done[h.TransactionalID] {
+							lost = append(lost, h.TransactionalID)
+						}
+					}
+					t.Fatalf("restore without the state of uid sink succeeded; its transactions %v were never committed", lost)
+				}
+				if !errors.Is(err, ErrIncompatibleState) || !strings.Contains(err.Error(), `"sink"`) && !strings.Contains(err.Error(), "uids sink") {
+					t.Fatalf("err = %v; want ErrIncompatibleState naming uid sink", err)
+				}
+				if res.Restarts != 0 || len(txns.output()) != before {
+					t.Fatalf("refused restore: %d restarts, %d records committed", res.Restarts, len(txns.output())-before)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range c.Handles() {
+				if !txns.done[h.TransactionalID] {
+					t.Fatalf("transaction %s of the dropped sink (checkpoint %d) was not committed", h.TransactionalID, c.ID)
+				}
+			}
+			if v := viol.get(); len(v) > 0 {
+				t.Fatalf("keyed state: %s", v[0])
+			}
+			checkSequences(t, txns.output(), keys, n)
+		})
+	}
+}
