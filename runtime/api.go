@@ -215,6 +215,9 @@ type KeyedStream[K comparable, T any] struct {
 // for state snapshots (nil: DefaultCodec).
 func KeyBy[T any, K comparable](s *Stream[T], key func(T) K, kc Codec[K]) *KeyedStream[K, T] {
 	if kc == nil {
+		if err := CheckDefaultCodec[K](); err != nil {
+			s.job.fail(fmt.Errorf("KeyBy: key codec: %w", err))
+		}
 		kc = DefaultCodec[K]()
 	}
 	return &KeyedStream[K, T]{s: s, key: key, codec: kc}
@@ -313,6 +316,11 @@ func Process[K comparable, T, U any](ks *KeyedStream[K, T], name string, newFn f
 // Reduce keeps one accumulated value per key and emits it after every record
 // (a rolling reduce): the first record of a key is its first accumulator.
 func Reduce[K comparable, T any](ks *KeyedStream[K, T], name string, fn func(acc, v T) (T, error), c Codec[T], opts ...OpOpt) *Stream[T] {
+	if c == nil {
+		if err := CheckDefaultCodec[T](); err != nil {
+			ks.s.job.fail(fmt.Errorf("reduce %q: state codec: %w", name, err))
+		}
+	}
 	return Process[K, T, T](ks, name, func() KeyedProcessFunction[K, T, T] { return &reducer[K, T]{fn: fn, codec: c} }, opts...)
 }
 
