@@ -137,6 +137,23 @@ type Listener interface {
 	NotifyCheckpointAborted(ctx context.Context, id ID) error
 }
 
+// AbortCarrier is implemented by a Listener whose work pre-committed for a
+// checkpoint that is then aborted is not discarded: it stays pending, the
+// next snapshot names it (so a restore from that checkpoint commits it), and
+// the next completed checkpoint commits it, as the Kafka sink does with its
+// transactions. NotifyCheckpointAborted then releases nothing.
+//
+// A job may tolerate failed checkpoints (carry on without rolling back) only
+// if every Listener in it is an AbortCarrier: a Listener that discards an
+// aborted checkpoint's work (aborts its transaction, as the protocol's step
+// 7 allows) while the job carries on loses that epoch's records. Executors
+// therefore tolerate no failed checkpoint in a job with any other Listener:
+// every failed checkpoint rolls such a job back to its last completed one.
+type AbortCarrier interface {
+	Listener
+	CarriesAbortedCheckpoints()
+}
+
 // ErrDeclined is wrapped by errors with which a task refuses a checkpoint.
 var ErrDeclined = errors.New("checkpoint declined")
 

@@ -71,6 +71,9 @@ type instance interface {
 	open(ctx context.Context) error
 	notify(ctx context.Context, id checkpoint.ID, complete bool) error
 	close() error
+	// user is the user's object (source, sink, process function), nil for
+	// built-in stateless operators.
+	user() any
 }
 
 // vertex is a chain of operators that run in one task per subtask.

@@ -41,6 +41,7 @@ func (f *funcInstance) restore(*SubtaskState) error                       { retu
 func (f *funcInstance) open(context.Context) error                        { return nil }
 func (f *funcInstance) notify(context.Context, checkpoint.ID, bool) error { return nil }
 func (f *funcInstance) close() error                                      { return nil }
+func (f *funcInstance) user() any                                         { return nil }
 
 // notifyListener forwards a notification to x if it is a checkpoint.Listener.
 func notifyListener(ctx context.Context, x any, id checkpoint.ID, complete bool) error {
@@ -97,6 +98,7 @@ func (s *sourceInstance[T]) notify(ctx context.Context, id checkpoint.ID, comple
 }
 
 func (s *sourceInstance[T]) close() error { return s.src.Close() }
+func (s *sourceInstance[T]) user() any    { return s.src }
 
 // sinkInstance runs a user Sink.
 type sinkInstance[T any] struct {
@@ -142,6 +144,7 @@ func (s *sinkInstance[T]) notify(ctx context.Context, id checkpoint.ID, complete
 }
 
 func (s *sinkInstance[T]) close() error { return s.sink.Close() }
+func (s *sinkInstance[T]) user() any    { return s.sink }
 
 // keyedInstance runs a KeyedProcessFunction over its key groups.
 type keyedInstance[K comparable, T, U any] struct {
@@ -208,3 +211,4 @@ func (k *keyedInstance[K, T, U]) notify(ctx context.Context, id checkpoint.ID, c
 }
 
 func (k *keyedInstance[K, T, U]) close() error { return nil }
+func (k *keyedInstance[K, T, U]) user() any    { return k.fn }

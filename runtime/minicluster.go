@@ -123,7 +123,11 @@ func CheckpointTimeout(d time.Duration) ClusterOpt { return func(c *clusterCfg) 
 func MinPause(d time.Duration) ClusterOpt { return func(c *clusterCfg) { c.minPause = d } }
 
 // TolerableCheckpointFailures sets how many consecutive failed checkpoints
-// are tolerated before the job fails over (0: the coordinator's default).
+// are tolerated before the job fails over (0: the coordinator's default,
+// checkpoint.DefaultTolerableFailures). Tolerance applies only to jobs whose
+// checkpoint listeners all carry an aborted checkpoint's work to the next
+// one (checkpoint.AbortCarrier); any other job tolerates none, and asking
+// for a tolerance for it is refused when the job starts.
 func TolerableCheckpointFailures(n int) ClusterOpt { return func(c *clusterCfg) { c.tolerable = n } }
 
 // CheckpointStore stores checkpoints in s (the caller closes it).
@@ -356,9 +360,14 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	if a.cfg.driverFailpoint != nil {
 		dopts = append(dopts, checkpoint.WithFailpoint(a.cfg.driverFailpoint))
 	}
+	tolerable, err := a.tolerableFailures()
+	if err != nil {
+		a.closeAll()
+		return 0, err
+	}
 	a.driver, err = checkpoint.NewDriver(checkpoint.CoordinatorConfig{
 		Job: a.cfg.jobID, Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.minPause,
-		TolerableFailures: a.cfg.tolerable, Tasks: ids, Sources: srcIDs,
+		TolerableFailures: tolerable, Tasks: ids, Sources: srcIDs,
 	}, a, a.store, dopts...)
 	if err != nil {
 		a.closeAll()
@@ -512,6 +521,38 @@ func (a *attempt) build(ctx context.Context, restore *StateAssignment) ([][]*Sub
 		}
 	}
 	return restores, nil
+}
+
+// tolerableFailures is the coordinator's TolerableFailures: the configured
+// tolerance if every checkpoint listener of the job carries an aborted
+// checkpoint's work to the next one (checkpoint.AbortCarrier), none
+// otherwise; a tolerance asked for explicitly in that case is refused.
+func (a *attempt) tolerableFailures() (int, error) {
+	var discarding []string
+	seen := map[string]bool{}
+	for _, t := range a.tasks {
+		for i, op := range t.ops {
+			u := op.user()
+			if _, ok := u.(checkpoint.Listener); !ok {
+				continue
+			}
+			if _, ok := u.(checkpoint.AbortCarrier); ok {
+				continue
+			}
+			if n := t.v.nodes[i].name; !seen[n] {
+				seen[n] = true
+				discarding = append(discarding, n)
+			}
+		}
+	}
+	switch {
+	case len(discarding) == 0:
+		return a.cfg.tolerable, nil
+	case a.cfg.tolerable > 0:
+		return 0, fmt.Errorf("%w: TolerableCheckpointFailures(%d): operators %q may discard an aborted checkpoint's work (they are checkpoint listeners but not checkpoint.AbortCarrier), so a tolerated failure would lose records; every failed checkpoint must roll the job back",
+			ErrInvalidOption, a.cfg.tolerable, discarding)
+	}
+	return -1, nil
 }
 
 // commitRestored runs CommitRestored on subtask 0 of every operator with

@@ -252,6 +252,11 @@ func (s *Sink[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.ID
 // checkpoint's transaction stays pending for the next completed checkpoint.
 func (s *Sink[T]) NotifyCheckpointAborted(context.Context, checkpoint.ID) error { return nil }
 
+// CarriesAbortedCheckpoints implements checkpoint.AbortCarrier: an aborted
+// checkpoint's transaction stays pending, is named by the next snapshot and
+// committed with the next completed checkpoint.
+func (s *Sink[T]) CarriesAbortedCheckpoints() {}
+
 // Close implements runtime.Sink. Exactly once, it aborts the open
 // transaction (records not yet pre-committed) and leaves pre-committed ones
 // for the next Recover. Otherwise it first waits, for at most
