@@ -72,6 +72,13 @@ type OperatorContext struct {
 	// RestartCause is the failure that restarted the job ("" on the first
 	// attempt), e.g. for dead-letter headers.
 	RestartCause string
+	// Checkpointing is the checkpoint timing the job runs with. A
+	// transactional operator checks its transaction timeout against
+	// Checkpointing.MaxTransactionLifetime() in Open (before any record is
+	// read) and fails with an Unrecoverable error if it is too short. The
+	// mini cluster's restart budget is its restart delay plus one
+	// checkpoint timeout for the recovery.
+	Checkpointing checkpoint.Timing
 }
 
 // Inject fires the named failpoint (nil-safe).

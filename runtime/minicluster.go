@@ -310,6 +310,7 @@ type attempt struct {
 
 	tasks       []*task
 	sourceTasks []*task
+	ocs         []*OperatorContext
 	byID        map[checkpoint.TaskID]*task
 	driver      *checkpoint.Driver
 	ended       atomic.Int32
@@ -343,6 +344,15 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		a.closeAll()
 		return 0, err
 	}
+	tolerable, err := a.tolerableFailures()
+	if err != nil {
+		a.closeAll()
+		return 0, err
+	}
+	timing := a.timing(tolerable)
+	for _, oc := range a.ocs {
+		oc.Checkpointing = timing
+	}
 	// Everything the restore must commit is committed before any subtask
 	// opens: an Open may fence or reuse transactional ids.
 	if err := a.commitRestored(ctx, restore); err != nil {
@@ -359,11 +369,6 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	var dopts []checkpoint.DriverOpt
 	if a.cfg.driverFailpoint != nil {
 		dopts = append(dopts, checkpoint.WithFailpoint(a.cfg.driverFailpoint))
-	}
-	tolerable, err := a.tolerableFailures()
-	if err != nil {
-		a.closeAll()
-		return 0, err
 	}
 	a.driver, err = checkpoint.NewDriver(checkpoint.CoordinatorConfig{
 		Job: a.cfg.jobID, Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.minPause,
@@ -496,6 +501,7 @@ func (a *attempt) build(ctx context.Context, restore *StateAssignment) ([][]*Sub
 				if sub == 0 {
 					oc.OrphanHandles = restore.Orphans
 				}
+				a.ocs = append(a.ocs, oc)
 				inst, err := n.newInstance(oc, out)
 				if err != nil {
 					return nil, fmt.Errorf("runtime: operator %q: %w", n.name, err)
@@ -553,6 +559,19 @@ func (a *attempt) tolerableFailures() (int, error) {
 			ErrInvalidOption, a.cfg.tolerable, discarding)
 	}
 	return -1, nil
+}
+
+// timing is the checkpoint timing the attempt runs with, given the
+// coordinator's TolerableFailures setting.
+func (a *attempt) timing(tolerable int) checkpoint.Timing {
+	switch {
+	case tolerable == 0:
+		tolerable = checkpoint.DefaultTolerableFailures
+	case tolerable < 0:
+		tolerable = 0
+	}
+	return checkpoint.Timing{Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.minPause,
+		TolerableFailures: tolerable, RestartBudget: a.cfg.restartDelay + a.cfg.timeout}
 }
 
 // commitRestored runs CommitRestored on subtask 0 of every operator with

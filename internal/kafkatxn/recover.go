@@ -152,6 +152,7 @@ func (w *TxnWriter) commitHandles(ctx context.Context, handles []checkpoint.TxnH
 		var le *LostTxnError
 		switch {
 		case errors.As(err, &le):
+			w.lostTxns.Add(1)
 			w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
 				zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
 				zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Error(le.Err))

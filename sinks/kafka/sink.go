@@ -31,14 +31,13 @@ type sinkCfg struct {
 // instead of failing the job. Losing them loses records: opt in knowingly.
 func TolerateLostTransactions() SinkOpt { return func(c *sinkCfg) { c.tolerateLoss = true } }
 
-// CheckpointTimeouts tells an exactly-once sink the job's checkpoint timeout
-// and its restart budget (the worst-case time to notice a failure, restart
-// and recover), so that it refuses a transaction timeout that could expire
-// while a pre-committed transaction still waits for its commit: NewSink
-// fails unless the transaction timeout exceeds their sum, and every
-// subtask's Open runs ValidateTimeouts against the brokers. Without this
-// option Open only checks the transaction timeout against the brokers'
-// transaction.max.timeout.ms.
+// CheckpointTimeouts raises the checkpoint timeout and restart budget
+// (the worst-case time to notice a failure, restart and recover) that an
+// exactly-once sink assumes beyond what the executor reports
+// (runtime.OperatorContext.Checkpointing), e.g. for a cluster whose
+// failover takes longer. NewSink already fails unless the transaction
+// timeout exceeds their sum. Without it, Open checks against the
+// executor's checkpoint timing alone.
 func CheckpointTimeouts(checkpointTimeout, restartBudget time.Duration) SinkOpt {
 	return func(c *sinkCfg) { c.checkpointTimeout, c.restartBudget = checkpointTimeout, restartBudget }
 }
@@ -65,8 +64,10 @@ func CheckpointTimeouts(checkpointTimeout, restartBudget time.Duration) SinkOpt 
 // NewSink refuses (with an error wrapping ErrInvalidConfig) options that
 // cannot work, and, with CheckpointTimeouts, a transaction timeout not
 // longer than checkpoint timeout plus restart budget. Each subtask's Open
-// refuses a transaction timeout above the brokers'
-// transaction.max.timeout.ms, failing the job.
+// (exactly-once), before any record is read, refuses with an unrecoverable
+// error a transaction timeout that does not exceed the job's
+// checkpoint.Timing.MaxTransactionLifetime (kafkatxn.CheckTransactionTimeout)
+// or that exceeds the brokers' transaction.max.timeout.ms.
 func NewSink[T any](serialize func(T) (*kgo.Record, error), opts []Opt, sopts ...SinkOpt) (func() runtime.Sink[T], error) {
 	// Subtask and prefix are filled in per subtask; validate the rest now.
 	c, err := kafkatxn.Inspect(opts...)
@@ -174,7 +175,7 @@ func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 		return err
 	}
 	if s.guarantee == ExactlyOnce {
-		if err := s.checkTimeouts(ctx); err != nil {
+		if err := s.checkTimeouts(ctx, oc.Checkpointing); err != nil {
 			return runtime.Unrecoverable(err) // a restart cannot fix a configuration
 		}
 	}
@@ -182,29 +183,31 @@ func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 }
 
 // checkTimeouts refuses a transaction timeout the brokers would refuse or
-// that could expire before recovery. If the brokers' maximum cannot be read
-// (e.g. no DescribeConfigs permission), it logs a warning and lets the
+// that a pre-committed transaction could outlive under the job's checkpoint
+// timing (kafkatxn.CheckTransactionTimeout). The CheckpointTimeouts option
+// can only raise the executor's figures. If the brokers' maximum cannot be
+// read (e.g. no DescribeConfigs permission), it logs a warning and lets the
 // brokers refuse a bad timeout at InitProducerID.
-func (s *Sink[T]) checkTimeouts(ctx context.Context) error {
-	adm := s.w.Admin()
+func (s *Sink[T]) checkTimeouts(ctx context.Context, t checkpoint.Timing) error {
 	if s.sc.checkpointTimeout > 0 {
-		err := kafkatxn.ValidateTimeouts(ctx, adm, s.txnTimeout, s.sc.checkpointTimeout, s.sc.restartBudget)
-		if err == nil || errors.Is(err, ErrInvalidConfig) {
-			return err
-		}
-		s.log.Warn("kafka sink: cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
-		return nil
+		t.Timeout = max(t.Timeout, s.sc.checkpointTimeout)
+		t.RestartBudget = max(t.RestartBudget, s.sc.restartBudget)
 	}
-	maxTimeout, err := kafkatxn.BrokerMaxTransactionTimeout(ctx, adm)
-	if err != nil {
-		s.log.Warn("kafka sink: cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
-		return nil
+	err := kafkatxn.CheckTransactionTimeout(ctx, s.w.Admin(), s.txnTimeout, t)
+	if err == nil || errors.Is(err, ErrInvalidConfig) {
+		return err
 	}
-	if s.txnTimeout > maxTimeout {
-		return fmt.Errorf("%w: transaction timeout %v exceeds the brokers' transaction.max.timeout.ms (%v); lower it (TransactionTimeout) or raise the broker setting",
-			ErrInvalidConfig, s.txnTimeout, maxTimeout)
-	}
+	s.log.Warn("kafka sink: cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
 	return nil
+}
+
+// LostTransactions counts this subtask's pre-committed transactions that
+// the broker could no longer commit (see TxnWriter.LostTransactions).
+func (s *Sink[T]) LostTransactions() int64 {
+	if s.w == nil {
+		return 0
+	}
+	return s.w.LostTransactions()
 }
 
 // Write implements runtime.Sink.

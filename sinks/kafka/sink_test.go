@@ -709,3 +709,50 @@ func TestSinkWithoutTransactions(t *testing.T) {
 		})
 	}
 }
+
+// TestSinkChecksTransactionTimeoutAgainstTheJobsCheckpointTiming: without
+// any sink option, a transaction timeout that a pre-committed transaction
+// could outlive under the executor's checkpoint configuration (interval,
+// timeout, tolerated failures, restart budget) fails the job at start with
+// a clear, unrecoverable error, before a record is written; one that
+// covers it runs.
+func TestSinkChecksTransactionTimeoutAgainstTheJobsCheckpointTiming(t *testing.T) {
+	env := kafkatest.New(t)
+	cases := []struct {
+		name   string
+		copts  []runtime.ClusterOpt
+		refuse bool
+	}{
+		// 4 x (1s + 30s) + 100ms + 30s = 154.1s > 2m
+		{"checkpoint timeout 30s", []runtime.ClusterOpt{runtime.CheckpointTimeout(30 * time.Second)}, true},
+		// 6 x (1s + 20s) + 100ms + 20s = 146.1s > 2m
+		{"checkpoint timeout 20s, 5 tolerated failures", []runtime.ClusterOpt{runtime.CheckpointTimeout(20 * time.Second), runtime.TolerableCheckpointFailures(5)}, true},
+		// 4 x (1s + 20s) + 100ms + 20s = 104.1s < 2m
+		{"checkpoint timeout 20s", []runtime.ClusterOpt{runtime.CheckpointTimeout(20 * time.Second)}, false},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			topic := fmt.Sprintf("timing-%d", i)
+			env.CreateTopic(t, topic, 1, nil)
+			const n = 50
+			job := numberedJob(t, topic, numberedItems(n), 0, 1, shapeDirect,
+				newNumberedSink(t, env.Addr, topic, TransactionTimeout(2*time.Minute)))
+			opts := append([]runtime.ClusterOpt{runtime.CheckpointInterval(time.Second)}, tc.copts...)
+			res, err := runtime.NewMiniCluster(opts...).Run(t.Context(), job)
+			recs := env.ReadCommitted(t, topic)
+			if !tc.refuse {
+				if err != nil {
+					t.Fatalf("Run = %v, want the job to run", err)
+				}
+				checkExactlyOnce(t, recs, n)
+				return
+			}
+			if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, runtime.ErrUnrecoverable) || !strings.Contains(err.Error(), "must exceed") {
+				t.Fatalf("Run = %v (%d records committed); want an unrecoverable ErrInvalidConfig about the transaction timeout", err, len(recs))
+			}
+			if res.Restarts != 0 || len(recs) != 0 {
+				t.Fatalf("%d restarts, %d records committed: want none", res.Restarts, len(recs))
+			}
+		})
+	}
+}
