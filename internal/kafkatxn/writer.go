@@ -132,8 +132,9 @@ type TxnWriter struct {
 	cfg   cfg
 	admin *kgo.Client // raw transaction requests; the producer when not exactly-once
 
-	asyncErr atomic.Pointer[error] // first asynchronous produce error
-	lostTxns atomic.Int64          // transactions the broker could no longer commit
+	asyncErr   atomic.Pointer[error] // first asynchronous produce error
+	lostTxns   atomic.Int64          // transactions the broker could no longer commit
+	unverified atomic.Int64          // restored transactions assumed committed (Recover)
 
 	mu            sync.Mutex
 	slots         []*slot
