@@ -152,3 +152,25 @@ func TestRestoreCommitsEveryTransactionBeforeAnySubtaskOpens(t *testing.T) {
 	}
 	checkSequences(t, txns.output(), keys, n)
 }
+
+// pendingHandles holds only the checkpoints in flight: a completed
+// checkpoint drops itself and everything older, so a long job does not
+// accumulate handles, and a late ack of a covered checkpoint is not kept.
+func TestPendingHandlesForgetCompletedCheckpoints(t *testing.T) {
+	p := newPendingHandles()
+	snap := func(id checkpoint.ID) checkpoint.TaskSnapshot {
+		return checkpoint.TaskSnapshot{Operators: []checkpoint.OperatorSnapshot{{UID: "sink", Handles: []checkpoint.TxnHandle{h(fmt.Sprint("t", id), id)}}}}
+	}
+	for id := checkpoint.ID(1); id <= 1000; id++ {
+		p.add(id, snap(id))
+		p.add(id+1, snap(id+1)) // the next one is already in flight
+		p.completed(id)
+		if n := p.len(); n > 1 {
+			t.Fatalf("after checkpoint %d completed, %d checkpoints remembered, want at most 1", id, n)
+		}
+	}
+	p.add(999, snap(999)) // late ack
+	if got := p.after(1000); len(got) != 1 || !slices.Equal(txnIDs(got[OperatorSubtask{"sink", 0}]), []string{"t1001"}) {
+		t.Fatalf("after(1000) = %v, want only checkpoint 1001's handle", got)
+	}
+}

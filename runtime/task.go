@@ -267,6 +267,8 @@ func (t *task) align(ctx context.Context, acts []alignAction) error {
 		case alignAbort:
 			t.alignStart = time.Time{}
 			t.rep.decline(t.id, a.ID, fmt.Errorf("%w: alignment overtaken by a newer barrier", checkpoint.ErrDeclined))
+		case alignDecline:
+			t.rep.decline(t.id, a.ID, fmt.Errorf("%w: barrier arrived after a newer one", checkpoint.ErrDeclined))
 		case alignSnapshot:
 			var alignment time.Duration
 			if !t.alignStart.IsZero() {
