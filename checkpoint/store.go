@@ -185,6 +185,7 @@ func WithLogger(l *zap.Logger) StoreOpt { return storeOpt{func(c *storeConfig) {
 // but Close: the write may or may not be durable, and only a reopen tells.
 type Store struct {
 	db  *pebble.DB
+	dir string
 	cfg storeConfig
 	log *zap.Logger
 
@@ -227,8 +228,17 @@ func OpenStore(dir string, opts ...StoreOpt) (s *Store, err error) {
 	if cfg.fs == nil || cfg.log == nil {
 		return nil, fmt.Errorf("open checkpoint store %s: nil filesystem or logger", dir)
 	}
-	fs := cfg.fs
+	db, err := openDB(dir, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{db: db, dir: dir, cfg: cfg, log: cfg.log, ids: make(map[string]*idRange)}, nil
+}
 
+// openDB opens the pebble database of a store in dir and checks (or writes)
+// its marker.
+func openDB(dir string, cfg storeConfig) (db *pebble.DB, err error) {
+	fs := cfg.fs
 	if err := fs.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
 	}
@@ -256,19 +266,53 @@ func OpenStore(dir string, opts ...StoreOpt) (s *Store, err error) {
 			if !ok {
 				panic(r)
 			}
-			s, err = nil, fmt.Errorf("open checkpoint store %s: %w", dir, pf)
+			db, err = nil, fmt.Errorf("open checkpoint store %s: %w", dir, pf)
 		}
 	}()
-	db, err := pebble.Open(dir, &pebble.Options{FS: fs, Logger: pebbleLogger{cfg.log}})
+	db, err = pebble.Open(dir, &pebble.Options{FS: fs, Logger: pebbleLogger{cfg.log}})
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
 	}
-	s = &Store{db: db, cfg: cfg, log: cfg.log, ids: make(map[string]*idRange)}
-	if err := s.checkMarker(); err != nil {
+	if err := checkMarker(db); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
 	}
-	return s, nil
+	return db, nil
+}
+
+// Reopen makes a store that failed (ErrStoreFailed: a write whose outcome is
+// unknown) usable again: it closes the database and opens the directory
+// again, so that what pebble recovers, the write in doubt included or not,
+// decides. On a store that has not failed it does nothing. An executor calls
+// it before restoring after a failover, and then restores from what the
+// store holds.
+func (s *Store) Reopen() (err error) {
+	s.wmu.Lock() // the order of Save: writes, then life
+	defer s.wmu.Unlock()
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.closed {
+		return ErrStoreClosed
+	}
+	failed := s.failed.Load()
+	if failed == nil {
+		return nil
+	}
+	func() {
+		// The failed database may fail again on close; what it did not
+		// sync is what a crash would have lost.
+		defer func() { _ = recover() }()
+		_ = s.db.Close()
+	}()
+	db, err := openDB(s.dir, s.cfg)
+	if err != nil {
+		return fmt.Errorf("reopen failed checkpoint store (%w): %w", *failed, err)
+	}
+	s.db = db
+	s.ids = make(map[string]*idRange)
+	s.failed.Store(nil)
+	s.log.Warn("checkpoint store reopened after a failure", zap.NamedError("failure", *failed))
+	return nil
 }
 
 // isPebbleFile reports whether name is a file pebble itself creates, so that a
@@ -293,8 +337,8 @@ func isPebbleFile(name string) bool {
 }
 
 // checkMarker checks, or on a new database writes, the store marker.
-func (s *Store) checkMarker() error {
-	v, closer, err := s.db.Get([]byte(storeMarkerKey))
+func checkMarker(db *pebble.DB) error {
+	v, closer, err := db.Get([]byte(storeMarkerKey))
 	switch {
 	case err == nil:
 		defer closer.Close()
@@ -305,7 +349,7 @@ func (s *Store) checkMarker() error {
 	case !errors.Is(err, pebble.ErrNotFound):
 		return err
 	}
-	it, err := s.db.NewIter(nil)
+	it, err := db.NewIter(nil)
 	if err != nil {
 		return err
 	}
@@ -320,7 +364,7 @@ func (s *Store) checkMarker() error {
 	if nonEmpty {
 		return fmt.Errorf("%w: pebble database without store marker (first key %q)", ErrNotAStore, key)
 	}
-	return s.db.Set([]byte(storeMarkerKey), []byte{storeFormat}, pebble.Sync)
+	return db.Set([]byte(storeMarkerKey), []byte{storeFormat}, pebble.Sync)
 }
 
 // Close closes the store. Later calls of any method return ErrStoreClosed;

@@ -933,3 +933,48 @@ func (syncOps) Evaluate(op errorfs.Op) bool {
 	}
 	return false
 }
+
+// Reopen makes a failed store usable again; what it then holds is what the
+// failed write left durable (here: the last good checkpoint or the one in
+// doubt). A healthy store is left alone; a closed one refuses.
+func TestReopenRecoversAFailedStore(t *testing.T) {
+	ctx := t.Context()
+	var armed atomic.Bool
+	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if armed.Load() && (syncOps{}).Evaluate(op) {
+			return errorfs.ErrInjected
+		}
+		return nil
+	})
+	s := mustOpen(t, "db", WithFS(errorfs.Wrap(vfs.NewMem(), inj)))
+	if err := s.Reopen(); err != nil {
+		t.Fatalf("Reopen of a healthy store: %v", err)
+	}
+	if err := s.Save(ctx, testCheckpoint("j", 1)); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	if err := s.Save(ctx, testCheckpoint("j", 2)); !errors.Is(err, ErrStoreFailed) {
+		t.Fatalf("Save with failing syncs: %v, want ErrStoreFailed", err)
+	}
+	armed.Store(false)
+	if _, err := s.Latest(ctx, "j"); !errors.Is(err, ErrStoreFailed) {
+		t.Fatalf("Latest on the failed store: %v", err)
+	}
+	if err := s.Reopen(); err != nil {
+		t.Fatalf("Reopen: %v", err)
+	}
+	c, err := s.Latest(ctx, "j")
+	if err != nil || (c.ID != 1 && c.ID != 2) {
+		t.Fatalf("Latest after Reopen = %d, %v; want 1 or 2", c.ID, err)
+	}
+	assertCheckpoint(t, c, testCheckpoint("j", c.ID))
+	id, err := s.NextID(ctx, "j")
+	if err != nil || id <= c.ID {
+		t.Fatalf("NextID after Reopen = %d, %v; want above %d", id, err, c.ID)
+	}
+	mustClose(t, s)
+	if err := s.Reopen(); !errors.Is(err, ErrStoreClosed) {
+		t.Fatalf("Reopen of a closed store: %v, want ErrStoreClosed", err)
+	}
+}

@@ -233,6 +233,11 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 	pending := newPendingHandles()
 	var cause string
 	for attempt := 0; ; attempt++ {
+		// A store whose last write's outcome is unknown is reopened: what
+		// it recovers decides where the job restores from.
+		if err := store.Reopen(); err != nil {
+			return res, fmt.Errorf("%w: %w", ErrJobFailed, err)
+		}
 		restore, err := m.loadRestore(ctx, store, cfg.jobID, p, pending)
 		if err != nil {
 			return res, err
