@@ -2,11 +2,9 @@ package runtime
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -73,21 +71,10 @@ func TestAssignStateGivesEveryCompletedTransactionToEverySubtaskOfItsOperator(t 
 	}
 }
 
-// orderLog records, across subtasks, when each commits and opens.
-type orderLog struct {
-	mu     sync.Mutex
-	events []string
-}
-
-func (l *orderLog) add(e string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.events = append(l.events, e)
-}
-
+// orderSink records, across subtasks, when each commits and opens.
 type orderSink struct {
 	*txnSink
-	log *orderLog
+	log *violations // used as a concurrent event list
 }
 
 func (s *orderSink) CommitRestored(ctx context.Context, oc *OperatorContext) error {
@@ -105,43 +92,22 @@ func (s *orderSink) Open(ctx context.Context, oc *OperatorContext) error {
 // by subtask 0, before any subtask of the job opens.
 func TestRestoreCommitsEveryTransactionBeforeAnySubtaskOpens(t *testing.T) {
 	const keys, n, par = 10, 100, 3
-	store, err := checkpoint.OpenStore(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := openStore(t)
 	viol, txns := &violations{}, newMemTxns()
-	var persisted int
-	fp := &hookFailpoints{fn: func(name string) error {
-		if name == "jm.after-checkpoint-persisted" {
-			if persisted++; persisted == 3 {
-				return errors.New("coordinator crash")
-			}
-		}
-		return nil
-	}}
 	src := seqSourceOf(seqSource{keys: keys, splits: 2, n: n, perPoll: 1, stallAt: n / 2, pollDelay: time.Millisecond})
-	_, err = NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond), Failpoints(fp), Restarts(0, 0)).
-		Run(t.Context(), seqJob(src, viol, txns, nil, 1, par))
-	if !errors.Is(err, ErrJobFailed) {
-		t.Fatalf("first run: %v, want the injected crash", err)
-	}
-	latest, err := store.Latest(t.Context(), "seq")
-	if err != nil {
-		t.Fatal(err)
-	}
+	latest := crashAfterPersisting(t, store, seqJob(src, viol, txns, nil, 1, par))
 	want := txnIDs(latest.Handles())
 	if len(want) == 0 {
 		t.Fatal("the latest checkpoint holds no transaction: nothing to test")
 	}
 
-	log := &orderLog{}
+	log := &violations{}
 	newSink := func() Sink[seqRec] { return &orderSink{txnSink: &txnSink{txns: txns}, log: log} }
 	if _, err := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond)).
 		Run(t.Context(), seqJobTo(seqSourceOf(seqSource{keys: keys, splits: 2, n: n, perPoll: 3}), viol, newSink, 1, par)); err != nil {
 		t.Fatal(err)
 	}
-	ev := log.events
+	ev := log.get()
 	if len(ev) != par+1 || ev[0] != fmt.Sprintf("commit 0 %v", want) {
 		t.Fatalf("events %q: want first one commit by subtask 0 of %v, then %d opens", ev, want, par)
 	}

@@ -50,23 +50,13 @@ func TestRecoverTellsAlreadyCommittedFromLost(t *testing.T) {
 			ctx := testCtx(t)
 			c := newCluster(t)
 			addrs := c.ListenAddrs()
-			w1 := newWriter(t, ctx, addrs)
-			if err := w1.Recover(ctx, nil); err != nil {
-				t.Fatal(err)
-			}
-			if err := w1.Write(ctx, rec(0, "x")); err != nil {
-				t.Fatal(err)
-			}
-			h, _, err := w1.PreCommit(ctx, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
+			w1, h := precommitOne(t, addrs, "x")
 			tc.end(t, w1, h, addrs)
 			w1.crash()
 
 			w2 := newWriter(t, ctx, addrs)
 			defer w2.Close()
-			err = w2.Recover(ctx, []checkpoint.TxnHandle{h})
+			err := w2.Recover(ctx, []checkpoint.TxnHandle{h})
 			if tc.wantLost {
 				if !errors.Is(err, ErrTxnLost) || w2.LostTransactions() != 1 {
 					t.Fatalf("Recover = %v, %d lost; want ErrTxnLost, 1 lost", err, w2.LostTransactions())
@@ -82,4 +72,23 @@ func TestRecoverTellsAlreadyCommittedFromLost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// precommitOne starts a writer on a fresh start, writes value to partition
+// 0 and pre-commits it for checkpoint 1.
+func precommitOne(t *testing.T, addrs []string, value string) (*TxnWriter, checkpoint.TxnHandle) {
+	t.Helper()
+	ctx := testCtx(t)
+	w := newWriter(t, ctx, addrs)
+	if err := w.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(ctx, rec(0, value)); err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := w.PreCommit(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, h
 }
