@@ -26,7 +26,7 @@ func TestSliceSourceRescaleEmitsEveryItemOnce(t *testing.T) {
 				SinkTo(s, "sink", func() Sink[seqRec] { return &txnSink{txns: txns} })
 				return j
 			}
-			runUntilCheckpoints(t, store, job(tc.from, 50*time.Microsecond), 4)
+			runUntilCheckpoints(t, store, job(tc.from, 200*time.Microsecond), 4)
 			before := len(txns.output())
 			if before == 0 || before == n {
 				t.Fatalf("first run committed %d of %d items: want a run stopped mid-input", before, n)

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -138,5 +139,48 @@ func TestPendingHandlesForgetCompletedCheckpoints(t *testing.T) {
 	p.add(999, snap(999)) // late ack
 	if got := p.after(1000); len(got) != 1 || !slices.Equal(txnIDs(got[OperatorSubtask{"sink", 0}]), []string{"t1001"}) {
 		t.Fatalf("after(1000) = %v, want only checkpoint 1001's handle", got)
+	}
+}
+
+// The restore rules, one by one, on the pure assignment.
+func TestAssignStateRules(t *testing.T) {
+	keyed := func(maxPar int, kgs ...int) checkpoint.OperatorSnapshot {
+		s := checkpoint.OperatorSnapshot{UID: "count", Parallelism: 1, MaxParallelism: maxPar, KeyGroups: map[int][]byte{}}
+		for _, kg := range kgs {
+			s.KeyGroups[kg] = []byte{1}
+		}
+		return s
+	}
+	oldSink := checkpoint.OperatorSnapshot{UID: "old-sink", Parallelism: 1, Handles: []checkpoint.TxnHandle{h("old-0-0", 3)}}
+	job := []OperatorLayout{{UID: "count", Parallelism: 2, MaxParallelism: 128}, {UID: "sink", Parallelism: 1}}
+	for _, tc := range []struct {
+		name        string
+		c           checkpoint.Completed
+		allow       bool
+		wantErr     string // "" for success
+		wantOrphans []string
+	}{
+		{"same max parallelism", completedOf(3, keyed(128, 0, 127)), false, "", nil},
+		{"other max parallelism", completedOf(3, keyed(256, 0)), false, "256 key groups", nil},
+		{"key group beyond the max parallelism (no recorded max)", completedOf(3, keyed(0, 200)), false, "key group 200", nil},
+		{"removed operator refused", completedOf(3, keyed(128, 1), oldSink), false, "uids old-sink", nil},
+		{"removed operator allowed: its transactions are orphans", completedOf(3, keyed(128, 1), oldSink), true, "", []string{"old-0-0"}},
+		{"empty snapshot of a removed operator is no state", completedOf(3, checkpoint.OperatorSnapshot{UID: "gone", Parallelism: 1}), false, "", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			as, err := AssignState(job, RestoreInput{Checkpoint: tc.c, AllowNonRestoredState: tc.allow})
+			if tc.wantErr != "" {
+				if !errors.Is(err, ErrIncompatibleState) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want ErrIncompatibleState mentioning %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := txnIDs(as.Orphans); !slices.Equal(got, tc.wantOrphans) {
+				t.Fatalf("orphans %v, want %v", got, tc.wantOrphans)
+			}
+		})
 	}
 }

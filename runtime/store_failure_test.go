@@ -34,7 +34,7 @@ func TestUnknownPersistOutcomeReopensTheStoreAndRestores(t *testing.T) {
 	defer store.Close()
 	viol, txns := &violations{}, newMemTxns()
 	var completed atomic.Int64
-	src := seqSourceOf(seqSource{keys: keys, splits: 2, n: n, perPoll: 1, pollDelay: 200 * time.Microsecond})
+	src := seqSourceOf(seqSource{keys: keys, splits: 2, n: n, perPoll: 1, pollDelay: time.Millisecond})
 	res, err := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond), Restarts(3, time.Millisecond),
 		OnCheckpointComplete(func(CheckpointEvent) {
 			if completed.Add(1) == 3 {
