@@ -45,7 +45,12 @@ import (
 const (
 	storeMarkerKey = "weir/checkpoint-store"
 	storeFormat    = 1
-	recordFormat   = 1
+	// recordFormat is the format byte of the records Save writes. Format 2
+	// added each operator's max parallelism to the meta record and each
+	// entry's operator UID to the handles record; format 1 records are still
+	// read (max parallelism 0: unknown, UIDs empty).
+	recordFormat    = 2
+	minRecordFormat = 1
 
 	recMeta    = 'm'
 	recHandles = 'h'
@@ -119,6 +124,18 @@ type Skipped struct {
 	// still verify when the state does not.
 	Handles   []TxnHandle
 	HandlesOK bool
+	// Owners says which operator subtask pre-committed which of Handles
+	// (valid only if HandlesOK), so a restore can give them to the operator
+	// that knows how to commit them.
+	Owners []HandleOwner
+}
+
+// HandleOwner names the operator subtask that pre-committed Handles. UID is
+// empty for checkpoints written by a store format that did not record it.
+type HandleOwner struct {
+	Task    TaskID
+	UID     string
+	Handles []TxnHandle
 }
 
 // StoreOpt configures OpenStore.
@@ -168,6 +185,7 @@ func WithLogger(l *zap.Logger) StoreOpt { return storeOpt{func(c *storeConfig) {
 // but Close: the write may or may not be durable, and only a reopen tells.
 type Store struct {
 	db  *pebble.DB
+	dir string
 	cfg storeConfig
 	log *zap.Logger
 
@@ -210,8 +228,17 @@ func OpenStore(dir string, opts ...StoreOpt) (s *Store, err error) {
 	if cfg.fs == nil || cfg.log == nil {
 		return nil, fmt.Errorf("open checkpoint store %s: nil filesystem or logger", dir)
 	}
-	fs := cfg.fs
+	db, err := openDB(dir, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{db: db, dir: dir, cfg: cfg, log: cfg.log, ids: make(map[string]*idRange)}, nil
+}
 
+// openDB opens the pebble database of a store in dir and checks (or writes)
+// its marker.
+func openDB(dir string, cfg storeConfig) (db *pebble.DB, err error) {
+	fs := cfg.fs
 	if err := fs.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
 	}
@@ -239,19 +266,53 @@ func OpenStore(dir string, opts ...StoreOpt) (s *Store, err error) {
 			if !ok {
 				panic(r)
 			}
-			s, err = nil, fmt.Errorf("open checkpoint store %s: %w", dir, pf)
+			db, err = nil, fmt.Errorf("open checkpoint store %s: %w", dir, pf)
 		}
 	}()
-	db, err := pebble.Open(dir, &pebble.Options{FS: fs, Logger: pebbleLogger{cfg.log}})
+	db, err = pebble.Open(dir, &pebble.Options{FS: fs, Logger: pebbleLogger{cfg.log}})
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
 	}
-	s = &Store{db: db, cfg: cfg, log: cfg.log, ids: make(map[string]*idRange)}
-	if err := s.checkMarker(); err != nil {
+	if err := checkMarker(db); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
 	}
-	return s, nil
+	return db, nil
+}
+
+// Reopen makes a store that failed (ErrStoreFailed: a write whose outcome is
+// unknown) usable again: it closes the database and opens the directory
+// again, so that what pebble recovers, the write in doubt included or not,
+// decides. On a store that has not failed it does nothing. An executor calls
+// it before restoring after a failover, and then restores from what the
+// store holds.
+func (s *Store) Reopen() (err error) {
+	s.wmu.Lock() // the order of Save: writes, then life
+	defer s.wmu.Unlock()
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.closed {
+		return ErrStoreClosed
+	}
+	failed := s.failed.Load()
+	if failed == nil {
+		return nil
+	}
+	func() {
+		// The failed database may fail again on close; what it did not
+		// sync is what a crash would have lost.
+		defer func() { _ = recover() }()
+		_ = s.db.Close()
+	}()
+	db, err := openDB(s.dir, s.cfg)
+	if err != nil {
+		return fmt.Errorf("reopen failed checkpoint store (%w): %w", *failed, err)
+	}
+	s.db = db
+	s.ids = make(map[string]*idRange)
+	s.failed.Store(nil)
+	s.log.Warn("checkpoint store reopened after a failure", zap.NamedError("failure", *failed))
+	return nil
 }
 
 // isPebbleFile reports whether name is a file pebble itself creates, so that a
@@ -276,8 +337,8 @@ func isPebbleFile(name string) bool {
 }
 
 // checkMarker checks, or on a new database writes, the store marker.
-func (s *Store) checkMarker() error {
-	v, closer, err := s.db.Get([]byte(storeMarkerKey))
+func checkMarker(db *pebble.DB) error {
+	v, closer, err := db.Get([]byte(storeMarkerKey))
 	switch {
 	case err == nil:
 		defer closer.Close()
@@ -288,7 +349,7 @@ func (s *Store) checkMarker() error {
 	case !errors.Is(err, pebble.ErrNotFound):
 		return err
 	}
-	it, err := s.db.NewIter(nil)
+	it, err := db.NewIter(nil)
 	if err != nil {
 		return err
 	}
@@ -303,7 +364,7 @@ func (s *Store) checkMarker() error {
 	if nonEmpty {
 		return fmt.Errorf("%w: pebble database without store marker (first key %q)", ErrNotAStore, key)
 	}
-	return s.db.Set([]byte(storeMarkerKey), []byte{storeFormat}, pebble.Sync)
+	return db.Set([]byte(storeMarkerKey), []byte{storeFormat}, pebble.Sync)
 }
 
 // Close closes the store. Later calls of any method return ErrStoreClosed;
@@ -493,6 +554,7 @@ func (s *Store) LatestUsable(ctx context.Context, job string) (c Completed, skip
 			sk.HandlesOK = true
 			for _, e := range hs {
 				sk.Handles = append(sk.Handles, e.handles...)
+				sk.Owners = append(sk.Owners, HandleOwner{Task: e.task, UID: e.uid, Handles: e.handles})
 			}
 		}
 		skipped = append(skipped, sk)
@@ -638,7 +700,7 @@ func (s *Store) readHW(job string) (uint64, error) {
 		return 0, err
 	}
 	corrupt := func(err error) error { return &CorruptError{Job: job, Record: "high-water mark", Err: err} }
-	p, err := openRecord(k, v)
+	_, p, err := openRecord(k, v)
 	if err != nil {
 		return 0, corrupt(err)
 	}
@@ -818,11 +880,11 @@ func (r rawCheckpoint) decode(job string) (Completed, error) {
 	if r.meta == nil {
 		return Completed{}, r.corrupt(job, "meta", errors.New("record missing"))
 	}
-	p, err := openRecord(cpKey(job, r.id, recMeta), r.meta)
+	format, p, err := openRecord(cpKey(job, r.id, recMeta), r.meta)
 	if err != nil {
 		return Completed{}, r.corrupt(job, "meta", err)
 	}
-	c, err := decodeMeta(p, job, r.id, hs)
+	c, err := decodeMeta(p, format, job, r.id, hs)
 	if err != nil {
 		return Completed{}, r.corrupt(job, "meta", err)
 	}
@@ -833,11 +895,11 @@ func (r rawCheckpoint) decodeHandles(job string) ([]handleEntry, error) {
 	if r.handles == nil {
 		return nil, r.corrupt(job, "handles", errors.New("record missing"))
 	}
-	p, err := openRecord(cpKey(job, r.id, recHandles), r.handles)
+	format, p, err := openRecord(cpKey(job, r.id, recHandles), r.handles)
 	if err != nil {
 		return nil, r.corrupt(job, "handles", err)
 	}
-	hs, err := decodeHandles(p, job, r.id)
+	hs, err := decodeHandles(p, format, job, r.id)
 	if err != nil {
 		return nil, r.corrupt(job, "handles", err)
 	}
@@ -851,7 +913,7 @@ func (r rawCheckpoint) summary(job string) (Summary, error) {
 	if r.meta == nil {
 		return Summary{}, r.corrupt(job, "meta", errors.New("record missing"))
 	}
-	p, err := openRecord(cpKey(job, r.id, recMeta), r.meta)
+	_, p, err := openRecord(cpKey(job, r.id, recMeta), r.meta)
 	if err != nil {
 		return Summary{}, r.corrupt(job, "meta", err)
 	}
@@ -922,24 +984,26 @@ func sealRecord(key, payload []byte) []byte {
 	return append(v, payload...)
 }
 
-func openRecord(key, v []byte) ([]byte, error) {
+// openRecord verifies a record and returns its format byte and payload.
+func openRecord(key, v []byte) (byte, []byte, error) {
 	if len(v) < headerSize {
-		return nil, fmt.Errorf("record too short (%d bytes)", len(v))
+		return 0, nil, fmt.Errorf("record too short (%d bytes)", len(v))
 	}
 	payload := v[headerSize:]
 	if got, want := recordCRC(key, v[0], payload), binary.LittleEndian.Uint32(v[1:]); got != want {
-		return nil, fmt.Errorf("checksum mismatch: computed %08x, stored %08x", got, want)
+		return 0, nil, fmt.Errorf("checksum mismatch: computed %08x, stored %08x", got, want)
 	}
-	if v[0] != recordFormat {
-		return nil, fmt.Errorf("unsupported record format %d", v[0])
+	if v[0] < minRecordFormat || v[0] > recordFormat {
+		return 0, nil, fmt.Errorf("unsupported record format %d", v[0])
 	}
-	return payload, nil
+	return v[0], payload, nil
 }
 
 // handleEntry is the handles of one operator of one task.
 type handleEntry struct {
 	task    TaskID
 	op      int
+	uid     string // "" in format 1
 	handles []TxnHandle
 }
 
@@ -996,6 +1060,7 @@ func encodeCompleted(c Completed) (meta, handles []byte, err error) {
 			m.str(op.UID)
 			m.varint(int64(op.Subtask))
 			m.varint(int64(op.Parallelism))
+			m.varint(int64(op.MaxParallelism))
 			m.uvarint(uint64(len(op.State)))
 			for _, e := range op.State {
 				m.bytes(e)
@@ -1012,7 +1077,7 @@ func encodeCompleted(c Completed) (meta, handles []byte, err error) {
 			}
 			m.uvarint(uint64(len(op.Handles)))
 			if len(op.Handles) > 0 {
-				entries = append(entries, handleEntry{task: t, op: i, handles: op.Handles})
+				entries = append(entries, handleEntry{task: t, op: i, uid: op.UID, handles: op.Handles})
 			}
 		}
 	}
@@ -1020,6 +1085,7 @@ func encodeCompleted(c Completed) (meta, handles []byte, err error) {
 	for _, e := range entries {
 		h.str(string(e.task))
 		h.uvarint(uint64(e.op))
+		h.str(e.uid)
 		h.uvarint(uint64(len(e.handles)))
 		for _, th := range e.handles {
 			h.str(th.TransactionalID)
@@ -1037,7 +1103,7 @@ type metaHeader struct {
 	stats                map[TaskID]TaskStats
 }
 
-func decodeMeta(p []byte, job string, id ID, hs []handleEntry) (Completed, error) {
+func decodeMeta(p []byte, format byte, job string, id ID, hs []handleEntry) (Completed, error) {
 	d := &decoder{b: p}
 	h := d.header(job, id)
 	c := Completed{Job: job, ID: id, TriggeredAt: h.triggered, CompletedAt: h.completed, Stats: h.stats}
@@ -1059,6 +1125,9 @@ func decodeMeta(p []byte, job string, id ID, hs []handleEntry) (Completed, error
 			op.UID = d.str()
 			op.Subtask = int(d.varint())
 			op.Parallelism = int(d.varint())
+			if format >= 2 {
+				op.MaxParallelism = int(d.varint())
+			}
 			if n := d.count(); n > 0 {
 				op.State = make([][]byte, n)
 				for k := range op.State {
@@ -1100,6 +1169,9 @@ func decodeMeta(p []byte, job string, id ID, hs []handleEntry) (Completed, error
 		if !ok || e.op >= len(ts.Operators) {
 			return Completed{}, fmt.Errorf("handles for unknown operator %d of task %q", e.op, e.task)
 		}
+		if e.uid != "" && e.uid != ts.Operators[e.op].UID {
+			return Completed{}, fmt.Errorf("task %q operator %d: handles of uid %q, state of uid %q", e.task, e.op, e.uid, ts.Operators[e.op].UID)
+		}
 		if got, want := len(e.handles), wantHandles[e.task][e.op]; got != want || ts.Operators[e.op].Handles != nil {
 			return Completed{}, fmt.Errorf("task %q operator %d: %d handles stored, %d expected", e.task, e.op, got, want)
 		}
@@ -1116,13 +1188,16 @@ func decodeMeta(p []byte, job string, id ID, hs []handleEntry) (Completed, error
 	return c, nil
 }
 
-func decodeHandles(p []byte, job string, id ID) ([]handleEntry, error) {
+func decodeHandles(p []byte, format byte, job string, id ID) ([]handleEntry, error) {
 	d := &decoder{b: p}
 	d.ident(job, id)
 	n := d.count()
 	var out []handleEntry
 	for i := 0; i < n && d.err == nil; i++ {
 		e := handleEntry{task: TaskID(d.str()), op: d.count()}
+		if format >= 2 {
+			e.uid = d.str()
+		}
 		m := d.count()
 		for j := 0; j < m && d.err == nil; j++ {
 			e.handles = append(e.handles, TxnHandle{

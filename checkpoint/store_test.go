@@ -39,11 +39,12 @@ func testCheckpoint(job string, id ID) Completed {
 	}
 	for i, name := range []TaskID{"source#0", "map#0", "sink#0"} {
 		ops := []OperatorSnapshot{{
-			UID:         fmt.Sprintf("uid-%s", name),
-			Subtask:     0,
-			Parallelism: 1,
-			State:       [][]byte{[]byte(fmt.Sprintf("%s@%d", name, id)), {byte(id), 0, 0xff}},
-			KeyGroups:   map[int][]byte{i: []byte(strings.Repeat("k", int(id)%17+1)), 127: {byte(i)}},
+			UID:            fmt.Sprintf("uid-%s", name),
+			Subtask:        0,
+			Parallelism:    1,
+			MaxParallelism: 128,
+			State:          [][]byte{[]byte(fmt.Sprintf("%s@%d", name, id)), {byte(id), 0, 0xff}},
+			KeyGroups:      map[int][]byte{i: []byte(strings.Repeat("k", int(id)%17+1)), 127: {byte(i)}},
 		}}
 		if name != "map#0" {
 			ops[0].Handles = []TxnHandle{{
@@ -378,6 +379,18 @@ func TestLatestRefusesCorruptNewestAndLatestUsableFallsBack(t *testing.T) {
 			}
 			if want := testCheckpoint("j", 3).Handles(); !sameHandles(skipped[0].Handles, want) {
 				t.Fatalf("skipped handles = %v, want %v", skipped[0].Handles, want)
+			}
+			// Each skipped handle names the operator that pre-committed it.
+			owners := map[string][]TxnHandle{}
+			for _, o := range skipped[0].Owners {
+				owners[string(o.Task)+"/"+o.UID] = append(owners[string(o.Task)+"/"+o.UID], o.Handles...)
+			}
+			for task, ts := range testCheckpoint("j", 3).Tasks {
+				for _, op := range ts.Operators {
+					if got := owners[string(task)+"/"+op.UID]; !sameHandles(got, op.Handles) {
+						t.Fatalf("skipped owner %s/%s: handles %v, want %v", task, op.UID, got, op.Handles)
+					}
+				}
 			}
 
 			sums, err := s.List(ctx, "j")
@@ -919,4 +932,49 @@ func (syncOps) Evaluate(op errorfs.Op) bool {
 		return true
 	}
 	return false
+}
+
+// Reopen makes a failed store usable again; what it then holds is what the
+// failed write left durable (here: the last good checkpoint or the one in
+// doubt). A healthy store is left alone; a closed one refuses.
+func TestReopenRecoversAFailedStore(t *testing.T) {
+	ctx := t.Context()
+	var armed atomic.Bool
+	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if armed.Load() && (syncOps{}).Evaluate(op) {
+			return errorfs.ErrInjected
+		}
+		return nil
+	})
+	s := mustOpen(t, "db", WithFS(errorfs.Wrap(vfs.NewMem(), inj)))
+	if err := s.Reopen(); err != nil {
+		t.Fatalf("Reopen of a healthy store: %v", err)
+	}
+	if err := s.Save(ctx, testCheckpoint("j", 1)); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	if err := s.Save(ctx, testCheckpoint("j", 2)); !errors.Is(err, ErrStoreFailed) {
+		t.Fatalf("Save with failing syncs: %v, want ErrStoreFailed", err)
+	}
+	armed.Store(false)
+	if _, err := s.Latest(ctx, "j"); !errors.Is(err, ErrStoreFailed) {
+		t.Fatalf("Latest on the failed store: %v", err)
+	}
+	if err := s.Reopen(); err != nil {
+		t.Fatalf("Reopen: %v", err)
+	}
+	c, err := s.Latest(ctx, "j")
+	if err != nil || (c.ID != 1 && c.ID != 2) {
+		t.Fatalf("Latest after Reopen = %d, %v; want 1 or 2", c.ID, err)
+	}
+	assertCheckpoint(t, c, testCheckpoint("j", c.ID))
+	id, err := s.NextID(ctx, "j")
+	if err != nil || id <= c.ID {
+		t.Fatalf("NextID after Reopen = %d, %v; want above %d", id, err, c.ID)
+	}
+	mustClose(t, s)
+	if err := s.Reopen(); !errors.Is(err, ErrStoreClosed) {
+		t.Fatalf("Reopen of a closed store: %v, want ErrStoreClosed", err)
+	}
 }

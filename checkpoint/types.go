@@ -42,6 +42,10 @@ type OperatorSnapshot struct {
 	// Subtask and Parallelism record where the snapshot was taken.
 	Subtask     int `json:"subtask"`
 	Parallelism int `json:"parallelism"`
+	// MaxParallelism is the number of key groups KeyGroups is split into
+	// (0: the operator keeps no keyed state, or the checkpoint predates the
+	// field). Keyed state can only be restored with the same number.
+	MaxParallelism int `json:"max_parallelism,omitempty"`
 	// State is operator (non-keyed) state as a list of entries; on restore at
 	// another parallelism the entries of all subtasks are redistributed.
 	State [][]byte `json:"state,omitempty"`
@@ -142,6 +146,23 @@ type Listener interface {
 // what is held, so that a cancelled job leaves nothing open behind.
 type CancelListener interface {
 	NotifyJobCanceled(ctx context.Context, lastCompleted ID) error
+}
+
+// AbortCarrier is implemented by a Listener whose work pre-committed for a
+// checkpoint that is then aborted is not discarded: it stays pending, the
+// next snapshot names it (so a restore from that checkpoint commits it), and
+// the next completed checkpoint commits it, as the Kafka sink does with its
+// transactions. NotifyCheckpointAborted then releases nothing.
+//
+// A job may tolerate failed checkpoints (carry on without rolling back) only
+// if every Listener in it is an AbortCarrier: a Listener that discards an
+// aborted checkpoint's work (aborts its transaction, as the protocol's step
+// 7 allows) while the job carries on loses that epoch's records. Executors
+// therefore tolerate no failed checkpoint in a job with any other Listener:
+// every failed checkpoint rolls such a job back to its last completed one.
+type AbortCarrier interface {
+	Listener
+	CarriesAbortedCheckpoints()
 }
 
 // ErrDeclined is wrapped by errors with which a task refuses a checkpoint.

@@ -14,6 +14,9 @@ const (
 	// alignAbort: the alignment of ID was overtaken by a newer barrier:
 	// unblock all inputs and decline ID.
 	alignAbort
+	// alignDecline: barrier ID is older than the one being aligned (its
+	// checkpoint can no longer complete here): decline ID, keep aligning.
+	alignDecline
 )
 
 type alignAction struct {
@@ -29,17 +32,20 @@ type alignAction struct {
 // After barrier n arrives on input i, i is blocked until barrier n has arrived
 // on every input that has not ended. A barrier newer than the one being
 // aligned aborts the older alignment (its checkpoint can no longer complete
-// consistently) and starts the new one; barriers at or below the last
-// snapshotted id are stale and ignored.
+// consistently) and starts the new one; a barrier older than the one being
+// aligned is declined once (so its checkpoint aborts at once instead of
+// waiting for its timeout); barriers at or below the last snapshotted id are
+// stale and ignored.
 type aligner struct {
-	ended   []bool
-	arrived []bool
-	pending checkpoint.ID // being aligned; 0 = none
-	last    checkpoint.ID // last snapshotted or aborted
+	ended    []bool
+	arrived  []bool
+	pending  checkpoint.ID // being aligned; 0 = none
+	last     checkpoint.ID // last snapshotted or aborted
+	declined map[checkpoint.ID]bool
 }
 
 func newAligner(inputs int) *aligner {
-	return &aligner{ended: make([]bool, inputs), arrived: make([]bool, inputs)}
+	return &aligner{ended: make([]bool, inputs), arrived: make([]bool, inputs), declined: map[checkpoint.ID]bool{}}
 }
 
 // blocked reports whether input i is held back.
@@ -47,8 +53,12 @@ func (a *aligner) blocked(i int) bool { return a.pending != 0 && a.arrived[i] }
 
 // onBarrier feeds barrier id arriving on input.
 func (a *aligner) onBarrier(input int, id checkpoint.ID) []alignAction {
-	if id <= a.last || (a.pending != 0 && id < a.pending) {
+	if id <= a.last || a.declined[id] {
 		return nil
+	}
+	if a.pending != 0 && id < a.pending {
+		a.declined[id] = true
+		return []alignAction{{Kind: alignDecline, ID: id}}
 	}
 	var acts []alignAction
 	if a.pending != 0 && id > a.pending {
@@ -100,6 +110,11 @@ func (a *aligner) maybeComplete() *alignAction {
 }
 
 func (a *aligner) reset() {
+	for id := range a.declined {
+		if id <= a.last {
+			delete(a.declined, id)
+		}
+	}
 	a.pending = 0
 	for i := range a.arrived {
 		a.arrived[i] = false

@@ -48,6 +48,14 @@ func TestAlignerEvents(t *testing.T) {
 			{input: 0, id: 2, want: nil, blocked: []bool{false, false}},
 			{input: 1, id: 3, want: nil, blocked: []bool{false, false}},
 		}},
+		{"older barrier during an alignment is declined once", 3, []ev{
+			{input: 0, id: 5, want: []alignAction{block(0, 5)}, blocked: []bool{true, false, false}},
+			{input: 1, id: 4, want: []alignAction{{Kind: alignDecline, ID: 4}}, blocked: []bool{true, false, false}},
+			{input: 2, id: 4, want: nil, blocked: []bool{true, false, false}},
+			{input: 1, id: 5, want: []alignAction{block(1, 5)}, blocked: []bool{true, true, false}},
+			{input: 2, id: 5, want: []alignAction{snap(5)}, blocked: []bool{false, false, false}},
+			{input: 0, id: 4, want: nil, blocked: []bool{false, false, false}},
+		}},
 		{"ended input completes a waiting alignment", 2, []ev{
 			{input: 0, id: 1, want: []alignAction{block(0, 1)}},
 			{end: true, input: 1, want: []alignAction{snap(1)}, blocked: []bool{false, false}},

@@ -59,14 +59,26 @@ type OperatorContext struct {
 	// AbortHandles are transactions of later, incomplete checkpoints known to
 	// the executor, which this subtask should abort.
 	AbortHandles []checkpoint.TxnHandle
-	Logger       *zap.Logger
-	Failpoints   Failpointer
+	// OrphanHandles (subtask 0 of a RestoreCommitter only) are completed
+	// transactions of operators the job no longer has (allowed with
+	// AllowNonRestoredState), or of skipped checkpoints that did not record
+	// their operator: CommitRestored commits them too.
+	OrphanHandles []checkpoint.TxnHandle
+	Logger        *zap.Logger
+	Failpoints    Failpointer
 	// RequestCheckpoint asks the coordinator for a checkpoint now (e.g. a
 	// source nearing its in-flight limit). It never blocks.
 	RequestCheckpoint func(reason string)
 	// RestartCause is the failure that restarted the job ("" on the first
 	// attempt), e.g. for dead-letter headers.
 	RestartCause string
+	// Checkpointing is the checkpoint timing the job runs with. A
+	// transactional operator checks its transaction timeout against
+	// Checkpointing.MaxTransactionLifetime() in Open (before any record is
+	// read) and fails with an Unrecoverable error if it is too short. The
+	// mini cluster's restart budget is its restart delay plus one
+	// checkpoint timeout for the recovery.
+	Checkpointing checkpoint.Timing
 }
 
 // Inject fires the named failpoint (nil-safe).
@@ -92,6 +104,21 @@ type Source[T any] interface {
 	// task.
 	Snapshot(ctx context.Context, id checkpoint.ID) (OperatorState, error)
 	Close() error
+}
+
+// RestoreCommitter is implemented by a Source or Sink whose snapshots carry
+// transaction handles, to commit them before the job restarts. On restore,
+// before any subtask of the job opens, the runtime calls CommitRestored on
+// subtask 0 of every such operator that has something to commit
+// (oc.CommitHandles: the operator's transactions of the restored checkpoint
+// and of newer checkpoints skipped as corrupt; oc.OrphanHandles), all at
+// once, and opens subtasks only once every call returned nil. So no Open
+// fences or reuses a transactional id whose completed transaction is not yet
+// committed. Commits must be idempotent: Open still receives CommitHandles.
+// Close is called as usual, also when Open never ran. An error fails the
+// attempt (wrap it with Unrecoverable when a restart cannot help).
+type RestoreCommitter interface {
+	CommitRestored(ctx context.Context, oc *OperatorContext) error
 }
 
 // Sink consumes records. A Sink may implement checkpoint.Listener, which is
@@ -195,6 +222,9 @@ type KeyedStream[K comparable, T any] struct {
 // for state snapshots (nil: DefaultCodec).
 func KeyBy[T any, K comparable](s *Stream[T], key func(T) K, kc Codec[K]) *KeyedStream[K, T] {
 	if kc == nil {
+		if err := CheckDefaultCodec[K](); err != nil {
+			s.job.fail(fmt.Errorf("KeyBy: key codec: %w", err))
+		}
 		kc = DefaultCodec[K]()
 	}
 	return &KeyedStream[K, T]{s: s, key: key, codec: kc}
@@ -293,6 +323,11 @@ func Process[K comparable, T, U any](ks *KeyedStream[K, T], name string, newFn f
 // Reduce keeps one accumulated value per key and emits it after every record
 // (a rolling reduce): the first record of a key is its first accumulator.
 func Reduce[K comparable, T any](ks *KeyedStream[K, T], name string, fn func(acc, v T) (T, error), c Codec[T], opts ...OpOpt) *Stream[T] {
+	if c == nil {
+		if err := CheckDefaultCodec[T](); err != nil {
+			ks.s.job.fail(fmt.Errorf("reduce %q: state codec: %w", name, err))
+		}
+	}
 	return Process[K, T, T](ks, name, func() KeyedProcessFunction[K, T, T] { return &reducer[K, T]{fn: fn, codec: c} }, opts...)
 }
 

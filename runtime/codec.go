@@ -1,11 +1,13 @@
 package runtime
 
 import (
+	"encoding"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 )
 
 // A Codec turns values of T into bytes and back. Codecs are used for keys
@@ -84,9 +86,10 @@ type JSONCodec[T any] struct{}
 func (JSONCodec[T]) Append(dst []byte, v T) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
-		// json.Marshal fails only for unsupported types (channels,
-		// functions, cyclic values); DefaultCodec rejects those at build
-		// time, so this is a programming error in a hand-built codec use.
+		// json.Marshal fails for unsupported types (channels, functions,
+		// cyclic values), which CheckDefaultCodec rejects when the job is
+		// built, or a dynamic value of an interface field. The runtime
+		// turns this panic into a task failure.
 		panic(fmt.Sprintf("runtime: JSONCodec cannot encode %T: %v", v, err))
 	}
 	return append(dst, b...)
@@ -119,8 +122,71 @@ func Uint64Codec() Codec[uint64] { return uint64Codec{} }
 // Float64Codec encodes float64 as its IEEE 754 bits, big-endian.
 func Float64Codec() Codec[float64] { return float64Codec{} }
 
+// ErrUnsupportedType is wrapped by the errors of CheckDefaultCodec: T
+// holds a type encoding/json cannot encode (a channel, a function, a
+// complex number, an unsafe pointer, or a map whose keys are none of
+// string, integer or encoding.TextMarshaler).
+var ErrUnsupportedType = errors.New("runtime: type not supported by the default codec")
+
+// CheckDefaultCodec reports whether DefaultCodec[T] can encode every value
+// of T. KeyBy, Reduce, NewValueState and NewMapState call it when they are
+// given no codec, so an unsupported type fails the job when it is built (or
+// its state declared), never at the first snapshot. A field of interface
+// type is checked only at run time (its dynamic value), where a failure to
+// encode is a task failure.
+func CheckDefaultCodec[T any]() error {
+	t := reflect.TypeFor[T]()
+	if err := jsonEncodable(t, map[reflect.Type]bool{}); err != nil {
+		return fmt.Errorf("%w: %v: %w", ErrInvalidJob, t, err)
+	}
+	return nil
+}
+
+var (
+	jsonMarshalerType = reflect.TypeFor[json.Marshaler]()
+	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+func jsonEncodable(t reflect.Type, seen map[reflect.Type]bool) error {
+	if seen[t] {
+		return nil
+	}
+	seen[t] = true
+	if t.Implements(jsonMarshalerType) || reflect.PointerTo(t).Implements(jsonMarshalerType) ||
+		t.Implements(textMarshalerType) || reflect.PointerTo(t).Implements(textMarshalerType) {
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Chan, reflect.Func, reflect.Complex64, reflect.Complex128, reflect.UnsafePointer:
+		return fmt.Errorf("%w: %v", ErrUnsupportedType, t)
+	case reflect.Pointer, reflect.Slice, reflect.Array:
+		return jsonEncodable(t.Elem(), seen)
+	case reflect.Map:
+		k := t.Key()
+		switch {
+		case k.Kind() == reflect.String, k.Kind() >= reflect.Int && k.Kind() <= reflect.Uintptr,
+			k.Implements(textMarshalerType):
+		default:
+			return fmt.Errorf("%w: map key %v", ErrUnsupportedType, k)
+		}
+		return jsonEncodable(t.Elem(), seen)
+	case reflect.Struct:
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			if (!f.IsExported() && !f.Anonymous) || f.Tag.Get("json") == "-" {
+				continue
+			}
+			if err := jsonEncodable(f.Type, seen); err != nil {
+				return fmt.Errorf("field %s: %w", f.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
 // DefaultCodec returns the built-in codec for strings, byte slices, int,
-// int64, uint64 and float64, and JSONCodec for every other type.
+// int64, uint64 and float64, and JSONCodec for every other type. Check
+// with CheckDefaultCodec that JSON can encode T.
 func DefaultCodec[T any]() Codec[T] {
 	var zero T
 	var c any

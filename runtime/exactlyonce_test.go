@@ -13,13 +13,18 @@ import (
 
 // seqJob builds source -> keyBy -> checker -> transactional sink.
 func seqJob(src func() Source[seqRec], viol *violations, txns *memTxns, sinkFP func(string) error, srcPar, par int) *Job {
-	j := NewJob("seq", DefaultParallelism(par))
+	return seqJobTo(src, viol, func() Sink[seqRec] { return &txnSink{txns: txns, fp: sinkFP} }, srcPar, par)
+}
+
+// seqJobTo builds source -> keyBy -> checker -> the sink newSink makes.
+func seqJobTo(src func() Source[seqRec], viol *violations, newSink func() Sink[seqRec], srcPar, par int, opts ...JobOpt) *Job {
+	j := NewJob("seq", append([]JobOpt{DefaultParallelism(par)}, opts...)...)
 	recs := FromSource(j, "source", src, Parallelism(srcPar))
 	keyed := KeyBy(recs, func(r seqRec) string { return r.Key }, nil)
 	checked := Process(keyed, "checker", func() KeyedProcessFunction[string, seqRec, seqRec] {
 		return &seqChecker{violations: viol}
 	})
-	SinkTo(checked, "sink", func() Sink[seqRec] { return &txnSink{txns: txns, fp: sinkFP} })
+	SinkTo(checked, "sink", newSink)
 	return j
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,21 @@ import (
 // before it, and still commits the newer checkpoint's transactions (it had
 // completed: its output may be visible), never loses them.
 func TestRestorePastACorruptCheckpointCommitsItsTransactions(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		par        int
+		delayOpen0 time.Duration
+	}{
+		{"parallelism 1", 1, 0},
+		// Subtask 1 opens (and aborts its lingering transactions) while
+		// subtask 0 is still slow to open.
+		{"parallelism 2, subtask 0 opens late", 2, 20 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testRestorePastACorruptCheckpoint(t, tc.par, tc.delayOpen0) })
+	}
+}
+
+func testRestorePastACorruptCheckpoint(t *testing.T, par int, delayOpen0 time.Duration) {
 	const keys, n = 10, 200
 	dir := t.TempDir()
 	viol := &violations{}
@@ -29,22 +45,23 @@ func TestRestorePastACorruptCheckpointCommitsItsTransactions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	precommits := 0
+	var precommits atomic.Int64
+	var crashed atomic.Bool
 	fp := &hookFailpoints{fn: func(name string) error {
 		switch name {
 		case "sink.after-precommit":
-			precommits++
+			precommits.Add(1)
 		case "jm.after-checkpoint-persisted":
-			if precommits == 2 {
-				precommits++ // once
+			if precommits.Load() >= int64(2*par) && crashed.CompareAndSwap(false, true) {
 				return errors.New("coordinator crash")
 			}
 		}
 		return nil
 	}}
 	src := seqSourceOf(seqSource{keys: keys, splits: 2, n: n, perPoll: 1, stallAt: n / 2, pollDelay: time.Millisecond})
+	newSink := func() Sink[seqRec] { return &txnSink{txns: txns, fp: fp.Inject, delayOpen0: delayOpen0} }
 	_, err = NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond), Failpoints(fp), Restarts(0, 0)).
-		Run(context.Background(), seqJob(src, viol, txns, fp.Inject, 1, 1))
+		Run(context.Background(), seqJobTo(src, viol, newSink, 1, par))
 	if !errors.Is(err, ErrJobFailed) {
 		t.Fatalf("first run: %v, want the injected coordinator crash", err)
 	}
@@ -76,8 +93,9 @@ func TestRestorePastACorruptCheckpointCommitsItsTransactions(t *testing.T) {
 	src = func() Source[seqRec] {
 		return &restoreSpy{Source: seqSourceOf(seqSource{keys: keys, splits: 2, n: n, perPoll: 3})(), from: &restoredFrom}
 	}
+	newSink = func() Sink[seqRec] { return &txnSink{txns: txns, delayOpen0: delayOpen0} }
 	if _, err := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond)).
-		Run(context.Background(), seqJob(src, viol, txns, nil, 1, 1)); err != nil {
+		Run(context.Background(), seqJobTo(src, viol, newSink, 1, par)); err != nil {
 		t.Fatal(err)
 	}
 	if restoredFrom == 0 || restoredFrom >= newest.ID {

@@ -67,10 +67,13 @@ type instance interface {
 	// snapshot takes the synchronous part of the operator's snapshot at a
 	// barrier; the returned function, if any, finishes it asynchronously.
 	snapshot(ctx context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error)
-	restore(snap *restoredOperator) error
+	restore(snap *SubtaskState) error
 	open(ctx context.Context) error
 	notify(ctx context.Context, id checkpoint.ID, complete bool) error
 	close() error
+	// user is the user's object (source, sink, process function), nil for
+	// built-in stateless operators.
+	user() any
 }
 
 // vertex is a chain of operators that run in one task per subtask.
@@ -157,6 +160,19 @@ func compile(j *Job) (*plan, error) {
 		v.outputs = v.nodes[len(v.nodes)-1].outputs
 	}
 	return p, nil
+}
+
+// layout describes the plan's operators for AssignState.
+func (p *plan) layout() []OperatorLayout {
+	var ops []OperatorLayout
+	for _, n := range p.job.nodes {
+		l := OperatorLayout{UID: n.uid, Parallelism: n.parallelism}
+		if n.keyed {
+			l.MaxParallelism = p.job.maxParallelism
+		}
+		ops = append(ops, l)
+	}
+	return ops
 }
 
 // Describe renders the compiled plan: one line per task vertex with its

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -167,6 +168,13 @@ func (m *memTxns) commit(id string) {
 	}
 }
 
+// abort drops the open transaction id.
+func (m *memTxns) abort(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.open, id)
+}
+
 func (m *memTxns) abortAllBut(prefix string, keep map[string]bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -190,9 +198,14 @@ type txnSink struct {
 	cur     []seqRec
 	pending []checkpoint.TxnHandle
 	fp      func(string) error
+	// delayOpen0 delays subtask 0's Open (a slow subtask on restore).
+	delayOpen0 time.Duration
 }
 
 func (s *txnSink) Open(_ context.Context, oc *OperatorContext) error {
+	if oc.Subtask == 0 {
+		time.Sleep(s.delayOpen0)
+	}
 	s.oc, s.cur, s.pending = oc, nil, nil
 	keep := map[string]bool{}
 	for _, h := range oc.CommitHandles {
@@ -204,27 +217,38 @@ func (s *txnSink) Open(_ context.Context, oc *OperatorContext) error {
 	return nil
 }
 
+// CommitRestored implements RestoreCommitter: it commits every completed
+// transaction of the operator before any subtask opens.
+func (s *txnSink) CommitRestored(_ context.Context, oc *OperatorContext) error {
+	for _, h := range append(slices.Clone(oc.CommitHandles), oc.OrphanHandles...) {
+		s.txns.commit(h.TransactionalID)
+	}
+	return nil
+}
+
 func (s *txnSink) Write(_ context.Context, v seqRec) error {
 	s.cur = append(s.cur, v)
 	return nil
 }
 
+// Snapshot pre-commits the epoch's records and names every transaction
+// still pending, those of aborted checkpoints included: a restore from this
+// checkpoint must commit them (the AbortCarrier contract).
 func (s *txnSink) Snapshot(_ context.Context, id checkpoint.ID) (OperatorState, error) {
-	if len(s.cur) == 0 {
-		return OperatorState{}, nil
-	}
-	h := checkpoint.TxnHandle{TransactionalID: fmt.Sprintf("%s-%d-%d", s.oc.UID, s.oc.Subtask, id), Checkpoint: id}
-	s.txns.mu.Lock()
-	s.txns.open[h.TransactionalID] = s.cur
-	s.txns.mu.Unlock()
-	s.cur = nil
-	s.pending = append(s.pending, h)
-	if s.fp != nil {
-		if err := s.fp("sink.after-precommit"); err != nil {
-			return OperatorState{}, err
+	if len(s.cur) > 0 {
+		h := checkpoint.TxnHandle{TransactionalID: fmt.Sprintf("%s-%d-%d", s.oc.UID, s.oc.Subtask, id), Checkpoint: id}
+		s.txns.mu.Lock()
+		s.txns.open[h.TransactionalID] = s.cur
+		s.txns.mu.Unlock()
+		s.cur = nil
+		s.pending = append(s.pending, h)
+		if s.fp != nil {
+			if err := s.fp("sink.after-precommit"); err != nil {
+				return OperatorState{}, err
+			}
 		}
 	}
-	return OperatorState{Handles: []checkpoint.TxnHandle{h}}, nil
+	return OperatorState{Handles: slices.Clone(s.pending)}, nil
 }
 
 func (s *txnSink) NotifyCheckpointComplete(_ context.Context, id checkpoint.ID) error {
@@ -245,7 +269,12 @@ func (s *txnSink) NotifyCheckpointComplete(_ context.Context, id checkpoint.ID) 
 	return nil
 }
 
+// NotifyCheckpointAborted keeps the aborted checkpoint's transaction
+// pending for the next completed checkpoint.
 func (s *txnSink) NotifyCheckpointAborted(context.Context, checkpoint.ID) error { return nil }
+
+// CarriesAbortedCheckpoints implements checkpoint.AbortCarrier.
+func (s *txnSink) CarriesAbortedCheckpoints() {}
 
 func (s *txnSink) Close() error { return nil }
 

@@ -7,14 +7,25 @@ import (
 	"github.com/weirstream/weir/checkpoint"
 )
 
-// restoredOperator is the part of a checkpoint assigned to one operator
-// subtask on restore.
-type restoredOperator struct {
-	from          checkpoint.ID
-	entries       [][]byte
-	keyGroups     map[int][]byte
-	commitHandles []checkpoint.TxnHandle
-	abortHandles  []checkpoint.TxnHandle
+// restoreCommitter is implemented by the instances of sources and sinks:
+// whether their user code is a RestoreCommitter, whether it has anything to
+// commit, and the call.
+type restoreCommitter interface {
+	hasRestoreCommitter() bool
+	mustCommitRestored() bool
+	commitRestored(ctx context.Context) error
+}
+
+// callCommitRestored runs x's CommitRestored, a panic turned into an error.
+func callCommitRestored(ctx context.Context, x any, oc *OperatorContext) (err error) {
+	defer recoverInto(&err)
+	return x.(RestoreCommitter).CommitRestored(ctx, oc)
+}
+
+func isRestoreCommitter(x any) bool { _, ok := x.(RestoreCommitter); return ok }
+
+func hasHandlesToCommit(oc *OperatorContext) bool {
+	return len(oc.CommitHandles) > 0 || len(oc.OrphanHandles) > 0
 }
 
 // funcInstance is a stateless operator: map, flatMap, filter.
@@ -26,10 +37,11 @@ func (f *funcInstance) input() any { return f.in }
 func (f *funcInstance) snapshot(context.Context, checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
 	return checkpoint.OperatorSnapshot{}, nil, nil
 }
-func (f *funcInstance) restore(*restoredOperator) error                   { return nil }
+func (f *funcInstance) restore(*SubtaskState) error                       { return nil }
 func (f *funcInstance) open(context.Context) error                        { return nil }
 func (f *funcInstance) notify(context.Context, checkpoint.ID, bool) error { return nil }
 func (f *funcInstance) close() error                                      { return nil }
+func (f *funcInstance) user() any                                         { return nil }
 
 // notifyListener forwards a notification to x if it is a checkpoint.Listener.
 func notifyListener(ctx context.Context, x any, id checkpoint.ID, complete bool) error {
@@ -68,9 +80,12 @@ func (s *sourceInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (che
 	return checkpoint.OperatorSnapshot{State: st.Entries, Handles: st.Handles}, nil, err
 }
 
-func (s *sourceInstance[T]) restore(r *restoredOperator) error {
-	s.oc.Restored, s.oc.CommitHandles, s.oc.RestoredFrom = r.entries, r.commitHandles, r.from
-	return nil
+func (s *sourceInstance[T]) restore(*SubtaskState) error { return nil }
+
+func (s *sourceInstance[T]) hasRestoreCommitter() bool { return isRestoreCommitter(s.src) }
+func (s *sourceInstance[T]) mustCommitRestored() bool  { return hasHandlesToCommit(s.oc) }
+func (s *sourceInstance[T]) commitRestored(ctx context.Context) error {
+	return callCommitRestored(ctx, s.src, s.oc)
 }
 
 func (s *sourceInstance[T]) open(ctx context.Context) error {
@@ -83,6 +98,7 @@ func (s *sourceInstance[T]) notify(ctx context.Context, id checkpoint.ID, comple
 }
 
 func (s *sourceInstance[T]) close() error { return s.src.Close() }
+func (s *sourceInstance[T]) user() any    { return s.src }
 
 // sinkInstance runs a user Sink.
 type sinkInstance[T any] struct {
@@ -110,9 +126,12 @@ func (s *sinkInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (check
 	return checkpoint.OperatorSnapshot{State: st.Entries, Handles: st.Handles}, nil, err
 }
 
-func (s *sinkInstance[T]) restore(r *restoredOperator) error {
-	s.oc.Restored, s.oc.CommitHandles, s.oc.RestoredFrom = r.entries, r.commitHandles, r.from
-	return nil
+func (s *sinkInstance[T]) restore(*SubtaskState) error { return nil }
+
+func (s *sinkInstance[T]) hasRestoreCommitter() bool { return isRestoreCommitter(s.sink) }
+func (s *sinkInstance[T]) mustCommitRestored() bool  { return hasHandlesToCommit(s.oc) }
+func (s *sinkInstance[T]) commitRestored(ctx context.Context) error {
+	return callCommitRestored(ctx, s.sink, s.oc)
 }
 
 func (s *sinkInstance[T]) open(ctx context.Context) error {
@@ -125,6 +144,7 @@ func (s *sinkInstance[T]) notify(ctx context.Context, id checkpoint.ID, complete
 }
 
 func (s *sinkInstance[T]) close() error { return s.sink.Close() }
+func (s *sinkInstance[T]) user() any    { return s.sink }
 
 // keyedInstance runs a KeyedProcessFunction over its key groups.
 type keyedInstance[K comparable, T, U any] struct {
@@ -167,11 +187,11 @@ func (k *keyedInstance[K, T, U]) input() any {
 
 func (k *keyedInstance[K, T, U]) snapshot(context.Context, checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
 	enc := k.backend.snapshot()
-	return checkpoint.OperatorSnapshot{}, func() (map[int][]byte, error) { return enc(), nil }, nil
+	return checkpoint.OperatorSnapshot{MaxParallelism: k.maxPar}, func() (map[int][]byte, error) { return enc(), nil }, nil
 }
 
-func (k *keyedInstance[K, T, U]) restore(r *restoredOperator) error {
-	for kg, blob := range r.keyGroups {
+func (k *keyedInstance[K, T, U]) restore(r *SubtaskState) error {
+	for kg, blob := range r.KeyGroups {
 		if !k.owned[kg] {
 			continue
 		}
@@ -191,3 +211,4 @@ func (k *keyedInstance[K, T, U]) notify(ctx context.Context, id checkpoint.ID, c
 }
 
 func (k *keyedInstance[K, T, U]) close() error { return nil }
+func (k *keyedInstance[K, T, U]) user() any    { return k.fn }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +18,10 @@ import (
 // ErrJobFailed is wrapped by the error of a job that exhausted its restarts.
 var ErrJobFailed = errors.New("runtime: job failed")
 
+// errJobCanceled is the cause with which the tasks of a job cancelled for
+// good (not failed, not restarting) are cancelled.
+var errJobCanceled = errors.New("runtime: job cancelled")
+
 // ErrUnrecoverable marks a task failure that a restart cannot fix (e.g. a
 // configuration the broker refuses): wrap it (Unrecoverable) and the job
 // fails at once instead of restarting.
@@ -29,6 +33,12 @@ func Unrecoverable(err error) error {
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrUnrecoverable, err)
+}
+
+// isConfigError reports whether err is one a restart cannot fix.
+func isConfigError(err error) bool {
+	return errors.Is(err, ErrUnrecoverable) || errors.Is(err, ErrInvalidJob) || errors.Is(err, ErrInvalidOption) ||
+		errors.Is(err, ErrIncompatibleState) || errors.Is(err, checkpoint.ErrInvalidConfig)
 }
 
 // MiniCluster runs a job graph in one process: every subtask a goroutine,
@@ -56,6 +66,48 @@ type clusterCfg struct {
 	driverFailpoint   func(string) error
 	onCheckpoint      func(CheckpointEvent)
 	restoreFromLatest bool
+	allowNonRestored  bool
+}
+
+// ErrInvalidOption is wrapped by the error of Run when an executor option
+// cannot work; the job does not start (and is never restarted).
+var ErrInvalidOption = errors.New("runtime: invalid option")
+
+// validate refuses options that cannot work, naming every bad one.
+func (c *clusterCfg) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.interval <= 0 {
+		bad("CheckpointInterval %v must be positive", c.interval)
+	}
+	if c.timeout <= 0 {
+		bad("CheckpointTimeout %v must be positive", c.timeout)
+	}
+	if c.minPause < 0 {
+		bad("MinPause %v must not be negative", c.minPause)
+	}
+	if c.tolerable < 0 {
+		bad("TolerableCheckpointFailures %d must not be negative", c.tolerable)
+	}
+	if c.restarts < 0 || c.restartDelay < 0 {
+		bad("Restarts(%d, %v): neither may be negative", c.restarts, c.restartDelay)
+	}
+	if c.batchSize < 1 {
+		bad("BatchSize %d must be at least 1", c.batchSize)
+	}
+	if c.channelCap < 1 {
+		bad("ChannelCapacity %d must be at least 1", c.channelCap)
+	}
+	if c.store != nil && c.storeDir != "" {
+		bad("CheckpointStore and CheckpointDir are exclusive")
+	}
+	if c.log == nil {
+		bad("Logger must not be nil")
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidOption, errors.Join(errs...))
 }
 
 // ClusterOpt configures a MiniCluster.
@@ -75,7 +127,11 @@ func CheckpointTimeout(d time.Duration) ClusterOpt { return func(c *clusterCfg) 
 func MinPause(d time.Duration) ClusterOpt { return func(c *clusterCfg) { c.minPause = d } }
 
 // TolerableCheckpointFailures sets how many consecutive failed checkpoints
-// are tolerated before the job fails over (0: the coordinator's default).
+// are tolerated before the job fails over (0: the coordinator's default,
+// checkpoint.DefaultTolerableFailures). Tolerance applies only to jobs whose
+// checkpoint listeners all carry an aborted checkpoint's work to the next
+// one (checkpoint.AbortCarrier); any other job tolerates none, and asking
+// for a tolerance for it is refused when the job starts.
 func TolerableCheckpointFailures(n int) ClusterOpt { return func(c *clusterCfg) { c.tolerable = n } }
 
 // CheckpointStore stores checkpoints in s (the caller closes it).
@@ -102,6 +158,13 @@ func ChannelCapacity(n int) ClusterOpt { return func(c *clusterCfg) { c.channelC
 
 // Logger sets the logger (default: none).
 func Logger(l *zap.Logger) ClusterOpt { return func(c *clusterCfg) { c.log = l } }
+
+// AllowNonRestoredState lets a job restore from a checkpoint that holds
+// state of operators (UIDs) the job no longer has, dropping that state (as
+// Flink's --allowNonRestoredState). Their pre-committed transactions are
+// still committed, by an operator of the job that implements
+// RestoreCommitter. Without it such a restore is refused, naming the UIDs.
+func AllowNonRestoredState() ClusterOpt { return func(c *clusterCfg) { c.allowNonRestored = true } }
 
 // Failpoints injects faults into every operator and the checkpoint driver.
 func Failpoints(fp Failpointer) ClusterOpt {
@@ -148,11 +211,14 @@ type Result struct {
 // restart budget (an error wrapping ErrJobFailed and the last failure). A
 // restart restores every task from the latest completed checkpoint.
 func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
+	cfg := m.cfg
+	if err := cfg.validate(); err != nil {
+		return Result{}, err
+	}
 	p, err := compile(job)
 	if err != nil {
 		return Result{}, err
 	}
-	cfg := m.cfg
 	if cfg.jobID == "" {
 		cfg.jobID = job.name
 	}
@@ -171,6 +237,11 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 	pending := newPendingHandles()
 	var cause string
 	for attempt := 0; ; attempt++ {
+		// A store whose last write's outcome is unknown is reopened: what
+		// it recovers decides where the job restores from.
+		if err := store.Reopen(); err != nil {
+			return res, fmt.Errorf("%w: %w", ErrJobFailed, err)
+		}
 		restore, err := m.loadRestore(ctx, store, cfg.jobID, p, pending)
 		if err != nil {
 			return res, err
@@ -187,7 +258,7 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		if ctx.Err() != nil {
 			return res, ctx.Err()
 		}
-		if errors.Is(runErr, ErrUnrecoverable) {
+		if isConfigError(runErr) {
 			return res, fmt.Errorf("%w (not restarted): %w", ErrJobFailed, runErr)
 		}
 		if attempt >= cfg.restarts {
@@ -205,20 +276,12 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 	}
 }
 
-// restorePlan maps (operator uid, subtask) to what that operator restores.
-type restorePlan map[opKey]*restoredOperator
-
-type opKey struct {
-	uid     string
-	subtask int
-}
-
 // loadRestore reads the latest usable checkpoint and assigns its state and
-// transaction handles to the subtasks of p.
-func (m *MiniCluster) loadRestore(ctx context.Context, store *checkpoint.Store, job string, p *plan, pending *pendingHandles) (restorePlan, error) {
+// transaction handles to the operators of p (AssignState).
+func (m *MiniCluster) loadRestore(ctx context.Context, store *checkpoint.Store, job string, p *plan, pending *pendingHandles) (*StateAssignment, error) {
 	c, skipped, err := store.LatestUsable(ctx, job)
 	if errors.Is(err, checkpoint.ErrNotFound) && len(skipped) == 0 {
-		return restorePlan{}, nil
+		return &StateAssignment{Subtasks: map[OperatorSubtask]*SubtaskState{}}, nil
 	}
 	if err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
 		return nil, fmt.Errorf("runtime: restore job %q: %w", job, err)
@@ -234,112 +297,16 @@ func (m *MiniCluster) loadRestore(ctx context.Context, store *checkpoint.Store, 
 			"and records between it and the restored checkpoint may be processed twice",
 			zap.Uint64("checkpoint", uint64(s.ID)), zap.Error(s.Err))
 	}
-	return assignRestore(c, skipped, p, pending.after(c.ID)), nil
-}
-
-func assignRestore(c checkpoint.Completed, skipped []checkpoint.Skipped, p *plan, abort map[opKey][]checkpoint.TxnHandle) restorePlan {
-	byUID := map[string][]checkpoint.OperatorSnapshot{}
-	for _, t := range c.Tasks {
-		for _, op := range t.Operators {
-			byUID[op.UID] = append(byUID[op.UID], op)
-		}
+	as, err := AssignState(p.layout(), RestoreInput{Checkpoint: c, Skipped: skipped, Abort: pending.after(c.ID),
+		AllowNonRestoredState: m.cfg.allowNonRestored})
+	if err != nil {
+		return nil, fmt.Errorf("runtime: restore job %q: %w", job, err)
 	}
-	out := restorePlan{}
-	for _, v := range p.vertices {
-		for _, n := range v.nodes {
-			snaps := byUID[n.uid]
-			sort.Slice(snaps, func(i, j int) bool { return snaps[i].Subtask < snaps[j].Subtask })
-			par := n.parallelism
-			kgs := map[int][]byte{}
-			for _, s := range snaps {
-				for kg, b := range s.KeyGroups {
-					kgs[kg] = b
-				}
-			}
-			for i := 0; i < par; i++ {
-				out[opKey{n.uid, i}] = &restoredOperator{from: c.ID, keyGroups: kgs}
-			}
-			same := len(snaps) == par
-			var k int
-			for _, s := range snaps {
-				for _, e := range s.State {
-					dst := k % par
-					if same {
-						dst = s.Subtask
-					}
-					out[opKey{n.uid, dst}].entries = append(out[opKey{n.uid, dst}].entries, e)
-					k++
-				}
-				// Every subtask gets every handle of the operator: commit
-				// is idempotent, and a subtask that aborts lingering
-				// transactions (of ids a larger parallelism used) must
-				// have committed the checkpoint's ones first.
-				for i := 0; i < par; i++ {
-					r := out[opKey{n.uid, i}]
-					r.commitHandles = append(r.commitHandles, s.Handles...)
-				}
-			}
-			for i := 0; i < par; i++ {
-				r := out[opKey{n.uid, i}]
-				r.abortHandles = abort[opKey{n.uid, i}]
-			}
-			// Handles of newer checkpoints skipped as corrupt were
-			// committed: commit them again (idempotent) from subtask 0 of
-			// every operator that holds transactions.
-			if len(snaps) > 0 && len(snaps[0].Handles) > 0 {
-				for _, s := range skipped {
-					if s.HandlesOK {
-						out[opKey{n.uid, 0}].commitHandles = append(out[opKey{n.uid, 0}].commitHandles, s.Handles...)
-					}
-				}
-			}
-		}
+	if len(as.NonRestored) > 0 {
+		m.cfg.log.Warn("restoring without the state of operators no longer in the job (AllowNonRestoredState); their transactions are committed",
+			zap.Uint64("checkpoint", uint64(c.ID)), zap.Strings("uids", as.NonRestored), zap.Int("transactions", len(as.Orphans)))
 	}
-	return out
-}
-
-// pendingHandles remembers the transaction handles of acknowledged but not
-// completed checkpoints, so a restart can tell operators to abort them.
-type pendingHandles struct {
-	mu   sync.Mutex
-	byID map[checkpoint.ID]map[opKey][]checkpoint.TxnHandle
-}
-
-func newPendingHandles() *pendingHandles {
-	return &pendingHandles{byID: map[checkpoint.ID]map[opKey][]checkpoint.TxnHandle{}}
-}
-
-func (p *pendingHandles) add(id checkpoint.ID, snap checkpoint.TaskSnapshot) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, op := range snap.Operators {
-		if len(op.Handles) == 0 {
-			continue
-		}
-		m := p.byID[id]
-		if m == nil {
-			m = map[opKey][]checkpoint.TxnHandle{}
-			p.byID[id] = m
-		}
-		k := opKey{op.UID, op.Subtask}
-		m[k] = append(m[k], op.Handles...)
-	}
-}
-
-// after returns the handles of checkpoints above id and forgets everything.
-func (p *pendingHandles) after(id checkpoint.ID) map[opKey][]checkpoint.TxnHandle {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := map[opKey][]checkpoint.TxnHandle{}
-	for cid, m := range p.byID {
-		if cid > id {
-			for k, hs := range m {
-				out[k] = append(out[k], hs...)
-			}
-		}
-	}
-	p.byID = map[checkpoint.ID]map[opKey][]checkpoint.TxnHandle{}
-	return out
+	return as, nil
 }
 
 // attempt is one run of every task of the job, from one restore point.
@@ -352,6 +319,7 @@ type attempt struct {
 
 	tasks       []*task
 	sourceTasks []*task
+	ocs         []*OperatorContext
 	byID        map[checkpoint.TaskID]*task
 	driver      *checkpoint.Driver
 	ended       atomic.Int32
@@ -370,8 +338,13 @@ func newAttempt(cfg clusterCfg, p *plan, store *checkpoint.Store, n int, pending
 
 // run builds, starts and waits for every task; it returns the last completed
 // checkpoint and nil when the job finished, or the first failure.
-func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.ID, error) {
-	ctx, cancel := context.WithCancelCause(parent)
+//
+// Cancelling parent cancels the job for good: the coordinator stops first
+// (no checkpoint completes after that), then the tasks are cancelled with
+// errJobCanceled, and each operator that is a checkpoint.CancelListener
+// gets NotifyJobCanceled with the last completed checkpoint before it closes.
+func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpoint.ID, error) {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	defer cancel(nil)
 	a.ctx = ctx
 	var once sync.Once
@@ -382,6 +355,22 @@ func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.I
 	}
 	restores, err := a.build(ctx, restore)
 	if err != nil {
+		a.closeAll()
+		return 0, err
+	}
+	tolerable, err := a.tolerableFailures()
+	if err != nil {
+		a.closeAll()
+		return 0, err
+	}
+	timing := a.timing(tolerable)
+	for _, oc := range a.ocs {
+		oc.Checkpointing = timing
+	}
+	// Everything the restore must commit is committed before any subtask
+	// opens: an Open may fence or reuse transactional ids.
+	if err := a.commitRestored(ctx, restore); err != nil {
+		a.closeAll()
 		return 0, err
 	}
 	var ids, srcIDs []checkpoint.TaskID
@@ -397,16 +386,24 @@ func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.I
 	}
 	a.driver, err = checkpoint.NewDriver(checkpoint.CoordinatorConfig{
 		Job: a.cfg.jobID, Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.minPause,
-		TolerableFailures: a.cfg.tolerable, Tasks: ids, Sources: srcIDs,
+		TolerableFailures: tolerable, Tasks: ids, Sources: srcIDs,
 	}, a, a.store, dopts...)
 	if err != nil {
-		return 0, fmt.Errorf("runtime: %w", err)
+		a.closeAll()
+		return 0, Unrecoverable(fmt.Errorf("runtime: %w", err))
 	}
 
 	var wg sync.WaitGroup
 	driverDone := make(chan error, 1)
+	driverStopped := make(chan struct{})
 	driverCtx, stopDriver := context.WithCancel(ctx)
+	defer context.AfterFunc(parent, func() {
+		stopDriver()
+		<-driverStopped
+		cancel(errJobCanceled)
+	})()
 	go func() {
+		defer close(driverStopped)
 		err := a.driver.Run(driverCtx)
 		if err != nil && driverCtx.Err() == nil {
 			// The coordinator stopped (e.g. a failpoint after persisting a
@@ -424,7 +421,7 @@ func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.I
 	var finished atomic.Int32
 	for i, t := range a.tasks {
 		wg.Add(1)
-		go func(t *task, r []*restoredOperator) {
+		go func(t *task, r []*SubtaskState) {
 			defer wg.Done()
 			var once sync.Once
 			err := t.run(ctx, r, func() { once.Do(ready.Done) }, start)
@@ -456,11 +453,14 @@ func (a *attempt) run(parent context.Context, restore restorePlan) (checkpoint.I
 	if derr != nil && !errors.Is(derr, context.Canceled) {
 		return last, derr
 	}
+	if errors.Is(context.Cause(ctx), errJobCanceled) {
+		return last, parent.Err()
+	}
 	return last, context.Cause(ctx)
 }
 
 // build creates the tasks and their channels.
-func (a *attempt) build(ctx context.Context, restore restorePlan) ([][]*restoredOperator, error) {
+func (a *attempt) build(ctx context.Context, restore *StateAssignment) ([][]*SubtaskState, error) {
 	// chans[edge][from subtask][to subtask]
 	chans := map[*edge][][]chan envelope{}
 	for _, v := range a.p.vertices {
@@ -479,7 +479,7 @@ func (a *attempt) build(ctx context.Context, restore restorePlan) ([][]*restored
 			chans[e] = m
 		}
 	}
-	var restores [][]*restoredOperator
+	var restores [][]*SubtaskState
 	tw := &taskWiring{ctx: ctx, batchSize: a.cfg.batchSize, maxPar: a.p.job.maxParallelism}
 	for _, v := range a.p.vertices {
 		for sub := 0; sub < v.parallelism; sub++ {
@@ -511,16 +511,21 @@ func (a *attempt) build(ctx context.Context, restore restorePlan) ([][]*restored
 			}
 			// Operators, tail first, each pushing into the next.
 			t.ops = make([]instance, len(v.nodes))
-			rs := make([]*restoredOperator, len(v.nodes))
+			rs := make([]*SubtaskState, len(v.nodes))
 			for i := len(v.nodes) - 1; i >= 0; i-- {
 				n := v.nodes[i]
 				oc := &OperatorContext{Job: a.cfg.jobID, Name: n.name, UID: n.uid, Subtask: sub,
 					Parallelism: n.parallelism, Attempt: a.n, Logger: a.cfg.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
 					Failpoints: a.cfg.fp, RequestCheckpoint: a.requestCheckpoint, RestartCause: a.cause}
-				if r := restore[opKey{n.uid, sub}]; r != nil {
+				if r := restore.Subtasks[OperatorSubtask{n.uid, sub}]; r != nil {
 					rs[i] = r
-					oc.AbortHandles = r.abortHandles
+					oc.RestoredFrom, oc.Restored = r.From, r.Entries
+					oc.CommitHandles, oc.AbortHandles = r.CommitHandles, r.AbortHandles
 				}
+				if sub == 0 {
+					oc.OrphanHandles = restore.Orphans
+				}
+				a.ocs = append(a.ocs, oc)
 				inst, err := n.newInstance(oc, out)
 				if err != nil {
 					return nil, fmt.Errorf("runtime: operator %q: %w", n.name, err)
@@ -548,6 +553,99 @@ func (a *attempt) build(ctx context.Context, restore restorePlan) ([][]*restored
 	return restores, nil
 }
 
+// tolerableFailures is the coordinator's TolerableFailures: the configured
+// tolerance if every checkpoint listener of the job carries an aborted
+// checkpoint's work to the next one (checkpoint.AbortCarrier), none
+// otherwise; a tolerance asked for explicitly in that case is refused.
+func (a *attempt) tolerableFailures() (int, error) {
+	var discarding []string
+	seen := map[string]bool{}
+	for _, t := range a.tasks {
+		for i, op := range t.ops {
+			u := op.user()
+			if _, ok := u.(checkpoint.Listener); !ok {
+				continue
+			}
+			if _, ok := u.(checkpoint.AbortCarrier); ok {
+				continue
+			}
+			if n := t.v.nodes[i].name; !seen[n] {
+				seen[n] = true
+				discarding = append(discarding, n)
+			}
+		}
+	}
+	switch {
+	case len(discarding) == 0:
+		return a.cfg.tolerable, nil
+	case a.cfg.tolerable > 0:
+		return 0, fmt.Errorf("%w: TolerableCheckpointFailures(%d): operators %q may discard an aborted checkpoint's work (they are checkpoint listeners but not checkpoint.AbortCarrier), so a tolerated failure would lose records; every failed checkpoint must roll the job back",
+			ErrInvalidOption, a.cfg.tolerable, discarding)
+	}
+	return -1, nil
+}
+
+// timing is the checkpoint timing the attempt runs with, given the
+// coordinator's TolerableFailures setting.
+func (a *attempt) timing(tolerable int) checkpoint.Timing {
+	switch {
+	case tolerable == 0:
+		tolerable = checkpoint.DefaultTolerableFailures
+	case tolerable < 0:
+		tolerable = 0
+	}
+	return checkpoint.Timing{Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.minPause,
+		TolerableFailures: tolerable, RestartBudget: a.cfg.restartDelay + a.cfg.timeout}
+}
+
+// commitRestored runs CommitRestored on subtask 0 of every operator with
+// transactions to commit, all at once, and waits for every one.
+func (a *attempt) commitRestored(ctx context.Context, restore *StateAssignment) error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	committers := 0
+	for _, t := range a.tasks {
+		if t.subtask != 0 {
+			continue
+		}
+		for i, op := range t.ops {
+			rc, ok := op.(restoreCommitter)
+			if !ok || !rc.hasRestoreCommitter() {
+				continue
+			}
+			committers++
+			if !rc.mustCommitRestored() {
+				continue
+			}
+			wg.Add(1)
+			go func(name string) {
+				defer wg.Done()
+				if err := rc.commitRestored(ctx); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("task %s: commit restored transactions of %s: %w", t.id, name, err))
+					mu.Unlock()
+				}
+			}(t.v.nodes[i].name)
+		}
+	}
+	wg.Wait()
+	if len(restore.Orphans) > 0 && committers == 0 {
+		return Unrecoverable(fmt.Errorf("%w: %d transactions of checkpoint %d (%s) must be committed, but no operator of the job can commit them (none implements RestoreCommitter)",
+			ErrIncompatibleState, len(restore.Orphans), restore.From, strings.Join(restore.NonRestored, ", ")))
+	}
+	return errors.Join(errs...)
+}
+
+// closeAll closes every operator of a job that never ran.
+func (a *attempt) closeAll() {
+	for _, t := range a.tasks {
+		if err := t.closeOps(); err != nil {
+			a.cfg.log.Warn("closing an operator of a task that never ran", zap.String("task", string(t.id)), zap.Error(err))
+		}
+	}
+}
+
 func (a *attempt) requestCheckpoint(reason string) {
 	a.report(func(ctx context.Context) error { return a.driver.TriggerNow(ctx, reason) })
 }
@@ -571,6 +669,11 @@ func (a *attempt) decline(task checkpoint.TaskID, id checkpoint.ID, err error) {
 	a.report(func(ctx context.Context) error { return a.driver.Decline(ctx, task, id, err) })
 }
 
+func (a *attempt) failed(_ checkpoint.TaskID, err error) { a.fail(err) }
+
+// lastCompleted returns the latest checkpoint the coordinator completed.
+func (a *attempt) lastCompleted() checkpoint.ID { return checkpoint.ID(a.lastDone.Load()) }
+
 func (a *attempt) sourceEnded(checkpoint.TaskID) {
 	if int(a.ended.Add(1)) == len(a.sourceTasks) {
 		a.requestCheckpoint("every source ended")
@@ -591,6 +694,7 @@ func (a *attempt) TriggerCheckpoint(ctx context.Context, id checkpoint.ID, sourc
 
 // NotifyComplete implements checkpoint.Executor.
 func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
+	a.pending.completed(id)
 	if uint64(id) > a.lastDone.Load() {
 		a.lastDone.Store(uint64(id))
 	}

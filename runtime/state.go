@@ -325,6 +325,9 @@ type StateRegistry[K comparable] struct {
 // Declaring the same name twice is an error.
 func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T]) (*ValueState[T], error) {
 	if c == nil {
+		if err := CheckDefaultCodec[T](); err != nil {
+			return nil, Unrecoverable(fmt.Errorf("state %q: %w", name, err))
+		}
 		c = DefaultCodec[T]()
 	}
 	s := &keyedStore[K, T]{stateName: name, scope: &r.b.scope, groups: make([]*keyGroupMap[K, T], r.b.maxPar), keyCodec: r.b.keyCodec, valCodec: c}
@@ -338,9 +341,15 @@ func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Code
 // (nil: DefaultCodec).
 func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name string, kc Codec[UK], vc Codec[UV]) (*MapState[UK, UV], error) {
 	if kc == nil {
+		if err := CheckDefaultCodec[UK](); err != nil {
+			return nil, Unrecoverable(fmt.Errorf("map state %q keys: %w", name, err))
+		}
 		kc = DefaultCodec[UK]()
 	}
 	if vc == nil {
+		if err := CheckDefaultCodec[UV](); err != nil {
+			return nil, Unrecoverable(fmt.Errorf("map state %q values: %w", name, err))
+		}
 		vc = DefaultCodec[UV]()
 	}
 	s := &keyedStore[K, map[UK]UV]{

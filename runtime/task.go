@@ -36,6 +36,11 @@ type reporter interface {
 	ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration)
 	decline(task checkpoint.TaskID, id checkpoint.ID, err error)
 	sourceEnded(task checkpoint.TaskID)
+	// failed reports a failure of the task outside its goroutine (e.g. in
+	// its asynchronous snapshot).
+	failed(task checkpoint.TaskID, err error)
+	// lastCompleted is the job's latest completed checkpoint.
+	lastCompleted() checkpoint.ID
 }
 
 type inputChan struct {
@@ -71,18 +76,74 @@ type panicError struct {
 
 func (p *panicError) Error() string { return fmt.Sprintf("panic: %v\n%s", p.value, p.stack) }
 
+// recoverInto turns a panic of the calling function into *err (deferred).
+func recoverInto(err *error) {
+	if r := recover(); r != nil {
+		*err = &panicError{value: r, stack: debug.Stack()}
+	}
+}
+
+// closeOps closes every operator of the chain, tail first, each one even if
+// another failed or panicked.
+func (t *task) closeOps() error {
+	var errs []error
+	for i := len(t.ops) - 1; i >= 0; i-- {
+		if t.ops[i] == nil {
+			continue
+		}
+		if err := closeOp(t.ops[i]); err != nil {
+			errs = append(errs, fmt.Errorf("task %s: close %s: %w", t.id, t.v.nodes[i].name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// notifyCanceled tells every operator that is a checkpoint.CancelListener
+// that the job ends for good, with its latest completed checkpoint. A
+// failure is logged: the job is over, and what an operator could not end
+// ends at the broker's transaction timeout.
+func (t *task) notifyCanceled() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	last := t.rep.lastCompleted()
+	for i, op := range t.ops {
+		if op == nil {
+			continue
+		}
+		l, ok := op.user().(checkpoint.CancelListener)
+		if !ok {
+			continue
+		}
+		if err := notifyCanceledSafely(ctx, l, last); err != nil {
+			t.log.Warn("ending a cancelled job's transactions failed; they end at the broker's transaction timeout",
+				zap.String("operator", t.v.nodes[i].name), zap.Error(err))
+		}
+	}
+}
+
+func notifyCanceledSafely(ctx context.Context, l checkpoint.CancelListener, last checkpoint.ID) (err error) {
+	defer recoverInto(&err)
+	return l.NotifyJobCanceled(ctx, last)
+}
+
+func closeOp(op instance) (err error) {
+	defer recoverInto(&err)
+	return op.close()
+}
+
 // run executes the task until its input ends, an error, or ctx is done.
 // ready is called once every operator is open and restored; sources then
 // wait for start before reading.
-func (t *task) run(ctx context.Context, restore []*restoredOperator, ready func(), start <-chan struct{}) (err error) {
+func (t *task) run(ctx context.Context, restore []*SubtaskState, ready func(), start <-chan struct{}) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("task %s: %w", t.id, &panicError{value: r, stack: debug.Stack()})
 		}
-		for i := len(t.ops) - 1; i >= 0; i-- {
-			if cerr := t.ops[i].close(); cerr != nil && err == nil {
-				err = fmt.Errorf("task %s: close %s: %w", t.id, t.v.nodes[i].name, cerr)
-			}
+		if errors.Is(context.Cause(ctx), errJobCanceled) {
+			t.notifyCanceled()
+		}
+		if cerr := t.closeOps(); cerr != nil && err == nil {
+			err = cerr
 		}
 		t.async.Wait()
 	}()
@@ -239,6 +300,8 @@ func (t *task) align(ctx context.Context, acts []alignAction) error {
 		case alignAbort:
 			t.alignStart = time.Time{}
 			t.rep.decline(t.id, a.ID, fmt.Errorf("%w: alignment overtaken by a newer barrier", checkpoint.ErrDeclined))
+		case alignDecline:
+			t.rep.decline(t.id, a.ID, fmt.Errorf("%w: barrier arrived after a newer one", checkpoint.ErrDeclined))
 		case alignSnapshot:
 			var alignment time.Duration
 			if !t.alignStart.IsZero() {
@@ -287,7 +350,14 @@ func (t *task) checkpoint(ctx context.Context, id checkpoint.ID, alignment time.
 			if async == nil {
 				continue
 			}
-			kgs, err := async()
+			kgs, err := runAsyncSnapshot(async)
+			var pe *panicError
+			if errors.As(err, &pe) {
+				// A codec or user code panicked: a task failure, not a
+				// declined checkpoint.
+				t.rep.failed(t.id, fmt.Errorf("task %s: async snapshot of %s for checkpoint %d: %w", t.id, t.v.nodes[i].name, id, err))
+				return
+			}
 			if err != nil {
 				t.rep.decline(t.id, id, fmt.Errorf("%w: async snapshot of %s: %w", checkpoint.ErrDeclined, t.v.nodes[i].name, err))
 				return
@@ -297,6 +367,11 @@ func (t *task) checkpoint(ctx context.Context, id checkpoint.ID, alignment time.
 		t.rep.ack(t.id, id, snap, alignment)
 	}()
 	return nil
+}
+
+func runAsyncSnapshot(async func() (map[int][]byte, error)) (kgs map[int][]byte, err error) {
+	defer recoverInto(&err)
+	return async()
 }
 
 // notify delivers a completion or abort to every operator, tail first, so a

@@ -149,3 +149,26 @@ func (s *topicSink[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoi
 func (s *topicSink[T]) NotifyCheckpointAborted(ctx context.Context, id checkpoint.ID) error {
 	return s.Sink.(checkpoint.Listener).NotifyCheckpointAborted(ctx, id)
 }
+
+// The wrapper passes on every contract of the Kafka sink it wraps.
+var (
+	_ checkpoint.AbortCarrier   = (*topicSink[Count])(nil)
+	_ checkpoint.CancelListener = (*topicSink[Count])(nil)
+	_ runtime.RestoreCommitter  = (*topicSink[Count])(nil)
+)
+
+// CarriesAbortedCheckpoints implements checkpoint.AbortCarrier: the Kafka
+// sink commits an aborted checkpoint's transaction with the next one.
+func (s *topicSink[T]) CarriesAbortedCheckpoints() {
+	s.Sink.(checkpoint.AbortCarrier).CarriesAbortedCheckpoints()
+}
+
+// CommitRestored implements runtime.RestoreCommitter.
+func (s *topicSink[T]) CommitRestored(ctx context.Context, oc *runtime.OperatorContext) error {
+	return s.Sink.(runtime.RestoreCommitter).CommitRestored(ctx, oc)
+}
+
+// NotifyJobCanceled implements checkpoint.CancelListener.
+func (s *topicSink[T]) NotifyJobCanceled(ctx context.Context, last checkpoint.ID) error {
+	return s.Sink.(checkpoint.CancelListener).NotifyJobCanceled(ctx, last)
+}

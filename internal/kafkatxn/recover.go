@@ -57,10 +57,17 @@ import (
 //
 //  1. It commits each handle with a raw EndTxn request. Success, and
 //     "already committed", are success. A transaction the broker timed out
-//     or aborted is lost: Recover logs it at error level and returns an
-//     error wrapping ErrTxnLost (a *LostTxnError per handle) once it has
-//     done everything else; the caller fails the job unless the user opted
-//     out, in which case the writer is usable.
+//     or aborted (INVALID_TXN_STATE) is lost: Recover logs it at error
+//     level and returns an error wrapping ErrTxnLost (a *LostTxnError per
+//     handle) once it has done everything else; the caller fails the job
+//     unless the user opted out, in which case the writer is usable. A
+//     transaction whose id has moved on (PRODUCER_FENCED,
+//     INVALID_PRODUCER_EPOCH) or expired (INVALID_PRODUCER_ID_MAPPING) ended
+//     long before: it is logged and assumed committed (UnverifiedCommits),
+//     not reported lost. Residual risk: if it had in fact been aborted (an
+//     id shared with another application, or a job down longer than the
+//     transaction timeout and then transactional.id.expiration.ms), that
+//     loss goes unreported.
 //  2. It aborts lingering transactions of this subtask's ids
 //     ("<prefix>-<subtask>-*", and for subtask 0 also ids of subtasks >=
 //     the current parallelism, left by a higher parallelism), found with
@@ -85,22 +92,9 @@ func (w *TxnWriter) Recover(ctx context.Context, handles []checkpoint.TxnHandle)
 	if w.cfg.guarantee == ExactlyOnce && w.recovered {
 		return errors.New("kafkatxn: Recover called twice")
 	}
-	var lost []error
-	for _, h := range handles {
-		err := w.endTxn(ctx, h, true)
-		var le *LostTxnError
-		switch {
-		case errors.As(err, &le):
-			w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
-				zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
-				zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Error(le.Err))
-			lost = append(lost, err)
-		case err != nil:
-			return err
-		default:
-			w.cfg.logger.Info("kafkatxn: recovered transaction committed",
-				zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)))
-		}
+	lost, err := w.commitHandles(ctx, handles)
+	if err != nil {
+		return err
 	}
 	if w.cfg.prefix != "" {
 		if err := w.abortLingering(ctx); err != nil {
@@ -132,6 +126,79 @@ func (w *TxnWriter) Recover(ctx context.Context, handles []checkpoint.TxnHandle)
 	w.recovered = true
 	return errors.Join(lost...)
 }
+
+// CommitRestored commits handles as Recover does (step 1), without touching
+// any producer: the runtime calls it (RestoreCommitter) before any subtask
+// of the job may fence or reuse transactional ids. A later Recover does not
+// commit these handles again. It returns an error wrapping ErrTxnLost for
+// lost transactions, as Recover does.
+func (w *TxnWriter) CommitRestored(ctx context.Context, handles []checkpoint.TxnHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	lost, err := w.commitHandles(ctx, handles)
+	if err != nil {
+		return err
+	}
+	return errors.Join(lost...)
+}
+
+// commitHandles commits each handle not committed yet by this writer; lost
+// transactions are logged and returned in lost, any other error stops it.
+func (w *TxnWriter) commitHandles(ctx context.Context, handles []checkpoint.TxnHandle) (lost []error, err error) {
+	if w.restoreDone == nil {
+		w.restoreDone = map[checkpoint.TxnHandle]bool{}
+	}
+	for _, h := range handles {
+		if w.restoreDone[h] {
+			continue
+		}
+		err := w.endTxn(ctx, h, true)
+		var le *LostTxnError
+		switch {
+		case errors.As(err, &le) && endedBefore(le.Err):
+			// The id moved on (a later transaction, a re-initialisation)
+			// or expired: our transaction ended long before. Weir reuses
+			// an id only after its commit and commits restored handles
+			// before any producer of the job re-initialises an id, so it
+			// was committed (as Flink assumes). The broker cannot say more.
+			w.unverified.Add(1)
+			w.cfg.logger.Warn("kafkatxn: restored transaction ended before and its id has moved on or expired; assuming it was committed",
+				zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
+				zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Error(le.Err))
+		case errors.As(err, &le):
+			w.lostTxns.Add(1)
+			w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
+				zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
+				zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Error(le.Err))
+			lost = append(lost, err)
+		case err != nil:
+			return nil, err
+		default:
+			w.cfg.logger.Info("kafkatxn: recovered transaction committed",
+				zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)))
+		}
+		w.restoreDone[h] = true
+	}
+	return lost, nil
+}
+
+// endedBefore reports whether a recovery commit's answer means the
+// transaction ended earlier and its id has since moved to a newer epoch or
+// producer id (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH) or expired
+// (INVALID_PRODUCER_ID_MAPPING, after transactional.id.expiration.ms), as
+// opposed to INVALID_TXN_STATE: the broker aborted it (timeout), a loss.
+func endedBefore(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) ||
+		errors.Is(err, kerr.InvalidProducerIDMapping)
+}
+
+// UnverifiedCommits counts restored transactions Recover and CommitRestored
+// could not commit again because their id had moved on or expired, and
+// assumed committed (see Recover).
+func (w *TxnWriter) UnverifiedCommits() int64 { return w.unverified.Load() }
 
 // endTxn commits or aborts the transaction of h (EndTxn) on the writer's
 // admin client.

@@ -2,11 +2,14 @@ package kafkatxn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/weirstream/weir/checkpoint"
 )
 
 // BrokerMaxTransactionTimeout reads transaction.max.timeout.ms from every
@@ -45,32 +48,53 @@ func BrokerMaxTransactionTimeout(ctx context.Context, admin *kadm.Client) (time.
 	return least, nil
 }
 
-// ValidateTimeouts checks, at job submission, that a pre-committed
-// transaction cannot time out before the job can commit it: txnTimeout must
-// exceed checkpointTimeout (the longest a transaction stays pre-committed
-// while its checkpoint completes) plus restartBudget (the worst-case time to
-// detect a failure, restart and run Recover), and must not exceed the
-// brokers' transaction.max.timeout.ms, read with DescribeConfigs. Errors
-// about the values wrap ErrInvalidConfig.
-func ValidateTimeouts(ctx context.Context, admin *kadm.Client, txnTimeout, checkpointTimeout, restartBudget time.Duration) error {
-	switch {
-	case txnTimeout <= 0:
+// CheckTransactionTimeout is the job-start check of a transactional
+// connector (the Kafka sink, the share-group source's ack-log producer): it
+// refuses a transaction timeout that a pre-committed transaction could
+// outlive under the job's checkpoint timing (txnTimeout must exceed
+// t.MaxTransactionLifetime(), see checkpoint.Timing), or that the brokers
+// refuse (above transaction.max.timeout.ms, read with DescribeConfigs).
+// Errors about the values wrap ErrInvalidConfig and name every problem; an
+// error reading the brokers' maximum is returned unwrapped, so a caller may
+// log it and go on (the broker then refuses a bad timeout at
+// InitProducerID). A zero Timing (an executor that gives none) checks only
+// the brokers' maximum.
+func CheckTransactionTimeout(ctx context.Context, admin *kadm.Client, txnTimeout time.Duration, t checkpoint.Timing) error {
+	var errs []error
+	if txnTimeout <= 0 {
 		return fmt.Errorf("%w: transaction timeout %v must be positive", ErrInvalidConfig, txnTimeout)
-	case checkpointTimeout <= 0:
-		return fmt.Errorf("%w: checkpoint timeout %v must be positive", ErrInvalidConfig, checkpointTimeout)
-	case restartBudget < 0:
-		return fmt.Errorf("%w: restart budget %v must not be negative", ErrInvalidConfig, restartBudget)
-	case txnTimeout <= checkpointTimeout+restartBudget:
-		return fmt.Errorf("%w: transaction timeout %v must exceed checkpoint timeout %v + restart budget %v = %v, or a pre-committed transaction may be aborted by the broker before recovery commits it (data loss)",
-			ErrInvalidConfig, txnTimeout, checkpointTimeout, restartBudget, checkpointTimeout+restartBudget)
+	}
+	if !t.IsZero() {
+		if err := t.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		if txnTimeout <= t.MaxTransactionLifetime() {
+			errs = append(errs, fmt.Errorf("%w: transaction timeout %v must exceed the longest a pre-committed transaction can wait for its commit, %s, or the broker may abort it before the job commits it (data loss); raise the transaction timeout or shorten the checkpoint timing",
+				ErrInvalidConfig, txnTimeout, t))
+		}
 	}
 	maxTimeout, err := BrokerMaxTransactionTimeout(ctx, admin)
 	if err != nil {
+		if len(errs) > 0 {
+			return errs[0]
+		}
 		return err
 	}
 	if txnTimeout > maxTimeout {
-		return fmt.Errorf("%w: transaction timeout %v exceeds the brokers' transaction.max.timeout.ms (%v); lower it or raise the broker setting",
-			ErrInvalidConfig, txnTimeout, maxTimeout)
+		errs = append(errs, fmt.Errorf("%w: transaction timeout %v exceeds the brokers' transaction.max.timeout.ms (%v); lower it or raise the broker setting",
+			ErrInvalidConfig, txnTimeout, maxTimeout))
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// ValidateTimeouts is CheckTransactionTimeout for a job known only by its
+// checkpoint timeout and restart budget (one checkpoint, no tolerated
+// failure, no interval): txnTimeout must exceed checkpointTimeout +
+// restartBudget.
+func ValidateTimeouts(ctx context.Context, admin *kadm.Client, txnTimeout, checkpointTimeout, restartBudget time.Duration) error {
+	t := checkpoint.Timing{Timeout: checkpointTimeout, RestartBudget: restartBudget}
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return CheckTransactionTimeout(ctx, admin, txnTimeout, t)
 }

@@ -132,7 +132,9 @@ type TxnWriter struct {
 	cfg   cfg
 	admin *kgo.Client // raw transaction requests; the producer when not exactly-once
 
-	asyncErr atomic.Pointer[error] // first asynchronous produce error
+	asyncErr   atomic.Pointer[error] // first asynchronous produce error
+	lostTxns   atomic.Int64          // transactions the broker could no longer commit
+	unverified atomic.Int64          // restored transactions assumed committed (Recover)
 
 	mu            sync.Mutex
 	slots         []*slot
@@ -140,6 +142,7 @@ type TxnWriter struct {
 	pending       []*slot // pre-committed, in checkpoint order
 	lastPrecommit checkpoint.ID
 	recovered     bool
+	restoreDone   map[checkpoint.TxnHandle]bool // handles committed (or found lost) on restore
 	closed        bool
 	failed        error // sticky: the writer's transactions are in an unknown state
 }
@@ -185,11 +188,17 @@ func TransactionalID(prefix string, subtask, index int) string {
 	return prefix + "-" + strconv.Itoa(subtask) + "-" + strconv.Itoa(index)
 }
 
-// Guarantee returns the writer's delivery guarantee.
+// LostTransactions counts the pre-committed transactions of completed
+// checkpoints that the broker could no longer commit (timed out, aborted or
+// fenced): each one lost records, and was logged at error level naming it.
+// A metric exports it.
+func (w *TxnWriter) LostTransactions() int64 { return w.lostTxns.Load() }
+
 // Admin returns an admin client of the writer's brokers (owned by the
 // writer: do not close it).
 func (w *TxnWriter) Admin() *kadm.Client { return kadm.NewClient(w.admin) }
 
+// Guarantee returns the writer's delivery guarantee.
 func (w *TxnWriter) Guarantee() DeliveryGuarantee { return w.cfg.guarantee }
 
 func (w *TxnWriter) onProduced(r *kgo.Record, err error) {
@@ -455,6 +464,7 @@ func (w *TxnWriter) Commit(ctx context.Context, upTo checkpoint.ID) error {
 		if err := w.endTxn(ctx, s.handle, true); err != nil {
 			var le *LostTxnError
 			if errors.As(err, &le) {
+				w.lostTxns.Add(1)
 				w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
 					zap.String("txn", s.txnID), zap.Uint64("checkpoint", uint64(s.handle.Checkpoint)), zap.Error(le.Err))
 			}

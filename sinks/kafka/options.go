@@ -1,11 +1,14 @@
 package kafka
 
 import (
+	"context"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/kafkatxn"
 )
@@ -42,6 +45,26 @@ var (
 	ErrTxnLost = kafkatxn.ErrTxnLost
 )
 
+// CheckTransactionTimeout refuses a transaction timeout that a
+// pre-committed transaction could outlive under a job's checkpoint timing,
+// or that the brokers refuse; for a job submission path to refuse a job
+// before it starts (Open runs it too).
+func CheckTransactionTimeout(ctx context.Context, admin *kadm.Client, txnTimeout time.Duration, t checkpoint.Timing) error {
+	return kafkatxn.CheckTransactionTimeout(ctx, admin, txnTimeout, t)
+}
+
+// ValidateTimeouts is CheckTransactionTimeout for a job known only by its
+// checkpoint timeout and restart budget.
+func ValidateTimeouts(ctx context.Context, admin *kadm.Client, txnTimeout, checkpointTimeout, restartBudget time.Duration) error {
+	return kafkatxn.ValidateTimeouts(ctx, admin, txnTimeout, checkpointTimeout, restartBudget)
+}
+
+// BrokerMaxTransactionTimeout reads the smallest transaction.max.timeout.ms
+// of the brokers.
+func BrokerMaxTransactionTimeout(ctx context.Context, admin *kadm.Client) (time.Duration, error) {
+	return kafkatxn.BrokerMaxTransactionTimeout(ctx, admin)
+}
+
 // ParseGuarantee parses "exactly-once", "at-least-once" or "none".
 func ParseGuarantee(s string) (DeliveryGuarantee, error) { return kafkatxn.ParseGuarantee(s) }
 
@@ -58,9 +81,9 @@ func TransactionalIDPrefix(prefix string) Opt { return kafkatxn.TransactionalIDP
 func PoolSize(n int) Opt { return kafkatxn.PoolSize(n) }
 
 // TransactionTimeout sets the transaction timeout of the producers,
-// overriding 15 minutes. It must exceed the checkpoint timeout plus the
-// worst-case time to restart and recover, and must not exceed the brokers'
-// transaction.max.timeout.ms.
+// overriding 15 minutes. It must exceed the job's
+// checkpoint.Timing.MaxTransactionLifetime (checked in Open) and must not
+// exceed the brokers' transaction.max.timeout.ms.
 func TransactionTimeout(d time.Duration) Opt { return kafkatxn.TransactionTimeout(d) }
 
 // Guarantee sets the delivery guarantee, overriding ExactlyOnce.

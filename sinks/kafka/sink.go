@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -30,14 +31,13 @@ type sinkCfg struct {
 // instead of failing the job. Losing them loses records: opt in knowingly.
 func TolerateLostTransactions() SinkOpt { return func(c *sinkCfg) { c.tolerateLoss = true } }
 
-// CheckpointTimeouts tells an exactly-once sink the job's checkpoint timeout
-// and its restart budget (the worst-case time to notice a failure, restart
-// and recover), so that it refuses a transaction timeout that could expire
-// while a pre-committed transaction still waits for its commit: NewSink
-// fails unless the transaction timeout exceeds their sum, and every
-// subtask's Open runs ValidateTimeouts against the brokers. Without this
-// option Open only checks the transaction timeout against the brokers'
-// transaction.max.timeout.ms.
+// CheckpointTimeouts raises the checkpoint timeout and restart budget
+// (the worst-case time to notice a failure, restart and recover) that an
+// exactly-once sink assumes beyond what the executor reports
+// (runtime.OperatorContext.Checkpointing), e.g. for a cluster whose
+// failover takes longer. NewSink already fails unless the transaction
+// timeout exceeds their sum. Without it, Open checks against the
+// executor's checkpoint timing alone.
 func CheckpointTimeouts(checkpointTimeout, restartBudget time.Duration) SinkOpt {
 	return func(c *sinkCfg) { c.checkpointTimeout, c.restartBudget = checkpointTimeout, restartBudget }
 }
@@ -64,8 +64,10 @@ func CheckpointTimeouts(checkpointTimeout, restartBudget time.Duration) SinkOpt 
 // NewSink refuses (with an error wrapping ErrInvalidConfig) options that
 // cannot work, and, with CheckpointTimeouts, a transaction timeout not
 // longer than checkpoint timeout plus restart budget. Each subtask's Open
-// refuses a transaction timeout above the brokers'
-// transaction.max.timeout.ms, failing the job.
+// (exactly-once), before any record is read, refuses with an unrecoverable
+// error a transaction timeout that does not exceed the job's
+// checkpoint.Timing.MaxTransactionLifetime (kafkatxn.CheckTransactionTimeout)
+// or that exceeds the brokers' transaction.max.timeout.ms.
 func NewSink[T any](serialize func(T) (*kgo.Record, error), opts []Opt, sopts ...SinkOpt) (func() runtime.Sink[T], error) {
 	// Subtask and prefix are filled in per subtask; validate the rest now.
 	c, err := kafkatxn.Inspect(opts...)
@@ -111,10 +113,23 @@ type Sink[T any] struct {
 
 var unsafePrefix = regexp.MustCompile(`[^A-Za-z0-9._-]`)
 
-// Open implements runtime.Sink: it connects, checks the transaction
-// timeout against the brokers (exactly-once), commits the restored
-// checkpoint's transactions and aborts lingering ones (TxnWriter.Recover).
-func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
+// CommitRestored implements runtime.RestoreCommitter: before any subtask of
+// the job opens, subtask 0 commits every completed transaction of the sink
+// (the restored checkpoint's and those of newer checkpoints skipped as
+// corrupt, of every subtask) and the orphaned ones the runtime hands it, so
+// no subtask's recovery fences a transaction that must be committed.
+func (s *Sink[T]) CommitRestored(ctx context.Context, oc *runtime.OperatorContext) error {
+	if err := s.connect(ctx, oc); err != nil {
+		return err
+	}
+	return s.tolerate(s.w.CommitRestored(ctx, append(slices.Clone(oc.CommitHandles), oc.OrphanHandles...)))
+}
+
+// connect creates the subtask's writer once.
+func (s *Sink[T]) connect(ctx context.Context, oc *runtime.OperatorContext) error {
+	if s.w != nil {
+		return nil
+	}
 	s.log = oc.Logger
 	if s.log == nil {
 		s.log = zap.NewNop()
@@ -130,47 +145,96 @@ func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 	// The sink fires the failpoints itself (see NewSink), so that the
 	// runtime's Failpointer reaches them; the writer fires none.
 	opts = append(opts, kafkatxn.Subtask(oc.Subtask, oc.Parallelism), Failpoints(nil))
-	var err error
-	if s.w, err = kafkatxn.NewTxnWriter(ctx, opts...); err != nil {
+	w, err := kafkatxn.NewTxnWriter(ctx, opts...)
+	if errors.Is(err, ErrInvalidConfig) {
+		return runtime.Unrecoverable(err) // a restart cannot fix a configuration
+	}
+	if err != nil {
 		return err
 	}
-	if s.guarantee == ExactlyOnce {
-		if err := s.checkTimeouts(ctx); err != nil {
-			return runtime.Unrecoverable(err) // a restart cannot fix a configuration
-		}
-	}
-	if err := s.w.Recover(ctx, oc.CommitHandles); err != nil {
-		if errors.Is(err, ErrTxnLost) && s.sc.tolerateLoss {
-			s.log.Error("kafka sink: continuing after LOST transactions (TolerateLostTransactions)", zap.Error(err))
-			return nil
-		}
-		return err
-	}
+	s.w = w
 	return nil
 }
 
-// checkTimeouts refuses a transaction timeout the brokers would refuse or
-// that could expire before recovery. If the brokers' maximum cannot be read
-// (e.g. no DescribeConfigs permission), it logs a warning and lets the
-// brokers refuse a bad timeout at InitProducerID.
-func (s *Sink[T]) checkTimeouts(ctx context.Context) error {
-	adm := s.w.Admin()
-	if s.sc.checkpointTimeout > 0 {
-		err := kafkatxn.ValidateTimeouts(ctx, adm, s.txnTimeout, s.sc.checkpointTimeout, s.sc.restartBudget)
-		if err == nil || errors.Is(err, ErrInvalidConfig) {
-			return err
+// tolerate turns lost transactions into a logged error when the user opted
+// in (TolerateLostTransactions).
+func (s *Sink[T]) tolerate(err error) error {
+	if errors.Is(err, ErrTxnLost) && s.sc.tolerateLoss {
+		s.log.Error("kafka sink: continuing after LOST transactions (TolerateLostTransactions)", zap.Error(err))
+		return nil
+	}
+	return err
+}
+
+// Open implements runtime.Sink: it connects, checks the transaction
+// timeout against the brokers (exactly-once), commits the restored
+// checkpoint's transactions (those CommitRestored did not) and aborts
+// lingering ones (TxnWriter.Recover).
+func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
+	if err := s.connect(ctx, oc); err != nil {
+		return err
+	}
+	if s.guarantee == ExactlyOnce {
+		if err := s.checkTimeouts(ctx, oc.Checkpointing); err != nil {
+			return runtime.Unrecoverable(err) // a restart cannot fix a configuration
 		}
-		s.log.Warn("kafka sink: cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
+	}
+	return s.tolerate(s.w.Recover(ctx, oc.CommitHandles))
+}
+
+// checkTimeouts refuses a transaction timeout the brokers would refuse or
+// that a pre-committed transaction could outlive under the job's checkpoint
+// timing (kafkatxn.CheckTransactionTimeout). The CheckpointTimeouts option
+// can only raise the executor's figures. If the brokers' maximum cannot be
+// read (e.g. no DescribeConfigs permission), it logs a warning and lets the
+// brokers refuse a bad timeout at InitProducerID.
+func (s *Sink[T]) checkTimeouts(ctx context.Context, t checkpoint.Timing) error {
+	if s.sc.checkpointTimeout > 0 {
+		t.Timeout = max(t.Timeout, s.sc.checkpointTimeout)
+		t.RestartBudget = max(t.RestartBudget, s.sc.restartBudget)
+	}
+	err := kafkatxn.CheckTransactionTimeout(ctx, s.w.Admin(), s.txnTimeout, t)
+	if err == nil || errors.Is(err, ErrInvalidConfig) {
+		return err
+	}
+	s.log.Warn("kafka sink: cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
+	return nil
+}
+
+// LostTransactions counts this subtask's pre-committed transactions that
+// the broker could no longer commit (see TxnWriter.LostTransactions).
+func (s *Sink[T]) LostTransactions() int64 {
+	if s.w == nil {
+		return 0
+	}
+	return s.w.LostTransactions()
+}
+
+// NotifyJobCanceled implements checkpoint.CancelListener: the job ends for
+// good. The sink commits the transactions its last completed checkpoint
+// covers (their notification may have been lost) and aborts every later
+// pre-committed one, so a cancelled job leaves no transaction open to hold
+// back read_committed readers of the output until the transaction timeout.
+// (Close aborts the open one.)
+func (s *Sink[T]) NotifyJobCanceled(ctx context.Context, last checkpoint.ID) error {
+	if s.w == nil || s.guarantee != ExactlyOnce {
 		return nil
 	}
-	maxTimeout, err := kafkatxn.BrokerMaxTransactionTimeout(ctx, adm)
-	if err != nil {
-		s.log.Warn("kafka sink: cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
-		return nil
+	var errs []error
+	if last > 0 {
+		if err := s.w.Commit(ctx, last); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	if s.txnTimeout > maxTimeout {
-		return fmt.Errorf("%w: transaction timeout %v exceeds the brokers' transaction.max.timeout.ms (%v); lower it (TransactionTimeout) or raise the broker setting",
-			ErrInvalidConfig, s.txnTimeout, maxTimeout)
+	for _, h := range s.w.Pending() {
+		if h.Checkpoint > last {
+			if err := s.w.Abort(ctx, h.Checkpoint); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("kafka sink: cancel: %w", err)
 	}
 	return nil
 }
@@ -220,6 +284,11 @@ func (s *Sink[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.ID
 // checkpoint's transaction stays pending for the next completed checkpoint.
 func (s *Sink[T]) NotifyCheckpointAborted(context.Context, checkpoint.ID) error { return nil }
 
+// CarriesAbortedCheckpoints implements checkpoint.AbortCarrier: an aborted
+// checkpoint's transaction stays pending, is named by the next snapshot and
+// committed with the next completed checkpoint.
+func (s *Sink[T]) CarriesAbortedCheckpoints() {}
+
 // Close implements runtime.Sink. Exactly once, it aborts the open
 // transaction (records not yet pre-committed) and leaves pre-committed ones
 // for the next Recover. Otherwise it first waits, for at most
@@ -250,3 +319,5 @@ func (s *Sink[T]) inject(name string) error {
 	}
 	return s.fp.Inject(name)
 }
+
+var _ checkpoint.CancelListener = (*Sink[int])(nil)

@@ -2,15 +2,18 @@ package kafka
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -709,3 +712,166 @@ func TestSinkWithoutTransactions(t *testing.T) {
 		})
 	}
 }
+
+// TestSinkChecksTransactionTimeoutAgainstTheJobsCheckpointTiming: without
+// any sink option, a transaction timeout that a pre-committed transaction
+// could outlive under the executor's checkpoint configuration (interval,
+// timeout, tolerated failures, restart budget) fails the job at start with
+// a clear, unrecoverable error, before a record is written; one that
+// covers it runs.
+func TestSinkChecksTransactionTimeoutAgainstTheJobsCheckpointTiming(t *testing.T) {
+	env := kafkatest.New(t)
+	cases := []struct {
+		name   string
+		copts  []runtime.ClusterOpt
+		refuse bool
+	}{
+		// 4 x (1s + 30s) + 100ms + 30s = 154.1s > 2m
+		{"checkpoint timeout 30s", []runtime.ClusterOpt{runtime.CheckpointTimeout(30 * time.Second)}, true},
+		// 6 x (1s + 20s) + 100ms + 20s = 146.1s > 2m
+		{"checkpoint timeout 20s, 5 tolerated failures", []runtime.ClusterOpt{runtime.CheckpointTimeout(20 * time.Second), runtime.TolerableCheckpointFailures(5)}, true},
+		// 4 x (1s + 20s) + 100ms + 20s = 104.1s < 2m
+		{"checkpoint timeout 20s", []runtime.ClusterOpt{runtime.CheckpointTimeout(20 * time.Second)}, false},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			topic := fmt.Sprintf("timing-%d", i)
+			env.CreateTopic(t, topic, 1, nil)
+			const n = 50
+			job := numberedJob(t, topic, numberedItems(n), 0, 1, shapeDirect,
+				newNumberedSink(t, env.Addr, topic, TransactionTimeout(2*time.Minute)))
+			opts := append([]runtime.ClusterOpt{runtime.CheckpointInterval(time.Second)}, tc.copts...)
+			res, err := runtime.NewMiniCluster(opts...).Run(t.Context(), job)
+			recs := env.ReadCommitted(t, topic)
+			if !tc.refuse {
+				if err != nil {
+					t.Fatalf("Run = %v, want the job to run", err)
+				}
+				checkExactlyOnce(t, recs, n)
+				return
+			}
+			if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, runtime.ErrUnrecoverable) || !strings.Contains(err.Error(), "must exceed") {
+				t.Fatalf("Run = %v (%d records committed); want an unrecoverable ErrInvalidConfig about the transaction timeout", err, len(recs))
+			}
+			if res.Restarts != 0 || len(recs) != 0 {
+				t.Fatalf("%d restarts, %d records committed: want none", res.Restarts, len(recs))
+			}
+		})
+	}
+}
+
+// dropStateRecord deletes the state record of checkpoint id of job from the
+// store in dir (layout in checkpoint/store.go: "cp/<job>\x00<id>m"), which
+// makes the checkpoint unusable while its handles record stays readable:
+// the restore falls back to the checkpoint before and must commit this
+// one's transactions.
+func dropStateRecord(t *testing.T, dir, job string, id checkpoint.ID) {
+	t.Helper()
+	db, err := pebble.Open(dir, &pebble.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := binary.BigEndian.AppendUint64(append([]byte("cp/"+job), 0), uint64(id))
+	if err := errors.Join(db.Delete(append(key, 'm'), pebble.Sync), db.Close()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSinkFallsBackPastACorruptCheckpointTwice: the newest checkpoint's
+// state is unreadable, so the job restores the one before and must commit
+// the newest one's transactions (of both sink subtasks) before any subtask
+// fences its ids, and keep those ids reserved, so that a second failure
+// before any new checkpoint completes restores the same way again. The job
+// must finish, with every record committed (the fallback window may repeat
+// records, never lose them) and no transaction left open.
+func TestSinkFallsBackPastACorruptCheckpointTwice(t *testing.T) {
+	env := kafkatest.New(t)
+	const topic, job, n = "fallback", "fallback", 1600
+	env.CreateTopic(t, topic, 4, nil)
+	dir := t.TempDir()
+	items := numberedItems(n)
+	newJob := func() *runtime.Job {
+		j := runtime.NewJob(job, runtime.DefaultParallelism(2))
+		slice := runtime.SliceSource(items, 4)
+		s := runtime.FromSource(j, "numbers", func() runtime.Source[numbered] {
+			return pacedSource[numbered]{Source: slice(), pause: time.Millisecond}
+		})
+		// A shuffle, so each sink subtask gets records of both sources.
+		s = runtime.Rebalance(s)
+		runtime.SinkTo(s, "kafka", newNumberedSink(t, env.Addr, topic, TransactionalIDPrefix("fallback")))
+		return j
+	}
+
+	// Run 1: the coordinator dies right after persisting its 4th checkpoint.
+	store, err := checkpoint.OpenStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var persisted int
+	fp := &hookFailpoints{fn: func(name string) error {
+		if name == failpoint.JMAfterCheckpointPersisted {
+			if persisted++; persisted == 4 {
+				return errCrash
+			}
+		}
+		return nil
+	}}
+	if _, err := runtime.NewMiniCluster(runtime.CheckpointStore(store), runtime.CheckpointInterval(10*time.Millisecond),
+		runtime.Failpoints(fp), runtime.Restarts(0, 0)).Run(t.Context(), newJob()); !errors.Is(err, errCrash) {
+		t.Fatalf("first run: %v, want the injected crash", err)
+	}
+	newest, err := store.Latest(t.Context(), job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subtasks := map[string]bool{}
+	for _, h := range newest.Handles() {
+		subtasks[h.TransactionalID[:len("fallback-0")]] = true
+	}
+	if len(subtasks) != 2 {
+		t.Fatalf("the newest checkpoint's transactions %v are not of both sink subtasks: nothing to test", newest.Handles())
+	}
+	if err := store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dropStateRecord(t, dir, job, newest.ID)
+
+	// Run 2: falls back; its first attempt fails before any checkpoint
+	// completes (checkpoints every 2 minutes), so the second attempt falls back to
+	// the same checkpoint again.
+	store, err = checkpoint.OpenStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	var processed atomic.Int64
+	fp = &hookFailpoints{fn: func(name string) error {
+		if name == failpoint.TaskProcess && processed.Add(1) == 50 {
+			return errCrash
+		}
+		return nil
+	}}
+	res, err := runtime.NewMiniCluster(runtime.CheckpointStore(store), runtime.CheckpointInterval(2*time.Minute),
+		runtime.Failpoints(fp), runtime.Restarts(3, 10*time.Millisecond)).Run(t.Context(), newJob())
+	if err != nil {
+		t.Fatalf("second run: %v", err)
+	}
+	if res.Restarts != 1 {
+		t.Fatalf("second run restarted %d times, want 1 (the injected failure)", res.Restarts)
+	}
+	recs := env.ReadCommitted(t, topic)
+	seen := map[string]bool{}
+	for _, r := range recs {
+		seen[string(r.Key)+"/"+string(r.Value)] = true
+	}
+	for _, it := range items {
+		if k := fmt.Sprintf("%s/%d", it.Key, it.Seq); !seen[k] {
+			t.Fatalf("record %s lost (%d records committed)", k, len(recs))
+		}
+	}
+	requireNoOpenTxn(t, t.Context(), env.Admin(t), topic)
+}
+
+type hookFailpoints struct{ fn func(string) error }
+
+func (h *hookFailpoints) Inject(name string) error { return h.fn(name) }

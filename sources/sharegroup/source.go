@@ -157,6 +157,17 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	if s.txn, err = kafkatxn.NewTxnWriter(ctx, wopts...); err != nil {
 		return fmt.Errorf("sharegroup: %w", err)
 	}
+	if s.cfg.mode == Transactional {
+		// A marker transaction must outlive the job's worst checkpoint
+		// timing, or a completed checkpoint's acknowledgements are lost.
+		err := kafkatxn.CheckTransactionTimeout(sctx, s.txn.Admin(), s.cfg.txnTimeout, oc.Checkpointing)
+		switch {
+		case errors.Is(err, kafkatxn.ErrInvalidConfig):
+			return runtime.Unrecoverable(fmt.Errorf("sharegroup: ack-marker transactions: %w", err))
+		case err != nil:
+			s.log.Warn("cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
+		}
+	}
 	// Commit the restored checkpoint's marker transactions and abort
 	// anything later, before any lane polls: a redelivery must find the
 	// recovered markers committed. (Without transactions this only readies

@@ -1,0 +1,88 @@
+package wordcount_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/runtime"
+)
+
+// A job cancelled for good, mid-run, leaves no transaction open (sink
+// output, ack markers): read_committed readers of every topic see up to the
+// high watermark at once, not after the transaction timeout. A second run of
+// the job then completes the output exactly once.
+func TestCancelledWordcountLeavesNoOpenTransaction(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "lines", 4, nil)
+	lines := corpus(20000)
+	produce(t, env, "lines", lines)
+	reg := runtime.NewRegistry()
+	if err := wordcount.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	build := func() *runtime.Job {
+		job, err := reg.Build("wordcount", map[string]string{"brokers": env.Addr, "parallelism": "2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return job
+	}
+
+	// First run: cancel once some output is committed, before all of it.
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(50*time.Millisecond)).Run(ctx, build())
+		done <- err
+	}()
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		recs, err := kafkatest.ReadCommitted(t.Context(), []string{env.Addr}, "counts")
+		if err == nil && len(recs) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no output committed within 60s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("a cancelled run reported success")
+	}
+
+	adm := kadm.NewClient(env.Client(t))
+	txns, err := adm.ListTransactions(t.Context(), nil, []string{"Ongoing", "PrepareCommit", "PrepareAbort"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if open := txns.TransactionalIDs(); len(open) > 0 {
+		t.Fatalf("transactions still open after the cancel: %v", open)
+	}
+	for _, topic := range []string{"counts", "__weir-acklog-wordcount"} {
+		ends, err := adm.ListEndOffsets(t.Context(), topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stable, err := adm.ListCommittedOffsets(t.Context(), topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ends.Each(func(o kadm.ListedOffset) {
+			if s, ok := stable.Lookup(topic, o.Partition); !ok || s.Offset != o.Offset {
+				t.Errorf("%s[%d]: last stable offset %d < high watermark %d: a transaction is still open", topic, o.Partition, s.Offset, o.Offset)
+			}
+		})
+	}
+
+	// Second run: the rest, exactly once overall.
+	want := wordcount.Expected(lines)
+	runUntil(t, env, build(), want, nil, runtime.CheckpointInterval(50*time.Millisecond))
+	if rep := wordcount.Check(env.ReadCommitted(t, "counts"), want); !rep.OK() {
+		t.Fatal(rep)
+	}
+}
