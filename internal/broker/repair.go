@@ -708,8 +708,16 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
 	return out, nil
 }
 
+// LostStateCoordinatorEpoch is the coordinator epoch of the abort markers
+// written for transactions whose state a crash lost. No Kafka coordinator
+// writes a negative epoch, so a client can tell these aborts from any other
+// (internal/kafkatxn's broker-lost-transaction recovery keys on it and
+// defines the same value).
+const LostStateCoordinatorEpoch int32 = -0x5745
+
 // writeMarkers writes an abort (or commit) marker for each transaction on
-// each of its partitions with WriteTxnMarkers.
+// each of its partitions with WriteTxnMarkers, naming the lost state in the
+// marker's coordinator epoch.
 func writeMarkers(ctx context.Context, cl *kgo.Client, txns []OrphanTxn, commit bool) error {
 	if len(txns) == 0 {
 		return nil
@@ -718,6 +726,7 @@ func writeMarkers(ctx context.Context, cl *kgo.Client, txns []OrphanTxn, commit 
 	for _, o := range txns {
 		m := kmsg.NewWriteTxnMarkersRequestMarker()
 		m.ProducerID, m.ProducerEpoch, m.Committed = o.ProducerID, o.Epoch, commit
+		m.CoordinatorEpoch = LostStateCoordinatorEpoch
 		for _, t := range slices.Sorted(maps.Keys(o.FirstOffsets)) {
 			mt := kmsg.NewWriteTxnMarkersRequestMarkerTopic()
 			mt.Topic = t

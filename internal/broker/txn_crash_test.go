@@ -10,8 +10,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/broker/brokerproc"
 	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/internal/kafkatxn"
 )
 
 func txnClient(t *testing.T, addr, txnID string, timeout time.Duration) *kgo.Client {
@@ -96,4 +98,11 @@ func TestOrphanedTransactionIsReportedAndAborted(t *testing.T) {
 		t.Fatal(err)
 	}
 	readCommittedIs(t, p.Addr, "plain", "after a crash")
+}
+
+func TestLostStateCoordinatorEpochMatchesKafkatxn(t *testing.T) {
+	if broker.LostStateCoordinatorEpoch != kafkatxn.LostStateCoordinatorEpoch {
+		t.Fatalf("broker writes lost-state markers with coordinator epoch %d, kafkatxn looks for %d",
+			broker.LostStateCoordinatorEpoch, kafkatxn.LostStateCoordinatorEpoch)
+	}
 }

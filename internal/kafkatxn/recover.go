@@ -90,6 +90,7 @@ func (w *TxnWriter) Recover(ctx context.Context, handles []checkpoint.TxnHandle)
 		err := w.endTxn(ctx, h, true)
 		var le *LostTxnError
 		switch {
+		case errors.As(err, &le) && w.recoverLostState(ctx, h):
 		case errors.As(err, &le):
 			w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
 				zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
@@ -131,6 +132,24 @@ func (w *TxnWriter) Recover(ctx context.Context, handles []checkpoint.TxnHandle)
 	w.lastPrecommit = max(w.lastPrecommit, maxCkpt)
 	w.recovered = true
 	return errors.Join(lost...)
+}
+
+// recoverLostState runs the broker-lost-transaction recovery path
+// (markers.go) for a handle EndTxn could not commit, and reports whether it
+// re-committed the transaction (or an earlier recovery had).
+func (w *TxnWriter) recoverLostState(ctx context.Context, h checkpoint.TxnHandle) bool {
+	n, err := w.recommitLost(ctx, h)
+	if err != nil {
+		if !errors.Is(err, errNotLostState) {
+			w.cfg.logger.Error("kafkatxn: broker-lost-transaction recovery failed", zap.String("txn", h.TransactionalID), zap.Error(err))
+		}
+		return false
+	}
+	w.cfg.logger.Warn("kafkatxn: the broker lost the state of a pre-committed transaction (embedded broker crash); "+
+		"re-committed its records in a new transaction (broker-lost-transaction recovery path)",
+		zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
+		zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Int("records", n))
+	return true
 }
 
 // endTxn commits or aborts the transaction of h (EndTxn) on the writer's
