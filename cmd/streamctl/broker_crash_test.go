@@ -82,7 +82,7 @@ func (b *crashingBroker) stderr() string {
 // crash made impossible to commit must fail the job with ErrTxnLost naming
 // it, never leave a silent gap.
 func TestExactlyOnceWordcountSurvivesBrokerCrashes(t *testing.T) {
-	for _, seed := range []uint64{1} {
+	for _, seed := range []uint64{1, 2, 3} {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { crashRun(t, seed) })
 	}
 }
@@ -171,7 +171,7 @@ func crashRun(t *testing.T, seed uint64) {
 	}()
 
 	// Random crashes, plus the checkpoint one, while input arrives.
-	const randomCrashes = 1
+	const randomCrashes = 4
 	for i := 0; i < randomCrashes; i++ {
 		select {
 		case d := <-crashes:

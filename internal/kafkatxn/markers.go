@@ -68,7 +68,7 @@ func (w *TxnWriter) recommitLost(ctx context.Context, h checkpoint.TxnHandle) (i
 	}
 	tag := strconv.FormatInt(h.ProducerID, 10) + "/" + strconv.Itoa(int(h.Epoch))
 	var copies []*kgo.Record
-	for _, p := range h.Partitions {
+	for _, p := range h.Partitions { // partitions the commit reached before a crash need nothing
 		recs, done, err := w.scanLost(ctx, h, p, tag)
 		if err != nil {
 			return 0, err
@@ -79,6 +79,9 @@ func (w *TxnWriter) recommitLost(ctx context.Context, h checkpoint.TxnHandle) (i
 			return 0, nil
 		}
 		copies = append(copies, recs...)
+	}
+	if len(copies) == 0 {
+		return 0, nil // committed everywhere after all
 	}
 	opts := append(append([]kgo.Opt(nil), w.cfg.clientOpts...),
 		kgo.DisableClientMetrics(),
@@ -142,12 +145,13 @@ func (w *TxnWriter) scanLost(ctx context.Context, h checkpoint.TxnHandle, p chec
 	defer cons.Close()
 
 	var (
-		marked   bool               // our transaction's lost-state abort marker seen
-		tagged   = map[int64]bool{} // producers with tagged copies after it
-		pos      = p.FirstOffset
-		endedErr error
+		marked    bool               // our transaction's lost-state abort marker seen
+		committed bool               // our transaction's commit marker seen
+		tagged    = map[int64]bool{} // producers with tagged copies after it
+		pos       = p.FirstOffset
+		endedErr  error
 	)
-	for pos < end.Offset && endedErr == nil && !done {
+	for pos < end.Offset && endedErr == nil && !done && !committed {
 		fs := cons.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
 			return nil, false, fmt.Errorf("kafkatxn: re-commit %s: read %s/%d: %w", h.TransactionalID, p.Topic, p.Partition, err)
@@ -156,7 +160,7 @@ func (w *TxnWriter) scanLost(ctx context.Context, h checkpoint.TxnHandle, p chec
 			return nil, false, fmt.Errorf("kafkatxn: re-commit %s: read %s/%d: %w", h.TransactionalID, p.Topic, p.Partition, fe.Err)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			if r.Offset < pos || endedErr != nil || done {
+			if r.Offset < pos || endedErr != nil || done || committed {
 				return
 			}
 			pos = r.Offset + 1
@@ -168,7 +172,10 @@ func (w *TxnWriter) scanLost(ctx context.Context, h checkpoint.TxnHandle, p chec
 				case err != nil:
 					endedErr = err
 				case commit:
-					endedErr = fmt.Errorf("%w: it was committed on %s/%d", errNotLostState, p.Topic, p.Partition)
+					// A crash in the middle of EndTxn: the commit marker
+					// reached this partition, not all of them. Nothing to
+					// copy here.
+					committed = true
 				case coordEpoch != LostStateCoordinatorEpoch:
 					endedErr = fmt.Errorf("%w: aborted by its coordinator (epoch %d) on %s/%d", errNotLostState, coordEpoch, p.Topic, p.Partition)
 				default:
@@ -195,6 +202,9 @@ func (w *TxnWriter) scanLost(ctx context.Context, h checkpoint.TxnHandle, p chec
 	}
 	if endedErr != nil {
 		return nil, false, endedErr
+	}
+	if committed {
+		return nil, false, nil
 	}
 	if !marked {
 		return nil, false, fmt.Errorf("%w: no marker for producer %d on %s/%d", errNotLostState, h.ProducerID, p.Topic, p.Partition)

@@ -137,10 +137,28 @@ func (w *TxnWriter) Recover(ctx context.Context, handles []checkpoint.TxnHandle)
 // recoverLostState runs the broker-lost-transaction recovery path
 // (markers.go) for a handle EndTxn could not commit, and reports whether it
 // re-committed the transaction (or an earlier recovery had).
+//
+// Only the subtask that owns the handle's transactional id re-commits it
+// (every subtask recovers the union of the handles, and two re-commits of
+// one transaction would race and could both commit); the others leave it to
+// the owner, which fails the job if it cannot.
 func (w *TxnWriter) recoverLostState(ctx context.Context, h checkpoint.TxnHandle) bool {
+	if w.cfg.prefix == "" {
+		return false
+	}
+	if !w.owns(h.TransactionalID) {
+		if _, _, ok := parseTransactionalID(w.cfg.prefix, h.TransactionalID); ok {
+			w.cfg.logger.Debug("kafkatxn: transaction not committable here; its owner subtask recovers it",
+				zap.String("txn", h.TransactionalID))
+			return true
+		}
+		return false
+	}
 	n, err := w.recommitLost(ctx, h)
 	if err != nil {
-		if !errors.Is(err, errNotLostState) {
+		if errors.Is(err, errNotLostState) {
+			w.cfg.logger.Info("kafkatxn: broker-lost-transaction recovery does not apply", zap.String("txn", h.TransactionalID), zap.Error(err))
+		} else {
 			w.cfg.logger.Error("kafkatxn: broker-lost-transaction recovery failed", zap.String("txn", h.TransactionalID), zap.Error(err))
 		}
 		return false
