@@ -150,7 +150,7 @@ type brokerProc struct {
 	cmd    *exec.Cmd
 	addr   string
 	stdout *bytes.Buffer // stdout after the listening line
-	stderr *bytes.Buffer
+	stderr *syncBuffer // written by the process while tests read it
 	done   chan struct{} // closed when the process has exited and output is drained
 }
 
@@ -163,7 +163,7 @@ func startBroker(t *testing.T, args ...string) *brokerProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &brokerProc{cmd: cmd, stdout: new(bytes.Buffer), stderr: new(bytes.Buffer), done: make(chan struct{})}
+	p := &brokerProc{cmd: cmd, stdout: new(bytes.Buffer), stderr: new(syncBuffer), done: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

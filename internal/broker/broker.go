@@ -7,9 +7,17 @@
 // internal/kafkatest) all start it through Start, so they share one set of
 // defaults and one set of startup checks.
 //
+// With a data dir it also owns the repairs that make a crash survivable
+// (journal.go, repair.go): it journals what kfake writes only at a clean
+// stop, and after an unclean stop it rebuilds that state through the Kafka
+// protocol, on an internal loopback listener, before clients are let in.
+//
 // It must not contain anything a production deployment depends on: it is a
 // development and test broker. It must not import any other Weir package, and
-// nothing in it may assume a client: clients reach it over the network only.
+// nothing in it may assume a client: clients reach it over the network only
+// (its own repair client included). It must not copy or fork kfake: it uses
+// kfake's public API (options, control hooks, CreateTopic, SetGroupConfigs)
+// and the Kafka protocol only.
 package broker
 
 import (
