@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -77,7 +78,8 @@ func (b *crashingBroker) stderr() string {
 // TestExactlyOnceWordcountSurvivesBrokerCrashes runs the exactly-once
 // wordcount on the in-process runtime against `streamctl broker --data-dir`
 // as a process, with input arriving throughout, SIGKILLs the broker at random
-// moments and once during a checkpoint (after the sink pre-committed), and
+// moments and inside checkpoints (after a sink pre-committed; after the job
+// manager persisted a completed checkpoint, before any commit), and
 // restarts it on the same dir each time. The committed output must then
 // count every word of the input 1..n, record by record; a transaction the
 // crash made impossible to commit must fail the job with ErrTxnLost naming
@@ -142,14 +144,24 @@ func crashRun(t *testing.T, seed uint64) {
 		}
 	}()
 
-	// One crash lands during a checkpoint: right after a sink pre-committed
-	// its transaction, before it acknowledged the barrier.
-	var checkpointCrash sync.Once
-	crashes := make(chan time.Duration, 16)
-	fp := failpoint.New(failpoint.WithHook(failpoint.SinkAfterPrecommit, func() error {
-		checkpointCrash.Do(func() { crashes <- 300 * time.Millisecond })
-		return nil
-	}))
+	// Two crashes land in a checkpoint: after a sink pre-committed its
+	// transaction (before it acknowledged the barrier), and after the job
+	// manager persisted a completed checkpoint (before any commit), each at
+	// a random checkpoint.
+	crashes := make(chan string, 2)
+	atHit := func(name string, n int64) func() error {
+		var hits atomic.Int64
+		return func() error {
+			if hits.Add(1) == n {
+				crashes <- name
+			}
+			return nil
+		}
+	}
+	fp := failpoint.New(
+		failpoint.WithHook(failpoint.SinkAfterPrecommit, atHit(failpoint.SinkAfterPrecommit, 2+rng.Int64N(10))),
+		failpoint.WithHook(failpoint.JMAfterCheckpointPersisted, atHit(failpoint.JMAfterCheckpointPersisted, 15+rng.Int64N(10))),
+	)
 	job, err := wordcount.Build(runtime.Params{"brokers": b.addr, "input": "lines", "output": "counts",
 		"group": "wc", "guarantee": "exactly-once", "parallelism": "2"})
 	if err != nil {
@@ -171,13 +183,12 @@ func crashRun(t *testing.T, seed uint64) {
 		jobDone <- err
 	}()
 
-	// Random crashes, plus the checkpoint one, while input arrives.
-	const randomCrashes = 4
-	for i := 0; i < randomCrashes; i++ {
+	// Random crashes, plus the checkpoint ones, while input arrives.
+	for i := 0; i < 5; i++ {
 		select {
-		case d := <-crashes:
-			b.crash(d)
-			t.Logf("crashed the broker during a checkpoint")
+		case at := <-crashes:
+			b.crash(time.Duration(rng.IntN(300)) * time.Millisecond)
+			t.Logf("crashed the broker at %s", at)
 		case <-time.After(time.Duration(1500+rng.IntN(2500)) * time.Millisecond):
 			b.crash(time.Duration(rng.IntN(500)) * time.Millisecond)
 			t.Logf("crashed the broker at a random moment")

@@ -150,7 +150,7 @@ type brokerProc struct {
 	cmd    *exec.Cmd
 	addr   string
 	stdout *bytes.Buffer // stdout after the listening line
-	stderr *syncBuffer // written by the process while tests read it
+	stderr *syncBuffer   // written by the process while tests read it
 	done   chan struct{} // closed when the process has exited and output is drained
 }
 
