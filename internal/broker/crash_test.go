@@ -2,7 +2,11 @@ package broker_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +24,11 @@ import (
 // SIGKILLs it and starts a new broker process on the same dir and address.
 func crashed(t *testing.T, before func(addr string), configs ...string) *brokerproc.Proc {
 	t.Helper()
-	dir := t.TempDir()
+	return crashedOn(t, t.TempDir(), before, configs...)
+}
+
+func crashedOn(t *testing.T, dir string, before func(addr string), configs ...string) *brokerproc.Proc {
+	t.Helper()
 	p := brokerproc.Start(t, dir, "127.0.0.1:0", configs...)
 	before(p.Addr)
 	p.Kill(t)
@@ -132,7 +140,9 @@ func TestShareGroupRedeliversEveryUnacknowledgedRecordAfterACrash(t *testing.T) 
 	accepted := map[offsetKey]bool{}
 	all := map[offsetKey]bool{}
 	const n = 200
-	p := crashed(t, func(addr string) {
+	var journaled map[int32]int64
+	dir := t.TempDir()
+	p := crashedOn(t, dir, func(addr string) {
 		if _, err := kadm.NewClient(client(t, addr)).CreateTopic(ctx, 2, 1, nil, "in"); err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +172,7 @@ func TestShareGroupRedeliversEveryUnacknowledgedRecordAfterACrash(t *testing.T) 
 		}
 		// Hold one more batch, acquired and unacknowledged, at the crash.
 		cons.PollRecords(ctx, 40)
-		time.Sleep(time.Second) // let the broker's share-state journal catch up (not needed for correctness)
+		journaled = waitJournaled(t, dir, addr, "g", "in")
 	})
 
 	cons := client(t, p.Addr, kgo.ShareGroup("g"), kgo.ConsumeTopics("in"),
@@ -187,6 +197,10 @@ func TestShareGroupRedeliversEveryUnacknowledgedRecordAfterACrash(t *testing.T) 
 			// processed before the crash (acquired, its output committed,
 			// its ACCEPT lost): it must come back as a redelivery, which
 			// the source looks up in its ack-log before processing.
+			if r.Offset < journaled[r.Partition] {
+				t.Errorf("record %d/%d redelivered after the crash, below the journaled start offset %d: "+
+					"the share state went back further than the journal", k.p, k.o, journaled[r.Partition])
+			}
 			if r.DeliveryCount() < 2 {
 				t.Errorf("record %d/%d (accepted before the crash: %v) delivered after the crash with delivery count %d, want > 1",
 					k.p, k.o, accepted[k], r.DeliveryCount())
@@ -208,5 +222,38 @@ func TestShareGroupRedeliversEveryUnacknowledgedRecordAfterACrash(t *testing.T) 
 	if m := missing(); m > 0 {
 		t.Fatalf("after a crash, %d of %d unacknowledged records were never redelivered (accepted before: %d, seen after: %d)",
 			m, n-len(accepted), len(accepted), len(seen))
+	}
+}
+
+// waitJournaled waits until the broker's journal in dir (README: "After a
+// crash") holds the share start offsets the broker reports for group's
+// topic, and returns them.
+func waitJournaled(t *testing.T, dir, addr, group, topic string) map[int32]int64 {
+	t.Helper()
+	ctx := ctxT(t)
+	adm := kadm.NewClient(client(t, addr))
+	for {
+		d, err := adm.DescribeShareGroupOffsets(ctx, group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[int32]int64{}
+		for p, o := range d[group].Offsets[topic] {
+			want[p] = o.StartOffset
+		}
+		var j struct {
+			ShareStart map[string]map[string]map[int32]int64 `json:"share_start"`
+		}
+		if raw, err := os.ReadFile(filepath.Join(dir, "weir-broker-journal.json")); err == nil {
+			_ = json.Unmarshal(raw, &j)
+		}
+		if len(want) > 0 && maps.Equal(j.ShareStart[group][topic], want) {
+			return want
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("journal never caught up with share start offsets %v (journal: %v)", want, j.ShareStart)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
