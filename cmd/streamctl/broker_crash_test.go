@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,12 +23,6 @@ import (
 	"github.com/weirstream/weir/internal/kafkatxn"
 	"github.com/weirstream/weir/runtime"
 )
-
-// kill SIGKILLs the broker process and waits for it to be gone.
-func (p *brokerProc) kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
-}
 
 // crashingBroker is a `streamctl broker --data-dir` process that the test
 // SIGKILLs and restarts on the same dir and address.
@@ -61,9 +54,9 @@ func (b *crashingBroker) crash(down time.Duration) {
 	p := b.cur
 	b.kills++
 	b.mu.Unlock()
-	p.kill()
+	p.Kill(b.t)
 	b.mu.Lock()
-	b.stderrs = append(b.stderrs, p.stderr.String())
+	b.stderrs = append(b.stderrs, p.Stderr())
 	b.mu.Unlock()
 	time.Sleep(down)
 	b.start()
@@ -72,7 +65,7 @@ func (b *crashingBroker) crash(down time.Duration) {
 func (b *crashingBroker) stderr() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return strings.Join(b.stderrs, "\n----\n") + "\n----\n" + b.cur.stderr.String()
+	return strings.Join(b.stderrs, "\n----\n") + "\n----\n" + b.cur.Stderr()
 }
 
 // TestExactlyOnceWordcountSurvivesBrokerCrashes runs the exactly-once
@@ -274,8 +267,8 @@ func TestBrokerWarnsAfterAnUncleanStopAndKeepsServing(t *testing.T) {
 	if err := cl.ProduceSync(ctx, kgo.StringRecord("before")).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(b.cur.stderr.String(), "did not stop cleanly") {
-		t.Fatalf("a fresh data dir was reported as uncleanly stopped:\n%s", b.cur.stderr.String())
+	if strings.Contains(b.cur.Stderr(), "did not stop cleanly") {
+		t.Fatalf("a fresh data dir was reported as uncleanly stopped:\n%s", b.cur.Stderr())
 	}
 	b.crash(0)
 	if err := cl.ProduceSync(ctx, kgo.StringRecord("after")).FirstErr(); err != nil {
@@ -288,14 +281,14 @@ func TestBrokerWarnsAfterAnUncleanStopAndKeepsServing(t *testing.T) {
 	if len(recs) != 2 {
 		t.Fatalf("auto-created topic after a crash holds %d records, want 2", len(recs))
 	}
-	stderr := b.cur.stderr.String()
+	stderr := b.cur.Stderr()
 	if !regexp.MustCompile(`WARN\s+embedded broker: the previous run on this data dir did not stop cleanly`).MatchString(stderr) {
 		t.Fatalf("no WARN about the unclean stop; stderr:\n%s", stderr)
 	}
 	// A clean stop then a start is clean again.
 	b.cur.stop(t)
 	b.start()
-	if strings.Contains(b.cur.stderr.String(), "did not stop cleanly") {
+	if strings.Contains(b.cur.Stderr(), "did not stop cleanly") {
 		t.Fatalf("a start after a clean stop was reported as unclean")
 	}
 }
@@ -314,11 +307,6 @@ func (b *syncBuffer) Write(p []byte) (int, error) {
 
 func (b *syncBuffer) Sync() error { return nil }
 
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // tail returns the last n lines.
 func (b *syncBuffer) tail(n int) string {

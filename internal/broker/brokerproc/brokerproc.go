@@ -87,28 +87,34 @@ type Proc struct {
 	Addr string
 
 	cmd    *exec.Cmd
-	done   chan struct{}
+	done   chan struct{} // closed when the process exited and its output is drained
 	mu     sync.Mutex
+	stdout bytes.Buffer // after the listening line
 	stderr bytes.Buffer
 }
 
-// Start runs a broker on dir in a child process, listening on listen
-// ("127.0.0.1:0" for a free port; pass a previous Proc's Addr to restart on
-// the same address), with the given broker configs (key=value). It returns
-// once the broker accepts connections. The process is killed at cleanup.
+// Start runs a broker on dir in a child process (this test binary),
+// listening on listen ("127.0.0.1:0" for a free port; pass a previous Proc's
+// Addr to restart on the same address), with the given broker configs
+// (key=value). It returns once the broker accepts connections. The process
+// is killed at cleanup.
 func Start(t testing.TB, dir, listen string, configs ...string) *Proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envDir+"="+dir, envListen+"="+listen)
 	if len(configs) > 0 {
-		var b bytes.Buffer
-		for _, kv := range configs {
-			b.WriteString(kv + ";")
-		}
-		cmd.Env = append(cmd.Env, envConfig+"="+b.String())
+		cmd.Env = append(cmd.Env, envConfig+"="+strings.Join(configs, ";"))
 	}
+	return Run(t, cmd)
+}
+
+// Run starts cmd, a broker process that prints "broker listening on
+// HOST:PORT" as its first stdout line (Start's child, or `streamctl
+// broker`), and waits for that line. The process is killed at cleanup.
+func Run(t testing.TB, cmd *exec.Cmd) *Proc {
+	t.Helper()
 	p := &Proc{cmd: cmd, done: make(chan struct{})}
-	cmd.Stderr = &lockedWriter{p: p}
+	cmd.Stderr = &lockedWriter{mu: &p.mu, b: &p.stderr}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +128,7 @@ func Start(t testing.TB, dir, listen string, configs ...string) *Proc {
 		r := bufio.NewReader(stdout)
 		l, _ := r.ReadString('\n')
 		line <- l
-		_, _ = io.Copy(io.Discard, r)
+		_, _ = io.Copy(&lockedWriter{mu: &p.mu, b: &p.stdout}, r)
 		_ = cmd.Wait()
 	}()
 	t.Cleanup(func() {
@@ -134,7 +140,7 @@ func Start(t testing.TB, dir, listen string, configs ...string) *Proc {
 		m := regexp.MustCompile(`^broker listening on (\S+)\n$`).FindStringSubmatch(l)
 		if m == nil {
 			<-p.done
-			t.Fatalf("broker process did not start (stdout %q); stderr:\n%s", l, p.Stderr())
+			t.Fatalf("first stdout line = %q, want \"broker listening on HOST:PORT\"; stderr:\n%s", l, p.Stderr())
 		}
 		p.Addr = m[1]
 	case <-time.After(60 * time.Second):
@@ -171,10 +177,20 @@ func (p *Proc) Stderr() string {
 	return p.stderr.String()
 }
 
-type lockedWriter struct{ p *Proc }
+// Stdout returns what the process wrote to stdout after its listening line.
+func (p *Proc) Stdout() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stdout.String()
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
 
 func (w *lockedWriter) Write(b []byte) (int, error) {
-	w.p.mu.Lock()
-	defer w.p.mu.Unlock()
-	return w.p.stderr.Write(b)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(b)
 }
