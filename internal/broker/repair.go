@@ -455,8 +455,10 @@ func (r *repairer) redeliverOnce(ctx context.Context, group string, topics []str
 		if n > 0 || time.Now().After(deadline) {
 			break
 		}
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
-			return 0, err
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	defer func() {
@@ -749,15 +751,4 @@ func writeMarkers(ctx context.Context, cl *kgo.Client, txns []OrphanTxn, commit 
 		}
 	}
 	return nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/internal/broker/brokerproc"
@@ -19,24 +20,8 @@ import (
 func TestRecoverRecommitsATransactionTheBrokerLostInACrash(t *testing.T) {
 	ctx := testCtx(t)
 	dir := t.TempDir()
-	p := brokerproc.Start(t, dir, "127.0.0.1:0")
-	addrs := []string{p.Addr}
-	if _, err := kadm.NewClient(newClient(t, addrs)).CreateTopic(ctx, testPartitions, 1, nil, testTopic); err != nil {
-		t.Fatal(err)
-	}
-	w1 := newWriter(t, ctx, addrs)
-	if err := w1.Recover(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	for i, v := range []string{"a", "b", "c", "d"} {
-		if err := w1.Write(ctx, rec(int32(i%2), v)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	h, ok, err := w1.PreCommit(ctx, 1)
-	if err != nil || !ok {
-		t.Fatalf("PreCommit = %v, %v", ok, err)
-	}
+	p, addrs := processBroker(t, dir)
+	w1, h := precommitted(t, addrs, rec(0, "a"), rec(1, "b"), rec(0, "c"), rec(1, "d"))
 	if len(h.Partitions) != 2 || h.Partitions[0].Partition != 0 || h.Partitions[1].Partition != 1 {
 		t.Fatalf("handle partitions = %+v, want partitions 0 and 1 of %s", h.Partitions, testTopic)
 	}
@@ -63,22 +48,8 @@ func TestRecoverRecommitsATransactionTheBrokerLostInACrash(t *testing.T) {
 // loss and copies nothing.
 func TestRecoverDoesNotRecommitATransactionItsBrokerAborted(t *testing.T) {
 	ctx := testCtx(t)
-	p := brokerproc.Start(t, t.TempDir(), "127.0.0.1:0")
-	addrs := []string{p.Addr}
-	if _, err := kadm.NewClient(newClient(t, addrs)).CreateTopic(ctx, testPartitions, 1, nil, testTopic); err != nil {
-		t.Fatal(err)
-	}
-	w1 := newWriter(t, ctx, addrs)
-	if err := w1.Recover(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := w1.Write(ctx, rec(0, "x")); err != nil {
-		t.Fatal(err)
-	}
-	h, _, err := w1.PreCommit(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, addrs := processBroker(t, t.TempDir())
+	w1, h := precommitted(t, addrs, rec(0, "x"))
 	if err := w1.Abort(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -91,4 +62,36 @@ func TestRecoverDoesNotRecommitATransactionItsBrokerAborted(t *testing.T) {
 	if got := readCommitted(t, ctx, addrs); len(got[0]) != 0 {
 		t.Fatalf("an aborted transaction was re-committed:%s", fmtParts(got))
 	}
+}
+
+// processBroker starts a broker process on dir with the test topic.
+func processBroker(t *testing.T, dir string) (*brokerproc.Proc, []string) {
+	t.Helper()
+	p := brokerproc.Start(t, dir, "127.0.0.1:0")
+	addrs := []string{p.Addr}
+	if _, err := kadm.NewClient(newClient(t, addrs)).CreateTopic(testCtx(t), testPartitions, 1, nil, testTopic); err != nil {
+		t.Fatal(err)
+	}
+	return p, addrs
+}
+
+// precommitted writes recs in one transaction of a fresh writer and
+// pre-commits it as checkpoint 1.
+func precommitted(t *testing.T, addrs []string, recs ...*kgo.Record) (*TxnWriter, checkpoint.TxnHandle) {
+	t.Helper()
+	ctx := testCtx(t)
+	w := newWriter(t, ctx, addrs)
+	if err := w.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if err := w.Write(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, ok, err := w.PreCommit(ctx, 1)
+	if err != nil || !ok {
+		t.Fatalf("PreCommit = %v, %v", ok, err)
+	}
+	return w, h
 }
