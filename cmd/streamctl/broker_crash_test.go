@@ -307,7 +307,6 @@ func (b *syncBuffer) Write(p []byte) (int, error) {
 
 func (b *syncBuffer) Sync() error { return nil }
 
-
 // tail returns the last n lines.
 func (b *syncBuffer) tail(n int) string {
 	b.mu.Lock()
