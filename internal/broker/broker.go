@@ -8,9 +8,10 @@
 // defaults and one set of startup checks.
 //
 // With a data dir it also owns the repairs that make a crash survivable
-// (journal.go, repair.go): it journals what kfake writes only at a clean
-// stop, and after an unclean stop it rebuilds that state through the Kafka
-// protocol, on an internal loopback listener, before clients are let in.
+// (journal.go, repair.go, share.go, orphans.go): it journals what kfake
+// writes only at a clean stop, and after an unclean stop it rebuilds that
+// state through the Kafka protocol, on an internal loopback listener, before
+// clients are let in.
 //
 // It must not contain anything a production deployment depends on: it is a
 // development and test broker. It must not import any other Weir package, and
@@ -292,6 +293,7 @@ func (b *Broker) startRepairs(ctx context.Context, gate *gatedListener, c *cfg, 
 // repairCrash repairs what a crash of the previous broker on the dir lost,
 // and logs it at WARN.
 func (b *Broker) repairCrash(ctx context.Context, r *repairer, c *cfg, rep *Repair) error {
+	began := time.Now()
 	orphans, err := findOrphans(ctx, r.cl)
 	if err != nil {
 		return err
@@ -315,6 +317,7 @@ func (b *Broker) repairCrash(ctx context.Context, r *repairer, c *cfg, rep *Repa
 		zap.Int64("share_records_redelivered", rep.ShareRecordsRedelivered),
 		zap.Strings("open_transactions_aborted", txns),
 		zap.String("topics", "auto-created topics are persisted as they are created; records are kept per batch"),
+		zap.Duration("took", time.Since(began)),
 	)
 	return nil
 }
