@@ -60,7 +60,10 @@ import (
 //     or aborted is lost: Recover logs it at error level and returns an
 //     error wrapping ErrTxnLost (a *LostTxnError per handle) once it has
 //     done everything else; the caller fails the job unless the user opted
-//     out, in which case the writer is usable.
+//     out, in which case the writer is usable. Except when the embedded
+//     broker lost the transaction in a crash (every partition of the handle
+//     ends it with a lost-state abort marker): then the subtask owning the
+//     id re-commits its records in a new transaction (markers.go).
 //  2. It aborts lingering transactions of this subtask's ids
 //     ("<prefix>-<subtask>-*", and for subtask 0 also ids of subtasks >=
 //     the current parallelism, left by a higher parallelism), found with
