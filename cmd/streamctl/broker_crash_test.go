@@ -87,7 +87,7 @@ func crashRun(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	b := &crashingBroker{t: t, dir: t.TempDir()}
 	b.start()
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 
 	adm, err := kgo.NewClient(kgo.SeedBrokers(b.addr))
