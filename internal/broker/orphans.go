@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -78,12 +79,25 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
 	}
 	open := map[string]map[int32]map[int64]*kgo.Record{} // first record of an open txn by pid
 	for len(remaining) > 0 {
-		fs := cons.PollFetches(ctx)
+		// A compacted topic may have lost the records just below its end
+		// offset: a partition that yields nothing for scanIdle has been
+		// read to its end.
+		pctx, cancel := context.WithTimeout(ctx, scanIdle)
+		fs := cons.PollFetches(pctx)
+		idle := pctx.Err() != nil && fs.NumRecords() == 0
+		cancel()
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("scan for open transactions: %w", err)
 		}
+		if idle {
+			break
+		}
 		var ferr error
-		fs.EachError(func(t string, p int32, err error) { ferr = fmt.Errorf("scan %s/%d: %w", t, p, err) })
+		fs.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				ferr = fmt.Errorf("scan %s/%d: %w", t, p, err)
+			}
+		})
 		if ferr != nil {
 			return nil, ferr
 		}
@@ -153,6 +167,10 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
 // (internal/kafkatxn's broker-lost-transaction recovery keys on it and
 // defines the same value).
 const LostStateCoordinatorEpoch int32 = -0x5745
+
+// scanIdle is how long findOrphans waits for more records of a partition
+// it has not read to its end offset before it takes it as read.
+const scanIdle = 2 * time.Second
 
 // writeMarkers writes an abort (or commit) marker for each transaction on
 // each of its partitions with WriteTxnMarkers, naming the lost state in the
