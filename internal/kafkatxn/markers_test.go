@@ -95,3 +95,32 @@ func precommitted(t *testing.T, addrs []string, recs ...*kgo.Record) (*TxnWriter
 	}
 	return w, h
 }
+
+// TestRecoverFailsNamingATransactionTheBrokerLostWithoutPartitions: a
+// handle recorded before handles named their partitions cannot be
+// re-committed; recovery must fail with ErrTxnLost naming the transaction
+// and its checkpoint, never go on silently.
+func TestRecoverFailsNamingATransactionTheBrokerLostWithoutPartitions(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	p, addrs := processBroker(t, dir)
+	w1, h := precommitted(t, addrs, rec(0, "a"))
+	w1.crash()
+	p.Kill(t)
+	brokerproc.Start(t, dir, p.Addr)
+
+	h.Partitions = nil
+	w := newWriter(t, ctx, addrs)
+	defer w.Close()
+	err := w.Recover(ctx, []checkpoint.TxnHandle{h})
+	var le *LostTxnError
+	if !errors.As(err, &le) || !errors.Is(err, ErrTxnLost) {
+		t.Fatalf("Recover = %v, want a LostTxnError", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, h.TransactionalID) || !strings.Contains(msg, "checkpoint 1") {
+		t.Fatalf("error %q does not name transaction %s of checkpoint 1", msg, h.TransactionalID)
+	}
+	if got := readCommitted(t, ctx, addrs); len(got[0]) != 0 {
+		t.Fatalf("records of the lost transaction became visible:%s", fmtParts(got))
+	}
+}
