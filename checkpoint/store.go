@@ -1094,7 +1094,38 @@ func encodeCompleted(c Completed) (meta, handles []byte, err error) {
 			h.uvarint(uint64(th.Checkpoint))
 		}
 	}
+	// Handle partitions follow as an optional section, so records written
+	// before it existed still decode: a tag, then per handle in the order
+	// above, its partitions.
+	if hasHandlePartitions(entries) {
+		h.b = append(h.b, handlePartitionsTag)
+		for _, e := range entries {
+			for _, th := range e.handles {
+				h.uvarint(uint64(len(th.Partitions)))
+				for _, p := range th.Partitions {
+					h.str(p.Topic)
+					h.varint(int64(p.Partition))
+					h.varint(p.FirstOffset)
+				}
+			}
+		}
+	}
 	return m.b, h.b, nil
+}
+
+// handlePartitionsTag starts the optional section of the handles record
+// holding each handle's partitions.
+const handlePartitionsTag = 'p'
+
+func hasHandlePartitions(entries []handleEntry) bool {
+	for _, e := range entries {
+		for _, th := range e.handles {
+			if len(th.Partitions) > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 type metaHeader struct {
@@ -1208,6 +1239,19 @@ func decodeHandles(p []byte, format byte, job string, id ID) ([]handleEntry, err
 			})
 		}
 		out = append(out, e)
+	}
+	if d.err == nil && len(d.b) != 0 && d.b[0] == handlePartitionsTag {
+		d.b = d.b[1:]
+		for i := range out {
+			for j := range out[i].handles {
+				m := d.count()
+				for k := 0; k < m && d.err == nil; k++ {
+					out[i].handles[j].Partitions = append(out[i].handles[j].Partitions, TxnPartition{
+						Topic: d.str(), Partition: int32(d.varint()), FirstOffset: d.varint(),
+					})
+				}
+			}
+		}
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.fail(fmt.Errorf("%d trailing bytes", len(d.b)))

@@ -53,6 +53,9 @@ func testCheckpoint(job string, id ID) Completed {
 				Epoch:           int16(id % 300),
 				Checkpoint:      id,
 			}}
+			if name == "source#0" && id%2 == 1 { // odd ids: handles with partitions
+				ops[0].Handles[0].Partitions = []TxnPartition{{Topic: "out", Partition: 3, FirstOffset: int64(id) * 10}, {Topic: "acks", Partition: 0}}
+			}
 		}
 		if name == "sink#0" {
 			// A second operator without handles or state, chained after the first.

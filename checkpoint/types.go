@@ -32,6 +32,18 @@ type TxnHandle struct {
 	Epoch           int16  `json:"epoch"`
 	// Checkpoint is the checkpoint whose epoch this transaction carries.
 	Checkpoint ID `json:"checkpoint"`
+	// Partitions are the partitions the transaction wrote to, each with
+	// the offset of its first record there: what recovery needs to find
+	// the transaction's records when the broker lost its state. Empty in
+	// handles recorded before this field existed.
+	Partitions []TxnPartition `json:"partitions,omitempty"`
+}
+
+// TxnPartition is one partition a transaction wrote to.
+type TxnPartition struct {
+	Topic       string `json:"topic"`
+	Partition   int32  `json:"partition"`
+	FirstOffset int64  `json:"first_offset"`
 }
 
 // OperatorSnapshot is the state one operator of one subtask took at a barrier.

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -14,7 +12,6 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
+	"github.com/weirstream/weir/internal/broker/brokerproc"
 	"github.com/weirstream/weir/internal/kafkatest"
 )
 
@@ -147,70 +145,28 @@ func TestLogFormatJSONWritesJSONToStderr(t *testing.T) {
 
 // brokerProc is a `streamctl broker` process.
 type brokerProc struct {
-	cmd    *exec.Cmd
-	addr   string
-	stdout *bytes.Buffer // stdout after the listening line
-	stderr *bytes.Buffer
-	done   chan struct{} // closed when the process has exited and output is drained
+	*brokerproc.Proc
+	addr string
 }
 
 // startBroker starts `streamctl broker args...` and waits for its listening
-// line. The process is killed on cleanup if still running.
+// line, which must name a loopback address. The process is killed on cleanup
+// if still running.
 func startBroker(t *testing.T, args ...string) *brokerProc {
 	t.Helper()
-	cmd := exec.Command(streamctlBin, append([]string{"broker"}, args...)...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	p := brokerproc.Run(t, exec.Command(streamctlBin, append([]string{"broker"}, args...)...))
+	if !regexp.MustCompile(`^127\.0\.0\.1:\d+$`).MatchString(p.Addr) {
+		t.Fatalf("broker listening on %q, want 127.0.0.1:PORT", p.Addr)
 	}
-	p := &brokerProc{cmd: cmd, stdout: new(bytes.Buffer), stderr: new(bytes.Buffer), done: make(chan struct{})}
-	cmd.Stderr = p.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lineCh := make(chan string, 1)
-	go func() {
-		defer close(p.done)
-		r := bufio.NewReader(stdout)
-		line, _ := r.ReadString('\n')
-		lineCh <- line
-		_, _ = io.Copy(p.stdout, r)
-		_ = cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.done
-	})
-	select {
-	case line := <-lineCh:
-		m := regexp.MustCompile(`^broker listening on (127\.0\.0\.1:\d+)\n$`).FindStringSubmatch(line)
-		if m == nil {
-			<-p.done
-			t.Fatalf("first stdout line = %q, want \"broker listening on HOST:PORT\"; stderr:\n%s", line, p.stderr)
-		}
-		p.addr = m[1]
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no listening line within 30s; stderr:\n%s", p.stderr)
-	}
-	return p
+	return &brokerProc{Proc: p, addr: p.Addr}
 }
 
 // stop sends SIGTERM and checks the broker exits 0 without more stdout.
 func (p *brokerProc) stop(t *testing.T) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("broker did not stop within 30s after SIGTERM; stderr:\n%s", p.stderr)
-	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("broker exit code after SIGTERM = %d, want 0; stderr:\n%s", code, p.stderr)
-	}
-	if p.stdout.Len() != 0 {
-		t.Fatalf("broker wrote more to stdout: %q", p.stdout)
+	p.Stop(t)
+	if out := p.Stdout(); out != "" {
+		t.Fatalf("broker wrote more to stdout: %q", out)
 	}
 }
 

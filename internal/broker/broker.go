@@ -7,23 +7,37 @@
 // internal/kafkatest) all start it through Start, so they share one set of
 // defaults and one set of startup checks.
 //
+// With a data dir it also owns the repairs that make a crash survivable
+// (journal.go, repair.go, share.go, orphans.go): it journals what kfake
+// writes only at a clean stop, and after an unclean stop it rebuilds that
+// state through the Kafka protocol, on an internal loopback listener, before
+// clients are let in.
+//
 // It must not contain anything a production deployment depends on: it is a
 // development and test broker. It must not import any other Weir package, and
-// nothing in it may assume a client: clients reach it over the network only.
+// nothing in it may assume a client: clients reach it over the network only
+// (its own repair client included). It must not copy or fork kfake: it uses
+// kfake's public API (options, control hooks, CreateTopic, SetGroupConfigs)
+// and the Kafka protocol only.
 package broker
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
 
@@ -117,6 +131,10 @@ type Broker struct {
 	kfl     *kfakeLogger
 	unlock  func() error
 
+	repair   Repair
+	repairer *repairer   // nil without a data dir
+	internal *kgo.Client // the repairer's client, nil without a data dir
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -177,13 +195,19 @@ func Start(ctx context.Context, opts ...Opt) (*Broker, error) {
 	// kfake advertises its listener's Addr in metadata; report the address
 	// clients must dial instead of, say, 0.0.0.0.
 	aln := &advertisedListener{Listener: ln, addr: advertised}
+	iln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		ln.Close()
+		return fail(&startError{kind: ErrListen, msg: fmt.Sprintf("cannot listen on an internal loopback port: %s", short(err)), err: err})
+	}
+	gate := newGatedListener(aln, iln)
 	handedOut := false
 	listenFn := func(string, string) (net.Listener, error) {
 		if handedOut {
 			return nil, errors.New("embedded broker supports exactly one listener")
 		}
 		handedOut = true
-		return aln, nil
+		return gate, nil
 	}
 
 	kfl := &kfakeLogger{log: c.logger.Named("kfake")}
@@ -200,9 +224,14 @@ func Start(ctx context.Context, opts ...Opt) (*Broker, error) {
 	if c.dataDir != "" {
 		kopts = append(kopts, kfake.DataDir(c.dataDir))
 	}
+	var unclean bool
+	if c.dataDir != "" {
+		_, err := os.Stat(filepath.Join(c.dataDir, runningFile))
+		unclean = err == nil
+	}
 	cluster, err := newCluster(kopts)
 	if err != nil {
-		ln.Close() // kfake closes it too on most paths; closing twice is harmless
+		gate.Close() // kfake closes it too on most paths; closing twice is harmless
 		return fail(&startError{kind: ErrStart, msg: fmt.Sprintf("cannot start broker: %s", err), err: err})
 	}
 	b := &Broker{
@@ -213,6 +242,13 @@ func Start(ctx context.Context, opts ...Opt) (*Broker, error) {
 		kfl:     kfl,
 		unlock:  unlock,
 	}
+	if c.dataDir != "" {
+		if err := b.startRepairs(ctx, gate, &c, unclean); err != nil {
+			cluster.Close()
+			return fail(err)
+		}
+	}
+	gate.open()
 	b.log.Info("embedded broker started",
 		zap.String("listen", ln.Addr().String()),
 		zap.String("advertised", b.addr),
@@ -222,6 +258,78 @@ func Start(ctx context.Context, opts ...Opt) (*Broker, error) {
 		zap.Any("configs", c.configs),
 	)
 	return b, nil
+}
+
+// startRepairs installs the journal hooks, re-applies journaled group
+// configs, repairs what a crash of the previous run lost (unclean), marks
+// the dir as in use and starts the journaler.
+func (b *Broker) startRepairs(ctx context.Context, gate *gatedListener, c *cfg, unclean bool) error {
+	cl, err := gate.internalClient()
+	if err != nil {
+		return &startError{kind: ErrStart, msg: fmt.Sprintf("cannot start broker: internal client: %s", err), err: err}
+	}
+	r, err := newRepairer(c.dataDir, cl, b.log)
+	if err != nil {
+		cl.Close()
+		return err
+	}
+	r.install(b.cluster, c.autoCreate)
+	rep := Repair{Unclean: unclean, GroupConfigs: r.reapplyGroupConfigs(b.cluster)}
+	if unclean {
+		if err := b.repairCrash(ctx, r, c, &rep); err != nil {
+			cl.Close()
+			return &startError{kind: ErrStart, msg: fmt.Sprintf("cannot repair data dir %s after an unclean stop: %s", c.dataDir, err), err: err}
+		}
+	}
+	if err := writeFileAtomic(filepath.Join(c.dataDir, runningFile), []byte(strconv.Itoa(os.Getpid())+"\n")); err != nil {
+		cl.Close()
+		return &startError{kind: ErrDataDir, msg: fmt.Sprintf("data dir %s: %s", c.dataDir, short(err)), err: err}
+	}
+	b.repair, b.repairer, b.internal = rep, r, cl
+	go r.run()
+	return nil
+}
+
+// repairCrash repairs what a crash of the previous broker on the dir lost,
+// and logs it at WARN.
+func (b *Broker) repairCrash(ctx context.Context, r *repairer, c *cfg, rep *Repair) error {
+	began := time.Now()
+	orphans, err := findOrphans(ctx, r.cl)
+	if err != nil {
+		return err
+	}
+	if err := writeMarkers(ctx, r.cl, orphans, false); err != nil {
+		return err
+	}
+	rep.AbortedTxns = orphans
+	rep.ShareGroups, rep.ShareRecordsRedelivered, err = r.repairShareGroups(ctx, c.configs["group.share.partition.max.record.locks"])
+	if err != nil {
+		return err
+	}
+	txns := make([]string, 0, len(orphans))
+	for _, o := range orphans {
+		txns = append(txns, fmt.Sprintf("producer %d epoch %d on %s (first record %s)", o.ProducerID, o.Epoch, partitionsOf(o.FirstOffsets), o.FirstRecord.UTC().Format(time.RFC3339Nano)))
+	}
+	b.log.Warn("embedded broker: the previous run on this data dir did not stop cleanly; repaired what kfake does not persist as it goes",
+		zap.String("data_dir", c.dataDir),
+		zap.Strings("group_configs_reapplied", rep.GroupConfigs),
+		zap.Strings("share_groups_rebuilt", rep.ShareGroups),
+		zap.Int64("share_records_redelivered", rep.ShareRecordsRedelivered),
+		zap.Strings("open_transactions_aborted", txns),
+		zap.String("topics", "auto-created topics are persisted as they are created; records are kept per batch"),
+		zap.Duration("took", time.Since(began)),
+	)
+	return nil
+}
+
+func partitionsOf(m map[string]map[int32]int64) string {
+	var parts []string
+	for _, t := range slices.Sorted(maps.Keys(m)) {
+		for _, p := range slices.Sorted(maps.Keys(m[t])) {
+			parts = append(parts, fmt.Sprintf("%s/%d", t, p))
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 // newCluster runs kfake.NewCluster, turning a panic into an error: no panic
@@ -251,9 +359,19 @@ func (b *Broker) Cluster() *kfake.Cluster { return b.cluster }
 // once; later calls return the first result.
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
+		if b.repairer != nil {
+			b.repairer.close()
+			b.internal.Close()
+		}
 		b.kfl.startCapture()
 		b.cluster.Close()
 		errs := b.kfl.stopCapture()
+		if b.repairer != nil && len(errs) == 0 {
+			// Everything was written: the next start is a clean one.
+			if err := os.Remove(filepath.Join(b.dataDir, runningFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove %s: %w", runningFile, err))
+			}
+		}
 		if b.unlock != nil {
 			if err := b.unlock(); err != nil {
 				errs = append(errs, fmt.Errorf("release data dir lock: %w", err))

@@ -20,10 +20,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/broker/brokerproc"
 	"github.com/weirstream/weir/internal/kafkatest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	brokerproc.Main()
+	goleak.VerifyTestMain(m)
+}
 
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -10,6 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
+
+	"github.com/weirstream/weir/internal/broker/brokerproc"
 )
 
 const (
@@ -18,6 +20,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	brokerproc.Main() // a child process started by brokerproc.Start runs a broker here
 	goleak.VerifyTestMain(m)
 }
 

@@ -68,6 +68,10 @@ import (
 //     id shared with another application, or a job down longer than the
 //     transaction timeout and then transactional.id.expiration.ms), that
 //     loss goes unreported.
+//     Except when the embedded broker lost the transaction in a crash
+//     (every partition of the handle ends it with a lost-state abort
+//     marker): then the subtask owning the id re-commits its records in a
+//     new transaction (markers.go).
 //  2. It aborts lingering transactions of this subtask's ids
 //     ("<prefix>-<subtask>-*", and for subtask 0 also ids of subtasks >=
 //     the current parallelism, left by a higher parallelism), found with
@@ -149,15 +153,18 @@ func (w *TxnWriter) CommitRestored(ctx context.Context, handles []checkpoint.Txn
 // transactions are logged and returned in lost, any other error stops it.
 func (w *TxnWriter) commitHandles(ctx context.Context, handles []checkpoint.TxnHandle) (lost []error, err error) {
 	if w.restoreDone == nil {
-		w.restoreDone = map[checkpoint.TxnHandle]bool{}
+		w.restoreDone = map[txnKey]bool{}
 	}
 	for _, h := range handles {
-		if w.restoreDone[h] {
+		if w.restoreDone[keyOf(h)] {
 			continue
 		}
 		err := w.endTxn(ctx, h, true)
 		var le *LostTxnError
 		switch {
+		case errors.As(err, &le) && !endedBefore(le.Err) && w.recoverLostState(ctx, h):
+			// The embedded broker lost it in a crash: re-committed (or
+			// left to its owner subtask), see markers.go.
 		case errors.As(err, &le) && endedBefore(le.Err):
 			// The id moved on (a later transaction, a re-initialisation)
 			// or expired: our transaction ended long before. Weir reuses
@@ -180,9 +187,22 @@ func (w *TxnWriter) commitHandles(ctx context.Context, handles []checkpoint.TxnH
 			w.cfg.logger.Info("kafkatxn: recovered transaction committed",
 				zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)))
 		}
-		w.restoreDone[h] = true
+		w.restoreDone[keyOf(h)] = true
 	}
 	return lost, nil
+}
+
+// txnKey identifies a handle's transaction (a handle holds a slice, so it
+// is not comparable).
+type txnKey struct {
+	id         string
+	pid        int64
+	epoch      int16
+	checkpoint checkpoint.ID
+}
+
+func keyOf(h checkpoint.TxnHandle) txnKey {
+	return txnKey{h.TransactionalID, h.ProducerID, h.Epoch, h.Checkpoint}
 }
 
 // endedBefore reports whether a recovery commit's answer means the
@@ -199,6 +219,42 @@ func endedBefore(err error) bool {
 // could not commit again because their id had moved on or expired, and
 // assumed committed (see Recover).
 func (w *TxnWriter) UnverifiedCommits() int64 { return w.unverified.Load() }
+
+// recoverLostState runs the broker-lost-transaction recovery path
+// (markers.go) for a handle EndTxn could not commit, and reports whether it
+// re-committed the transaction (or an earlier recovery had).
+//
+// Only the subtask that owns the handle's transactional id re-commits it
+// (every subtask recovers the union of the handles, and two re-commits of
+// one transaction would race and could both commit); the others leave it to
+// the owner, which fails the job if it cannot.
+func (w *TxnWriter) recoverLostState(ctx context.Context, h checkpoint.TxnHandle) bool {
+	if w.cfg.prefix == "" {
+		return false
+	}
+	if !w.owns(h.TransactionalID) {
+		if _, _, ok := parseTransactionalID(w.cfg.prefix, h.TransactionalID); ok {
+			w.cfg.logger.Debug("kafkatxn: transaction not committable here; its owner subtask recovers it",
+				zap.String("txn", h.TransactionalID))
+			return true
+		}
+		return false
+	}
+	n, err := w.recommitLost(ctx, h)
+	if err != nil {
+		if errors.Is(err, errNotLostState) {
+			w.cfg.logger.Info("kafkatxn: broker-lost-transaction recovery does not apply", zap.String("txn", h.TransactionalID), zap.Error(err))
+		} else {
+			w.cfg.logger.Error("kafkatxn: broker-lost-transaction recovery failed", zap.String("txn", h.TransactionalID), zap.Error(err))
+		}
+		return false
+	}
+	w.cfg.logger.Warn("kafkatxn: the broker lost the state of a pre-committed transaction (embedded broker crash); "+
+		"re-committed its records in a new transaction (broker-lost-transaction recovery path)",
+		zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
+		zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Int("records", n))
+	return true
+}
 
 // endTxn commits or aborts the transaction of h (EndTxn) on the writer's
 // admin client.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,6 +102,7 @@ type slot struct {
 	cl       *kgo.Client
 	state    slotState
 	records  int64                // records written into the open transaction
+	firsts   firstOffsets         // first offset per partition of the open transaction
 	handle   checkpoint.TxnHandle // valid when pre-committed or committed
 	lastSnap checkpoint.ID        // last checkpoint whose snapshot names handle
 }
@@ -142,7 +145,7 @@ type TxnWriter struct {
 	pending       []*slot // pre-committed, in checkpoint order
 	lastPrecommit checkpoint.ID
 	recovered     bool
-	restoreDone   map[checkpoint.TxnHandle]bool // handles committed (or found lost) on restore
+	restoreDone   map[txnKey]bool // handles committed (or found lost) on restore
 	closed        bool
 	failed        error // sticky: the writer's transactions are in an unknown state
 }
@@ -285,8 +288,57 @@ func (w *TxnWriter) Write(ctx context.Context, r *kgo.Record) error {
 		w.cur = s
 	}
 	w.cur.records++
-	w.cur.cl.Produce(ctx, r, w.onProduced)
+	s := w.cur
+	w.cur.cl.Produce(ctx, r, func(r *kgo.Record, err error) {
+		if err == nil {
+			s.firsts.note(r.Topic, r.Partition, r.Offset)
+		}
+		w.onProduced(r, err)
+	})
 	return nil
+}
+
+// firstOffsets collects the offset of a transaction's first record in each
+// partition, from produce results (which arrive on kgo's goroutines).
+type firstOffsets struct {
+	mu sync.Mutex
+	at map[topicPartition]int64
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+func (f *firstOffsets) note(topic string, partition int32, offset int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.at == nil {
+		f.at = map[topicPartition]int64{}
+	}
+	k := topicPartition{topic, partition}
+	if cur, ok := f.at[k]; !ok || offset < cur {
+		f.at[k] = offset
+	}
+}
+
+// take returns the partitions noted since the last take, sorted, and
+// forgets them.
+func (f *firstOffsets) take() []checkpoint.TxnPartition {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]checkpoint.TxnPartition, 0, len(f.at))
+	for k, o := range f.at {
+		out = append(out, checkpoint.TxnPartition{Topic: k.topic, Partition: k.partition, FirstOffset: o})
+	}
+	f.at = nil
+	slices.SortFunc(out, func(a, b checkpoint.TxnPartition) int {
+		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+			return c
+		}
+		return int(a.Partition) - int(b.Partition)
+	})
+	return out
 }
 
 // Flush waits until every record written so far was acknowledged by the
@@ -348,6 +400,7 @@ func (w *TxnWriter) begin(ctx context.Context) (*slot, error) {
 		return nil, w.fail(fmt.Errorf("kafkatxn: begin transaction on %s: %w", s.txnID, err))
 	}
 	s.state, s.records = slotOpen, 0
+	s.firsts.take() // forget a previous transaction's partitions
 	return s, nil
 }
 
@@ -414,7 +467,7 @@ func (w *TxnWriter) PreCommit(ctx context.Context, id checkpoint.ID) (checkpoint
 		if err != nil {
 			return h, false, w.fail(fmt.Errorf("kafkatxn: producer id of %s: %w", s.txnID, err))
 		}
-		h = checkpoint.TxnHandle{TransactionalID: s.txnID, ProducerID: pid, Epoch: epoch, Checkpoint: id}
+		h = checkpoint.TxnHandle{TransactionalID: s.txnID, ProducerID: pid, Epoch: epoch, Checkpoint: id, Partitions: s.firsts.take()}
 		s.state, s.handle = slotPrecommitted, h
 		w.pending = append(w.pending, s)
 		w.cur, ok = nil, true

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -254,7 +255,7 @@ func TestRecoverReportsLostTransaction(t *testing.T) {
 			defer w2.Close()
 			err = w2.Recover(ctx, []checkpoint.TxnHandle{h})
 			var le *LostTxnError
-			if !errors.Is(err, ErrTxnLost) || !errors.As(err, &le) || le.Handle != h {
+			if !errors.Is(err, ErrTxnLost) || !errors.As(err, &le) || !reflect.DeepEqual(le.Handle, h) {
 				t.Fatalf("Recover = %v, want a LostTxnError for %+v", err, h)
 			}
 			// A user who opted out of failing on loss can go on.
@@ -430,7 +431,7 @@ func TestEmptyEpochCommitsNothing(t *testing.T) {
 	}
 	for id := checkpoint.ID(1); id <= 3; id++ {
 		h, ok, err := w.PreCommit(ctx, id)
-		if err != nil || ok || h != (checkpoint.TxnHandle{}) {
+		if err != nil || ok || !reflect.DeepEqual(h, checkpoint.TxnHandle{}) {
 			t.Fatalf("PreCommit of empty epoch %d = %+v, %v, %v; want no handle", id, h, ok, err)
 		}
 		if err := w.Commit(ctx, id); err != nil {
@@ -695,7 +696,7 @@ func TestNonTransactionalGuarantees(t *testing.T) {
 				}
 			}
 			h, ok, err := w.PreCommit(ctx, 1)
-			if err != nil || ok || h != (checkpoint.TxnHandle{}) {
+			if err != nil || ok || !reflect.DeepEqual(h, checkpoint.TxnHandle{}) {
 				t.Fatalf("PreCommit = %+v %v %v, want no handle", h, ok, err)
 			}
 			if tt.g == AtLeastOnce { // flushed by the barrier: readable at once

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/internal/kafkatxn"
+	"github.com/weirstream/weir/runtime"
+)
+
+// crashingBroker is a `streamctl broker --data-dir` process that the test
+// SIGKILLs and restarts on the same dir and address.
+type crashingBroker struct {
+	t    *testing.T
+	dir  string
+	addr string
+
+	mu      sync.Mutex
+	cur     *brokerProc
+	kills   int
+	stderrs []string
+}
+
+func (b *crashingBroker) start() {
+	args := []string{"--data-dir", b.dir, "--listen", "127.0.0.1:0"}
+	if b.addr != "" {
+		args[3] = b.addr
+	}
+	p := startBroker(b.t, args...)
+	b.mu.Lock()
+	b.cur, b.addr = p, p.addr
+	b.mu.Unlock()
+}
+
+// crash SIGKILLs the broker, waits down, then restarts it.
+func (b *crashingBroker) crash(down time.Duration) {
+	b.mu.Lock()
+	p := b.cur
+	b.kills++
+	b.mu.Unlock()
+	p.Kill(b.t)
+	b.mu.Lock()
+	b.stderrs = append(b.stderrs, p.Stderr())
+	b.mu.Unlock()
+	time.Sleep(down)
+	b.start()
+}
+
+func (b *crashingBroker) stderr() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Join(b.stderrs, "\n----\n") + "\n----\n" + b.cur.Stderr()
+}
+
+// TestExactlyOnceWordcountSurvivesBrokerCrashes runs the exactly-once
+// wordcount on the in-process runtime against `streamctl broker --data-dir`
+// as a process, with input arriving throughout, SIGKILLs the broker at random
+// moments and inside checkpoints (after a sink pre-committed; after the job
+// manager persisted a completed checkpoint, before any commit), and
+// restarts it on the same dir each time. The committed output must then
+// count every word of the input 1..n, record by record; a transaction the
+// crash made impossible to commit must fail the job with ErrTxnLost naming
+// it, never leave a silent gap.
+func TestExactlyOnceWordcountSurvivesBrokerCrashes(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3} {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { crashRun(t, seed) })
+	}
+}
+
+func crashRun(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	b := &crashingBroker{t: t, dir: t.TempDir()}
+	b.start()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+
+	adm, err := kgo.NewClient(kgo.SeedBrokers(b.addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	if _, err := kadm.NewClient(adm).CreateTopic(ctx, 4, 1, nil, "lines"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Input arrives throughout: batches of lines until the crashes are over.
+	inputDone := make(chan struct{})
+	stopInput := make(chan struct{})
+	go func() {
+		defer close(inputDone)
+		prod, err := kgo.NewClient(kgo.SeedBrokers(b.addr), kgo.DefaultProduceTopic("lines"),
+			kgo.RecordRetries(1000), kgo.RetryTimeout(time.Minute))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer prod.Close()
+		words := strings.Fields("the quick brown fox jumps over the lazy dog and The DOG sleeps")
+		for i := 0; ; i++ {
+			select {
+			case <-stopInput:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			var recs []*kgo.Record
+			for k := range 20 {
+				n := i*20 + k
+				var line strings.Builder
+				for w := 0; w < 1+n%5; w++ {
+					fmt.Fprintf(&line, "%s ", words[(n*3+w*5)%len(words)])
+				}
+				fmt.Fprintf(&line, "w%d", n%40)
+				recs = append(recs, kgo.StringRecord(line.String()))
+			}
+			// Retried through crashes; a retry may duplicate a line, which
+			// the expected counts (read back from the topic) include.
+			if err := prod.ProduceSync(ctx, recs...).FirstErr(); err != nil && ctx.Err() == nil {
+				t.Errorf("produce input: %v", err)
+				return
+			}
+		}
+	}()
+
+	// Two crashes land in a checkpoint: after a sink pre-committed its
+	// transaction (before it acknowledged the barrier), and after the job
+	// manager persisted a completed checkpoint (before any commit), each at
+	// a random checkpoint.
+	crashes := make(chan string, 2)
+	atHit := func(name string, n int64) func() error {
+		var hits atomic.Int64
+		return func() error {
+			if hits.Add(1) == n {
+				crashes <- name
+			}
+			return nil
+		}
+	}
+	fp := failpoint.New(
+		failpoint.WithHook(failpoint.SinkAfterPrecommit, atHit(failpoint.SinkAfterPrecommit, 2+rng.Int64N(10))),
+		failpoint.WithHook(failpoint.JMAfterCheckpointPersisted, atHit(failpoint.JMAfterCheckpointPersisted, 15+rng.Int64N(10))),
+	)
+	job, err := wordcount.Build(runtime.Params{"brokers": b.addr, "input": "lines", "output": "counts",
+		"group": "wc", "guarantee": "exactly-once", "parallelism": "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logBuf syncBuffer
+	jobLog := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), &logBuf, zapcore.InfoLevel))
+	defer func() {
+		if t.Failed() {
+			t.Logf("job log (tail):\n%s", logBuf.tail(200))
+		}
+	}()
+	jobCtx, stopJob := context.WithCancel(ctx)
+	defer stopJob()
+	jobDone := make(chan error, 1)
+	go func() {
+		_, err := runtime.NewMiniCluster(runtime.Logger(jobLog), runtime.CheckpointInterval(100*time.Millisecond),
+			runtime.Restarts(1000, 200*time.Millisecond), runtime.Failpoints(fp)).Run(jobCtx, job)
+		jobDone <- err
+	}()
+
+	// Random crashes, plus the checkpoint ones, while input arrives.
+	for i := 0; i < 5; i++ {
+		select {
+		case at := <-crashes:
+			b.crash(time.Duration(rng.IntN(300)) * time.Millisecond)
+			t.Logf("crashed the broker at %s", at)
+		case <-time.After(time.Duration(1500+rng.IntN(2500)) * time.Millisecond):
+			b.crash(time.Duration(rng.IntN(500)) * time.Millisecond)
+			t.Logf("crashed the broker at a random moment")
+		case err := <-jobDone:
+			jobEnded(t, b, err)
+			return
+		}
+	}
+	close(stopInput)
+	<-inputDone
+	if t.Failed() {
+		return
+	}
+
+	// Expected counts come from the input as it is in the topic.
+	inRecs, err := kafkatest.ReadCommitted(ctx, []string{b.addr}, "lines")
+	if err != nil {
+		t.Fatalf("read input: %v", err)
+	}
+	lines := make([]string, len(inRecs))
+	for i, r := range inRecs {
+		lines[i] = string(r.Value)
+	}
+	want := wordcount.Expected(lines)
+	total := 0
+	for _, n := range want {
+		total += n
+	}
+	for {
+		recs, err := kafkatest.ReadCommitted(ctx, []string{b.addr}, "counts")
+		if err == nil && len(recs) >= total {
+			break
+		}
+		select {
+		case err := <-jobDone:
+			jobEnded(t, b, err)
+			return
+		case <-ctx.Done():
+			t.Fatalf("output did not reach %d records (read committed: %d, %v) within the deadline; broker logs:\n%s",
+				total, len(recs), err, b.stderr())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	stopJob()
+	<-jobDone
+	out, err := kafkatest.ReadCommitted(ctx, []string{b.addr}, "counts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := wordcount.Check(out, want)
+	if !rep.OK() {
+		t.Fatalf("after %d broker crashes: %s", b.kills, rep)
+	}
+	if !strings.Contains(b.stderr(), "did not stop cleanly") {
+		t.Errorf("no restarted broker warned about the unclean stop; logs:\n%s", b.stderr())
+	}
+	t.Logf("%d lines, %d broker crashes: %s", len(lines), b.kills, rep)
+}
+
+// jobEnded fails the test: the job must survive every crash. A loss the
+// broker-lost-transaction recovery cannot repair ends it with an error
+// naming the lost transaction (kafkatxn.ErrTxnLost), reported here.
+func jobEnded(t *testing.T, b *crashingBroker, err error) {
+	t.Helper()
+	if errors.Is(err, kafkatxn.ErrTxnLost) {
+		t.Fatalf("job failed with a lost transaction after %d broker crashes: %v", b.kills, err)
+	}
+	t.Fatalf("job ended after %d broker crashes: %v; broker logs:\n%s", b.kills, err, b.stderr())
+}
+
+// TestBrokerWarnsAfterAnUncleanStopAndKeepsServing: SIGKILL, then a restart
+// on the same dir logs the unclean stop at WARN and serves the topic.
+func TestBrokerWarnsAfterAnUncleanStopAndKeepsServing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := &crashingBroker{t: t, dir: t.TempDir()}
+	b.start()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addr), kgo.DefaultProduceTopic("auto"), kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, kgo.StringRecord("before")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.cur.Stderr(), "did not stop cleanly") {
+		t.Fatalf("a fresh data dir was reported as uncleanly stopped:\n%s", b.cur.Stderr())
+	}
+	b.crash(0)
+	if err := cl.ProduceSync(ctx, kgo.StringRecord("after")).FirstErr(); err != nil {
+		t.Fatalf("produce after the restart: %v", err)
+	}
+	recs, err := kafkatest.ReadCommitted(ctx, []string{b.addr}, "auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 {
+		t.Fatalf("auto-created topic after a crash holds %d records, want 2", len(recs))
+	}
+	stderr := b.cur.Stderr()
+	if !regexp.MustCompile(`WARN\s+embedded broker: the previous run on this data dir did not stop cleanly`).MatchString(stderr) {
+		t.Fatalf("no WARN about the unclean stop; stderr:\n%s", stderr)
+	}
+	// A clean stop then a start is clean again.
+	b.cur.stop(t)
+	b.start()
+	if strings.Contains(b.cur.Stderr(), "did not stop cleanly") {
+		t.Fatalf("a start after a clean stop was reported as unclean")
+	}
+}
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) Sync() error { return nil }
+
+// tail returns the last n lines.
+func (b *syncBuffer) tail(n int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	lines := strings.Split(b.buf.String(), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}

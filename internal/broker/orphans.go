@@ -1,0 +1,209 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// OrphanTxn is a transaction a crash left without a marker.
+type OrphanTxn struct {
+	ProducerID int64
+	Epoch      int16
+	// FirstOffsets are the offsets of its first record, by topic and
+	// partition.
+	FirstOffsets map[string]map[int32]int64
+	// FirstRecord is the timestamp of its earliest record.
+	FirstRecord time.Time
+}
+
+// findOrphans reads every partition from its start, with control records,
+// and returns the transactions that have records but no marker. On a data
+// dir whose previous broker crashed, kfake has already aborted each of them
+// in memory (it lost their state); abortOrphans writes the markers.
+func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
+	adm := kadm.NewClient(cl)
+	topics, err := adm.ListTopics(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list topics: %w", err)
+	}
+	names := topics.Names()
+	if len(names) == 0 {
+		return nil, nil
+	}
+	starts, err := adm.ListStartOffsets(ctx, names...)
+	if err != nil {
+		return nil, fmt.Errorf("list start offsets: %w", err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, names...)
+	if err != nil {
+		return nil, fmt.Errorf("list end offsets: %w", err)
+	}
+	from := map[string]map[int32]kgo.Offset{}
+	remaining := map[string]map[int32]int64{}
+	starts.Each(func(lo kadm.ListedOffset) {
+		e, ok := ends.Lookup(lo.Topic, lo.Partition)
+		if lo.Err != nil || !ok || e.Err != nil || e.Offset <= lo.Offset {
+			return
+		}
+		if from[lo.Topic] == nil {
+			from[lo.Topic], remaining[lo.Topic] = map[int32]kgo.Offset{}, map[int32]int64{}
+		}
+		from[lo.Topic][lo.Partition] = kgo.NewOffset().At(lo.Offset)
+		remaining[lo.Topic][lo.Partition] = e.Offset
+	})
+	if len(from) == 0 {
+		return nil, nil
+	}
+	cons, err := kgo.NewClient(append(cl.Opts(),
+		kgo.ConsumePartitions(from),
+		kgo.FetchIsolationLevel(kgo.ReadUncommitted()),
+		kgo.KeepControlRecords(),
+	)...)
+	if err != nil {
+		return nil, err
+	}
+	defer cons.Close()
+
+	type key struct {
+		pid   int64
+		epoch int16
+	}
+	open := map[string]map[int32]map[int64]*kgo.Record{} // first record of an open txn by pid
+	for len(remaining) > 0 {
+		// A compacted topic may have lost the records just below its end
+		// offset: a partition that yields nothing for scanIdle has been
+		// read to its end.
+		pctx, cancel := context.WithTimeout(ctx, scanIdle)
+		fs := cons.PollFetches(pctx)
+		idle := pctx.Err() != nil && fs.NumRecords() == 0
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("scan for open transactions: %w", err)
+		}
+		if idle {
+			break
+		}
+		var ferr error
+		fs.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				ferr = fmt.Errorf("scan %s/%d: %w", t, p, err)
+			}
+		})
+		if ferr != nil {
+			return nil, ferr
+		}
+		fs.EachRecord(func(rec *kgo.Record) {
+			if end, ok := remaining[rec.Topic][rec.Partition]; ok && rec.Offset+1 >= end {
+				delete(remaining[rec.Topic], rec.Partition)
+				if len(remaining[rec.Topic]) == 0 {
+					delete(remaining, rec.Topic)
+				}
+			}
+			if !rec.Attrs.IsTransactional() {
+				return
+			}
+			ps := open[rec.Topic]
+			if ps == nil {
+				ps = map[int32]map[int64]*kgo.Record{}
+				open[rec.Topic] = ps
+			}
+			if ps[rec.Partition] == nil {
+				ps[rec.Partition] = map[int64]*kgo.Record{}
+			}
+			if rec.Attrs.IsControl() {
+				delete(ps[rec.Partition], rec.ProducerID)
+			} else if _, ok := ps[rec.Partition][rec.ProducerID]; !ok {
+				ps[rec.Partition][rec.ProducerID] = rec
+			}
+		})
+	}
+	byTxn := map[key]*OrphanTxn{}
+	var order []key
+	for t, ps := range open {
+		for p, pids := range ps {
+			for pid, rec := range pids {
+				k := key{pid, rec.ProducerEpoch}
+				o := byTxn[k]
+				if o == nil {
+					o = &OrphanTxn{ProducerID: pid, Epoch: rec.ProducerEpoch, FirstOffsets: map[string]map[int32]int64{}, FirstRecord: rec.Timestamp}
+					byTxn[k] = o
+					order = append(order, k)
+				}
+				if o.FirstOffsets[t] == nil {
+					o.FirstOffsets[t] = map[int32]int64{}
+				}
+				o.FirstOffsets[t][p] = rec.Offset
+				if rec.Timestamp.Before(o.FirstRecord) {
+					o.FirstRecord = rec.Timestamp
+				}
+			}
+		}
+	}
+	slices.SortFunc(order, func(a, b key) int {
+		if a.pid != b.pid {
+			return int(min(max(a.pid-b.pid, -1), 1))
+		}
+		return int(a.epoch) - int(b.epoch)
+	})
+	out := make([]OrphanTxn, 0, len(order))
+	for _, k := range order {
+		out = append(out, *byTxn[k])
+	}
+	return out, nil
+}
+
+// LostStateCoordinatorEpoch is the coordinator epoch of the abort markers
+// written for transactions whose state a crash lost. No Kafka coordinator
+// writes a negative epoch, so a client can tell these aborts from any other
+// (internal/kafkatxn's broker-lost-transaction recovery keys on it and
+// defines the same value).
+const LostStateCoordinatorEpoch int32 = -0x5745
+
+// scanIdle is how long findOrphans waits for more records of a partition
+// it has not read to its end offset before it takes it as read.
+const scanIdle = 2 * time.Second
+
+// writeMarkers writes an abort (or commit) marker for each transaction on
+// each of its partitions with WriteTxnMarkers, naming the lost state in the
+// marker's coordinator epoch.
+func writeMarkers(ctx context.Context, cl *kgo.Client, txns []OrphanTxn, commit bool) error {
+	if len(txns) == 0 {
+		return nil
+	}
+	req := kmsg.NewPtrWriteTxnMarkersRequest()
+	for _, o := range txns {
+		m := kmsg.NewWriteTxnMarkersRequestMarker()
+		m.ProducerID, m.ProducerEpoch, m.Committed = o.ProducerID, o.Epoch, commit
+		m.CoordinatorEpoch = LostStateCoordinatorEpoch
+		for _, t := range slices.Sorted(maps.Keys(o.FirstOffsets)) {
+			mt := kmsg.NewWriteTxnMarkersRequestMarkerTopic()
+			mt.Topic = t
+			mt.Partitions = slices.Sorted(maps.Keys(o.FirstOffsets[t]))
+			m.Topics = append(m.Topics, mt)
+		}
+		req.Markers = append(req.Markers, m)
+	}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("write transaction markers: %w", err)
+	}
+	for _, m := range resp.Markers {
+		for _, t := range m.Topics {
+			for _, p := range t.Partitions {
+				if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+					return fmt.Errorf("write transaction marker for producer %d on %s/%d: %w", m.ProducerID, t.Topic, p.Partition, err)
+				}
+			}
+		}
+	}
+	return nil
+}

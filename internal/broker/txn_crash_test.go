@@ -1,0 +1,108 @@
+package broker_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/broker/brokerproc"
+	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/internal/kafkatxn"
+)
+
+func txnClient(t *testing.T, addr, txnID string, timeout time.Duration) *kgo.Client {
+	return client(t, addr, kgo.DefaultProduceTopic("t"), kgo.TransactionalID(txnID), kgo.TransactionTimeout(timeout))
+}
+
+func inTxn(ctx context.Context, t *testing.T, cl *kgo.Client, commit bool, values ...string) {
+	t.Helper()
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range values {
+		if err := cl.ProduceSync(ctx, kgo.StringRecord(v)).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if commit {
+		if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSameTransactionalIDCommitsAfterACrashLeftItsTransactionOpen: a sink
+// reuses its transactional ids after a restart; a transaction it commits
+// then must be visible to read_committed, and the orphan must stay hidden,
+// also after a second crash.
+func TestSameTransactionalIDCommitsAfterACrashLeftItsTransactionOpen(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	p := brokerproc.Start(t, dir, "127.0.0.1:0")
+	if _, err := kadm.NewClient(client(t, p.Addr)).CreateTopic(ctx, 1, 1, nil, "t"); err != nil {
+		t.Fatal(err)
+	}
+	inTxn(ctx, t, txnClient(t, p.Addr, "sink-0", time.Minute), true, "before")
+	inTxn(ctx, t, txnClient(t, p.Addr, "sink-1", time.Minute), false, "orphan")
+	p.Kill(t)
+
+	p = brokerproc.Start(t, dir, p.Addr)
+	inTxn(ctx, t, txnClient(t, p.Addr, "sink-1", time.Minute), true, "after")
+	readCommittedIs(t, p.Addr, "after,before", "after a crash and a commit of the same transactional id")
+
+	// The orphan stays aborted after another crash: its abort is on disk.
+	p.Kill(t)
+	p = brokerproc.Start(t, dir, p.Addr)
+	readCommittedIs(t, p.Addr, "after,before", "after a second crash")
+	if !strings.Contains(p.Stderr(), "did not stop cleanly") {
+		t.Errorf("no unclean-stop warning; stderr:\n%s", p.Stderr())
+	}
+}
+
+func readCommittedIs(t *testing.T, addr, want, when string) {
+	t.Helper()
+	recs, err := kafkatest.ReadCommitted(ctxT(t), []string{addr}, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := valuesOf(recs); got != want {
+		t.Fatalf("read committed %s = %q, want %q", when, got, want)
+	}
+}
+
+// TestOrphanedTransactionIsReportedAndAborted: a transaction a crash left
+// open is reported and aborted at the next start; read_committed moves past
+// it and its producer's next transaction is visible.
+func TestOrphanedTransactionIsReportedAndAborted(t *testing.T) {
+	ctx := ctxT(t)
+	var pid int64
+	p := crashed(t, func(addr string) {
+		if _, err := kadm.NewClient(client(t, addr)).CreateTopic(ctx, 1, 1, nil, "t"); err != nil {
+			t.Fatal(err)
+		}
+		cl := txnClient(t, addr, "sink-1", time.Minute)
+		inTxn(ctx, t, cl, false, "orphan")
+		pid, _, _ = cl.ProducerID(ctx)
+	})
+	if !strings.Contains(p.Stderr(), fmt.Sprintf("producer %d epoch 0 on t/0", pid)) {
+		t.Errorf("the unclean-stop warning does not name the aborted transaction of producer %d; stderr:\n%s", pid, p.Stderr())
+	}
+	// A plain record after the orphan is readable read_committed.
+	if err := client(t, p.Addr, kgo.DefaultProduceTopic("t")).ProduceSync(ctx, kgo.StringRecord("plain")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	readCommittedIs(t, p.Addr, "plain", "after a crash")
+}
+
+func TestLostStateCoordinatorEpochMatchesKafkatxn(t *testing.T) {
+	if broker.LostStateCoordinatorEpoch != kafkatxn.LostStateCoordinatorEpoch {
+		t.Fatalf("broker writes lost-state markers with coordinator epoch %d, kafkatxn looks for %d",
+			broker.LostStateCoordinatorEpoch, kafkatxn.LostStateCoordinatorEpoch)
+	}
+}

@@ -1,0 +1,126 @@
+package kafkatxn
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/broker/brokerproc"
+)
+
+// TestRecoverRecommitsATransactionTheBrokerLostInACrash: the embedded broker
+// crashes (SIGKILL) after a checkpoint's transaction was pre-committed and
+// before it was committed. The broker lost the transaction; recovery must
+// still make its records visible read_committed, exactly once, also when
+// recovery from the same checkpoint runs a second time.
+func TestRecoverRecommitsATransactionTheBrokerLostInACrash(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	p, addrs := processBroker(t, dir)
+	w1, h := precommitted(t, addrs, rec(0, "a"), rec(1, "b"), rec(0, "c"), rec(1, "d"))
+	if len(h.Partitions) != 2 || h.Partitions[0].Partition != 0 || h.Partitions[1].Partition != 1 {
+		t.Fatalf("handle partitions = %+v, want partitions 0 and 1 of %s", h.Partitions, testTopic)
+	}
+	w1.crash()
+	p.Kill(t)
+	p = brokerproc.Start(t, dir, p.Addr)
+
+	for round := 1; round <= 2; round++ {
+		w := newWriter(t, ctx, addrs)
+		err := w.Recover(ctx, []checkpoint.TxnHandle{h})
+		w.Close()
+		if err != nil {
+			t.Fatalf("recovery %d after the broker lost the transaction: %v", round, err)
+		}
+		got := readCommitted(t, ctx, addrs)
+		if strings.Join(got[0], ",") != "a,c" || strings.Join(got[1], ",") != "b,d" || len(got[2]) != 0 {
+			t.Fatalf("after recovery %d, read committed:%s\nwant p0 [a c], p1 [b d]", round, fmtParts(got))
+		}
+	}
+}
+
+// TestRecoverDoesNotRecommitATransactionItsBrokerAborted: on a broker that
+// knows the transaction (no crash), an abort is final: recovery reports the
+// loss and copies nothing.
+func TestRecoverDoesNotRecommitATransactionItsBrokerAborted(t *testing.T) {
+	ctx := testCtx(t)
+	_, addrs := processBroker(t, t.TempDir())
+	w1, h := precommitted(t, addrs, rec(0, "x"))
+	if err := w1.Abort(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	w1.Close()
+	w2 := newWriter(t, ctx, addrs)
+	defer w2.Close()
+	if err := w2.Recover(ctx, []checkpoint.TxnHandle{h}); !errors.Is(err, ErrTxnLost) {
+		t.Fatalf("Recover of an aborted transaction = %v, want ErrTxnLost", err)
+	}
+	if got := readCommitted(t, ctx, addrs); len(got[0]) != 0 {
+		t.Fatalf("an aborted transaction was re-committed:%s", fmtParts(got))
+	}
+}
+
+// processBroker starts a broker process on dir with the test topic.
+func processBroker(t *testing.T, dir string) (*brokerproc.Proc, []string) {
+	t.Helper()
+	p := brokerproc.Start(t, dir, "127.0.0.1:0")
+	addrs := []string{p.Addr}
+	if _, err := kadm.NewClient(newClient(t, addrs)).CreateTopic(testCtx(t), testPartitions, 1, nil, testTopic); err != nil {
+		t.Fatal(err)
+	}
+	return p, addrs
+}
+
+// precommitted writes recs in one transaction of a fresh writer and
+// pre-commits it as checkpoint 1.
+func precommitted(t *testing.T, addrs []string, recs ...*kgo.Record) (*TxnWriter, checkpoint.TxnHandle) {
+	t.Helper()
+	ctx := testCtx(t)
+	w := newWriter(t, ctx, addrs)
+	if err := w.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if err := w.Write(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, ok, err := w.PreCommit(ctx, 1)
+	if err != nil || !ok {
+		t.Fatalf("PreCommit = %v, %v", ok, err)
+	}
+	return w, h
+}
+
+// TestRecoverFailsNamingATransactionTheBrokerLostWithoutPartitions: a
+// handle recorded before handles named their partitions cannot be
+// re-committed; recovery must fail with ErrTxnLost naming the transaction
+// and its checkpoint, never go on silently.
+func TestRecoverFailsNamingATransactionTheBrokerLostWithoutPartitions(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	p, addrs := processBroker(t, dir)
+	w1, h := precommitted(t, addrs, rec(0, "a"))
+	w1.crash()
+	p.Kill(t)
+	brokerproc.Start(t, dir, p.Addr)
+
+	h.Partitions = nil
+	w := newWriter(t, ctx, addrs)
+	defer w.Close()
+	err := w.Recover(ctx, []checkpoint.TxnHandle{h})
+	var le *LostTxnError
+	if !errors.As(err, &le) || !errors.Is(err, ErrTxnLost) {
+		t.Fatalf("Recover = %v, want a LostTxnError", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, h.TransactionalID) || !strings.Contains(msg, "checkpoint 1") {
+		t.Fatalf("error %q does not name transaction %s of checkpoint 1", msg, h.TransactionalID)
+	}
+	if got := readCommitted(t, ctx, addrs); len(got[0]) != 0 {
+		t.Fatalf("records of the lost transaction became visible:%s", fmtParts(got))
+	}
+}
