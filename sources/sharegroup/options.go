@@ -101,6 +101,8 @@ type cfg struct {
 	mode           AckMode
 	lanes          int
 	maxDeliveries  int32
+	maxRequeues    int
+	requeueTopic   string
 	dlqTopic       string
 	txnPrefix      string
 	grace          time.Duration
@@ -128,10 +130,12 @@ const (
 	DefaultTransactionTimeout = 15 * time.Minute
 	// DefaultOpenMarkerWait is the Source's default OpenMarkerWait.
 	DefaultOpenMarkerWait = 5 * time.Minute
+	// DefaultMaxRequeues is the Source's default MaxRequeues.
+	DefaultMaxRequeues = 3
 )
 
 func sourceDefaults() cfg {
-	return cfg{mode: Transactional, txnTimeout: DefaultTransactionTimeout, resetEarliest: true,
+	return cfg{mode: Transactional, txnTimeout: DefaultTransactionTimeout, resetEarliest: true, maxRequeues: DefaultMaxRequeues,
 		pollWait: 50 * time.Millisecond, tombstoneEvery: time.Minute, openWait: DefaultOpenMarkerWait,
 		checkEvery: 5 * time.Second, renewTick: 100 * time.Millisecond}
 }
@@ -263,15 +267,33 @@ func Mode(m AckMode) SourceOpt { return sourceOpt{"Mode", func(c *cfg) { c.mode 
 // holds; more lanes than partitions in the group wait on each other.
 func Lanes(n int) SourceOpt { return sourceOpt{"Lanes", func(c *cfg) { c.lanes = n }} }
 
-// MaxDeliveries sets the delivery count at which a Source treats a record
-// as poison: REJECTed and copied to the dead-letter topic instead of
-// emitted. The default is one below the broker's
-// group.share.delivery.count.limit (Kafka's default 5, so 4), the last
-// delivery before the broker would archive the record. Every acquisition
-// counts, restarts and rollbacks included: raise the broker's limit for
-// exactly-once jobs.
+// MaxDeliveries sets, for the AtLeastOnce and Implicit modes, the delivery
+// count at which a Source treats a record as poison: REJECTed and copied to
+// the dead-letter topic instead of emitted. The default is one below the
+// broker's group.share.delivery.count.limit (Kafka's default 5, so 4), the
+// last delivery before the broker would archive the record. Every
+// acquisition counts, restarts and rollbacks included. (Transactional mode
+// re-queues instead: see MaxRequeues.)
 func MaxDeliveries(n int) SourceOpt {
 	return sourceOpt{"MaxDeliveries", func(c *cfg) { c.maxDeliveries = int32(n) }}
+}
+
+// MaxRequeues sets how often a transactional Source re-queues a record
+// before it treats it as poison, overriding DefaultMaxRequeues. The broker
+// counts a delivery at every acquisition (restarts and rollbacks too), so
+// a record acquired with at most one delivery left is not processed but
+// copied, with a fresh delivery budget, to the retry topic in a
+// transaction that also acknowledges the original (exactly once). A record
+// re-queued this many times is dead-lettered.
+func MaxRequeues(n int) SourceOpt {
+	return sourceOpt{"MaxRequeues", func(c *cfg) { c.maxRequeues = n }}
+}
+
+// RetryTopic sets the topic a transactional Source re-queues records to
+// and reads besides its topics, overriding "<group>-retry" (created with
+// one partition when missing).
+func RetryTopic(t string) SourceOpt {
+	return sourceOpt{"RetryTopic", func(c *cfg) { c.requeueTopic = t }}
 }
 
 // DeadLetterTopic sets where a Source sends poison and undecodable records,
@@ -357,6 +379,8 @@ func (c *cfg) validateSource() error {
 		return bad("lanes %d out of [0, 64]", c.lanes)
 	case c.maxDeliveries != 0 && c.maxDeliveries < 2:
 		return bad("max deliveries %d < 2", c.maxDeliveries)
+	case c.maxRequeues < 0:
+		return bad("max re-queues %d < 0", c.maxRequeues)
 	case c.mode > Implicit:
 		return bad("unknown mode %d", c.mode)
 	}

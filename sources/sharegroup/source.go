@@ -59,6 +59,9 @@ func New[T any](decode func(*kgo.Record) (T, error), opts ...Opt) (func() runtim
 	if c.dlqTopic == "" {
 		c.dlqTopic = c.group + "-dlq"
 	}
+	if c.requeueTopic == "" {
+		c.requeueTopic = c.group + "-retry"
+	}
 	return func() runtime.Source[T] { return &Source[T]{cfg: c, decode: decode} }, nil
 }
 
@@ -87,6 +90,8 @@ type Source[T any] struct {
 	member    string
 	paused    atomic.Bool // renewals stopped (tests play a paused process)
 	fatal     chan error  // a background check found an unrecoverable loss
+	rq        requeueWriter
+	requeueAt int32 // delivery count from which a record is re-queued
 	stale     map[int64]bool
 }
 
@@ -126,10 +131,13 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	}
 	adm := kadm.NewClient(s.admin)
 	s.limit = brokerIntConfig(sctx, adm, "group.share.partition.max.record.locks", 2000)
+	limit := brokerIntConfig(sctx, adm, "group.share.delivery.count.limit", 5)
+	// A record with at most one delivery left is re-queued (transactional)
+	// or dead-lettered (MaxDeliveries, otherwise) before the broker
+	// archives it.
+	s.requeueAt = int32(max(2, limit-1))
 	if s.cfg.maxDeliveries == 0 {
-		// One below the broker's limit: the last delivery is ours to
-		// dead-letter before the broker archives the record.
-		s.cfg.maxDeliveries = int32(max(2, brokerIntConfig(sctx, adm, "group.share.delivery.count.limit", 5)-1))
+		s.cfg.maxDeliveries = s.requeueAt
 	}
 	if err := ensureTopic(sctx, adm, s.cfg.dlqTopic, 1); err != nil {
 		return err
@@ -149,6 +157,9 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	if s.cfg.mode == Transactional {
 		if err := acklog.EnsureTopic(sctx, adm, s.cfg.ackLogTopic); err != nil {
 			return fmt.Errorf("sharegroup: ack-log: %w", err)
+		}
+		if err := ensureTopic(sctx, adm, s.cfg.requeueTopic, 1); err != nil {
+			return err
 		}
 		wopts = append(wopts, kafkatxn.Guarantee(kafkatxn.ExactlyOnce))
 	} else {
@@ -176,6 +187,15 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		return fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
 	}
 	if s.cfg.mode == Transactional {
+		rqOpts := append(slices.Clone(wopts), kafkatxn.TransactionalIDPrefix(s.prefix+"-rq"))
+		if s.rq.w, err = kafkatxn.NewTxnWriter(ctx, rqOpts...); err != nil {
+			return fmt.Errorf("sharegroup: %w", err)
+		}
+		// Abort a re-queue transaction a crash left open: its originals
+		// come back and are judged again.
+		if err := s.rq.w.Recover(ctx, nil); err != nil {
+			return fmt.Errorf("sharegroup: recover re-queue transactions: %w", err)
+		}
 		if s.ix, err = acklog.NewIndex(ctx, s.cfg.brokers, s.cfg.ackLogTopic, s.cfg.clientOpts...); err != nil {
 			return fmt.Errorf("sharegroup: ack-log index: %w", err)
 		}
@@ -196,7 +216,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	for i := 0; i < n; i++ {
 		l := newLane(i, fmt.Sprintf("%s/lane%d", s.member, i))
 		cl, err := kgo.NewClient(append(base,
-			kgo.ShareGroup(s.cfg.group), kgo.ConsumeTopics(s.cfg.topics...),
+			kgo.ShareGroup(s.cfg.group), kgo.ConsumeTopics(s.inputs()...),
 			kgo.ShareMaxRecords(int32(s.cfg.batch)), kgo.ShareMaxRecordsStrict(),
 			kgo.ShareAckCallback(l.ack.callback),
 			kgo.ConnIdleTimeout(10*time.Minute), kgo.ClientID(l.name))...)
@@ -327,7 +347,7 @@ func (s *Source[T]) checkStarts(ctx context.Context) error {
 	var skipped []string
 	var advance []*kgo.Record
 	for tp, start := range starts {
-		if !slices.Contains(s.cfg.topics, tp.Topic) {
+		if !slices.Contains(s.inputs(), tp.Topic) {
 			continue
 		}
 		wm, ok := s.ix.Watermark(tp)
@@ -524,7 +544,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 		}
 	}
 	now := time.Now()
-	var stale, emitted, rejected, accepted []*kgo.Record
+	var stale, emitted, rejected, accepted, requeue []*kgo.Record
 	var aside []asideRec
 	for _, r := range batch {
 		if expiresSoon(r, now, margin) {
@@ -542,7 +562,18 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 				continue
 			}
 		}
-		if r.DeliveryCount() >= s.cfg.maxDeliveries {
+		switch {
+		case s.cfg.mode == Transactional && r.DeliveryCount() >= s.requeueAt && requeues(r) >= s.cfg.maxRequeues:
+			if err := s.deadLetter(ctx, r, fmt.Errorf("re-queued %d times (max %d), delivered %d times", requeues(r),
+				s.cfg.maxRequeues, r.DeliveryCount())); err != nil {
+				return err
+			}
+			rejected = append(rejected, r)
+			continue
+		case s.cfg.mode == Transactional && r.DeliveryCount() >= s.requeueAt:
+			requeue = append(requeue, r)
+			continue
+		case s.cfg.mode != Transactional && r.DeliveryCount() >= s.cfg.maxDeliveries:
 			if err := s.deadLetter(ctx, r, fmt.Errorf("delivered %d times (max %d)", r.DeliveryCount(), s.cfg.maxDeliveries)); err != nil {
 				return err
 			}
@@ -567,10 +598,15 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 				zap.Error(errors.Join(err, refusedErr(refused))))
 		}
 	}
+	if len(requeue) > 0 {
+		if err := s.requeue(ctx, l, requeue); err != nil {
+			return err
+		}
+	}
 	if ce := s.log.Check(zap.DebugLevel, "share batch admitted"); ce != nil {
 		ce.Write(zap.String("lane", l.name), zap.Int("records", len(batch)), zap.Int("emitted", len(emitted)),
 			zap.Int("already_processed", len(accepted)), zap.Int("set_aside", len(aside)),
-			zap.Int("rejected", len(rejected)), zap.Int("released_stale", len(stale)))
+			zap.Int("rejected", len(rejected)), zap.Int("released_stale", len(stale)), zap.Int("requeued", len(requeue)))
 	}
 	l.mu.Lock()
 	l.drop(stale)
@@ -614,6 +650,15 @@ func (s *Source[T]) asideOutcome(ctx context.Context) func(acklog.Entry) kgo.Ack
 		}
 		return 0
 	}
+}
+
+// inputs are the topics the lanes read: the configured ones and, in
+// transactional mode, the group's retry topic.
+func (s *Source[T]) inputs() []string {
+	if s.cfg.mode != Transactional {
+		return s.cfg.topics
+	}
+	return append(slices.Clone(s.cfg.topics), s.cfg.requeueTopic)
 }
 
 // deadLetterRecord copies r for the dead-letter topic, with the reason and
@@ -928,6 +973,9 @@ func (s *Source[T]) Close() error {
 	s.stopLanes()
 	if s.txn != nil {
 		s.txn.Close()
+	}
+	if s.rq.w != nil {
+		s.rq.w.Close()
 	}
 	if s.ix != nil {
 		s.ix.Close()

@@ -1,0 +1,126 @@
+package sharegroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/kafkatxn"
+	"github.com/weirstream/weir/sources/sharegroup/acklog"
+)
+
+// HeaderRequeues is the header counting how often the transactional source
+// re-queued a record (see requeue).
+const HeaderRequeues = "weir.requeues"
+
+// The delivery budget. The broker counts a delivery at every acquisition,
+// whatever ended it: a restart, a rollback, a lapsed lock or group churn
+// costs one as a processing failure does, and past
+// group.share.delivery.count.limit the broker archives the record. So the
+// transactional source does not wait for the last delivery: a record
+// acquired with at most one delivery left (count >= limit - 1) is not
+// processed but re-queued: copied to the group's retry topic (which the
+// source also reads) in a transaction of its own, committed at once, that
+// also carries an ack marker covering the original; then the original is
+// ACCEPTed. The copy starts with a fresh budget. If the process dies after
+// the commit and before the ACCEPT, the original comes back and the lookup
+// finds the committed marker: it is ACCEPTed, not processed. A record is
+// poison when it was re-queued MaxRequeues times (the source's own count,
+// in HeaderRequeues) or when decoding it fails; poison records go to the
+// dead-letter topic inside the epoch's transaction. (docs/architecture.md,
+// "Delivery budget".)
+
+// requeueWriter is the transactional writer of re-queue transactions, with
+// its own transactional ids ("<prefix>-rq-<subtask>-<index>") and a
+// counter standing in for checkpoint ids.
+type requeueWriter struct {
+	w *kafkatxn.TxnWriter
+	n checkpoint.ID
+}
+
+// requeues returns a record's re-queue count.
+func requeues(r *kgo.Record) int {
+	for _, h := range r.Headers {
+		if h.Key == HeaderRequeues {
+			if n, err := strconv.Atoi(string(h.Value)); err == nil && n >= 0 {
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// requeueRecord copies r for the retry topic with its re-queue count raised.
+func requeueRecord(r *kgo.Record, topic string) *kgo.Record {
+	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
+	for _, h := range r.Headers {
+		if h.Key != HeaderRequeues {
+			hs = append(hs, h)
+		}
+	}
+	hs = append(hs, kgo.RecordHeader{Key: HeaderRequeues, Value: []byte(strconv.Itoa(requeues(r) + 1))})
+	return &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: hs}
+}
+
+// requeue re-queues recs, which lane l holds, and ACCEPTs them. On a
+// conflict (an earlier marker overlapping them appeared since they were
+// looked up: someone else holds or processed them) the transaction is
+// aborted and the records are left alone, to come back and be judged again.
+func (s *Source[T]) requeue(ctx context.Context, l *lane, recs []*kgo.Record) error {
+	rq := &s.rq
+	rq.n++
+	id := rq.n
+	cur, err := rq.w.Current(ctx)
+	if err != nil {
+		return fmt.Errorf("sharegroup: re-queue transaction: %w", err)
+	}
+	offsets := map[acklog.TopicPartition][]int64{}
+	for _, r := range recs {
+		if err := rq.w.Write(ctx, requeueRecord(r, s.cfg.requeueTopic)); err != nil {
+			return fmt.Errorf("sharegroup: re-queue: %w", err)
+		}
+		tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+		offsets[tp] = append(offsets[tp], r.Offset)
+	}
+	m := acklog.Marker{Group: s.cfg.group, Member: s.member + "/requeue", TransactionalID: cur.TransactionalID,
+		ProducerID: cur.ProducerID, Ranges: acklog.RangesOf(offsets), CreatedAt: time.Now()}
+	rec := m.Record(s.cfg.ackLogTopic)
+	if err := rq.w.Write(ctx, rec); err != nil {
+		return fmt.Errorf("sharegroup: re-queue marker: %w", err)
+	}
+	if err := rq.w.Flush(ctx); err != nil {
+		return fmt.Errorf("sharegroup: re-queue: %w", err)
+	}
+	if err := s.ix.CatchUp(ctx, rec.Offset+1); err != nil {
+		return fmt.Errorf("sharegroup: ack-log: %w", err)
+	}
+	if _, _, err := rq.w.PreCommit(ctx, id); err != nil {
+		return fmt.Errorf("sharegroup: re-queue: %w", err)
+	}
+	own := acklog.Entry{Marker: m, Offset: rec.Offset, Status: acklog.Open, ProducerEpoch: rec.ProducerEpoch}
+	if cs := s.ix.Conflicts(own); len(cs) > 0 {
+		s.log.Info("re-queue aborted: an earlier ack marker covers the records now", zap.String("lane", l.name),
+			zap.Int64("marker", cs[0].Offset))
+		return rq.w.Abort(ctx, id)
+	}
+	if err := rq.w.Commit(ctx, id); err != nil {
+		return fmt.Errorf("sharegroup: commit the re-queue transaction: %w", err)
+	}
+	s.log.Info("re-queued records at their last healthy delivery to the retry topic", zap.String("lane", l.name),
+		zap.Int("records", len(recs)), zap.String("retry_topic", s.cfg.requeueTopic))
+	// Committed: the marker covers the originals whatever happens next.
+	if refused, err := l.ack.ack(ctx, kgo.AckAccept, recs...); err != nil || len(refused) > 0 {
+		s.log.Warn("accepting re-queued records failed; they come back and the ack-log recognises them",
+			zap.String("lane", l.name), zap.Error(errors.Join(err, refusedErr(refused))))
+	}
+	l.mu.Lock()
+	l.drop(recs)
+	l.mu.Unlock()
+	return nil
+}
