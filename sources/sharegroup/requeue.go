@@ -70,20 +70,21 @@ func requeueRecord(r *kgo.Record, topic string) *kgo.Record {
 
 // requeue re-queues recs, which lane l holds, and ACCEPTs them. On a
 // conflict (an earlier marker overlapping them appeared since they were
-// looked up: someone else holds or processed them) the transaction is
-// aborted and the records are left alone, to come back and be judged again.
-func (s *Source[T]) requeue(ctx context.Context, l *lane, recs []*kgo.Record) error {
+// looked up: someone else processed or is processing them) the transaction
+// is aborted and the records are returned to be set aside behind that
+// marker, as any record covered by another transaction's marker is.
+func (s *Source[T]) requeue(ctx context.Context, l *lane, recs []*kgo.Record) ([]asideRec, error) {
 	rq := &s.rq
 	rq.n++
 	id := rq.n
 	cur, err := rq.w.Current(ctx)
 	if err != nil {
-		return fmt.Errorf("sharegroup: re-queue transaction: %w", err)
+		return nil, fmt.Errorf("sharegroup: re-queue transaction: %w", err)
 	}
 	offsets := map[acklog.TopicPartition][]int64{}
 	for _, r := range recs {
 		if err := rq.w.Write(ctx, requeueRecord(r, s.cfg.requeueTopic)); err != nil {
-			return fmt.Errorf("sharegroup: re-queue: %w", err)
+			return nil, fmt.Errorf("sharegroup: re-queue: %w", err)
 		}
 		tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
 		offsets[tp] = append(offsets[tp], r.Offset)
@@ -92,25 +93,36 @@ func (s *Source[T]) requeue(ctx context.Context, l *lane, recs []*kgo.Record) er
 		ProducerID: cur.ProducerID, Ranges: acklog.RangesOf(offsets), CreatedAt: time.Now()}
 	rec := m.Record(s.cfg.ackLogTopic)
 	if err := rq.w.Write(ctx, rec); err != nil {
-		return fmt.Errorf("sharegroup: re-queue marker: %w", err)
+		return nil, fmt.Errorf("sharegroup: re-queue marker: %w", err)
 	}
 	if err := rq.w.Flush(ctx); err != nil {
-		return fmt.Errorf("sharegroup: re-queue: %w", err)
+		return nil, fmt.Errorf("sharegroup: re-queue: %w", err)
 	}
 	if err := s.ix.CatchUp(ctx, rec.Offset+1); err != nil {
-		return fmt.Errorf("sharegroup: ack-log: %w", err)
+		return nil, fmt.Errorf("sharegroup: ack-log: %w", err)
 	}
 	if _, _, err := rq.w.PreCommit(ctx, id); err != nil {
-		return fmt.Errorf("sharegroup: re-queue: %w", err)
+		return nil, fmt.Errorf("sharegroup: re-queue: %w", err)
 	}
 	own := acklog.Entry{Marker: m, Offset: rec.Offset, Status: acklog.Open, ProducerEpoch: rec.ProducerEpoch}
 	if cs := s.ix.Conflicts(own); len(cs) > 0 {
-		s.log.Info("re-queue aborted: an earlier ack marker covers the records now", zap.String("lane", l.name),
-			zap.Int64("marker", cs[0].Offset))
-		return rq.w.Abort(ctx, id)
+		s.log.Info("re-queue aborted: an earlier ack marker covers the records now; they wait for it",
+			zap.String("lane", l.name), zap.Int64("marker", cs[0].Offset))
+		if err := rq.w.Abort(ctx, id); err != nil {
+			return nil, fmt.Errorf("sharegroup: abort the re-queue transaction: %w", err)
+		}
+		aside := make([]asideRec, 0, len(recs))
+		for _, r := range recs {
+			e, ok := s.ix.Lookup(acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}, r.Offset)
+			if !ok || e.Offset < 0 {
+				e = cs[0] // judged by the conflicting marker
+			}
+			aside = append(aside, asideRec{r: r, marker: e})
+		}
+		return aside, nil
 	}
 	if err := rq.w.Commit(ctx, id); err != nil {
-		return fmt.Errorf("sharegroup: commit the re-queue transaction: %w", err)
+		return nil, fmt.Errorf("sharegroup: commit the re-queue transaction: %w", err)
 	}
 	s.log.Info("re-queued records at their last healthy delivery to the retry topic", zap.String("lane", l.name),
 		zap.Int("records", len(recs)), zap.String("retry_topic", s.cfg.requeueTopic))
@@ -122,5 +134,5 @@ func (s *Source[T]) requeue(ctx context.Context, l *lane, recs []*kgo.Record) er
 	l.mu.Lock()
 	l.drop(recs)
 	l.mu.Unlock()
-	return nil
+	return nil, nil
 }

@@ -599,9 +599,11 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 		}
 	}
 	if len(requeue) > 0 {
-		if err := s.requeue(ctx, l, requeue); err != nil {
+		waiting, err := s.requeue(ctx, l, requeue)
+		if err != nil {
 			return err
 		}
+		aside = append(aside, waiting...)
 	}
 	if ce := s.log.Check(zap.DebugLevel, "share batch admitted"); ce != nil {
 		ce.Write(zap.String("lane", l.name), zap.Int("records", len(batch)), zap.Int("emitted", len(emitted)),
