@@ -14,8 +14,10 @@ import (
 
 // A job cancelled for good, mid-run, leaves no transaction open (sink
 // output, ack markers): read_committed readers of every topic see up to the
-// high watermark at once, not after the transaction timeout. A second run of
-// the job then completes the output exactly once.
+// high watermark at once, not after the transaction timeout. What it
+// committed is exactly its last completed checkpoint: a second run restored
+// from that checkpoint (same checkpoint directory) completes the output
+// exactly once.
 func TestCancelledWordcountLeavesNoOpenTransaction(t *testing.T) {
 	env := kafkatest.New(t)
 	env.CreateTopic(t, "lines", 4, nil)
@@ -33,11 +35,13 @@ func TestCancelledWordcountLeavesNoOpenTransaction(t *testing.T) {
 		return job
 	}
 
+	opts := []runtime.ClusterOpt{runtime.CheckpointInterval(50 * time.Millisecond), runtime.CheckpointDir(t.TempDir())}
+
 	// First run: cancel once some output is committed, before all of it.
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(50*time.Millisecond)).Run(ctx, build())
+		_, err := runtime.NewMiniCluster(opts...).Run(ctx, build())
 		done <- err
 	}()
 	for deadline := time.Now().Add(60 * time.Second); ; {
@@ -81,7 +85,7 @@ func TestCancelledWordcountLeavesNoOpenTransaction(t *testing.T) {
 
 	// Second run: the rest, exactly once overall.
 	want := wordcount.Expected(lines)
-	runUntil(t, env, build(), want, nil, runtime.CheckpointInterval(50*time.Millisecond))
+	runUntil(t, env, build(), want, nil, opts...)
 	if rep := wordcount.Check(env.ReadCommitted(t, "counts"), want); !rep.OK() {
 		t.Fatal(rep)
 	}
