@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -72,6 +74,7 @@ Default broker configs (override with --config key=value):
 				_ = b.Close()
 				return err
 			}
+			reportAddrs(ctx, log, b.Bound(), b.Addr())
 			<-ctx.Done()
 			log.Info("stopping broker", zap.String("reason", context.Cause(ctx).Error()))
 			return b.Close()
@@ -103,4 +106,24 @@ func defaultsHelp() string {
 		b.WriteString(line + "\n")
 	}
 	return b.String()
+}
+
+// reportAddrs says, when they differ, what the broker bound and what it
+// tells clients (stdout's line is the advertised address, which clients
+// dial), and warns when the advertised host does not resolve here.
+func reportAddrs(ctx context.Context, log *zap.Logger, bound, advertised string) {
+	if bound != advertised {
+		log.Info("broker bound to one address and advertises another: clients are told to connect to the advertised one",
+			zap.String("bound", bound), zap.String("advertised", advertised))
+	}
+	host, _, err := net.SplitHostPort(advertised)
+	if err != nil || net.ParseIP(host) != nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := net.DefaultResolver.LookupHost(rctx, host); err != nil {
+		log.Warn("the advertised host does not resolve here: clients that cannot resolve it cannot connect",
+			zap.String("advertised", advertised), zap.String("bound", bound), zap.Error(err))
+	}
 }

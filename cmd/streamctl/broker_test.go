@@ -97,6 +97,8 @@ func TestCLIRejectsBadInvocations(t *testing.T) {
 		{"extra argument", []string{"version", "extra"}, `unknown command "extra"`},
 		{"config without =", []string{"broker", "--config", "nokey"}, `"nokey": want key=value`},
 		{"unknown config", []string{"broker", "--listen", "127.0.0.1:0", "--config", "no.such=1"}, `unknown broker config "no.such"`},
+		{"config out of range", []string{"broker", "--listen", "127.0.0.1:0", "--config", "group.share.delivery.count.limit=-5"},
+			`group.share.delivery.count.limit=-5 out of range [2, 10]`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -319,5 +321,23 @@ func TestBrokerRefusesUnusableSetupsWithOneErrorLine(t *testing.T) {
 				t.Errorf("stdout = %q, want nothing", stdout.String())
 			}
 		})
+	}
+}
+
+// A broker bound to all interfaces, or told to advertise an address that
+// does not resolve, says what it bound and what it advertises; stdout's line
+// stays the address clients are told.
+func TestBrokerReportsBoundAndAdvertisedAddresses(t *testing.T) {
+	p := brokerproc.Run(t, exec.Command(streamctlBin, "broker", "--listen", "0.0.0.0:0", "--advertise", "no-such-host.invalid"))
+	if !regexp.MustCompile(`^no-such-host\.invalid:\d+$`).MatchString(p.Addr) {
+		t.Fatalf("broker listening on %q, want the advertised no-such-host.invalid:PORT", p.Addr)
+	}
+	_, port, _ := strings.Cut(p.Addr, ":")
+	p.Stop(t)
+	errOut := p.Stderr()
+	for _, want := range []string{"bound", ":" + port, "advertised", "does not resolve"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut)
+		}
 	}
 }

@@ -126,6 +126,7 @@ func Logger(l *zap.Logger) Opt { return opt(func(c *cfg) { c.logger = l }) }
 type Broker struct {
 	cluster *kfake.Cluster
 	addr    string
+	bound   string
 	dataDir string
 	log     *zap.Logger
 	kfl     *kfakeLogger
@@ -237,6 +238,7 @@ func Start(ctx context.Context, opts ...Opt) (*Broker, error) {
 	b := &Broker{
 		cluster: cluster,
 		addr:    advertised,
+		bound:   ln.Addr().String(),
 		dataDir: c.dataDir,
 		log:     c.logger,
 		kfl:     kfl,
@@ -342,6 +344,10 @@ func newCluster(opts []kfake.Opt) (c *kfake.Cluster, err error) {
 	}()
 	return kfake.NewCluster(opts...)
 }
+
+// Bound returns the address the broker's listener is bound to (for
+// "0.0.0.0:0", the port chosen); Addr is what clients are told.
+func (b *Broker) Bound() string { return b.bound }
 
 // Addr returns the host:port clients connect to (the advertised address).
 func (b *Broker) Addr() string { return b.addr }

@@ -166,10 +166,40 @@ func validateConfigs(cfgs map[string]string) error {
 			return fmt.Errorf("%w: unknown broker config %q (known: %s)", ErrInvalidConfig, k, strings.Join(KnownConfigs(), ", "))
 		}
 		if v != "" && numeric {
-			if _, err := strconv.ParseInt(v, 10, 64); err != nil {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
 				return fmt.Errorf("%w: %s=%q: not an integer", ErrInvalidConfig, k, v)
+			}
+			if lo, hi := configRange(k); n < lo || (hi > 0 && n > hi) {
+				return fmt.Errorf("%w: %s=%d out of range %s", ErrInvalidConfig, k, n, fmtRange(lo, hi))
 			}
 		}
 	}
 	return nil
+}
+
+// configRange returns the valid range of a numeric config (hi 0: no upper
+// bound): Apache Kafka's where it documents one (the share-group limits),
+// -1 for "unlimited" retention settings, at least 1 for durations, sizes
+// and counts that cannot be zero, else at least 0.
+func configRange(key string) (lo, hi int64) {
+	switch key {
+	case "group.share.delivery.count.limit":
+		return 2, 10
+	case "group.share.record.lock.duration.ms":
+		return 1000, 3600000
+	case "log.retention.bytes", "log.retention.ms":
+		return -1, 0
+	case "broker.id", "connections.max.reauth.ms", "log.cleaner.backoff.ms", "max.incremental.fetch.session.cache.slots":
+		return 0, 0
+	}
+	return 1, 0
+}
+
+// fmtRange prints a range as "[lo, hi]" or "[lo, ...)".
+func fmtRange(lo, hi int64) string {
+	if hi > 0 {
+		return fmt.Sprintf("[%d, %d]", lo, hi)
+	}
+	return fmt.Sprintf("[%d, ...)", lo)
 }
