@@ -246,6 +246,10 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		if err != nil {
 			return res, err
 		}
+		if restore.From > 0 {
+			cfg.log.Info("restoring from checkpoint", zap.String("job", cfg.jobID), zap.Uint64("checkpoint", uint64(restore.From)),
+				zap.Int("attempt", attempt), zap.Int("transactions_to_commit", restore.handleCount()))
+		}
 		a := newAttempt(cfg, p, store, attempt, pending)
 		a.cause = cause
 		last, runErr := a.run(ctx, restore)
@@ -267,7 +271,8 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		res.Restarts++
 		cause = runErr.Error()
 		cfg.log.Warn("job failed, restarting from the latest completed checkpoint",
-			zap.String("job", cfg.jobID), zap.Int("attempt", attempt+1), zap.Error(runErr))
+			zap.String("job", cfg.jobID), zap.String("strategy", "fixed-delay"), zap.Int("attempt", attempt+1),
+			zap.Int("max_restarts", cfg.restarts), zap.Duration("delay", cfg.restartDelay), zap.Error(runErr))
 		select {
 		case <-time.After(cfg.restartDelay):
 		case <-ctx.Done():
@@ -324,6 +329,8 @@ type attempt struct {
 	driver      *checkpoint.Driver
 	ended       atomic.Int32
 	lastDone    atomic.Uint64
+	sizeMu      sync.Mutex
+	sizes       map[checkpoint.ID]int64 // state bytes acknowledged per checkpoint
 	triggered   map[checkpoint.ID]time.Time // driver goroutine only
 	cause       string                      // failure that led to this attempt
 	reports     sync.WaitGroup
@@ -661,6 +668,12 @@ func (a *attempt) report(fn func(ctx context.Context) error) {
 
 func (a *attempt) ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
 	a.pending.add(id, snap)
+	a.sizeMu.Lock()
+	if a.sizes == nil {
+		a.sizes = map[checkpoint.ID]int64{}
+	}
+	a.sizes[id] += snap.Size()
+	a.sizeMu.Unlock()
 	a.report(func(ctx context.Context) error { return a.driver.Ack(ctx, task, id, snap, alignment) })
 }
 
@@ -701,8 +714,19 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 	for _, t := range a.tasks {
 		_ = a.send(ctx, t, control{kind: ctrlComplete, id: id})
 	}
+	cycle := time.Since(a.triggered[id])
+	a.sizeMu.Lock()
+	size := a.sizes[id]
+	for cid := range a.sizes {
+		if cid <= id {
+			delete(a.sizes, cid)
+		}
+	}
+	a.sizeMu.Unlock()
+	a.cfg.log.Info("checkpoint completed", zap.String("job", a.cfg.jobID), zap.Uint64("checkpoint", uint64(id)),
+		zap.Duration("duration", cycle), zap.Int64("size_bytes", size))
 	if a.cfg.onCheckpoint != nil {
-		a.cfg.onCheckpoint(CheckpointEvent{ID: id, Cycle: time.Since(a.triggered[id])})
+		a.cfg.onCheckpoint(CheckpointEvent{ID: id, Cycle: cycle})
 	}
 	for cid := range a.triggered {
 		if cid <= id {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -85,6 +86,21 @@ type StateAssignment struct {
 	Orphans []checkpoint.TxnHandle
 	// NonRestored are the UIDs whose state was dropped, sorted.
 	NonRestored []string
+}
+
+// handleCount counts the distinct transactions the restore commits.
+func (a *StateAssignment) handleCount() int {
+	seen := map[string]bool{}
+	add := func(hs []checkpoint.TxnHandle) {
+		for _, h := range hs {
+			seen[h.TransactionalID+"/"+strconv.FormatInt(h.ProducerID, 10)+"/"+strconv.Itoa(int(h.Epoch))] = true
+		}
+	}
+	for _, st := range a.Subtasks {
+		add(st.CommitHandles)
+	}
+	add(a.Orphans)
+	return len(seen)
 }
 
 // AssignState applies the restore rules:
