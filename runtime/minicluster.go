@@ -18,6 +18,10 @@ import (
 // ErrJobFailed is wrapped by the error of a job that exhausted its restarts.
 var ErrJobFailed = errors.New("runtime: job failed")
 
+// cancelDriverWait bounds how long a job cancel waits for the coordinator
+// to stop before it cancels the tasks.
+const cancelDriverWait = 10 * time.Second
+
 // errJobCanceled is the cause with which the tasks of a job cancelled for
 // good (not failed, not restarting) are cancelled.
 var errJobCanceled = errors.New("runtime: job cancelled")
@@ -406,7 +410,12 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	driverCtx, stopDriver := context.WithCancel(ctx)
 	defer context.AfterFunc(parent, func() {
 		stopDriver()
-		<-driverStopped
+		select {
+		case <-driverStopped:
+		case <-time.After(cancelDriverWait):
+			a.cfg.log.Warn("the checkpoint coordinator did not stop in time; cancelling the tasks anyway",
+				zap.Duration("waited", cancelDriverWait))
+		}
 		cancel(errJobCanceled)
 	})()
 	go func() {
