@@ -162,9 +162,12 @@ func (w *TxnWriter) commitHandles(ctx context.Context, handles []checkpoint.TxnH
 		err := w.endTxn(ctx, h, true)
 		var le *LostTxnError
 		switch {
-		case errors.As(err, &le) && !endedBefore(le.Err) && w.recoverLostState(ctx, h):
+		case errors.As(err, &le) && w.recoverLostState(ctx, h):
 			// The embedded broker lost it in a crash: re-committed (or
-			// left to its owner subtask), see markers.go.
+			// left to its owner subtask), see markers.go. Checked before
+			// endedBefore: a re-commit interrupted by another crash has
+			// bumped the id's epoch, so the next EndTxn answers
+			// PRODUCER_FENCED although nothing was committed.
 		case errors.As(err, &le) && endedBefore(le.Err):
 			// The id moved on (a later transaction, a re-initialisation)
 			// or expired: our transaction ended long before. Weir reuses
