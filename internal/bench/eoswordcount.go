@@ -134,6 +134,11 @@ func weirEOSWordcount(ctx context.Context, adm *kadm.Client, addr string, run in
 	if err != nil {
 		return 0, err
 	}
+	// Created here, as the job would (broker defaults), so the sampler's
+	// client never caches it as unknown.
+	if err := createTopic(ctx, adm, out); err != nil {
+		return 0, err
+	}
 	defer deleteTopic(ctx, adm, out)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
