@@ -38,17 +38,11 @@ const (
 // exactly every record visible to read_committed, or the benchmark fails.
 func EOSSink(ctx context.Context, cfg Config) ([]Line, error) {
 	n, runs := cfg.sizeOf(3_000_000, 1_000_000, 50_000), cfg.runsOf(3, 2)
-	b, err := broker.Start(ctx, broker.Listen("127.0.0.1:0"))
+	kb, err := startBroker(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer b.Close()
-	admCl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
-	if err != nil {
-		return nil, err
-	}
-	defer admCl.Close()
-	adm := kadm.NewClient(admCl)
+	defer kb.Close()
 
 	value := sinkValues()
 	items := make([]int, n)
@@ -58,12 +52,12 @@ func EOSSink(ctx context.Context, cfg Config) ([]Line, error) {
 	var checkpoints []int64
 	weir, base, err := alternate(runs, func(side string, i int) { cfg.progress("run %d/%d: %s", i+1, runs, side) },
 		func(i int) (float64, error) {
-			el, cps, err := eosSinkRun(ctx, adm, b.Addr(), fmt.Sprintf("eos-sink-weir-%d", i), items, value)
+			el, cps, err := eosSinkRun(ctx, kb.adm, kb.addr, fmt.Sprintf("eos-sink-weir-%d", i), items, value)
 			checkpoints = append(checkpoints, cps)
 			return float64(n) / el.Seconds(), err
 		},
 		func(i int) (float64, error) {
-			el, err := plainProduce(ctx, adm, b.Addr(), fmt.Sprintf("eos-sink-plain-%d", i), n, value)
+			el, err := plainProduce(ctx, kb.adm, kb.addr, fmt.Sprintf("eos-sink-plain-%d", i), n, value)
 			return float64(n) / el.Seconds(), err
 		})
 	if err != nil {
@@ -86,6 +80,33 @@ func sinkValues() func(i int) []byte {
 		i %= eosSinkValues
 		return values[i*eosSinkValueSize : (i+1)*eosSinkValueSize : (i+1)*eosSinkValueSize]
 	}
+}
+
+// kafkaBroker is a benchmark's in-process broker and a client on it for
+// administration.
+type kafkaBroker struct {
+	b    *broker.Broker
+	addr string
+	cl   *kgo.Client
+	adm  *kadm.Client
+}
+
+func startBroker(ctx context.Context) (*kafkaBroker, error) {
+	b, err := broker.Start(ctx, broker.Listen("127.0.0.1:0"))
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
+	if err != nil {
+		return nil, errors.Join(err, b.Close())
+	}
+	return &kafkaBroker{b: b, addr: b.Addr(), cl: cl, adm: kadm.NewClient(cl)}, nil
+}
+
+// Close closes the client, then the broker.
+func (k *kafkaBroker) Close() {
+	k.cl.Close()
+	_ = k.b.Close()
 }
 
 func createTopic(ctx context.Context, adm *kadm.Client, topic string) error {

@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/examples/wordcount"
-	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/kafkatxn/committed"
 	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/sources/sharegroup"
@@ -41,17 +40,11 @@ import (
 // partition against the broker's cap (share-inflight), over all runs.
 func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 	lines, runs := cfg.sizeOf(200_000, 60_000, 3_000), cfg.runsOf(3, 2)
-	b, err := broker.Start(ctx, broker.Listen("127.0.0.1:0"))
+	kb, err := startBroker(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer b.Close()
-	admCl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
-	if err != nil {
-		return nil, err
-	}
-	defer admCl.Close()
-	adm := kadm.NewClient(admCl)
+	defer kb.Close()
 	corpus := Corpus(3, lines, 6, 5_000)
 	want := wordcount.Expected(corpus)
 	words := 0
@@ -59,7 +52,7 @@ func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 		words += n
 	}
 	cfg.progress("producing %d lines", lines)
-	if err := produceCorpus(ctx, b.Addr(), "bench-lines", corpus); err != nil {
+	if err := produceCorpus(ctx, kb.addr, "bench-lines", corpus); err != nil {
 		return nil, err
 	}
 	var mu sync.Mutex
@@ -74,11 +67,11 @@ func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 	})
 	weir, base, err := alternate(runs, func(side string, i int) { cfg.progress("run %d/%d: %s", i+1, runs, side) },
 		func(i int) (float64, error) {
-			el, err := weirEOSWordcount(ctx, adm, b.Addr(), i, want, words, observe)
+			el, err := weirEOSWordcount(ctx, kb, i, want, words, observe)
 			return float64(lines) / el.Seconds(), err
 		},
 		func(i int) (float64, error) {
-			el, err := shareLoop(ctx, adm, b.Addr(), i, want, words)
+			el, err := shareLoop(ctx, kb, i, want, words)
 			return float64(lines) / el.Seconds(), err
 		})
 	if err != nil {
@@ -127,23 +120,23 @@ const (
 // output of its own) until its committed output holds words records, and
 // returns the time from its start until that output was visible. It then
 // checks the output with wordcount.Check and deletes it.
-func weirEOSWordcount(ctx context.Context, adm *kadm.Client, addr string, run int, want map[string]int, words int, opts ...sharegroup.Opt) (time.Duration, error) {
+func weirEOSWordcount(ctx context.Context, kb *kafkaBroker, run int, want map[string]int, words int, opts ...sharegroup.Opt) (time.Duration, error) {
 	out := fmt.Sprintf("bench-weir-out-%d", run)
-	job, err := wordcount.BuildWith(runtime.Params{"brokers": addr, "input": "bench-lines", "output": out,
+	job, err := wordcount.BuildWith(runtime.Params{"brokers": kb.addr, "input": "bench-lines", "output": out,
 		"group": fmt.Sprintf("bench-weir-%d", run), "guarantee": "exactly-once"}, opts...)
 	if err != nil {
 		return 0, err
 	}
 	// Created here, as the job would (broker defaults), so the sampler's
 	// client never caches it as unknown.
-	if err := createTopic(ctx, adm, out); err != nil {
+	if err := createTopic(ctx, kb.adm, out); err != nil {
 		return 0, err
 	}
-	defer deleteTopic(ctx, adm, out)
+	defer deleteTopic(ctx, kb.adm, out)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
-	smp := &lsoSampler{adm: adm, topic: out, fineFrom: int64(words) * 9 / 10}
+	smp := &lsoSampler{adm: kb.adm, topic: out, fineFrom: int64(words) * 9 / 10}
 	start := time.Now()
 	go func() {
 		_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond)).Run(rctx, job)
@@ -174,7 +167,7 @@ func weirEOSWordcount(ctx context.Context, adm *kadm.Client, addr string, run in
 		}
 		// Nothing became visible for lsoStable: read the output back.
 		checked = sum
-		recs, err := committed.Read(ctx, []string{addr}, out)
+		recs, err := committed.Read(ctx, []string{kb.addr}, out)
 		if err != nil {
 			return 0, fmt.Errorf("read %s: %w", out, err)
 		}
@@ -301,18 +294,13 @@ func lastOffsets(recs []*kgo.Record) map[int32]int64 {
 // start to the produce acknowledgement that completed the output. It then
 // checks the output (every word's values are 1..n, in any order: the two
 // consumers' produce calls interleave) and deletes it.
-func shareLoop(ctx context.Context, adm *kadm.Client, addr string, run int, want map[string]int, words int) (time.Duration, error) {
+func shareLoop(ctx context.Context, kb *kafkaBroker, run int, want map[string]int, words int) (time.Duration, error) {
 	group, out := fmt.Sprintf("bench-loop-%d", run), fmt.Sprintf("bench-loop-out-%d", run)
-	admin, err := kgo.NewClient(kgo.SeedBrokers(addr))
-	if err != nil {
+	if err := sharegroup.SetGroupConfig(ctx, kb.cl, group, "share.auto.offset.reset", "earliest"); err != nil {
 		return 0, err
 	}
-	defer admin.Close()
-	if err := sharegroup.SetGroupConfig(ctx, admin, group, "share.auto.offset.reset", "earliest"); err != nil {
-		return 0, err
-	}
-	defer deleteTopic(ctx, adm, out)
-	prod, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.DefaultProduceTopic(out), kgo.AllowAutoTopicCreation())
+	defer deleteTopic(ctx, kb.adm, out)
+	prod, err := kgo.NewClient(kgo.SeedBrokers(kb.addr), kgo.DefaultProduceTopic(out), kgo.AllowAutoTopicCreation())
 	if err != nil {
 		return 0, err
 	}
@@ -327,7 +315,7 @@ func shareLoop(ctx context.Context, adm *kadm.Client, addr string, run int, want
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
 	for range 2 {
-		cons, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ShareGroup(group), kgo.ConsumeTopics("bench-lines"), kgo.ShareMaxRecords(2000))
+		cons, err := kgo.NewClient(kgo.SeedBrokers(kb.addr), kgo.ShareGroup(group), kgo.ConsumeTopics("bench-lines"), kgo.ShareMaxRecords(2000))
 		if err != nil {
 			return 0, err
 		}
@@ -378,7 +366,7 @@ func shareLoop(ctx context.Context, adm *kadm.Client, addr string, run int, want
 	if produced.Load() < int64(words) {
 		return 0, fmt.Errorf("produced %d of %d counts: %w", produced.Load(), words, ctx.Err())
 	}
-	recs, err := committed.Read(ctx, []string{addr}, out)
+	recs, err := committed.Read(ctx, []string{kb.addr}, out)
 	if err != nil {
 		return 0, fmt.Errorf("read %s: %w", out, err)
 	}

@@ -9,10 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/sources/sharegroup"
 )
 
@@ -31,29 +29,23 @@ import (
 // acknowledged; every input record delivered exactly once.
 func Limits(ctx context.Context, cfg Config) ([]Line, error) {
 	n, lines, runs := cfg.sizeOf(3_000_000, 1_000_000, 50_000), cfg.sizeOf(200_000, 60_000, 3_000), cfg.runsOf(3, 2)
-	b, err := broker.Start(ctx, broker.Listen("127.0.0.1:0"))
+	kb, err := startBroker(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer b.Close()
-	admCl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
-	if err != nil {
-		return nil, err
-	}
-	defer admCl.Close()
-	adm := kadm.NewClient(admCl)
+	defer kb.Close()
 	cfg.progress("producing %d lines", lines)
-	if err := produceCorpus(ctx, b.Addr(), "limit-lines", Corpus(3, lines, 6, 5_000)); err != nil {
+	if err := produceCorpus(ctx, kb.addr, "limit-lines", Corpus(3, lines, 6, 5_000)); err != nil {
 		return nil, err
 	}
 	value := sinkValues()
 	prod, cons, err := alternate(runs, func(side string, i int) { cfg.progress("run %d/%d: %s", i+1, runs, side) },
 		func(i int) (float64, error) {
-			el, err := plainProduce(ctx, adm, b.Addr(), fmt.Sprintf("limit-produce-%d", i), n, value)
+			el, err := plainProduce(ctx, kb.adm, kb.addr, fmt.Sprintf("limit-produce-%d", i), n, value)
 			return float64(n) / el.Seconds(), err
 		},
 		func(i int) (float64, error) {
-			el, err := shareConsume(ctx, b.Addr(), "limit-lines", fmt.Sprintf("limit-consume-%d", i), lines)
+			el, err := shareConsume(ctx, kb, "limit-lines", fmt.Sprintf("limit-consume-%d", i), lines)
 			return float64(lines) / el.Seconds(), err
 		})
 	if err != nil {
@@ -81,13 +73,8 @@ const limitFetchWait = 10 * time.Millisecond
 // shareConsume reads n records of topic with 2 consumers of a new share
 // group, accepting them, and returns the time until both flushed their last
 // ACCEPT. It then checks that every record came exactly once.
-func shareConsume(ctx context.Context, addr, topic, group string, n int) (time.Duration, error) {
-	admin, err := kgo.NewClient(kgo.SeedBrokers(addr))
-	if err != nil {
-		return 0, err
-	}
-	defer admin.Close()
-	if err := sharegroup.SetGroupConfig(ctx, admin, group, "share.auto.offset.reset", "earliest"); err != nil {
+func shareConsume(ctx context.Context, kb *kafkaBroker, topic, group string, n int) (time.Duration, error) {
+	if err := sharegroup.SetGroupConfig(ctx, kb.cl, group, "share.auto.offset.reset", "earliest"); err != nil {
 		return 0, err
 	}
 	var got atomic.Int64
@@ -100,7 +87,7 @@ func shareConsume(ctx context.Context, addr, topic, group string, n int) (time.D
 	errs := make([]error, consumers)
 	var wg sync.WaitGroup
 	for c := range consumers {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ShareGroup(group), kgo.ConsumeTopics(topic), kgo.ShareMaxRecords(2000),
+		cl, err := kgo.NewClient(kgo.SeedBrokers(kb.addr), kgo.ShareGroup(group), kgo.ConsumeTopics(topic), kgo.ShareMaxRecords(2000),
 			kgo.FetchMaxWait(limitFetchWait))
 		if err != nil {
 			return 0, err
