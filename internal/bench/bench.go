@@ -14,6 +14,7 @@ import (
 	"io"
 	"math"
 	"math/rand"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -246,16 +247,19 @@ type measure func(run int) (float64, error)
 // alternate measures weir and base alternately, runs times each (weir,
 // base, weir, base, ...: a machine whose speed drifts during the run
 // drifts both sides alike), and returns both sides' rates in run order.
-// step reports which run is next.
+// step reports which run is next. Before each run the garbage of the
+// previous one is collected, so no side pays for the other's.
 func alternate(runs int, step func(side string, run int), weir, base measure) (w, b []float64, err error) {
 	for i := range runs {
 		step("weir", i)
+		goruntime.GC()
 		v, err := weir(i)
 		if err != nil {
 			return nil, nil, err
 		}
 		w = append(w, v)
 		step("baseline", i)
+		goruntime.GC()
 		if v, err = base(i); err != nil {
 			return nil, nil, fmt.Errorf("baseline: %w", err)
 		}
@@ -274,7 +278,17 @@ func compared(bench, metric, baseline string, weir, base []float64) Line {
 	}
 	l := spread(Line{Bench: bench, Metric: metric, Baseline: baseline, BaselineValue: median(base)}, weir)
 	l.Ratio, l.RatioMin, l.RatioMax = median(ratios), slices.Min(ratios), slices.Max(ratios)
+	l.Note = fmt.Sprintf("median of %d alternated runs; weir %s; baseline %s", len(weir), rates(weir), rates(base))
 	return l
+}
+
+// rates formats rates in run order, rounded to whole numbers.
+func rates(vs []float64) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return "[" + strings.Join(s, " ") + "]"
 }
 
 // spread fills l's value, its spread and the number of runs from vs.

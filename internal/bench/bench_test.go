@@ -210,6 +210,7 @@ func TestComparedIsTheMedianOfAlternatedRunsWithItsSpread(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := compared("b", "m", "base", tt.weir, tt.base)
+			got.Note = ""
 			tt.want.Bench, tt.want.Metric, tt.want.Baseline = "b", "m", "base"
 			if got != tt.want {
 				t.Errorf("compared(%v, %v) = %+v, want %+v", tt.weir, tt.base, got, tt.want)

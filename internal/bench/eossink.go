@@ -64,8 +64,8 @@ func EOSSink(ctx context.Context, cfg Config) ([]Line, error) {
 		return nil, err
 	}
 	l := compared("eos-sink", "records_per_s", "franz-go-produce", weir, base)
-	l.Note = fmt.Sprintf("%d records of %d B, parallelism 1, 100 ms checkpoints (%v per run); median of %d alternated runs",
-		n, eosSinkValueSize, checkpoints, runs)
+	l.Note = fmt.Sprintf("%d records of %d B, parallelism 1, 100 ms checkpoints (%v per run); %s",
+		n, eosSinkValueSize, checkpoints, l.Note)
 	return []Line{l}, nil
 }
 

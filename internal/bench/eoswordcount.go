@@ -78,8 +78,8 @@ func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 		return nil, err
 	}
 	l := compared("eos-wordcount", "records_per_s", "franz-go-share-loop", weir, base)
-	l.Note = fmt.Sprintf("input lines/s; %d lines, %d words, 8 partitions; median of %d alternated runs; "+
-		"clocks stop at the last output visible to read_committed (weir) and at the last produce ack (baseline)", lines, words, runs)
+	l.Note = fmt.Sprintf("input lines/s; %d lines, %d words, 8 partitions; "+
+		"clocks stop at the last output visible to read_committed (weir) and at the last produce ack (baseline); %s", lines, words, l.Note)
 	mu.Lock()
 	defer mu.Unlock()
 	return []Line{l,

@@ -34,7 +34,7 @@ func RuntimeWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 		return nil, err
 	}
 	l := compared("runtime-wordcount", "words_per_s", "single-goroutine-fields-map", weir, base)
-	l.Note = fmt.Sprintf("%d lines, %d words; median of %d alternated runs", lines, words, runs)
+	l.Note = fmt.Sprintf("%d lines, %d words; %s", lines, words, l.Note)
 	return []Line{l}, nil
 }
 
