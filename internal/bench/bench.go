@@ -1,6 +1,9 @@
-// Package bench holds Weir's benchmarks behind `streamctl bench`: each one
-// runs Weir and a hand-written baseline on the same data in the same process
-// run and reports one JSON line (docs/architecture.md, "Benchmark output").
+// Package bench holds Weir's benchmarks behind `streamctl bench`: each
+// comparison runs Weir and a hand-written baseline on the same data in the
+// same process run, alternately, and reports the median ratio with its
+// spread; the limits measure what the machine and the broker can do at
+// most. Every result is one JSON line (docs/architecture.md, "Benchmark
+// output").
 //
 // It measures; it must not assert. Speed is judged from its output, never by
 // timed assertions in tests.
