@@ -16,12 +16,18 @@ func newBenchCmd(a *app) *cobra.Command {
 		Short: "Run Weir's benchmarks; print one JSON line per result",
 		Long: `bench runs every benchmark against a hand-written baseline on the same data in
 the same process run, and prints one JSON object per result on stdout:
-  {"bench":..,"metric":..,"value":..,"baseline":..,"baseline_value":..,"ratio":..}
---quick keeps the whole run under a minute. While a benchmark runs, a progress
-line goes to stderr (live on a terminal, every few seconds otherwise).
+  {"bench":..,"metric":..,"value":..,"baseline":..,"baseline_value":..,"ratio":..,
+   "runs":..,"ratio_min":..,"ratio_max":..,"value_min":..,"value_max":..}
+A comparison alternates the two sides (Weir, baseline, Weir, baseline, ...):
+value and baseline_value are each side's median, ratio the median of the
+per-run ratios, ratio_min and ratio_max their spread. --quick keeps the whole
+run under a minute (fewer runs, less data). While a benchmark runs, a
+progress line goes to stderr (live on a terminal, every few seconds
+otherwise).
 
 Benchmarks (--only NAME, repeatable; in run order; eos-wordcount also
-reports share-inflight):
+reports share-inflight, limits reports limit-produce and
+limit-share-consume):
   ` + strings.Join(bench.Names(), "\n  "),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

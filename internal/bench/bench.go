@@ -1,6 +1,9 @@
-// Package bench holds Weir's benchmarks behind `streamctl bench`: each one
-// runs Weir and a hand-written baseline on the same data in the same process
-// run and reports one JSON line (docs/architecture.md, "Benchmark output").
+// Package bench holds Weir's benchmarks behind `streamctl bench`: each
+// comparison runs Weir and a hand-written baseline on the same data in the
+// same process run, alternately, and reports the median ratio with its
+// spread; the limits measure what the machine and the broker can do at
+// most. Every result is one JSON line (docs/architecture.md, "Benchmark
+// output").
 //
 // It measures; it must not assert. Speed is judged from its output, never by
 // timed assertions in tests.
@@ -14,6 +17,7 @@ import (
 	"io"
 	"math"
 	"math/rand"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,7 +35,17 @@ type Line struct {
 	Baseline      string  `json:"baseline,omitempty"`
 	BaselineValue float64 `json:"baseline_value,omitempty"`
 	Ratio         float64 `json:"ratio,omitempty"`
-	Note          string  `json:"note,omitempty"`
+	// Runs is how many times each side was measured. A comparison
+	// alternates the sides (Weir, baseline, Weir, baseline, ...); Value and
+	// BaselineValue are then the medians of each side, Ratio the median of
+	// the per-pair ratios (not Value/BaselineValue), and RatioMin and
+	// RatioMax their spread. ValueMin and ValueMax are the spread of Value.
+	Runs     int     `json:"runs,omitempty"`
+	RatioMin float64 `json:"ratio_min,omitempty"`
+	RatioMax float64 `json:"ratio_max,omitempty"`
+	ValueMin float64 `json:"value_min,omitempty"`
+	ValueMax float64 `json:"value_max,omitempty"`
+	Note     string  `json:"note,omitempty"`
 }
 
 // Config tunes a run of the benchmarks.
@@ -49,6 +63,12 @@ type Config struct {
 	clusterOpts []runtime.ClusterOpt
 	// checkpoints overrides how many checkpoints checkpoint-cycle measures.
 	checkpoints int
+	// runs, when > 0, overrides how many times each side of a comparison
+	// (and each limit) is measured.
+	runs int
+	// tiny shrinks every benchmark's data to a few seconds under -race
+	// (tests of this package check the lines, never the speed).
+	tiny bool
 	// detail holds what the running benchmark last said about itself.
 	detail *detail
 }
@@ -90,6 +110,7 @@ func All() []Benchmark {
 		{Name: "checkpoint-cycle", Run: CheckpointCycle},
 		{Name: "eos-sink", Run: EOSSink},
 		{Name: "eos-wordcount", Run: EOSWordcount},
+		{Name: "limits", Run: Limits},
 	}
 }
 
@@ -147,6 +168,8 @@ func Run(ctx context.Context, w io.Writer, cfg Config, only ...string) error {
 		}
 		for _, l := range lines {
 			l.Value, l.BaselineValue, l.Ratio = round(l.Value), round(l.BaselineValue), round3(l.Ratio)
+			l.RatioMin, l.RatioMax = round3(l.RatioMin), round3(l.RatioMax)
+			l.ValueMin, l.ValueMax = round(l.ValueMin), round(l.ValueMax)
 			if err := enc.Encode(l); err != nil {
 				return err
 			}
@@ -195,6 +218,96 @@ func runOne(ctx context.Context, cfg Config, b Benchmark, title string) ([]Line,
 	wg.Wait()
 	cfg.Progress("")
 	return lines, err
+}
+
+// runsOf is how many times each side of a comparison is measured: full
+// without Quick, quick with it, cfg.runs when set.
+func (c Config) runsOf(full, quick int) int {
+	switch {
+	case c.runs > 0:
+		return c.runs
+	case c.Quick:
+		return quick
+	}
+	return full
+}
+
+// sizeOf picks a benchmark's data size: full without Quick, quick with it,
+// tiny in tests.
+func (c Config) sizeOf(full, quick, tiny int) int {
+	switch {
+	case c.tiny:
+		return tiny
+	case c.Quick:
+		return quick
+	}
+	return full
+}
+
+// measure is one measurement of one side: a rate (higher is better).
+type measure func(run int) (float64, error)
+
+// alternate measures weir and base alternately, runs times each (weir,
+// base, weir, base, ...: a machine whose speed drifts during the run
+// drifts both sides alike), and returns both sides' rates in run order.
+// step reports which run is next. Before each run the garbage of the
+// previous one is collected, so no side pays for the other's.
+func alternate(runs int, step func(side string, run int), weir, base measure) (w, b []float64, err error) {
+	for i := range runs {
+		step("weir", i)
+		goruntime.GC()
+		v, err := weir(i)
+		if err != nil {
+			return nil, nil, err
+		}
+		w = append(w, v)
+		step("baseline", i)
+		goruntime.GC()
+		if v, err = base(i); err != nil {
+			return nil, nil, fmt.Errorf("baseline: %w", err)
+		}
+		b = append(b, v)
+	}
+	return w, b, nil
+}
+
+// compared is the line of a comparison from the rates of alternated runs
+// (weir[i] and base[i] measured one after the other): the median of each
+// side, the median of the per-run ratios and their spread.
+func compared(bench, metric, baseline string, weir, base []float64) Line {
+	ratios := make([]float64, len(weir))
+	for i := range weir {
+		ratios[i] = weir[i] / base[i]
+	}
+	l := spread(Line{Bench: bench, Metric: metric, Baseline: baseline, BaselineValue: median(base)}, weir)
+	l.Ratio, l.RatioMin, l.RatioMax = median(ratios), slices.Min(ratios), slices.Max(ratios)
+	l.Note = fmt.Sprintf("median of %d alternated runs; weir %s; baseline %s", len(weir), rates(weir), rates(base))
+	return l
+}
+
+// rates formats rates in run order, rounded to whole numbers.
+func rates(vs []float64) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return "[" + strings.Join(s, " ") + "]"
+}
+
+// spread fills l's value, its spread and the number of runs from vs.
+func spread(l Line, vs []float64) Line {
+	l.Value, l.ValueMin, l.ValueMax, l.Runs = median(vs), slices.Min(vs), slices.Max(vs), len(vs)
+	return l
+}
+
+// median of vs (the mean of the middle two for an even count).
+func median(vs []float64) float64 {
+	s := slices.Sorted(slices.Values(vs))
+	m := len(s) / 2
+	if len(s)%2 == 0 {
+		return (s[m-1] + s[m]) / 2
+	}
+	return s[m]
 }
 
 func round(v float64) float64  { return math.Round(v*10) / 10 }

@@ -5,10 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/runtime"
@@ -28,56 +32,61 @@ func TestWeirWordcountCountsEveryWord(t *testing.T) {
 	}
 }
 
-func TestRunPrintsOneJSONLinePerResult(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs a benchmark")
-	}
-	var buf bytes.Buffer
-	if err := Run(t.Context(), &buf, Config{Quick: true}, "runtime-wordcount"); err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 1 {
-		t.Fatalf("got %d lines: %q", len(lines), buf.String())
-	}
-	var l Line
-	if err := json.Unmarshal([]byte(lines[0]), &l); err != nil {
-		t.Fatal(err)
-	}
-	if l.Bench != "runtime-wordcount" || l.Metric != "words_per_s" || l.Value <= 0 || l.BaselineValue <= 0 || l.Ratio <= 0 {
-		t.Fatalf("incomplete line %+v", l)
-	}
-}
-
-// Every benchmark produces its lines (values are measured, not asserted).
+// Every benchmark reports its lines, each comparison with its alternated
+// runs and their spread, each limit with its runs (values are measured,
+// never asserted).
 func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the benchmarks")
 	}
 	want := map[string][]string{
-		"checkpoint-cycle": {"p50_ms", "p99_ms"},
-		"eos-wordcount":    {"records_per_s"},
-		"share-inflight":   {"max_held_per_partition"},
+		"runtime-wordcount":   {"words_per_s"},
+		"checkpoint-cycle":    {"p50_ms", "p99_ms"},
+		"eos-sink":            {"records_per_s"},
+		"eos-wordcount":       {"records_per_s"},
+		"share-inflight":      {"max_held_per_partition"},
+		"limit-produce":       {"records_per_s"},
+		"limit-share-consume": {"records_per_s"},
 	}
+	compared := []string{"runtime-wordcount", "eos-sink", "eos-wordcount"}
+	limits := []string{"limit-produce", "limit-share-consume"}
+	const runs = 2
 	var buf bytes.Buffer
-	if err := Run(t.Context(), &buf, Config{Quick: true}, "checkpoint-cycle", "eos-wordcount"); err != nil {
+	if err := Run(t.Context(), &buf, Config{Quick: true, tiny: true, runs: runs, checkpoints: 5}); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("bench output:\n%s", buf.String())
 	got := map[string][]string{}
 	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
 		var l Line
 		if err := json.Unmarshal([]byte(line), &l); err != nil {
 			t.Fatalf("%q: %v", line, err)
 		}
+		got[l.Bench] = append(got[l.Bench], l.Metric)
 		if l.Value <= 0 {
 			t.Errorf("%s %s: value %v", l.Bench, l.Metric, l.Value)
 		}
-		got[l.Bench] = append(got[l.Bench], l.Metric)
+		if slices.Contains(compared, l.Bench) {
+			if l.Baseline == "" || l.BaselineValue <= 0 || l.Ratio <= 0 {
+				t.Errorf("%s: no baseline: %s", l.Bench, line)
+			}
+			if l.Runs != runs || !(l.RatioMin <= l.Ratio && l.Ratio <= l.RatioMax) || !(l.ValueMin <= l.Value && l.Value <= l.ValueMax) {
+				t.Errorf("%s: want %d runs, ratio_min <= ratio <= ratio_max, value_min <= value <= value_max: %s", l.Bench, runs, line)
+			}
+		}
+		if slices.Contains(limits, l.Bench) {
+			if l.Runs != runs || !(l.ValueMin <= l.Value && l.Value <= l.ValueMax) || l.Baseline != "" {
+				t.Errorf("%s: want %d runs, value_min <= value <= value_max, no baseline: %s", l.Bench, runs, line)
+			}
+		}
 	}
 	for b, metrics := range want {
 		if strings.Join(got[b], ",") != strings.Join(metrics, ",") {
 			t.Errorf("bench %s reported %v, want %v", b, got[b], metrics)
 		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("benches reported: %v, want those of %v", got, want)
 	}
 }
 
@@ -180,5 +189,108 @@ func TestRunReportsProgressWhileABenchmarkRuns(t *testing.T) {
 	defer mu.Unlock()
 	if len(statuses) < 2 || !strings.HasPrefix(statuses[0], "bench fake (1/1): ") || statuses[len(statuses)-1] != "" {
 		t.Fatalf("statuses = %q, want a status line first and \"\" last", statuses)
+	}
+}
+
+func TestComparedIsTheMedianOfAlternatedRunsWithItsSpread(t *testing.T) {
+	tests := []struct {
+		name       string
+		weir, base []float64
+		want       Line
+	}{
+		{name: "one run", weir: []float64{3}, base: []float64{2},
+			want: Line{Value: 3, BaselineValue: 2, Ratio: 1.5, RatioMin: 1.5, RatioMax: 1.5, ValueMin: 3, ValueMax: 3, Runs: 1}},
+		// The ratio is the median of per-run ratios (0.5, 2, 1), not
+		// the ratio of the medians (2/2).
+		{name: "odd", weir: []float64{1, 4, 3}, base: []float64{2, 2, 3},
+			want: Line{Value: 3, BaselineValue: 2, Ratio: 1, RatioMin: 0.5, RatioMax: 2, ValueMin: 1, ValueMax: 4, Runs: 3}},
+		{name: "even: mean of the middle two", weir: []float64{2, 6, 4, 8}, base: []float64{2, 2, 2, 2},
+			want: Line{Value: 5, BaselineValue: 2, Ratio: 2.5, RatioMin: 1, RatioMax: 4, ValueMin: 2, ValueMax: 8, Runs: 4}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := compared("b", "m", "base", tt.weir, tt.base)
+			got.Note = ""
+			tt.want.Bench, tt.want.Metric, tt.want.Baseline = "b", "m", "base"
+			if got != tt.want {
+				t.Errorf("compared(%v, %v) = %+v, want %+v", tt.weir, tt.base, got, tt.want)
+			}
+		})
+	}
+}
+
+// alternate measures Weir, then the baseline, then Weir again, ...
+func TestAlternateInterleavesTheSides(t *testing.T) {
+	var order []string
+	side := func(name string) measure {
+		return func(run int) (float64, error) {
+			order = append(order, fmt.Sprintf("%s%d", name, run))
+			return float64(run + 1), nil
+		}
+	}
+	w, b, err := alternate(3, func(string, int) {}, side("w"), side("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"w0", "b0", "w1", "b1", "w2", "b2"}; !slices.Equal(order, want) {
+		t.Errorf("order %v, want %v", order, want)
+	}
+	if !slices.Equal(w, []float64{1, 2, 3}) || !slices.Equal(b, []float64{1, 2, 3}) {
+		t.Errorf("rates %v %v", w, b)
+	}
+}
+
+func TestVisibleAtIsTheFirstSamplePastEveryPartitionsLastRecord(t *testing.T) {
+	samples := []lsoSample{
+		{at: 1 * time.Millisecond, lso: map[int32]int64{}},
+		{at: 2 * time.Millisecond, lso: map[int32]int64{0: 5, 1: 3}},
+		{at: 3 * time.Millisecond, lso: map[int32]int64{0: 10, 1: 3}},
+		{at: 4 * time.Millisecond, lso: map[int32]int64{0: 10, 1: 8}},
+	}
+	tests := []struct {
+		name   string
+		last   map[int32]int64
+		want   time.Duration
+		wantOK bool
+	}{
+		{name: "last record at the last stable offset is not visible yet", last: map[int32]int64{0: 5}, want: 3 * time.Millisecond, wantOK: true},
+		{name: "every partition", last: map[int32]int64{0: 9, 1: 2}, want: 3 * time.Millisecond, wantOK: true},
+		{name: "the slower partition decides", last: map[int32]int64{0: 4, 1: 7}, want: 4 * time.Millisecond, wantOK: true},
+		{name: "never", last: map[int32]int64{0: 10}},
+		{name: "a partition never sampled", last: map[int32]int64{2: 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := visibleAt(samples, tt.last)
+			if got != tt.want || ok != tt.wantOK {
+				t.Errorf("visibleAt(%v) = %v, %v; want %v, %v", tt.last, got, ok, tt.want, tt.wantOK)
+			}
+		})
+	}
+}
+
+func TestCheckCountsWantsEveryValueOnceInAnyOrder(t *testing.T) {
+	rec := func(w, v string) *kgo.Record { return &kgo.Record{Key: []byte(w), Value: []byte(v)} }
+	want := map[string]int{"a": 3, "b": 1}
+	tests := []struct {
+		name    string
+		recs    []*kgo.Record
+		wantErr string // substring; "" for none
+	}{
+		{name: "in order", recs: []*kgo.Record{rec("a", "1"), rec("a", "2"), rec("b", "1"), rec("a", "3")}},
+		{name: "interleaved", recs: []*kgo.Record{rec("a", "2"), rec("b", "1"), rec("a", "1"), rec("a", "3")}},
+		{name: "duplicate", recs: []*kgo.Record{rec("a", "1"), rec("a", "2"), rec("a", "2"), rec("a", "3"), rec("b", "1")}, wantErr: `word "a": 4 values`},
+		{name: "lost", recs: []*kgo.Record{rec("a", "1"), rec("a", "3"), rec("b", "1")}, wantErr: `word "a": 2 values`},
+		{name: "word missing", recs: []*kgo.Record{rec("a", "1"), rec("a", "2"), rec("a", "3")}, wantErr: `word "b": 0 values`},
+		{name: "unknown word", recs: []*kgo.Record{rec("a", "1"), rec("a", "2"), rec("a", "3"), rec("b", "1"), rec("c", "1")}, wantErr: `"c" was never in the input`},
+		{name: "not a count", recs: []*kgo.Record{rec("a", "x")}, wantErr: `value "x"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkCounts(tt.recs, want)
+			if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Errorf("checkCounts = %v, want error containing %q", err, tt.wantErr)
+			}
+		})
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/examples/wordcount"
-	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/kafkatxn/committed"
 	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/sources/sharegroup"
@@ -24,53 +25,64 @@ import (
 // transactional sink, mini cluster, 100 ms checkpoints plus readiness
 // triggers) against a hand-written franz-go at-least-once share-consume,
 // count, produce loop (2 consumers, flush per poll), on the same in-process
-// broker and the same input, in input lines per second. It also reports the
-// largest number of records a source subtask held per partition against the
-// broker's cap (share-inflight).
+// broker and the same input, in input lines per second, alternating the two
+// sides (3 runs each, 2 with Quick; each run reads the input with a share
+// group of its own and writes a topic of its own).
+//
+// Both clocks stop when the output is durable and visible: Weir's when the
+// last output record became visible to read_committed readers (the first
+// sample of the output's last stable offsets past every partition's last
+// record, see visibleAt), the baseline's at its last produce
+// acknowledgement. Both outputs are then read back and checked record by
+// record, outside the timed windows.
+//
+// It also reports the largest number of records a source subtask held per
+// partition against the broker's cap (share-inflight), over all runs.
 func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
-	lines := 200_000
-	if cfg.Quick {
-		lines = 60_000
-	}
-	b, err := broker.Start(ctx, broker.Listen("127.0.0.1:0"))
+	lines, runs := cfg.sizeOf(200_000, 60_000, 3_000), cfg.runsOf(3, 2)
+	kb, err := startBroker(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer b.Close()
+	defer kb.Close()
 	corpus := Corpus(3, lines, 6, 5_000)
+	want := wordcount.Expected(corpus)
 	words := 0
-	for _, l := range corpus {
-		words += len(wordcount.Words(l))
+	for _, n := range want {
+		words += n
 	}
 	cfg.progress("producing %d lines", lines)
-	if err := produceCorpus(ctx, b.Addr(), "bench-lines", corpus); err != nil {
+	if err := produceCorpus(ctx, kb.addr, "bench-lines", corpus); err != nil {
 		return nil, err
-	}
-	cfg.progress("baseline: franz-go share loop")
-	base, err := shareLoop(ctx, b.Addr(), "bench-lines", "bench-loop-out", words)
-	if err != nil {
-		return nil, fmt.Errorf("baseline: %w", err)
 	}
 	var mu sync.Mutex
 	maxHeld, limit := 0, 0
-	cfg.progress("weir: exactly-once wordcount")
-	weir, err := weirEOSWordcount(ctx, b.Addr(), words, sharegroup.ObserveInFlight(func(held map[acklog.TopicPartition]int, lim int) {
+	observe := sharegroup.ObserveInFlight(func(held map[acklog.TopicPartition]int, lim int) {
 		mu.Lock()
 		defer mu.Unlock()
 		limit = lim
 		for _, n := range held {
 			maxHeld = max(maxHeld, n)
 		}
-	}))
+	})
+	weir, base, err := alternate(runs, func(side string, i int) { cfg.progress("run %d/%d: %s", i+1, runs, side) },
+		func(i int) (float64, error) {
+			el, err := weirEOSWordcount(ctx, kb, i, want, words, observe)
+			return float64(lines) / el.Seconds(), err
+		},
+		func(i int) (float64, error) {
+			el, err := shareLoop(ctx, kb, i, want, words)
+			return float64(lines) / el.Seconds(), err
+		})
 	if err != nil {
 		return nil, err
 	}
-	wv, bv := float64(lines)/weir.Seconds(), float64(lines)/base.Seconds()
+	l := compared("eos-wordcount", "records_per_s", "franz-go-share-loop", weir, base)
+	l.Note = fmt.Sprintf("input lines/s; %d lines, %d words, 8 partitions; "+
+		"clocks stop at the last output visible to read_committed (weir) and at the last produce ack (baseline); %s", lines, words, l.Note)
 	mu.Lock()
 	defer mu.Unlock()
-	return []Line{
-		{Bench: "eos-wordcount", Metric: "records_per_s", Value: wv, Baseline: "franz-go-share-loop", BaselineValue: bv, Ratio: wv / bv,
-			Note: fmt.Sprintf("input lines/s; %d lines, %d words, 8 partitions", lines, words)},
+	return []Line{l,
 		{Bench: "share-inflight", Metric: "max_held_per_partition", Value: float64(maxHeld),
 			Baseline: "group.share.partition.max.record.locks", BaselineValue: float64(limit), Ratio: float64(maxHeld) / float64(max(limit, 1))},
 	}, nil
@@ -92,51 +104,203 @@ func produceCorpus(ctx context.Context, addr, topic string, corpus []string) err
 	return cl.ProduceSync(ctx, recs...).FirstErr()
 }
 
-func weirEOSWordcount(ctx context.Context, addr string, words int, opts ...sharegroup.Opt) (time.Duration, error) {
-	job, err := wordcount.BuildWith(runtime.Params{"brokers": addr, "input": "bench-lines", "output": "bench-weir-out",
-		"group": "bench-weir", "guarantee": "exactly-once"}, opts...)
+// Sampling of the output's last stable offsets while the exactly-once job
+// runs: slowly until they could hold nearly every record (each sample is a
+// ListOffsets request the job's run pays for), then often, so the moment
+// the output became visible is known to within lsoFine.
+const (
+	lsoCoarse = 50 * time.Millisecond
+	lsoFine   = 5 * time.Millisecond
+	// lsoStable is how long the last stable offsets must stand still before
+	// the output is read back to see whether it is complete.
+	lsoStable = 300 * time.Millisecond
+)
+
+// weirEOSWordcount runs the exactly-once wordcount (run-th run: group and
+// output of its own) until its committed output holds words records, and
+// returns the time from its start until that output was visible. It then
+// checks the output with wordcount.Check and deletes it.
+func weirEOSWordcount(ctx context.Context, kb *kafkaBroker, run int, want map[string]int, words int, opts ...sharegroup.Opt) (time.Duration, error) {
+	out := fmt.Sprintf("bench-weir-out-%d", run)
+	job, err := wordcount.BuildWith(runtime.Params{"brokers": kb.addr, "input": "bench-lines", "output": out,
+		"group": fmt.Sprintf("bench-weir-%d", run), "guarantee": "exactly-once"}, opts...)
 	if err != nil {
 		return 0, err
 	}
+	// Created here, as the job would (broker defaults), so the sampler's
+	// client never caches it as unknown.
+	if err := createTopic(ctx, kb.adm, out); err != nil {
+		return 0, err
+	}
+	defer deleteTopic(ctx, kb.adm, out)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
+	smp := &lsoSampler{adm: kb.adm, topic: out, fineFrom: int64(words) * 9 / 10}
 	start := time.Now()
 	go func() {
 		_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond)).Run(rctx, job)
 		done <- err
 	}()
+	sctx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		smp.run(sctx, start)
+	}()
+	defer func() {
+		stopSampling()
+		<-sampled
+	}()
+	var checked int64
 	for {
-		if ok, err := committed.Reached(ctx, []string{addr}, "bench-weir-out", words); err == nil && ok {
-			el := time.Since(start)
-			cancel()
-			<-done
-			return el, nil
-		}
 		select {
 		case err := <-done:
 			return 0, fmt.Errorf("wordcount stopped: %w", err)
 		case <-ctx.Done():
 			return 0, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(lsoCoarse):
+		}
+		sum, stable := smp.latest()
+		if sum < int64(words) || stable < lsoStable || sum == checked {
+			continue
+		}
+		// Nothing became visible for lsoStable: read the output back.
+		checked = sum
+		recs, err := committed.Read(ctx, []string{kb.addr}, out)
+		if err != nil {
+			return 0, fmt.Errorf("read %s: %w", out, err)
+		}
+		if len(recs) < words {
+			continue // a pause, not the end
+		}
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			return 0, fmt.Errorf("wordcount: %w", err)
+		}
+		if rep := wordcount.Check(recs, want); !rep.OK() {
+			return 0, fmt.Errorf("weir output %s: %v", out, rep)
+		}
+		stopSampling()
+		<-sampled
+		el, ok := visibleAt(smp.samples, lastOffsets(recs))
+		if !ok {
+			return 0, fmt.Errorf("weir output %s: no sample of its last stable offsets shows every record", out)
+		}
+		return el, nil
+	}
+}
+
+// lsoSample is the last stable offset of each partition of a topic, at
+// time at since the run started.
+type lsoSample struct {
+	at  time.Duration
+	lso map[int32]int64
+}
+
+// lsoSampler samples a topic's last stable offsets (lsoCoarse apart until
+// their sum reaches fineFrom, then lsoFine).
+type lsoSampler struct {
+	adm      *kadm.Client
+	topic    string
+	fineFrom int64
+
+	mu        sync.Mutex
+	samples   []lsoSample
+	sum       int64     // of the latest sample
+	changedAt time.Time // when sum last changed
+}
+
+func (s *lsoSampler) run(ctx context.Context, start time.Time) {
+	for {
+		if los, err := s.adm.ListCommittedOffsets(ctx, s.topic); err == nil {
+			smp := lsoSample{at: time.Since(start), lso: map[int32]int64{}}
+			var sum int64
+			los.Each(func(o kadm.ListedOffset) {
+				if o.Err == nil {
+					smp.lso[o.Partition] = o.Offset
+					sum += o.Offset
+				}
+			})
+			s.mu.Lock()
+			s.samples = append(s.samples, smp)
+			if sum != s.sum || s.changedAt.IsZero() {
+				s.sum, s.changedAt = sum, time.Now()
+			}
+			s.mu.Unlock()
+		}
+		every := lsoCoarse
+		if s.sumNow() >= s.fineFrom {
+			every = lsoFine
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
 		}
 	}
 }
 
-// shareLoop is the hand-written baseline: 2 share consumers, each polling,
-// counting words in a shared map, producing every running count, flushing the
-// producer, then acknowledging the poll (at-least-once). It returns when
-// every word's count was produced.
-func shareLoop(ctx context.Context, addr, in, out string, words int) (time.Duration, error) {
-	admin, err := kgo.NewClient(kgo.SeedBrokers(addr))
-	if err != nil {
+func (s *lsoSampler) sumNow() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sum
+}
+
+// latest returns the sum of the latest sample's last stable offsets (an
+// upper bound of the committed records: transaction markers take offsets
+// too) and for how long it has not changed.
+func (s *lsoSampler) latest() (sum int64, stable time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.changedAt.IsZero() {
+		return 0, 0
+	}
+	return s.sum, time.Since(s.changedAt)
+}
+
+// visibleAt returns the time of the first sample whose last stable offset
+// is past last[p] in every partition p: from then on a read_committed
+// reader sees every record up to last. false if no sample is.
+func visibleAt(samples []lsoSample, last map[int32]int64) (time.Duration, bool) {
+next:
+	for _, s := range samples {
+		for p, o := range last {
+			if s.lso[p] <= o {
+				continue next
+			}
+		}
+		return s.at, true
+	}
+	return 0, false
+}
+
+// lastOffsets returns the offset of the last record of each partition in
+// recs.
+func lastOffsets(recs []*kgo.Record) map[int32]int64 {
+	last := map[int32]int64{}
+	for _, r := range recs {
+		if o, ok := last[r.Partition]; !ok || r.Offset > o {
+			last[r.Partition] = r.Offset
+		}
+	}
+	return last
+}
+
+// shareLoop is the hand-written baseline (run-th run: group and output of
+// its own): 2 share consumers, each polling, counting words in a shared
+// map, producing every running count, flushing the producer, then
+// acknowledging the poll (at-least-once). It returns the time from its
+// start to the produce acknowledgement that completed the output. It then
+// checks the output (every word's values are 1..n, in any order: the two
+// consumers' produce calls interleave) and deletes it.
+func shareLoop(ctx context.Context, kb *kafkaBroker, run int, want map[string]int, words int) (time.Duration, error) {
+	group, out := fmt.Sprintf("bench-loop-%d", run), fmt.Sprintf("bench-loop-out-%d", run)
+	if err := sharegroup.SetGroupConfig(ctx, kb.cl, group, "share.auto.offset.reset", "earliest"); err != nil {
 		return 0, err
 	}
-	defer admin.Close()
-	if err := sharegroup.SetGroupConfig(ctx, admin, "bench-loop", "share.auto.offset.reset", "earliest"); err != nil {
-		return 0, err
-	}
-	prod, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.DefaultProduceTopic(out), kgo.AllowAutoTopicCreation())
+	defer deleteTopic(ctx, kb.adm, out)
+	prod, err := kgo.NewClient(kgo.SeedBrokers(kb.addr), kgo.DefaultProduceTopic(out), kgo.AllowAutoTopicCreation())
 	if err != nil {
 		return 0, err
 	}
@@ -144,13 +308,14 @@ func shareLoop(ctx context.Context, addr, in, out string, words int) (time.Durat
 	var mu sync.Mutex
 	counts := map[string]int64{}
 	var produced atomic.Int64
+	var elapsed atomic.Int64 // time.Duration of the completing ack
 	start := time.Now()
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
-	for i := 0; i < 2; i++ {
-		cons, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ShareGroup("bench-loop"), kgo.ConsumeTopics(in), kgo.ShareMaxRecords(2000))
+	for range 2 {
+		cons, err := kgo.NewClient(kgo.SeedBrokers(kb.addr), kgo.ShareGroup(group), kgo.ConsumeTopics("bench-lines"), kgo.ShareMaxRecords(2000))
 		if err != nil {
 			return 0, err
 		}
@@ -178,19 +343,21 @@ func shareLoop(ctx context.Context, addr, in, out string, words int) (time.Durat
 					}
 					return
 				}
+				if n := produced.Add(int64(len(batch))); n >= int64(words) && n-int64(len(batch)) < int64(words) {
+					elapsed.Store(int64(time.Since(start)))
+				}
 				cons.MarkAcks(kgo.AckAccept)
 				if err := cons.FlushAcks(lctx); err != nil && lctx.Err() == nil {
 					errs <- err
 					return
 				}
-				if produced.Add(int64(len(batch))) >= int64(words) {
+				if produced.Load() >= int64(words) {
 					cancel()
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	el := time.Since(start)
 	select {
 	case err := <-errs:
 		return 0, err
@@ -199,5 +366,45 @@ func shareLoop(ctx context.Context, addr, in, out string, words int) (time.Durat
 	if produced.Load() < int64(words) {
 		return 0, fmt.Errorf("produced %d of %d counts: %w", produced.Load(), words, ctx.Err())
 	}
-	return el, nil
+	recs, err := committed.Read(ctx, []string{kb.addr}, out)
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", out, err)
+	}
+	if err := checkCounts(recs, want); err != nil {
+		return 0, fmt.Errorf("baseline output %s: %w", out, err)
+	}
+	return time.Duration(elapsed.Load()), nil
+}
+
+// checkCounts checks that recs hold, for every word of want, the values
+// 1..n (n its occurrences) once each, in any order, and nothing else.
+func checkCounts(recs []*kgo.Record, want map[string]int) error {
+	got := map[string][]int{}
+	for _, r := range recs {
+		n, err := strconv.Atoi(string(r.Value))
+		if err != nil {
+			return fmt.Errorf("word %q: value %q at %d/%d is not a count", r.Key, r.Value, r.Partition, r.Offset)
+		}
+		got[string(r.Key)] = append(got[string(r.Key)], n)
+	}
+	var problems []error
+	for w := range got {
+		if _, ok := want[w]; !ok {
+			problems = append(problems, fmt.Errorf("word %q was never in the input", w))
+		}
+	}
+	for w, n := range want {
+		vs := slices.Sorted(slices.Values(got[w]))
+		ok := len(vs) == n
+		for i := 0; ok && i < n; i++ {
+			ok = vs[i] == i+1
+		}
+		if !ok {
+			problems = append(problems, fmt.Errorf("word %q: %d values (sorted, first %v), want each of 1..%d once", w, len(vs), vs[:min(len(vs), 10)], n))
+		}
+	}
+	if len(problems) > 5 {
+		problems = append(problems[:5], fmt.Errorf("and %d more", len(problems)-5))
+	}
+	return errors.Join(problems...)
 }

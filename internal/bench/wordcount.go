@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/runtime"
 )
@@ -14,30 +15,27 @@ import (
 // RuntimeWordcount measures an in-memory wordcount on the mini cluster
 // (parallelism 2, a checkpoint every 100 ms, keyed running counts) against a
 // hand-written single-goroutine strings.Fields + map loop over the same
-// corpus, in words per second.
+// corpus, in words per second, alternating the two sides (5 runs each, 2
+// with Quick).
 func RuntimeWordcount(ctx context.Context, cfg Config) ([]Line, error) {
-	lines, rounds := 400_000, 3
-	if cfg.Quick {
-		lines, rounds = 150_000, 2
-	}
+	lines, runs := cfg.sizeOf(400_000, 150_000, 20_000), cfg.runsOf(5, 2)
 	corpus := Corpus(1, lines, 10, 20_000)
 	var words int
 	for _, l := range corpus {
 		words += len(strings.Fields(l))
 	}
-	var best, bestBase float64
-	for r := 0; r < rounds; r++ {
-		cfg.progress("round %d/%d", r+1, rounds)
-		base := baselineWordcount(corpus)
-		el, err := weirWordcount(ctx, corpus, int64(words))
-		if err != nil {
-			return nil, err
-		}
-		best = max(best, float64(words)/el.Seconds())
-		bestBase = max(bestBase, float64(words)/base.Seconds())
+	weir, base, err := alternate(runs, func(side string, i int) { cfg.progress("run %d/%d: %s", i+1, runs, side) },
+		func(int) (float64, error) {
+			el, err := weirWordcount(ctx, corpus, int64(words))
+			return float64(words) / el.Seconds(), err
+		},
+		func(int) (float64, error) { return float64(words) / baselineWordcount(corpus).Seconds(), nil })
+	if err != nil {
+		return nil, err
 	}
-	return []Line{{Bench: "runtime-wordcount", Metric: "words_per_s", Value: best,
-		Baseline: "single-goroutine-fields-map", BaselineValue: bestBase, Ratio: best / bestBase}}, nil
+	l := compared("runtime-wordcount", "words_per_s", "single-goroutine-fields-map", weir, base)
+	l.Note = fmt.Sprintf("%d lines, %d words; %s", lines, words, l.Note)
+	return []Line{l}, nil
 }
 
 func baselineWordcount(corpus []string) time.Duration {
@@ -68,6 +66,9 @@ func weirWordcount(ctx context.Context, corpus []string, words int64) (time.Dura
 // wordcountJob is the in-memory wordcount, with examples/wordcount's
 // split and keyed counter: lines, split into words, keyBy word, running
 // count in keyed ValueState[int64], a sink that counts what it receives.
+// Each sink subtask counts on its own and adds its count to the returned
+// total when it closes (one shared counter bounced a cache line between
+// the subtasks on every record).
 func wordcountJob(lines func() runtime.Source[string]) (*runtime.Job, *atomic.Int64) {
 	j := runtime.NewJob("bench-wordcount", runtime.DefaultParallelism(2))
 	text := runtime.FromSource(j, "lines", lines)
@@ -79,11 +80,32 @@ func wordcountJob(lines func() runtime.Source[string]) (*runtime.Job, *atomic.In
 	})
 	counts := runtime.Process(runtime.KeyBy(words, func(w string) string { return w }, nil), "count", wordcount.NewCounter)
 	seen := new(atomic.Int64)
-	runtime.SinkTo(counts, "discard", runtime.SinkFunc(func(context.Context, wordcount.Count) error {
-		seen.Add(1)
-		return nil
-	}))
+	runtime.SinkTo(counts, "discard", func() runtime.Sink[wordcount.Count] { return &countingSink{total: seen} })
 	return j, seen
+}
+
+// countingSink counts the records of one sink subtask and adds the count
+// to total when it closes.
+type countingSink struct {
+	n     int64
+	total *atomic.Int64
+}
+
+func (s *countingSink) Open(context.Context, *runtime.OperatorContext) error { return nil }
+
+func (s *countingSink) Write(context.Context, wordcount.Count) error {
+	s.n++
+	return nil
+}
+
+func (s *countingSink) Snapshot(context.Context, checkpoint.ID) (runtime.OperatorState, error) {
+	return runtime.OperatorState{}, nil
+}
+
+func (s *countingSink) Close() error {
+	s.total.Add(s.n)
+	s.n = 0
+	return nil
 }
 
 type errWrongCount struct{ got, want int64 }
