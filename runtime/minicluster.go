@@ -334,7 +334,7 @@ type attempt struct {
 	ended       atomic.Int32
 	lastDone    atomic.Uint64
 	sizeMu      sync.Mutex
-	sizes       map[checkpoint.ID]int64 // state bytes acknowledged per checkpoint
+	sizes       map[checkpoint.ID]int64     // state bytes acknowledged per checkpoint
 	triggered   map[checkpoint.ID]time.Time // driver goroutine only
 	cause       string                      // failure that led to this attempt
 	reports     sync.WaitGroup
