@@ -54,6 +54,10 @@ const LostStateCoordinatorEpoch int32 = -0x5745
 // transaction they were copied from.
 const HeaderRecommittedFrom = "weir.recommitted-from"
 
+// errCommittedEverywhere means the transaction ends with a commit marker on
+// every partition of its handle: committed, whatever EndTxn says now.
+var errCommittedEverywhere = errors.New("committed on every partition")
+
 // errNotLostState means the transaction did not end with a lost-state abort
 // marker: it was aborted (or timed out) by a broker that knew it.
 var errNotLostState = errors.New("not lost by the broker")
@@ -81,7 +85,7 @@ func (w *TxnWriter) recommitLost(ctx context.Context, h checkpoint.TxnHandle) (i
 		copies = append(copies, recs...)
 	}
 	if len(copies) == 0 {
-		return 0, nil // committed everywhere after all
+		return 0, errCommittedEverywhere
 	}
 	opts := append(append([]kgo.Opt(nil), w.cfg.clientOpts...),
 		kgo.DisableClientMetrics(),

@@ -244,6 +244,11 @@ func (w *TxnWriter) recoverLostState(ctx context.Context, h checkpoint.TxnHandle
 		return false
 	}
 	n, err := w.recommitLost(ctx, h)
+	if errors.Is(err, errCommittedEverywhere) {
+		w.cfg.logger.Info("kafkatxn: restored transaction is committed on every partition (its commit markers are in the log)",
+			zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)))
+		return true
+	}
 	if err != nil {
 		if errors.Is(err, errNotLostState) {
 			w.cfg.logger.Info("kafkatxn: broker-lost-transaction recovery does not apply", zap.String("txn", h.TransactionalID), zap.Error(err))
