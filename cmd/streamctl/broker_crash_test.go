@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"os"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
