@@ -576,6 +576,32 @@ func (w *TxnWriter) Abort(ctx context.Context, id checkpoint.ID) error {
 // checkpoint may complete after all, and the next Recover commits them (if
 // the restored checkpoint names them) or aborts them. A job that is
 // cancelled for good should Abort the checkpoints of Pending first, or
+// EndJob ends a job cancelled for good (checkpoint.CancelListener): it
+// commits every transaction pre-committed for a checkpoint <= last (the
+// latest completed one, whose notification may have been lost) and aborts
+// every later pre-committed one, so nothing stays open to pin the last
+// stable offset until the transaction timeout. Close then aborts the open
+// one. Without exactly-once it does nothing.
+func (w *TxnWriter) EndJob(ctx context.Context, last checkpoint.ID) error {
+	if w.cfg.guarantee != ExactlyOnce {
+		return nil
+	}
+	var errs []error
+	if last > 0 {
+		if err := w.Commit(ctx, last); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, h := range w.Pending() {
+		if h.Checkpoint > last {
+			if err := w.Abort(ctx, h.Checkpoint); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // they pin the last stable offset until the transaction timeout.
 func (w *TxnWriter) Close() {
 	w.mu.Lock()

@@ -951,3 +951,39 @@ func waitTimedOut(t *testing.T, w *TxnWriter) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A job cancelled for good commits what its last completed checkpoint
+// covers and aborts every later pre-committed transaction and the open one:
+// read_committed readers see exactly the completed checkpoints' records and
+// nothing stays open to pin the last stable offset.
+func TestEndJobCommitsTheLastCompletedCheckpointAndAbortsTheRest(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	addrs := c.ListenAddrs()
+	w := newWriter(t, ctx, addrs, PoolSize(5))
+	if err := w.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for id := checkpoint.ID(1); id <= 3; id++ {
+		if err := w.Write(ctx, rec(0, fmt.Sprint(id))); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := w.PreCommit(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Write(ctx, rec(0, "open")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.EndJob(ctx, 2); err != nil { // checkpoint 2 completed; its notification was lost
+		t.Fatal(err)
+	}
+	if p := w.Pending(); len(p) != 0 {
+		t.Fatalf("Pending after EndJob = %+v, want none", p)
+	}
+	w.Close() // aborts the open transaction
+	// readCommitted fails the test if a transaction is still open.
+	if got := readCommitted(t, ctx, addrs); !slices.Equal(got[0], []string{"1", "2"}) {
+		t.Fatalf("got %s, want the records of checkpoints 1 and 2 only", fmtParts(got))
+	}
+}

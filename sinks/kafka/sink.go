@@ -217,23 +217,10 @@ func (s *Sink[T]) LostTransactions() int64 {
 // back read_committed readers of the output until the transaction timeout.
 // (Close aborts the open one.)
 func (s *Sink[T]) NotifyJobCanceled(ctx context.Context, last checkpoint.ID) error {
-	if s.w == nil || s.guarantee != ExactlyOnce {
+	if s.w == nil {
 		return nil
 	}
-	var errs []error
-	if last > 0 {
-		if err := s.w.Commit(ctx, last); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	for _, h := range s.w.Pending() {
-		if h.Checkpoint > last {
-			if err := s.w.Abort(ctx, h.Checkpoint); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := s.w.EndJob(ctx, last); err != nil {
 		return fmt.Errorf("kafka sink: cancel: %w", err)
 	}
 	return nil

@@ -200,7 +200,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 			return fmt.Errorf("sharegroup: ack-log index: %w", err)
 		}
 		if oc.Subtask == 0 {
-			if err := s.checkStarts(sctx); err != nil {
+			if _, err := s.checkStarts(sctx); err != nil {
 				return err
 			}
 		}
@@ -304,24 +304,32 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 }
 
 // housekeep runs subtask 0's periodic ack-log work: the share start offset
-// check (every checkEvery) and marker collection (every tombstoneEvery).
+// check (every checkEvery) and, after it, marker collection (at most every
+// tombstoneEvery).
 // A failed check of a start offset that skipped records is unrecoverable;
 // other failures are retried later.
 func (s *Source[T]) housekeep(ctx context.Context) error {
 	if s.cfg.mode != Transactional || s.oc.Subtask != 0 {
 		return nil
 	}
-	if time.Since(s.lastCheck) >= s.cfg.checkEvery {
-		s.lastCheck = time.Now()
-		if err := s.checkStarts(ctx); err != nil {
-			if errors.Is(err, ErrRecordsSkipped) {
-				return err
-			}
-			s.log.Warn("share start offset check failed; retried later", zap.Error(err))
-		}
+	if time.Since(s.lastCheck) < s.cfg.checkEvery {
+		return nil
 	}
-	if err := s.collectMarkers(ctx); err != nil {
-		s.log.Warn("ack-log marker collection failed; retried later", zap.Error(err))
+	s.lastCheck = time.Now()
+	starts, err := s.checkStarts(ctx)
+	switch {
+	case errors.Is(err, ErrRecordsSkipped):
+		return err
+	case err != nil:
+		s.log.Warn("share start offset check failed; retried later", zap.Error(err))
+		return nil
+	}
+	// Collection reuses the check's start offsets and caught-up index.
+	if time.Since(s.lastGC) >= s.cfg.tombstoneEvery {
+		s.lastGC = time.Now()
+		if err := s.collectMarkers(ctx, starts); err != nil {
+			s.log.Warn("ack-log marker collection failed; retried later", zap.Error(err))
+		}
 	}
 	return nil
 }
@@ -336,13 +344,13 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 // ErrRecordsSkipped naming them, never silently. A start that moved back
 // (state reset to an earlier offset) is fine: the lookup recognises what
 // comes back. Watermarks then advance to the start offsets.
-func (s *Source[T]) checkStarts(ctx context.Context) error {
+func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]int64, error) {
 	starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := s.ix.CatchUpToEnd(ctx); err != nil {
-		return fmt.Errorf("ack-log: %w", err)
+		return nil, fmt.Errorf("ack-log: %w", err)
 	}
 	var skipped []string
 	var advance []*kgo.Record
@@ -371,16 +379,16 @@ func (s *Source[T]) checkStarts(ctx context.Context) error {
 	}
 	if len(skipped) > 0 {
 		slices.Sort(skipped)
-		return runtime.Unrecoverable(fmt.Errorf("%w: group %q, %s: the share start offset moved past records that no "+
+		return nil, runtime.Unrecoverable(fmt.Errorf("%w: group %q, %s: the share start offset moved past records that no "+
 			"committed ack marker covers (share-group state lost or reset, or records archived by the broker); "+
 			"rewind the group's share offsets to re-read them", ErrRecordsSkipped, s.cfg.group, strings.Join(skipped, "; ")))
 	}
 	if len(advance) > 0 {
 		if err := s.admin.ProduceSync(ctx, advance...).FirstErr(); err != nil {
-			return fmt.Errorf("write ack-log watermarks: %w", err)
+			return nil, fmt.Errorf("write ack-log watermarks: %w", err)
 		}
 	}
-	return nil
+	return starts, nil
 }
 
 // fmtRanges prints ranges as "[a, b)" lists, at most five.
@@ -404,13 +412,10 @@ func fmtRanges(rs []acklog.Range) string {
 // good, and below the watermark checkStarts wrote), and they are older than
 // the grace period (default 10x the lock duration; a tombstoned marker no
 // longer stops a zombie, so the grace period bounds how long a paused
-// process can stay one). Subtask 0 does it, every tombstoneEvery, outside
-// any transaction, after checkStarts.
-func (s *Source[T]) collectMarkers(ctx context.Context) error {
-	if time.Since(s.lastGC) < s.cfg.tombstoneEvery {
-		return nil
-	}
-	s.lastGC = time.Now()
+// process can stay one). Subtask 0 does it outside any transaction, right
+// after checkStarts, with the start offsets it read and the index it caught
+// up.
+func (s *Source[T]) collectMarkers(ctx context.Context, starts map[acklog.TopicPartition]int64) error {
 	grace := s.cfg.grace
 	if grace == 0 {
 		lock := 30 * time.Second
@@ -423,16 +428,9 @@ func (s *Source[T]) collectMarkers(ctx context.Context) error {
 		}
 		grace = 10 * lock
 	}
-	if err := s.ix.CatchUpToEnd(ctx); err != nil {
-		return err
-	}
 	// Only what a watermark already covers may go: the watermark is what
 	// keeps recognising those records once their markers are gone.
 	wms := map[acklog.TopicPartition]int64{}
-	starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
-	if err != nil {
-		return err
-	}
 	for tp, start := range starts {
 		if wm, ok := s.ix.Watermark(tp); ok {
 			wms[tp] = min(wm, start)
@@ -921,25 +919,14 @@ func (s *Source[T]) resolveParked(ctx context.Context) {
 // later one, pre-committed or open, and then releases every held record: a
 // cancelled job leaves no open transaction and no held record behind.
 func (s *Source[T]) NotifyJobCanceled(ctx context.Context, lastCompleted checkpoint.ID) error {
-	var errs []error
-	if s.txn != nil && s.cfg.mode == Transactional {
-		if lastCompleted > 0 {
-			if err := s.txn.Commit(ctx, lastCompleted); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		for _, h := range s.txn.Pending() {
-			if h.Checkpoint > lastCompleted {
-				if err := s.txn.Abort(ctx, h.Checkpoint); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		}
+	var err error
+	if s.txn != nil {
+		err = s.txn.EndJob(ctx, lastCompleted)
 	}
 	// Then release: a record must not reach another consumer while a
 	// marker of ours still covers it.
 	s.stopLanes()
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return fmt.Errorf("sharegroup: cancel: %w", err)
 	}
 	return nil
