@@ -311,7 +311,7 @@ func TestDoneMarkersAreTombstonedAfterTheGracePeriod(t *testing.T) {
 	env := kafkatest.New(t)
 	env.CreateTopic(t, "in", 1, nil)
 	produceN(t, env, "in", 10)
-	a := openSource(t, env, 0, nil, MarkerGrace(100*time.Millisecond), withCfg(func(c *cfg) { c.tombstoneEvery = 50 * time.Millisecond }))
+	a := openSource(t, env, 0, nil, MarkerGrace(100*time.Millisecond), withCfg(func(c *cfg) { c.tombstoneEvery, c.checkEvery = 50*time.Millisecond, 50*time.Millisecond }))
 	if got := pollFor(t, a, 10, 10*time.Second); len(got) != 10 {
 		t.Fatalf("got %d, want 10", len(got))
 	}
