@@ -33,6 +33,8 @@ var rules = []rule{
 	{"examples", []string{"internal", "jobmanager", "taskmanager"}, "examples use only what a user may use"},
 	{"internal/kafkatxn", []string{"runtime", "sources", "sinks", "jobmanager", "taskmanager"},
 		"the shared Kafka transaction code knows no operator and no cluster"},
+	{"internal/rpc", []string{"runtime", "jobmanager", "taskmanager", "sources", "sinks"},
+		"the RPC contract carries ids and bytes; it is what the job manager and task managers share"},
 }
 
 // under reports whether the module-relative package path p is dir or below it.

@@ -1,0 +1,113 @@
+// Package rpc owns the control-plane contract between the job manager, the
+// task managers and streamctl: the protocol (package weirpb, generated from
+// weirpb/control.proto), dialing, and the heartbeat rule both ends of a
+// task-manager session apply to detect a dead peer.
+//
+// It is the only package jobmanager and taskmanager share. It must not
+// import runtime, jobmanager, taskmanager, sources or sinks: it carries ids
+// and bytes, never operators.
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Defaults of a task-manager session: a heartbeat every 500ms each way, and
+// a peer silent for 3s is dead (a killed process is noticed within a few
+// seconds even when its connection does not close).
+const (
+	DefaultHeartbeatInterval = 500 * time.Millisecond
+	DefaultHeartbeatTimeout  = 3 * time.Second
+)
+
+// ErrPeerDead is returned by Liveness.Watch when the peer sent nothing for
+// the heartbeat timeout.
+var ErrPeerDead = errors.New("rpc: peer sent no heartbeat in time")
+
+// ErrUnreachable wraps a failure to reach the job manager.
+var ErrUnreachable = errors.New("rpc: job manager unreachable")
+
+// Dial returns a client connection to addr (plaintext; Weir's control plane
+// runs on a trusted network). grpc connects lazily: the first call fails
+// with ErrUnreachable when nobody listens at addr.
+func Dial(addr string) (*grpc.ClientConn, error) {
+	if addr == "" {
+		return nil, fmt.Errorf("%w: no address", ErrUnreachable)
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, addr, err)
+	}
+	return cc, nil
+}
+
+// Liveness records when a peer was last heard from. Seen is called for
+// every message received; Watch fails once the peer has been silent for
+// longer than the timeout. Safe for concurrent use.
+type Liveness struct {
+	last atomic.Int64 // unix nanos
+	now  func() time.Time
+}
+
+// NewLiveness returns a Liveness that has just heard from its peer.
+func NewLiveness() *Liveness {
+	l := &Liveness{now: time.Now}
+	l.Seen()
+	return l
+}
+
+// Seen records that the peer was heard from now.
+func (l *Liveness) Seen() { l.last.Store(l.now().UnixNano()) }
+
+// Silence is how long the peer has been silent.
+func (l *Liveness) Silence() time.Duration {
+	return l.now().Sub(time.Unix(0, l.last.Load()))
+}
+
+// Watch blocks until ctx is done (ctx's error) or the peer has been silent
+// for longer than timeout (an error wrapping ErrPeerDead). It checks four
+// times per timeout.
+func (l *Liveness) Watch(ctx context.Context, timeout time.Duration) error {
+	if timeout <= 0 {
+		return fmt.Errorf("rpc: heartbeat timeout %v must be positive", timeout)
+	}
+	t := time.NewTicker(timeout / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			if s := l.Silence(); s > timeout {
+				return fmt.Errorf("%w: silent for %v (timeout %v)", ErrPeerDead, s.Round(time.Millisecond), timeout)
+			}
+		}
+	}
+}
+
+// Every calls send every interval until ctx is done or send fails; it
+// returns send's error, or ctx's.
+func Every(ctx context.Context, interval time.Duration, send func() error) error {
+	if interval <= 0 {
+		return fmt.Errorf("rpc: heartbeat interval %v must be positive", interval)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			if err := send(); err != nil {
+				return err
+			}
+		}
+	}
+}
