@@ -1,0 +1,143 @@
+package taskmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/internal/rpc"
+	"github.com/weirstream/weir/internal/rpc/weirpb"
+)
+
+// Opt configures a task manager.
+type Opt interface{ apply(*cfg) }
+
+type optFunc func(*cfg)
+
+func (f optFunc) apply(c *cfg) { f(c) }
+
+type cfg struct {
+	id           string
+	slots        int
+	dataAddr     string
+	reconnect    time.Duration
+	log          *zap.Logger
+	onRegistered func(session uint64)
+}
+
+// ID sets the task manager's id (default "tm").
+func ID(id string) Opt { return optFunc(func(c *cfg) { c.id = id }) }
+
+// Slots sets how many slots the task manager offers (default 2).
+func Slots(n int) Opt { return optFunc(func(c *cfg) { c.slots = n }) }
+
+// DataAddress sets the data-plane address announced at registration.
+func DataAddress(a string) Opt { return optFunc(func(c *cfg) { c.dataAddr = a }) }
+
+// ReconnectDelay sets the pause before reconnecting after a lost session
+// (default 500ms).
+func ReconnectDelay(d time.Duration) Opt { return optFunc(func(c *cfg) { c.reconnect = d }) }
+
+// Logger sets the logger (default: none).
+func Logger(l *zap.Logger) Opt { return optFunc(func(c *cfg) { c.log = l }) }
+
+// OnRegistered calls fn after each successful registration (for tests and
+// readiness output).
+func OnRegistered(fn func(session uint64)) Opt { return optFunc(func(c *cfg) { c.onRegistered = fn }) }
+
+// Run keeps a session with the job manager at addr until ctx is done: it
+// registers, heartbeats, and when the session is lost (the job manager is
+// gone, restarted or silent beyond the timeout it announced) reconnects by
+// itself. It returns ctx's error, or a configuration error at once.
+func Run(ctx context.Context, addr string, opts ...Opt) error {
+	c := cfg{id: "tm", slots: 2, reconnect: 500 * time.Millisecond, log: zap.NewNop()}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	if c.slots < 1 {
+		return fmt.Errorf("taskmanager: --slots %d must be at least 1", c.slots)
+	}
+	cc, err := rpc.Dial(addr)
+	if err != nil {
+		return fmt.Errorf("taskmanager: %w", err)
+	}
+	defer cc.Close()
+	client := weirpb.NewJobManagerClient(cc)
+	for {
+		err := session(ctx, client, &c)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		c.log.Warn("job manager session lost; reconnecting", zap.String("job_manager", addr),
+			zap.Duration("delay", c.reconnect), zap.Error(err))
+		select {
+		case <-time.After(c.reconnect):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// session runs one registration until it is lost.
+func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) error {
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	st, err := client.Connect(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", rpc.ErrUnreachable, err)
+	}
+	if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Register{Register: &weirpb.Register{
+		TaskManagerId: c.id, Slots: int32(c.slots), DataAddress: c.dataAddr}}}); err != nil {
+		return fmt.Errorf("taskmanager: register: %w", err)
+	}
+	first, err := st.Recv()
+	if err != nil {
+		return fmt.Errorf("taskmanager: register: %w", err)
+	}
+	reg := first.GetRegistered()
+	if reg == nil {
+		return fmt.Errorf("taskmanager: the job manager answered the registration with %v", first)
+	}
+	interval := time.Duration(reg.HeartbeatIntervalMs) * time.Millisecond
+	timeout := time.Duration(reg.HeartbeatTimeoutMs) * time.Millisecond
+	if interval <= 0 || timeout <= 0 {
+		return fmt.Errorf("taskmanager: the job manager announced heartbeat interval %v, timeout %v", interval, timeout)
+	}
+	c.log.Info("registered with the job manager", zap.String("task_manager", c.id), zap.Uint64("session", reg.Session))
+	if c.onRegistered != nil {
+		c.onRegistered(reg.Session)
+	}
+	live := rpc.NewLiveness()
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		cancel(rpc.Every(ctx, interval, func() error {
+			return st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Heartbeat{Heartbeat: &weirpb.Heartbeat{
+				SentUnixMs: time.Now().UnixMilli(), FreeSlots: int32(c.slots)}}})
+		}))
+	}()
+	go func() {
+		defer wg.Done()
+		if err := live.Watch(ctx, timeout); errors.Is(err, rpc.ErrPeerDead) {
+			cancel(err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for {
+			if _, err := st.Recv(); err != nil {
+				cancel(err)
+				return
+			}
+			live.Seen()
+		}
+	}()
+	<-ctx.Done()
+	wg.Wait()
+	return context.Cause(ctx)
+}
