@@ -401,46 +401,51 @@ func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]
 // group delivers: a transactional topic (the retry topic) also has offsets
 // no consumer ever sees (commit and abort markers, aborted data), which the
 // share start offset passes without any ack marker covering them. It reads
-// the gaps read_committed; offsets it returns are deliverable.
+// the gaps read_committed with control records kept, until it has seen an
+// offset at or past the last gap offset: the share start offset is at most
+// the last stable offset, so that offset is a committed record or a
+// marker, or aborted data whose abort marker comes after it. A read that
+// does not get there in time is an error (the caller retries), never a
+// verdict; offsets it returns are deliverable.
 func (s *Source[T]) deliverable(ctx context.Context, tp acklog.TopicPartition, gaps []acklog.Range) ([]acklog.Range, error) {
 	if len(gaps) == 0 {
 		return nil, nil
 	}
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(s.cfg.brokers...), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{tp.Topic: {tp.Partition: kgo.NewOffset().At(gaps[0].Start)}})},
 		s.cfg.clientOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("sharegroup: read skipped offsets: %w", err)
 	}
 	defer cl.Close()
-	end := gaps[len(gaps)-1].End
-	offs := map[acklog.TopicPartition][]int64{}
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	last := gaps[len(gaps)-1].End - 1
+	var offs []int64
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	// The share start offset is at most the last stable offset, so
-	// everything below end is readable read_committed; a poll that
-	// returns nothing means the rest holds no deliverable record.
-	for done := false; !done; {
-		pctx, pcancel := context.WithTimeout(rctx, time.Second)
-		fs := cl.PollFetches(pctx)
-		pcancel()
+	for seen := false; !seen; {
+		fs := cl.PollFetches(rctx)
 		if err := rctx.Err(); err != nil {
+			return nil, fmt.Errorf("sharegroup: read skipped offsets of %s up to %d: %w", tp, last, err)
+		}
+		if err := fs.Err0(); err != nil {
 			return nil, fmt.Errorf("sharegroup: read skipped offsets of %s: %w", tp, err)
 		}
-		done = fs.NumRecords() == 0
 		fs.EachRecord(func(r *kgo.Record) {
-			if r.Offset >= end {
-				done = true
+			if r.Offset >= last {
+				seen = true
+			}
+			if r.Attrs.IsControl() || r.Offset > last {
 				return
 			}
 			for _, g := range gaps {
 				if r.Offset >= g.Start && r.Offset < g.End {
-					offs[tp] = append(offs[tp], r.Offset)
+					offs = append(offs, r.Offset)
 				}
 			}
 		})
 	}
-	return acklog.RangesOf(offs)[tp], nil
+	return acklog.RangesOf(map[acklog.TopicPartition][]int64{tp: offs})[tp], nil
 }
 
 // fmtRanges prints ranges as "[a, b)" lists, at most five.
