@@ -1,30 +1,27 @@
 // Command streamctl is Weir's command-line interface: the embedded broker,
 // the end-to-end demo, the benchmarks and the list of registered job types.
+// The commands live in package cli; this main only registers the built-in
+// job types (wordcount) and calls cli.Main. A program with job types of its
+// own does the same with its own registry (see examples/customjob).
 //
 // It wires packages together and must hold no logic a test of another
-// package would need: anything worth testing on its own lives in the package
-// the command calls.
+// package would need.
 package main
 
 import (
-	"context"
+	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
+
+	"github.com/weirstream/weir/cli"
+	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/runtime"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	// After the first signal, restore the default behaviour so a second
-	// SIGINT kills a command whose clean stop hangs.
-	go func() {
-		<-ctx.Done()
-		stop()
-	}()
-	err := newRootCmd(os.Stdout, os.Stderr).ExecuteContext(ctx)
-	stop()
-	if err != nil {
-		// cobra has printed the error.
+	reg := runtime.NewRegistry()
+	if err := wordcount.Register(reg); err != nil {
+		fmt.Fprintln(os.Stderr, "Error:", err)
 		os.Exit(1)
 	}
+	cli.Main(reg)
 }

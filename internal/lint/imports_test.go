@@ -37,6 +37,35 @@ var rules = []rule{
 		"the RPC contract carries ids and bytes; it is what the job manager and task managers share"},
 }
 
+// private lists packages (module-relative prefixes) that only the packages
+// under importers (and the package itself) may import.
+var private = []struct {
+	pkg       string
+	importers []string
+	why       string
+}{
+	{"cli", []string{"cmd", "examples"},
+		"cli is the command line as a library for a program's main (cmd/streamctl, a user's own main as in examples/...); no other package may depend on it"},
+}
+
+// importAllowed reports whether the package pkg may import imp under the
+// private rules, and why not.
+func importAllowed(pkg, imp string) (bool, string) {
+	for _, p := range private {
+		if !under(imp, p.pkg) || under(pkg, p.pkg) {
+			continue
+		}
+		ok := false
+		for _, i := range p.importers {
+			ok = ok || under(pkg, i)
+		}
+		if !ok {
+			return false, p.why
+		}
+	}
+	return true, ""
+}
+
 // under reports whether the module-relative package path p is dir or below it.
 func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
 
@@ -57,6 +86,9 @@ func TestImportRules(t *testing.T) {
 				continue
 			}
 			imp = strings.TrimPrefix(imp, module)
+			if ok, why := importAllowed(pkg, imp); !ok {
+				t.Errorf("%s imports %s: %s", filepath.ToSlash(mustRel(root, path)), imp, why)
+			}
 			for _, r := range rules {
 				if !under(pkg, r.from) {
 					continue
@@ -101,6 +133,26 @@ func TestImportRulesPrefixMatch(t *testing.T) {
 	} {
 		if got := under(c.p, c.dir); got != c.want {
 			t.Errorf("under(%q, %q) = %v, want %v", c.p, c.dir, got, c.want)
+		}
+	}
+}
+
+// TestPrivateImports checks the private rules' matcher.
+func TestPrivateImports(t *testing.T) {
+	for _, c := range []struct {
+		pkg, imp string
+		want     bool
+	}{
+		{"cmd/streamctl", "cli", true},
+		{"examples/customjob", "cli", true},
+		{"cli", "cli", true},
+		{"runtime", "cli", false},
+		{"internal/demo", "cli", false},
+		{"clix", "cli", false},
+		{"runtime", "clix", true},
+	} {
+		if got, _ := importAllowed(c.pkg, c.imp); got != c.want {
+			t.Errorf("importAllowed(%q, %q) = %v, want %v", c.pkg, c.imp, got, c.want)
 		}
 	}
 }

@@ -65,7 +65,7 @@ func newLane(id int, name string) *lane {
 }
 
 // run polls whenever the lane is idle and hands batches over through ready.
-func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane) {
+func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane, acquired func(string, []*kgo.Record)) {
 	for {
 		fs := l.cl.PollRecords(ctx, batch)
 		if ctx.Err() != nil || fs.IsClientClosed() {
@@ -81,6 +81,9 @@ func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane) {
 		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
 		if len(recs) == 0 && ferr == nil {
 			continue
+		}
+		if acquired != nil {
+			acquired(l.name, recs)
 		}
 		now := time.Now()
 		l.mu.Lock()

@@ -114,6 +114,9 @@ type cfg struct {
 	// paused stops lock renewal: tests use it to play a process that is
 	// paused (GC, partition) while it holds records.
 	paused bool
+	// testAcquired, when set (tests), sees every batch a lane acquires,
+	// admitted or not: it measures deliveries per record.
+	testAcquired func(lane string, recs []*kgo.Record)
 
 	// The Session's.
 	txnID      string
@@ -130,8 +133,11 @@ const (
 	DefaultTransactionTimeout = 15 * time.Minute
 	// DefaultOpenMarkerWait is the Source's default OpenMarkerWait.
 	DefaultOpenMarkerWait = 5 * time.Minute
-	// DefaultMaxRequeues is the Source's default MaxRequeues.
-	DefaultMaxRequeues = 3
+	// DefaultMaxRequeues is the Source's default MaxRequeues: no bound.
+	// Restarts, rollbacks and group churn re-queue healthy records, so a
+	// re-queue is no processing failure; the job's restart strategy bounds
+	// a record that fails its job every time.
+	DefaultMaxRequeues = 0
 )
 
 func sourceDefaults() cfg {
@@ -279,12 +285,15 @@ func MaxDeliveries(n int) SourceOpt {
 }
 
 // MaxRequeues sets how often a transactional Source re-queues a record
-// before it treats it as poison, overriding DefaultMaxRequeues. The broker
-// counts a delivery at every acquisition (restarts and rollbacks too), so
-// a record acquired with at most one delivery left is not processed but
-// copied, with a fresh delivery budget, to the retry topic in a
-// transaction that also acknowledges the original (exactly once). A record
-// re-queued this many times is dead-lettered.
+// before it treats it as poison, overriding DefaultMaxRequeues (0: no
+// bound). The broker counts a delivery at every acquisition (restarts,
+// rollbacks and group churn too), so a redelivered record that no
+// committed ack marker covers is not processed but copied, with a fresh
+// delivery budget, to the retry topic in a transaction that also
+// acknowledges the original (exactly once). A record re-queued this many
+// times is dead-lettered. Every restart of a job can re-queue every record
+// it held: a bound dead-letters healthy records of a job that restarts
+// that often.
 func MaxRequeues(n int) SourceOpt {
 	return sourceOpt{"MaxRequeues", func(c *cfg) { c.maxRequeues = n }}
 }

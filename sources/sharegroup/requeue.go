@@ -22,19 +22,29 @@ const HeaderRequeues = "weir.requeues"
 // The delivery budget. The broker counts a delivery at every acquisition,
 // whatever ended it: a restart, a rollback, a lapsed lock or group churn
 // costs one as a processing failure does, and past
-// group.share.delivery.count.limit the broker archives the record. So the
-// transactional source does not wait for the last delivery: a record
-// acquired with at most one delivery left (count >= limit - 1) is not
-// processed but re-queued: copied to the group's retry topic (which the
+// group.share.delivery.count.limit the broker archives the record. A restart
+// with several lanes per subtask burns up to 3 deliveries of a record (one
+// subtask's close releases records that another's idle lanes acquire and
+// release again; a fetch cut off by Close acquires and releases unread), so
+// the transactional source does not wait for the last delivery: a record
+// acquired with fewer than restartBurn+1 deliveries left (count >= limit -
+// restartBurn, at least 2: under Kafka's limit of 5, every redelivery) that
+// no committed marker covers is not processed but re-queued: copied to the group's retry topic (which the
 // source also reads) in a transaction of its own, committed at once, that
 // also carries an ack marker covering the original; then the original is
 // ACCEPTed. The copy starts with a fresh budget. If the process dies after
 // the commit and before the ACCEPT, the original comes back and the lookup
 // finds the committed marker: it is ACCEPTed, not processed. A record is
-// poison when it was re-queued MaxRequeues times (the source's own count,
-// in HeaderRequeues) or when decoding it fails; poison records go to the
-// dead-letter topic inside the epoch's transaction. (docs/architecture.md,
-// "Delivery budget".)
+// poison when decoding it fails (the source's own observation), or, with
+// MaxRequeues > 0, when it was re-queued that often (HeaderRequeues);
+// poison records go to the dead-letter topic inside the epoch's transaction.
+// (docs/architecture.md, "Delivery budget".)
+
+// restartBurn is how many deliveries of one record a failed attempt can
+// burn, measured with 2 subtasks of 4 lanes: the one it was admitted in, a
+// re-acquisition by another subtask's idle lane while the job closes, and
+// one by a fetch that Close cut off (acquired, released unread).
+const restartBurn = 3
 
 // requeueWriter is the transactional writer of re-queue transactions, with
 // its own transactional ids ("<prefix>-rq-<subtask>-<index>") and a

@@ -132,12 +132,14 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	adm := kadm.NewClient(s.admin)
 	s.limit = brokerIntConfig(sctx, adm, "group.share.partition.max.record.locks", 2000)
 	limit := brokerIntConfig(sctx, adm, "group.share.delivery.count.limit", 5)
-	// A record with at most one delivery left is re-queued (transactional)
-	// or dead-lettered (MaxDeliveries, otherwise) before the broker
-	// archives it.
-	s.requeueAt = int32(max(2, limit-1))
+	// Without transactions a record with at most one delivery left is
+	// dead-lettered (MaxDeliveries) before the broker archives it. With
+	// them, a record is re-queued while a whole restart's burn is left:
+	// restarts, rollbacks and group churn burn up to restartBurn deliveries
+	// per attempt, so waiting for the last one is too late.
+	s.requeueAt = int32(max(2, limit-restartBurn))
 	if s.cfg.maxDeliveries == 0 {
-		s.cfg.maxDeliveries = s.requeueAt
+		s.cfg.maxDeliveries = int32(max(2, limit-1))
 	}
 	if err := ensureTopic(sctx, adm, s.cfg.dlqTopic, 1); err != nil {
 		return err
@@ -239,7 +241,7 @@ func (s *Source[T]) start() {
 		s.wg.Add(1)
 		go func(l *lane) {
 			defer s.wg.Done()
-			l.run(ctx, s.cfg.batch, s.ready)
+			l.run(ctx, s.cfg.batch, s.ready, s.cfg.testAcquired)
 		}(l)
 	}
 	s.wg.Add(1)
@@ -368,7 +370,11 @@ func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]
 			}
 		}
 		if start > wm {
-			if gaps := s.ix.Uncovered(tp, wm, start); len(gaps) > 0 {
+			gaps, err := s.deliverable(ctx, tp, s.ix.Uncovered(tp, wm, start))
+			if err != nil {
+				return nil, err
+			}
+			if len(gaps) > 0 {
 				skipped = append(skipped, fmt.Sprintf("%s offsets %s", tp, fmtRanges(gaps)))
 				continue
 			}
@@ -389,6 +395,57 @@ func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]
 		}
 	}
 	return starts, nil
+}
+
+// deliverable narrows gaps of tp to the offsets that hold records a share
+// group delivers: a transactional topic (the retry topic) also has offsets
+// no consumer ever sees (commit and abort markers, aborted data), which the
+// share start offset passes without any ack marker covering them. It reads
+// the gaps read_committed with control records kept, until it has seen an
+// offset at or past the last gap offset: the share start offset is at most
+// the last stable offset, so that offset is a committed record or a
+// marker, or aborted data whose abort marker comes after it. A read that
+// does not get there in time is an error (the caller retries), never a
+// verdict; offsets it returns are deliverable.
+func (s *Source[T]) deliverable(ctx context.Context, tp acklog.TopicPartition, gaps []acklog.Range) ([]acklog.Range, error) {
+	if len(gaps) == 0 {
+		return nil, nil
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(s.cfg.brokers...), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{tp.Topic: {tp.Partition: kgo.NewOffset().At(gaps[0].Start)}})},
+		s.cfg.clientOpts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("sharegroup: read skipped offsets: %w", err)
+	}
+	defer cl.Close()
+	last := gaps[len(gaps)-1].End - 1
+	var offs []int64
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for seen := false; !seen; {
+		fs := cl.PollFetches(rctx)
+		if err := rctx.Err(); err != nil {
+			return nil, fmt.Errorf("sharegroup: read skipped offsets of %s up to %d: %w", tp, last, err)
+		}
+		if err := fs.Err0(); err != nil {
+			return nil, fmt.Errorf("sharegroup: read skipped offsets of %s: %w", tp, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset >= last {
+				seen = true
+			}
+			if r.Attrs.IsControl() || r.Offset > last {
+				return
+			}
+			for _, g := range gaps {
+				if r.Offset >= g.Start && r.Offset < g.End {
+					offs = append(offs, r.Offset)
+				}
+			}
+		})
+	}
+	return acklog.RangesOf(map[acklog.TopicPartition][]int64{tp: offs})[tp], nil
 }
 
 // fmtRanges prints ranges as "[a, b)" lists, at most five.
@@ -561,7 +618,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 			}
 		}
 		switch {
-		case s.cfg.mode == Transactional && r.DeliveryCount() >= s.requeueAt && requeues(r) >= s.cfg.maxRequeues:
+		case s.cfg.mode == Transactional && r.DeliveryCount() >= s.requeueAt && s.cfg.maxRequeues > 0 && requeues(r) >= s.cfg.maxRequeues:
 			if err := s.deadLetter(ctx, r, fmt.Errorf("re-queued %d times (max %d), delivered %d times", requeues(r),
 				s.cfg.maxRequeues, r.DeliveryCount())); err != nil {
 				return err

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"encoding/json"
@@ -7,19 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/runtime"
 )
-
-// registry holds every job type this binary can run: each node of a cluster
-// runs the same binary and builds jobs from (name, parameters).
-func registry() (*runtime.Registry, error) {
-	r := runtime.NewRegistry()
-	if err := wordcount.Register(r); err != nil {
-		return nil, err
-	}
-	return r, nil
-}
 
 // jobParam is one parameter of a job type as `jobs` shows it.
 type jobParam struct {
@@ -71,11 +60,7 @@ declare. No command runs a registered job by name yet (the job manager and
 submission are not built); the demo runs wordcount on its own embedded broker.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			r, err := registry()
-			if err != nil {
-				return err
-			}
-			types := jobTypes(r)
+			types := jobTypes(a.reg)
 			switch output {
 			case "json":
 				enc := json.NewEncoder(a.stdout)

@@ -1,16 +1,55 @@
-package main
+package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/runtime"
 )
+
+// Main runs streamctl with the job types of reg and exits: the whole CLI
+// (broker, demo, jobs, bench, version, ...) for a program's own main, so a
+// binary built with a user's job types registered next to (or instead of)
+// wordcount runs them. Arguments come from os.Args, output goes to
+// os.Stdout and os.Stderr; SIGINT and SIGTERM cancel the running command
+// (a second signal kills the process). It exits 1 when the command fails
+// (the error is printed on stderr), 0 otherwise. A nil reg is an empty
+// registry.
+func Main(reg *runtime.Registry) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first signal, restore the default behaviour so a second
+	// SIGINT kills a command whose clean stop hangs.
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	err := Run(ctx, reg, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		// cobra has printed the error.
+		os.Exit(1)
+	}
+}
+
+// Run runs streamctl once in-process with args (without the program name),
+// the job types of reg (nil: none), results written to stdout and logs and
+// errors to stderr. Cancelling ctx stops a long-running command cleanly.
+// It returns the command's error, which has already been printed to stderr.
+func Run(ctx context.Context, reg *runtime.Registry, args []string, stdout, stderr io.Writer) error {
+	root := newRootCmd(reg, stdout, stderr)
+	root.SetArgs(args)
+	return root.ExecuteContext(ctx)
+}
 
 // subcommands returns the constructors of streamctl's subcommands, in help
 // order. To add a command, write `func newXxxCmd(a *app) *cobra.Command` in
@@ -26,11 +65,12 @@ func subcommands() []func(*app) *cobra.Command {
 	}
 }
 
-// app is what every command shares: the global flags and the output
-// streams. Commands write results to stdout and logs and diagnostics to
+// app is what every command shares: the registered job types, the global
+// flags and the output streams. Commands write results to stdout and logs and diagnostics to
 // stderr (through logger), never to os.Stdout directly, so tests can run
 // them in-process.
 type app struct {
+	reg    *runtime.Registry
 	stdout io.Writer
 	stderr io.Writer
 
@@ -42,9 +82,13 @@ type app struct {
 	sink *progressLine
 }
 
-// newRootCmd builds the streamctl command tree writing to stdout and stderr.
-func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
-	a := &app{stdout: stdout, stderr: stderr}
+// newRootCmd builds the streamctl command tree for the job types of reg
+// (nil: none), writing to stdout and stderr.
+func newRootCmd(reg *runtime.Registry, stdout, stderr io.Writer) *cobra.Command {
+	if reg == nil {
+		reg = runtime.NewRegistry()
+	}
+	a := &app{reg: reg, stdout: stdout, stderr: stderr}
 	root := &cobra.Command{
 		Use:   "streamctl",
 		Short: "Weir: exactly-once stream processing from Kafka share groups to Kafka topics",

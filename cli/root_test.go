@@ -1,0 +1,120 @@
+package cli
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/weirstream/weir/examples/wordcount"
+	weirruntime "github.com/weirstream/weir/runtime"
+)
+
+// TestMain checks for leaked goroutines after all tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// testRegistry is the registry streamctl is built with: wordcount.
+func testRegistry(t *testing.T) *weirruntime.Registry {
+	t.Helper()
+	r := weirruntime.NewRegistry()
+	if err := wordcount.Register(r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// runCLI runs the root command in-process.
+func runCLI(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	root := newRootCmd(testRegistry(t), &out, &errb)
+	root.SetArgs(args)
+	err = root.ExecuteContext(t.Context())
+	return out.String(), errb.String(), err
+}
+
+func TestVersionPrintsModuleAndGoVersion(t *testing.T) {
+	out, _, err := runCLI(t, "version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"streamctl ", "module: github.com/weirstream/weir", "go: " + runtime.Version()} {
+		if !strings.Contains(out, want) {
+			t.Errorf("version output %q lacks %q", out, want)
+		}
+	}
+}
+
+func TestCLIRejectsBadInvocations(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate" for "streamctl"`},
+		{"unknown flag", []string{"broker", "--frobnicate"}, "unknown flag: --frobnicate"},
+		{"bad log level", []string{"--log-level", "loud", "version"}, `invalid --log-level "loud"`},
+		{"bad log format", []string{"--log-format", "xml", "version"}, `invalid --log-format "xml"`},
+		{"extra argument", []string{"version", "extra"}, `unknown command "extra"`},
+		{"config without =", []string{"broker", "--config", "nokey"}, `"nokey": want key=value`},
+		{"unknown config", []string{"broker", "--listen", "127.0.0.1:0", "--config", "no.such=1"}, `unknown broker config "no.such"`},
+		{"config out of range", []string{"broker", "--listen", "127.0.0.1:0", "--config", "group.share.delivery.count.limit=-5"},
+			`group.share.delivery.count.limit=-5 out of range [2, 10]`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, stderr, err := runCLI(t, tt.args...)
+			if err == nil {
+				t.Fatal("command succeeded")
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q lacks %q", err, tt.want)
+			}
+			if !strings.Contains(stderr, "Error: ") {
+				t.Errorf("stderr %q does not show the error", stderr)
+			}
+		})
+	}
+}
+
+func TestCompletionScriptIsGenerated(t *testing.T) {
+	out, _, err := runCLI(t, "completion", "bash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "__start_streamctl") {
+		t.Fatalf("bash completion lacks __start_streamctl: %.200q", out)
+	}
+}
+
+func TestLogFormatJSONWritesJSONToStderr(t *testing.T) {
+	var out, errb bytes.Buffer
+	a := &app{stdout: &out, stderr: &errb, logLevel: "info", logFormat: "json"}
+	log, err := a.logger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Debug("hidden")
+	log.Info("shown")
+	_ = log.Sync()
+	if out.Len() != 0 {
+		t.Fatalf("logger wrote to stdout: %q", out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(errb.String()), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "{") || !strings.Contains(lines[0], `"msg":"shown"`) {
+		t.Fatalf("stderr = %q, want one JSON line for the info message only", errb.String())
+	}
+}
