@@ -61,6 +61,8 @@ func subcommands() []func(*app) *cobra.Command {
 		newBenchCmd,
 		newDemoCmd,
 		newJobsCmd,
+		newJobManagerCmd,
+		newTaskManagerCmd,
 		newVersionCmd,
 	}
 }
