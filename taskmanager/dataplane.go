@@ -1,0 +1,312 @@
+package taskmanager
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+)
+
+// FrameKind says what a data-plane frame carries.
+type FrameKind byte
+
+// Frame kinds. Data, Barrier and EOS travel in band, in order, on one
+// channel and each takes one credit; Open and Credit are the protocol's own.
+const (
+	FrameData    FrameKind = 1 // a batch of records, encoded by runtime's codecs
+	FrameBarrier FrameKind = 2 // a checkpoint barrier (payload: the id)
+	FrameEOS     FrameKind = 3 // end of the stream
+	frameOpen    FrameKind = 4 // sender -> receiver: a channel starts on this connection
+	frameCredit  FrameKind = 5 // receiver -> sender: payload-less, n in the length field
+)
+
+// Frame is one message of a data-plane channel.
+type Frame struct {
+	Kind    FrameKind
+	Payload []byte
+}
+
+// ErrProtocol is returned when a peer breaks the data-plane protocol (e.g.
+// sends beyond its credit).
+var ErrProtocol = errors.New("taskmanager: data-plane protocol violation")
+
+const headerLen = 9 // kind u8, channel u32, length u32
+
+func writeFrame(w *bufio.Writer, kind FrameKind, ch uint32, n uint32, payload []byte) error {
+	var h [headerLen]byte
+	h[0] = byte(kind)
+	binary.BigEndian.PutUint32(h[1:5], ch)
+	binary.BigEndian.PutUint32(h[5:9], n)
+	if _, err := w.Write(h[:]); err != nil {
+		return err
+	}
+	if _, err := w.Write(payload); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+func readFrame(r *bufio.Reader) (FrameKind, uint32, []byte, uint32, error) {
+	var h [headerLen]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, 0, nil, 0, err
+	}
+	kind, ch, n := FrameKind(h[0]), binary.BigEndian.Uint32(h[1:5]), binary.BigEndian.Uint32(h[5:9])
+	if kind == frameCredit || kind == frameOpen {
+		return kind, ch, nil, n, nil
+	}
+	if n > 64<<20 {
+		return 0, 0, nil, 0, fmt.Errorf("%w: frame of %d bytes", ErrProtocol, n)
+	}
+	p := make([]byte, n)
+	if _, err := io.ReadFull(r, p); err != nil {
+		return 0, 0, nil, 0, err
+	}
+	return kind, ch, p, n, nil
+}
+
+// Sender is the sending end of data-plane channels to one task manager,
+// multiplexed on one TCP connection. Send blocks while the channel has no
+// credit: the receiver's bounded buffer is the only queue, so backpressure
+// crosses the process boundary and nothing grows without bound.
+type Sender struct {
+	conn net.Conn
+	wmu  sync.Mutex
+	w    *bufio.Writer
+
+	mu      sync.Mutex
+	credits map[uint32]chan struct{}
+	done    chan struct{}
+	err     error
+}
+
+// DialData connects to the data-plane address of a task manager.
+func DialData(ctx context.Context, addr string) (*Sender, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("taskmanager: dial data plane %s: %w", addr, err)
+	}
+	s := &Sender{conn: conn, w: bufio.NewWriter(conn), credits: map[uint32]chan struct{}{}, done: make(chan struct{})}
+	go s.readCredits()
+	return s, nil
+}
+
+func (s *Sender) readCredits() {
+	r := bufio.NewReader(s.conn)
+	var err error
+	for {
+		var kind FrameKind
+		var ch, n uint32
+		if kind, ch, _, n, err = readFrame(r); err != nil {
+			break
+		}
+		if kind != frameCredit {
+			err = fmt.Errorf("%w: sender got frame kind %d", ErrProtocol, kind)
+			break
+		}
+		c := s.window(ch)
+		for i := uint32(0); i < n; i++ {
+			select {
+			case c <- struct{}{}:
+			default:
+				err = fmt.Errorf("%w: credit beyond the window on channel %d", ErrProtocol, ch)
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	s.mu.Lock()
+	s.err = err
+	s.mu.Unlock()
+	close(s.done)
+}
+
+// maxWindow bounds the credits a receiver may grant one channel.
+const maxWindow = 1 << 16
+
+func (s *Sender) window(ch uint32) chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.credits[ch]
+	if !ok {
+		c = make(chan struct{}, maxWindow)
+		s.credits[ch] = c
+	}
+	return c
+}
+
+func (s *Sender) write(kind FrameKind, ch uint32, n uint32, payload []byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if err := writeFrame(s.w, kind, ch, n, payload); err != nil {
+		return fmt.Errorf("taskmanager: data plane send: %w", err)
+	}
+	return nil
+}
+
+// Open announces channel ch on this connection; the receiver answers with
+// its window of credits.
+func (s *Sender) Open(ch uint32) error {
+	s.window(ch)
+	return s.write(frameOpen, ch, 0, nil)
+}
+
+// Send sends f on channel ch, waiting for a credit.
+func (s *Sender) Send(ctx context.Context, ch uint32, f Frame) error {
+	c := s.window(ch)
+	select {
+	case <-c:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.done:
+		s.mu.Lock()
+		err := s.err
+		s.mu.Unlock()
+		return fmt.Errorf("taskmanager: data plane connection lost: %w", err)
+	}
+	return s.write(f.Kind, ch, uint32(len(f.Payload)), f.Payload)
+}
+
+// Close closes the connection.
+func (s *Sender) Close() error {
+	err := s.conn.Close()
+	<-s.done
+	return err
+}
+
+// Receiver is the receiving end of data-plane channels: each channel has a
+// buffer of window frames, and a frame taken out by Recv returns one credit
+// to its sender.
+type Receiver struct {
+	window int
+
+	mu    sync.Mutex
+	chans map[uint32]*inbox
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+type inbox struct {
+	frames chan Frame
+	mu     sync.Mutex
+	credit func() error // returns one credit to the channel's sender
+}
+
+func (b *inbox) setCredit(fn func() error) {
+	b.mu.Lock()
+	b.credit = fn
+	b.mu.Unlock()
+}
+
+func (b *inbox) returnCredit() error {
+	b.mu.Lock()
+	fn := b.credit
+	b.mu.Unlock()
+	if fn == nil {
+		return nil
+	}
+	return fn()
+}
+
+// NewReceiver returns a receiver granting window credits per channel.
+func NewReceiver(window int) *Receiver {
+	if window < 1 || window > maxWindow {
+		window = 8
+	}
+	return &Receiver{window: window, chans: map[uint32]*inbox{}, conns: map[net.Conn]struct{}{}}
+}
+
+func (r *Receiver) inbox(ch uint32) *inbox {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, ok := r.chans[ch]
+	if !ok {
+		b = &inbox{frames: make(chan Frame, r.window)}
+		r.chans[ch] = b
+	}
+	return b
+}
+
+// Serve accepts senders on lis until ctx is done.
+func (r *Receiver) Serve(ctx context.Context, lis net.Listener) error {
+	stop := context.AfterFunc(ctx, func() {
+		lis.Close()
+		r.mu.Lock()
+		for c := range r.conns {
+			c.Close()
+		}
+		r.mu.Unlock()
+	})
+	defer stop()
+	defer r.wg.Wait()
+	for {
+		conn, err := lis.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("taskmanager: data plane accept: %w", err)
+		}
+		r.mu.Lock()
+		r.conns[conn] = struct{}{}
+		r.mu.Unlock()
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			_ = r.serveConn(conn)
+			r.mu.Lock()
+			delete(r.conns, conn)
+			r.mu.Unlock()
+			conn.Close()
+		}()
+	}
+}
+
+func (r *Receiver) serveConn(conn net.Conn) error {
+	rd, w := bufio.NewReader(conn), bufio.NewWriter(conn)
+	var wmu sync.Mutex
+	credit := func(ch uint32, n uint32) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return writeFrame(w, frameCredit, ch, n, nil)
+	}
+	for {
+		kind, ch, p, _, err := readFrame(rd)
+		if err != nil {
+			return err
+		}
+		b := r.inbox(ch)
+		if kind == frameOpen {
+			b.setCredit(func() error { return credit(ch, 1) })
+			if err := credit(ch, uint32(r.window)); err != nil {
+				return err
+			}
+			continue
+		}
+		select {
+		case b.frames <- Frame{Kind: kind, Payload: p}:
+		default:
+			return fmt.Errorf("%w: channel %d sent beyond its credit", ErrProtocol, ch)
+		}
+	}
+}
+
+// Recv returns the next frame of channel ch, returning its credit.
+func (r *Receiver) Recv(ctx context.Context, ch uint32) (Frame, error) {
+	b := r.inbox(ch)
+	select {
+	case f := <-b.frames:
+		if err := b.returnCredit(); err != nil {
+			return f, fmt.Errorf("taskmanager: data plane credit: %w", err)
+		}
+		return f, nil
+	case <-ctx.Done():
+		return Frame{}, ctx.Err()
+	}
+}
