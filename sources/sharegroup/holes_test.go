@@ -364,7 +364,24 @@ func TestSixRestartsUnderKafkasDeliveryLimitLoseAndDeadLetterNothing(t *testing.
 		s.Close() // the task fails before its checkpoint completes
 	}
 	s := openSource(t, env, 0, nil)
-	vals, _ := runCheckpoints(t, env, s, "g", in0, 10, 1, 20*time.Second)
+	vals, id := runCheckpoints(t, env, s, "g", in0, 10, 1, 20*time.Second)
+	// The originals are all acknowledged once the input's share start is
+	// at 10; the copies re-queued to the retry topic are emitted once its
+	// share start reaches its end too.
+	retry := acklog.TopicPartition{Topic: "g-retry"}
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+		ends, err := env.Admin(t).ListEndOffsets(t.Context(), retry.Topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		end, _ := ends.Lookup(retry.Topic, 0)
+		if shareStart(t, env, "g", retry) >= end.Offset {
+			break
+		}
+		var more []string
+		more, id = runCheckpoints(t, env, s, "g", retry, end.Offset, id, time.Until(deadline))
+		vals = append(vals, more...)
+	}
 	t.Logf("records emitted by attempts 1-6: %v", perAttempt)
 	// Every value once, none dead-lettered, every original acknowledged
 	// through a committed marker (the re-queue's) and the share start at 10.
