@@ -95,9 +95,10 @@ func newRootCmd(reg *runtime.Registry, stdout, stderr io.Writer) *cobra.Command 
 		Use:   "streamctl",
 		Short: "Weir: exactly-once stream processing from Kafka share groups to Kafka topics",
 		Long: `streamctl runs Weir's embedded Kafka broker, the end-to-end exactly-once demo
-and the benchmarks, and lists the registered job types. Jobs run on the
-in-process mini cluster today; the job manager, task managers and job
-submission are not built yet.
+and the benchmarks, lists the registered job types, and starts the job
+manager and task manager processes (which register and heartbeat; jobs do
+not run on them yet, and job submission is not built). Jobs run on the
+in-process mini cluster today.
 
 Logs go to stderr; results go to stdout. WEIR_FAILPOINTS in the environment
 injects faults (see the README); a bad spec is refused before any command runs.`,

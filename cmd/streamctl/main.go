@@ -2,7 +2,7 @@
 // the end-to-end demo, the benchmarks and the list of registered job types.
 // The commands live in package cli; this main only registers the built-in
 // job types (wordcount) and calls cli.Main. A program with job types of its
-// own does the same with its own registry (see examples/customjob).
+// own does the same with its own registry.
 //
 // It wires packages together and must hold no logic a test of another
 // package would need.
