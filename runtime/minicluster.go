@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,8 +62,7 @@ type clusterCfg struct {
 	tolerable         int
 	store             *checkpoint.Store
 	storeDir          string
-	restarts          int
-	restartDelay      time.Duration
+	restart           RestartPolicy
 	batchSize         int
 	channelCap        int
 	log               *zap.Logger
@@ -93,8 +93,12 @@ func (c *clusterCfg) validate() error {
 	if c.tolerable < 0 {
 		bad("TolerableCheckpointFailures %d must not be negative", c.tolerable)
 	}
-	if c.restarts < 0 || c.restartDelay < 0 {
-		bad("Restarts(%d, %v): neither may be negative", c.restarts, c.restartDelay)
+	if err := c.restart.validate(); err != nil {
+		if c.restart.name == StrategyFixedDelay {
+			bad("Restarts(%d, %v): neither may be negative", c.restart.attempts, c.restart.delay)
+		} else {
+			bad("RestartStrategy: %w", err)
+		}
 	}
 	if c.batchSize < 1 {
 		bad("BatchSize %d must be at least 1", c.batchSize)
@@ -147,10 +151,17 @@ func CheckpointStore(s *checkpoint.Store) ClusterOpt { return func(c *clusterCfg
 func CheckpointDir(dir string) ClusterOpt { return func(c *clusterCfg) { c.storeDir = dir } }
 
 // Restarts sets how many times the job restarts after failures before it
-// fails (default 10), and the delay before each restart (default 100ms).
+// fails (default 10), and the delay before each restart (default 100ms):
+// RestartStrategy(FixedDelayRestart(n, delay)).
 func Restarts(n int, delay time.Duration) ClusterOpt {
-	return func(c *clusterCfg) { c.restarts, c.restartDelay = n, delay }
+	return RestartStrategy(FixedDelayRestart(n, delay))
 }
+
+// RestartStrategy sets how the job restarts after failures: Flink's
+// fixed-delay (FixedDelayRestart; the default, 10 attempts 100ms apart),
+// exponential-delay (ExponentialDelayRestart), failure-rate
+// (FailureRateRestart) or none (NoRestart).
+func RestartStrategy(p RestartPolicy) ClusterOpt { return func(c *clusterCfg) { c.restart = p } }
 
 // BatchSize sets how many records travel together between tasks (default 256).
 func BatchSize(n int) ClusterOpt { return func(c *clusterCfg) { c.batchSize = n } }
@@ -196,7 +207,7 @@ func OnCheckpointComplete(fn func(CheckpointEvent)) ClusterOpt {
 
 // NewMiniCluster returns an executor with the given options.
 func NewMiniCluster(opts ...ClusterOpt) *MiniCluster {
-	c := clusterCfg{interval: time.Second, timeout: time.Minute, restarts: 10, restartDelay: 100 * time.Millisecond,
+	c := clusterCfg{interval: time.Second, timeout: time.Minute, restart: FixedDelayRestart(10, 100*time.Millisecond),
 		batchSize: 256, channelCap: 8, log: zap.NewNop(), restoreFromLatest: true}
 	for _, o := range opts {
 		o(&c)
@@ -240,6 +251,7 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 	var res Result
 	pending := newPendingHandles()
 	var cause string
+	var failures []time.Time
 	for attempt := 0; ; attempt++ {
 		// A store whose last write's outcome is unknown is reopened: what
 		// it recovers decides where the job restores from.
@@ -269,16 +281,21 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		if isConfigError(runErr) {
 			return res, fmt.Errorf("%w (not restarted): %w", ErrJobFailed, runErr)
 		}
-		if attempt >= cfg.restarts {
-			return res, fmt.Errorf("%w after %d restarts: %w", ErrJobFailed, attempt, runErr)
+		failures = append(failures, time.Now())
+		d := cfg.restart.Decide(failures, rand.Float64())
+		if !d.Restart {
+			return res, fmt.Errorf("%w after %d restarts (%s): %w", ErrJobFailed, attempt, d.Reason, runErr)
 		}
 		res.Restarts++
 		cause = runErr.Error()
+		fields := []zap.Field{zap.String("job", cfg.jobID), zap.String("strategy", cfg.restart.Name()), zap.Int("attempt", d.Attempt)}
+		if cfg.restart.name == StrategyFixedDelay {
+			fields = append(fields, zap.Int("max_restarts", cfg.restart.attempts))
+		}
 		cfg.log.Warn("job failed, restarting from the latest completed checkpoint",
-			zap.String("job", cfg.jobID), zap.String("strategy", "fixed-delay"), zap.Int("attempt", attempt+1),
-			zap.Int("max_restarts", cfg.restarts), zap.Duration("delay", cfg.restartDelay), zap.Error(runErr))
+			append(fields, zap.Duration("delay", d.Delay), zap.Error(runErr))...)
 		select {
-		case <-time.After(cfg.restartDelay):
+		case <-time.After(d.Delay):
 		case <-ctx.Done():
 			return res, ctx.Err()
 		}
@@ -611,7 +628,7 @@ func (a *attempt) timing(tolerable int) checkpoint.Timing {
 		tolerable = 0
 	}
 	return checkpoint.Timing{Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.minPause,
-		TolerableFailures: tolerable, RestartBudget: a.cfg.restartDelay + a.cfg.timeout}
+		TolerableFailures: tolerable, RestartBudget: a.cfg.restart.maxDelay() + a.cfg.timeout}
 }
 
 // commitRestored runs CommitRestored on subtask 0 of every operator with
