@@ -68,9 +68,7 @@ func BuildWith(p runtime.Params, srcOpts ...sharegroup.Opt) (*runtime.Job, error
 		return nil, err
 	}
 	output := p.String("output")
-	sink, err := kafka.NewSink(func(c Count) (*kgo.Record, error) {
-		return &kgo.Record{Topic: output, Key: []byte(c.Word), Value: strconv.AppendInt(nil, c.Count, 10)}, nil
-	}, []kafka.Opt{kafka.Brokers(brokers...), kafka.Guarantee(sinkG)})
+	sink, err := kafka.NewSink(func(c Count) (*kgo.Record, error) { return CountRecord(output, c), nil }, []kafka.Opt{kafka.Brokers(brokers...), kafka.Guarantee(sinkG)})
 	if err != nil {
 		return nil, err
 	}
@@ -112,6 +110,29 @@ func (c *counter) Process(word string, _ string, out runtime.Collector[Count]) e
 	c.n.Update(n)
 	out.Collect(Count{Word: word, Count: n})
 	return nil
+}
+
+// CountRecord is the output record of c on topic: key the word, value the
+// count in decimal. The record, its key and its value are one allocation
+// for words of up to 44 bytes (kgo keeps the record until its promise
+// fires, so records are not pooled).
+func CountRecord(topic string, c Count) *kgo.Record {
+	rb := &countRecord{}
+	buf := rb.buf[:0]
+	if len(c.Word)+20 > len(rb.buf) {
+		buf = make([]byte, 0, len(c.Word)+20) // 20: the longest int64
+	}
+	buf = append(buf, c.Word...)
+	n := len(buf)
+	buf = strconv.AppendInt(buf, c.Count, 10)
+	rb.r = kgo.Record{Topic: topic, Key: buf[:n:n], Value: buf[n:]}
+	return &rb.r
+}
+
+// countRecord holds a record and the bytes of its key and value.
+type countRecord struct {
+	r   kgo.Record
+	buf [64]byte
 }
 
 // withTopic creates the output topic (broker default partitions) when a sink
