@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -83,14 +84,33 @@ func (b *crashingBroker) stderr() string {
 // output has duplicates after broker crashes (e.g. "w22: 65 after 67": a
 // sink transaction beyond the restored checkpoint became visible), so this
 // test runs only with WEIR_BROKER_CRASH_TEST=1 until it is fixed; CI must not
-// land on a coin flip. Run it with:
+// land on a coin flip. Run it with (WEIR_BROKER_CRASH_SEEDS=4,5,6 picks
+// other seeds than 1,2,3):
 //
 //	WEIR_BROKER_CRASH_TEST=1 go test -race -run TestExactlyOnceWordcountSurvivesBrokerCrashes ./cmd/streamctl/
+//
+// Also open (found in issue 10's session, 8 of 77 seeds, all losses): a
+// broker-lost-transaction copy (kafkatxn recommitLost) that a second crash
+// interrupts keeps producing after the restart at the SAME producer epoch;
+// the restarted broker accepts it, the records written before the crash are
+// aborted by the orphan repair, and the copy commits only its tail, reported
+// as fully re-committed: a silent loss (the run stalls short of the input).
 func TestExactlyOnceWordcountSurvivesBrokerCrashes(t *testing.T) {
 	if os.Getenv("WEIR_BROKER_CRASH_TEST") != "1" {
 		t.Skip("known duplicates after broker crashes in about 1 of 9 seeds (issue 10, open); set WEIR_BROKER_CRASH_TEST=1 to run")
 	}
-	for _, seed := range []uint64{1, 2, 3} {
+	seeds := []uint64{1, 2, 3}
+	if v := os.Getenv("WEIR_BROKER_CRASH_SEEDS"); v != "" {
+		seeds = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.ParseUint(f, 10, 64)
+			if err != nil {
+				t.Fatalf("WEIR_BROKER_CRASH_SEEDS: %v", err)
+			}
+			seeds = append(seeds, n)
+		}
+	}
+	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { crashRun(t, seed) })
 	}
 }
