@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/internal/bench"
 )
@@ -30,15 +31,10 @@ reports share-inflight, limits reports limit-produce and
 limit-share-consume):
   ` + strings.Join(bench.Names(), "\n  "),
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := a.logger()
-			if err != nil {
-				return err
-			}
-			defer func() { _ = log.Sync() }()
+		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			cfg.Progress = a.progress(log).Update
 			return bench.Run(cmd.Context(), a.stdout, cfg, only...)
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&cfg.Quick, "quick", false, "shorter runs (whole bench under 60 s)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these benchmarks (repeatable): "+strings.Join(bench.Names(), ", "))

@@ -38,12 +38,7 @@ Default broker configs (override with --config key=value):
   streamctl broker --data-dir /tmp/weir-broker --partitions 4
   streamctl broker --config group.share.record.lock.duration.ms=15000`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := a.logger()
-			if err != nil {
-				return err
-			}
-			defer func() { _ = log.Sync() }()
+		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 
 			opts := []broker.Opt{
 				broker.Listen(listen),
@@ -78,7 +73,7 @@ Default broker configs (override with --config key=value):
 			<-ctx.Done()
 			log.Info("stopping broker", zap.String("reason", context.Cause(ctx).Error()))
 			return b.Close()
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", broker.DefaultListen, "host:port to listen on (port 0 picks a free port)")

@@ -42,11 +42,7 @@ It prints "jobmanager listening on HOST:PORT" and "jobmanager http on
 HOST:PORT" on stdout once it accepts connections, and stops cleanly on
 SIGINT/SIGTERM.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := a.logger()
-			if err != nil {
-				return err
-			}
+		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			if dataDir != "" {
 				if err := os.MkdirAll(dataDir, 0o755); err != nil {
 					return fmt.Errorf("jobmanager: --data-dir: %w", err)
@@ -89,7 +85,7 @@ SIGINT/SIGTERM.`,
 			fmt.Fprintf(a.stdout, "jobmanager http on %s\n", hl.Addr())
 			log.Info("job manager started", zap.String("listen", lis.Addr().String()), zap.String("http", hl.Addr().String()))
 			return srv.Serve(ctx, lis)
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6123", "control-plane (gRPC) address")
 	cmd.Flags().StringVar(&httpAddr, "http", "127.0.0.1:8081", "HTTP address (GET /taskmanagers)")
@@ -109,11 +105,7 @@ itself when the session is lost (a job manager restarted, or silent for the
 timeout it announced). It does not run tasks yet (issue 12). Stops cleanly on
 SIGINT/SIGTERM.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := a.logger()
-			if err != nil {
-				return err
-			}
+		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			if slots < 1 {
 				return flagError(cmd, fmt.Errorf("--slots %d must be at least 1", slots))
 			}
@@ -126,12 +118,12 @@ SIGINT/SIGTERM.`,
 				host, _ := os.Hostname()
 				id = fmt.Sprintf("%s-%d", host, os.Getpid())
 			}
-			err = taskmanager.Run(cmd.Context(), jm, taskmanager.ID(id), taskmanager.Slots(slots), taskmanager.Logger(log))
+			err := taskmanager.Run(cmd.Context(), jm, taskmanager.ID(id), taskmanager.Slots(slots), taskmanager.Logger(log))
 			if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
 				return nil
 			}
 			return err
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&jm, "jobmanager", defaultJobManager(), "job manager address (default $"+envJobManager+" or 127.0.0.1:6123)")
 	cmd.Flags().IntVar(&slots, "slots", 2, "slots offered to the job manager")

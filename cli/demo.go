@@ -4,6 +4,7 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/internal/demo"
 	"github.com/weirstream/weir/internal/failpoint"
@@ -27,17 +28,12 @@ on a terminal, every few seconds otherwise). It prints "exactly-once
 verified: ..." and exits 0, or prints the violation and exits 1.
 Failpoints in WEIR_FAILPOINTS are added to the injected failure.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := a.logger()
-			if err != nil {
-				return err
-			}
-			defer func() { _ = log.Sync() }()
+		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			cfg.Logger = log
 			cfg.Failpoints = os.Getenv(failpoint.EnvVar)
 			cfg.Progress = a.progress(log).Update
 			return demo.Run(cmd.Context(), a.stdout, cfg)
-		},
+		}),
 	}
 	cmd.Flags().IntVar(&cfg.Lines, "lines", cfg.Lines, "lines of generated input (at least 1)")
 	cmd.Flags().Int32Var(&cfg.Partitions, "partitions", cfg.Partitions, "partitions of the input topic (at least 1)")

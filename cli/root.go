@@ -163,6 +163,20 @@ func (a *app) level() (zapcore.Level, error) {
 
 // logger builds the zap logger the global flags ask for, writing to stderr.
 // Call it once per command run; Sync it before returning.
+// withLogger is a command's RunE that builds the logger from the global
+// flags, runs fn with it and syncs it after: the one way commands get
+// their logger.
+func (a *app) withLogger(fn func(cmd *cobra.Command, log *zap.Logger) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		log, err := a.logger()
+		if err != nil {
+			return err
+		}
+		defer func() { _ = log.Sync() }()
+		return fn(cmd, log)
+	}
+}
+
 func (a *app) logger() (*zap.Logger, error) {
 	if err := a.validate(); err != nil {
 		return nil, err
