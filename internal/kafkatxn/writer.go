@@ -571,11 +571,6 @@ func (w *TxnWriter) Abort(ctx context.Context, id checkpoint.ID) error {
 	return err
 }
 
-// Close aborts the open (not yet pre-committed) transaction and closes
-// every client. Pre-committed transactions are left open on purpose: their
-// checkpoint may complete after all, and the next Recover commits them (if
-// the restored checkpoint names them) or aborts them. A job that is
-// cancelled for good should Abort the checkpoints of Pending first, or
 // EndJob ends a job cancelled for good (checkpoint.CancelListener): it
 // commits every transaction pre-committed for a checkpoint <= last (the
 // latest completed one, whose notification may have been lost) and aborts
@@ -602,7 +597,12 @@ func (w *TxnWriter) EndJob(ctx context.Context, last checkpoint.ID) error {
 	return errors.Join(errs...)
 }
 
-// they pin the last stable offset until the transaction timeout.
+// Close aborts the open (not yet pre-committed) transaction and closes
+// every client. Pre-committed transactions are left open on purpose: their
+// checkpoint may complete after all, and the next Recover commits them (if
+// the restored checkpoint names them) or aborts them. A job that is
+// cancelled for good calls EndJob first; otherwise its pre-committed
+// transactions pin the last stable offset until the transaction timeout.
 func (w *TxnWriter) Close() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
