@@ -458,9 +458,14 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 			defer wg.Done()
 			var once sync.Once
 			err := t.run(ctx, r, func() { once.Do(ready.Done) }, start)
+			if err != nil {
+				// Fail the attempt before counting this task ready: a
+				// task that failed to open (or restore) must keep the
+				// sources from ever starting.
+				a.fail(err)
+			}
 			once.Do(ready.Done)
 			if err != nil {
-				a.fail(err)
 				return
 			}
 			finished.Add(1)
