@@ -411,6 +411,32 @@ func connect[T any](s *Stream[T], name string, opts []OpOpt) *node {
 		}
 		return nil
 	}
+	if e.codecErr = CheckDefaultCodec[T](); e.codecErr == nil {
+		codec := DefaultCodec[T]()
+		e.encode = func(dst []byte, batch any) []byte {
+			var buf []byte
+			for _, v := range batch.([]T) {
+				buf = codec.Append(buf[:0], v)
+				dst = appendFrame(dst, buf)
+			}
+			return dst
+		}
+		e.decode = func(b []byte) (any, error) {
+			var out []T
+			for len(b) > 0 {
+				f, rest, err := readFrame(b)
+				if err != nil {
+					return nil, err
+				}
+				v, err := codec.Decode(f)
+				if err != nil {
+					return nil, err
+				}
+				out, b = append(out, v), rest
+			}
+			return out, nil
+		}
+	}
 	s.node.outputs = append(s.node.outputs, e)
 	n.inputs = append(n.inputs, e)
 	return n

@@ -29,39 +29,47 @@ func seqJobTo(src func() Source[seqRec], viol *violations, newSink func() Sink[s
 }
 
 func TestExactlyOnceStateAndOutputUnderRandomFailures(t *testing.T) {
-	const keys, n = 20, 300
 	seeds := 40
 	if testing.Short() {
 		seeds = 4
 	}
 	for seed := int64(1); seed <= int64(seeds); seed++ {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			r := newRand(seed)
-			fp := &randomFailpoints{r: r, left: 1 + r.Intn(4), fired: map[string]int{}, prob: map[string]float64{
-				"task.process":                  0.0005,
-				"jm.after-checkpoint-persisted": 0.1,
-				"sink.after-precommit":          0.05,
-				"sink.after-commit":             0.05,
-			}}
-			viol := &violations{}
-			txns := newMemTxns()
-			src := seqSourceOf(seqSource{keys: keys, splits: 4, n: n, perPoll: 1 + r.Intn(3)})
-			job := seqJob(src, viol, txns, fp.Inject, 1+r.Intn(2), 1+r.Intn(3))
-			mc := NewMiniCluster(CheckpointInterval(time.Duration(2+r.Intn(10))*time.Millisecond),
-				Failpoints(fp), Restarts(20, time.Millisecond), BatchSize(1+r.Intn(64)))
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			res, err := mc.Run(ctx, job)
-			if err != nil {
-				t.Fatalf("job failed: %v", err)
-			}
-			if v := viol.get(); len(v) > 0 {
-				t.Fatalf("keyed state not exactly-once: %d violations, first: %s", len(v), v[0])
-			}
-			checkSequences(t, txns.output(), keys, n)
-			t.Logf("restarts=%d last checkpoint=%d failpoints fired=%v", res.Restarts, res.LastCheckpoint, fp.fired)
-		})
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { runUnderRandomFailures(t, seed, 1, nil) })
 	}
+}
+
+// runUnderRandomFailures runs the seq job (parallelism minPar to minPar+2)
+// under seed's random failpoints with the cluster options extra adds, and
+// checks that state and output are exactly-once.
+func runUnderRandomFailures(t *testing.T, seed int64, minPar int, extra func(*Job) []ClusterOpt) {
+	const keys, n = 20, 300
+	r := newRand(seed)
+	fp := &randomFailpoints{r: r, left: 1 + r.Intn(4), fired: map[string]int{}, prob: map[string]float64{
+		"task.process":                  0.0005,
+		"jm.after-checkpoint-persisted": 0.1,
+		"sink.after-precommit":          0.05,
+		"sink.after-commit":             0.05,
+	}}
+	viol := &violations{}
+	txns := newMemTxns()
+	src := seqSourceOf(seqSource{keys: keys, splits: 4, n: n, perPoll: 1 + r.Intn(3)})
+	job := seqJob(src, viol, txns, fp.Inject, 1+r.Intn(2), minPar+r.Intn(3-minPar+1))
+	opts := []ClusterOpt{CheckpointInterval(time.Duration(2+r.Intn(10)) * time.Millisecond),
+		Failpoints(fp), Restarts(20, time.Millisecond), BatchSize(1 + r.Intn(64))}
+	if extra != nil {
+		opts = append(opts, extra(job)...)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	res, err := NewMiniCluster(opts...).Run(ctx, job)
+	if err != nil {
+		t.Fatalf("job failed: %v", err)
+	}
+	if v := viol.get(); len(v) > 0 {
+		t.Fatalf("keyed state not exactly-once: %d violations, first: %s", len(v), v[0])
+	}
+	checkSequences(t, txns.output(), keys, n)
+	t.Logf("restarts=%d last checkpoint=%d failpoints fired=%v", res.Restarts, res.LastCheckpoint, fp.fired)
 }
 
 func TestRestoreAtDifferentParallelismKeepsEveryKeysState(t *testing.T) {

@@ -58,6 +58,12 @@ type edge struct {
 	newWriter func(tw *taskWiring, chans []chan envelope, subtask int) (any, outputGate)
 	// deliver pushes a batch ([]T) into the downstream head's pushFn[T].
 	deliver func(batch any, in any) error
+	// codecErr is why records of the edge's type cannot cross a process
+	// boundary (CheckDefaultCodec), nil if they can; encode and decode
+	// carry a batch ([]T) across one with DefaultCodec.
+	codecErr error
+	encode   func(dst []byte, batch any) []byte
+	decode   func(b []byte) (any, error)
 }
 
 // instance is one operator of one subtask, types erased.

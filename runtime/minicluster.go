@@ -71,7 +71,14 @@ type clusterCfg struct {
 	onCheckpoint      func(CheckpointEvent)
 	restoreFromLatest bool
 	allowNonRestored  bool
+	deployer          Deployer
 }
+
+// Defaults of BatchSize and ChannelCapacity.
+const (
+	defaultBatchSize  = 256
+	defaultChannelCap = 8
+)
 
 // ErrInvalidOption is wrapped by the error of Run when an executor option
 // cannot work; the job does not start (and is never restarted).
@@ -208,7 +215,7 @@ func OnCheckpointComplete(fn func(CheckpointEvent)) ClusterOpt {
 // NewMiniCluster returns an executor with the given options.
 func NewMiniCluster(opts ...ClusterOpt) *MiniCluster {
 	c := clusterCfg{interval: time.Second, timeout: time.Minute, restart: FixedDelayRestart(10, 100*time.Millisecond),
-		batchSize: 256, channelCap: 8, log: zap.NewNop(), restoreFromLatest: true}
+		batchSize: defaultBatchSize, channelCap: defaultChannelCap, log: zap.NewNop(), restoreFromLatest: true}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -335,42 +342,69 @@ func (m *MiniCluster) loadRestore(ctx context.Context, store *checkpoint.Store, 
 	return as, nil
 }
 
-// attempt is one run of every task of the job, from one restore point.
-type attempt struct {
-	cfg     clusterCfg
-	p       *plan
-	store   *checkpoint.Store
-	n       int
-	pending *pendingHandles
+// Deployer runs an attempt's tasks: the mini cluster's own deploys every
+// task in this process; a job manager's fans them out to task managers
+// (docs/architecture.md, "Cluster").
+type Deployer interface {
+	// Deploy builds, connects and prepares the tasks of spec's attempt,
+	// which report to rep. Cancelling ctx stops them.
+	Deploy(ctx context.Context, spec DeploySpec, rep TaskReports) (Deployed, error)
+}
 
-	tasks       []*task
-	sourceTasks []*task
-	ocs         []*OperatorContext
-	byID        map[checkpoint.TaskID]*task
-	driver      *checkpoint.Driver
-	ended       atomic.Int32
-	lastDone    atomic.Uint64
-	sizeMu      sync.Mutex
-	sizes       map[checkpoint.ID]int64     // state bytes acknowledged per checkpoint
-	triggered   map[checkpoint.ID]time.Time // driver goroutine only
-	cause       string                      // failure that led to this attempt
-	reports     sync.WaitGroup
-	ctx         context.Context
-	fail        func(error)
+// Deployment runs the job's tasks through d instead of in this process.
+func Deployment(d Deployer) ClusterOpt { return func(c *clusterCfg) { c.deployer = d } }
+
+// localDeployer deploys every task of a plan in this process.
+type localDeployer struct{ p *plan }
+
+func (l localDeployer) Deploy(ctx context.Context, spec DeploySpec, rep TaskReports) (Deployed, error) {
+	d, err := deploy(ctx, l.p, spec, nil, rep)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// attempt is one run of every task of the job, from one restore point: the
+// job master's side (coordinator, reports); the tasks are a Deployed.
+type attempt struct {
+	cfg      clusterCfg
+	p        *plan
+	deployer Deployer
+	store    *checkpoint.Store
+	n        int
+	pending  *pendingHandles
+
+	dep       Deployed
+	sources   []checkpoint.TaskID
+	driver    *checkpoint.Driver
+	ended     atomic.Int32
+	lastDone  atomic.Uint64
+	sizeMu    sync.Mutex
+	sizes     map[checkpoint.ID]int64     // state bytes acknowledged per checkpoint
+	triggered map[checkpoint.ID]time.Time // driver goroutine only
+	cause     string                      // failure that led to this attempt
+	reports   sync.WaitGroup
+	ctx       context.Context
+	fail      func(error)
 }
 
 func newAttempt(cfg clusterCfg, p *plan, store *checkpoint.Store, n int, pending *pendingHandles) *attempt {
-	return &attempt{cfg: cfg, p: p, store: store, n: n, pending: pending, byID: map[checkpoint.TaskID]*task{},
-		triggered: map[checkpoint.ID]time.Time{}}
+	d := cfg.deployer
+	if d == nil {
+		d = localDeployer{p}
+	}
+	return &attempt{cfg: cfg, p: p, deployer: d, store: store, n: n, pending: pending, triggered: map[checkpoint.ID]time.Time{}}
 }
 
-// run builds, starts and waits for every task; it returns the last completed
-// checkpoint and nil when the job finished, or the first failure.
+// run deploys, opens, starts and waits for every task; it returns the last
+// completed checkpoint and nil when the job finished, or the first failure.
 //
 // Cancelling parent cancels the job for good: the coordinator stops first
-// (no checkpoint completes after that), then the tasks are cancelled with
-// errJobCanceled, and each operator that is a checkpoint.CancelListener
-// gets NotifyJobCanceled with the last completed checkpoint before it closes.
+// (no checkpoint completes after that), then the tasks are cancelled for
+// good (Deployed.Cancel(true)), and each operator that is a
+// checkpoint.CancelListener gets NotifyJobCanceled with the last completed
+// checkpoint before it closes.
 func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpoint.ID, error) {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	defer cancel(nil)
@@ -381,33 +415,31 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		once.Do(func() { firstErr = err })
 		cancel(err)
 	}
-	restores, err := a.build(ctx, restore)
-	if err != nil {
-		a.closeAll()
-		return 0, err
-	}
-	tolerable, err := a.tolerableFailures()
-	if err != nil {
-		a.closeAll()
-		return 0, err
-	}
-	timing := a.timing(tolerable)
-	for _, oc := range a.ocs {
-		oc.Checkpointing = timing
-	}
 	// Everything the restore must commit is committed before any subtask
-	// opens: an Open may fence or reuse transactional ids.
-	if err := a.commitRestored(ctx, restore); err != nil {
-		a.closeAll()
+	// opens (Deploy): an Open may fence or reuse transactional ids.
+	dep, err := a.deployer.Deploy(ctx, DeploySpec{JobID: a.cfg.jobID, Attempt: a.n, Restore: restore,
+		LastCompleted: restore.From, RestartCause: a.cause, BatchSize: a.cfg.batchSize,
+		ChannelCapacity: a.cfg.channelCap, Logger: a.cfg.log, Failpoints: a.cfg.fp}, a)
+	if err != nil {
 		return 0, err
 	}
-	var ids, srcIDs []checkpoint.TaskID
-	for _, t := range a.tasks {
-		ids = append(ids, t.id)
+	a.dep = dep
+	abandon := func(err error) (checkpoint.ID, error) {
+		dep.Cancel(false)
+		dep.Wait()
+		return 0, err
 	}
-	for _, t := range a.sourceTasks {
-		srcIDs = append(srcIDs, t.id)
+	prep := dep.Prepared()
+	if len(restore.Orphans) > 0 && prep.RestoreCommitters == 0 {
+		return abandon(Unrecoverable(fmt.Errorf("%w: %d transactions of checkpoint %d (%s) must be committed, but no operator of the job can commit them (none implements RestoreCommitter)",
+			ErrIncompatibleState, len(restore.Orphans), restore.From, strings.Join(restore.NonRestored, ", "))))
 	}
+	tolerable, err := a.tolerableFailures(prep.Discarding)
+	if err != nil {
+		return abandon(err)
+	}
+	ids, srcIDs := a.p.taskIDs()
+	a.sources = srcIDs
 	var dopts []checkpoint.DriverOpt
 	if a.cfg.driverFailpoint != nil {
 		dopts = append(dopts, checkpoint.WithFailpoint(a.cfg.driverFailpoint))
@@ -417,11 +449,9 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		TolerableFailures: tolerable, Tasks: ids, Sources: srcIDs,
 	}, a, a.store, dopts...)
 	if err != nil {
-		a.closeAll()
-		return 0, Unrecoverable(fmt.Errorf("runtime: %w", err))
+		return abandon(Unrecoverable(fmt.Errorf("runtime: %w", err)))
 	}
 
-	var wg sync.WaitGroup
 	driverDone := make(chan error, 1)
 	driverStopped := make(chan struct{})
 	driverCtx, stopDriver := context.WithCancel(ctx)
@@ -435,6 +465,9 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		}
 		cancel(errJobCanceled)
 	})()
+	// However the attempt ends, its tasks stop: for good if the job was
+	// cancelled.
+	defer context.AfterFunc(ctx, func() { dep.Cancel(errors.Is(context.Cause(ctx), errJobCanceled)) })()
 	go func() {
 		defer close(driverStopped)
 		err := a.driver.Run(driverCtx)
@@ -448,36 +481,12 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		driverDone <- err
 	}()
 
-	var ready sync.WaitGroup
-	ready.Add(len(a.tasks))
-	start := make(chan struct{})
-	var finished atomic.Int32
-	for i, t := range a.tasks {
-		wg.Add(1)
-		go func(t *task, r []*SubtaskState) {
-			defer wg.Done()
-			var once sync.Once
-			err := t.run(ctx, r, func() { once.Do(ready.Done) }, start)
-			if err != nil {
-				// Fail the attempt before counting this task ready: a
-				// task that failed to open (or restore) must keep the
-				// sources from ever starting.
-				a.fail(err)
-			}
-			once.Do(ready.Done)
-			if err != nil {
-				return
-			}
-			finished.Add(1)
-		}(t, restores[i])
-	}
-	go func() {
-		ready.Wait()
-		if ctx.Err() == nil {
-			close(start)
+	if err := dep.Open(ctx, a.timing(tolerable)); err == nil && ctx.Err() == nil {
+		if err := dep.Start(ctx); err != nil && ctx.Err() == nil {
+			a.fail(fmt.Errorf("runtime: start tasks: %w", err))
 		}
-	}()
-	wg.Wait()
+	}
+	finished := dep.Wait()
 	stopDriver()
 	derr := <-driverDone
 	a.reports.Wait()
@@ -485,7 +494,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	if firstErr != nil {
 		return last, firstErr
 	}
-	if int(finished.Load()) == len(a.tasks) {
+	if finished {
 		return last, nil
 	}
 	if derr != nil && !errors.Is(derr, context.Canceled) {
@@ -497,122 +506,11 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	return last, context.Cause(ctx)
 }
 
-// build creates the tasks and their channels.
-func (a *attempt) build(ctx context.Context, restore *StateAssignment) ([][]*SubtaskState, error) {
-	// chans[edge][from subtask][to subtask]
-	chans := map[*edge][][]chan envelope{}
-	for _, v := range a.p.vertices {
-		for _, e := range v.inputs {
-			from := a.p.byNode[e.from]
-			m := make([][]chan envelope, from.parallelism)
-			for i := range m {
-				m[i] = make([]chan envelope, v.parallelism)
-				for j := range m[i] {
-					if e.kind == edgeForward && i != j {
-						continue
-					}
-					m[i][j] = make(chan envelope, a.cfg.channelCap)
-				}
-			}
-			chans[e] = m
-		}
-	}
-	var restores [][]*SubtaskState
-	tw := &taskWiring{ctx: ctx, batchSize: a.cfg.batchSize, maxPar: a.p.job.maxParallelism}
-	for _, v := range a.p.vertices {
-		for sub := 0; sub < v.parallelism; sub++ {
-			t := &task{id: v.taskID(sub), v: v, subtask: sub, ctrl: make(chan control, 1024), rep: a,
-				log: a.cfg.log}
-			// Output writers of the tail.
-			var pushes []any
-			for _, e := range v.outputs {
-				var targets []chan envelope
-				if e.kind == edgeForward {
-					targets = []chan envelope{chans[e][sub][sub]}
-				} else {
-					targets = chans[e][sub]
-				}
-				push, gate := e.newWriter(tw, targets, sub)
-				pushes = append(pushes, push)
-				t.outs = append(t.outs, gate)
-			}
-			var out any
-			tail := v.nodes[len(v.nodes)-1]
-			switch {
-			case tail.kind == kindSink:
-			case len(pushes) == 0:
-				out = tail.discard()
-			case len(pushes) == 1:
-				out = pushes[0]
-			default:
-				out = tail.fanout(pushes)
-			}
-			// Operators, tail first, each pushing into the next.
-			t.ops = make([]instance, len(v.nodes))
-			rs := make([]*SubtaskState, len(v.nodes))
-			for i := len(v.nodes) - 1; i >= 0; i-- {
-				n := v.nodes[i]
-				oc := &OperatorContext{Job: a.cfg.jobID, Name: n.name, UID: n.uid, Subtask: sub,
-					Parallelism: n.parallelism, Attempt: a.n, Logger: a.cfg.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
-					Failpoints: a.cfg.fp, RequestCheckpoint: a.requestCheckpoint, RestartCause: a.cause}
-				if r := restore.Subtasks[OperatorSubtask{n.uid, sub}]; r != nil {
-					rs[i] = r
-					oc.RestoredFrom, oc.Restored = r.From, r.Entries
-					oc.CommitHandles, oc.AbortHandles = r.CommitHandles, r.AbortHandles
-				}
-				if sub == 0 {
-					oc.OrphanHandles = restore.Orphans
-				}
-				a.ocs = append(a.ocs, oc)
-				inst, err := n.newInstance(oc, out)
-				if err != nil {
-					return nil, fmt.Errorf("runtime: operator %q: %w", n.name, err)
-				}
-				t.ops[i] = inst
-				out = inst.input()
-			}
-			t.head = out
-			for _, e := range v.inputs {
-				from := a.p.byNode[e.from]
-				for i := 0; i < from.parallelism; i++ {
-					if ch := chans[e][i][sub]; ch != nil {
-						t.inputs = append(t.inputs, inputChan{ch: ch, deliver: e.deliver})
-					}
-				}
-			}
-			a.tasks = append(a.tasks, t)
-			a.byID[t.id] = t
-			if v.isSource() {
-				a.sourceTasks = append(a.sourceTasks, t)
-			}
-			restores = append(restores, rs)
-		}
-	}
-	return restores, nil
-}
-
 // tolerableFailures is the coordinator's TolerableFailures: the configured
 // tolerance if every checkpoint listener of the job carries an aborted
-// checkpoint's work to the next one (checkpoint.AbortCarrier), none
-// otherwise; a tolerance asked for explicitly in that case is refused.
-func (a *attempt) tolerableFailures() (int, error) {
-	var discarding []string
-	seen := map[string]bool{}
-	for _, t := range a.tasks {
-		for i, op := range t.ops {
-			u := op.user()
-			if _, ok := u.(checkpoint.Listener); !ok {
-				continue
-			}
-			if _, ok := u.(checkpoint.AbortCarrier); ok {
-				continue
-			}
-			if n := t.v.nodes[i].name; !seen[n] {
-				seen[n] = true
-				discarding = append(discarding, n)
-			}
-		}
-	}
+// checkpoint's work to the next one (discarding names those that do not),
+// none otherwise; a tolerance asked for explicitly in that case is refused.
+func (a *attempt) tolerableFailures(discarding []string) (int, error) {
 	switch {
 	case len(discarding) == 0:
 		return a.cfg.tolerable, nil
@@ -636,55 +534,8 @@ func (a *attempt) timing(tolerable int) checkpoint.Timing {
 		TolerableFailures: tolerable, RestartBudget: a.cfg.restart.maxDelay() + a.cfg.timeout}
 }
 
-// commitRestored runs CommitRestored on subtask 0 of every operator with
-// transactions to commit, all at once, and waits for every one.
-func (a *attempt) commitRestored(ctx context.Context, restore *StateAssignment) error {
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var errs []error
-	committers := 0
-	for _, t := range a.tasks {
-		if t.subtask != 0 {
-			continue
-		}
-		for i, op := range t.ops {
-			rc, ok := op.(restoreCommitter)
-			if !ok || !rc.hasRestoreCommitter() {
-				continue
-			}
-			committers++
-			if !rc.mustCommitRestored() {
-				continue
-			}
-			wg.Add(1)
-			go func(name string) {
-				defer wg.Done()
-				if err := rc.commitRestored(ctx); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("task %s: commit restored transactions of %s: %w", t.id, name, err))
-					mu.Unlock()
-				}
-			}(t.v.nodes[i].name)
-		}
-	}
-	wg.Wait()
-	if len(restore.Orphans) > 0 && committers == 0 {
-		return Unrecoverable(fmt.Errorf("%w: %d transactions of checkpoint %d (%s) must be committed, but no operator of the job can commit them (none implements RestoreCommitter)",
-			ErrIncompatibleState, len(restore.Orphans), restore.From, strings.Join(restore.NonRestored, ", ")))
-	}
-	return errors.Join(errs...)
-}
-
-// closeAll closes every operator of a job that never ran.
-func (a *attempt) closeAll() {
-	for _, t := range a.tasks {
-		if err := t.closeOps(); err != nil {
-			a.cfg.log.Warn("closing an operator of a task that never ran", zap.String("task", string(t.id)), zap.Error(err))
-		}
-	}
-}
-
-func (a *attempt) requestCheckpoint(reason string) {
+// RequestCheckpoint implements TaskReports.
+func (a *attempt) RequestCheckpoint(reason string) {
 	a.report(func(ctx context.Context) error { return a.driver.TriggerNow(ctx, reason) })
 }
 
@@ -697,7 +548,8 @@ func (a *attempt) report(fn func(ctx context.Context) error) {
 	}()
 }
 
-func (a *attempt) ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
+// Ack implements TaskReports.
+func (a *attempt) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
 	a.pending.add(id, snap)
 	a.sizeMu.Lock()
 	if a.sizes == nil {
@@ -708,32 +560,27 @@ func (a *attempt) ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.
 	a.report(func(ctx context.Context) error { return a.driver.Ack(ctx, task, id, snap, alignment) })
 }
 
-func (a *attempt) decline(task checkpoint.TaskID, id checkpoint.ID, err error) {
+// Decline implements TaskReports.
+func (a *attempt) Decline(task checkpoint.TaskID, id checkpoint.ID, err error) {
 	a.cfg.log.Info("checkpoint declined", zap.String("task", string(task)), zap.Uint64("checkpoint", uint64(id)), zap.Error(err))
 	a.report(func(ctx context.Context) error { return a.driver.Decline(ctx, task, id, err) })
 }
 
-func (a *attempt) failed(_ checkpoint.TaskID, err error) { a.fail(err) }
+// Failed implements TaskReports.
+func (a *attempt) Failed(_ checkpoint.TaskID, err error) { a.fail(err) }
 
-// lastCompleted returns the latest checkpoint the coordinator completed.
-func (a *attempt) lastCompleted() checkpoint.ID { return checkpoint.ID(a.lastDone.Load()) }
-
-func (a *attempt) sourceEnded(checkpoint.TaskID) {
-	if int(a.ended.Add(1)) == len(a.sourceTasks) {
-		a.requestCheckpoint("every source ended")
+// SourceEnded implements TaskReports.
+func (a *attempt) SourceEnded(checkpoint.TaskID) {
+	if int(a.ended.Add(1)) == len(a.sources) {
+		a.RequestCheckpoint("every source ended")
 	}
 }
 
 // TriggerCheckpoint implements checkpoint.Executor.
 func (a *attempt) TriggerCheckpoint(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID) error {
-	final := int(a.ended.Load()) == len(a.sourceTasks)
+	final := int(a.ended.Load()) == len(a.sources)
 	a.triggered[id] = time.Now()
-	for _, s := range sources {
-		if err := a.send(ctx, a.byID[s], control{kind: ctrlTrigger, id: id, final: final}); err != nil {
-			return err
-		}
-	}
-	return nil
+	return a.dep.Trigger(ctx, id, sources, final)
 }
 
 // NotifyComplete implements checkpoint.Executor.
@@ -742,9 +589,7 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 	if uint64(id) > a.lastDone.Load() {
 		a.lastDone.Store(uint64(id))
 	}
-	for _, t := range a.tasks {
-		_ = a.send(ctx, t, control{kind: ctrlComplete, id: id})
-	}
+	a.dep.Notify(ctx, id, true)
 	cycle := time.Since(a.triggered[id])
 	a.sizeMu.Lock()
 	size := a.sizes[id]
@@ -769,22 +614,11 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 // NotifyAborted implements checkpoint.Executor.
 func (a *attempt) NotifyAborted(ctx context.Context, id checkpoint.ID, reason error) {
 	a.cfg.log.Info("checkpoint aborted", zap.Uint64("checkpoint", uint64(id)), zap.Error(reason))
-	for _, t := range a.tasks {
-		_ = a.send(ctx, t, control{kind: ctrlAbort, id: id})
-	}
+	a.dep.Notify(ctx, id, false)
 	delete(a.triggered, id)
 }
 
 // FailJob implements checkpoint.Executor.
 func (a *attempt) FailJob(_ context.Context, err error) {
 	a.fail(fmt.Errorf("runtime: checkpointing failed: %w", err))
-}
-
-func (a *attempt) send(ctx context.Context, t *task, c control) error {
-	select {
-	case t.ctrl <- c:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -1,0 +1,749 @@
+package runtime
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/checkpoint"
+)
+
+// An attempt's tasks, wherever they run (docs/architecture.md, "Cluster").
+//
+// The job master side of an attempt (restore, checkpoint coordinator,
+// restarts: MiniCluster.Run) talks to its tasks only through Deployed. In
+// one process that is a local deployment of every task. In a cluster, the
+// job manager's Deployer fans the same calls out to task managers, and each
+// task manager runs a local deployment of its share of the tasks (Deploy),
+// exchanging records with the other task managers through an Exchange.
+
+// TaskReports receives what the tasks of a deployment report: the job
+// master's attempt implements it, a task manager forwards every call to its
+// job manager. Calls come from task goroutines and must not block for long.
+type TaskReports interface {
+	// Ack acknowledges checkpoint id with the task's snapshot.
+	Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration)
+	// Decline declines checkpoint id.
+	Decline(task checkpoint.TaskID, id checkpoint.ID, err error)
+	// SourceEnded reports that a source task read all its input.
+	SourceEnded(task checkpoint.TaskID)
+	// Failed reports a task failure; the attempt fails.
+	Failed(task checkpoint.TaskID, err error)
+	// RequestCheckpoint asks for a checkpoint now (an operator's
+	// OperatorContext.RequestCheckpoint).
+	RequestCheckpoint(reason string)
+}
+
+// Prepared is what a deployment reports once its tasks are built and the
+// restored transactions are committed, before any task opens.
+type Prepared struct {
+	// Discarding names the operators that are checkpoint listeners but not
+	// checkpoint.AbortCarrier: with any of them the job tolerates no
+	// failed checkpoint.
+	Discarding []string
+	// RestoreCommitters counts the operators of subtask 0 that can commit
+	// restored transactions (RestoreCommitter).
+	RestoreCommitters int
+}
+
+// Deployed is an attempt's tasks after Deploy: prepared, not yet open.
+type Deployed interface {
+	// Prepared describes the deployed tasks.
+	Prepared() Prepared
+	// Open restores and opens every task, with the checkpoint timing the
+	// job runs under. It returns once every task is open (nil), or when ctx
+	// is done; a task that fails to open is reported (TaskReports.Failed)
+	// before Open returns.
+	Open(ctx context.Context, timing checkpoint.Timing) error
+	// Start lets the sources read. Call it only after every deployment of
+	// the attempt opened.
+	Start(ctx context.Context) error
+	// Trigger injects barrier id at the given source tasks (those this
+	// deployment runs); final marks a trigger after every source ended.
+	Trigger(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID, final bool) error
+	// Notify tells every task that checkpoint id completed or was aborted.
+	Notify(ctx context.Context, id checkpoint.ID, complete bool)
+	// Cancel stops every task. forGood: the job is cancelled, not
+	// restarted (checkpoint.CancelListener operators are told).
+	Cancel(forGood bool)
+	// Wait blocks until every task ended (closing the operators of tasks
+	// that never opened), and reports whether every task finished its
+	// stream.
+	Wait() (finished bool)
+}
+
+// Exchange carries records between the tasks of a deployment and tasks of
+// the same attempt in other processes, on numbered channels (one per
+// upstream subtask, downstream subtask and edge; both ends number them
+// alike from the job graph). Every message of a channel arrives once, in
+// order; the Exchange's buffers are bounded, so a slow receiver blocks Send.
+type Exchange interface {
+	// Send sends msg on channel ch to task to (in another process).
+	Send(ctx context.Context, to checkpoint.TaskID, ch uint32, msg []byte) error
+	// Recv returns the next message of channel ch.
+	Recv(ctx context.Context, ch uint32) ([]byte, error)
+}
+
+// DeploySpec says which tasks of which attempt a deployment runs, and what
+// they restore.
+type DeploySpec struct {
+	// JobID is the job's id (OperatorContext.Job; transactional ids derive
+	// from it).
+	JobID string
+	// Attempt counts the job's attempts from 0.
+	Attempt int
+	// Tasks are the tasks to run here; nil runs every task of the job.
+	Tasks []checkpoint.TaskID
+	// Restore is the state every task restores (AssignState); nil: none.
+	Restore *StateAssignment
+	// LastCompleted is the job's latest completed checkpoint.
+	LastCompleted checkpoint.ID
+	// RestartCause is the failure that led to this attempt.
+	RestartCause string
+	// BatchSize and ChannelCapacity are as the ClusterOpts of those names
+	// (0: their defaults).
+	BatchSize, ChannelCapacity int
+	// Logger logs (nil: none); Failpoints injects faults (nil: none).
+	Logger     *zap.Logger
+	Failpoints Failpointer
+}
+
+// ErrRemoteEdge is wrapped by Deploy's error when records of a type that
+// cannot be encoded would have to cross a process boundary.
+var ErrRemoteEdge = errors.New("runtime: records cannot cross processes")
+
+// Deploy builds the tasks spec names from job, connects them with each other
+// in process and with the attempt's other tasks through ex (nil when every
+// task runs here), and commits the restored transactions their subtask-0
+// operators must commit. The deployment reports to rep. ctx bounds the
+// deployment's life: cancelling it stops the tasks as Cancel(false) does.
+func Deploy(ctx context.Context, job *Job, spec DeploySpec, ex Exchange, rep TaskReports) (Deployed, error) {
+	p, err := compile(job)
+	if err != nil {
+		return nil, err
+	}
+	return deploy(ctx, p, spec, ex, rep)
+}
+
+// errAttemptCanceled is the cause with which a deployment's tasks are
+// cancelled by Cancel(false): the attempt ends, the job restarts.
+var errAttemptCanceled = errors.New("runtime: attempt cancelled")
+
+// localDeployment is the tasks of one attempt that run in this process.
+type localDeployment struct {
+	spec    DeploySpec
+	p       *plan
+	rep     TaskReports
+	log     *zap.Logger
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	tasks   []*task
+	byID    map[checkpoint.TaskID]*task
+	ocs     []*OperatorContext
+	restore [][]*SubtaskState
+	pumps   sync.WaitGroup
+	prep    Prepared
+
+	lastDone atomic.Uint64
+	opened   bool
+	start    chan struct{}
+	wg       sync.WaitGroup
+	finished atomic.Int32
+}
+
+func deploy(parent context.Context, p *plan, spec DeploySpec, ex Exchange, rep TaskReports) (*localDeployment, error) {
+	if spec.BatchSize == 0 {
+		spec.BatchSize = defaultBatchSize
+	}
+	if spec.ChannelCapacity == 0 {
+		spec.ChannelCapacity = defaultChannelCap
+	}
+	if spec.Logger == nil {
+		spec.Logger = zap.NewNop()
+	}
+	if spec.Restore == nil {
+		spec.Restore = &StateAssignment{Subtasks: map[OperatorSubtask]*SubtaskState{}}
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	d := &localDeployment{spec: spec, p: p, rep: rep, log: spec.Logger, ctx: ctx, cancel: cancel,
+		byID: map[checkpoint.TaskID]*task{}, start: make(chan struct{})}
+	d.lastDone.Store(uint64(spec.LastCompleted))
+	local := func(checkpoint.TaskID) bool { return true }
+	if spec.Tasks != nil {
+		set := map[checkpoint.TaskID]bool{}
+		for _, id := range spec.Tasks {
+			set[id] = true
+		}
+		local = func(id checkpoint.TaskID) bool { return set[id] }
+	}
+	if err := d.build(local, ex); err != nil {
+		d.fail()
+		return nil, err
+	}
+	if err := d.commitRestored(); err != nil {
+		d.fail()
+		return nil, err
+	}
+	return d, nil
+}
+
+// fail ends a deployment that never opened.
+func (d *localDeployment) fail() {
+	d.cancel(errAttemptCanceled)
+	d.closeAll()
+	d.pumps.Wait()
+}
+
+// channelID numbers channel (edge e, upstream subtask i, downstream subtask
+// j) alike in every process: edges in plan order, then i, then j.
+func channelIDs(p *plan) map[*edge]uint32 {
+	base := map[*edge]uint32{}
+	var n uint32
+	for _, v := range p.vertices {
+		for _, e := range v.inputs {
+			base[e] = n
+			n += uint32(p.byNode[e.from].parallelism * v.parallelism)
+		}
+	}
+	return base
+}
+
+// build creates the local tasks and their channels: in process between two
+// local tasks, through the Exchange to and from remote ones.
+func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange) error {
+	bases := channelIDs(d.p)
+	// chans[edge][from subtask][to subtask]
+	chans := map[*edge][][]chan envelope{}
+	for _, v := range d.p.vertices {
+		for _, e := range v.inputs {
+			from := d.p.byNode[e.from]
+			m := make([][]chan envelope, from.parallelism)
+			for i := range m {
+				m[i] = make([]chan envelope, v.parallelism)
+				for j := range m[i] {
+					if e.kind == edgeForward && i != j {
+						continue
+					}
+					src, dst := from.taskID(i), v.taskID(j)
+					if !local(src) && !local(dst) {
+						continue
+					}
+					ch := make(chan envelope, d.spec.ChannelCapacity)
+					m[i][j] = ch
+					if local(src) && local(dst) {
+						continue
+					}
+					if ex == nil {
+						return fmt.Errorf("runtime: task %s runs elsewhere and the deployment has no exchange", dst)
+					}
+					if e.codecErr != nil {
+						return fmt.Errorf("%w: %s -> %s: %w", ErrRemoteEdge, e.from.name, e.to.name, e.codecErr)
+					}
+					id := bases[e] + uint32(i*v.parallelism+j)
+					d.pumps.Add(1)
+					if local(src) {
+						go d.sendPump(ex, e, dst, id, ch)
+					} else {
+						go d.recvPump(ex, e, id, ch)
+					}
+				}
+			}
+			chans[e] = m
+		}
+	}
+	tw := &taskWiring{ctx: d.ctx, batchSize: d.spec.BatchSize, maxPar: d.p.job.maxParallelism}
+	restore := d.spec.Restore
+	for _, v := range d.p.vertices {
+		for sub := 0; sub < v.parallelism; sub++ {
+			if !local(v.taskID(sub)) {
+				continue
+			}
+			t := &task{id: v.taskID(sub), v: v, subtask: sub, ctrl: make(chan control, 1024), rep: d, log: d.log}
+			// Output writers of the tail.
+			var pushes []any
+			for _, e := range v.outputs {
+				var targets []chan envelope
+				if e.kind == edgeForward {
+					targets = []chan envelope{chans[e][sub][sub]}
+				} else {
+					targets = chans[e][sub]
+				}
+				push, gate := e.newWriter(tw, targets, sub)
+				pushes = append(pushes, push)
+				t.outs = append(t.outs, gate)
+			}
+			var out any
+			tail := v.nodes[len(v.nodes)-1]
+			switch {
+			case tail.kind == kindSink:
+			case len(pushes) == 0:
+				out = tail.discard()
+			case len(pushes) == 1:
+				out = pushes[0]
+			default:
+				out = tail.fanout(pushes)
+			}
+			// Operators, tail first, each pushing into the next.
+			t.ops = make([]instance, len(v.nodes))
+			rs := make([]*SubtaskState, len(v.nodes))
+			for i := len(v.nodes) - 1; i >= 0; i-- {
+				n := v.nodes[i]
+				oc := &OperatorContext{Job: d.spec.JobID, Name: n.name, UID: n.uid, Subtask: sub,
+					Parallelism: n.parallelism, Attempt: d.spec.Attempt, Logger: d.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
+					Failpoints: d.spec.Failpoints, RequestCheckpoint: d.rep.RequestCheckpoint, RestartCause: d.spec.RestartCause}
+				if r := restore.Subtasks[OperatorSubtask{n.uid, sub}]; r != nil {
+					rs[i] = r
+					oc.RestoredFrom, oc.Restored = r.From, r.Entries
+					oc.CommitHandles, oc.AbortHandles = r.CommitHandles, r.AbortHandles
+				}
+				if sub == 0 {
+					oc.OrphanHandles = restore.Orphans
+				}
+				d.ocs = append(d.ocs, oc)
+				inst, err := n.newInstance(oc, out)
+				if err != nil {
+					return fmt.Errorf("runtime: operator %q: %w", n.name, err)
+				}
+				t.ops[i] = inst
+				out = inst.input()
+			}
+			t.head = out
+			for _, e := range v.inputs {
+				from := d.p.byNode[e.from]
+				for i := 0; i < from.parallelism; i++ {
+					if ch := chans[e][i][sub]; ch != nil {
+						t.inputs = append(t.inputs, inputChan{ch: ch, deliver: e.deliver})
+					}
+				}
+			}
+			d.tasks = append(d.tasks, t)
+			d.byID[t.id] = t
+			d.restore = append(d.restore, rs)
+		}
+	}
+	d.prep.Discarding = discardingOperators(d.tasks)
+	return nil
+}
+
+// Envelope kinds on an Exchange channel: the first byte of a message.
+const (
+	msgBatch   byte = 1
+	msgBarrier byte = 2
+	msgEOS     byte = 3
+)
+
+// sendPump forwards what a local task writes on ch to the remote task to.
+func (d *localDeployment) sendPump(ex Exchange, e *edge, to checkpoint.TaskID, id uint32, ch <-chan envelope) {
+	defer d.pumps.Done()
+	for {
+		var env envelope
+		select {
+		case env = <-ch:
+		case <-d.ctx.Done():
+			return
+		}
+		var msg []byte
+		switch {
+		case env.batch != nil:
+			var err error
+			if msg, err = encodeBatch(e, env.batch); err != nil {
+				d.rep.Failed(to, fmt.Errorf("runtime: send %s -> %s: %w", e.from.name, e.to.name, err))
+				return
+			}
+		case env.barrier != 0:
+			msg = binary.AppendUvarint([]byte{msgBarrier}, uint64(env.barrier))
+		case env.eos:
+			msg = []byte{msgEOS}
+		}
+		if err := ex.Send(d.ctx, to, id, msg); err != nil {
+			if d.ctx.Err() == nil {
+				d.rep.Failed(to, fmt.Errorf("runtime: send to %s: %w", to, err))
+			}
+			return
+		}
+		if env.eos {
+			return
+		}
+	}
+}
+
+// encodeBatch encodes a batch message; a codec's panic is an error.
+func encodeBatch(e *edge, batch any) (msg []byte, err error) {
+	defer recoverInto(&err)
+	return e.encode(append(make([]byte, 0, 1024), msgBatch), batch), nil
+}
+
+// recvPump forwards what a remote task sends on channel id to ch.
+func (d *localDeployment) recvPump(ex Exchange, e *edge, id uint32, ch chan<- envelope) {
+	defer d.pumps.Done()
+	for {
+		msg, err := ex.Recv(d.ctx, id)
+		if err != nil {
+			if d.ctx.Err() == nil {
+				d.rep.Failed("", fmt.Errorf("runtime: receive %s -> %s: %w", e.from.name, e.to.name, err))
+			}
+			return
+		}
+		env, err := decodeEnvelope(e, msg)
+		if err != nil {
+			d.rep.Failed("", fmt.Errorf("runtime: receive %s -> %s: %w", e.from.name, e.to.name, err))
+			return
+		}
+		select {
+		case ch <- env:
+		case <-d.ctx.Done():
+			return
+		}
+		if env.eos {
+			return
+		}
+	}
+}
+
+func decodeEnvelope(e *edge, msg []byte) (envelope, error) {
+	if len(msg) == 0 {
+		return envelope{}, fmt.Errorf("%w: empty message", ErrDecode)
+	}
+	switch msg[0] {
+	case msgBatch:
+		b, err := e.decode(msg[1:])
+		return envelope{batch: b}, err
+	case msgBarrier:
+		id, n := binary.Uvarint(msg[1:])
+		if n <= 0 || id == 0 {
+			return envelope{}, fmt.Errorf("%w: barrier", ErrDecode)
+		}
+		return envelope{barrier: checkpoint.ID(id)}, nil
+	case msgEOS:
+		return envelope{eos: true}, nil
+	}
+	return envelope{}, fmt.Errorf("%w: message kind %d", ErrDecode, msg[0])
+}
+
+// discardingOperators names the operators of tasks that are checkpoint
+// listeners but not checkpoint.AbortCarrier.
+func discardingOperators(tasks []*task) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, t := range tasks {
+		for i, op := range t.ops {
+			u := op.user()
+			if _, ok := u.(checkpoint.Listener); !ok {
+				continue
+			}
+			if _, ok := u.(checkpoint.AbortCarrier); ok {
+				continue
+			}
+			if n := t.v.nodes[i].name; !seen[n] {
+				seen[n] = true
+				out = append(out, n)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// commitRestored runs CommitRestored on the local subtask 0 of every
+// operator with transactions to commit, all at once, and waits for every
+// one.
+func (d *localDeployment) commitRestored() error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for _, t := range d.tasks {
+		if t.subtask != 0 {
+			continue
+		}
+		for i, op := range t.ops {
+			rc, ok := op.(restoreCommitter)
+			if !ok || !rc.hasRestoreCommitter() {
+				continue
+			}
+			d.prep.RestoreCommitters++
+			if !rc.mustCommitRestored() {
+				continue
+			}
+			wg.Add(1)
+			go func(name string) {
+				defer wg.Done()
+				if err := rc.commitRestored(d.ctx); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("task %s: commit restored transactions of %s: %w", t.id, name, err))
+					mu.Unlock()
+				}
+			}(t.v.nodes[i].name)
+		}
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// closeAll closes every operator of tasks that never ran.
+func (d *localDeployment) closeAll() {
+	for _, t := range d.tasks {
+		if err := t.closeOps(); err != nil {
+			d.log.Warn("closing an operator of a task that never ran", zap.String("task", string(t.id)), zap.Error(err))
+		}
+	}
+}
+
+func (d *localDeployment) Prepared() Prepared { return d.prep }
+
+func (d *localDeployment) Open(ctx context.Context, timing checkpoint.Timing) error {
+	for _, oc := range d.ocs {
+		oc.Checkpointing = timing
+	}
+	d.opened = true
+	var ready sync.WaitGroup
+	ready.Add(len(d.tasks))
+	for i, t := range d.tasks {
+		d.wg.Add(1)
+		go func(t *task, r []*SubtaskState) {
+			defer d.wg.Done()
+			var once sync.Once
+			err := t.run(d.ctx, r, func() { once.Do(ready.Done) }, d.start)
+			if err != nil {
+				// Report the failure before counting this task ready: a
+				// task that failed to open (or restore) must keep the
+				// sources from ever starting.
+				d.rep.Failed(t.id, err)
+			}
+			once.Do(ready.Done)
+			if err == nil {
+				d.finished.Add(1)
+			}
+		}(t, d.restore[i])
+	}
+	allReady := make(chan struct{})
+	go func() {
+		ready.Wait()
+		close(allReady)
+	}()
+	select {
+	case <-allReady:
+		return d.ctx.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.ctx.Done():
+		return d.ctx.Err()
+	}
+}
+
+func (d *localDeployment) Start(context.Context) error {
+	if err := d.ctx.Err(); err != nil {
+		return err
+	}
+	close(d.start)
+	return nil
+}
+
+func (d *localDeployment) Trigger(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID, final bool) error {
+	for _, s := range sources {
+		t := d.byID[s]
+		if t == nil {
+			continue
+		}
+		if err := d.send(ctx, t, control{kind: ctrlTrigger, id: id, final: final}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *localDeployment) Notify(ctx context.Context, id checkpoint.ID, complete bool) {
+	kind := ctrlAbort
+	if complete {
+		kind = ctrlComplete
+		if uint64(id) > d.lastDone.Load() {
+			d.lastDone.Store(uint64(id))
+		}
+	}
+	for _, t := range d.tasks {
+		_ = d.send(ctx, t, control{kind: kind, id: id})
+	}
+}
+
+func (d *localDeployment) send(ctx context.Context, t *task, c control) error {
+	select {
+	case t.ctrl <- c:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.ctx.Done():
+		return d.ctx.Err()
+	}
+}
+
+func (d *localDeployment) Cancel(forGood bool) {
+	if forGood {
+		d.cancel(errJobCanceled)
+	} else {
+		d.cancel(errAttemptCanceled)
+	}
+}
+
+func (d *localDeployment) Wait() bool {
+	if !d.opened {
+		d.cancel(errAttemptCanceled)
+		d.closeAll()
+		d.pumps.Wait()
+		return false
+	}
+	d.wg.Wait()
+	finished := int(d.finished.Load()) == len(d.tasks)
+	// Pumps end with their channel's end of stream, or when the
+	// deployment is cancelled. After every task finished, a send pump
+	// may still be forwarding the end of its stream: let it.
+	if !finished {
+		d.cancel(errAttemptCanceled)
+	}
+	d.pumps.Wait()
+	d.cancel(errAttemptCanceled)
+	return finished
+}
+
+// The reporter the local tasks use.
+
+func (d *localDeployment) ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
+	d.rep.Ack(task, id, snap, alignment)
+}
+
+func (d *localDeployment) decline(task checkpoint.TaskID, id checkpoint.ID, err error) {
+	d.rep.Decline(task, id, err)
+}
+
+func (d *localDeployment) sourceEnded(task checkpoint.TaskID) { d.rep.SourceEnded(task) }
+
+func (d *localDeployment) failed(task checkpoint.TaskID, err error) { d.rep.Failed(task, err) }
+
+func (d *localDeployment) lastCompleted() checkpoint.ID { return checkpoint.ID(d.lastDone.Load()) }
+
+// TaskIDs lists every task of job (sources first in plan order), and its
+// source tasks: what a job manager schedules.
+func TaskIDs(job *Job) (tasks, sources []checkpoint.TaskID, err error) {
+	p, err := compile(job)
+	if err != nil {
+		return nil, nil, err
+	}
+	tasks, sources = p.taskIDs()
+	return tasks, sources, nil
+}
+
+func (p *plan) taskIDs() (tasks, sources []checkpoint.TaskID) {
+	for _, v := range p.vertices {
+		for sub := 0; sub < v.parallelism; sub++ {
+			tasks = append(tasks, v.taskID(sub))
+			if v.isSource() {
+				sources = append(sources, v.taskID(sub))
+			}
+		}
+	}
+	return tasks, sources
+}
+
+// Slots is how many slots job needs: as in Flink's default slot sharing,
+// one slot holds one subtask of every vertex, so the job needs as many
+// slots as its largest parallelism. SlotOf says which slot (0-based) a task
+// belongs in.
+func Slots(job *Job) (int, error) {
+	p, err := compile(job)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, v := range p.vertices {
+		n = max(n, v.parallelism)
+	}
+	return n, nil
+}
+
+// SlotOf returns the slot (0-based, under Slots) of task: its subtask index.
+func SlotOf(task checkpoint.TaskID) int {
+	i := strings.LastIndexByte(string(task), '#')
+	var n int
+	if i >= 0 {
+		_, _ = fmt.Sscanf(string(task)[i+1:], "%d", &n)
+	}
+	return n
+}
+
+// Combine returns one Deployed made of parts, each a share of one
+// attempt's tasks (a job manager combines the deployments of its task
+// managers this way).
+func Combine(parts ...Deployed) Deployed { return combined(parts) }
+
+type combined []Deployed
+
+func (c combined) Prepared() Prepared {
+	var p Prepared
+	seen := map[string]bool{}
+	for _, d := range c {
+		dp := d.Prepared()
+		p.RestoreCommitters += dp.RestoreCommitters
+		for _, n := range dp.Discarding {
+			if !seen[n] {
+				seen[n] = true
+				p.Discarding = append(p.Discarding, n)
+			}
+		}
+	}
+	sort.Strings(p.Discarding)
+	return p
+}
+
+// each runs fn on every part at once and joins the errors.
+func (c combined) each(fn func(Deployed) error) error {
+	errs := make([]error, len(c))
+	var wg sync.WaitGroup
+	for i, d := range c {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fn(d)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (c combined) Open(ctx context.Context, timing checkpoint.Timing) error {
+	return c.each(func(d Deployed) error { return d.Open(ctx, timing) })
+}
+
+func (c combined) Start(ctx context.Context) error {
+	return c.each(func(d Deployed) error { return d.Start(ctx) })
+}
+
+func (c combined) Trigger(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID, final bool) error {
+	return c.each(func(d Deployed) error { return d.Trigger(ctx, id, sources, final) })
+}
+
+func (c combined) Notify(ctx context.Context, id checkpoint.ID, complete bool) {
+	_ = c.each(func(d Deployed) error { d.Notify(ctx, id, complete); return nil })
+}
+
+func (c combined) Cancel(forGood bool) {
+	for _, d := range c {
+		d.Cancel(forGood)
+	}
+}
+
+func (c combined) Wait() bool {
+	var unfinished atomic.Bool
+	_ = c.each(func(d Deployed) error {
+		if !d.Wait() {
+			unfinished.Store(true)
+		}
+		return nil
+	})
+	return !unfinished.Load()
+}
