@@ -302,9 +302,10 @@ func (r *Receiver) Recv(ctx context.Context, ch uint32) (Frame, error) {
 	b := r.inbox(ch)
 	select {
 	case f := <-b.frames:
-		if err := b.returnCredit(); err != nil {
-			return f, fmt.Errorf("taskmanager: data plane credit: %w", err)
-		}
+		// A credit that cannot be returned is not the frame's fault: the
+		// sender closed its connection (after its end of stream) or lost
+		// it, and then learns so itself.
+		_ = b.returnCredit()
 		return f, nil
 	case <-ctx.Done():
 		return Frame{}, ctx.Err()

@@ -1,0 +1,147 @@
+package taskmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/runtime"
+)
+
+// Exchange is a runtime.Exchange over the data plane, for one deployment
+// (one attempt's tasks on this task manager): it receives on its own
+// Receiver, served on an ephemeral listener of its own so that channel
+// numbers never meet those of another job or attempt, and sends to the
+// Exchanges of the other task managers of the attempt, dialled at the first
+// message by the data address of the task they run.
+type Exchange struct {
+	recv   *Receiver
+	lis    net.Listener
+	cancel context.CancelFunc
+	served chan error
+	sent   atomic.Int64
+
+	mu      sync.Mutex
+	addrs   map[checkpoint.TaskID]string
+	senders map[string]*Sender
+	opened  map[uint32]bool
+}
+
+// ListenExchange starts an Exchange receiving on host:0 with window credits
+// per channel. Addr is what the other task managers dial; SetPeers tells it
+// where every task of the attempt runs.
+func ListenExchange(ctx context.Context, host string, window int) (*Exchange, error) {
+	lis, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("taskmanager: data plane listen: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	x := &Exchange{recv: NewReceiver(window), lis: lis, cancel: cancel, served: make(chan error, 1),
+		senders: map[string]*Sender{}, opened: map[uint32]bool{}}
+	go func() { x.served <- x.recv.Serve(ctx, lis) }()
+	return x, nil
+}
+
+// Addr is the address the Exchange receives on.
+func (x *Exchange) Addr() string { return x.lis.Addr().String() }
+
+// SetPeers sets the data address of every task of the attempt.
+func (x *Exchange) SetPeers(addrs map[checkpoint.TaskID]string) {
+	x.mu.Lock()
+	x.addrs = addrs
+	x.mu.Unlock()
+}
+
+// errUnknownTask is returned by Send for a task SetPeers did not name.
+var errUnknownTask = errors.New("taskmanager: no data address for task")
+
+func (x *Exchange) sender(ctx context.Context, to checkpoint.TaskID, ch uint32) (*Sender, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	addr, ok := x.addrs[to]
+	if !ok {
+		return nil, fmt.Errorf("%w %s", errUnknownTask, to)
+	}
+	s := x.senders[addr]
+	if s == nil {
+		var err error
+		if s, err = DialData(ctx, addr); err != nil {
+			return nil, err
+		}
+		x.senders[addr] = s
+	}
+	if !x.opened[ch] {
+		if err := s.Open(ch); err != nil {
+			return nil, err
+		}
+		x.opened[ch] = true
+	}
+	return s, nil
+}
+
+// Send implements runtime.Exchange: it blocks while channel ch has no
+// credit.
+func (x *Exchange) Send(ctx context.Context, to checkpoint.TaskID, ch uint32, msg []byte) error {
+	s, err := x.sender(ctx, to, ch)
+	if err != nil {
+		return err
+	}
+	if err := s.Send(ctx, ch, Frame{Kind: FrameData, Payload: msg}); err != nil {
+		return err
+	}
+	x.sent.Add(1)
+	return nil
+}
+
+// Sent counts the messages sent (batches, barriers, ends of stream).
+func (x *Exchange) Sent() int64 { return x.sent.Load() }
+
+// Recv implements runtime.Exchange.
+func (x *Exchange) Recv(ctx context.Context, ch uint32) ([]byte, error) {
+	f, err := x.recv.Recv(ctx, ch)
+	return f.Payload, err
+}
+
+// Close closes the connections to the other task managers and stops
+// receiving.
+func (x *Exchange) Close() error {
+	x.mu.Lock()
+	var errs []error
+	for _, s := range x.senders {
+		if err := s.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	x.senders = map[string]*Sender{}
+	x.mu.Unlock()
+	x.cancel()
+	errs = append(errs, <-x.served)
+	return errors.Join(errs...)
+}
+
+// Deploy runs this task manager's share of an attempt (spec.Tasks),
+// exchanging records with the attempt's other task managers through x. The
+// returned deployment owns x: its Wait closes x once every task ended.
+func Deploy(ctx context.Context, job *runtime.Job, spec runtime.DeploySpec, x *Exchange, rep runtime.TaskReports) (runtime.Deployed, error) {
+	d, err := runtime.Deploy(ctx, job, spec, x, rep)
+	if err != nil {
+		_ = x.Close()
+		return nil, err
+	}
+	return &exchangeDeployment{Deployed: d, x: x}, nil
+}
+
+type exchangeDeployment struct {
+	runtime.Deployed
+	x *Exchange
+}
+
+func (d *exchangeDeployment) Wait() bool {
+	finished := d.Deployed.Wait()
+	_ = d.x.Close()
+	return finished
+}
