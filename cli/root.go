@@ -62,6 +62,7 @@ func subcommands() []func(*app) *cobra.Command {
 		newDemoCmd,
 		newJobsCmd,
 		newJobManagerCmd,
+		newRunCmd,
 		newTaskManagerCmd,
 		newVersionCmd,
 	}

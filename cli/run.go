@@ -1,0 +1,175 @@
+package cli
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/runtime"
+)
+
+// jobIDFile is the file in a --checkpoint-dir that keeps the id of the job
+// whose checkpoints the directory holds.
+const jobIDFile = "job-id"
+
+func newRunCmd(a *app) *cobra.Command {
+	var (
+		parallelism int
+		interval    time.Duration
+		dir         string
+		sets        []string
+	)
+	cmd := &cobra.Command{
+		Use:   "run JOB [--parallelism N] [--checkpoint-interval DUR] [--checkpoint-dir DIR] [--set key=value]...",
+		Short: "Run a registered job in this process against an external broker",
+		Long: `run builds the registered job type JOB from its parameters (--set key=value,
+repeatable; "streamctl jobs" lists them, e.g. --set brokers=HOST:PORT) and runs
+it in this process on the mini cluster: every subtask a goroutine, checkpoints
+every --checkpoint-interval, restarts from the latest completed checkpoint under
+the default restart strategy (fixed-delay, 10 attempts, 100ms apart).
+
+--checkpoint-dir keeps completed checkpoints (and the pending transaction
+handles) in a pebble store there, with the job's id in DIR/job-id: a process
+killed and started again on the same directory restores its latest completed
+checkpoint and continues exactly-once. The job id names the job's
+transactional ids, so two runs on different directories never fence each
+other. Without --checkpoint-dir, checkpoints live in memory and a new process
+starts from scratch with a new job id.
+
+--parallelism sets the job's default parallelism (the reserved parameter
+"parallelism"; 0 keeps the job type's). A bounded job ends when its input does;
+a streaming one runs until SIGINT/SIGTERM, which cancels it cleanly (its open
+transactions are aborted, its held share records released).`,
+		Args: cobra.ExactArgs(1),
+		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
+			params, err := parseSets(sets)
+			if err != nil {
+				return flagError(cmd, err)
+			}
+			if parallelism < 0 {
+				return flagError(cmd, fmt.Errorf("--parallelism %d must not be negative", parallelism))
+			}
+			if parallelism > 0 {
+				if v, ok := params[runtime.ParamParallelism]; ok && v != strconv.Itoa(parallelism) {
+					return flagError(cmd, fmt.Errorf("--parallelism %d and --set parallelism=%s disagree", parallelism, v))
+				}
+				params[runtime.ParamParallelism] = strconv.Itoa(parallelism)
+			}
+			if interval <= 0 {
+				return flagError(cmd, fmt.Errorf("--checkpoint-interval %v must be positive", interval))
+			}
+			job, err := a.reg.Build(cmd.Flags().Arg(0), params)
+			if err != nil {
+				return err
+			}
+			fp, err := failpoint.FromEnv()
+			if err != nil {
+				return err
+			}
+			opts := []runtime.ClusterOpt{runtime.Logger(log), runtime.CheckpointInterval(interval), runtime.Failpoints(fp)}
+			id, err := runJobID(dir)
+			if err != nil {
+				return err
+			}
+			opts = append(opts, runtime.JobID(id))
+			if dir != "" {
+				opts = append(opts, runtime.CheckpointDir(filepath.Join(dir, "checkpoints")))
+			}
+			log.Info("running job", zap.String("job", cmd.Flags().Arg(0)), zap.String("job_id", id), zap.String("checkpoint_dir", dir))
+			res, err := runtime.NewMiniCluster(opts...).Run(cmd.Context(), job)
+			if err != nil && cmd.Context().Err() != nil && errors.Is(err, cmd.Context().Err()) {
+				fmt.Fprintf(a.stdout, "job %s cancelled: %d restarts, last completed checkpoint %d\n", id, res.Restarts, res.LastCheckpoint)
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "job %s finished: %d restarts, last completed checkpoint %d\n", id, res.Restarts, res.LastCheckpoint)
+			return nil
+		}),
+	}
+	cmd.Flags().IntVar(&parallelism, "parallelism", 0, "default parallelism of the job's operators (0: the job type's)")
+	cmd.Flags().DurationVar(&interval, "checkpoint-interval", time.Second, "checkpoint trigger period")
+	cmd.Flags().StringVar(&dir, "checkpoint-dir", "", "directory for completed checkpoints (created); restarting on it continues the job")
+	cmd.Flags().StringArrayVar(&sets, "set", nil, "job parameter key=value (repeatable)")
+	return cmd
+}
+
+// parseSets turns --set key=value flags into parameters, refusing a
+// malformed or repeated one.
+func parseSets(sets []string) (map[string]string, error) {
+	params := map[string]string{}
+	for _, s := range sets {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--set %q: want key=value", s)
+		}
+		if _, dup := params[k]; dup {
+			return nil, fmt.Errorf("--set %s given twice", k)
+		}
+		params[k] = v
+	}
+	return params, nil
+}
+
+// runJobID returns the job id kept in dir (creating dir and the id on
+// first use), or a new random id when dir is "".
+func runJobID(dir string) (string, error) {
+	if dir == "" {
+		return newRunID()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("run: --checkpoint-dir: %w", err)
+	}
+	path := filepath.Join(dir, jobIDFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		id := strings.TrimSpace(string(b))
+		if id == "" || strings.ContainsAny(id, " \t/") {
+			return "", fmt.Errorf("run: --checkpoint-dir: %s holds no valid job id (%q); it is not a directory this command made", path, id)
+		}
+		return id, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("run: --checkpoint-dir: %w", err)
+	}
+	id, err := newRunID()
+	if err != nil {
+		return "", err
+	}
+	// Written and synced before any checkpoint: a checkpoint is never
+	// stored under an id the next process cannot find.
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return "", fmt.Errorf("run: --checkpoint-dir: %w", err)
+	}
+	_, werr := f.WriteString(id + "\n")
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		return "", fmt.Errorf("run: --checkpoint-dir: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", fmt.Errorf("run: --checkpoint-dir: %w", err)
+	}
+	return id, nil
+}
+
+func newRunID() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("run: job id: %w", err)
+	}
+	return "run-" + hex.EncodeToString(b[:]), nil
+}
