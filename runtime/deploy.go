@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,7 +85,8 @@ type Deployed interface {
 // alike from the job graph). Every message of a channel arrives once, in
 // order; the Exchange's buffers are bounded, so a slow receiver blocks Send.
 type Exchange interface {
-	// Send sends msg on channel ch to task to (in another process).
+	// Send sends msg on channel ch to task to (in another process). It
+	// must not keep msg once it returns: the caller reuses it.
 	Send(ctx context.Context, to checkpoint.TaskID, ch uint32, msg []byte) error
 	// Recv returns the next message of channel ch.
 	Recv(ctx context.Context, ch uint32) ([]byte, error)
@@ -202,7 +202,7 @@ func (d *localDeployment) fail() {
 	d.pumps.Wait()
 }
 
-// channelID numbers channel (edge e, upstream subtask i, downstream subtask
+// channelIDs numbers channel (edge e, upstream subtask i, downstream subtask
 // j) alike in every process: edges in plan order, then i, then j.
 func channelIDs(p *plan) map[*edge]uint32 {
 	base := map[*edge]uint32{}
@@ -250,9 +250,9 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 					id := bases[e] + uint32(i*v.parallelism+j)
 					d.pumps.Add(1)
 					if local(src) {
-						go d.sendPump(ex, e, dst, id, ch)
+						go d.sendPump(ex, e, src, dst, id, ch)
 					} else {
-						go d.recvPump(ex, e, id, ch)
+						go d.recvPump(ex, e, dst, id, ch)
 					}
 				}
 			}
@@ -340,9 +340,11 @@ const (
 	msgEOS     byte = 3
 )
 
-// sendPump forwards what a local task writes on ch to the remote task to.
-func (d *localDeployment) sendPump(ex Exchange, e *edge, to checkpoint.TaskID, id uint32, ch <-chan envelope) {
+// sendPump forwards what the local task from writes on ch to the remote
+// task to, encoding every message into one reused buffer.
+func (d *localDeployment) sendPump(ex Exchange, e *edge, from, to checkpoint.TaskID, id uint32, ch <-chan envelope) {
 	defer d.pumps.Done()
+	buf := make([]byte, 0, 1024)
 	for {
 		var env envelope
 		select {
@@ -350,22 +352,21 @@ func (d *localDeployment) sendPump(ex Exchange, e *edge, to checkpoint.TaskID, i
 		case <-d.ctx.Done():
 			return
 		}
-		var msg []byte
 		switch {
 		case env.batch != nil:
 			var err error
-			if msg, err = encodeBatch(e, env.batch); err != nil {
-				d.rep.Failed(to, fmt.Errorf("runtime: send %s -> %s: %w", e.from.name, e.to.name, err))
+			if buf, err = encodeBatch(e, buf[:0], env.batch); err != nil {
+				d.rep.Failed(from, fmt.Errorf("runtime: send %s -> %s: %w", e.from.name, e.to.name, err))
 				return
 			}
 		case env.barrier != 0:
-			msg = binary.AppendUvarint([]byte{msgBarrier}, uint64(env.barrier))
+			buf = binary.AppendUvarint(append(buf[:0], msgBarrier), uint64(env.barrier))
 		case env.eos:
-			msg = []byte{msgEOS}
+			buf = append(buf[:0], msgEOS)
 		}
-		if err := ex.Send(d.ctx, to, id, msg); err != nil {
+		if err := ex.Send(d.ctx, to, id, buf); err != nil {
 			if d.ctx.Err() == nil {
-				d.rep.Failed(to, fmt.Errorf("runtime: send to %s: %w", to, err))
+				d.rep.Failed(from, fmt.Errorf("runtime: send to %s: %w", to, err))
 			}
 			return
 		}
@@ -375,26 +376,27 @@ func (d *localDeployment) sendPump(ex Exchange, e *edge, to checkpoint.TaskID, i
 	}
 }
 
-// encodeBatch encodes a batch message; a codec's panic is an error.
-func encodeBatch(e *edge, batch any) (msg []byte, err error) {
+// encodeBatch appends a batch message to dst; a codec's panic is an error.
+func encodeBatch(e *edge, dst []byte, batch any) (msg []byte, err error) {
 	defer recoverInto(&err)
-	return e.encode(append(make([]byte, 0, 1024), msgBatch), batch), nil
+	return e.encode(append(dst, msgBatch), batch), nil
 }
 
-// recvPump forwards what a remote task sends on channel id to ch.
-func (d *localDeployment) recvPump(ex Exchange, e *edge, id uint32, ch chan<- envelope) {
+// recvPump forwards what a remote task sends on channel id to ch, the input
+// of the local task to.
+func (d *localDeployment) recvPump(ex Exchange, e *edge, to checkpoint.TaskID, id uint32, ch chan<- envelope) {
 	defer d.pumps.Done()
 	for {
 		msg, err := ex.Recv(d.ctx, id)
 		if err != nil {
 			if d.ctx.Err() == nil {
-				d.rep.Failed("", fmt.Errorf("runtime: receive %s -> %s: %w", e.from.name, e.to.name, err))
+				d.rep.Failed(to, fmt.Errorf("runtime: receive %s -> %s: %w", e.from.name, e.to.name, err))
 			}
 			return
 		}
 		env, err := decodeEnvelope(e, msg)
 		if err != nil {
-			d.rep.Failed("", fmt.Errorf("runtime: receive %s -> %s: %w", e.from.name, e.to.name, err))
+			d.rep.Failed(to, fmt.Errorf("runtime: receive %s -> %s: %w", e.from.name, e.to.name, err))
 			return
 		}
 		select {
@@ -593,9 +595,7 @@ func (d *localDeployment) Cancel(forGood bool) {
 
 func (d *localDeployment) Wait() bool {
 	if !d.opened {
-		d.cancel(errAttemptCanceled)
-		d.closeAll()
-		d.pumps.Wait()
+		d.fail()
 		return false
 	}
 	d.wg.Wait()
@@ -650,30 +650,26 @@ func (p *plan) taskIDs() (tasks, sources []checkpoint.TaskID) {
 	return tasks, sources
 }
 
-// Slots is how many slots job needs: as in Flink's default slot sharing,
-// one slot holds one subtask of every vertex, so the job needs as many
-// slots as its largest parallelism. SlotOf says which slot (0-based) a task
-// belongs in.
-func Slots(job *Job) (int, error) {
+// SlotShares deals the tasks of job over n shares (a job manager's task
+// managers) by Flink's default slot sharing: slot s holds subtask s of every
+// vertex, so the job needs as many slots as its largest parallelism
+// (slots), and slot s goes to share s % n.
+func SlotShares(job *Job, n int) (shares [][]checkpoint.TaskID, slots int, err error) {
+	if n < 1 {
+		return nil, 0, fmt.Errorf("%w: %d shares", ErrInvalidOption, n)
+	}
 	p, err := compile(job)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
-	n := 0
+	shares = make([][]checkpoint.TaskID, n)
 	for _, v := range p.vertices {
-		n = max(n, v.parallelism)
+		slots = max(slots, v.parallelism)
+		for sub := 0; sub < v.parallelism; sub++ {
+			shares[sub%n] = append(shares[sub%n], v.taskID(sub))
+		}
 	}
-	return n, nil
-}
-
-// SlotOf returns the slot (0-based, under Slots) of task: its subtask index.
-func SlotOf(task checkpoint.TaskID) int {
-	i := strings.LastIndexByte(string(task), '#')
-	var n int
-	if i >= 0 {
-		_, _ = fmt.Sscanf(string(task)[i+1:], "%d", &n)
-	}
-	return n
+	return shares, slots, nil
 }
 
 // Combine returns one Deployed made of parts, each a share of one

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -62,20 +63,15 @@ type splitDeployer struct {
 }
 
 func (s splitDeployer) Deploy(ctx context.Context, spec DeploySpec, rep TaskReports) (Deployed, error) {
-	tasks, _, err := TaskIDs(s.job)
+	shares, _, err := SlotShares(s.job, s.parts)
 	if err != nil {
 		return nil, err
 	}
 	ex := &memExchange{sent: s.sent}
 	var parts []Deployed
-	for part := 0; part < s.parts; part++ {
+	for _, share := range shares {
 		ps := spec
-		ps.Tasks = []checkpoint.TaskID{}
-		for _, id := range tasks {
-			if SlotOf(id)%s.parts == part {
-				ps.Tasks = append(ps.Tasks, id)
-			}
-		}
+		ps.Tasks = share
 		d, err := Deploy(ctx, s.job, ps, ex, rep)
 		if err != nil {
 			for _, p := range parts {
@@ -87,6 +83,34 @@ func (s splitDeployer) Deploy(ctx context.Context, spec DeploySpec, rep TaskRepo
 		parts = append(parts, d)
 	}
 	return Combine(parts...), nil
+}
+
+func TestSlotSharesDealSlotsRoundRobinAndEveryTaskOnce(t *testing.T) {
+	j := NewJob("shares", DefaultParallelism(3))
+	recs := FromSource(j, "source", seqSourceOf(seqSource{keys: 2, splits: 2, n: 10, perPoll: 1}), Parallelism(2))
+	SinkTo(Rebalance(recs), "sink", func() Sink[seqRec] { return discardSink[seqRec]{} }, Parallelism(5))
+	for _, tc := range []struct {
+		n    int
+		want [][]checkpoint.TaskID
+	}{
+		{1, [][]checkpoint.TaskID{{"source#0", "source#1", "sink#0", "sink#1", "sink#2", "sink#3", "sink#4"}}},
+		{2, [][]checkpoint.TaskID{{"source#0", "sink#0", "sink#2", "sink#4"}, {"source#1", "sink#1", "sink#3"}}},
+		{3, [][]checkpoint.TaskID{{"source#0", "sink#0", "sink#3"}, {"source#1", "sink#1", "sink#4"}, {"sink#2"}}},
+	} {
+		shares, slots, err := SlotShares(j, tc.n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slots != 5 {
+			t.Errorf("n=%d: %d slots, want 5 (the largest parallelism)", tc.n, slots)
+		}
+		if !reflect.DeepEqual(shares, tc.want) {
+			t.Errorf("n=%d: shares %v, want %v", tc.n, shares, tc.want)
+		}
+	}
+	if _, _, err := SlotShares(j, 0); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("0 shares: %v, want ErrInvalidOption", err)
+	}
 }
 
 func TestSplitDeploymentIsExactlyOnceUnderRandomFailures(t *testing.T) {

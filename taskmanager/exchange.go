@@ -25,6 +25,9 @@ type Exchange struct {
 	served chan error
 	sent   atomic.Int64
 
+	closeOnce sync.Once
+	closeErr  error
+
 	mu      sync.Mutex
 	addrs   map[checkpoint.TaskID]string
 	senders map[string]*Sender
@@ -107,20 +110,22 @@ func (x *Exchange) Recv(ctx context.Context, ch uint32) ([]byte, error) {
 }
 
 // Close closes the connections to the other task managers and stops
-// receiving.
+// receiving. Later calls return nil.
 func (x *Exchange) Close() error {
-	x.mu.Lock()
-	var errs []error
-	for _, s := range x.senders {
-		if err := s.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-			errs = append(errs, err)
+	x.closeOnce.Do(func() {
+		x.mu.Lock()
+		var errs []error
+		for _, s := range x.senders {
+			if err := s.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+				errs = append(errs, err)
+			}
 		}
-	}
-	x.senders = map[string]*Sender{}
-	x.mu.Unlock()
-	x.cancel()
-	errs = append(errs, <-x.served)
-	return errors.Join(errs...)
+		x.senders = map[string]*Sender{}
+		x.mu.Unlock()
+		x.cancel()
+		x.closeErr = errors.Join(append(errs, <-x.served)...)
+	})
+	return x.closeErr
 }
 
 // Deploy runs this task manager's share of an attempt (spec.Tasks),
@@ -142,6 +147,6 @@ type exchangeDeployment struct {
 
 func (d *exchangeDeployment) Wait() bool {
 	finished := d.Deployed.Wait()
-	_ = d.x.Close()
+	_ = d.x.Close() // every task ended: nothing in flight matters any more
 	return finished
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/weirstream/weir/taskmanager"
 )
 
-// netDeployer deploys each attempt as two task managers' shares, slot s on
-// share s%2, every record between them over the data plane on loopback.
+// netDeployer deploys each attempt as two task managers' shares
+// (runtime.SlotShares), every record between them over the data plane on loopback.
 type netDeployer struct {
 	job *runtime.Job
 	mu  *sync.Mutex
@@ -21,36 +21,40 @@ type netDeployer struct {
 }
 
 func (n netDeployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runtime.TaskReports) (runtime.Deployed, error) {
-	tasks, _, err := runtime.TaskIDs(n.job)
+	shares, _, err := runtime.SlotShares(n.job, 2)
 	if err != nil {
 		return nil, err
 	}
-	const shares = 2
-	var xs []*taskmanager.Exchange
+	xs := make([]*taskmanager.Exchange, len(shares))
 	addrs := map[checkpoint.TaskID]string{}
-	shareTasks := make([][]checkpoint.TaskID, shares)
-	for i := 0; i < shares; i++ {
-		x, err := taskmanager.ListenExchange(ctx, "127.0.0.1", 8)
-		if err != nil {
+	for i, share := range shares {
+		if xs[i], err = taskmanager.ListenExchange(ctx, "127.0.0.1", 8); err != nil {
+			for _, x := range xs[:i] {
+				_ = x.Close()
+			}
 			return nil, err
 		}
-		xs = append(xs, x)
+		for _, id := range share {
+			addrs[id] = xs[i].Addr()
+		}
 	}
 	n.mu.Lock()
 	*n.xs = append(*n.xs, xs...)
 	n.mu.Unlock()
-	for _, id := range tasks {
-		s := runtime.SlotOf(id) % shares
-		addrs[id] = xs[s].Addr()
-		shareTasks[s] = append(shareTasks[s], id)
-	}
 	var parts []runtime.Deployed
 	for i, x := range xs {
 		x.SetPeers(addrs)
 		ps := spec
-		ps.Tasks = shareTasks[i]
+		ps.Tasks = shares[i]
 		d, err := taskmanager.Deploy(ctx, n.job, ps, x, rep)
-		if err != nil {
+		if err != nil { // Deploy closed x; stop the shares deployed already, close the rest
+			for _, p := range parts {
+				p.Cancel(false)
+				p.Wait()
+			}
+			for _, x := range xs[i+1:] {
+				_ = x.Close()
+			}
 			return nil, err
 		}
 		parts = append(parts, d)
