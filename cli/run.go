@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/weirstream/weir/internal/atomicfile"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/runtime"
 )
@@ -149,18 +150,7 @@ func runJobID(dir string) (string, error) {
 	}
 	// Written and synced before any checkpoint: a checkpoint is never
 	// stored under an id the next process cannot find.
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return "", fmt.Errorf("run: --checkpoint-dir: %w", err)
-	}
-	_, werr := f.WriteString(id + "\n")
-	serr := f.Sync()
-	cerr := f.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		return "", fmt.Errorf("run: --checkpoint-dir: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := atomicfile.Write(path, []byte(id+"\n")); err != nil {
 		return "", fmt.Errorf("run: --checkpoint-dir: %w", err)
 	}
 	return id, nil

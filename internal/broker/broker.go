@@ -39,6 +39,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/internal/atomicfile"
 )
 
 // Errors returned by Start; match them with errors.Is. The underlying system
@@ -283,7 +285,7 @@ func (b *Broker) startRepairs(ctx context.Context, gate *gatedListener, c *cfg, 
 			return &startError{kind: ErrStart, msg: fmt.Sprintf("cannot repair data dir %s after an unclean stop: %s", c.dataDir, err), err: err}
 		}
 	}
-	if err := writeFileAtomic(filepath.Join(c.dataDir, runningFile), []byte(strconv.Itoa(os.Getpid())+"\n")); err != nil {
+	if err := atomicfile.Write(filepath.Join(c.dataDir, runningFile), []byte(strconv.Itoa(os.Getpid())+"\n")); err != nil {
 		cl.Close()
 		return &startError{kind: ErrDataDir, msg: fmt.Sprintf("data dir %s: %s", c.dataDir, short(err)), err: err}
 	}

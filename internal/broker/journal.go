@@ -7,6 +7,8 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+
+	"github.com/weirstream/weir/internal/atomicfile"
 )
 
 // What kfake (v0.0.0-20260918054303-01f206a7e32c) writes as it goes, and
@@ -90,30 +92,5 @@ func writeJournal(dir string, j journal) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, journalFile), raw)
-}
-
-// writeFileAtomic writes data to path so that a crash leaves either the old
-// or the new content.
-func writeFileAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.Write(filepath.Join(dir, journalFile), raw)
 }
