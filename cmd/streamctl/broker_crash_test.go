@@ -231,19 +231,7 @@ func crashRun(t *testing.T, seed uint64) {
 	}
 
 	// Expected counts come from the input as it is in the topic.
-	inRecs, err := kafkatest.ReadCommitted(ctx, []string{b.addr}, "lines")
-	if err != nil {
-		t.Fatalf("read input: %v", err)
-	}
-	lines := make([]string, len(inRecs))
-	for i, r := range inRecs {
-		lines[i] = string(r.Value)
-	}
-	want := wordcount.Expected(lines)
-	total := 0
-	for _, n := range want {
-		total += n
-	}
+	want, total, lines := expectedCounts(t, ctx, b.addr)
 	for {
 		recs, err := kafkatest.ReadCommitted(ctx, []string{b.addr}, "counts")
 		if err == nil && len(recs) >= total {
@@ -272,7 +260,7 @@ func crashRun(t *testing.T, seed uint64) {
 	if !strings.Contains(b.stderr(), "did not stop cleanly") {
 		t.Errorf("no restarted broker warned about the unclean stop; logs:\n%s", b.stderr())
 	}
-	t.Logf("%d lines, %d broker crashes: %s", len(lines), b.kills, rep)
+	t.Logf("%d lines, %d broker crashes: %s", lines, b.kills, rep)
 }
 
 // jobEnded fails the test: the job must survive every crash. A loss the

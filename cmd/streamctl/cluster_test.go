@@ -15,9 +15,10 @@ import (
 
 // clusterProc is a streamctl jobmanager or taskmanager child process.
 type clusterProc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	out  chan string // stdout lines
+	cmd    *exec.Cmd
+	done   chan struct{} // closed once the process exited (cmd.ProcessState is set)
+	out    chan string   // stdout lines
+	stderr syncBuffer
 }
 
 func startCluster(t *testing.T, args ...string) *clusterProc {
@@ -31,6 +32,7 @@ func startClusterEnv(t *testing.T, env []string, args ...string) *clusterProc {
 	t.Helper()
 	p := &clusterProc{cmd: exec.Command(streamctlBin, args...), done: make(chan struct{}), out: make(chan string, 16)}
 	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stderr = &p.stderr
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

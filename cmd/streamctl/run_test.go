@@ -2,11 +2,171 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/internal/kafkatest"
 )
 
+// committedAtLeast waits until read_committed "counts" holds at least n
+// records and returns them, failing the test if p exits first.
+func committedAtLeast(t *testing.T, ctx context.Context, addr string, p *clusterProc, n int) []*kgo.Record {
+	t.Helper()
+	for {
+		recs, err := kafkatest.ReadCommitted(ctx, []string{addr}, "counts")
+		if err == nil && len(recs) >= n {
+			return recs
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%v exited (%v) with %d of %d output records; stderr:\n%s", p.cmd.Args, p.cmd.ProcessState, len(recs), n, p.stderr.tail(60))
+		case <-ctx.Done():
+			t.Fatalf("output did not reach %d records (have %d, %v); stderr:\n%s", n, len(recs), err, p.stderr.tail(60))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// expectedCounts reads the input topic "lines" read_committed as it is now
+// and returns the wordcount expected from it, its number of output records
+// and the number of lines.
+func expectedCounts(t *testing.T, ctx context.Context, addr string) (want map[string]int, total, lines int) {
+	t.Helper()
+	in, err := kafkatest.ReadCommitted(ctx, []string{addr}, "lines")
+	if err != nil {
+		t.Fatalf("read input: %v", err)
+	}
+	vals := make([]string, len(in))
+	for i, r := range in {
+		vals[i] = string(r.Value)
+	}
+	want = wordcount.Expected(vals)
+	for _, n := range want {
+		total += n
+	}
+	return want, total, len(vals)
+}
+
+// streamctl run continues exactly-once across processes on one checkpoint
+// dir while input keeps arriving: the first process is killed by a
+// failpoint after a completed checkpoint was persisted and before its
+// transactions were committed, the second is SIGKILLed mid-run, the third
+// finishes the input and stops cleanly on SIGTERM. Every word is counted
+// 1..n, read_committed.
+func TestRunContinuesExactlyOnceAfterSIGKILLOnTheSameCheckpointDir(t *testing.T) {
+	env := kafkatest.New(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(env.Addr), kgo.DefaultProduceTopic("lines"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 4, 1, nil, "lines"); err != nil {
+		t.Fatal(err)
+	}
+	words := strings.Fields("the quick brown fox jumps over the lazy dog")
+	produced := 0
+	produce := func(n int) error {
+		var recs []*kgo.Record
+		for range n {
+			i := produced
+			produced++
+			recs = append(recs, kgo.StringRecord(fmt.Sprintf("%s %s w%d", words[i%len(words)], words[(i*7)%len(words)], i%50)))
+		}
+		return cl.ProduceSync(ctx, recs...).FirstErr()
+	}
+	if err := produce(500); err != nil {
+		t.Fatal(err)
+	}
+	// Input arrives throughout the first two processes.
+	stopInput, inputDone := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stopInput:
+				inputDone <- nil
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if err := produce(20); err != nil {
+				inputDone <- err
+				return
+			}
+		}
+	}()
+
+	dir := t.TempDir()
+	args := []string{"run", "wordcount", "--set", "brokers=" + env.Addr, "--set", "group=wc", "--parallelism", "2",
+		"--checkpoint-interval", "100ms", "--checkpoint-dir", dir, "--log-format", "json"}
+	first := startClusterEnv(t, []string{failpoint.EnvVar + "=" + failpoint.JMAfterCheckpointPersisted + "=crash@3"}, args...)
+	select {
+	case <-first.done:
+		if ws, ok := first.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("first run ended %v, want killed by its failpoint; stderr:\n%s", first.cmd.ProcessState, first.stderr.tail(60))
+		}
+	case <-ctx.Done():
+		t.Fatalf("first run not killed by its failpoint; stderr:\n%s", first.stderr.tail(60))
+	}
+	before, _ := kafkatest.ReadCommitted(ctx, []string{env.Addr}, "counts")
+
+	second := startClusterEnv(t, nil, args...)
+	committedAtLeast(t, ctx, env.Addr, second, len(before)+300)
+	if err := second.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-second.done
+	mid, _ := kafkatest.ReadCommitted(ctx, []string{env.Addr}, "counts")
+	time.Sleep(300 * time.Millisecond) // input goes on while no process runs
+	close(stopInput)
+	if err := <-inputDone; err != nil {
+		t.Fatalf("produce input: %v", err)
+	}
+
+	want, total, lines := expectedCounts(t, ctx, env.Addr)
+	if len(mid) >= total {
+		t.Fatalf("all %d output records were committed before the second kill: the test did not kill mid-run", total)
+	}
+	third := startClusterEnv(t, nil, args...)
+	out := committedAtLeast(t, ctx, env.Addr, third, total)
+	if rep := wordcount.Check(out, want); !rep.OK() {
+		t.Fatalf("after two killed processes: %s; third run's stderr:\n%s", rep, third.stderr.tail(60))
+	}
+	if !strings.Contains(third.stderr.tail(1<<20), "restoring from checkpoint") {
+		t.Errorf("the third process did not restore from a checkpoint; stderr:\n%s", third.stderr.tail(40))
+	}
+	if err := third.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-third.done:
+	case <-ctx.Done():
+		t.Fatalf("no exit within the deadline after SIGTERM; stderr:\n%s", third.stderr.tail(40))
+	}
+	if code := third.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, third.stderr.tail(40))
+	}
+	select {
+	case l := <-third.out:
+		if !strings.Contains(l, "cancelled") {
+			t.Errorf("stdout %q, want the cancelled line", l)
+		}
+	default:
+		t.Error("no stdout line after SIGTERM, want the cancelled line")
+	}
+	t.Logf("%d input lines; %d output records committed after the failpoint kill, %d after the SIGKILL, %d in all",
+		lines, len(before), len(mid), len(out))
+}
 func TestRunRefusesBadInputWithAClearError(t *testing.T) {
 	for _, tc := range []struct {
 		name string
