@@ -102,9 +102,12 @@ func (w *TxnWriter) recommitLost(ctx context.Context, h checkpoint.TxnHandle) (i
 	if err := cl.BeginTransaction(); err != nil {
 		return 0, fmt.Errorf("kafkatxn: re-commit %s: begin: %w", h.TransactionalID, err)
 	}
-	for _, r := range copies {
+	for i, r := range copies {
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			return 0, fmt.Errorf("kafkatxn: re-commit %s: produce to %s/%d: %w", h.TransactionalID, r.Topic, r.Partition, err)
+		}
+		if w.cfg.recommitHook != nil {
+			w.cfg.recommitHook(i + 1)
 		}
 	}
 	pid, epoch, err := cl.ProducerID(ctx)

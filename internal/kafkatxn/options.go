@@ -92,6 +92,10 @@ type cfg struct {
 	clientOpts  []kgo.Opt
 	logger      *zap.Logger
 	failpoints  *failpoint.Set
+	// recommitHook, when set (by tests only), runs after each step of a
+	// broker-lost-transaction re-commit (markers.go) with the number of
+	// copies produced so far; a test crashes the broker there.
+	recommitHook func(copied int)
 }
 
 func defaultCfg() cfg {
