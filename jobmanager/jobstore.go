@@ -33,6 +33,8 @@ type JobRecord struct {
 	Type                 string            `json:"type"`
 	Params               map[string]string `json:"params"`
 	CheckpointIntervalMs int64             `json:"checkpoint_interval_ms"`
+	RestartStrategy      string            `json:"restart_strategy,omitempty"`
+	SubmittedUnixMs      int64             `json:"submitted_unix_ms,omitempty"`
 	State                JobState          `json:"state"`
 	Restarts             int               `json:"restarts"`
 	Error                string            `json:"error,omitempty"`

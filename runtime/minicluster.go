@@ -72,6 +72,8 @@ type clusterCfg struct {
 	restoreFromLatest bool
 	allowNonRestored  bool
 	deployer          Deployer
+	suspend           context.Context
+	onRestart         func(restarts int, err error)
 }
 
 // Defaults of BatchSize and ChannelCapacity.
@@ -188,6 +190,26 @@ func Logger(l *zap.Logger) ClusterOpt { return func(c *clusterCfg) { c.log = l }
 // RestoreCommitter. Without it such a restore is refused, naming the UIDs.
 func AllowNonRestoredState() ClusterOpt { return func(c *clusterCfg) { c.allowNonRestored = true } }
 
+// ErrSuspended is wrapped by Run's error when the job stopped because the
+// context given to SuspendWith was done: its tasks stopped as in a
+// failover, and its checkpoints and pending transactions stay for a later
+// Run of the same job id to resume from (Flink's SUSPENDED).
+var ErrSuspended = errors.New("runtime: job suspended")
+
+// SuspendWith stops the job when ctx is done without cancelling it: the
+// running attempt fails over (no checkpoint completes after that, tasks are
+// cancelled as for a restart, transactions stay pending) and Run returns an
+// error wrapping ErrSuspended instead of restarting. A job manager that
+// shuts down suspends its jobs, so that the next one resumes them.
+func SuspendWith(ctx context.Context) ClusterOpt { return func(c *clusterCfg) { c.suspend = ctx } }
+
+// OnRestart calls fn each time the job fails and the restart strategy
+// restarts it, with the number of restarts so far and the failure (for job
+// status and metrics). fn must return quickly.
+func OnRestart(fn func(restarts int, err error)) ClusterOpt {
+	return func(c *clusterCfg) { c.onRestart = fn }
+}
+
 // Failpoints injects faults into every operator and the checkpoint driver.
 func Failpoints(fp Failpointer) ClusterOpt {
 	return func(c *clusterCfg) {
@@ -260,6 +282,9 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 	var cause string
 	var failures []time.Time
 	for attempt := 0; ; attempt++ {
+		if cfg.suspend != nil && cfg.suspend.Err() != nil {
+			return res, fmt.Errorf("%w: %w", ErrSuspended, context.Cause(cfg.suspend))
+		}
 		// A store whose last write's outcome is unknown is reopened: what
 		// it recovers decides where the job restores from.
 		if err := store.Reopen(); err != nil {
@@ -285,6 +310,9 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		if ctx.Err() != nil {
 			return res, ctx.Err()
 		}
+		if errors.Is(runErr, ErrSuspended) {
+			return res, runErr
+		}
 		if isConfigError(runErr) {
 			return res, fmt.Errorf("%w (not restarted): %w", ErrJobFailed, runErr)
 		}
@@ -295,6 +323,9 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		}
 		res.Restarts++
 		cause = runErr.Error()
+		if cfg.onRestart != nil {
+			cfg.onRestart(res.Restarts, runErr)
+		}
 		fields := []zap.Field{zap.String("job", cfg.jobID), zap.String("strategy", cfg.restart.Name()), zap.Int("attempt", d.Attempt)}
 		if cfg.restart.name == StrategyFixedDelay {
 			fields = append(fields, zap.Int("max_restarts", cfg.restart.attempts))
@@ -305,8 +336,18 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		case <-time.After(d.Delay):
 		case <-ctx.Done():
 			return res, ctx.Err()
+		case <-cfg.suspended():
+			return res, fmt.Errorf("%w while restarting: %w", ErrSuspended, context.Cause(cfg.suspend))
 		}
 	}
+}
+
+// suspended is done when the job must suspend (never without SuspendWith).
+func (c *clusterCfg) suspended() <-chan struct{} {
+	if c.suspend == nil {
+		return nil
+	}
+	return c.suspend.Done()
 }
 
 // loadRestore reads the latest usable checkpoint and assigns its state and
@@ -414,6 +455,11 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	a.fail = func(err error) {
 		once.Do(func() { firstErr = err })
 		cancel(err)
+	}
+	if a.cfg.suspend != nil {
+		defer context.AfterFunc(a.cfg.suspend, func() {
+			a.fail(fmt.Errorf("%w: %w", ErrSuspended, context.Cause(a.cfg.suspend)))
+		})()
 	}
 	// Everything the restore must commit is committed before any subtask
 	// opens (Deploy): an Open may fence or reuse transactional ids.
