@@ -363,7 +363,7 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 	for _, sh := range shares {
 		sh.peers = peers
 	}
-	rd.stop = context.AfterFunc(ctx, func() { rd.Cancel(false) })
+	rd.stop = context.AfterFunc(ctx, func() { rd.Cancel(errors.Is(context.Cause(ctx), runtime.ErrJobCanceled)) })
 	sort.Strings(placed)
 	d.log.Info("attempt deployed", zap.Int("attempt", spec.Attempt), zap.Int("slots", len(d.slots)), zap.Strings("tasks_per_task_manager", placed))
 	if d.onStart != nil {

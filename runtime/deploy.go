@@ -587,7 +587,7 @@ func (d *localDeployment) send(ctx context.Context, t *task, c control) error {
 
 func (d *localDeployment) Cancel(forGood bool) {
 	if forGood {
-		d.cancel(errJobCanceled)
+		d.cancel(ErrJobCanceled)
 	} else {
 		d.cancel(errAttemptCanceled)
 	}

@@ -23,9 +23,11 @@ var ErrJobFailed = errors.New("runtime: job failed")
 // to stop before it cancels the tasks.
 const cancelDriverWait = 10 * time.Second
 
-// errJobCanceled is the cause with which the tasks of a job cancelled for
-// good (not failed, not restarting) are cancelled.
-var errJobCanceled = errors.New("runtime: job cancelled")
+// ErrJobCanceled is the cause (context.Cause) with which the context of a
+// deployment is cancelled when the job is cancelled for good (not failed,
+// not restarting): a Deployer whose context ends with it cancels its tasks
+// for good (Deployed.Cancel(true)).
+var ErrJobCanceled = errors.New("runtime: job cancelled")
 
 // ErrUnrecoverable marks a task failure that a restart cannot fix (e.g. a
 // configuration the broker refuses): wrap it (Unrecoverable) and the job
@@ -509,11 +511,11 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 			a.cfg.log.Warn("the checkpoint coordinator did not stop in time; cancelling the tasks anyway",
 				zap.Duration("waited", cancelDriverWait))
 		}
-		cancel(errJobCanceled)
+		cancel(ErrJobCanceled)
 	})()
 	// However the attempt ends, its tasks stop: for good if the job was
 	// cancelled.
-	defer context.AfterFunc(ctx, func() { dep.Cancel(errors.Is(context.Cause(ctx), errJobCanceled)) })()
+	defer context.AfterFunc(ctx, func() { dep.Cancel(errors.Is(context.Cause(ctx), ErrJobCanceled)) })()
 	go func() {
 		defer close(driverStopped)
 		err := a.driver.Run(driverCtx)
@@ -546,7 +548,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	if derr != nil && !errors.Is(derr, context.Canceled) {
 		return last, derr
 	}
-	if errors.Is(context.Cause(ctx), errJobCanceled) {
+	if errors.Is(context.Cause(ctx), ErrJobCanceled) {
 		return last, parent.Err()
 	}
 	return last, context.Cause(ctx)

@@ -32,6 +32,14 @@ func startClusterEnv(t *testing.T, env []string, args ...string) *clusterProc {
 	t.Helper()
 	p := &clusterProc{cmd: exec.Command(streamctlBin, args...), done: make(chan struct{}), out: make(chan string, 16)}
 	p.cmd.Env = append(os.Environ(), env...)
+	startProc(t, p)
+	return p
+}
+
+// startProc starts p.cmd, collecting its stdout lines and stderr; the
+// process is killed on cleanup if still running.
+func startProc(t *testing.T, p *clusterProc) {
+	t.Helper()
 	p.cmd.Stderr = &p.stderr
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
@@ -55,7 +63,6 @@ func startClusterEnv(t *testing.T, env []string, args ...string) *clusterProc {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	})
-	return p
 }
 
 func (p *clusterProc) line(t *testing.T, re string) string {
