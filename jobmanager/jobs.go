@@ -39,6 +39,13 @@ func DefaultRestartStrategy() runtime.RestartPolicy { return runtime.Exponential
 // bounds a slot request.
 const DefaultSlotTimeout = 60 * time.Second
 
+// submitCheckTimeout bounds a job type's Check at submit.
+const submitCheckTimeout = 10 * time.Second
+
+// ErrCheckFailed is wrapped by Submit's error when the job type's Check
+// refused the job (e.g. its brokers are unreachable).
+var ErrCheckFailed = errors.New("jobmanager: job refused by its check")
+
 // suspendWait bounds how long a stopping job manager waits for its jobs'
 // tasks to stop before it closes the task managers' sessions.
 const suspendWait = 15 * time.Second
@@ -240,10 +247,11 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 		return "", fmt.Errorf("%w: the job needs %d slots (its largest parallelism); the registered task managers offer %d",
 			ErrNotEnoughSlots, need, t)
 	}
-	if s.cfg.check != nil {
-		if err := s.cfg.check(ctx, jobType, params); err != nil {
-			return "", err
-		}
+	cctx, cancel := context.WithTimeout(ctx, submitCheckTimeout)
+	err = s.cfg.jobs.Check(cctx, jobType, params)
+	cancel()
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrCheckFailed, err)
 	}
 	id, err := NewJobID()
 	if err != nil {
@@ -347,7 +355,7 @@ func rpcError(err error) error {
 	switch {
 	case errors.Is(err, ErrJobNotFound):
 		c = codes.NotFound
-	case errors.Is(err, ErrNotEnoughSlots):
+	case errors.Is(err, ErrNotEnoughSlots), errors.Is(err, ErrCheckFailed):
 		c = codes.FailedPrecondition
 	case errors.Is(err, runtime.ErrUnknownJob), errors.Is(err, runtime.ErrBadParam), runtime.IsUnrecoverable(err):
 		c = codes.InvalidArgument

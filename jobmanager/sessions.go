@@ -58,7 +58,6 @@ type cfg struct {
 	jobs        *runtime.Registry
 	fp          runtime.Failpointer
 	slotTimeout time.Duration
-	check       func(ctx context.Context, jobType string, params map[string]string) error
 }
 
 // HeartbeatInterval sets how often the job manager heartbeats each task
@@ -88,13 +87,6 @@ func Failpoints(fp runtime.Failpointer) Opt { return optFunc(func(c *cfg) { c.fp
 // SlotTimeout sets how long an attempt waits for enough free slots before
 // it fails (default DefaultSlotTimeout).
 func SlotTimeout(d time.Duration) Opt { return optFunc(func(c *cfg) { c.slotTimeout = d }) }
-
-// SubmitCheck sets a check every submission must pass before the job is
-// recorded (e.g. that the job's brokers are reachable); its error is the
-// submission's answer.
-func SubmitCheck(fn func(ctx context.Context, jobType string, params map[string]string) error) Opt {
-	return optFunc(func(c *cfg) { c.check = fn })
-}
 
 // Server is the job manager: its gRPC service runs task-manager sessions
 // (registration, heartbeats both ways, death detection) and the client API

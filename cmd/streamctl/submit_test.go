@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,108 +15,29 @@ import (
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/internal/proctest"
 )
 
 // procCluster is a job manager and task managers, each a streamctl
 // process, against an in-process embedded broker.
 type procCluster struct {
-	t        *testing.T
-	bin      string
-	env      *kafkatest.Env
-	dataDir  string
-	jm       *clusterProc
-	jmAddr   string // fixed after the first start: a restarted job manager listens there again
-	httpAddr string
-	tms      map[string]*clusterProc
+	*proctest.Cluster
+	t   *testing.T
+	env *kafkatest.Env
 }
 
 func newProcCluster(t *testing.T, bin string, brokerOpts ...broker.Opt) *procCluster {
 	t.Helper()
-	c := &procCluster{t: t, bin: bin, env: kafkatest.New(t, brokerOpts...), dataDir: t.TempDir(), jmAddr: "127.0.0.1:0",
-		tms: map[string]*clusterProc{}}
-	c.startJM()
-	return c
+	env := kafkatest.New(t, brokerOpts...)
+	return &procCluster{Cluster: proctest.NewCluster(t, bin), t: t, env: env}
 }
 
-func (c *procCluster) start(args ...string) *clusterProc {
+// twoTMs starts task managers tm-a and tm-b of two slots each.
+func (c *procCluster) twoTMs() {
 	c.t.Helper()
-	p := &clusterProc{cmd: exec.Command(c.bin, args...), done: make(chan struct{}), out: make(chan string, 16)}
-	startProc(c.t, p)
-	return p
-}
-
-func (c *procCluster) startJM() {
-	c.t.Helper()
-	c.jm = c.start("jobmanager", "--listen", c.jmAddr, "--http", "127.0.0.1:0", "--data-dir", c.dataDir, "--log-format", "json")
-	c.jmAddr = c.jm.line(c.t, `^jobmanager listening on (\S+)$`)
-	c.httpAddr = c.jm.line(c.t, `^jobmanager http on (\S+)$`)
-}
-
-func (c *procCluster) startTM(id string, slots int) {
-	c.t.Helper()
-	c.tms[id] = c.start("taskmanager", "--jobmanager", c.jmAddr, "--slots", fmt.Sprint(slots), "--id", id, "--log-format", "json")
-}
-
-// waitTMs waits until the job manager lists exactly the task managers ids.
-func (c *procCluster) waitTMs(ids string) { waitTaskManagers(c.t, c.httpAddr, ids, 30*time.Second) }
-
-// streamctl runs one client command to completion.
-func (c *procCluster) streamctl(args ...string) (string, error) {
-	c.t.Helper()
-	cmd := exec.Command(c.bin, append(args, "--jobmanager", c.jmAddr)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("%v: %w: %s", args, err, errb.String())
-	}
-	return out.String(), nil
-}
-
-func (c *procCluster) submit(args ...string) string {
-	c.t.Helper()
-	out, err := c.streamctl(append([]string{"submit"}, args...)...)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return strings.TrimSpace(out)
-}
-
-type jobStatus struct {
-	ID                      string `json:"id"`
-	Name                    string `json:"name"`
-	State                   string `json:"state"`
-	Restarts                int    `json:"restarts"`
-	LastCompletedCheckpoint uint64 `json:"last_completed_checkpoint"`
-	Error                   string `json:"error"`
-}
-
-func (c *procCluster) status(id string) jobStatus {
-	c.t.Helper()
-	out, err := c.streamctl("status", id, "--output", "json")
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	var st jobStatus
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		c.t.Fatalf("status --output json: %v: %q", err, out)
-	}
-	return st
-}
-
-// waitStatus polls job id's status until ok accepts it.
-func (c *procCluster) waitStatus(id, what string, ok func(jobStatus) bool) jobStatus {
-	c.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		st := c.status(id)
-		if ok(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("job %s: no %s within 60s: %+v; job manager stderr:\n%s", id, what, st, c.jm.stderr.tail(60))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	c.StartTM("tm-a", 2)
+	c.StartTM("tm-b", 2)
+	c.WaitTMs("tm-a,tm-b")
 }
 
 // input produces lines to a topic; each line holds the unique word l<i>,
@@ -207,7 +126,7 @@ func (c *procCluster) waitOutput(ctx context.Context, topic string, n int) []*kg
 		}
 		select {
 		case <-ctx.Done():
-			c.t.Fatalf("%s did not reach %d records (have %d, %v); job manager stderr:\n%s", topic, n, len(recs), err, c.jm.stderr.tail(80))
+			c.t.Fatalf("%s did not reach %d records (have %d, %v); job manager stderr:\n%s", topic, n, len(recs), err, c.JM.Stderr.Tail(80))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -234,28 +153,6 @@ func (c *procCluster) verify(ctx context.Context, in, out string) (records int) 
 	return total
 }
 
-func (c *procCluster) kill(p *clusterProc) {
-	c.t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		c.t.Fatal(err)
-	}
-	<-p.done
-}
-
-// stop SIGTERMs p and checks it exits 0.
-func (c *procCluster) stop(p *clusterProc) {
-	c.t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		c.t.Fatalf("%v: no exit within 30s of SIGTERM; stderr:\n%s", p.cmd.Args, p.stderr.tail(40))
-	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		c.t.Fatalf("%v: exit code %d after SIGTERM; stderr:\n%s", p.cmd.Args, code, p.stderr.tail(40))
-	}
-}
-
 func wordcountArgs(brokers, group, in, out string) []string {
 	return []string{"wordcount", "--parallelism", "2", "--checkpoint-interval", "200ms",
 		"--set", "brokers=" + brokers, "--set", "group=" + group, "--set", "input=" + in, "--set", "output=" + out}
@@ -268,15 +165,13 @@ func TestSubmittedJobIsExactlyOnceAcrossATaskManagerSIGKILL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
-	c.startTM("tm-a", 2)
-	c.startTM("tm-b", 2)
-	c.waitTMs("tm-a,tm-b")
+	c.twoTMs()
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
-	id := c.submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
+	id := c.Submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
 	before := len(c.waitOutput(ctx, "counts", 600))
-	c.kill(c.tms["tm-a"])
-	st := c.waitStatus(id, "restart on the task manager left", func(s jobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })
+	c.TMs["tm-a"].Kill(t)
+	st := c.WaitStatus(id, "restart on the task manager left", func(s proctest.JobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })
 	c.waitOutput(ctx, "counts", before+300)
 	in.halt()
 	total := c.verify(ctx, "lines", "counts")
@@ -297,32 +192,30 @@ func TestSubmittedJobContinuesExactlyOnceAfterTheJobManagerIsSIGKILLed(t *testin
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
-	c.startTM("tm-a", 2)
-	c.startTM("tm-b", 2)
-	c.waitTMs("tm-a,tm-b")
+	c.twoTMs()
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
-	id := c.submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
+	id := c.Submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
 	before := len(c.waitOutput(ctx, "counts", 600))
-	c.kill(c.jm)
-	c.startJM()
-	c.waitTMs("tm-a,tm-b")
-	c.waitStatus(id, "resumed job", func(s jobStatus) bool { return s.State == "RUNNING" })
+	c.JM.Kill(t)
+	c.StartJM()
+	c.WaitTMs("tm-a,tm-b")
+	c.WaitStatus(id, "resumed job", func(s proctest.JobStatus) bool { return s.State == "RUNNING" })
 	c.waitOutput(ctx, "counts", before+300)
 	in.halt()
 	total := c.verify(ctx, "lines", "counts")
 	if before >= total {
 		t.Fatalf("all %d output records were committed before the kill", total)
 	}
-	if !strings.Contains(c.jm.stderr.tail(1<<20), "resuming job") {
-		t.Errorf("the restarted job manager did not log resuming the job; stderr:\n%s", c.jm.stderr.tail(40))
+	if !strings.Contains(c.JM.Stderr.Tail(1<<20), "resuming job") {
+		t.Errorf("the restarted job manager did not log resuming the job; stderr:\n%s", c.JM.Stderr.Tail(40))
 	}
-	list, err := c.streamctl("list", "--output", "json")
+	list, err := c.Run("list", "--output", "json")
 	if err != nil || !strings.Contains(list, id) {
 		t.Fatalf("list after the restart: %q, %v; want job %s", list, err, id)
 	}
-	for _, p := range []*clusterProc{c.tms["tm-a"], c.tms["tm-b"], c.jm} {
-		c.stop(p)
+	for _, p := range []*proctest.Proc{c.TMs["tm-a"], c.TMs["tm-b"], c.JM} {
+		p.Stop(t)
 	}
 	t.Logf("%d lines, %d of %d output records committed at the SIGKILL", in.n, before, total)
 }
@@ -349,23 +242,21 @@ func TestCancelLeavesNoOpenTransactionAndNoHeldShareRecord(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin, broker.Config("group.share.record.lock.duration.ms", "600000"))
-	c.startTM("tm-a", 2)
-	c.startTM("tm-b", 2)
-	c.waitTMs("tm-a,tm-b")
+	c.twoTMs()
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
 	// Checkpoints 1s apart: the cancel comes with up to a second of input
 	// read and not committed.
 	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
 	args = append(args, "--checkpoint-interval", "1s")
-	id := c.submit(args...)
+	id := c.Submit(args...)
 	c.waitOutput(ctx, "counts", 1000)
 	in.halt()
-	out, err := c.streamctl("cancel", id, "--output", "json")
+	out, err := c.Run("cancel", id, "--output", "json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st jobStatus
+	var st proctest.JobStatus
 	if err := json.Unmarshal([]byte(out), &st); err != nil || st.State != "CANCELED" {
 		t.Fatalf("cancel printed %q (%v), want state CANCELED", out, err)
 	}
@@ -436,4 +327,82 @@ func TestCancelLeavesNoOpenTransactionAndNoHeldShareRecord(t *testing.T) {
 			missing, in.n, len(done), len(got))
 	}
 	t.Logf("%d lines: %d committed by the job before the cancel, %d delivered to the next consumer", in.n, len(done), len(got))
+}
+
+// Two wordcount jobs with their own groups, inputs and outputs run at once
+// on one cluster (4 slots, 2 each): their transactional ids derive from
+// their job ids, so neither fences the other, and both count every word
+// 1..n, read_committed.
+func TestTwoWordcountJobsRunAtOnceBothExactlyOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	c := newProcCluster(t, streamctlBin)
+	c.twoTMs()
+	var ids []string
+	var ins []*input
+	for _, n := range []string{"1", "2"} {
+		in := newInput(t, ctx, c.env.Addr, "lines"+n, 300)
+		in.run(ctx)
+		ins = append(ins, in)
+		ids = append(ids, c.Submit(wordcountArgs(c.env.Addr, "wc"+n, "lines"+n, "counts"+n)...))
+	}
+	for _, n := range []string{"1", "2"} {
+		c.waitOutput(ctx, "counts"+n, 1500)
+	}
+	for _, in := range ins {
+		in.halt()
+	}
+	for i, n := range []string{"1", "2"} {
+		total := c.verify(ctx, "lines"+n, "counts"+n)
+		st := c.Status(ids[i])
+		if st.State != "RUNNING" || st.Restarts != 0 {
+			t.Errorf("job %s: %+v, want RUNNING without restarts", n, st)
+		}
+		t.Logf("job %s: %d lines, %d output records", n, ins[i].n, total)
+	}
+	// A job needing more slots than the cluster has is refused at submit.
+	args := append([]string{"submit"}, wordcountArgs(c.env.Addr, "wc3", "lines1", "counts3")...)
+	out, err := c.Run(append(args, "--parallelism", "5")...)
+	if err == nil || !strings.Contains(err.Error(), "needs 5 slots") {
+		t.Errorf("a job of parallelism 5 on 4 slots: %q, %v; want an error about slots", out, err)
+	}
+}
+
+// Bad submissions are refused with one clear error and leave no job behind.
+func TestSubmitRefusesBadInputWithAClearError(t *testing.T) {
+	c := newProcCluster(t, streamctlBin)
+	c.StartTM("tm-a", 2)
+	c.WaitTMs("tm-a")
+	ok := "brokers=" + c.env.Addr
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown job type", []string{"submit", "wordcont", "--set", ok}, `unknown job type "wordcont" (registered: wordcount)`},
+		{"unknown parameter", []string{"submit", "wordcount", "--set", ok, "--set", "ouput=x"}, `has no parameter "ouput"`},
+		{"bad parameter value", []string{"submit", "wordcount", "--set", ok, "--set", "guarantee=twice"}, `guarantee="twice", want one of`},
+		{"more slots than the cluster has", []string{"submit", "wordcount", "--set", ok, "--parallelism", "3"}, "needs 3 slots"},
+		{"unreachable broker", []string{"submit", "wordcount", "--set", "brokers=127.0.0.1:1"}, "brokers 127.0.0.1:1: sharegroup: brokers unreachable"},
+		{"bad restart strategy", []string{"submit", "wordcount", "--set", ok, "--restart-strategy", "sometimes"}, "--restart-strategy"},
+		{"bad checkpoint interval", []string{"submit", "wordcount", "--set", ok, "--checkpoint-interval", "0s"}, "--checkpoint-interval 0s must be positive"},
+		{"unknown job id", []string{"status", "0123"}, "no such job: 0123"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := c.Run(tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%v: stdout %q, error %v; want an error containing %q", tc.args, out, err, tc.want)
+			}
+			if out != "" {
+				t.Errorf("stdout %q, want nothing", out)
+			}
+		})
+	}
+	cmd := exec.Command(streamctlBin, "list", "--jobmanager", "127.0.0.1:1")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "job manager at 127.0.0.1:1 is unreachable") {
+		t.Errorf("list from an unreachable job manager: %q, %v", out, err)
+	}
+	if list, err := c.Run("list", "--output", "json"); err != nil || strings.TrimSpace(list) != "[]" {
+		t.Errorf("jobs after refused submissions: %q, %v; want none", list, err)
+	}
 }

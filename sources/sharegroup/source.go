@@ -1069,6 +1069,23 @@ func checkShareAPIs(ctx context.Context, cl *kgo.Client, log *zap.Logger) error 
 	return nil
 }
 
+// CheckBrokers checks that brokers are reachable and support share groups
+// at the versions the source needs (Apache Kafka 4.2+), as the source does
+// when it opens: a job manager runs it at submit (runtime.JobType.Check),
+// so a job that cannot run is refused with a clear error instead of
+// restarting. opts add kgo options (TLS, SASL).
+func CheckBrokers(ctx context.Context, brokers []string, opts ...kgo.Opt) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DisableClientMetrics()}, opts...)...)
+	if err != nil {
+		return fmt.Errorf("sharegroup: brokers %v: %w", brokers, err)
+	}
+	defer cl.Close()
+	if err := checkShareAPIs(ctx, cl, zap.NewNop()); err != nil {
+		return fmt.Errorf("brokers %s: %w", strings.Join(brokers, ","), err)
+	}
+	return nil
+}
+
 func (s *Source[T]) partitions(ctx context.Context) (int, error) {
 	md, err := kadm.NewClient(s.admin).Metadata(ctx, s.cfg.topics...)
 	if err != nil {
