@@ -59,6 +59,7 @@ func subcommands() []func(*app) *cobra.Command {
 	return []func(*app) *cobra.Command{
 		newBrokerCmd,
 		newBenchCmd,
+		newBenchTaskManagerCmd,
 		newCancelCmd,
 		newCheckpointsCmd,
 		newDemoCmd,

@@ -118,7 +118,11 @@ func (s *Server) resume() error {
 			continue
 		}
 		s.cfg.log.Info("resuming job", zap.String("job_id", r.ID), zap.String("job", r.Type), zap.String("state", string(r.State)))
-		if err := s.start(r); err != nil {
+		job, err := s.cfg.jobs.Build(r.Type, r.Params)
+		if err == nil {
+			err = s.start(r, job)
+		}
+		if err != nil {
 			r.State, r.Error = StateFailed, err.Error()
 			s.cfg.log.Error("job cannot resume", zap.String("job_id", r.ID), zap.Error(err))
 			if err := s.jobs.store.Put(r); err != nil {
@@ -145,12 +149,9 @@ func (s *Server) suspendAll() {
 	}
 }
 
-// start runs r's job master loop.
-func (s *Server) start(r JobRecord) error {
-	job, err := s.cfg.jobs.Build(r.Type, r.Params)
-	if err != nil {
-		return err
-	}
+// start runs the job master loop of r, whose graph is job.
+func (s *Server) start(r JobRecord, job *runtime.Job) error {
+	var err error
 	policy := DefaultRestartStrategy()
 	if r.RestartStrategy != "" {
 		if policy, err = runtime.ParseRestartStrategy(r.RestartStrategy); err != nil {
@@ -265,7 +266,7 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	if err := s.jobs.store.Put(r); err != nil {
 		return "", err
 	}
-	if err := s.start(r); err != nil {
+	if err := s.start(r, job); err != nil {
 		return "", err
 	}
 	s.cfg.log.Info("job submitted", zap.String("job_id", id), zap.String("job", jobType), zap.Any("params", params))
@@ -332,6 +333,11 @@ func (s *Server) latest(ctx context.Context, id string) checkpoint.ID {
 		}
 	}
 	return 0
+}
+
+// LatestCheckpoint returns job id's latest completed checkpoint.
+func (s *Server) LatestCheckpoint(ctx context.Context, id string) (checkpoint.Completed, error) {
+	return s.jobs.cps.Latest(ctx, id)
 }
 
 // Jobs lists every job the store holds, by id.
