@@ -38,8 +38,12 @@ type client struct {
 	cc   interface{ Close() error }
 }
 
-func dialJobManager(addr string) (*client, error) {
-	cc, err := rpc.Dial(addr)
+func dialJobManager(addr string, access *accessFlags) (*client, error) {
+	opts, err := access.dialOpts()
+	if err != nil {
+		return nil, err
+	}
+	cc, err := rpc.Dial(addr, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -55,6 +59,8 @@ func (c *client) explain(err error) error {
 		return err
 	}
 	switch st.Code() {
+	case codes.Unauthenticated:
+		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, st.Message())
 	case codes.Unavailable, codes.DeadlineExceeded:
 		return fmt.Errorf("%w at %s is unreachable (is `streamctl jobmanager` running there? set --jobmanager or %s): %s",
 			ErrJobManager, c.addr, envJobManager, st.Message())
@@ -74,10 +80,12 @@ func (c *client) call(ctx context.Context, fn func(ctx context.Context) error) e
 // clientCmd adds --jobmanager and --output to a client command.
 type clientCmd struct {
 	jm, output string
+	access     accessFlags
 }
 
 func (f *clientCmd) flags(cmd *cobra.Command, output bool) {
 	cmd.Flags().StringVar(&f.jm, "jobmanager", defaultJobManager(), "job manager address (default $"+envJobManager+" or 127.0.0.1:6123)")
+	f.access.add(cmd)
 	if output {
 		cmd.Flags().StringVarP(&f.output, "output", "o", "table", "table|json")
 	}
@@ -90,7 +98,7 @@ func (f *clientCmd) runE(a *app, fn func(ctx context.Context, cmd *cobra.Command
 		if f.output != "" && f.output != "table" && f.output != "json" {
 			return flagError(cmd, fmt.Errorf("invalid --output %q: want table or json", f.output))
 		}
-		c, err := dialJobManager(f.jm)
+		c, err := dialJobManager(f.jm, &f.access)
 		if err != nil {
 			return err
 		}
@@ -188,7 +196,7 @@ or was CANCELED.`,
 					return flagError(cmd, fmt.Errorf("--restart-strategy: %w", err))
 				}
 			}
-			c, err := dialJobManager(f.jm)
+			c, err := dialJobManager(f.jm, &f.access)
 			if err != nil {
 				return err
 			}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/jobmanager"
 	"github.com/weirstream/weir/taskmanager"
 )
@@ -30,7 +32,7 @@ func defaultJobManager() string {
 }
 
 func newJobManagerCmd(a *app) *cobra.Command {
-	var listen, httpAddr, dataDir string
+	var listen, httpAddr, dataDir, tokenFile, certFile, keyFile string
 	cmd := &cobra.Command{
 		Use:   "jobmanager [--listen 127.0.0.1:6123] [--http 127.0.0.1:8081] [--data-dir DIR]",
 		Short: "Run a job manager: schedules submitted jobs onto task managers and coordinates their checkpoints",
@@ -56,20 +58,50 @@ HOST:PORT" on stdout once it accepts connections, and stops cleanly on
 SIGINT/SIGTERM.`,
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
-			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, nil)
+			var sec jmSecurity
+			if tokenFile != "" {
+				var err error
+				if sec.token, err = rpc.ReadToken(tokenFile); err != nil {
+					return flagError(cmd, err)
+				}
+			}
+			if (certFile == "") != (keyFile == "") {
+				return flagError(cmd, errors.New("--tls-cert and --tls-key go together"))
+			}
+			if certFile != "" {
+				var err error
+				if sec.tls, err = rpc.ServerTLS(certFile, keyFile); err != nil {
+					return flagError(cmd, err)
+				}
+			}
+			for _, addr := range []string{listen, httpAddr} {
+				if err := rpc.CheckExposure(addr, sec.token); err != nil {
+					return flagError(cmd, err)
+				}
+			}
+			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil)
 		}),
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6123", "control-plane (gRPC) address")
 	cmd.Flags().StringVar(&httpAddr, "http", "127.0.0.1:8081", "HTTP address (GET /taskmanagers)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the job store and completed checkpoints (created; default: in memory)")
+	cmd.Flags().StringVar(&tokenFile, "auth-token-file", "", "file holding the token every RPC and HTTP request must carry (required beyond loopback)")
+	cmd.Flags().StringVar(&certFile, "tls-cert", "", "PEM certificate: serve RPC and HTTP over TLS (with --tls-key)")
+	cmd.Flags().StringVar(&keyFile, "tls-key", "", "PEM private key of --tls-cert")
 	return cmd
+}
+
+// jmSecurity is how a job manager guards its RPC and HTTP.
+type jmSecurity struct {
+	token string
+	tls   *tls.Config
 }
 
 // runJobManager serves a job manager until ctx is done: gRPC on listen,
 // HTTP on httpAddr, stores under dataDir ("" in memory). It prints the two
 // bound addresses on stdout once both accept connections, and then calls
 // ready (if not nil) with the control-plane address.
-func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAddr, dataDir string, ready func(addr string), opts ...jobmanager.Opt) error {
+func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAddr, dataDir string, sec jmSecurity, ready func(addr string)) error {
 	if dataDir != "" {
 		if err := os.MkdirAll(dataDir, 0o755); err != nil {
 			return fmt.Errorf("jobmanager: --data-dir: %w", err)
@@ -79,8 +111,8 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 	if err != nil {
 		return err
 	}
-	srv, err := jobmanager.New(append([]jobmanager.Opt{jobmanager.Logger(log), jobmanager.DataDir(dataDir), jobmanager.Jobs(a.reg),
-		jobmanager.Failpoints(fp)}, opts...)...)
+	srv, err := jobmanager.New(jobmanager.Logger(log), jobmanager.DataDir(dataDir), jobmanager.Jobs(a.reg),
+		jobmanager.Failpoints(fp), jobmanager.AuthToken(sec.token), jobmanager.TLS(sec.tls))
 	if err != nil {
 		return err
 	}
@@ -111,8 +143,14 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(out)
 	})
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = hs.Serve(hl) }()
+	hs := &http.Server{Handler: rpc.RequireToken(sec.token, mux), ReadHeaderTimeout: 5 * time.Second, TLSConfig: sec.tls}
+	go func() {
+		if sec.tls != nil {
+			_ = hs.ServeTLS(hl, "", "")
+		} else {
+			_ = hs.Serve(hl)
+		}
+	}()
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -129,6 +167,7 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 
 func newTaskManagerCmd(a *app) *cobra.Command {
 	var jm, dataDir, id, dataHost string
+	var access accessFlags
 	var slots int
 	cmd := &cobra.Command{
 		Use:   "taskmanager [--jobmanager 127.0.0.1:6123] [--slots 2] [--data-dir DIR]",
@@ -159,8 +198,17 @@ SIGINT/SIGTERM.`,
 			if err != nil {
 				return err
 			}
-			err = taskmanager.Run(cmd.Context(), jm, taskmanager.ID(id), taskmanager.Slots(slots), taskmanager.Logger(log),
-				taskmanager.Jobs(a.reg), taskmanager.DataHost(dataHost), taskmanager.Failpoints(fp))
+			opts := []taskmanager.Opt{taskmanager.ID(id), taskmanager.Slots(slots), taskmanager.Logger(log),
+				taskmanager.Jobs(a.reg), taskmanager.DataHost(dataHost), taskmanager.Failpoints(fp)}
+			token, tlsCfg, err := access.load()
+			if err != nil {
+				return err
+			}
+			opts = append(opts, taskmanager.AuthToken(token))
+			if tlsCfg != nil {
+				opts = append(opts, taskmanager.TLS(tlsCfg))
+			}
+			err = taskmanager.Run(cmd.Context(), jm, opts...)
 			if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
 				return nil
 			}
@@ -171,6 +219,7 @@ SIGINT/SIGTERM.`,
 	cmd.Flags().IntVar(&slots, "slots", 2, "slots offered to the job manager")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the task manager's state (created; nothing is stored in it yet)")
 	cmd.Flags().StringVar(&dataHost, "data-host", "127.0.0.1", "host the other task managers reach this one's data plane on")
+	access.add(cmd)
 	cmd.Flags().StringVar(&id, "id", "", "task manager id (default HOST-PID)")
 	return cmd
 }

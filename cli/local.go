@@ -12,6 +12,7 @@ import (
 
 	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/taskmanager"
 )
 
@@ -43,6 +44,11 @@ cancelled).`,
 			if slots < 1 {
 				return flagError(cmd, fmt.Errorf("--slots %d must be at least 1", slots))
 			}
+			for _, addr := range []string{listen, httpAddr} {
+				if err := rpc.CheckExposure(addr, ""); err != nil {
+					return flagError(cmd, fmt.Errorf("local runs on loopback only: %w", err))
+				}
+			}
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			if brokerAddr == "embedded" {
@@ -72,7 +78,7 @@ cancelled).`,
 			defer cancel()
 			jmDone := make(chan error, 1)
 			go func() {
-				jmDone <- a.runJobManager(ctx, log.Named("jobmanager"), listen, httpAddr, jmDir, func(addr string) { addrs <- addr })
+				jmDone <- a.runJobManager(ctx, log.Named("jobmanager"), listen, httpAddr, jmDir, jmSecurity{}, func(addr string) { addrs <- addr })
 			}()
 			var jmAddr string
 			select {

@@ -2,6 +2,7 @@ package jobmanager
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -58,6 +59,8 @@ type cfg struct {
 	jobs        *runtime.Registry
 	fp          runtime.Failpointer
 	slotTimeout time.Duration
+	tls         *tls.Config
+	token       string
 }
 
 // HeartbeatInterval sets how often the job manager heartbeats each task
@@ -83,6 +86,13 @@ func Jobs(r *runtime.Registry) Opt { return optFunc(func(c *cfg) { c.jobs = r })
 // Failpoints injects faults into the job master loop of every job (the
 // checkpoint driver's jm.* failpoints; nil: none).
 func Failpoints(fp runtime.Failpointer) Opt { return optFunc(func(c *cfg) { c.fp = fp }) }
+
+// TLS serves the control plane over TLS with t (default: plaintext).
+func TLS(t *tls.Config) Opt { return optFunc(func(c *cfg) { c.tls = t }) }
+
+// AuthToken requires token on every call (default: none; a job manager
+// bound beyond loopback must have one, see rpc.CheckExposure).
+func AuthToken(token string) Opt { return optFunc(func(c *cfg) { c.token = token }) }
 
 // SlotTimeout sets how long an attempt waits for enough free slots before
 // it fails (default DefaultSlotTimeout).
@@ -132,7 +142,7 @@ func (s *Server) Close() error { return s.jobs.close() }
 // the store holds, until ctx is done; then it suspends the jobs (for the
 // next job manager on the same data directory to resume) and stops.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(rpc.ServerOptions(s.cfg.tls, s.cfg.token)...)
 	weirpb.RegisterJobManagerServer(gs, s)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()

@@ -2,6 +2,7 @@ package taskmanager
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"sync"
@@ -31,6 +32,7 @@ type cfg struct {
 	onRegistered func(session uint64)
 	jobs         *runtime.Registry
 	fp           runtime.Failpointer
+	dial         []rpc.DialOpt
 }
 
 // ID sets the task manager's id (default "tm").
@@ -53,6 +55,17 @@ func CreditWindow(n int) Opt { return optFunc(func(c *cfg) { c.window = n }) }
 // tasks by job type name and parameters, and every node must register the
 // same types (run the same binary).
 func Jobs(r *runtime.Registry) Opt { return optFunc(func(c *cfg) { c.jobs = r }) }
+
+// TLS dials the job manager over TLS with t (default: plaintext).
+func TLS(t *tls.Config) Opt {
+	return optFunc(func(c *cfg) { c.dial = append(c.dial, rpc.WithTLS(t)) })
+}
+
+// AuthToken sends token with every call to the job manager (its
+// --auth-token-file).
+func AuthToken(token string) Opt {
+	return optFunc(func(c *cfg) { c.dial = append(c.dial, rpc.WithToken(token)) })
+}
 
 // Failpoints injects faults into the tasks the task manager runs (nil:
 // none).
@@ -87,7 +100,7 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 	if c.jobs == nil {
 		c.jobs = runtime.NewRegistry()
 	}
-	cc, err := rpc.Dial(addr)
+	cc, err := rpc.Dial(addr, c.dial...)
 	if err != nil {
 		return fmt.Errorf("taskmanager: %w", err)
 	}
