@@ -119,11 +119,13 @@ type jobJSON struct {
 	Submitted               string            `json:"submitted,omitempty"`
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
 	RestartStrategy         string            `json:"restart_strategy,omitempty"`
+	RestoredFromCheckpoint  uint64            `json:"restored_from_checkpoint"`
 }
 
 func toJobJSON(s *weirpb.JobStatus) jobJSON {
 	j := jobJSON{ID: s.Id, Name: s.Name, State: s.State, Restarts: s.Restarts, LastCompletedCheckpoint: s.LastCompletedCheckpoint,
-		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, RestartStrategy: s.RestartStrategy}
+		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, RestartStrategy: s.RestartStrategy,
+		RestoredFromCheckpoint: s.RestoredFromCheckpoint}
 	if j.Params == nil {
 		j.Params = map[string]string{}
 	}

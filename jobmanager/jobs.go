@@ -67,9 +67,10 @@ type runningJob struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu   sync.Mutex
-	rec  JobRecord
-	last checkpoint.ID
+	mu       sync.Mutex
+	rec      JobRecord
+	last     checkpoint.ID
+	restored checkpoint.ID // what the current attempt restored
 }
 
 func (j *runningJob) record() (JobRecord, checkpoint.ID) {
@@ -77,6 +78,7 @@ func (j *runningJob) record() (JobRecord, checkpoint.ID) {
 	defer j.mu.Unlock()
 	r := j.rec
 	r.Params = maps.Clone(r.Params)
+	r.RestoredFrom = j.restored
 	return r, j.last
 }
 
@@ -173,6 +175,11 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 		runtime.OnCheckpointComplete(func(e runtime.CheckpointEvent) {
 			rj.mu.Lock()
 			rj.last = e.ID
+			rj.mu.Unlock()
+		}),
+		runtime.OnRestore(func(_ int, from checkpoint.ID) {
+			rj.mu.Lock()
+			rj.restored = from
 			rj.mu.Unlock()
 		}),
 		runtime.OnRestart(func(int, error) {
@@ -399,7 +406,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*
 func toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
 	return &weirpb.JobStatus{Id: r.ID, Name: r.Type, State: string(r.State), Restarts: int32(r.Restarts),
 		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
-		RestartStrategy: r.RestartStrategy, CheckpointIntervalMs: r.CheckpointIntervalMs}
+		RestartStrategy: r.RestartStrategy, CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom)}
 }
 
 // ListJobs implements weirpb.JobManagerServer.

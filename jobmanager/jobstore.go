@@ -10,6 +10,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/weirstream/weir/checkpoint"
 )
 
 // JobState is a job's lifecycle state as streamctl status shows it.
@@ -38,6 +40,9 @@ type JobRecord struct {
 	State                JobState          `json:"state"`
 	Restarts             int               `json:"restarts"`
 	Error                string            `json:"error,omitempty"`
+	// RestoredFrom is the checkpoint the running attempt restored (not
+	// stored: it is known while the job runs).
+	RestoredFrom checkpoint.ID `json:"-"`
 }
 
 // ErrJobNotFound is returned for a job id the store does not hold.

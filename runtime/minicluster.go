@@ -76,6 +76,7 @@ type clusterCfg struct {
 	deployer          Deployer
 	suspend           context.Context
 	onRestart         func(restarts int, err error)
+	onRestore         func(attempt int, from checkpoint.ID)
 }
 
 // Defaults of BatchSize and ChannelCapacity.
@@ -212,6 +213,12 @@ func OnRestart(fn func(restarts int, err error)) ClusterOpt {
 	return func(c *clusterCfg) { c.onRestart = fn }
 }
 
+// OnRestore calls fn before each attempt deploys its tasks, with the
+// completed checkpoint it restores (0: none). fn must return quickly.
+func OnRestore(fn func(attempt int, from checkpoint.ID)) ClusterOpt {
+	return func(c *clusterCfg) { c.onRestore = fn }
+}
+
 // Failpoints injects faults into every operator and the checkpoint driver.
 func Failpoints(fp Failpointer) ClusterOpt {
 	return func(c *clusterCfg) {
@@ -299,6 +306,9 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		if restore.From > 0 {
 			cfg.log.Info("restoring from checkpoint", zap.String("job", cfg.jobID), zap.Uint64("checkpoint", uint64(restore.From)),
 				zap.Int("attempt", attempt), zap.Int("transactions_to_commit", restore.handleCount()))
+		}
+		if cfg.onRestore != nil {
+			cfg.onRestore(attempt, restore.From)
 		}
 		a := newAttempt(cfg, p, store, attempt, pending)
 		a.cause = cause

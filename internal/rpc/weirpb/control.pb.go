@@ -1943,8 +1943,11 @@ type JobStatus struct {
 	SubmittedUnixMs         int64                  `protobuf:"varint,8,opt,name=submitted_unix_ms,json=submittedUnixMs,proto3" json:"submitted_unix_ms,omitempty"`
 	RestartStrategy         string                 `protobuf:"bytes,9,opt,name=restart_strategy,json=restartStrategy,proto3" json:"restart_strategy,omitempty"`
 	CheckpointIntervalMs    int64                  `protobuf:"varint,10,opt,name=checkpoint_interval_ms,json=checkpointIntervalMs,proto3" json:"checkpoint_interval_ms,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// restored_from_checkpoint is the checkpoint the job's current attempt
+	// restored (0: none).
+	RestoredFromCheckpoint uint64 `protobuf:"varint,11,opt,name=restored_from_checkpoint,json=restoredFromCheckpoint,proto3" json:"restored_from_checkpoint,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *JobStatus) Reset() {
@@ -2043,6 +2046,13 @@ func (x *JobStatus) GetRestartStrategy() string {
 func (x *JobStatus) GetCheckpointIntervalMs() int64 {
 	if x != nil {
 		return x.CheckpointIntervalMs
+	}
+	return 0
+}
+
+func (x *JobStatus) GetRestoredFromCheckpoint() uint64 {
+	if x != nil {
+		return x.RestoredFromCheckpoint
 	}
 	return 0
 }
@@ -2383,7 +2393,7 @@ const file_control_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\")\n" +
 	"\x10CancelJobRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xb7\x03\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xf1\x03\n" +
 	"\tJobStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -2395,7 +2405,8 @@ const file_control_proto_rawDesc = "" +
 	"\x11submitted_unix_ms\x18\b \x01(\x03R\x0fsubmittedUnixMs\x12)\n" +
 	"\x10restart_strategy\x18\t \x01(\tR\x0frestartStrategy\x124\n" +
 	"\x16checkpoint_interval_ms\x18\n" +
-	" \x01(\x03R\x14checkpointIntervalMs\x1a9\n" +
+	" \x01(\x03R\x14checkpointIntervalMs\x128\n" +
+	"\x18restored_from_checkpoint\x18\v \x01(\x04R\x16restoredFromCheckpoint\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"/\n" +
