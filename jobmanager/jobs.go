@@ -170,7 +170,7 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 	d.onStart = func() { s.setState(rj, StateRunning, nil) }
 	interval := time.Duration(r.CheckpointIntervalMs) * time.Millisecond
 	mc := runtime.NewMiniCluster(runtime.Deployment(d), runtime.CheckpointStore(s.jobs.cps), runtime.JobID(r.ID),
-		runtime.CheckpointInterval(interval), runtime.RestartStrategy(policy), runtime.Logger(log),
+		runtime.CheckpointInterval(interval), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
 		runtime.Failpoints(s.cfg.fp), runtime.SuspendWith(s.jobs.ctx),
 		runtime.OnCheckpointComplete(func(e runtime.CheckpointEvent) {
 			rj.mu.Lock()

@@ -269,6 +269,7 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	}()
 	select {
 	case err = <-recvErr:
+		err = fmt.Errorf("connection closed: %w", err)
 		cancel(err)
 	case <-ctx.Done():
 		err = context.Cause(ctx)
