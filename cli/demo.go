@@ -38,7 +38,7 @@ and exits 1. WEIR_FAILPOINTS is passed on to the processes.`,
 			if err != nil {
 				return err
 			}
-			cfg.Exe, cfg.Stderr = exe, a.stderrSink()
+			cfg.Exe, cfg.Stderr, cfg.LogFormat = exe, a.stderrSink(), a.logFormat
 			cfg.Progress = a.progress(log).Update
 			return demo.Run(cmd.Context(), a.stdout, cfg)
 		}),

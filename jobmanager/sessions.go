@@ -273,6 +273,9 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 		cancel(err)
 	case <-ctx.Done():
 		err = context.Cause(ctx)
+		if errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("connection closed: %w", err)
+		}
 	}
 	wg.Wait()
 	ss.end(fmt.Errorf("%w: %s: %w", ErrTaskManagerLost, tm.ID, err))

@@ -56,8 +56,9 @@ type Config struct {
 	Failpoints string
 	Logger     *zap.Logger // nil: no logs
 	// Stderr receives the processes' logs (warnings and errors; nil:
-	// discarded).
-	Stderr io.Writer
+	// discarded), in LogFormat (console or json; "": console).
+	Stderr    io.Writer
+	LogFormat string
 	// Progress, when set, is called every progressEvery while the job runs
 	// with a one-line status, and with "" before the next result line is
 	// printed (so a live line can be cleared). It must not block.
@@ -101,7 +102,11 @@ type proc struct {
 
 // start runs cfg.Exe args as the process name.
 func (cfg Config) start(name string, args ...string) (*proc, error) {
-	p := &proc{name: name, cmd: exec.Command(cfg.Exe, append(args, "--log-level", "warn")...),
+	format := cfg.LogFormat
+	if format == "" {
+		format = "console"
+	}
+	p := &proc{name: name, cmd: exec.Command(cfg.Exe, append(args, "--log-level", "warn", "--log-format", format)...),
 		lines: make(chan string, 8), done: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), failpoint.EnvVar+"="+cfg.Failpoints)
 	p.cmd.Stderr = cfg.Stderr
@@ -311,7 +316,7 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 				progress("")
 				tms[0].kill()
 				killed, before = true, len(recs)
-				fmt.Fprintf(w, "SIGKILLed task manager demo-tm-1 with %d of %d output records committed (checkpoint %d completed)\n",
+				fmt.Fprintf(w, "SIGKILLed task manager demo-tm-1 with %d of %d output records already committed (checkpoint %d completed)\n",
 					before, total, st.LastCompletedCheckpoint)
 				if err := awaitRestart(ctx, jmc, id, w); err != nil {
 					return err

@@ -68,7 +68,7 @@ func TestDemoVerifiesExactlyOnceAfterATaskManagerIsKilled(t *testing.T) {
 			t.Fatalf("demo output lacks %q:\n%s", want, s)
 		}
 	}
-	m := regexp.MustCompile(`with (\d+) of (\d+) output records committed`).FindStringSubmatch(s)
+	m := regexp.MustCompile(`with (\d+) of (\d+) output records already committed`).FindStringSubmatch(s)
 	if m == nil || m[1] == "0" || m[1] == m[2] {
 		t.Fatalf("the kill came with %v output records committed: want some, not all:\n%s", m, s)
 	}
