@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -56,7 +57,8 @@ type Config struct {
 	Failpoints string
 	Logger     *zap.Logger // nil: no logs
 	// Stderr receives the processes' logs (warnings and errors; nil:
-	// discarded), in LogFormat (console or json; "": console).
+	// discarded), in LogFormat (console or json; "": console). Run
+	// serialises the processes' writes to it.
 	Stderr    io.Writer
 	LogFormat string
 	// Progress, when set, is called every progressEvery while the job runs
@@ -169,6 +171,11 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Stderr != nil {
+		// The processes write their logs concurrently, each from its own
+		// copying goroutine in os/exec: one lock serialises them.
+		cfg.Stderr = zapcore.Lock(zapcore.AddSync(cfg.Stderr))
 	}
 	progress := cfg.Progress
 	if progress == nil {
