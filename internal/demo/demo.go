@@ -12,10 +12,12 @@ package demo
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
@@ -93,6 +95,41 @@ func (cfg Config) validate() error {
 
 // progressEvery is how often Run passes its status to Config.Progress.
 const progressEvery = 250 * time.Millisecond
+
+// awaitTaskManagers polls the job manager's GET /taskmanagers until n
+// task managers are registered.
+func awaitTaskManagers(ctx context.Context, httpAddr string, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	hc := &http.Client{}
+	defer hc.CloseIdleConnections()
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/taskmanagers", nil)
+		if err != nil {
+			return err
+		}
+		var got []json.RawMessage
+		resp, err := hc.Do(req)
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&got)
+			resp.Body.Close()
+		}
+		switch {
+		case err != nil:
+			last = err
+		case len(got) >= n:
+			return nil
+		default:
+			last = fmt.Errorf("%d of %d registered", len(got), n)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("demo: task managers did not register: %w", last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
 
 // proc is one process of the demo's cluster.
 type proc struct {
@@ -217,7 +254,8 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	if _, err := jm.line(`^jobmanager http on (\S+)$`); err != nil {
+	jmHTTP, err := jm.line(`^jobmanager http on (\S+)$`)
+	if err != nil {
 		return err
 	}
 	var tms []*proc
@@ -227,6 +265,11 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 			return err
 		}
 		tms = append(tms, tm)
+	}
+	// Both task managers register before the submit, so the job's two
+	// subtasks are spread over them and the kill below hits one.
+	if err := awaitTaskManagers(ctx, jmHTTP, len(tms)); err != nil {
+		return err
 	}
 	fmt.Fprintf(w, "job manager (process %d) on %s, task managers demo-tm-1 (process %d) and demo-tm-2 (process %d), 2 slots each\n",
 		jm.cmd.Process.Pid, jmAddr, tms[0].cmd.Process.Pid, tms[1].cmd.Process.Pid)
