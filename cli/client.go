@@ -120,12 +120,14 @@ type jobJSON struct {
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
 	RestartStrategy         string            `json:"restart_strategy,omitempty"`
 	RestoredFromCheckpoint  uint64            `json:"restored_from_checkpoint"`
+	RecordsIn               int64             `json:"records_in"`
+	RecordsOut              int64             `json:"records_out"`
 }
 
 func toJobJSON(s *weirpb.JobStatus) jobJSON {
 	j := jobJSON{ID: s.Id, Name: s.Name, State: s.State, Restarts: s.Restarts, LastCompletedCheckpoint: s.LastCompletedCheckpoint,
 		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, RestartStrategy: s.RestartStrategy,
-		RestoredFromCheckpoint: s.RestoredFromCheckpoint}
+		RestoredFromCheckpoint: s.RestoredFromCheckpoint, RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut}
 	if j.Params == nil {
 		j.Params = map[string]string{}
 	}
@@ -154,9 +156,10 @@ func printJobs(w io.Writer, output string, jobs []*weirpb.JobStatus, one bool) e
 		return printJSON(w, out)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tRESTARTS\tLAST CHECKPOINT\tERROR")
+	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tRESTARTS\tLAST CHECKPOINT\tRECORDS IN\tRECORDS OUT\tERROR")
 	for _, j := range jobs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", j.Id, j.Name, j.State, j.Restarts, j.LastCompletedCheckpoint, j.Error)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", j.Id, j.Name, j.State, j.Restarts, j.LastCompletedCheckpoint,
+			j.RecordsIn, j.RecordsOut, j.Error)
 	}
 	return tw.Flush()
 }
@@ -185,7 +188,8 @@ id, so two jobs of one type never fence each other.
   failure-rate:max-failures=3,interval=1m,delay=1s
 
 --wait follows the job until it ends, with a progress line on stderr (state,
-restarts, last completed checkpoint), and exits non-zero unless it FINISHED
+restarts, last completed checkpoint, records in and out of the current
+attempt), and exits non-zero unless it FINISHED
 or was CANCELED.`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
@@ -244,7 +248,8 @@ func (a *app) follow(ctx context.Context, c *client, id string, log *zap.Logger)
 			}
 			return err
 		}
-		pl.Update(fmt.Sprintf("job %s: %s, %d restarts, last completed checkpoint %d", id, st.State, st.Restarts, st.LastCompletedCheckpoint))
+		pl.Update(fmt.Sprintf("job %s: %s, %d restarts, last completed checkpoint %d, records in %d, out %d (this attempt)",
+			id, st.State, st.Restarts, st.LastCompletedCheckpoint, st.RecordsIn, st.RecordsOut))
 		switch st.State {
 		case "FINISHED", "CANCELED":
 			pl.Update("")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -64,6 +65,14 @@ type share struct {
 	endOnce  sync.Once
 	ended    chan struct{}
 	finished bool
+
+	in, out atomic.Int64 // records, as of the task manager's last heartbeat
+}
+
+// Counts implements runtime.Deployed: the counts the task manager's last
+// heartbeat reported for this share.
+func (sh *share) Counts() runtime.RecordCounts {
+	return runtime.RecordCounts{In: sh.in.Load(), Out: sh.out.Load()}
 }
 
 func (sh *share) send(m *weirpb.JobManagerMessage) error {
@@ -172,8 +181,18 @@ func (ss *session) handle(m *weirpb.TaskManagerMessage) {
 		job, attempt = v.Failed.JobId, v.Failed.Attempt
 	case *weirpb.TaskManagerMessage_RequestCheckpoint:
 		job, attempt = v.RequestCheckpoint.JobId, v.RequestCheckpoint.Attempt
+	case *weirpb.TaskManagerMessage_Heartbeat:
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		for _, c := range v.Heartbeat.Counts {
+			if sh := ss.shares[shareKey{c.JobId, c.Attempt}]; sh != nil {
+				sh.in.Store(c.RecordsIn)
+				sh.out.Store(c.RecordsOut)
+			}
+		}
+		return
 	default:
-		return // heartbeats
+		return
 	}
 	ss.mu.Lock()
 	sh := ss.shares[shareKey{job, attempt}]
@@ -268,7 +287,7 @@ type deployer struct {
 	job     *runtime.Job
 	slots   [][]checkpoint.TaskID // tasks per slot
 	log     *zap.Logger
-	onStart func() // each deployed attempt
+	onStart func(runtime.Deployed) // each deployed attempt
 }
 
 func newDeployer(s *Server, rec JobRecord, job *runtime.Job, log *zap.Logger) (*deployer, error) {
@@ -367,7 +386,7 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 	sort.Strings(placed)
 	d.log.Info("attempt deployed", zap.Int("attempt", spec.Attempt), zap.Int("slots", len(d.slots)), zap.Strings("tasks_per_task_manager", placed))
 	if d.onStart != nil {
-		d.onStart()
+		d.onStart(rd)
 	}
 	return rd, nil
 }

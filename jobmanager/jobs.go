@@ -70,7 +70,8 @@ type runningJob struct {
 	mu       sync.Mutex
 	rec      JobRecord
 	last     checkpoint.ID
-	restored checkpoint.ID // what the current attempt restored
+	restored checkpoint.ID    // what the current attempt restored
+	current  runtime.Deployed // the current attempt (nil before the first)
 }
 
 func (j *runningJob) record() (JobRecord, checkpoint.ID) {
@@ -79,6 +80,9 @@ func (j *runningJob) record() (JobRecord, checkpoint.ID) {
 	r := j.rec
 	r.Params = maps.Clone(r.Params)
 	r.RestoredFrom = j.restored
+	if j.current != nil {
+		r.Records = j.current.Counts()
+	}
 	return r, j.last
 }
 
@@ -167,7 +171,12 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rj := &runningJob{cancel: cancel, done: make(chan struct{}), rec: r}
-	d.onStart = func() { s.setState(rj, StateRunning, nil) }
+	d.onStart = func(dep runtime.Deployed) {
+		rj.mu.Lock()
+		rj.current = dep
+		rj.mu.Unlock()
+		s.setState(rj, StateRunning, nil)
+	}
 	interval := time.Duration(r.CheckpointIntervalMs) * time.Millisecond
 	mc := runtime.NewMiniCluster(runtime.Deployment(d), runtime.CheckpointStore(s.jobs.cps), runtime.JobID(r.ID),
 		runtime.CheckpointInterval(interval), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
@@ -406,7 +415,8 @@ func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*
 func toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
 	return &weirpb.JobStatus{Id: r.ID, Name: r.Type, State: string(r.State), Restarts: int32(r.Restarts),
 		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
-		RestartStrategy: r.RestartStrategy, CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom)}
+		RestartStrategy: r.RestartStrategy, CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
+		RecordsIn: r.Records.In, RecordsOut: r.Records.Out}
 }
 
 // ListJobs implements weirpb.JobManagerServer.

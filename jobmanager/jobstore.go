@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/runtime"
 )
 
 // JobState is a job's lifecycle state as streamctl status shows it.
@@ -43,6 +44,9 @@ type JobRecord struct {
 	// RestoredFrom is the checkpoint the running attempt restored (not
 	// stored: it is known while the job runs).
 	RestoredFrom checkpoint.ID `json:"-"`
+	// Records are what the running attempt's sources emitted and its sinks
+	// wrote, as of the task managers' last heartbeats (not stored).
+	Records runtime.RecordCounts `json:"-"`
 }
 
 // ErrJobNotFound is returned for a job id the store does not hold.

@@ -165,7 +165,7 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 		defer wg.Done()
 		cancel(rpc.Every(ctx, interval, func() error {
 			return send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Heartbeat{Heartbeat: &weirpb.Heartbeat{
-				SentUnixMs: time.Now().UnixMilli()}}})
+				SentUnixMs: time.Now().UnixMilli(), Counts: tasks.counts()}}})
 		}))
 	}()
 	go func() {

@@ -82,6 +82,25 @@ func (ds *deployments) handle(m *weirpb.JobManagerMessage) {
 	}
 }
 
+// counts are the record counts of the deployments built so far, for a
+// heartbeat.
+func (ds *deployments) counts() []*weirpb.DeploymentCounts {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	var out []*weirpb.DeploymentCounts
+	for k, d := range ds.deps {
+		d.mu.Lock()
+		dep := d.dep
+		d.mu.Unlock()
+		if dep == nil {
+			continue
+		}
+		n := dep.Counts()
+		out = append(out, &weirpb.DeploymentCounts{JobId: k.job, Attempt: k.attempt, RecordsIn: n.In, RecordsOut: n.Out})
+	}
+	return out
+}
+
 func (ds *deployments) get(job string, attempt int32) *deployment {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
