@@ -62,7 +62,7 @@ type clusterCfg struct {
 	timeout           time.Duration
 	minPause          time.Duration
 	tolerable         int
-	store             *checkpoint.Store
+	store             CheckpointStorage
 	storeDir          string
 	restart           RestartPolicy
 	batchSize         int
@@ -154,8 +154,27 @@ func MinPause(d time.Duration) ClusterOpt { return func(c *clusterCfg) { c.minPa
 // for a tolerance for it is refused when the job starts.
 func TolerableCheckpointFailures(n int) ClusterOpt { return func(c *clusterCfg) { c.tolerable = n } }
 
+// CheckpointStorage is where a job master keeps its completed checkpoints
+// and finds the one to restore from. checkpoint.Store (pebble, local disk)
+// implements it; a remote store (an object store, say) would implement the
+// same three contracts (docs/architecture.md, "Checkpoint storage").
+type CheckpointStorage interface {
+	// Persister hands out ids and saves completed checkpoints (Save is the
+	// commit point).
+	checkpoint.Persister
+	// LatestUsable returns the newest completed checkpoint of job that
+	// verifies, and the newer ones it skipped (checkpoint.Store.LatestUsable).
+	LatestUsable(ctx context.Context, job string) (checkpoint.Completed, []checkpoint.Skipped, error)
+	// Reopen makes the storage usable again after a Save whose outcome is
+	// unknown, so that what it holds decides the restore; it does nothing
+	// on healthy storage.
+	Reopen() error
+}
+
+var _ CheckpointStorage = (*checkpoint.Store)(nil)
+
 // CheckpointStore stores checkpoints in s (the caller closes it).
-func CheckpointStore(s *checkpoint.Store) ClusterOpt { return func(c *clusterCfg) { c.store = s } }
+func CheckpointStore(s CheckpointStorage) ClusterOpt { return func(c *clusterCfg) { c.store = s } }
 
 // CheckpointDir stores checkpoints in a pebble store at dir. Without
 // CheckpointStore or CheckpointDir, checkpoints live in an in-memory pebble
@@ -281,10 +300,12 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		if dir == "" {
 			dir, opts = "checkpoints", append(opts, checkpoint.WithFS(vfs.NewMem()))
 		}
-		if store, err = checkpoint.OpenStore(dir, opts...); err != nil {
+		owned, err := checkpoint.OpenStore(dir, opts...)
+		if err != nil {
 			return Result{}, fmt.Errorf("runtime: open checkpoint store: %w", err)
 		}
-		defer store.Close()
+		defer owned.Close()
+		store = owned
 	}
 	var res Result
 	pending := newPendingHandles()
@@ -364,7 +385,7 @@ func (c *clusterCfg) suspended() <-chan struct{} {
 
 // loadRestore reads the latest usable checkpoint and assigns its state and
 // transaction handles to the operators of p (AssignState).
-func (m *MiniCluster) loadRestore(ctx context.Context, store *checkpoint.Store, job string, p *plan, pending *pendingHandles) (*StateAssignment, error) {
+func (m *MiniCluster) loadRestore(ctx context.Context, store CheckpointStorage, job string, p *plan, pending *pendingHandles) (*StateAssignment, error) {
 	c, skipped, err := store.LatestUsable(ctx, job)
 	if errors.Is(err, checkpoint.ErrNotFound) && len(skipped) == 0 {
 		return &StateAssignment{Subtasks: map[OperatorSubtask]*SubtaskState{}}, nil
@@ -424,7 +445,7 @@ type attempt struct {
 	cfg      clusterCfg
 	p        *plan
 	deployer Deployer
-	store    *checkpoint.Store
+	store    CheckpointStorage
 	n        int
 	pending  *pendingHandles
 
@@ -442,7 +463,7 @@ type attempt struct {
 	fail      func(error)
 }
 
-func newAttempt(cfg clusterCfg, p *plan, store *checkpoint.Store, n int, pending *pendingHandles) *attempt {
+func newAttempt(cfg clusterCfg, p *plan, store CheckpointStorage, n int, pending *pendingHandles) *attempt {
 	d := cfg.deployer
 	if d == nil {
 		d = localDeployer{p}
