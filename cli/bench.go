@@ -1,12 +1,19 @@
 package cli
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/internal/bench"
+	"github.com/weirstream/weir/taskmanager"
 )
 
 func newBenchCmd(a *app) *cobra.Command {
@@ -33,10 +40,66 @@ limit-share-consume):
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			cfg.Progress = a.progress(log).Update
+			cfg.TaskManagers = benchTaskManagers
 			return bench.Run(cmd.Context(), a.stdout, cfg, only...)
 		}),
 	}
 	cmd.Flags().BoolVar(&cfg.Quick, "quick", false, "shorter runs (whole bench under 60 s)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these benchmarks (repeatable): "+strings.Join(bench.Names(), ", "))
 	return cmd
+}
+
+// benchTaskManagerCmd is the hidden command runtime-wordcount-2tm starts
+// its task managers with: a task manager that runs the benchmark's job
+// types (bench.JobTypes) instead of the registered ones.
+func newBenchTaskManagerCmd(a *app) *cobra.Command {
+	var jm, id string
+	cmd := &cobra.Command{
+		Use:    "bench-taskmanager --jobmanager ADDR --id ID",
+		Short:  "A task manager for runtime-wordcount-2tm (started by bench)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
+			reg, err := bench.Registry()
+			if err != nil {
+				return err
+			}
+			err = taskmanager.Run(cmd.Context(), jm, taskmanager.ID(id), taskmanager.Slots(1), taskmanager.Logger(log), taskmanager.Jobs(reg))
+			if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
+				return nil
+			}
+			return err
+		}),
+	}
+	cmd.Flags().StringVar(&jm, "jobmanager", "", "job manager address")
+	cmd.Flags().StringVar(&id, "id", "bench-tm", "task manager id")
+	return cmd
+}
+
+// benchTaskManagers starts n bench-taskmanager processes of this binary.
+func benchTaskManagers(ctx context.Context, jmAddr string, n int) (func(), error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	var cmds []*exec.Cmd
+	stop := func() {
+		for _, c := range cmds {
+			_ = c.Process.Signal(syscall.SIGTERM)
+		}
+		for _, c := range cmds {
+			_ = c.Wait()
+		}
+	}
+	for i := range n {
+		c := exec.Command(exe, "bench-taskmanager", "--jobmanager", jmAddr, "--id", fmt.Sprintf("bench-tm-%d", i+1), "--log-level", "error")
+		c.Stderr = os.Stderr
+		dieWithParent(c)
+		if err := c.Start(); err != nil {
+			stop()
+			return nil, err
+		}
+		cmds = append(cmds, c)
+	}
+	return stop, nil
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/jobmanager"
 	"github.com/weirstream/weir/taskmanager"
 )
@@ -29,80 +32,153 @@ func defaultJobManager() string {
 }
 
 func newJobManagerCmd(a *app) *cobra.Command {
-	var listen, httpAddr, dataDir string
+	var listen, httpAddr, dataDir, tokenFile, certFile, keyFile string
 	cmd := &cobra.Command{
 		Use:   "jobmanager [--listen 127.0.0.1:6123] [--http 127.0.0.1:8081] [--data-dir DIR]",
-		Short: "Run a job manager (task-manager sessions only so far)",
+		Short: "Run a job manager: schedules submitted jobs onto task managers and coordinates their checkpoints",
 		Long: `jobmanager serves the control plane (gRPC) on --listen: task managers register,
-offer slots and heartbeat both ways; a task manager silent for 3s is dropped.
---http serves GET /taskmanagers (JSON). Job submission, scheduling and
-checkpoint coordination across processes are not built yet (issue 12).
+offer slots and heartbeat both ways (a task manager silent for 3s is lost), and
+streamctl submit/list/status/cancel/checkpoints talk to it. A submitted job
+runs on the task managers' slots (slot i holds subtask i of every operator, so
+a job needs as many slots as its largest parallelism; slots are spread over
+the task managers), its checkpoints are coordinated here and stored in pebble
+under --data-dir, and a failure (a task, or a whole task manager) restarts it
+from the latest completed checkpoint under its restart strategy.
+
+--data-dir keeps the jobs and their checkpoints: a job manager restarted on the
+same directory resumes every job that was running, and the task managers
+reconnect by themselves. Without it everything is in memory. SIGINT/SIGTERM
+suspend the running jobs (tasks stopped, transactions left for the resumed
+job to commit or abort), not cancel them.
+
+--http serves GET /taskmanagers (JSON).
 
 It prints "jobmanager listening on HOST:PORT" and "jobmanager http on
 HOST:PORT" on stdout once it accepts connections, and stops cleanly on
 SIGINT/SIGTERM.`,
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
-			if dataDir != "" {
-				if err := os.MkdirAll(dataDir, 0o755); err != nil {
-					return fmt.Errorf("jobmanager: --data-dir: %w", err)
+			var sec jmSecurity
+			if tokenFile != "" {
+				var err error
+				if sec.token, err = rpc.ReadToken(tokenFile); err != nil {
+					return flagError(cmd, err)
 				}
 			}
-			lis, err := net.Listen("tcp", listen)
-			if err != nil {
-				return fmt.Errorf("jobmanager: --listen: %w", err)
+			if (certFile == "") != (keyFile == "") {
+				return flagError(cmd, errors.New("--tls-cert and --tls-key go together"))
 			}
-			hl, err := net.Listen("tcp", httpAddr)
-			if err != nil {
-				lis.Close()
-				return fmt.Errorf("jobmanager: --http: %w", err)
+			if certFile != "" {
+				var err error
+				if sec.tls, err = rpc.ServerTLS(certFile, keyFile); err != nil {
+					return flagError(cmd, err)
+				}
 			}
-			ctx := cmd.Context()
-			srv := jobmanager.New(jobmanager.Logger(log))
-			mux := http.NewServeMux()
-			mux.HandleFunc("GET /taskmanagers", func(w http.ResponseWriter, _ *http.Request) {
-				type tm struct {
-					ID          string `json:"id"`
-					Slots       int    `json:"slots"`
-					DataAddress string `json:"data_address"`
-					Session     uint64 `json:"session"`
+			for _, addr := range []string{listen, httpAddr} {
+				if err := rpc.CheckExposure(addr, sec.token); err != nil {
+					return flagError(cmd, err)
 				}
-				out := []tm{}
-				for _, t := range srv.TaskManagers() {
-					out = append(out, tm{t.ID, t.Slots, t.DataAddress, t.Session})
-				}
-				w.Header().Set("Content-Type", "application/json")
-				_ = json.NewEncoder(w).Encode(out)
-			})
-			hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-			go func() { _ = hs.Serve(hl) }()
-			defer func() {
-				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				defer cancel()
-				_ = hs.Shutdown(sctx)
-			}()
-			fmt.Fprintf(a.stdout, "jobmanager listening on %s\n", lis.Addr())
-			fmt.Fprintf(a.stdout, "jobmanager http on %s\n", hl.Addr())
-			log.Info("job manager started", zap.String("listen", lis.Addr().String()), zap.String("http", hl.Addr().String()))
-			return srv.Serve(ctx, lis)
+			}
+			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil)
 		}),
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6123", "control-plane (gRPC) address")
 	cmd.Flags().StringVar(&httpAddr, "http", "127.0.0.1:8081", "HTTP address (GET /taskmanagers)")
-	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the job manager's state (created; nothing is stored in it yet)")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the job store and completed checkpoints (created; default: in memory)")
+	cmd.Flags().StringVar(&tokenFile, "auth-token-file", "", "file holding the token every RPC and HTTP request must carry (required beyond loopback)")
+	cmd.Flags().StringVar(&certFile, "tls-cert", "", "PEM certificate: serve RPC and HTTP over TLS (with --tls-key)")
+	cmd.Flags().StringVar(&keyFile, "tls-key", "", "PEM private key of --tls-cert")
 	return cmd
 }
 
+// jmSecurity is how a job manager guards its RPC and HTTP.
+type jmSecurity struct {
+	token string
+	tls   *tls.Config
+}
+
+// runJobManager serves a job manager until ctx is done: gRPC on listen,
+// HTTP on httpAddr, stores under dataDir ("" in memory). It prints the two
+// bound addresses on stdout once both accept connections, and then calls
+// ready (if not nil) with the control-plane address.
+func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAddr, dataDir string, sec jmSecurity, ready func(addr string)) error {
+	if dataDir != "" {
+		if err := os.MkdirAll(dataDir, 0o755); err != nil {
+			return fmt.Errorf("jobmanager: --data-dir: %w", err)
+		}
+	}
+	fp, err := failpoint.FromEnv()
+	if err != nil {
+		return err
+	}
+	srv, err := jobmanager.New(jobmanager.Logger(log), jobmanager.DataDir(dataDir), jobmanager.Jobs(a.reg),
+		jobmanager.Failpoints(fp), jobmanager.AuthToken(sec.token), jobmanager.TLS(sec.tls))
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	lis, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("jobmanager: --listen: %w", err)
+	}
+	hl, err := net.Listen("tcp", httpAddr)
+	if err != nil {
+		lis.Close()
+		return fmt.Errorf("jobmanager: --http: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /taskmanagers", func(w http.ResponseWriter, _ *http.Request) {
+		type tm struct {
+			ID             string `json:"id"`
+			Slots          int    `json:"slots"`
+			FreeSlots      int    `json:"free_slots"`
+			DataHost       string `json:"data_host"`
+			Session        uint64 `json:"session"`
+			HeartbeatAgeMs int64  `json:"heartbeat_age_ms"`
+		}
+		out := []tm{}
+		for _, t := range srv.TaskManagers() {
+			out = append(out, tm{t.ID, t.Slots, t.Slots - t.UsedSlots, t.DataHost, t.Session, t.HeartbeatAge.Milliseconds()})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	hs := &http.Server{Handler: rpc.RequireToken(sec.token, mux), ReadHeaderTimeout: 5 * time.Second, TLSConfig: sec.tls}
+	go func() {
+		if sec.tls != nil {
+			_ = hs.ServeTLS(hl, "", "")
+		} else {
+			_ = hs.Serve(hl)
+		}
+	}()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+	}()
+	fmt.Fprintf(a.stdout, "jobmanager listening on %s\n", lis.Addr())
+	fmt.Fprintf(a.stdout, "jobmanager http on %s\n", hl.Addr())
+	log.Info("job manager started", zap.String("listen", lis.Addr().String()), zap.String("http", hl.Addr().String()))
+	if ready != nil {
+		ready(lis.Addr().String())
+	}
+	return srv.Serve(ctx, lis)
+}
+
 func newTaskManagerCmd(a *app) *cobra.Command {
-	var jm, dataDir, id string
+	var jm, dataDir, id, dataHost string
+	var access accessFlags
 	var slots int
 	cmd := &cobra.Command{
 		Use:   "taskmanager [--jobmanager 127.0.0.1:6123] [--slots 2] [--data-dir DIR]",
-		Short: "Run a task manager (registers and heartbeats; runs no tasks yet)",
+		Short: "Run a task manager: runs the tasks the job manager deploys into its slots",
 		Long: `taskmanager registers with the job manager (--jobmanager, default $WEIR_JOBMANAGER
 or 127.0.0.1:6123) offering --slots slots, heartbeats both ways, and reconnects by
 itself when the session is lost (a job manager restarted, or silent for the
-timeout it announced). It does not run tasks yet (issue 12). Stops cleanly on
+timeout it announced). It runs the tasks the job manager deploys, building each
+job from its registered type (every node runs the same binary), and exchanges
+records with the other task managers on --data-host (one port per deployment,
+credit-based flow control). A lost session cancels its tasks. Stops cleanly on
 SIGINT/SIGTERM.`,
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
@@ -118,7 +194,21 @@ SIGINT/SIGTERM.`,
 				host, _ := os.Hostname()
 				id = fmt.Sprintf("%s-%d", host, os.Getpid())
 			}
-			err := taskmanager.Run(cmd.Context(), jm, taskmanager.ID(id), taskmanager.Slots(slots), taskmanager.Logger(log))
+			fp, err := failpoint.FromEnv()
+			if err != nil {
+				return err
+			}
+			opts := []taskmanager.Opt{taskmanager.ID(id), taskmanager.Slots(slots), taskmanager.Logger(log),
+				taskmanager.Jobs(a.reg), taskmanager.DataHost(dataHost), taskmanager.Failpoints(fp)}
+			token, tlsCfg, err := access.load()
+			if err != nil {
+				return err
+			}
+			opts = append(opts, taskmanager.AuthToken(token))
+			if tlsCfg != nil {
+				opts = append(opts, taskmanager.TLS(tlsCfg))
+			}
+			err = taskmanager.Run(cmd.Context(), jm, opts...)
 			if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
 				return nil
 			}
@@ -128,6 +218,8 @@ SIGINT/SIGTERM.`,
 	cmd.Flags().StringVar(&jm, "jobmanager", defaultJobManager(), "job manager address (default $"+envJobManager+" or 127.0.0.1:6123)")
 	cmd.Flags().IntVar(&slots, "slots", 2, "slots offered to the job manager")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the task manager's state (created; nothing is stored in it yet)")
+	cmd.Flags().StringVar(&dataHost, "data-host", "127.0.0.1", "host the other task managers reach this one's data plane on")
+	access.add(cmd)
 	cmd.Flags().StringVar(&id, "id", "", "task manager id (default HOST-PID)")
 	return cmd
 }

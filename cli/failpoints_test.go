@@ -20,7 +20,6 @@ func TestBadFailpointsAreRefusedBeforeAnyWork(t *testing.T) {
 		{"sink.after-commit=explode", []string{"demo"}, `unknown action "explode"`},
 		{"sink.after-commit=crash@0", []string{"bench", "--only", "eos-sink"}, "@N needs an integer N >= 1"},
 		{"jm.after-checkpoint-persisted", []string{"broker", "--listen", "127.0.0.1:0"}, "want name=action"},
-		{"task.process=error", []string{"demo"}, "the demo injects task.process itself"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec, func(t *testing.T) {

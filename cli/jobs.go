@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"text/tabwriter"
 
@@ -56,17 +55,14 @@ func newJobsCmd(a *app) *cobra.Command {
 (name, default, meaning). "parallelism" is reserved: every job type takes it.
 
 Parameters are key=value strings; a job type refuses parameters it does not
-declare. No command runs a registered job by name yet (the job manager and
-submission are not built); the demo runs wordcount on its own embedded broker.`,
+declare. "streamctl run JOB" runs one in this process, "streamctl submit JOB" on a
+cluster.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			types := jobTypes(a.reg)
 			switch output {
 			case "json":
-				enc := json.NewEncoder(a.stdout)
-				enc.SetIndent("", "  ")
-				enc.SetEscapeHTML(false)
-				return enc.Encode(types)
+				return printJSON(a.stdout, types)
 			case "table":
 				tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 				for i, t := range types {

@@ -59,10 +59,17 @@ func subcommands() []func(*app) *cobra.Command {
 	return []func(*app) *cobra.Command{
 		newBrokerCmd,
 		newBenchCmd,
+		newBenchTaskManagerCmd,
+		newCancelCmd,
+		newCheckpointsCmd,
 		newDemoCmd,
 		newJobsCmd,
 		newJobManagerCmd,
+		newListCmd,
+		newLocalCmd,
 		newRunCmd,
+		newStatusCmd,
+		newSubmitCmd,
 		newTaskManagerCmd,
 		newVersionCmd,
 	}
@@ -95,11 +102,11 @@ func newRootCmd(reg *runtime.Registry, stdout, stderr io.Writer) *cobra.Command 
 	root := &cobra.Command{
 		Use:   "streamctl",
 		Short: "Weir: exactly-once stream processing from Kafka share groups to Kafka topics",
-		Long: `streamctl runs Weir's embedded Kafka broker, the end-to-end exactly-once demo
-and the benchmarks, lists the registered job types, and starts the job
-manager and task manager processes (which register and heartbeat; jobs do
-not run on them yet, and job submission is not built). Jobs run on the
-in-process mini cluster today.
+		Long: `streamctl runs Weir: the embedded Kafka broker, a cluster (a job manager and
+task managers, as separate processes or all in one with "local"), submits
+registered jobs to it and follows them (submit, list, status, cancel,
+checkpoints), runs a job in one process (run), and runs the end-to-end
+exactly-once demo and the benchmarks.
 
 Logs go to stderr; results go to stdout. WEIR_FAILPOINTS in the environment
 injects faults (see the README); a bad spec is refused before any command runs.`,

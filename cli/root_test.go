@@ -14,8 +14,24 @@ import (
 	weirruntime "github.com/weirstream/weir/runtime"
 )
 
+// envActAsStreamctl makes the test binary act as streamctl (with
+// wordcount registered) instead of running tests: the demo, run by the
+// tests in-process, starts its cluster's processes from its own
+// executable.
+const envActAsStreamctl = "WEIR_CLI_TEST_ACT_AS_STREAMCTL"
+
 // TestMain checks for leaked goroutines after all tests.
 func TestMain(m *testing.M) {
+	if os.Getenv(envActAsStreamctl) == "1" {
+		reg := weirruntime.NewRegistry()
+		if err := wordcount.Register(reg); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		Main(reg)
+		os.Exit(0)
+	}
+	os.Setenv(envActAsStreamctl, "1") // for the processes the tests start from this binary
 	code := m.Run()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {

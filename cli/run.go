@@ -25,10 +25,8 @@ const jobIDFile = "job-id"
 
 func newRunCmd(a *app) *cobra.Command {
 	var (
-		parallelism int
-		interval    time.Duration
-		dir         string
-		sets        []string
+		jf  jobFlags
+		dir string
 	)
 	cmd := &cobra.Command{
 		Use:   "run JOB [--parallelism N] [--checkpoint-interval DUR] [--checkpoint-dir DIR] [--set key=value]...",
@@ -53,21 +51,9 @@ a streaming one runs until SIGINT/SIGTERM, which cancels it cleanly (its open
 transactions are aborted, its held share records released).`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
-			params, err := parseSets(sets)
+			params, err := jf.params(cmd)
 			if err != nil {
-				return flagError(cmd, err)
-			}
-			if parallelism < 0 {
-				return flagError(cmd, fmt.Errorf("--parallelism %d must not be negative", parallelism))
-			}
-			if parallelism > 0 {
-				if v, ok := params[runtime.ParamParallelism]; ok && v != strconv.Itoa(parallelism) {
-					return flagError(cmd, fmt.Errorf("--parallelism %d and --set parallelism=%s disagree", parallelism, v))
-				}
-				params[runtime.ParamParallelism] = strconv.Itoa(parallelism)
-			}
-			if interval <= 0 {
-				return flagError(cmd, fmt.Errorf("--checkpoint-interval %v must be positive", interval))
+				return err
 			}
 			job, err := a.reg.Build(cmd.Flags().Arg(0), params)
 			if err != nil {
@@ -77,7 +63,7 @@ transactions are aborted, its held share records released).`,
 			if err != nil {
 				return err
 			}
-			opts := []runtime.ClusterOpt{runtime.Logger(log), runtime.CheckpointInterval(interval), runtime.Failpoints(fp)}
+			opts := []runtime.ClusterOpt{runtime.Logger(log), runtime.CheckpointInterval(jf.interval), runtime.Failpoints(fp)}
 			id, err := runJobID(dir)
 			if err != nil {
 				return err
@@ -99,11 +85,44 @@ transactions are aborted, its held share records released).`,
 			return nil
 		}),
 	}
-	cmd.Flags().IntVar(&parallelism, "parallelism", 0, "default parallelism of the job's operators (0: the job type's)")
-	cmd.Flags().DurationVar(&interval, "checkpoint-interval", time.Second, "checkpoint trigger period")
+	jf.add(cmd)
 	cmd.Flags().StringVar(&dir, "checkpoint-dir", "", "directory for completed checkpoints (created); restarting on it continues the job")
-	cmd.Flags().StringArrayVar(&sets, "set", nil, "job parameter key=value (repeatable)")
 	return cmd
+}
+
+// jobFlags are the flags of the commands that start a job (run, submit).
+type jobFlags struct {
+	parallelism int
+	interval    time.Duration
+	sets        []string
+}
+
+func (j *jobFlags) add(cmd *cobra.Command) {
+	cmd.Flags().IntVar(&j.parallelism, "parallelism", 0, "default parallelism of the job's operators (0: the job type's)")
+	cmd.Flags().DurationVar(&j.interval, "checkpoint-interval", time.Second, "checkpoint trigger period")
+	cmd.Flags().StringArrayVar(&j.sets, "set", nil, "job parameter key=value (repeatable)")
+}
+
+// params checks the flags and returns the job's parameters, --parallelism
+// as the reserved parameter.
+func (j *jobFlags) params(cmd *cobra.Command) (map[string]string, error) {
+	params, err := parseSets(j.sets)
+	if err != nil {
+		return nil, flagError(cmd, err)
+	}
+	if j.parallelism < 0 {
+		return nil, flagError(cmd, fmt.Errorf("--parallelism %d must not be negative", j.parallelism))
+	}
+	if j.parallelism > 0 {
+		if v, ok := params[runtime.ParamParallelism]; ok && v != strconv.Itoa(j.parallelism) {
+			return nil, flagError(cmd, fmt.Errorf("--parallelism %d and --set parallelism=%s disagree", j.parallelism, v))
+		}
+		params[runtime.ParamParallelism] = strconv.Itoa(j.parallelism)
+	}
+	if j.interval <= 0 {
+		return nil, flagError(cmd, fmt.Errorf("--checkpoint-interval %v must be positive", j.interval))
+	}
+	return params, nil
 }
 
 // parseSets turns --set key=value flags into parameters, refusing a

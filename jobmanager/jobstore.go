@@ -10,6 +10,9 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/runtime"
 )
 
 // JobState is a job's lifecycle state as streamctl status shows it.
@@ -33,9 +36,17 @@ type JobRecord struct {
 	Type                 string            `json:"type"`
 	Params               map[string]string `json:"params"`
 	CheckpointIntervalMs int64             `json:"checkpoint_interval_ms"`
+	RestartStrategy      string            `json:"restart_strategy,omitempty"`
+	SubmittedUnixMs      int64             `json:"submitted_unix_ms,omitempty"`
 	State                JobState          `json:"state"`
 	Restarts             int               `json:"restarts"`
 	Error                string            `json:"error,omitempty"`
+	// RestoredFrom is the checkpoint the running attempt restored (not
+	// stored: it is known while the job runs).
+	RestoredFrom checkpoint.ID `json:"-"`
+	// Records are what the running attempt's sources emitted and its sinks
+	// wrote, as of the task managers' last heartbeats (not stored).
+	Records runtime.RecordCounts `json:"-"`
 }
 
 // ErrJobNotFound is returned for a job id the store does not hold.

@@ -2,6 +2,7 @@ package jobmanager
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -14,15 +15,33 @@ import (
 
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
+	"github.com/weirstream/weir/runtime"
 )
 
 // TaskManager is a registered task manager as the job manager sees it.
 type TaskManager struct {
-	ID          string
-	Slots       int
-	DataAddress string
+	ID    string
+	Slots int
+	// UsedSlots are the slots the deployed jobs occupy.
+	UsedSlots int
+	// DataHost is where the task manager's deployments receive records.
+	DataHost string
 	// Session increases with each registration of the same id.
 	Session uint64
+	// HeartbeatAge is the time since the task manager was last heard from.
+	HeartbeatAge time.Duration
+}
+
+// session is one live task-manager session.
+type session struct {
+	tm   TaskManager // ID, Slots, DataHost, Session; UsedSlots under Server.mu
+	send func(*weirpb.JobManagerMessage) error
+	live *rpc.Liveness
+	done chan struct{} // closed when the session ended
+	err  error         // why, once done is closed
+
+	mu     sync.Mutex
+	shares map[shareKey]*share
 }
 
 // Opt configures a Server.
@@ -33,9 +52,15 @@ type optFunc func(*cfg)
 func (f optFunc) apply(c *cfg) { f(c) }
 
 type cfg struct {
-	interval time.Duration
-	timeout  time.Duration
-	log      *zap.Logger
+	interval    time.Duration
+	timeout     time.Duration
+	log         *zap.Logger
+	dir         string
+	jobs        *runtime.Registry
+	fp          runtime.Failpointer
+	slotTimeout time.Duration
+	tls         *tls.Config
+	token       string
 }
 
 // HeartbeatInterval sets how often the job manager heartbeats each task
@@ -49,35 +74,90 @@ func HeartbeatTimeout(d time.Duration) Opt { return optFunc(func(c *cfg) { c.tim
 // Logger sets the logger (default: none).
 func Logger(l *zap.Logger) Opt { return optFunc(func(c *cfg) { c.log = l }) }
 
-// Server is the job manager's gRPC service. Today it runs task-manager
-// sessions (registration, heartbeats both ways, death detection); the
-// client API answers Unimplemented.
+// DataDir keeps the job store and the completed checkpoints in pebble
+// stores under dir (default: in memory, lost with the process). A job
+// manager started again on the same dir resumes its jobs.
+func DataDir(dir string) Opt { return optFunc(func(c *cfg) { c.dir = dir }) }
+
+// Jobs sets the job types that can be submitted; the task managers must
+// register the same (run the same binary).
+func Jobs(r *runtime.Registry) Opt { return optFunc(func(c *cfg) { c.jobs = r }) }
+
+// Failpoints injects faults into the job master loop of every job (the
+// checkpoint driver's jm.* failpoints; nil: none).
+func Failpoints(fp runtime.Failpointer) Opt { return optFunc(func(c *cfg) { c.fp = fp }) }
+
+// TLS serves the control plane over TLS with t (default: plaintext).
+func TLS(t *tls.Config) Opt { return optFunc(func(c *cfg) { c.tls = t }) }
+
+// AuthToken requires token on every call (default: none; a job manager
+// bound beyond loopback must have one, see rpc.CheckExposure).
+func AuthToken(token string) Opt { return optFunc(func(c *cfg) { c.token = token }) }
+
+// SlotTimeout sets how long an attempt waits for enough free slots before
+// it fails (default DefaultSlotTimeout).
+func SlotTimeout(d time.Duration) Opt { return optFunc(func(c *cfg) { c.slotTimeout = d }) }
+
+// Server is the job manager: its gRPC service runs task-manager sessions
+// (registration, heartbeats both ways, death detection) and the client API
+// (submit, list, status, cancel, checkpoints), and it runs the submitted
+// jobs on the task managers' slots.
 type Server struct {
 	weirpb.UnimplementedJobManagerServer
 	cfg cfg
 
 	mu       sync.Mutex
-	tms      map[string]TaskManager
+	tms      map[string]*session
 	sessions uint64
-	changed  chan struct{} // closed and replaced on every change
+	changed  chan struct{} // closed and replaced on every change (registration, loss, slots)
+
+	jobs jobs
 }
 
-// New returns a job manager server.
-func New(opts ...Opt) *Server {
-	c := cfg{interval: rpc.DefaultHeartbeatInterval, timeout: rpc.DefaultHeartbeatTimeout, log: zap.NewNop()}
+// New opens a job manager's stores (DataDir); Close closes them.
+func New(opts ...Opt) (*Server, error) {
+	c := cfg{interval: rpc.DefaultHeartbeatInterval, timeout: rpc.DefaultHeartbeatTimeout, log: zap.NewNop(),
+		slotTimeout: DefaultSlotTimeout}
 	for _, o := range opts {
 		o.apply(&c)
 	}
-	return &Server{cfg: c, tms: map[string]TaskManager{}, changed: make(chan struct{})}
+	if c.jobs == nil {
+		c.jobs = runtime.NewRegistry()
+	}
+	if c.interval <= 0 || c.timeout <= c.interval || c.slotTimeout <= 0 {
+		return nil, fmt.Errorf("jobmanager: heartbeat interval %v, timeout %v, slot timeout %v: all positive, the timeout above the interval",
+			c.interval, c.timeout, c.slotTimeout)
+	}
+	s := &Server{cfg: c, tms: map[string]*session{}, changed: make(chan struct{})}
+	if err := s.jobs.open(c.dir, c.log); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
-// Serve serves the job manager's gRPC service on lis until ctx is done.
+// Close closes the job manager's stores; call it after Serve returned.
+func (s *Server) Close() error { return s.jobs.close() }
+
+// Serve serves the job manager's gRPC service on lis and resumes the jobs
+// the store holds, until ctx is done; then it suspends the jobs (for the
+// next job manager on the same data directory to resume) and stops.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(rpc.ServerOptions(s.cfg.tls, s.cfg.token)...)
 	weirpb.RegisterJobManagerServer(gs, s)
-	stop := context.AfterFunc(ctx, gs.Stop)
-	defer stop()
-	if err := gs.Serve(lis); err != nil && ctx.Err() == nil {
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(lis) }()
+	if err := s.resume(); err != nil {
+		s.cfg.log.Error("resuming jobs", zap.Error(err))
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+	}
+	s.suspendAll()
+	gs.Stop()
+	s.jobs.wg.Wait()
+	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("jobmanager: serve: %w", err)
 	}
 	return nil
@@ -88,7 +168,9 @@ func (s *Server) TaskManagers() []TaskManager {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]TaskManager, 0, len(s.tms))
-	for _, tm := range s.tms {
+	for _, ss := range s.tms {
+		tm := ss.tm
+		tm.HeartbeatAge = ss.live.Silence()
 		out = append(out, tm)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
@@ -121,23 +203,6 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	if reg == nil || reg.TaskManagerId == "" || reg.Slots < 1 {
 		return fmt.Errorf("jobmanager: a session must start with a Register naming the task manager and at least one slot, got %v", first)
 	}
-	s.mu.Lock()
-	s.sessions++
-	tm := TaskManager{ID: reg.TaskManagerId, Slots: int(reg.Slots), DataAddress: reg.DataAddress, Session: s.sessions}
-	s.tms[tm.ID] = tm
-	s.notifyLocked()
-	s.mu.Unlock()
-	s.cfg.log.Info("task manager registered", zap.String("task_manager", tm.ID), zap.Int("slots", tm.Slots),
-		zap.String("data_address", tm.DataAddress), zap.Uint64("session", tm.Session))
-	defer func() {
-		s.mu.Lock()
-		if cur, ok := s.tms[tm.ID]; ok && cur.Session == tm.Session {
-			delete(s.tms, tm.ID)
-			s.notifyLocked()
-		}
-		s.mu.Unlock()
-	}()
-
 	ctx, cancel := context.WithCancelCause(st.Context())
 	defer cancel(nil)
 	var sendMu sync.Mutex
@@ -146,11 +211,36 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 		defer sendMu.Unlock()
 		return st.Send(m)
 	}
+	ss := &session{send: send, live: rpc.NewLiveness(), done: make(chan struct{}), shares: map[shareKey]*share{}}
+	s.mu.Lock()
+	s.sessions++
+	ss.tm = TaskManager{ID: reg.TaskManagerId, Slots: int(reg.Slots), DataHost: reg.DataHost, Session: s.sessions}
+	tm := ss.tm
+	old := s.tms[tm.ID]
+	s.tms[tm.ID] = ss
+	s.notifyLocked()
+	s.mu.Unlock()
+	if old != nil {
+		// The task manager reconnected before its old session timed out:
+		// that session's tasks are gone with it.
+		old.end(fmt.Errorf("%w: %s registered again", ErrTaskManagerLost, tm.ID))
+	}
+	s.cfg.log.Info("task manager registered", zap.String("task_manager", tm.ID), zap.Int("slots", tm.Slots),
+		zap.String("data_host", tm.DataHost), zap.Uint64("session", tm.Session))
+	defer func() {
+		s.mu.Lock()
+		if cur, ok := s.tms[tm.ID]; ok && cur == ss {
+			delete(s.tms, tm.ID)
+			s.notifyLocked()
+		}
+		s.mu.Unlock()
+	}()
+
 	if err := send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Registered{Registered: &weirpb.Registered{
 		Session: tm.Session, HeartbeatIntervalMs: s.cfg.interval.Milliseconds(), HeartbeatTimeoutMs: s.cfg.timeout.Milliseconds()}}}); err != nil {
 		return err
 	}
-	live := rpc.NewLiveness()
+	live := ss.live
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -168,20 +258,27 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
-			if _, err := st.Recv(); err != nil {
+			m, err := st.Recv()
+			if err != nil {
 				recvErr <- err
 				return
 			}
 			live.Seen()
+			ss.handle(m)
 		}
 	}()
 	select {
 	case err = <-recvErr:
+		err = fmt.Errorf("connection closed: %w", err)
 		cancel(err)
 	case <-ctx.Done():
 		err = context.Cause(ctx)
+		if errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("connection closed: %w", err)
+		}
 	}
 	wg.Wait()
+	ss.end(fmt.Errorf("%w: %s: %w", ErrTaskManagerLost, tm.ID, err))
 	s.cfg.log.Warn("task manager lost", zap.String("task_manager", tm.ID), zap.Uint64("session", tm.Session), zap.Error(err))
 	if errors.Is(err, errSilent) {
 		return err // returning ends the stream; the pending Recv then returns

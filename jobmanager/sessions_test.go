@@ -36,7 +36,11 @@ func waitFor(t *testing.T, s *jobmanager.Server, what string, ok func([]jobmanag
 // manager drops it within the heartbeat timeout.
 func TestSilentTaskManagerIsDroppedWithinTheTimeout(t *testing.T) {
 	const timeout = 300 * time.Millisecond
-	s := jobmanager.New(jobmanager.HeartbeatInterval(50*time.Millisecond), jobmanager.HeartbeatTimeout(timeout))
+	s, err := jobmanager.New(jobmanager.HeartbeatInterval(50*time.Millisecond), jobmanager.HeartbeatTimeout(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +66,7 @@ func TestSilentTaskManagerIsDroppedWithinTheTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Register{Register: &weirpb.Register{
-		TaskManagerId: "tm-1", Slots: 2, DataAddress: "127.0.0.1:1"}}}); err != nil {
+		TaskManagerId: "tm-1", Slots: 2, DataHost: "127.0.0.1"}}}); err != nil {
 		t.Fatal(err)
 	}
 	m, err := st.Recv()

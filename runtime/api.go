@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -79,6 +80,18 @@ type OperatorContext struct {
 	// mini cluster's restart budget is its restart delay plus one
 	// checkpoint timeout for the recovery.
 	Checkpointing checkpoint.Timing
+
+	// records counts what a source emitted or a sink wrote (Deployed.Counts).
+	records *atomic.Int64
+}
+
+// countRecords returns the operator's record counter (a discarded one when
+// the operator was made outside a deployment).
+func (oc *OperatorContext) countRecords() *atomic.Int64 {
+	if oc.records == nil {
+		oc.records = new(atomic.Int64)
+	}
+	return oc.records
 }
 
 // Inject fires the named failpoint (nil-safe).
@@ -236,7 +249,7 @@ func FromSource[T any](j *Job, name string, newSource func() Source[T], opts ...
 	n := j.addNode(name, opts)
 	n.kind = kindSource
 	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
-		return &sourceInstance[T]{src: newSource(), out: out.(pushFn[T]), oc: oc}, nil
+		return &sourceInstance[T]{src: newSource(), out: out.(pushFn[T]), oc: oc, records: oc.countRecords()}, nil
 	}
 	setOutputType[T](n)
 	return &Stream[T]{job: j, node: n}
@@ -486,11 +499,14 @@ func keyHasher[K comparable](c Codec[K]) func(K) uint32 {
 type collector[T any] struct {
 	push pushFn[T]
 	err  error
+	n    int64 // records pushed
 }
 
 func (c *collector[T]) Collect(v T) {
 	if c.err == nil {
-		c.err = c.push(v)
+		if c.err = c.push(v); c.err == nil {
+			c.n++
+		}
 	}
 }
 

@@ -77,6 +77,16 @@ type Deployed interface {
 	// that never opened), and reports whether every task finished its
 	// stream.
 	Wait() (finished bool)
+	// Counts reports the records the deployment's sources emitted and its
+	// sinks wrote so far in this attempt (a source's count is published
+	// after each Poll).
+	Counts() RecordCounts
+}
+
+// RecordCounts are the records that entered a job (emitted by its
+// sources) and left it (written by its sinks), in one attempt.
+type RecordCounts struct {
+	In, Out int64
 }
 
 // Exchange carries records between the tasks of a deployment and tasks of
@@ -151,6 +161,8 @@ type localDeployment struct {
 	restore [][]*SubtaskState
 	pumps   sync.WaitGroup
 	prep    Prepared
+
+	sourceCounts, sinkCounts []*atomic.Int64
 
 	lastDone atomic.Uint64
 	opened   bool
@@ -308,6 +320,12 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 					oc.OrphanHandles = restore.Orphans
 				}
 				d.ocs = append(d.ocs, oc)
+				switch n.kind {
+				case kindSource:
+					d.sourceCounts = append(d.sourceCounts, oc.countRecords())
+				case kindSink:
+					d.sinkCounts = append(d.sinkCounts, oc.countRecords())
+				}
 				inst, err := n.newInstance(oc, out)
 				if err != nil {
 					return fmt.Errorf("runtime: operator %q: %w", n.name, err)
@@ -500,6 +518,17 @@ func (d *localDeployment) closeAll() {
 
 func (d *localDeployment) Prepared() Prepared { return d.prep }
 
+func (d *localDeployment) Counts() RecordCounts {
+	var c RecordCounts
+	for _, n := range d.sourceCounts {
+		c.In += n.Load()
+	}
+	for _, n := range d.sinkCounts {
+		c.Out += n.Load()
+	}
+	return c
+}
+
 func (d *localDeployment) Open(ctx context.Context, timing checkpoint.Timing) error {
 	for _, oc := range d.ocs {
 		oc.Checkpointing = timing
@@ -587,7 +616,7 @@ func (d *localDeployment) send(ctx context.Context, t *task, c control) error {
 
 func (d *localDeployment) Cancel(forGood bool) {
 	if forGood {
-		d.cancel(errJobCanceled)
+		d.cancel(ErrJobCanceled)
 	} else {
 		d.cancel(errAttemptCanceled)
 	}
@@ -725,6 +754,15 @@ func (c combined) Trigger(ctx context.Context, id checkpoint.ID, sources []check
 
 func (c combined) Notify(ctx context.Context, id checkpoint.ID, complete bool) {
 	_ = c.each(func(d Deployed) error { d.Notify(ctx, id, complete); return nil })
+}
+
+func (c combined) Counts() RecordCounts {
+	var sum RecordCounts
+	for _, d := range c {
+		n := d.Counts()
+		sum.In, sum.Out = sum.In+n.In, sum.Out+n.Out
+	}
+	return sum
 }
 
 func (c combined) Cancel(forGood bool) {

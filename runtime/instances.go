@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/weirstream/weir/checkpoint"
 )
@@ -57,15 +58,17 @@ func notifyListener(ctx context.Context, x any, id checkpoint.ID, complete bool)
 
 // sourceInstance runs a user Source.
 type sourceInstance[T any] struct {
-	src Source[T]
-	out pushFn[T]
-	c   *collector[T]
-	oc  *OperatorContext
+	src     Source[T]
+	out     pushFn[T]
+	c       *collector[T]
+	oc      *OperatorContext
+	records *atomic.Int64 // c.n, published after each poll
 }
 
 func (s *sourceInstance[T]) input() any { return nil }
 
 func (s *sourceInstance[T]) poll(ctx context.Context) error {
+	defer func() { s.records.Store(s.c.n) }()
 	if err := s.src.Poll(ctx, s.c); err != nil {
 		if perr := s.c.take(); perr != nil {
 			return perr
@@ -102,13 +105,14 @@ func (s *sourceInstance[T]) user() any    { return s.src }
 
 // sinkInstance runs a user Sink.
 type sinkInstance[T any] struct {
-	sink Sink[T]
-	oc   *OperatorContext
-	ctx  context.Context
+	sink    Sink[T]
+	oc      *OperatorContext
+	ctx     context.Context
+	records *atomic.Int64 // written
 }
 
 func newSinkInstance[T any](sink Sink[T], oc *OperatorContext) *sinkInstance[T] {
-	return &sinkInstance[T]{sink: sink, oc: oc}
+	return &sinkInstance[T]{sink: sink, oc: oc, records: oc.countRecords()}
 }
 
 func (s *sinkInstance[T]) input() any {
@@ -117,7 +121,11 @@ func (s *sinkInstance[T]) input() any {
 		if err := injectProcess(fp); err != nil {
 			return err
 		}
-		return s.sink.Write(s.ctx, v)
+		if err := s.sink.Write(s.ctx, v); err != nil {
+			return err
+		}
+		s.records.Add(1)
+		return nil
 	})
 }
 

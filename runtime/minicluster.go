@@ -23,9 +23,11 @@ var ErrJobFailed = errors.New("runtime: job failed")
 // to stop before it cancels the tasks.
 const cancelDriverWait = 10 * time.Second
 
-// errJobCanceled is the cause with which the tasks of a job cancelled for
-// good (not failed, not restarting) are cancelled.
-var errJobCanceled = errors.New("runtime: job cancelled")
+// ErrJobCanceled is the cause (context.Cause) with which the context of a
+// deployment is cancelled when the job is cancelled for good (not failed,
+// not restarting): a Deployer whose context ends with it cancels its tasks
+// for good (Deployed.Cancel(true)).
+var ErrJobCanceled = errors.New("runtime: job cancelled")
 
 // ErrUnrecoverable marks a task failure that a restart cannot fix (e.g. a
 // configuration the broker refuses): wrap it (Unrecoverable) and the job
@@ -60,7 +62,7 @@ type clusterCfg struct {
 	timeout           time.Duration
 	minPause          time.Duration
 	tolerable         int
-	store             *checkpoint.Store
+	store             CheckpointStorage
 	storeDir          string
 	restart           RestartPolicy
 	batchSize         int
@@ -72,6 +74,9 @@ type clusterCfg struct {
 	restoreFromLatest bool
 	allowNonRestored  bool
 	deployer          Deployer
+	suspend           context.Context
+	onRestart         func(restarts int, err error)
+	onRestore         func(attempt int, from checkpoint.ID)
 }
 
 // Defaults of BatchSize and ChannelCapacity.
@@ -149,8 +154,27 @@ func MinPause(d time.Duration) ClusterOpt { return func(c *clusterCfg) { c.minPa
 // for a tolerance for it is refused when the job starts.
 func TolerableCheckpointFailures(n int) ClusterOpt { return func(c *clusterCfg) { c.tolerable = n } }
 
+// CheckpointStorage is where a job master keeps its completed checkpoints
+// and finds the one to restore from. checkpoint.Store (pebble, local disk)
+// implements it; a remote store (an object store, say) would implement the
+// same three contracts (docs/architecture.md, "Checkpoint storage").
+type CheckpointStorage interface {
+	// Persister hands out ids and saves completed checkpoints (Save is the
+	// commit point).
+	checkpoint.Persister
+	// LatestUsable returns the newest completed checkpoint of job that
+	// verifies, and the newer ones it skipped (checkpoint.Store.LatestUsable).
+	LatestUsable(ctx context.Context, job string) (checkpoint.Completed, []checkpoint.Skipped, error)
+	// Reopen makes the storage usable again after a Save whose outcome is
+	// unknown, so that what it holds decides the restore; it does nothing
+	// on healthy storage.
+	Reopen() error
+}
+
+var _ CheckpointStorage = (*checkpoint.Store)(nil)
+
 // CheckpointStore stores checkpoints in s (the caller closes it).
-func CheckpointStore(s *checkpoint.Store) ClusterOpt { return func(c *clusterCfg) { c.store = s } }
+func CheckpointStore(s CheckpointStorage) ClusterOpt { return func(c *clusterCfg) { c.store = s } }
 
 // CheckpointDir stores checkpoints in a pebble store at dir. Without
 // CheckpointStore or CheckpointDir, checkpoints live in an in-memory pebble
@@ -187,6 +211,32 @@ func Logger(l *zap.Logger) ClusterOpt { return func(c *clusterCfg) { c.log = l }
 // still committed, by an operator of the job that implements
 // RestoreCommitter. Without it such a restore is refused, naming the UIDs.
 func AllowNonRestoredState() ClusterOpt { return func(c *clusterCfg) { c.allowNonRestored = true } }
+
+// ErrSuspended is wrapped by Run's error when the job stopped because the
+// context given to SuspendWith was done: its tasks stopped as in a
+// failover, and its checkpoints and pending transactions stay for a later
+// Run of the same job id to resume from (Flink's SUSPENDED).
+var ErrSuspended = errors.New("runtime: job suspended")
+
+// SuspendWith stops the job when ctx is done without cancelling it: the
+// running attempt fails over (no checkpoint completes after that, tasks are
+// cancelled as for a restart, transactions stay pending) and Run returns an
+// error wrapping ErrSuspended instead of restarting. A job manager that
+// shuts down suspends its jobs, so that the next one resumes them.
+func SuspendWith(ctx context.Context) ClusterOpt { return func(c *clusterCfg) { c.suspend = ctx } }
+
+// OnRestart calls fn each time the job fails and the restart strategy
+// restarts it, with the number of restarts so far and the failure (for job
+// status and metrics). fn must return quickly.
+func OnRestart(fn func(restarts int, err error)) ClusterOpt {
+	return func(c *clusterCfg) { c.onRestart = fn }
+}
+
+// OnRestore calls fn before each attempt deploys its tasks, with the
+// completed checkpoint it restores (0: none). fn must return quickly.
+func OnRestore(fn func(attempt int, from checkpoint.ID)) ClusterOpt {
+	return func(c *clusterCfg) { c.onRestore = fn }
+}
 
 // Failpoints injects faults into every operator and the checkpoint driver.
 func Failpoints(fp Failpointer) ClusterOpt {
@@ -250,16 +300,21 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		if dir == "" {
 			dir, opts = "checkpoints", append(opts, checkpoint.WithFS(vfs.NewMem()))
 		}
-		if store, err = checkpoint.OpenStore(dir, opts...); err != nil {
+		owned, err := checkpoint.OpenStore(dir, opts...)
+		if err != nil {
 			return Result{}, fmt.Errorf("runtime: open checkpoint store: %w", err)
 		}
-		defer store.Close()
+		defer owned.Close()
+		store = owned
 	}
 	var res Result
 	pending := newPendingHandles()
 	var cause string
 	var failures []time.Time
 	for attempt := 0; ; attempt++ {
+		if cfg.suspend != nil && cfg.suspend.Err() != nil {
+			return res, fmt.Errorf("%w: %w", ErrSuspended, context.Cause(cfg.suspend))
+		}
 		// A store whose last write's outcome is unknown is reopened: what
 		// it recovers decides where the job restores from.
 		if err := store.Reopen(); err != nil {
@@ -273,6 +328,9 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 			cfg.log.Info("restoring from checkpoint", zap.String("job", cfg.jobID), zap.Uint64("checkpoint", uint64(restore.From)),
 				zap.Int("attempt", attempt), zap.Int("transactions_to_commit", restore.handleCount()))
 		}
+		if cfg.onRestore != nil {
+			cfg.onRestore(attempt, restore.From)
+		}
 		a := newAttempt(cfg, p, store, attempt, pending)
 		a.cause = cause
 		last, runErr := a.run(ctx, restore)
@@ -285,6 +343,9 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		if ctx.Err() != nil {
 			return res, ctx.Err()
 		}
+		if errors.Is(runErr, ErrSuspended) {
+			return res, runErr
+		}
 		if isConfigError(runErr) {
 			return res, fmt.Errorf("%w (not restarted): %w", ErrJobFailed, runErr)
 		}
@@ -295,6 +356,9 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		}
 		res.Restarts++
 		cause = runErr.Error()
+		if cfg.onRestart != nil {
+			cfg.onRestart(res.Restarts, runErr)
+		}
 		fields := []zap.Field{zap.String("job", cfg.jobID), zap.String("strategy", cfg.restart.Name()), zap.Int("attempt", d.Attempt)}
 		if cfg.restart.name == StrategyFixedDelay {
 			fields = append(fields, zap.Int("max_restarts", cfg.restart.attempts))
@@ -305,13 +369,23 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		case <-time.After(d.Delay):
 		case <-ctx.Done():
 			return res, ctx.Err()
+		case <-cfg.suspended():
+			return res, fmt.Errorf("%w while restarting: %w", ErrSuspended, context.Cause(cfg.suspend))
 		}
 	}
 }
 
+// suspended is done when the job must suspend (never without SuspendWith).
+func (c *clusterCfg) suspended() <-chan struct{} {
+	if c.suspend == nil {
+		return nil
+	}
+	return c.suspend.Done()
+}
+
 // loadRestore reads the latest usable checkpoint and assigns its state and
 // transaction handles to the operators of p (AssignState).
-func (m *MiniCluster) loadRestore(ctx context.Context, store *checkpoint.Store, job string, p *plan, pending *pendingHandles) (*StateAssignment, error) {
+func (m *MiniCluster) loadRestore(ctx context.Context, store CheckpointStorage, job string, p *plan, pending *pendingHandles) (*StateAssignment, error) {
 	c, skipped, err := store.LatestUsable(ctx, job)
 	if errors.Is(err, checkpoint.ErrNotFound) && len(skipped) == 0 {
 		return &StateAssignment{Subtasks: map[OperatorSubtask]*SubtaskState{}}, nil
@@ -371,7 +445,7 @@ type attempt struct {
 	cfg      clusterCfg
 	p        *plan
 	deployer Deployer
-	store    *checkpoint.Store
+	store    CheckpointStorage
 	n        int
 	pending  *pendingHandles
 
@@ -389,7 +463,7 @@ type attempt struct {
 	fail      func(error)
 }
 
-func newAttempt(cfg clusterCfg, p *plan, store *checkpoint.Store, n int, pending *pendingHandles) *attempt {
+func newAttempt(cfg clusterCfg, p *plan, store CheckpointStorage, n int, pending *pendingHandles) *attempt {
 	d := cfg.deployer
 	if d == nil {
 		d = localDeployer{p}
@@ -414,6 +488,11 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	a.fail = func(err error) {
 		once.Do(func() { firstErr = err })
 		cancel(err)
+	}
+	if a.cfg.suspend != nil {
+		defer context.AfterFunc(a.cfg.suspend, func() {
+			a.fail(fmt.Errorf("%w: %w", ErrSuspended, context.Cause(a.cfg.suspend)))
+		})()
 	}
 	// Everything the restore must commit is committed before any subtask
 	// opens (Deploy): an Open may fence or reuse transactional ids.
@@ -463,11 +542,11 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 			a.cfg.log.Warn("the checkpoint coordinator did not stop in time; cancelling the tasks anyway",
 				zap.Duration("waited", cancelDriverWait))
 		}
-		cancel(errJobCanceled)
+		cancel(ErrJobCanceled)
 	})()
 	// However the attempt ends, its tasks stop: for good if the job was
 	// cancelled.
-	defer context.AfterFunc(ctx, func() { dep.Cancel(errors.Is(context.Cause(ctx), errJobCanceled)) })()
+	defer context.AfterFunc(ctx, func() { dep.Cancel(errors.Is(context.Cause(ctx), ErrJobCanceled)) })()
 	go func() {
 		defer close(driverStopped)
 		err := a.driver.Run(driverCtx)
@@ -500,7 +579,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	if derr != nil && !errors.Is(derr, context.Canceled) {
 		return last, derr
 	}
-	if errors.Is(context.Cause(ctx), errJobCanceled) {
+	if errors.Is(context.Cause(ctx), ErrJobCanceled) {
 		return last, parent.Err()
 	}
 	return last, context.Cause(ctx)

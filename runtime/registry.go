@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -31,6 +32,11 @@ type JobType struct {
 	// Build builds the job graph. p holds every declared parameter, with
 	// defaults filled in.
 	Build func(p Params) (*Job, error)
+	// Check, if set, checks what Build cannot before a job manager accepts
+	// the job: that the systems the job reads and writes are reachable and
+	// able to run it (e.g. the brokers support share groups). Its error is
+	// the submission's answer. p is as for Build.
+	Check func(ctx context.Context, p Params) error
 }
 
 // Params are a job's parameters (string values, as given with --set).
@@ -124,6 +130,28 @@ func (r *Registry) Types() []JobType {
 // error (a typo must not silently run with a default); missing ones take
 // their defaults.
 func (r *Registry) Build(name string, params map[string]string) (*Job, error) {
+	t, p, err := r.params(name, params)
+	if err != nil {
+		return nil, err
+	}
+	return t.Build(p)
+}
+
+// Check runs the job type's Check with the parameters as Build sees them.
+func (r *Registry) Check(ctx context.Context, name string, params map[string]string) error {
+	t, p, err := r.params(name, params)
+	if err != nil {
+		return err
+	}
+	if t.Check == nil {
+		return nil
+	}
+	return t.Check(ctx, p)
+}
+
+// params looks up a job type and fills in its parameters' defaults,
+// refusing unknown ones.
+func (r *Registry) params(name string, params map[string]string) (JobType, Params, error) {
 	t, ok := r.types[name]
 	if !ok {
 		names := make([]string, 0, len(r.types))
@@ -131,7 +159,7 @@ func (r *Registry) Build(name string, params map[string]string) (*Job, error) {
 			names = append(names, n)
 		}
 		sort.Strings(names)
-		return nil, fmt.Errorf("%w %q (registered: %s)", ErrUnknownJob, name, strings.Join(names, ", "))
+		return JobType{}, nil, fmt.Errorf("%w %q (registered: %s)", ErrUnknownJob, name, strings.Join(names, ", "))
 	}
 	p := Params{}
 	known := map[string]bool{}
@@ -141,9 +169,9 @@ func (r *Registry) Build(name string, params map[string]string) (*Job, error) {
 	}
 	for k, v := range params {
 		if !known[k] && k != ParamParallelism {
-			return nil, fmt.Errorf("%w: job %q has no parameter %q", ErrBadParam, name, k)
+			return JobType{}, nil, fmt.Errorf("%w: job %q has no parameter %q", ErrBadParam, name, k)
 		}
 		p[k] = v
 	}
-	return t.Build(p)
+	return t, p, nil
 }

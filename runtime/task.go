@@ -139,7 +139,7 @@ func (t *task) run(ctx context.Context, restore []*SubtaskState, ready func(), s
 		if r := recover(); r != nil {
 			err = fmt.Errorf("task %s: %w", t.id, &panicError{value: r, stack: debug.Stack()})
 		}
-		if errors.Is(context.Cause(ctx), errJobCanceled) {
+		if errors.Is(context.Cause(ctx), ErrJobCanceled) {
 			t.notifyCanceled()
 		}
 		if cerr := t.closeOps(); cerr != nil && err == nil {

@@ -2,6 +2,7 @@ package taskmanager
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
+	"github.com/weirstream/weir/runtime"
 )
 
 // Opt configures a task manager.
@@ -23,10 +25,14 @@ func (f optFunc) apply(c *cfg) { f(c) }
 type cfg struct {
 	id           string
 	slots        int
-	dataAddr     string
+	dataHost     string
+	window       int
 	reconnect    time.Duration
 	log          *zap.Logger
 	onRegistered func(session uint64)
+	jobs         *runtime.Registry
+	fp           runtime.Failpointer
+	dial         []rpc.DialOpt
 }
 
 // ID sets the task manager's id (default "tm").
@@ -35,8 +41,35 @@ func ID(id string) Opt { return optFunc(func(c *cfg) { c.id = id }) }
 // Slots sets how many slots the task manager offers (default 2).
 func Slots(n int) Opt { return optFunc(func(c *cfg) { c.slots = n }) }
 
-// DataAddress sets the data-plane address announced at registration.
-func DataAddress(a string) Opt { return optFunc(func(c *cfg) { c.dataAddr = a }) }
+// DataHost sets the host (name or IP) on which the task manager receives
+// records from other task managers, and which it announces to the job
+// manager (default 127.0.0.1). Each deployment listens on a port of its own
+// there.
+func DataHost(h string) Opt { return optFunc(func(c *cfg) { c.dataHost = h }) }
+
+// CreditWindow sets how many data frames a sender may have in flight per
+// channel before the receiver returns credit (default 16).
+func CreditWindow(n int) Opt { return optFunc(func(c *cfg) { c.window = n }) }
+
+// Jobs sets the job types the task manager can run: the job manager deploys
+// tasks by job type name and parameters, and every node must register the
+// same types (run the same binary).
+func Jobs(r *runtime.Registry) Opt { return optFunc(func(c *cfg) { c.jobs = r }) }
+
+// TLS dials the job manager over TLS with t (default: plaintext).
+func TLS(t *tls.Config) Opt {
+	return optFunc(func(c *cfg) { c.dial = append(c.dial, rpc.WithTLS(t)) })
+}
+
+// AuthToken sends token with every call to the job manager (its
+// --auth-token-file).
+func AuthToken(token string) Opt {
+	return optFunc(func(c *cfg) { c.dial = append(c.dial, rpc.WithToken(token)) })
+}
+
+// Failpoints injects faults into the tasks the task manager runs (nil:
+// none).
+func Failpoints(fp runtime.Failpointer) Opt { return optFunc(func(c *cfg) { c.fp = fp }) }
 
 // ReconnectDelay sets the pause before reconnecting after a lost session
 // (default 500ms).
@@ -54,14 +87,20 @@ func OnRegistered(fn func(session uint64)) Opt { return optFunc(func(c *cfg) { c
 // gone, restarted or silent beyond the timeout it announced) reconnects by
 // itself. It returns ctx's error, or a configuration error at once.
 func Run(ctx context.Context, addr string, opts ...Opt) error {
-	c := cfg{id: "tm", slots: 2, reconnect: 500 * time.Millisecond, log: zap.NewNop()}
+	c := cfg{id: "tm", slots: 2, dataHost: "127.0.0.1", window: 16, reconnect: 500 * time.Millisecond, log: zap.NewNop()}
 	for _, o := range opts {
 		o.apply(&c)
 	}
 	if c.slots < 1 {
 		return fmt.Errorf("taskmanager: --slots %d must be at least 1", c.slots)
 	}
-	cc, err := rpc.Dial(addr)
+	if c.window < 1 {
+		return fmt.Errorf("taskmanager: credit window %d must be at least 1", c.window)
+	}
+	if c.jobs == nil {
+		c.jobs = runtime.NewRegistry()
+	}
+	cc, err := rpc.Dial(addr, c.dial...)
 	if err != nil {
 		return fmt.Errorf("taskmanager: %w", err)
 	}
@@ -91,7 +130,7 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 		return fmt.Errorf("%w: %w", rpc.ErrUnreachable, err)
 	}
 	if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Register{Register: &weirpb.Register{
-		TaskManagerId: c.id, Slots: int32(c.slots), DataAddress: c.dataAddr}}}); err != nil {
+		TaskManagerId: c.id, Slots: int32(c.slots), DataHost: c.dataHost}}}); err != nil {
 		return fmt.Errorf("taskmanager: register: %w", err)
 	}
 	first, err := st.Recv()
@@ -112,13 +151,21 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 		c.onRegistered(reg.Session)
 	}
 	live := rpc.NewLiveness()
+	var sendMu sync.Mutex
+	send := func(m *weirpb.TaskManagerMessage) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return st.Send(m)
+	}
+	tasks := newDeployments(ctx, c, send)
+	defer tasks.stop()
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		cancel(rpc.Every(ctx, interval, func() error {
-			return st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Heartbeat{Heartbeat: &weirpb.Heartbeat{
-				SentUnixMs: time.Now().UnixMilli(), FreeSlots: int32(c.slots)}}})
+			return send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Heartbeat{Heartbeat: &weirpb.Heartbeat{
+				SentUnixMs: time.Now().UnixMilli(), Counts: tasks.counts()}}})
 		}))
 	}()
 	go func() {
@@ -130,11 +177,13 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 	go func() {
 		defer wg.Done()
 		for {
-			if _, err := st.Recv(); err != nil {
+			m, err := st.Recv()
+			if err != nil {
 				cancel(err)
 				return
 			}
 			live.Seen()
+			tasks.handle(m)
 		}
 	}()
 	<-ctx.Done()

@@ -23,6 +23,7 @@ import (
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/internal/kafkatxn"
+	"github.com/weirstream/weir/internal/proctest"
 	"github.com/weirstream/weir/runtime"
 )
 
@@ -194,11 +195,11 @@ func crashRun(t *testing.T, seed uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logBuf syncBuffer
+	var logBuf proctest.Buffer
 	jobLog := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), &logBuf, zapcore.InfoLevel))
 	defer func() {
 		if t.Failed() {
-			t.Logf("job log (tail):\n%s", logBuf.tail(200))
+			t.Logf("job log (tail):\n%s", logBuf.Tail(200))
 		}
 	}()
 	jobCtx, stopJob := context.WithCancel(ctx)
@@ -313,31 +314,4 @@ func TestBrokerWarnsAfterAnUncleanStopAndKeepsServing(t *testing.T) {
 	if strings.Contains(b.cur.Stderr(), "did not stop cleanly") {
 		t.Fatalf("a start after a clean stop was reported as unclean")
 	}
-}
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) Sync() error { return nil }
-
-// tail returns the last n lines.
-func (b *syncBuffer) tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var lines []string
-	for _, l := range strings.Split(b.buf.String(), "\n") {
-		if !strings.Contains(l, "checkpoint completed") { // routine, one per checkpoint
-			lines = append(lines, l)
-		}
-	}
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

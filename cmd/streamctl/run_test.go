@@ -16,11 +16,12 @@ import (
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/internal/proctest"
 )
 
 // committedAtLeast waits until read_committed "counts" holds at least n
 // records and returns them, failing the test if p exits first.
-func committedAtLeast(t *testing.T, ctx context.Context, addr string, p *clusterProc, n int) []*kgo.Record {
+func committedAtLeast(t *testing.T, ctx context.Context, addr string, p *proctest.Proc, n int) []*kgo.Record {
 	t.Helper()
 	for {
 		recs, err := kafkatest.ReadCommitted(ctx, []string{addr}, "counts")
@@ -28,10 +29,10 @@ func committedAtLeast(t *testing.T, ctx context.Context, addr string, p *cluster
 			return recs
 		}
 		select {
-		case <-p.done:
-			t.Fatalf("%v exited (%v) with %d of %d output records; stderr:\n%s", p.cmd.Args, p.cmd.ProcessState, len(recs), n, p.stderr.tail(60))
+		case <-p.Done:
+			t.Fatalf("%v exited (%v) with %d of %d output records; stderr:\n%s", p.Cmd.Args, p.Cmd.ProcessState, len(recs), n, p.Stderr.Tail(60))
 		case <-ctx.Done():
-			t.Fatalf("output did not reach %d records (have %d, %v); stderr:\n%s", n, len(recs), err, p.stderr.tail(60))
+			t.Fatalf("output did not reach %d records (have %d, %v); stderr:\n%s", n, len(recs), err, p.Stderr.Tail(60))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -111,21 +112,21 @@ func TestRunContinuesExactlyOnceAfterSIGKILLOnTheSameCheckpointDir(t *testing.T)
 		"--checkpoint-interval", "100ms", "--checkpoint-dir", dir, "--log-format", "json"}
 	first := startClusterEnv(t, []string{failpoint.EnvVar + "=" + failpoint.JMAfterCheckpointPersisted + "=crash@3"}, args...)
 	select {
-	case <-first.done:
-		if ws, ok := first.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
-			t.Fatalf("first run ended %v, want killed by its failpoint; stderr:\n%s", first.cmd.ProcessState, first.stderr.tail(60))
+	case <-first.Done:
+		if ws, ok := first.Cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("first run ended %v, want killed by its failpoint; stderr:\n%s", first.Cmd.ProcessState, first.Stderr.Tail(60))
 		}
 	case <-ctx.Done():
-		t.Fatalf("first run not killed by its failpoint; stderr:\n%s", first.stderr.tail(60))
+		t.Fatalf("first run not killed by its failpoint; stderr:\n%s", first.Stderr.Tail(60))
 	}
 	before, _ := kafkatest.ReadCommitted(ctx, []string{env.Addr}, "counts")
 
 	second := startClusterEnv(t, nil, args...)
 	committedAtLeast(t, ctx, env.Addr, second, len(before)+300)
-	if err := second.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := second.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-second.done
+	<-second.Done
 	mid, _ := kafkatest.ReadCommitted(ctx, []string{env.Addr}, "counts")
 	time.Sleep(300 * time.Millisecond) // input goes on while no process runs
 	close(stopInput)
@@ -140,24 +141,24 @@ func TestRunContinuesExactlyOnceAfterSIGKILLOnTheSameCheckpointDir(t *testing.T)
 	third := startClusterEnv(t, nil, args...)
 	out := committedAtLeast(t, ctx, env.Addr, third, total)
 	if rep := wordcount.Check(out, want); !rep.OK() {
-		t.Fatalf("after two killed processes: %s; third run's stderr:\n%s", rep, third.stderr.tail(60))
+		t.Fatalf("after two killed processes: %s; third run's stderr:\n%s", rep, third.Stderr.Tail(60))
 	}
-	if !strings.Contains(third.stderr.tail(1<<20), "restoring from checkpoint") {
-		t.Errorf("the third process did not restore from a checkpoint; stderr:\n%s", third.stderr.tail(40))
+	if !strings.Contains(third.Stderr.Tail(1<<20), "restoring from checkpoint") {
+		t.Errorf("the third process did not restore from a checkpoint; stderr:\n%s", third.Stderr.Tail(40))
 	}
-	if err := third.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := third.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-third.done:
+	case <-third.Done:
 	case <-ctx.Done():
-		t.Fatalf("no exit within the deadline after SIGTERM; stderr:\n%s", third.stderr.tail(40))
+		t.Fatalf("no exit within the deadline after SIGTERM; stderr:\n%s", third.Stderr.Tail(40))
 	}
-	if code := third.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, third.stderr.tail(40))
+	if code := third.Cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, third.Stderr.Tail(40))
 	}
 	select {
-	case l := <-third.out:
+	case l := <-third.Out:
 		if !strings.Contains(l, "cancelled") {
 			t.Errorf("stdout %q, want the cancelled line", l)
 		}

@@ -32,6 +32,9 @@ var Type = runtime.JobType{
 		{Name: "guarantee", Default: "exactly-once", Description: "exactly-once | at-least-once"},
 	},
 	Build: Build,
+	Check: func(ctx context.Context, p runtime.Params) error {
+		return sharegroup.CheckBrokers(ctx, strings.Split(p.String("brokers"), ","))
+	},
 }
 
 // Register adds the wordcount job type to r.

@@ -57,6 +57,10 @@ type Config struct {
 	// with "" before results are written, so a live line can be cleared.
 	// It must not block.
 	Progress func(status string)
+	// TaskManagers starts the task managers of runtime-wordcount-2tm
+	// (streamctl bench: processes of its own binary); nil runs them in
+	// this process.
+	TaskManagers StartTaskManagers
 
 	// clusterOpts are added to every mini cluster a benchmark starts
 	// (tests of this package use them to slow checkpoints down).
@@ -107,6 +111,7 @@ type Benchmark struct {
 func All() []Benchmark {
 	return []Benchmark{
 		{Name: "runtime-wordcount", Run: RuntimeWordcount},
+		{Name: "runtime-wordcount-2tm", Run: RuntimeWordcount2TM},
 		{Name: "checkpoint-cycle", Run: CheckpointCycle},
 		{Name: "eos-sink", Run: EOSSink},
 		{Name: "eos-wordcount", Run: EOSWordcount},

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -80,12 +81,16 @@ func wordcountJob(lines func() runtime.Source[string]) (*runtime.Job, *atomic.In
 	})
 	counts := runtime.Process(runtime.KeyBy(words, func(w string) string { return w }, nil), "count", wordcount.NewCounter)
 	seen := new(atomic.Int64)
-	runtime.SinkTo(counts, "discard", func() runtime.Sink[wordcount.Count] { return &countingSink{total: seen} })
+	runtime.SinkTo(counts, sinkUID, func() runtime.Sink[wordcount.Count] { return &countingSink{total: seen} })
 	return j, seen
 }
 
-// countingSink counts the records of one sink subtask and adds the count
-// to total when it closes.
+// sinkUID is the name (and uid) of the counting sink.
+const sinkUID = "discard"
+
+// countingSink counts the records of one sink subtask, snapshots its count
+// (so that a job run elsewhere reports it in its final checkpoint) and adds
+// it to total when it closes.
 type countingSink struct {
 	n     int64
 	total *atomic.Int64
@@ -99,7 +104,7 @@ func (s *countingSink) Write(context.Context, wordcount.Count) error {
 }
 
 func (s *countingSink) Snapshot(context.Context, checkpoint.ID) (runtime.OperatorState, error) {
-	return runtime.OperatorState{}, nil
+	return runtime.OperatorState{Entries: [][]byte{binary.AppendVarint(nil, s.n)}}, nil
 }
 
 func (s *countingSink) Close() error {

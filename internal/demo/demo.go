@@ -1,32 +1,42 @@
 // Package demo owns `streamctl demo`: one command from a fresh clone that
-// starts the embedded broker, writes a generated corpus, runs the
-// exactly-once wordcount on the in-process mini cluster with one injected
-// task failure, and checks the committed output independently.
+// starts a cluster as real processes (the embedded broker, a job manager,
+// two task managers), writes a generated corpus while the exactly-once
+// wordcount runs on it, SIGKILLs a task manager once output is committed,
+// and checks the committed output independently.
 //
-// It only orchestrates: the job is examples/wordcount, the check is
-// wordcount.Verify. It must not hold logic that other packages need.
+// It only orchestrates: the job is examples/wordcount, the processes are
+// streamctl's own commands, the check is wordcount.Verify. It must not hold
+// logic that other packages need.
 package demo
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand"
+	"net/http"
 	"os"
-	"slices"
+	"os/exec"
+	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/weirstream/weir/examples/wordcount"
-	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/kafkatxn/committed"
-	"github.com/weirstream/weir/runtime"
+	"github.com/weirstream/weir/internal/rpc"
+	"github.com/weirstream/weir/internal/rpc/weirpb"
 )
 
 // ErrViolated is returned when the verification finds a duplicate or a loss.
@@ -41,10 +51,18 @@ type Config struct {
 	Lines      int           // lines of generated text
 	Partitions int32         // partitions of the input topic
 	Timeout    time.Duration // how long the job may take to produce all output
-	// Failpoints is a WEIR_FAILPOINTS spec added to the demo's own injected
-	// failure; it is checked before anything starts.
+	// Exe is the streamctl binary whose commands the demo runs as
+	// processes (streamctl demo: itself).
+	Exe string
+	// Failpoints is a WEIR_FAILPOINTS spec for the cluster's processes; it
+	// is checked before anything starts.
 	Failpoints string
 	Logger     *zap.Logger // nil: no logs
+	// Stderr receives the processes' logs (warnings and errors; nil:
+	// discarded), in LogFormat (console or json; "": console). Run
+	// serialises the processes' writes to it.
+	Stderr    io.Writer
+	LogFormat string
 	// Progress, when set, is called every progressEvery while the job runs
 	// with a one-line status, and with "" before the next result line is
 	// printed (so a live line can be cleared). It must not block.
@@ -57,7 +75,7 @@ func DefaultConfig() Config {
 	return Config{Lines: 20000, Partitions: 8, Timeout: 3 * time.Minute}
 }
 
-// validate checks cfg's sizes.
+// validate checks cfg.
 func (cfg Config) validate() error {
 	switch {
 	case cfg.Lines < 1:
@@ -66,30 +84,121 @@ func (cfg Config) validate() error {
 		return fmt.Errorf("%w: --partitions %d: want at least 1", ErrBadConfig, cfg.Partitions)
 	case cfg.Timeout <= 0:
 		return fmt.Errorf("%w: --timeout %v: want a positive duration", ErrBadConfig, cfg.Timeout)
+	case cfg.Exe == "":
+		return fmt.Errorf("%w: no streamctl binary to run the cluster's processes with", ErrBadConfig)
+	}
+	if _, err := failpoint.Parse(cfg.Failpoints); err != nil {
+		return fmt.Errorf("%w: %s=%q: %w", ErrBadConfig, failpoint.EnvVar, cfg.Failpoints, err)
 	}
 	return nil
 }
 
-// failpoints parses the caller's spec and adds the demo's injected task
-// failure at failAt.
-func (cfg Config) failpoints(failAt int) (*failpoint.Set, error) {
-	user, err := failpoint.Parse(cfg.Failpoints)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s=%q: %w", ErrBadConfig, failpoint.EnvVar, cfg.Failpoints, err)
-	}
-	if slices.Contains(user.Names(), failpoint.TaskProcess) {
-		return nil, fmt.Errorf("%w: %s=%q: %w: the demo injects %s itself; leave it out", ErrBadConfig, failpoint.EnvVar, cfg.Failpoints,
-			failpoint.ErrBadSpec, failpoint.TaskProcess)
-	}
-	spec := fmt.Sprintf("%s=error@%d", failpoint.TaskProcess, failAt)
-	if cfg.Failpoints != "" {
-		spec = cfg.Failpoints + "," + spec
-	}
-	return failpoint.Parse(spec)
-}
-
 // progressEvery is how often Run passes its status to Config.Progress.
 const progressEvery = 250 * time.Millisecond
+
+// awaitTaskManagers polls the job manager's GET /taskmanagers until n
+// task managers are registered.
+func awaitTaskManagers(ctx context.Context, httpAddr string, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	hc := &http.Client{}
+	defer hc.CloseIdleConnections()
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/taskmanagers", nil)
+		if err != nil {
+			return err
+		}
+		var got []json.RawMessage
+		resp, err := hc.Do(req)
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&got)
+			resp.Body.Close()
+		}
+		switch {
+		case err != nil:
+			last = err
+		case len(got) >= n:
+			return nil
+		default:
+			last = fmt.Errorf("%d of %d registered", len(got), n)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("demo: task managers did not register: %w", last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// proc is one process of the demo's cluster.
+type proc struct {
+	name  string
+	cmd   *exec.Cmd
+	lines chan string
+	done  chan struct{}
+}
+
+// start runs cfg.Exe args as the process name.
+func (cfg Config) start(name string, args ...string) (*proc, error) {
+	format := cfg.LogFormat
+	if format == "" {
+		format = "console"
+	}
+	p := &proc{name: name, cmd: exec.Command(cfg.Exe, append(args, "--log-level", "warn", "--log-format", format)...),
+		lines: make(chan string, 8), done: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), failpoint.EnvVar+"="+cfg.Failpoints)
+	p.cmd.Stderr = cfg.Stderr
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("demo: start %s: %w", name, err)
+	}
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			select {
+			case p.lines <- sc.Text():
+			default:
+			}
+		}
+		_ = p.cmd.Wait()
+	}()
+	return p, nil
+}
+
+// line waits for the process's next stdout line and returns re's group.
+func (p *proc) line(re string) (string, error) {
+	select {
+	case l := <-p.lines:
+		if m := regexp.MustCompile(re).FindStringSubmatch(l); m != nil {
+			return m[1], nil
+		}
+		return "", fmt.Errorf("demo: %s printed %q, want %s", p.name, l, re)
+	case <-p.done:
+		return "", fmt.Errorf("demo: %s exited: %v", p.name, p.cmd.ProcessState)
+	case <-time.After(30 * time.Second):
+		return "", fmt.Errorf("demo: %s printed nothing in 30s", p.name)
+	}
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// stop stops the process cleanly (SIGTERM), killing it after 30s.
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		p.kill()
+	}
+}
 
 // Run runs the demo, printing progress and the verdict to w. A bad Config is
 // an error wrapping ErrBadConfig before anything starts.
@@ -97,13 +206,13 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	// Check the failpoints before any work: the real spec depends on the
-	// corpus, but a bad one is bad at any count.
-	if _, err := cfg.failpoints(1); err != nil {
-		return err
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Stderr != nil {
+		// The processes write their logs concurrently, each from its own
+		// copying goroutine in os/exec: one lock serialises them.
+		cfg.Stderr = zapcore.Lock(zapcore.AddSync(cfg.Stderr))
 	}
 	progress := cfg.Progress
 	if progress == nil {
@@ -114,15 +223,61 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	var procs []*proc
+	defer func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].stop()
+		}
+	}()
+	start := func(name string, args ...string) (*proc, error) {
+		p, err := cfg.start(name, args...)
+		if err == nil {
+			procs = append(procs, p)
+		}
+		return p, err
+	}
 
-	b, err := broker.Start(ctx, broker.Listen("127.0.0.1:0"), broker.DataDir(dir+"/broker"), broker.Logger(cfg.Logger))
+	b, err := start("broker", "broker", "--listen", "127.0.0.1:0", "--data-dir", dir+"/broker")
 	if err != nil {
 		return err
 	}
-	defer b.Close()
-	fmt.Fprintf(w, "embedded broker listening on %s\n", b.Addr())
+	brokerAddr, err := b.line(`^broker listening on (\S+)$`)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "embedded broker (process %d) listening on %s\n", b.cmd.Process.Pid, brokerAddr)
+	jm, err := start("jobmanager", "jobmanager", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir", dir+"/jobmanager")
+	if err != nil {
+		return err
+	}
+	jmAddr, err := jm.line(`^jobmanager listening on (\S+)$`)
+	if err != nil {
+		return err
+	}
+	jmHTTP, err := jm.line(`^jobmanager http on (\S+)$`)
+	if err != nil {
+		return err
+	}
+	var tms []*proc
+	for i := 1; i <= 2; i++ {
+		tm, err := start(fmt.Sprintf("demo-tm-%d", i), "taskmanager", "--jobmanager", jmAddr, "--slots", "2", "--id", fmt.Sprintf("demo-tm-%d", i))
+		if err != nil {
+			return err
+		}
+		tms = append(tms, tm)
+	}
+	// Both task managers register before the submit, so the job's two
+	// subtasks are spread over them and the kill below hits one.
+	if err := awaitTaskManagers(ctx, jmHTTP, len(tms)); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "job manager (process %d) on %s, task managers demo-tm-1 (process %d) and demo-tm-2 (process %d), 2 slots each\n",
+		jm.cmd.Process.Pid, jmAddr, tms[0].cmd.Process.Pid, tms[1].cmd.Process.Pid)
+	if cfg.Failpoints != "" {
+		fmt.Fprintf(w, "failpoints from %s: %s\n", failpoint.EnvVar, cfg.Failpoints)
+	}
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()), kgo.DefaultProduceTopic("lines"))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokerAddr), kgo.DefaultProduceTopic("lines"))
 	if err != nil {
 		return err
 	}
@@ -131,70 +286,101 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 		return fmt.Errorf("demo: create input topic: %w", err)
 	}
 	lines := Corpus(7, cfg.Lines)
-	recs := make([]*kgo.Record, len(lines))
-	for i, l := range lines {
-		recs[i] = kgo.StringRecord(l)
-	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		return fmt.Errorf("demo: produce input: %w", err)
-	}
 	want := wordcount.Expected(lines)
 	total := 0
 	for _, n := range want {
 		total += n
 	}
-	fmt.Fprintf(w, "produced %d lines (%d words, %d distinct) to topic lines (%d partitions)\n", len(lines), total, len(want), cfg.Partitions)
-
-	reg := runtime.NewRegistry()
-	if err := wordcount.Register(reg); err != nil {
-		return err
+	// A quarter of the input now, the rest while the job runs: the task
+	// manager is killed mid-stream.
+	produce := func(ls []string) error {
+		recs := make([]*kgo.Record, len(ls))
+		for i, l := range ls {
+			recs[i] = kgo.StringRecord(l)
+		}
+		return cl.ProduceSync(ctx, recs...).FirstErr()
 	}
-	job, err := reg.Build(wordcount.Name, map[string]string{"brokers": b.Addr(), runtime.ParamParallelism: "2"})
+	first := max(1, len(lines)/4)
+	if err := produce(lines[:first]); err != nil {
+		return fmt.Errorf("demo: produce input: %w", err)
+	}
+
+	cc, err := rpc.Dial(jmAddr)
 	if err != nil {
 		return err
 	}
-	// One task failure, a third of the way through the words.
-	failAt := max(1, total/3)
-	fp, err := cfg.failpoints(failAt)
+	defer cc.Close()
+	jmc := weirpb.NewJobManagerClient(cc)
+	id, err := submit(ctx, jmc, brokerAddr)
 	if err != nil {
 		return err
 	}
-	if cfg.Failpoints != "" {
-		fmt.Fprintf(w, "failpoints from %s: %s\n", failpoint.EnvVar, cfg.Failpoints)
-	}
-	fmt.Fprintf(w, "running wordcount (exactly-once, parallelism 2, checkpoints every 200ms) with a task failure injected at record %d\n", failAt)
-
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	var res runtime.Result
-	store := dir + "/checkpoints"
+	fmt.Fprintf(w, "submitted wordcount as job %s (exactly-once, parallelism 2, checkpoints every 200ms)\n", id)
+	produced := make(chan error, 1)
 	go func() {
-		var err error
-		res, err = runtime.NewMiniCluster(runtime.CheckpointInterval(200*time.Millisecond), runtime.CheckpointDir(store),
-			runtime.Failpoints(fp), runtime.Logger(cfg.Logger), runtime.Restarts(3, 100*time.Millisecond)).Run(runCtx, job)
-		done <- err
+		rest := lines[first:]
+		step := max(1, len(rest)/30)
+		for len(rest) > 0 {
+			n := min(step, len(rest))
+			if err := produce(rest[:n]); err != nil {
+				produced <- err
+				return
+			}
+			rest = rest[n:]
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+				produced <- ctx.Err()
+				return
+			}
+		}
+		produced <- nil
 	}()
-	start := time.Now()
+	fmt.Fprintf(w, "producing %d lines (%d words, %d distinct) to topic lines (%d partitions) while the job runs\n",
+		len(lines), total, len(want), cfg.Partitions)
+
+	runStart := time.Now()
 	deadline := time.After(cfg.Timeout)
 	// The admin client for the progress line must not cache the output
 	// topic's metadata from before the job created it.
-	admCl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()), kgo.MetadataMinAge(progressEvery))
+	admCl, err := kgo.NewClient(kgo.SeedBrokers(brokerAddr), kgo.MetadataMinAge(progressEvery))
 	if err != nil {
 		return err
 	}
 	defer admCl.Close()
 	adm := kadm.NewClient(admCl)
+	killed := false
+	var before int
 	for {
-		if done, err := committed.Reached(ctx, []string{b.Addr()}, "counts", total); err == nil && done {
-			break
+		st, err := jmc.GetJob(ctx, &weirpb.GetJobRequest{JobId: id})
+		if err != nil {
+			return fmt.Errorf("demo: job status: %w", err)
 		}
-		progress(fmt.Sprintf("wordcount: %s, about %d of %d output records committed",
-			time.Since(start).Round(100*time.Millisecond), committedBound(ctx, adm, "counts", total), total))
-		select {
-		case err := <-done:
+		if st.State == "FAILED" {
 			progress("")
-			return fmt.Errorf("demo: job stopped before its output was complete: %w", err)
+			return fmt.Errorf("demo: the job failed: %s", st.Error)
+		}
+		if !killed && st.LastCompletedCheckpoint > 0 {
+			recs, err := committed.Read(ctx, []string{brokerAddr}, "counts")
+			if err == nil && len(recs) > 0 {
+				progress("")
+				tms[0].kill()
+				killed, before = true, len(recs)
+				fmt.Fprintf(w, "SIGKILLed task manager demo-tm-1 with %d of %d output records already committed (checkpoint %d completed)\n",
+					before, total, st.LastCompletedCheckpoint)
+				if err := awaitRestart(ctx, jmc, id, w); err != nil {
+					return err
+				}
+			}
+		}
+		if killed {
+			if done, err := committed.Reached(ctx, []string{brokerAddr}, "counts", total); err == nil && done {
+				break
+			}
+		}
+		progress(fmt.Sprintf("wordcount: %s, %s, about %d of %d output records committed",
+			time.Since(runStart).Round(100*time.Millisecond), st.State, committedBound(ctx, adm, "counts", total), total))
+		select {
 		case <-deadline:
 			progress("")
 			return fmt.Errorf("demo: output incomplete after %v (want %d records)", cfg.Timeout, total)
@@ -205,17 +391,19 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 		}
 	}
 	progress("")
-	cancel()
-	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-		return err
+	if err := <-produced; err != nil {
+		return fmt.Errorf("demo: produce input: %w", err)
 	}
-	fmt.Fprintf(w, "output complete after %.1fs; the job restarted %d time(s) from its latest checkpoint\n",
-		time.Since(start).Seconds(), res.Restarts)
-	if fp.Hits(failpoint.TaskProcess) < int64(failAt) {
-		return fmt.Errorf("demo: the injected failure never fired")
+	if before >= total {
+		return fmt.Errorf("demo: the whole output was committed before the task manager was killed")
 	}
-
-	rep, err := wordcount.Verify(ctx, []string{b.Addr()}, "counts", want)
+	st, err := jmc.CancelJob(ctx, &weirpb.CancelJobRequest{JobId: id})
+	if err != nil {
+		return fmt.Errorf("demo: cancel: %w", err)
+	}
+	fmt.Fprintf(w, "output complete after %.1fs; the job restarted %d time(s); cancelled: %s\n",
+		time.Since(runStart).Seconds(), st.Restarts, st.State)
+	rep, err := wordcount.Verify(ctx, []string{brokerAddr}, "counts", want)
 	if err != nil {
 		return fmt.Errorf("demo: verify: %w", err)
 	}
@@ -224,6 +412,50 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 		return ErrViolated
 	}
 	return nil
+}
+
+// submit submits wordcount, retrying while the task managers register.
+func submit(ctx context.Context, jmc weirpb.JobManagerClient, brokers string) (string, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err := jmc.SubmitJob(ctx, &weirpb.SubmitJobRequest{JobType: wordcount.Name, CheckpointIntervalMs: 200,
+			Params: map[string]string{"brokers": brokers, "parallelism": "2"}})
+		if err == nil {
+			return r.JobId, nil
+		}
+		if status.Code(err) != codes.FailedPrecondition || time.Now().After(deadline) {
+			return "", fmt.Errorf("demo: submit: %w", err)
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+}
+
+// awaitRestart waits until the job runs again after the kill and says
+// where it restored from.
+func awaitRestart(ctx context.Context, jmc weirpb.JobManagerClient, id string, w io.Writer) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := jmc.GetJob(ctx, &weirpb.GetJobRequest{JobId: id})
+		if err != nil {
+			return fmt.Errorf("demo: job status: %w", err)
+		}
+		if st.Restarts > 0 && st.State == "RUNNING" {
+			fmt.Fprintf(w, "the job manager noticed, and restarted the job on demo-tm-2 from checkpoint %d\n", st.RestoredFromCheckpoint)
+			return nil
+		}
+		if st.State == "FAILED" || time.Now().After(deadline) {
+			return fmt.Errorf("demo: the job did not restart after the kill: %s %s", st.State, st.Error)
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // committedBound returns the sum of topic's last stable offsets, at most max:

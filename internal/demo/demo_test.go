@@ -3,6 +3,11 @@ package demo
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -13,27 +18,59 @@ import (
 	"github.com/weirstream/weir/internal/failpoint"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// streamctlBin is streamctl, built by TestMain: the demo runs its processes.
+var streamctlBin string
 
-func TestDemoVerifiesExactlyOnceAfterAnInjectedFailure(t *testing.T) {
-	var out bytes.Buffer
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "demo-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	streamctlBin = filepath.Join(dir, "streamctl")
+	build := exec.Command("go", "build", "-o", streamctlBin, "../../cmd/streamctl")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build streamctl:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// The demo runs its cluster as processes, SIGKILLs a task manager after
+// output was committed and before all of it, and verifies exactly-once.
+func TestDemoVerifiesExactlyOnceAfterATaskManagerIsKilled(t *testing.T) {
+	var out, logs bytes.Buffer
 	var mu sync.Mutex
 	var statuses []string
 	cfg := DefaultConfig()
-	cfg.Lines = 3000
+	cfg.Lines, cfg.Exe, cfg.Stderr = 3000, streamctlBin, &logs
 	cfg.Progress = func(s string) {
 		mu.Lock()
 		defer mu.Unlock()
 		statuses = append(statuses, s)
 	}
 	if err := Run(t.Context(), &out, cfg); err != nil {
-		t.Fatalf("demo failed: %v\n%s", err, out.String())
+		t.Fatalf("demo failed: %v\n%s\nprocess logs:\n%s", err, out.String(), logs.String())
 	}
 	s := out.String()
-	for _, want := range []string{"restarted 1 time(s)", "exactly-once verified:", "0 duplicates, 0 lost"} {
+	for _, want := range []string{"SIGKILLed task manager demo-tm-1 with", "restarted the job on demo-tm-2 from checkpoint",
+		"restarted 1 time(s)", "exactly-once verified:", "0 duplicates, 0 lost"} {
 		if !strings.Contains(s, want) {
 			t.Fatalf("demo output lacks %q:\n%s", want, s)
 		}
+	}
+	m := regexp.MustCompile(`with (\d+) of (\d+) output records already committed`).FindStringSubmatch(s)
+	if m == nil || m[1] == "0" || m[1] == m[2] {
+		t.Fatalf("the kill came with %v output records committed: want some, not all:\n%s", m, s)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -48,7 +85,7 @@ func TestDemoVerifiesExactlyOnceAfterAnInjectedFailure(t *testing.T) {
 }
 
 // Bad flags and bad failpoints are refused before anything starts: no
-// broker, no output.
+// process, no output.
 func TestDemoRefusesBadConfigBeforeStarting(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -62,11 +99,12 @@ func TestDemoRefusesBadConfigBeforeStarting(t *testing.T) {
 		{"negative timeout", func(c *Config) { c.Timeout = -time.Second }, "--timeout -1s"},
 		{"unknown failpoint", func(c *Config) { c.Failpoints = "sink.after-comit=crash" }, `WEIR_FAILPOINTS="sink.after-comit=crash"`},
 		{"bad action", func(c *Config) { c.Failpoints = "sink.after-commit=boom" }, `unknown action "boom"`},
-		{"task.process taken by the demo", func(c *Config) { c.Failpoints = "task.process=sleep(1)" }, "the demo injects task.process itself"},
+		{"no binary", func(c *Config) { c.Exe = "" }, "no streamctl binary"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
+			cfg.Exe = streamctlBin
 			tt.change(&cfg)
 			var out bytes.Buffer
 			err := Run(t.Context(), &out, cfg)
@@ -80,7 +118,7 @@ func TestDemoRefusesBadConfigBeforeStarting(t *testing.T) {
 	}
 	// Bad failpoint specs keep their own sentinel too.
 	cfg := DefaultConfig()
-	cfg.Failpoints = "nope=crash"
+	cfg.Exe, cfg.Failpoints = streamctlBin, "nope=crash"
 	if err := Run(t.Context(), new(bytes.Buffer), cfg); !errors.Is(err, failpoint.ErrBadSpec) {
 		t.Fatalf("Run = %v, want failpoint.ErrBadSpec", err)
 	}

@@ -10,12 +10,14 @@ package rpc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -34,14 +36,45 @@ var ErrPeerDead = errors.New("rpc: peer sent no heartbeat in time")
 // ErrUnreachable wraps a failure to reach the job manager.
 var ErrUnreachable = errors.New("rpc: job manager unreachable")
 
-// Dial returns a client connection to addr (plaintext; Weir's control plane
-// runs on a trusted network). grpc connects lazily: the first call fails
-// with ErrUnreachable when nobody listens at addr.
-func Dial(addr string) (*grpc.ClientConn, error) {
+// DialOpt configures Dial.
+type DialOpt interface{ apply(*dialCfg) }
+
+type dialCfg struct {
+	tls   *tls.Config
+	token string
+}
+
+type dialOpt func(*dialCfg)
+
+func (o dialOpt) apply(c *dialCfg) { o(c) }
+
+// WithTLS dials over TLS with cfg (see ClientTLS); default: plaintext.
+func WithTLS(cfg *tls.Config) DialOpt { return dialOpt(func(c *dialCfg) { c.tls = cfg }) }
+
+// WithToken sends token with every call (the job manager's
+// --auth-token-file); "" sends none.
+func WithToken(token string) DialOpt { return dialOpt(func(c *dialCfg) { c.token = token }) }
+
+// Dial returns a client connection to addr, plaintext unless WithTLS. grpc
+// connects lazily: the first call fails with ErrUnreachable when nobody
+// listens at addr.
+func Dial(addr string, opts ...DialOpt) (*grpc.ClientConn, error) {
 	if addr == "" {
 		return nil, fmt.Errorf("%w: no address", ErrUnreachable)
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	var c dialCfg
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	creds := insecure.NewCredentials()
+	if c.tls != nil {
+		creds = credentials.NewTLS(c.tls)
+	}
+	gopts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if c.token != "" {
+		gopts = append(gopts, grpc.WithPerRPCCredentials(tokenCreds{token: c.token}))
+	}
+	cc, err := grpc.NewClient(addr, gopts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, addr, err)
 	}

@@ -81,7 +81,7 @@ func TestSessionHeartbeatsAndDetectsASilentPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Register{Register: &weirpb.Register{
-		TaskManagerId: "tm-1", Slots: 2, DataAddress: "127.0.0.1:1"}}}); err != nil {
+		TaskManagerId: "tm-1", Slots: 2, DataHost: "127.0.0.1"}}}); err != nil {
 		t.Fatal(err)
 	}
 	first, err := st.Recv()
@@ -106,7 +106,7 @@ func TestSessionHeartbeatsAndDetectsASilentPeer(t *testing.T) {
 	sendDone := make(chan error, 1)
 	go func() {
 		sendDone <- rpc.Every(ctx, time.Duration(reg.HeartbeatIntervalMs)*time.Millisecond, func() error {
-			return st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Heartbeat{Heartbeat: &weirpb.Heartbeat{FreeSlots: 2}}})
+			return st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Heartbeat{Heartbeat: &weirpb.Heartbeat{}}})
 		})
 	}()
 	timeout := time.Duration(reg.HeartbeatTimeoutMs) * time.Millisecond

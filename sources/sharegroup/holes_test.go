@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/weirstream/weir/checkpoint"
@@ -363,25 +362,7 @@ func TestSixRestartsUnderKafkasDeliveryLimitLoseAndDeadLetterNothing(t *testing.
 		perAttempt = append(perAttempt, len(pollFor(t, s, 10, 5*time.Second)))
 		s.Close() // the task fails before its checkpoint completes
 	}
-	s := openSource(t, env, 0, nil)
-	vals, id := runCheckpoints(t, env, s, "g", in0, 10, 1, 20*time.Second)
-	// The originals are all acknowledged once the input's share start is
-	// at 10; the copies re-queued to the retry topic are emitted once its
-	// share start reaches its end too.
-	retry := acklog.TopicPartition{Topic: "g-retry"}
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
-		ends, err := env.Admin(t).ListEndOffsets(t.Context(), retry.Topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		end, _ := ends.Lookup(retry.Topic, 0)
-		if shareStart(t, env, "g", retry) >= end.Offset {
-			break
-		}
-		var more []string
-		more, id = runCheckpoints(t, env, s, "g", retry, end.Offset, id, time.Until(deadline))
-		vals = append(vals, more...)
-	}
+	vals := drainOneLane(t, env, openSource(t, env, 0, nil), 10)
 	t.Logf("records emitted by attempts 1-6: %v", perAttempt)
 	// Every value once, none dead-lettered, every original acknowledged
 	// through a committed marker (the re-queue's) and the share start at 10.
@@ -393,150 +374,4 @@ func TestSixRestartsUnderKafkasDeliveryLimitLoseAndDeadLetterNothing(t *testing.
 		}
 	}
 	t.Logf("%d re-queued copies", len(retried))
-}
-
-// Issue 9, case 4 with the default lanes: a wordcount-shaped source (8
-// partitions, parallelism 2, so 4 lanes per subtask) under Kafka's default
-// delivery limit 5 holds records and fails 6 attempts in a row; the 7th
-// completes checkpoints. Every input offset must be covered by exactly one
-// committed marker, every value emitted once by the 7th attempt, nothing
-// dead-lettered and no ErrRecordsSkipped (Poll would return it). The test
-// logs the deliveries each attempt burnt per record.
-func TestSixRestartsWithDefaultLanesUnderKafkasDeliveryLimitLoseNothing(t *testing.T) {
-	const parts, perPart = 8, 40
-	env := kafkatest.New(t, append(lockBroker(3*time.Second), broker.Config("group.share.delivery.count.limit", "5"))...)
-	env.CreateTopic(t, "in", parts, nil)
-	for p := range int32(parts) {
-		produceTo(t, env, "in", p, int(p)*perPart, int(p+1)*perPart)
-	}
-	var mu sync.Mutex
-	burnt := map[string]int{} // partition/offset -> acquisitions in this attempt
-	dc := map[int]int{}       // delivery count -> acquisitions at it, this attempt
-	closing := false
-	late := map[string]int{}
-	most := map[int]int{} // attempt -> most acquisitions of one record
-	measure := withCfg(func(c *cfg) {
-		c.testAcquired = func(lane string, recs []*kgo.Record) {
-			mu.Lock()
-			defer mu.Unlock()
-			for _, r := range recs {
-				burnt[fmt.Sprintf("%s/%d/%d", r.Topic, r.Partition, r.Offset)]++
-				dc[int(r.DeliveryCount())]++
-				if closing {
-					late[lane[:5]]++
-				}
-			}
-		}
-	})
-	open := func(attempt int) []*Source[string] {
-		var srcs []*Source[string]
-		for sub := range 2 {
-			s, err := openSourceErr(t, env, sub, nil, Lanes(0), measure)
-			if err != nil {
-				t.Fatalf("attempt %d: Open subtask %d: %v", attempt, sub, err)
-			}
-			srcs = append(srcs, s)
-		}
-		return srcs
-	}
-	var perAttempt []int
-	for i := 1; i <= 6; i++ {
-		srcs := open(i)
-		c := &sliceCollector{}
-		for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end) && len(c.vals) < parts*perPart; {
-			for _, s := range srcs {
-				if err := s.Poll(t.Context(), c); err != nil {
-					t.Fatalf("attempt %d: Poll: %v", i, err)
-				}
-			}
-		}
-		mu.Lock()
-		closing = true
-		mu.Unlock()
-		for _, s := range srcs {
-			s.Close() // the task fails before its checkpoint completes
-		}
-		mu.Lock()
-		closing = false
-		t.Logf("attempt %d: acquired while closing: %v", i, late)
-		clear(late)
-		mu.Unlock()
-		mu.Lock()
-		twice := 0
-		for k, n := range burnt {
-			most[i] = max(most[i], n)
-			if n > 1 {
-				twice++
-			}
-			delete(burnt, k)
-		}
-		t.Logf("attempt %d: %d records acquired more than once; acquisitions by delivery count %v", i, twice, dc)
-		clear(dc)
-		mu.Unlock()
-		perAttempt = append(perAttempt, len(c.vals))
-	}
-	t.Logf("records emitted by attempts 1-6: %v; most deliveries of one record per attempt: %v", perAttempt, most)
-	srcs := open(7)
-	c := &sliceCollector{}
-	id := checkpoint.ID(1)
-	adm := env.Admin(t)
-	done := func() bool {
-		ends, err := adm.ListEndOffsets(t.Context(), "g-retry")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if end, _ := ends.Lookup("g-retry", 0); shareStart(t, env, "g", acklog.TopicPartition{Topic: "g-retry"}) < end.Offset {
-			return false
-		}
-		for p := range int32(parts) {
-			if shareStart(t, env, "g", acklog.TopicPartition{Topic: "in", Partition: p}) < perPart {
-				return false
-			}
-		}
-		return true
-	}
-	for deadline := time.Now().Add(30 * time.Second); !done() && time.Now().Before(deadline); id++ {
-		for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
-			for _, s := range srcs {
-				if err := s.Poll(t.Context(), c); err != nil {
-					t.Fatalf("attempt 7: Poll: %v", err)
-				}
-			}
-		}
-		for _, s := range srcs {
-			if _, err := s.Snapshot(t.Context(), id); err != nil {
-				t.Fatalf("Snapshot(%d): %v", id, err)
-			}
-		}
-		for _, s := range srcs {
-			if err := s.NotifyCheckpointComplete(t.Context(), id); err != nil {
-				t.Fatalf("NotifyCheckpointComplete(%d): %v", id, err)
-			}
-		}
-	}
-	if d := exactlyOnce(counts(t, c.vals), parts*perPart); d != "" {
-		t.Errorf("attempt 7 emitted: %s", d)
-	}
-	entries := ackLogEntries(t, env, "g")
-	for p := range int32(parts) {
-		tp := acklog.TopicPartition{Topic: "in", Partition: p}
-		cover := map[int]int{}
-		for off, n := range committedCover(entries, tp) {
-			cover[off+int(p)*perPart] = n
-		}
-		for v := int(p) * perPart; v < int(p+1)*perPart; v++ {
-			if cover[v] != 1 {
-				t.Errorf("in/%d offset %d: in %d committed markers, want 1 (share start %d)", p, v-int(p)*perPart,
-					cover[v], shareStart(t, env, "g", tp))
-			}
-		}
-	}
-	if dlq := env.ReadCommitted(t, "g-dlq"); len(dlq) != 0 {
-		t.Errorf("%d records dead-lettered, want none", len(dlq))
-	}
-	rq := map[int]int{}
-	for _, r := range env.ReadCommitted(t, "g-retry") {
-		rq[requeues(r)]++
-	}
-	t.Logf("retry-topic copies by re-queue count: %v", rq)
 }

@@ -57,18 +57,24 @@ type lane struct {
 	aside    []asideRec
 	perTP    map[acklog.TopicPartition]int // held records per partition, counted at admission
 
-	wake chan struct{} // signals the poller that the lane is idle again
+	fetches   inFlight      // the client's ShareFetch requests in flight
+	admitted  bool          // a batch of the lane's was admitted (lanes start one by one)
+	wake      chan struct{} // signals the poller that the lane is idle again
+	closeOnce sync.Once
 }
 
 func newLane(id int, name string) *lane {
 	return &lane{id: id, name: name, ack: &acker{}, wake: make(chan struct{}, 1)}
 }
 
-// run polls whenever the lane is idle and hands batches over through ready.
+// run polls whenever the lane is idle and hands batches over through ready,
+// until ctx ends. A batch a poll returns as ctx ends (the source stopped
+// fetching) stays with the lane, ready, for Close to judge: the broker
+// counted its delivery.
 func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane, acquired func(string, []*kgo.Record)) {
 	for {
 		fs := l.cl.PollRecords(ctx, batch)
-		if ctx.Err() != nil || fs.IsClientClosed() {
+		if fs.IsClientClosed() {
 			return
 		}
 		var recs []*kgo.Record
@@ -79,7 +85,10 @@ func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane, acquired 
 			}
 		})
 		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
-		if len(recs) == 0 && ferr == nil {
+		if len(recs) == 0 && (ferr == nil || ctx.Err() != nil) {
+			if ctx.Err() != nil {
+				return
+			}
 			continue
 		}
 		if acquired != nil {
@@ -90,6 +99,9 @@ func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane, acquired 
 		l.state, l.batch, l.fetchErr = laneReady, recs, ferr
 		l.clock, l.renewed, l.held = newLockClock(recs, now), now, recs
 		l.mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
 		select {
 		case ready <- l:
 		case <-ctx.Done():
@@ -101,6 +113,86 @@ func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane, acquired 
 			return
 		}
 	}
+}
+
+// laneFetchWait is how long a lane's share fetch waits at the broker for
+// records (kgo's FetchMaxWait): an idle lane asks again that often, and a
+// fetch in flight ends within it.
+const laneFetchWait = time.Second
+
+// inFlight counts a client's ShareFetch requests in flight (a kgo broker
+// hook). kgo v1.22 lets a lane's client send one more fetch right after a
+// poll returned records (the poll hands its buffered fetch over while it
+// still counts as polling), so a lane that holds a batch, and polls no
+// more, can still have a fetch at the broker, acquiring whatever becomes
+// available: at Close, what its siblings release. Close pauses the client
+// (a fetch it builds afterwards acquires nothing) and waits for these to
+// end before anything is released. One being built as Close pauses can
+// still slip through: it costs a record at most one delivery no lane
+// sees, which restartBurn's margin covers.
+type inFlight struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed when n reaches 0; nil while nobody waits
+}
+
+// shareFetchKey is ShareFetch's API key.
+const shareFetchKey = 78
+
+// OnBrokerWrite implements kgo.HookBrokerWrite.
+func (f *inFlight) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key != shareFetchKey || err != nil {
+		return
+	}
+	f.mu.Lock()
+	f.n++
+	f.mu.Unlock()
+}
+
+// OnBrokerRead implements kgo.HookBrokerRead.
+func (f *inFlight) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, _ error) {
+	if key != shareFetchKey {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n > 0 {
+		f.n--
+	}
+	if f.n == 0 && f.zero != nil {
+		close(f.zero)
+		f.zero = nil
+	}
+}
+
+// wait returns once no ShareFetch is in flight, or ctx ends.
+func (f *inFlight) wait(ctx context.Context) {
+	f.mu.Lock()
+	if f.n == 0 {
+		f.mu.Unlock()
+		return
+	}
+	if f.zero == nil {
+		f.zero = make(chan struct{})
+	}
+	zero := f.zero
+	f.mu.Unlock()
+	select {
+	case <-zero:
+	case <-ctx.Done():
+	}
+}
+
+// close closes the lane's client, once: it waits for a fetch in flight,
+// then releases every record the lane still holds.
+func (l *lane) close() {
+	l.closeOnce.Do(func() {
+		l.ack.mu.Lock()
+		defer l.ack.mu.Unlock()
+		if l.cl != nil {
+			l.cl.Close()
+		}
+	})
 }
 
 // offsets adds what the lane's marker must cover: emitted and rejected
@@ -121,6 +213,17 @@ func (l *lane) count() {
 	for _, r := range l.held {
 		l.perTP[acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}]++
 	}
+}
+
+// acceptNow ACCEPTs records of the lane's that are done for good (a
+// committed marker covers them) and stops holding them. An error only
+// means they come back, and the ack-log recognises them.
+func (l *lane) acceptNow(ctx context.Context, recs []*kgo.Record) error {
+	refused, err := l.ack.ack(ctx, kgo.AckAccept, recs...)
+	l.mu.Lock()
+	l.drop(recs)
+	l.mu.Unlock()
+	return errors.Join(err, refusedErr(refused))
 }
 
 // drop removes acknowledged records from held. l.mu is held.

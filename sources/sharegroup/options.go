@@ -111,6 +111,7 @@ type cfg struct {
 	tombstoneEvery time.Duration
 	checkEvery     time.Duration // share start offset check (subtask 0)
 	renewTick      time.Duration // how often the renewer looks at the lanes
+	stagger        time.Duration // a lane starts at most this long after the one before it
 	// paused stops lock renewal: tests use it to play a process that is
 	// paused (GC, partition) while it holds records.
 	paused bool
@@ -143,7 +144,7 @@ const (
 func sourceDefaults() cfg {
 	return cfg{mode: Transactional, txnTimeout: DefaultTransactionTimeout, resetEarliest: true, maxRequeues: DefaultMaxRequeues,
 		pollWait: 50 * time.Millisecond, tombstoneEvery: time.Minute, openWait: DefaultOpenMarkerWait,
-		checkEvery: 5 * time.Second, renewTick: 100 * time.Millisecond}
+		checkEvery: 5 * time.Second, renewTick: 100 * time.Millisecond, stagger: 250 * time.Millisecond}
 }
 
 // Session defaults.

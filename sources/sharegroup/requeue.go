@@ -2,7 +2,6 @@ package sharegroup
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -22,29 +21,34 @@ const HeaderRequeues = "weir.requeues"
 // The delivery budget. The broker counts a delivery at every acquisition,
 // whatever ended it: a restart, a rollback, a lapsed lock or group churn
 // costs one as a processing failure does, and past
-// group.share.delivery.count.limit the broker archives the record. A restart
-// with several lanes per subtask burns up to 3 deliveries of a record (one
-// subtask's close releases records that another's idle lanes acquire and
-// release again; a fetch cut off by Close acquires and releases unread), so
-// the transactional source does not wait for the last delivery: a record
-// acquired with fewer than restartBurn+1 deliveries left (count >= limit -
-// restartBurn, at least 2: under Kafka's limit of 5, every redelivery) that
-// no committed marker covers is not processed but re-queued: copied to the group's retry topic (which the
-// source also reads) in a transaction of its own, committed at once, that
-// also carries an ack marker covering the original; then the original is
-// ACCEPTed. The copy starts with a fresh budget. If the process dies after
-// the commit and before the ACCEPT, the original comes back and the lookup
-// finds the committed marker: it is ACCEPTed, not processed. A record is
-// poison when decoding it fails (the source's own observation), or, with
-// MaxRequeues > 0, when it was re-queued that often (HeaderRequeues);
-// poison records go to the dead-letter topic inside the epoch's transaction.
+// group.share.delivery.count.limit the broker archives the record. A
+// failed attempt costs one delivery of each record it acquired, and the
+// source sees it: when a subtask closes, every lane of its attempt in this
+// process stops fetching before any releases (so none acquires what
+// another releases), and a batch acquired but never admitted is judged at
+// Close (settle). So the transactional source does not wait for the last
+// delivery: a record acquired with at most restartBurn deliveries left
+// (count >= limit - restartBurn, at least 2: under Kafka's limit of 5, the
+// third) that no committed marker covers is not processed but re-queued,
+// by admit or, for a batch never admitted, at Close: copied to the group's
+// retry topic (which the source also reads) in a transaction of its own,
+// committed at once, that also carries an ack marker covering the
+// original; then the original is ACCEPTed. The copy starts with a fresh
+// budget. If the process dies after the commit and before the ACCEPT, the
+// original comes back and the lookup finds the committed marker: it is
+// ACCEPTed, not processed. A record is poison when decoding it fails (the
+// source's own observation), or, with MaxRequeues > 0, when it was
+// re-queued that often (HeaderRequeues); poison records go to the
+// dead-letter topic inside the epoch's transaction.
 // (docs/architecture.md, "Delivery budget".)
 
-// restartBurn is how many deliveries of one record a failed attempt can
-// burn, measured with 2 subtasks of 4 lanes: the one it was admitted in, a
-// re-acquisition by another subtask's idle lane while the job closes, and
-// one by a fetch that Close cut off (acquired, released unread).
-const restartBurn = 3
+// restartBurn is how many deliveries of one record may pass before the
+// source can re-queue it: the one a failed attempt costs, and a margin of
+// one the source never sees (an attempt killed before it judged its batch
+// leaves it to the lock's expiry; a stray fetch at Close, see inFlight; a
+// subtask of the same source in another process, which the siblings of
+// this one do not stop).
+const restartBurn = 2
 
 // requeueWriter is the transactional writer of re-queue transactions, with
 // its own transactional ids ("<prefix>-rq-<subtask>-<index>") and a
@@ -137,12 +141,9 @@ func (s *Source[T]) requeue(ctx context.Context, l *lane, recs []*kgo.Record) ([
 	s.log.Info("re-queued records at their last healthy delivery to the retry topic", zap.String("lane", l.name),
 		zap.Int("records", len(recs)), zap.String("retry_topic", s.cfg.requeueTopic))
 	// Committed: the marker covers the originals whatever happens next.
-	if refused, err := l.ack.ack(ctx, kgo.AckAccept, recs...); err != nil || len(refused) > 0 {
+	if err := l.acceptNow(ctx, recs); err != nil {
 		s.log.Warn("accepting re-queued records failed; they come back and the ack-log recognises them",
-			zap.String("lane", l.name), zap.Error(errors.Join(err, refusedErr(refused))))
+			zap.String("lane", l.name), zap.Error(err))
 	}
-	l.mu.Lock()
-	l.drop(recs)
-	l.mu.Unlock()
 	return nil, nil
 }

@@ -62,7 +62,8 @@ func New[T any](decode func(*kgo.Record) (T, error), opts ...Opt) (func() runtim
 	if c.requeueTopic == "" {
 		c.requeueTopic = c.group + "-retry"
 	}
-	return func() runtime.Source[T] { return &Source[T]{cfg: c, decode: decode} }, nil
+	sib := newSiblings[T]()
+	return func() runtime.Source[T] { return &Source[T]{cfg: c, decode: decode, sib: sib} }, nil
 }
 
 // Source is one subtask of a share-group source. Build it with New.
@@ -77,22 +78,36 @@ type Source[T any] struct {
 	ix     *acklog.Index
 	prefix string // of this operator's transactional ids: markers with it are this job's
 
-	lanes     []*lane
+	lanes     []*lane // set once in Open, under life
+	laneOpts  []kgo.Opt
 	ready     chan *lane
 	limit     int // the broker's group.share.partition.max.record.locks
 	lastGC    time.Time
 	lastCheck time.Time
-	started   bool
 	stopped   bool
 	closed    bool
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
 	member    string
-	paused    atomic.Bool // renewals stopped (tests play a paused process)
-	fatal     chan error  // a background check found an unrecoverable loss
-	rq        requeueWriter
-	requeueAt int32 // delivery count from which a record is re-queued
-	stale     map[int64]bool
+
+	// Start and stop. Siblings stop this subtask's fetching from their
+	// own goroutines (stopFetching), so life guards what they share.
+	sib          *siblings[T]
+	sibKey       siblingKey
+	life         sync.Mutex
+	started      bool               // the renew loop runs, lanes start one by one
+	fetchStopped bool               // no lane polls again
+	nextLane     int                // lanes[:nextLane] were started
+	lastStart    time.Time          // of lanes[nextLane-1]
+	cancel       context.CancelFunc // the renew loop's and the pollers'
+	pollCtx      context.Context
+	pollCancel   context.CancelFunc
+	stopFetch    sync.Once
+	wg           sync.WaitGroup // the renew loop
+	pollers      sync.WaitGroup
+	paused       atomic.Bool // renewals stopped (tests play a paused process)
+	fatal        chan error  // a background check found an unrecoverable loss
+	rq           requeueWriter
+	requeueAt    int32 // delivery count from which a record is re-queued
+	stale        map[int64]bool
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
@@ -115,6 +130,10 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	s.fatal = make(chan error, 1)
 	s.stale = map[int64]bool{}
 	s.member = fmt.Sprintf("%s#%d", oc.UID, oc.Subtask)
+	s.sibKey = siblingKey{job: oc.Job, uid: oc.UID, attempt: oc.Attempt}
+	if s.sib != nil {
+		s.sib.join(s.sibKey, s)
+	}
 	base := append([]kgo.Opt{kgo.SeedBrokers(s.cfg.brokers...)}, s.cfg.clientOpts...)
 	var err error
 	if s.admin, err = kgo.NewClient(base...); err != nil {
@@ -134,9 +153,8 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	limit := brokerIntConfig(sctx, adm, "group.share.delivery.count.limit", 5)
 	// Without transactions a record with at most one delivery left is
 	// dead-lettered (MaxDeliveries) before the broker archives it. With
-	// them, a record is re-queued while a whole restart's burn is left:
-	// restarts, rollbacks and group churn burn up to restartBurn deliveries
-	// per attempt, so waiting for the last one is too late.
+	// them, a record is re-queued with restartBurn deliveries left: a
+	// failed attempt costs one, and one more may pass unseen.
 	s.requeueAt = int32(max(2, limit-restartBurn))
 	if s.cfg.maxDeliveries == 0 {
 		s.cfg.maxDeliveries = int32(max(2, limit-1))
@@ -215,41 +233,135 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		n = max(1, min(8, partitions/max(1, oc.Parallelism)))
 	}
 	s.ready = make(chan *lane, n)
-	for i := 0; i < n; i++ {
-		l := newLane(i, fmt.Sprintf("%s/lane%d", s.member, i))
-		cl, err := kgo.NewClient(append(base,
-			kgo.ShareGroup(s.cfg.group), kgo.ConsumeTopics(s.inputs()...),
-			kgo.ShareMaxRecords(int32(s.cfg.batch)), kgo.ShareMaxRecordsStrict(),
-			kgo.ShareAckCallback(l.ack.callback),
-			kgo.ConnIdleTimeout(10*time.Minute), kgo.ClientID(l.name))...)
-		if err != nil {
-			return fmt.Errorf("sharegroup: lane %d: %w", i, err)
-		}
-		l.cl, l.ack.cl = cl, cl
-		s.lanes = append(s.lanes, l)
+	s.laneOpts = append(base, kgo.ShareGroup(s.cfg.group), kgo.ConsumeTopics(s.inputs()...),
+		kgo.ShareMaxRecords(int32(s.cfg.batch)), kgo.ShareMaxRecordsStrict(), kgo.FetchMaxWait(laneFetchWait),
+		kgo.ConnIdleTimeout(10*time.Minute))
+	lanes := make([]*lane, n)
+	for i := range lanes {
+		lanes[i] = newLane(i, fmt.Sprintf("%s/lane%d", s.member, i))
 	}
+	// A lane's client joins the share group when the lane starts; the
+	// first one is made here, so that a bad option fails Open.
+	if err := s.newLaneClient(lanes[0]); err != nil {
+		return err
+	}
+	s.life.Lock()
+	s.lanes = lanes
+	s.life.Unlock()
 	s.log.Info("share-group source open", zap.String("group", s.cfg.group), zap.Strings("topics", s.cfg.topics),
 		zap.Stringer("mode", s.cfg.mode), zap.Int("lanes", n), zap.Int("batch", s.cfg.batch),
 		zap.Int("restored_handles", len(oc.CommitHandles)))
 	return nil
 }
 
-func (s *Source[T]) start() {
-	ctx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
-	for _, l := range s.lanes {
-		s.wg.Add(1)
-		go func(l *lane) {
-			defer s.wg.Done()
-			l.run(ctx, s.cfg.batch, s.ready, s.cfg.testAcquired)
-		}(l)
+// newLaneClient makes lane l's share-consumer client.
+func (s *Source[T]) newLaneClient(l *lane) error {
+	cl, err := kgo.NewClient(append(slices.Clone(s.laneOpts), kgo.ShareAckCallback(l.ack.callback), kgo.ClientID(l.name),
+		kgo.WithHooks(&l.fetches))...)
+	if err != nil {
+		return fmt.Errorf("sharegroup: lane %d: %w", l.id, err)
 	}
-	s.wg.Add(1)
+	l.cl, l.ack.cl = cl, cl
+	return nil
+}
+
+// startLanes starts the renew loop and the first lane at the first call,
+// then one more lane per call once the last one started has had a batch
+// admitted, or has found nothing for cfg.stagger. Lanes start one by one
+// so that an attempt that fails right after it started has acquired one
+// lane's batch, not one per lane: every acquisition costs a delivery
+// (docs/architecture.md, "Delivery budget"). Nothing starts once the
+// source stopped fetching.
+func (s *Source[T]) startLanes() error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.fetchStopped || s.nextLane >= len(s.lanes) {
+		return nil
+	}
+	if !s.started {
+		s.started = true
+		ctx, cancel := context.WithCancel(context.Background())
+		s.cancel = cancel
+		s.pollCtx, s.pollCancel = context.WithCancel(ctx)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.renewLoop(ctx)
+		}()
+		return s.startLaneLocked()
+	}
+	last := s.lanes[s.nextLane-1]
+	last.mu.Lock()
+	admitted := last.admitted
+	last.mu.Unlock()
+	if !admitted && time.Since(s.lastStart) < s.cfg.stagger {
+		return nil
+	}
+	return s.startLaneLocked()
+}
+
+// startLaneLocked starts lanes[nextLane]'s poller. s.life is held.
+func (s *Source[T]) startLaneLocked() error {
+	l := s.lanes[s.nextLane]
+	if l.cl == nil {
+		if err := s.newLaneClient(l); err != nil {
+			return err
+		}
+	}
+	s.nextLane++
+	s.lastStart = time.Now()
+	s.pollers.Add(1)
 	go func() {
-		defer s.wg.Done()
-		s.renewLoop(ctx)
+		defer s.pollers.Done()
+		l.run(s.pollCtx, s.cfg.batch, s.ready, s.cfg.testAcquired)
 	}()
-	s.started = true
+	return nil
+}
+
+// stopFetching stops every lane's poller, pauses every lane's client (a
+// fetch it sends from then on acquires nothing), closes the clients of
+// idle lanes (each waits for its fetch in flight, then leaves the group;
+// idle lanes hold nothing) and waits until no other lane has a fetch in
+// flight (see inFlight), so that no lane of this subtask acquires records any more: in
+// particular none that its siblings are about to release. Lanes that hold
+// records keep them, renewed, until Close. Idempotent; siblings call it
+// from their goroutines.
+func (s *Source[T]) stopFetching() {
+	s.stopFetch.Do(func() {
+		s.life.Lock()
+		s.fetchStopped = true
+		cancel, lanes := s.pollCancel, s.lanes
+		s.life.Unlock()
+		if cancel != nil {
+			cancel()
+		}
+		s.pollers.Wait()
+		var wg sync.WaitGroup
+		for _, l := range lanes {
+			l.mu.Lock()
+			idle := l.state == laneIdle
+			l.mu.Unlock()
+			if l.cl == nil {
+				continue // never started
+			}
+			// A fetch the client builds from now on forgets every
+			// partition and acquires nothing.
+			l.cl.PauseFetchTopics(s.inputs()...)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if idle {
+					l.close()
+					return
+				}
+				// kgo bounds a fetch's round trip by its wait + 5s.
+				ctx, cancel := context.WithTimeout(context.Background(), laneFetchWait+5*time.Second)
+				defer cancel()
+				l.fetches.wait(ctx)
+			}()
+		}
+		wg.Wait()
+	})
 }
 
 // setPaused stops (true) or resumes the renewal of held locks: tests use it
@@ -259,8 +371,8 @@ func (s *Source[T]) setPaused(p bool) { s.paused.Store(p) }
 // Poll implements runtime.Source: it emits the batches lanes have acquired,
 // waiting a little when none is ready.
 func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
-	if !s.started {
-		s.start()
+	if err := s.startLanes(); err != nil {
+		return err
 	}
 	select {
 	case err := <-s.fatal:
@@ -602,40 +714,28 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	var stale, emitted, rejected, accepted, requeue []*kgo.Record
 	var aside []asideRec
 	for _, r := range batch {
-		if expiresSoon(r, now, margin) {
+		v, e, cause := s.judge(r, now, margin)
+		switch v {
+		case verdictStale:
 			stale = append(stale, r)
 			continue
-		}
-		if s.cfg.mode == Transactional {
-			tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
-			if e, ok := s.ix.Lookup(tp, r.Offset); ok {
-				if e.Status == acklog.Committed {
-					accepted = append(accepted, r)
-				} else {
-					aside = append(aside, asideRec{r: r, marker: e})
-				}
-				continue
-			}
-		}
-		switch {
-		case s.cfg.mode == Transactional && r.DeliveryCount() >= s.requeueAt && s.cfg.maxRequeues > 0 && requeues(r) >= s.cfg.maxRequeues:
-			if err := s.deadLetter(ctx, r, fmt.Errorf("re-queued %d times (max %d), delivered %d times", requeues(r),
-				s.cfg.maxRequeues, r.DeliveryCount())); err != nil {
-				return err
-			}
-			rejected = append(rejected, r)
+		case verdictProcessed:
+			accepted = append(accepted, r)
 			continue
-		case s.cfg.mode == Transactional && r.DeliveryCount() >= s.requeueAt:
+		case verdictAside:
+			aside = append(aside, asideRec{r: r, marker: e})
+			continue
+		case verdictRequeue:
 			requeue = append(requeue, r)
 			continue
-		case s.cfg.mode != Transactional && r.DeliveryCount() >= s.cfg.maxDeliveries:
-			if err := s.deadLetter(ctx, r, fmt.Errorf("delivered %d times (max %d)", r.DeliveryCount(), s.cfg.maxDeliveries)); err != nil {
+		case verdictPoison:
+			if err := s.deadLetter(ctx, r, cause); err != nil {
 				return err
 			}
 			rejected = append(rejected, r)
 			continue
 		}
-		v, err := s.decode(r)
+		val, err := s.decode(r)
 		if err != nil {
 			if err := s.deadLetter(ctx, r, fmt.Errorf("decode: %w", err)); err != nil {
 				return err
@@ -643,7 +743,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 			rejected = append(rejected, r)
 			continue
 		}
-		out.Collect(v)
+		out.Collect(val)
 		emitted = append(emitted, r)
 	}
 	if len(stale) > 0 {
@@ -668,7 +768,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	l.mu.Lock()
 	l.drop(stale)
 	l.emitted, l.rejected, l.accepted, l.aside = emitted, rejected, accepted, aside
-	l.state = laneHolding
+	l.state, l.admitted = laneHolding, true
 	l.count()
 	l.mu.Unlock()
 	// A batch with nothing to carry through a checkpoint finishes now:
@@ -680,6 +780,49 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 		}
 	}
 	return nil
+}
+
+// verdict is what the source does with a delivered record (judge).
+type verdict uint8
+
+const (
+	verdictEmit      verdict = iota // decode and emit it
+	verdictStale                    // its lock is too close to expiry: release it unprocessed
+	verdictProcessed                // a committed marker (or a watermark) covers it: ACCEPT, do not emit
+	verdictAside                    // a still-open marker covers it: hold it until the marker ends
+	verdictRequeue                  // at the end of its delivery budget, unprocessed: re-queue it
+	verdictPoison                   // dead-letter and REJECT it (the cause says why)
+)
+
+// judge decides what becomes of a delivered record, before decoding: the
+// lookup runs for every record, whatever its delivery count (a reset share
+// partition redelivers committed records at count 1); the index must be
+// caught up to the ack-log's end. The entry is the covering marker
+// (processed, aside); the cause is a poison record's.
+func (s *Source[T]) judge(r *kgo.Record, now time.Time, margin time.Duration) (verdict, acklog.Entry, error) {
+	if expiresSoon(r, now, margin) {
+		return verdictStale, acklog.Entry{}, nil
+	}
+	if s.cfg.mode != Transactional {
+		if r.DeliveryCount() >= s.cfg.maxDeliveries {
+			return verdictPoison, acklog.Entry{}, fmt.Errorf("delivered %d times (max %d)", r.DeliveryCount(), s.cfg.maxDeliveries)
+		}
+		return verdictEmit, acklog.Entry{}, nil
+	}
+	if e, ok := s.ix.Lookup(acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}, r.Offset); ok {
+		if e.Status == acklog.Committed {
+			return verdictProcessed, e, nil
+		}
+		return verdictAside, e, nil
+	}
+	if r.DeliveryCount() < s.requeueAt {
+		return verdictEmit, acklog.Entry{}, nil
+	}
+	if s.cfg.maxRequeues > 0 && requeues(r) >= s.cfg.maxRequeues {
+		return verdictPoison, acklog.Entry{}, fmt.Errorf("re-queued %d times (max %d), delivered %d times", requeues(r),
+			s.cfg.maxRequeues, r.DeliveryCount())
+	}
+	return verdictRequeue, acklog.Entry{}, nil
 }
 
 // asideOutcome returns how a set-aside record is resolved at a lane's
@@ -990,21 +1133,101 @@ func (s *Source[T]) NotifyJobCanceled(ctx context.Context, lastCompleted checkpo
 }
 
 // stopLanes stops polling and renewing and closes every lane's client,
-// which releases its held records at once. Idempotent.
+// which releases its held records at once. First every lane of every
+// sibling of this attempt stops fetching, so that no lane in this process
+// acquires what another releases; then the batches acquired and never
+// admitted are judged (settle); only then are records released.
+// Idempotent.
 func (s *Source[T]) stopLanes() {
 	if s.stopped {
 		return
 	}
 	s.stopped = true
-	if s.cancel != nil {
-		s.cancel()
+	if s.sib != nil {
+		s.sib.stopFetching(s.sibKey)
 	}
-	for _, l := range s.lanes {
-		if l.cl != nil {
-			l.cl.Close()
-		}
+	s.stopFetching()
+	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+	s.settle(ctx)
+	cancel()
+	s.life.Lock()
+	stop := s.cancel
+	s.life.Unlock()
+	if stop != nil {
+		stop()
 	}
 	s.wg.Wait()
+	var wg sync.WaitGroup
+	for _, l := range s.lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.close()
+		}()
+	}
+	wg.Wait()
+}
+
+// settleTimeout bounds the work Close does before it releases records.
+const settleTimeout = 10 * time.Second
+
+// settle judges, at Close, the batches lanes acquired that the source
+// never admitted (the attempt ended first): each cost a delivery. As admit
+// would, it ACCEPTs what a committed marker covers and re-queues what is at
+// the end of its delivery budget; the rest is released unprocessed when
+// the lanes close. So attempts that fail before they admit anything cannot
+// walk a record up to the broker's delivery limit. Failures are logged: the
+// records are then released, as before.
+func (s *Source[T]) settle(ctx context.Context) {
+	if s.cfg.mode != Transactional || s.ix == nil {
+		return
+	}
+	caught := false
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		var batch []*kgo.Record
+		if l.state == laneReady {
+			batch = l.batch
+		}
+		margin := lockMargin(s.cfg.lockMargin, l.clock.dur)
+		l.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		if !caught {
+			if err := s.ix.CatchUpToEnd(ctx); err != nil {
+				s.log.Warn("closing: reading the ack-log failed; batches never admitted are released unjudged", zap.Error(err))
+				return
+			}
+			caught = true
+		}
+		now := time.Now()
+		var accept, requeue []*kgo.Record
+		for _, r := range batch {
+			switch v, _, _ := s.judge(r, now, margin); v {
+			case verdictProcessed:
+				accept = append(accept, r)
+			case verdictRequeue:
+				requeue = append(requeue, r)
+			}
+		}
+		if len(accept) > 0 {
+			if err := l.acceptNow(ctx, accept); err != nil {
+				s.log.Warn("closing: accepting already-processed records failed; they come back and are recognised",
+					zap.String("lane", l.name), zap.Error(err))
+			}
+		}
+		if len(requeue) > 0 {
+			if _, err := s.requeue(ctx, l, requeue); err != nil {
+				s.log.Warn("closing: re-queueing records at the end of their delivery budget failed; they are released",
+					zap.String("lane", l.name), zap.Int("records", len(requeue)), zap.Error(err))
+			}
+		}
+		if ce := s.log.Check(zap.DebugLevel, "closing: a batch never admitted judged"); ce != nil {
+			ce.Write(zap.String("lane", l.name), zap.Int("records", len(batch)), zap.Int("already_processed", len(accept)),
+				zap.Int("requeued", len(requeue)))
+		}
+	}
 }
 
 // Close implements runtime.Source: stop polling and close every client,
@@ -1017,6 +1240,9 @@ func (s *Source[T]) Close() error {
 	}
 	s.closed = true
 	s.stopLanes()
+	if s.sib != nil {
+		s.sib.leave(s.sibKey, s)
+	}
 	if s.txn != nil {
 		s.txn.Close()
 	}
@@ -1065,6 +1291,23 @@ func checkShareAPIs(ctx context.Context, cl *kgo.Client, log *zap.Logger) error 
 			return runtime.Unrecoverable(fmt.Errorf("%w: the broker's %s goes up to v%d; v%d (Apache Kafka 4.2, KIP-1222 lock "+
 				"renewal) is needed", ErrNoShareGroups, kmsg.NameForKey(k.key), v, k.version))
 		}
+	}
+	return nil
+}
+
+// CheckBrokers checks that brokers are reachable and support share groups
+// at the versions the source needs (Apache Kafka 4.2+), as the source does
+// when it opens: a job manager runs it at submit (runtime.JobType.Check),
+// so a job that cannot run is refused with a clear error instead of
+// restarting. opts add kgo options (TLS, SASL).
+func CheckBrokers(ctx context.Context, brokers []string, opts ...kgo.Opt) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DisableClientMetrics()}, opts...)...)
+	if err != nil {
+		return fmt.Errorf("sharegroup: brokers %v: %w", brokers, err)
+	}
+	defer cl.Close()
+	if err := checkShareAPIs(ctx, cl, zap.NewNop()); err != nil {
+		return fmt.Errorf("brokers %s: %w", strings.Join(brokers, ","), err)
 	}
 	return nil
 }

@@ -51,6 +51,14 @@ func openSource(t *testing.T, env *kafkatest.Env, sub int, commit []checkpoint.T
 // on cleanup either way).
 func openSourceErr(t *testing.T, env *kafkatest.Env, sub int, commit []checkpoint.TxnHandle, opts ...Opt) (*Source[string], error) {
 	t.Helper()
+	return openFrom(t, testSources(t, env, opts...), sub, 0, commit)
+}
+
+// testSources returns the factory of a source the tests drive by hand, one
+// lane and batches of 100 unless opts say otherwise. A job's deployment
+// makes every subtask of every attempt from one factory.
+func testSources(t *testing.T, env *kafkatest.Env, opts ...Opt) func() runtime.Source[string] {
+	t.Helper()
 	newSrc, err := New(func(r *kgo.Record) (string, error) {
 		if string(r.Value) == "poison" {
 			return "", errors.New("not a number")
@@ -60,11 +68,18 @@ func openSourceErr(t *testing.T, env *kafkatest.Env, sub int, commit []checkpoin
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newSrc
+}
+
+// openFrom opens subtask sub (of 2) of the given attempt from newSrc and
+// returns Open's error (the source is closed on cleanup either way).
+func openFrom(t *testing.T, newSrc func() runtime.Source[string], sub, attempt int, commit []checkpoint.TxnHandle) (*Source[string], error) {
+	t.Helper()
 	s := newSrc().(*Source[string])
-	oc := &runtime.OperatorContext{Job: "job", Name: "src", UID: "src", Subtask: sub, Parallelism: 2,
+	oc := &runtime.OperatorContext{Job: "job", Name: "src", UID: "src", Subtask: sub, Parallelism: 2, Attempt: attempt,
 		CommitHandles: commit, Logger: testLogger(t)}
 	t.Cleanup(func() { s.Close() })
-	return s, s.Open(context.Background(), oc)
+	return s, s.Open(t.Context(), oc)
 }
 
 // pollFor polls until at least n values were emitted or the deadline passes.

@@ -25,117 +25,20 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-type NotifyCheckpoint_Kind int32
-
-const (
-	NotifyCheckpoint_KIND_UNSPECIFIED NotifyCheckpoint_Kind = 0
-	NotifyCheckpoint_COMPLETE         NotifyCheckpoint_Kind = 1
-	NotifyCheckpoint_ABORTED          NotifyCheckpoint_Kind = 2
-)
-
-// Enum value maps for NotifyCheckpoint_Kind.
-var (
-	NotifyCheckpoint_Kind_name = map[int32]string{
-		0: "KIND_UNSPECIFIED",
-		1: "COMPLETE",
-		2: "ABORTED",
-	}
-	NotifyCheckpoint_Kind_value = map[string]int32{
-		"KIND_UNSPECIFIED": 0,
-		"COMPLETE":         1,
-		"ABORTED":          2,
-	}
-)
-
-func (x NotifyCheckpoint_Kind) Enum() *NotifyCheckpoint_Kind {
-	p := new(NotifyCheckpoint_Kind)
-	*p = x
-	return p
-}
-
-func (x NotifyCheckpoint_Kind) String() string {
-	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
-}
-
-func (NotifyCheckpoint_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_control_proto_enumTypes[0].Descriptor()
-}
-
-func (NotifyCheckpoint_Kind) Type() protoreflect.EnumType {
-	return &file_control_proto_enumTypes[0]
-}
-
-func (x NotifyCheckpoint_Kind) Number() protoreflect.EnumNumber {
-	return protoreflect.EnumNumber(x)
-}
-
-// Deprecated: Use NotifyCheckpoint_Kind.Descriptor instead.
-func (NotifyCheckpoint_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{8, 0}
-}
-
-type TaskState_State int32
-
-const (
-	TaskState_STATE_UNSPECIFIED TaskState_State = 0
-	TaskState_READY             TaskState_State = 1 // operators open and restored; sources wait for start
-	TaskState_FINISHED          TaskState_State = 2
-	TaskState_FAILED            TaskState_State = 3
-)
-
-// Enum value maps for TaskState_State.
-var (
-	TaskState_State_name = map[int32]string{
-		0: "STATE_UNSPECIFIED",
-		1: "READY",
-		2: "FINISHED",
-		3: "FAILED",
-	}
-	TaskState_State_value = map[string]int32{
-		"STATE_UNSPECIFIED": 0,
-		"READY":             1,
-		"FINISHED":          2,
-		"FAILED":            3,
-	}
-)
-
-func (x TaskState_State) Enum() *TaskState_State {
-	p := new(TaskState_State)
-	*p = x
-	return p
-}
-
-func (x TaskState_State) String() string {
-	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
-}
-
-func (TaskState_State) Descriptor() protoreflect.EnumDescriptor {
-	return file_control_proto_enumTypes[1].Descriptor()
-}
-
-func (TaskState_State) Type() protoreflect.EnumType {
-	return &file_control_proto_enumTypes[1]
-}
-
-func (x TaskState_State) Number() protoreflect.EnumNumber {
-	return protoreflect.EnumNumber(x)
-}
-
-// Deprecated: Use TaskState_State.Descriptor instead.
-func (TaskState_State) EnumDescriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{9, 0}
-}
-
 type TaskManagerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
 	//
 	//	*TaskManagerMessage_Register
 	//	*TaskManagerMessage_Heartbeat
-	//	*TaskManagerMessage_TaskState
+	//	*TaskManagerMessage_Failed
 	//	*TaskManagerMessage_Ack
 	//	*TaskManagerMessage_Decline
 	//	*TaskManagerMessage_SourceEnded
+	//	*TaskManagerMessage_Prepared
+	//	*TaskManagerMessage_Opened
+	//	*TaskManagerMessage_Ended
+	//	*TaskManagerMessage_RequestCheckpoint
 	Msg           isTaskManagerMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -196,10 +99,10 @@ func (x *TaskManagerMessage) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
-func (x *TaskManagerMessage) GetTaskState() *TaskState {
+func (x *TaskManagerMessage) GetFailed() *TaskFailed {
 	if x != nil {
-		if x, ok := x.Msg.(*TaskManagerMessage_TaskState); ok {
-			return x.TaskState
+		if x, ok := x.Msg.(*TaskManagerMessage_Failed); ok {
+			return x.Failed
 		}
 	}
 	return nil
@@ -232,6 +135,42 @@ func (x *TaskManagerMessage) GetSourceEnded() *SourceEnded {
 	return nil
 }
 
+func (x *TaskManagerMessage) GetPrepared() *Prepared {
+	if x != nil {
+		if x, ok := x.Msg.(*TaskManagerMessage_Prepared); ok {
+			return x.Prepared
+		}
+	}
+	return nil
+}
+
+func (x *TaskManagerMessage) GetOpened() *Opened {
+	if x != nil {
+		if x, ok := x.Msg.(*TaskManagerMessage_Opened); ok {
+			return x.Opened
+		}
+	}
+	return nil
+}
+
+func (x *TaskManagerMessage) GetEnded() *DeploymentEnded {
+	if x != nil {
+		if x, ok := x.Msg.(*TaskManagerMessage_Ended); ok {
+			return x.Ended
+		}
+	}
+	return nil
+}
+
+func (x *TaskManagerMessage) GetRequestCheckpoint() *CheckpointRequest {
+	if x != nil {
+		if x, ok := x.Msg.(*TaskManagerMessage_RequestCheckpoint); ok {
+			return x.RequestCheckpoint
+		}
+	}
+	return nil
+}
+
 type isTaskManagerMessage_Msg interface {
 	isTaskManagerMessage_Msg()
 }
@@ -244,8 +183,8 @@ type TaskManagerMessage_Heartbeat struct {
 	Heartbeat *Heartbeat `protobuf:"bytes,2,opt,name=heartbeat,proto3,oneof"`
 }
 
-type TaskManagerMessage_TaskState struct {
-	TaskState *TaskState `protobuf:"bytes,3,opt,name=task_state,json=taskState,proto3,oneof"`
+type TaskManagerMessage_Failed struct {
+	Failed *TaskFailed `protobuf:"bytes,3,opt,name=failed,proto3,oneof"`
 }
 
 type TaskManagerMessage_Ack struct {
@@ -260,17 +199,41 @@ type TaskManagerMessage_SourceEnded struct {
 	SourceEnded *SourceEnded `protobuf:"bytes,6,opt,name=source_ended,json=sourceEnded,proto3,oneof"`
 }
 
+type TaskManagerMessage_Prepared struct {
+	Prepared *Prepared `protobuf:"bytes,7,opt,name=prepared,proto3,oneof"`
+}
+
+type TaskManagerMessage_Opened struct {
+	Opened *Opened `protobuf:"bytes,8,opt,name=opened,proto3,oneof"`
+}
+
+type TaskManagerMessage_Ended struct {
+	Ended *DeploymentEnded `protobuf:"bytes,9,opt,name=ended,proto3,oneof"`
+}
+
+type TaskManagerMessage_RequestCheckpoint struct {
+	RequestCheckpoint *CheckpointRequest `protobuf:"bytes,10,opt,name=request_checkpoint,json=requestCheckpoint,proto3,oneof"`
+}
+
 func (*TaskManagerMessage_Register) isTaskManagerMessage_Msg() {}
 
 func (*TaskManagerMessage_Heartbeat) isTaskManagerMessage_Msg() {}
 
-func (*TaskManagerMessage_TaskState) isTaskManagerMessage_Msg() {}
+func (*TaskManagerMessage_Failed) isTaskManagerMessage_Msg() {}
 
 func (*TaskManagerMessage_Ack) isTaskManagerMessage_Msg() {}
 
 func (*TaskManagerMessage_Decline) isTaskManagerMessage_Msg() {}
 
 func (*TaskManagerMessage_SourceEnded) isTaskManagerMessage_Msg() {}
+
+func (*TaskManagerMessage_Prepared) isTaskManagerMessage_Msg() {}
+
+func (*TaskManagerMessage_Opened) isTaskManagerMessage_Msg() {}
+
+func (*TaskManagerMessage_Ended) isTaskManagerMessage_Msg() {}
+
+func (*TaskManagerMessage_RequestCheckpoint) isTaskManagerMessage_Msg() {}
 
 type JobManagerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -282,6 +245,8 @@ type JobManagerMessage struct {
 	//	*JobManagerMessage_Trigger
 	//	*JobManagerMessage_Notify
 	//	*JobManagerMessage_Cancel
+	//	*JobManagerMessage_Open
+	//	*JobManagerMessage_Start
 	Msg           isJobManagerMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -378,6 +343,24 @@ func (x *JobManagerMessage) GetCancel() *CancelTasks {
 	return nil
 }
 
+func (x *JobManagerMessage) GetOpen() *OpenTasks {
+	if x != nil {
+		if x, ok := x.Msg.(*JobManagerMessage_Open); ok {
+			return x.Open
+		}
+	}
+	return nil
+}
+
+func (x *JobManagerMessage) GetStart() *StartTasks {
+	if x != nil {
+		if x, ok := x.Msg.(*JobManagerMessage_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
 type isJobManagerMessage_Msg interface {
 	isJobManagerMessage_Msg()
 }
@@ -406,6 +389,14 @@ type JobManagerMessage_Cancel struct {
 	Cancel *CancelTasks `protobuf:"bytes,6,opt,name=cancel,proto3,oneof"`
 }
 
+type JobManagerMessage_Open struct {
+	Open *OpenTasks `protobuf:"bytes,7,opt,name=open,proto3,oneof"`
+}
+
+type JobManagerMessage_Start struct {
+	Start *StartTasks `protobuf:"bytes,8,opt,name=start,proto3,oneof"`
+}
+
 func (*JobManagerMessage_Registered) isJobManagerMessage_Msg() {}
 
 func (*JobManagerMessage_Heartbeat) isJobManagerMessage_Msg() {}
@@ -418,14 +409,19 @@ func (*JobManagerMessage_Notify) isJobManagerMessage_Msg() {}
 
 func (*JobManagerMessage_Cancel) isJobManagerMessage_Msg() {}
 
+func (*JobManagerMessage_Open) isJobManagerMessage_Msg() {}
+
+func (*JobManagerMessage_Start) isJobManagerMessage_Msg() {}
+
 // Register opens a session; a task manager that reconnects (e.g. to a
 // restarted job manager) registers again with the same id.
 type Register struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	TaskManagerId string                 `protobuf:"bytes,1,opt,name=task_manager_id,json=taskManagerId,proto3" json:"task_manager_id,omitempty"`
 	Slots         int32                  `protobuf:"varint,2,opt,name=slots,proto3" json:"slots,omitempty"`
-	// data_address is where the task manager accepts data-plane connections.
-	DataAddress   string `protobuf:"bytes,3,opt,name=data_address,json=dataAddress,proto3" json:"data_address,omitempty"`
+	// data_host is the host other task managers reach this one's data plane
+	// on; each deployment listens on a port of its own there.
+	DataHost      string `protobuf:"bytes,3,opt,name=data_host,json=dataHost,proto3" json:"data_host,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -474,9 +470,9 @@ func (x *Register) GetSlots() int32 {
 	return 0
 }
 
-func (x *Register) GetDataAddress() string {
+func (x *Register) GetDataHost() string {
 	if x != nil {
-		return x.DataAddress
+		return x.DataHost
 	}
 	return ""
 }
@@ -545,8 +541,9 @@ func (x *Registered) GetHeartbeatTimeoutMs() int64 {
 type Heartbeat struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	SentUnixMs int64                  `protobuf:"varint,1,opt,name=sent_unix_ms,json=sentUnixMs,proto3" json:"sent_unix_ms,omitempty"`
-	// free_slots: task manager only.
-	FreeSlots     int32 `protobuf:"varint,2,opt,name=free_slots,json=freeSlots,proto3" json:"free_slots,omitempty"`
+	// counts are the records of each deployment on a task manager so far
+	// (task managers only).
+	Counts        []*DeploymentCounts `protobuf:"bytes,2,rep,name=counts,proto3" json:"counts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -588,38 +585,108 @@ func (x *Heartbeat) GetSentUnixMs() int64 {
 	return 0
 }
 
-func (x *Heartbeat) GetFreeSlots() int32 {
+func (x *Heartbeat) GetCounts() []*DeploymentCounts {
 	if x != nil {
-		return x.FreeSlots
+		return x.Counts
 	}
-	return 0
+	return nil
 }
 
-// DeployTasks runs the listed subtasks of one attempt of a job: the task
-// manager builds the job graph itself from job_type + params (every node
-// runs the same binary).
-type DeployTasks struct {
-	state                protoimpl.MessageState `protogen:"open.v1"`
-	JobId                string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	JobType              string                 `protobuf:"bytes,2,opt,name=job_type,json=jobType,proto3" json:"job_type,omitempty"`
-	Params               map[string]string      `protobuf:"bytes,3,rep,name=params,proto3" json:"params,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Attempt              int32                  `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	CheckpointIntervalMs int64                  `protobuf:"varint,5,opt,name=checkpoint_interval_ms,json=checkpointIntervalMs,proto3" json:"checkpoint_interval_ms,omitempty"`
-	TaskIds              []string               `protobuf:"bytes,6,rep,name=task_ids,json=taskIds,proto3" json:"task_ids,omitempty"`
-	// restore_from is the completed checkpoint the tasks restore from (0:
-	// none); restored state travels in state.
-	RestoreFrom uint64 `protobuf:"varint,7,opt,name=restore_from,json=restoreFrom,proto3" json:"restore_from,omitempty"`
-	State       []byte `protobuf:"bytes,8,opt,name=state,proto3" json:"state,omitempty"`
-	// task_addresses maps every task id of the attempt to the data address
-	// of the task manager running it.
-	TaskAddresses map[string]string `protobuf:"bytes,9,rep,name=task_addresses,json=taskAddresses,proto3" json:"task_addresses,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+// DeploymentCounts are the records one attempt's share on a task manager
+// took in (emitted by its sources) and put out (written by its sinks).
+type DeploymentCounts struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Attempt       int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	RecordsIn     int64                  `protobuf:"varint,3,opt,name=records_in,json=recordsIn,proto3" json:"records_in,omitempty"`
+	RecordsOut    int64                  `protobuf:"varint,4,opt,name=records_out,json=recordsOut,proto3" json:"records_out,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
+func (x *DeploymentCounts) Reset() {
+	*x = DeploymentCounts{}
+	mi := &file_control_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeploymentCounts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeploymentCounts) ProtoMessage() {}
+
+func (x *DeploymentCounts) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeploymentCounts.ProtoReflect.Descriptor instead.
+func (*DeploymentCounts) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeploymentCounts) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *DeploymentCounts) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *DeploymentCounts) GetRecordsIn() int64 {
+	if x != nil {
+		return x.RecordsIn
+	}
+	return 0
+}
+
+func (x *DeploymentCounts) GetRecordsOut() int64 {
+	if x != nil {
+		return x.RecordsOut
+	}
+	return 0
+}
+
+// DeployTasks builds the listed subtasks of one attempt of a job: the task
+// manager builds the job graph itself from job_type + params (every node
+// runs the same binary), connects them, and commits the restored
+// transactions its subtask-0 operators must commit. It answers Prepared.
+type DeployTasks struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	JobId   string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	JobType string                 `protobuf:"bytes,2,opt,name=job_type,json=jobType,proto3" json:"job_type,omitempty"`
+	Params  map[string]string      `protobuf:"bytes,3,rep,name=params,proto3" json:"params,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Attempt int32                  `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	TaskIds []string               `protobuf:"bytes,5,rep,name=task_ids,json=taskIds,proto3" json:"task_ids,omitempty"`
+	// restore is the runtime.StateAssignment the tasks restore (JSON; empty:
+	// none).
+	Restore         []byte `protobuf:"bytes,6,opt,name=restore,proto3" json:"restore,omitempty"`
+	LastCompleted   uint64 `protobuf:"varint,7,opt,name=last_completed,json=lastCompleted,proto3" json:"last_completed,omitempty"`
+	RestartCause    string `protobuf:"bytes,8,opt,name=restart_cause,json=restartCause,proto3" json:"restart_cause,omitempty"`
+	BatchSize       int32  `protobuf:"varint,9,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	ChannelCapacity int32  `protobuf:"varint,10,opt,name=channel_capacity,json=channelCapacity,proto3" json:"channel_capacity,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
 func (x *DeployTasks) Reset() {
 	*x = DeployTasks{}
-	mi := &file_control_proto_msgTypes[5]
+	mi := &file_control_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +698,7 @@ func (x *DeployTasks) String() string {
 func (*DeployTasks) ProtoMessage() {}
 
 func (x *DeployTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[5]
+	mi := &file_control_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +711,7 @@ func (x *DeployTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployTasks.ProtoReflect.Descriptor instead.
 func (*DeployTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{5}
+	return file_control_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeployTasks) GetJobId() string {
@@ -675,13 +742,6 @@ func (x *DeployTasks) GetAttempt() int32 {
 	return 0
 }
 
-func (x *DeployTasks) GetCheckpointIntervalMs() int64 {
-	if x != nil {
-		return x.CheckpointIntervalMs
-	}
-	return 0
-}
-
 func (x *DeployTasks) GetTaskIds() []string {
 	if x != nil {
 		return x.TaskIds
@@ -689,25 +749,349 @@ func (x *DeployTasks) GetTaskIds() []string {
 	return nil
 }
 
-func (x *DeployTasks) GetRestoreFrom() uint64 {
+func (x *DeployTasks) GetRestore() []byte {
 	if x != nil {
-		return x.RestoreFrom
+		return x.Restore
+	}
+	return nil
+}
+
+func (x *DeployTasks) GetLastCompleted() uint64 {
+	if x != nil {
+		return x.LastCompleted
 	}
 	return 0
 }
 
-func (x *DeployTasks) GetState() []byte {
+func (x *DeployTasks) GetRestartCause() string {
 	if x != nil {
-		return x.State
+		return x.RestartCause
+	}
+	return ""
+}
+
+func (x *DeployTasks) GetBatchSize() int32 {
+	if x != nil {
+		return x.BatchSize
+	}
+	return 0
+}
+
+func (x *DeployTasks) GetChannelCapacity() int32 {
+	if x != nil {
+		return x.ChannelCapacity
+	}
+	return 0
+}
+
+// Prepared answers DeployTasks: the tasks are built (error empty), or not.
+type Prepared struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Attempt       int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Unrecoverable bool                   `protobuf:"varint,4,opt,name=unrecoverable,proto3" json:"unrecoverable,omitempty"`
+	// data_address is where this deployment receives records.
+	DataAddress       string   `protobuf:"bytes,5,opt,name=data_address,json=dataAddress,proto3" json:"data_address,omitempty"`
+	Discarding        []string `protobuf:"bytes,6,rep,name=discarding,proto3" json:"discarding,omitempty"`
+	RestoreCommitters int32    `protobuf:"varint,7,opt,name=restore_committers,json=restoreCommitters,proto3" json:"restore_committers,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *Prepared) Reset() {
+	*x = Prepared{}
+	mi := &file_control_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Prepared) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Prepared) ProtoMessage() {}
+
+func (x *Prepared) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Prepared.ProtoReflect.Descriptor instead.
+func (*Prepared) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Prepared) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *Prepared) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *Prepared) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Prepared) GetUnrecoverable() bool {
+	if x != nil {
+		return x.Unrecoverable
+	}
+	return false
+}
+
+func (x *Prepared) GetDataAddress() string {
+	if x != nil {
+		return x.DataAddress
+	}
+	return ""
+}
+
+func (x *Prepared) GetDiscarding() []string {
+	if x != nil {
+		return x.Discarding
 	}
 	return nil
 }
 
-func (x *DeployTasks) GetTaskAddresses() map[string]string {
+func (x *Prepared) GetRestoreCommitters() int32 {
+	if x != nil {
+		return x.RestoreCommitters
+	}
+	return 0
+}
+
+// OpenTasks opens (restores) the deployed tasks with the job's checkpoint
+// timing; task_addresses maps every task of the attempt to the data
+// address of the deployment running it. It answers Opened.
+type OpenTasks struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	JobId             string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Attempt           int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	TaskAddresses     map[string]string      `protobuf:"bytes,3,rep,name=task_addresses,json=taskAddresses,proto3" json:"task_addresses,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	IntervalMs        int64                  `protobuf:"varint,4,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	TimeoutMs         int64                  `protobuf:"varint,5,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	MinPauseMs        int64                  `protobuf:"varint,6,opt,name=min_pause_ms,json=minPauseMs,proto3" json:"min_pause_ms,omitempty"`
+	TolerableFailures int32                  `protobuf:"varint,7,opt,name=tolerable_failures,json=tolerableFailures,proto3" json:"tolerable_failures,omitempty"`
+	RestartBudgetMs   int64                  `protobuf:"varint,8,opt,name=restart_budget_ms,json=restartBudgetMs,proto3" json:"restart_budget_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *OpenTasks) Reset() {
+	*x = OpenTasks{}
+	mi := &file_control_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenTasks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenTasks) ProtoMessage() {}
+
+func (x *OpenTasks) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenTasks.ProtoReflect.Descriptor instead.
+func (*OpenTasks) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *OpenTasks) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *OpenTasks) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *OpenTasks) GetTaskAddresses() map[string]string {
 	if x != nil {
 		return x.TaskAddresses
 	}
 	return nil
+}
+
+func (x *OpenTasks) GetIntervalMs() int64 {
+	if x != nil {
+		return x.IntervalMs
+	}
+	return 0
+}
+
+func (x *OpenTasks) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *OpenTasks) GetMinPauseMs() int64 {
+	if x != nil {
+		return x.MinPauseMs
+	}
+	return 0
+}
+
+func (x *OpenTasks) GetTolerableFailures() int32 {
+	if x != nil {
+		return x.TolerableFailures
+	}
+	return 0
+}
+
+func (x *OpenTasks) GetRestartBudgetMs() int64 {
+	if x != nil {
+		return x.RestartBudgetMs
+	}
+	return 0
+}
+
+type Opened struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Attempt       int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Opened) Reset() {
+	*x = Opened{}
+	mi := &file_control_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Opened) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Opened) ProtoMessage() {}
+
+func (x *Opened) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Opened.ProtoReflect.Descriptor instead.
+func (*Opened) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Opened) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *Opened) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *Opened) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// StartTasks lets the sources read, once every share of the attempt opened.
+type StartTasks struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Attempt       int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartTasks) Reset() {
+	*x = StartTasks{}
+	mi := &file_control_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartTasks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartTasks) ProtoMessage() {}
+
+func (x *StartTasks) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartTasks.ProtoReflect.Descriptor instead.
+func (*StartTasks) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *StartTasks) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *StartTasks) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
 }
 
 type CancelTasks struct {
@@ -722,7 +1106,7 @@ type CancelTasks struct {
 
 func (x *CancelTasks) Reset() {
 	*x = CancelTasks{}
-	mi := &file_control_proto_msgTypes[6]
+	mi := &file_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +1118,7 @@ func (x *CancelTasks) String() string {
 func (*CancelTasks) ProtoMessage() {}
 
 func (x *CancelTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[6]
+	mi := &file_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +1131,7 @@ func (x *CancelTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTasks.ProtoReflect.Descriptor instead.
 func (*CancelTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{6}
+	return file_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CancelTasks) GetJobId() string {
@@ -784,7 +1168,7 @@ type TriggerCheckpoint struct {
 
 func (x *TriggerCheckpoint) Reset() {
 	*x = TriggerCheckpoint{}
-	mi := &file_control_proto_msgTypes[7]
+	mi := &file_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +1180,7 @@ func (x *TriggerCheckpoint) String() string {
 func (*TriggerCheckpoint) ProtoMessage() {}
 
 func (x *TriggerCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[7]
+	mi := &file_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +1193,7 @@ func (x *TriggerCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TriggerCheckpoint.ProtoReflect.Descriptor instead.
 func (*TriggerCheckpoint) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{7}
+	return file_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TriggerCheckpoint) GetJobId() string {
@@ -852,14 +1236,14 @@ type NotifyCheckpoint struct {
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	Attempt       int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	CheckpointId  uint64                 `protobuf:"varint,3,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
-	Kind          NotifyCheckpoint_Kind  `protobuf:"varint,4,opt,name=kind,proto3,enum=weir.rpc.v1.NotifyCheckpoint_Kind" json:"kind,omitempty"`
+	Complete      bool                   `protobuf:"varint,4,opt,name=complete,proto3" json:"complete,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NotifyCheckpoint) Reset() {
 	*x = NotifyCheckpoint{}
-	mi := &file_control_proto_msgTypes[8]
+	mi := &file_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1255,7 @@ func (x *NotifyCheckpoint) String() string {
 func (*NotifyCheckpoint) ProtoMessage() {}
 
 func (x *NotifyCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[8]
+	mi := &file_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1268,7 @@ func (x *NotifyCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyCheckpoint.ProtoReflect.Descriptor instead.
 func (*NotifyCheckpoint) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{8}
+	return file_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NotifyCheckpoint) GetJobId() string {
@@ -908,39 +1292,39 @@ func (x *NotifyCheckpoint) GetCheckpointId() uint64 {
 	return 0
 }
 
-func (x *NotifyCheckpoint) GetKind() NotifyCheckpoint_Kind {
+func (x *NotifyCheckpoint) GetComplete() bool {
 	if x != nil {
-		return x.Kind
+		return x.Complete
 	}
-	return NotifyCheckpoint_KIND_UNSPECIFIED
+	return false
 }
 
-type TaskState struct {
+// DeploymentEnded: every task of the share ended; finished reports whether
+// each finished its stream.
+type DeploymentEnded struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	Attempt       int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	TaskId        string                 `protobuf:"bytes,3,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
-	State         TaskState_State        `protobuf:"varint,4,opt,name=state,proto3,enum=weir.rpc.v1.TaskState_State" json:"state,omitempty"`
-	Error         string                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Finished      bool                   `protobuf:"varint,3,opt,name=finished,proto3" json:"finished,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *TaskState) Reset() {
-	*x = TaskState{}
-	mi := &file_control_proto_msgTypes[9]
+func (x *DeploymentEnded) Reset() {
+	*x = DeploymentEnded{}
+	mi := &file_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *TaskState) String() string {
+func (x *DeploymentEnded) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*TaskState) ProtoMessage() {}
+func (*DeploymentEnded) ProtoMessage() {}
 
-func (x *TaskState) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[9]
+func (x *DeploymentEnded) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,44 +1335,107 @@ func (x *TaskState) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use TaskState.ProtoReflect.Descriptor instead.
-func (*TaskState) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{9}
+// Deprecated: Use DeploymentEnded.ProtoReflect.Descriptor instead.
+func (*DeploymentEnded) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{14}
 }
 
-func (x *TaskState) GetJobId() string {
+func (x *DeploymentEnded) GetJobId() string {
 	if x != nil {
 		return x.JobId
 	}
 	return ""
 }
 
-func (x *TaskState) GetAttempt() int32 {
+func (x *DeploymentEnded) GetAttempt() int32 {
 	if x != nil {
 		return x.Attempt
 	}
 	return 0
 }
 
-func (x *TaskState) GetTaskId() string {
+func (x *DeploymentEnded) GetFinished() bool {
+	if x != nil {
+		return x.Finished
+	}
+	return false
+}
+
+type TaskFailed struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	JobId   string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Attempt int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	TaskId  string                 `protobuf:"bytes,3,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Error   string                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// unrecoverable: a restart cannot fix it (runtime.IsUnrecoverable).
+	Unrecoverable bool `protobuf:"varint,5,opt,name=unrecoverable,proto3" json:"unrecoverable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskFailed) Reset() {
+	*x = TaskFailed{}
+	mi := &file_control_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskFailed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskFailed) ProtoMessage() {}
+
+func (x *TaskFailed) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskFailed.ProtoReflect.Descriptor instead.
+func (*TaskFailed) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *TaskFailed) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *TaskFailed) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *TaskFailed) GetTaskId() string {
 	if x != nil {
 		return x.TaskId
 	}
 	return ""
 }
 
-func (x *TaskState) GetState() TaskState_State {
-	if x != nil {
-		return x.State
-	}
-	return TaskState_STATE_UNSPECIFIED
-}
-
-func (x *TaskState) GetError() string {
+func (x *TaskFailed) GetError() string {
 	if x != nil {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *TaskFailed) GetUnrecoverable() bool {
+	if x != nil {
+		return x.Unrecoverable
+	}
+	return false
 }
 
 type CheckpointAck struct {
@@ -997,7 +1444,7 @@ type CheckpointAck struct {
 	Attempt      int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	TaskId       string                 `protobuf:"bytes,3,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
 	CheckpointId uint64                 `protobuf:"varint,4,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
-	// snapshot is the task's checkpoint.TaskSnapshot, encoded by runtime.
+	// snapshot is the task's checkpoint.TaskSnapshot (JSON).
 	Snapshot      []byte `protobuf:"bytes,5,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	AlignmentNs   int64  `protobuf:"varint,6,opt,name=alignment_ns,json=alignmentNs,proto3" json:"alignment_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1006,7 +1453,7 @@ type CheckpointAck struct {
 
 func (x *CheckpointAck) Reset() {
 	*x = CheckpointAck{}
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1465,7 @@ func (x *CheckpointAck) String() string {
 func (*CheckpointAck) ProtoMessage() {}
 
 func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1478,7 @@ func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointAck.ProtoReflect.Descriptor instead.
 func (*CheckpointAck) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{10}
+	return file_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CheckpointAck) GetJobId() string {
@@ -1089,7 +1536,7 @@ type CheckpointDecline struct {
 
 func (x *CheckpointDecline) Reset() {
 	*x = CheckpointDecline{}
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1548,7 @@ func (x *CheckpointDecline) String() string {
 func (*CheckpointDecline) ProtoMessage() {}
 
 func (x *CheckpointDecline) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1561,7 @@ func (x *CheckpointDecline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointDecline.ProtoReflect.Descriptor instead.
 func (*CheckpointDecline) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{11}
+	return file_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckpointDecline) GetJobId() string {
@@ -1163,7 +1610,7 @@ type SourceEnded struct {
 
 func (x *SourceEnded) Reset() {
 	*x = SourceEnded{}
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1622,7 @@ func (x *SourceEnded) String() string {
 func (*SourceEnded) ProtoMessage() {}
 
 func (x *SourceEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1635,7 @@ func (x *SourceEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceEnded.ProtoReflect.Descriptor instead.
 func (*SourceEnded) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{12}
+	return file_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SourceEnded) GetJobId() string {
@@ -1212,19 +1659,82 @@ func (x *SourceEnded) GetTaskId() string {
 	return ""
 }
 
+type CheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Attempt       int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointRequest) Reset() {
+	*x = CheckpointRequest{}
+	mi := &file_control_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointRequest) ProtoMessage() {}
+
+func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
+func (*CheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CheckpointRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *CheckpointRequest) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *CheckpointRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type SubmitJobRequest struct {
 	state                protoimpl.MessageState `protogen:"open.v1"`
 	JobType              string                 `protobuf:"bytes,1,opt,name=job_type,json=jobType,proto3" json:"job_type,omitempty"`
 	Params               map[string]string      `protobuf:"bytes,2,rep,name=params,proto3" json:"params,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Parallelism          int32                  `protobuf:"varint,3,opt,name=parallelism,proto3" json:"parallelism,omitempty"`
 	CheckpointIntervalMs int64                  `protobuf:"varint,4,opt,name=checkpoint_interval_ms,json=checkpointIntervalMs,proto3" json:"checkpoint_interval_ms,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// restart_strategy is runtime.ParseRestartStrategy's syntax (empty: the
+	// job manager's default).
+	RestartStrategy string `protobuf:"bytes,5,opt,name=restart_strategy,json=restartStrategy,proto3" json:"restart_strategy,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1236,7 +1746,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1759,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{13}
+	return file_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SubmitJobRequest) GetJobType() string {
@@ -1280,6 +1790,13 @@ func (x *SubmitJobRequest) GetCheckpointIntervalMs() int64 {
 	return 0
 }
 
+func (x *SubmitJobRequest) GetRestartStrategy() string {
+	if x != nil {
+		return x.RestartStrategy
+	}
+	return ""
+}
+
 type SubmitJobResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -1289,7 +1806,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1818,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1831,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{14}
+	return file_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -1332,7 +1849,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1861,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1874,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{15}
+	return file_control_proto_rawDescGZIP(), []int{22}
 }
 
 type ListJobsResponse struct {
@@ -1369,7 +1886,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +1898,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +1911,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{16}
+	return file_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListJobsResponse) GetJobs() []*JobStatus {
@@ -1413,7 +1930,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1425,7 +1942,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1438,7 +1955,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{17}
+	return file_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -1457,7 +1974,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1986,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1999,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{18}
+	return file_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -1503,13 +2020,23 @@ type JobStatus struct {
 	LastCompletedCheckpoint uint64                 `protobuf:"varint,5,opt,name=last_completed_checkpoint,json=lastCompletedCheckpoint,proto3" json:"last_completed_checkpoint,omitempty"`
 	Error                   string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
 	Params                  map[string]string      `protobuf:"bytes,7,rep,name=params,proto3" json:"params,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	SubmittedUnixMs         int64                  `protobuf:"varint,8,opt,name=submitted_unix_ms,json=submittedUnixMs,proto3" json:"submitted_unix_ms,omitempty"`
+	RestartStrategy         string                 `protobuf:"bytes,9,opt,name=restart_strategy,json=restartStrategy,proto3" json:"restart_strategy,omitempty"`
+	CheckpointIntervalMs    int64                  `protobuf:"varint,10,opt,name=checkpoint_interval_ms,json=checkpointIntervalMs,proto3" json:"checkpoint_interval_ms,omitempty"`
+	// restored_from_checkpoint is the checkpoint the job's current attempt
+	// restored (0: none).
+	RestoredFromCheckpoint uint64 `protobuf:"varint,11,opt,name=restored_from_checkpoint,json=restoredFromCheckpoint,proto3" json:"restored_from_checkpoint,omitempty"`
+	// records_in and records_out are what the current attempt's sources
+	// emitted and its sinks wrote, as of the task managers' last heartbeats.
+	RecordsIn     int64 `protobuf:"varint,12,opt,name=records_in,json=recordsIn,proto3" json:"records_in,omitempty"`
+	RecordsOut    int64 `protobuf:"varint,13,opt,name=records_out,json=recordsOut,proto3" json:"records_out,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +2048,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +2061,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{19}
+	return file_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *JobStatus) GetId() string {
@@ -1586,6 +2113,48 @@ func (x *JobStatus) GetParams() map[string]string {
 	return nil
 }
 
+func (x *JobStatus) GetSubmittedUnixMs() int64 {
+	if x != nil {
+		return x.SubmittedUnixMs
+	}
+	return 0
+}
+
+func (x *JobStatus) GetRestartStrategy() string {
+	if x != nil {
+		return x.RestartStrategy
+	}
+	return ""
+}
+
+func (x *JobStatus) GetCheckpointIntervalMs() int64 {
+	if x != nil {
+		return x.CheckpointIntervalMs
+	}
+	return 0
+}
+
+func (x *JobStatus) GetRestoredFromCheckpoint() uint64 {
+	if x != nil {
+		return x.RestoredFromCheckpoint
+	}
+	return 0
+}
+
+func (x *JobStatus) GetRecordsIn() int64 {
+	if x != nil {
+		return x.RecordsIn
+	}
+	return 0
+}
+
+func (x *JobStatus) GetRecordsOut() int64 {
+	if x != nil {
+		return x.RecordsOut
+	}
+	return 0
+}
+
 type ListCheckpointsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -1595,7 +2164,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +2176,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +2189,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{20}
+	return file_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListCheckpointsRequest) GetJobId() string {
@@ -1639,7 +2208,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_control_proto_msgTypes[21]
+	mi := &file_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +2220,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[21]
+	mi := &file_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +2233,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{21}
+	return file_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointInfo {
@@ -1680,13 +2249,17 @@ type CheckpointInfo struct {
 	CompletedUnixMs int64                  `protobuf:"varint,2,opt,name=completed_unix_ms,json=completedUnixMs,proto3" json:"completed_unix_ms,omitempty"`
 	Tasks           int32                  `protobuf:"varint,3,opt,name=tasks,proto3" json:"tasks,omitempty"`
 	SizeBytes       int64                  `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	TriggeredUnixMs int64                  `protobuf:"varint,5,opt,name=triggered_unix_ms,json=triggeredUnixMs,proto3" json:"triggered_unix_ms,omitempty"`
+	DurationMs      int64                  `protobuf:"varint,6,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// error is set when the stored checkpoint fails verification.
+	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_control_proto_msgTypes[22]
+	mi := &file_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1698,7 +2271,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[22]
+	mi := &file_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1711,7 +2284,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{22}
+	return file_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CheckpointInfo) GetId() uint64 {
@@ -1742,20 +2315,45 @@ func (x *CheckpointInfo) GetSizeBytes() int64 {
 	return 0
 }
 
+func (x *CheckpointInfo) GetTriggeredUnixMs() int64 {
+	if x != nil {
+		return x.TriggeredUnixMs
+	}
+	return 0
+}
+
+func (x *CheckpointInfo) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *CheckpointInfo) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_control_proto protoreflect.FileDescriptor
 
 const file_control_proto_rawDesc = "" +
 	"\n" +
-	"\rcontrol.proto\x12\vweir.rpc.v1\"\xec\x02\n" +
+	"\rcontrol.proto\x12\vweir.rpc.v1\"\xd1\x04\n" +
 	"\x12TaskManagerMessage\x123\n" +
 	"\bregister\x18\x01 \x01(\v2\x15.weir.rpc.v1.RegisterH\x00R\bregister\x126\n" +
-	"\theartbeat\x18\x02 \x01(\v2\x16.weir.rpc.v1.HeartbeatH\x00R\theartbeat\x127\n" +
-	"\n" +
-	"task_state\x18\x03 \x01(\v2\x16.weir.rpc.v1.TaskStateH\x00R\ttaskState\x12.\n" +
+	"\theartbeat\x18\x02 \x01(\v2\x16.weir.rpc.v1.HeartbeatH\x00R\theartbeat\x121\n" +
+	"\x06failed\x18\x03 \x01(\v2\x17.weir.rpc.v1.TaskFailedH\x00R\x06failed\x12.\n" +
 	"\x03ack\x18\x04 \x01(\v2\x1a.weir.rpc.v1.CheckpointAckH\x00R\x03ack\x12:\n" +
 	"\adecline\x18\x05 \x01(\v2\x1e.weir.rpc.v1.CheckpointDeclineH\x00R\adecline\x12=\n" +
-	"\fsource_ended\x18\x06 \x01(\v2\x18.weir.rpc.v1.SourceEndedH\x00R\vsourceEndedB\x05\n" +
-	"\x03msg\"\xea\x02\n" +
+	"\fsource_ended\x18\x06 \x01(\v2\x18.weir.rpc.v1.SourceEndedH\x00R\vsourceEnded\x123\n" +
+	"\bprepared\x18\a \x01(\v2\x15.weir.rpc.v1.PreparedH\x00R\bprepared\x12-\n" +
+	"\x06opened\x18\b \x01(\v2\x13.weir.rpc.v1.OpenedH\x00R\x06opened\x124\n" +
+	"\x05ended\x18\t \x01(\v2\x1c.weir.rpc.v1.DeploymentEndedH\x00R\x05ended\x12O\n" +
+	"\x12request_checkpoint\x18\n" +
+	" \x01(\v2\x1e.weir.rpc.v1.CheckpointRequestH\x00R\x11requestCheckpointB\x05\n" +
+	"\x03msg\"\xc9\x03\n" +
 	"\x11JobManagerMessage\x129\n" +
 	"\n" +
 	"registered\x18\x01 \x01(\v2\x17.weir.rpc.v1.RegisteredH\x00R\n" +
@@ -1764,38 +2362,79 @@ const file_control_proto_rawDesc = "" +
 	"\x06deploy\x18\x03 \x01(\v2\x18.weir.rpc.v1.DeployTasksH\x00R\x06deploy\x12:\n" +
 	"\atrigger\x18\x04 \x01(\v2\x1e.weir.rpc.v1.TriggerCheckpointH\x00R\atrigger\x127\n" +
 	"\x06notify\x18\x05 \x01(\v2\x1d.weir.rpc.v1.NotifyCheckpointH\x00R\x06notify\x122\n" +
-	"\x06cancel\x18\x06 \x01(\v2\x18.weir.rpc.v1.CancelTasksH\x00R\x06cancelB\x05\n" +
-	"\x03msg\"k\n" +
+	"\x06cancel\x18\x06 \x01(\v2\x18.weir.rpc.v1.CancelTasksH\x00R\x06cancel\x12,\n" +
+	"\x04open\x18\a \x01(\v2\x16.weir.rpc.v1.OpenTasksH\x00R\x04open\x12/\n" +
+	"\x05start\x18\b \x01(\v2\x17.weir.rpc.v1.StartTasksH\x00R\x05startB\x05\n" +
+	"\x03msg\"e\n" +
 	"\bRegister\x12&\n" +
 	"\x0ftask_manager_id\x18\x01 \x01(\tR\rtaskManagerId\x12\x14\n" +
-	"\x05slots\x18\x02 \x01(\x05R\x05slots\x12!\n" +
-	"\fdata_address\x18\x03 \x01(\tR\vdataAddress\"\x8c\x01\n" +
+	"\x05slots\x18\x02 \x01(\x05R\x05slots\x12\x1b\n" +
+	"\tdata_host\x18\x03 \x01(\tR\bdataHost\"\x8c\x01\n" +
 	"\n" +
 	"Registered\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x120\n" +
-	"\x14heartbeat_timeout_ms\x18\x03 \x01(\x03R\x12heartbeatTimeoutMs\"L\n" +
+	"\x14heartbeat_timeout_ms\x18\x03 \x01(\x03R\x12heartbeatTimeoutMs\"d\n" +
 	"\tHeartbeat\x12 \n" +
 	"\fsent_unix_ms\x18\x01 \x01(\x03R\n" +
-	"sentUnixMs\x12\x1d\n" +
+	"sentUnixMs\x125\n" +
+	"\x06counts\x18\x02 \x03(\v2\x1d.weir.rpc.v1.DeploymentCountsR\x06counts\"\x83\x01\n" +
+	"\x10DeploymentCounts\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1d\n" +
 	"\n" +
-	"free_slots\x18\x02 \x01(\x05R\tfreeSlots\"\xf2\x03\n" +
+	"records_in\x18\x03 \x01(\x03R\trecordsIn\x12\x1f\n" +
+	"\vrecords_out\x18\x04 \x01(\x03R\n" +
+	"recordsOut\"\x9d\x03\n" +
 	"\vDeployTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\bjob_type\x18\x02 \x01(\tR\ajobType\x12<\n" +
 	"\x06params\x18\x03 \x03(\v2$.weir.rpc.v1.DeployTasks.ParamsEntryR\x06params\x12\x18\n" +
-	"\aattempt\x18\x04 \x01(\x05R\aattempt\x124\n" +
-	"\x16checkpoint_interval_ms\x18\x05 \x01(\x03R\x14checkpointIntervalMs\x12\x19\n" +
-	"\btask_ids\x18\x06 \x03(\tR\ataskIds\x12!\n" +
-	"\frestore_from\x18\a \x01(\x04R\vrestoreFrom\x12\x14\n" +
-	"\x05state\x18\b \x01(\fR\x05state\x12R\n" +
-	"\x0etask_addresses\x18\t \x03(\v2+.weir.rpc.v1.DeployTasks.TaskAddressesEntryR\rtaskAddresses\x1a9\n" +
+	"\aattempt\x18\x04 \x01(\x05R\aattempt\x12\x19\n" +
+	"\btask_ids\x18\x05 \x03(\tR\ataskIds\x12\x18\n" +
+	"\arestore\x18\x06 \x01(\fR\arestore\x12%\n" +
+	"\x0elast_completed\x18\a \x01(\x04R\rlastCompleted\x12#\n" +
+	"\rrestart_cause\x18\b \x01(\tR\frestartCause\x12\x1d\n" +
+	"\n" +
+	"batch_size\x18\t \x01(\x05R\tbatchSize\x12)\n" +
+	"\x10channel_capacity\x18\n" +
+	" \x01(\x05R\x0fchannelCapacity\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a@\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe9\x01\n" +
+	"\bPrepared\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12$\n" +
+	"\runrecoverable\x18\x04 \x01(\bR\runrecoverable\x12!\n" +
+	"\fdata_address\x18\x05 \x01(\tR\vdataAddress\x12\x1e\n" +
+	"\n" +
+	"discarding\x18\x06 \x03(\tR\n" +
+	"discarding\x12-\n" +
+	"\x12restore_committers\x18\a \x01(\x05R\x11restoreCommitters\"\x8d\x03\n" +
+	"\tOpenTasks\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12P\n" +
+	"\x0etask_addresses\x18\x03 \x03(\v2).weir.rpc.v1.OpenTasks.TaskAddressesEntryR\rtaskAddresses\x12\x1f\n" +
+	"\vinterval_ms\x18\x04 \x01(\x03R\n" +
+	"intervalMs\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x05 \x01(\x03R\ttimeoutMs\x12 \n" +
+	"\fmin_pause_ms\x18\x06 \x01(\x03R\n" +
+	"minPauseMs\x12-\n" +
+	"\x12tolerable_failures\x18\a \x01(\x05R\x11tolerableFailures\x12*\n" +
+	"\x11restart_budget_ms\x18\b \x01(\x03R\x0frestartBudgetMs\x1a@\n" +
 	"\x12TaskAddressesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Y\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"O\n" +
+	"\x06Opened\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"=\n" +
+	"\n" +
+	"StartTasks\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\"Y\n" +
 	"\vCancelTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x19\n" +
@@ -1805,28 +2444,23 @@ const file_control_proto_rawDesc = "" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
 	"\rcheckpoint_id\x18\x03 \x01(\x04R\fcheckpointId\x12&\n" +
 	"\x0fsource_task_ids\x18\x04 \x03(\tR\rsourceTaskIds\x12\x14\n" +
-	"\x05final\x18\x05 \x01(\bR\x05final\"\xd9\x01\n" +
+	"\x05final\x18\x05 \x01(\bR\x05final\"\x84\x01\n" +
 	"\x10NotifyCheckpoint\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
-	"\rcheckpoint_id\x18\x03 \x01(\x04R\fcheckpointId\x126\n" +
-	"\x04kind\x18\x04 \x01(\x0e2\".weir.rpc.v1.NotifyCheckpoint.KindR\x04kind\"7\n" +
-	"\x04Kind\x12\x14\n" +
-	"\x10KIND_UNSPECIFIED\x10\x00\x12\f\n" +
-	"\bCOMPLETE\x10\x01\x12\v\n" +
-	"\aABORTED\x10\x02\"\xe4\x01\n" +
-	"\tTaskState\x12\x15\n" +
+	"\rcheckpoint_id\x18\x03 \x01(\x04R\fcheckpointId\x12\x1a\n" +
+	"\bcomplete\x18\x04 \x01(\bR\bcomplete\"^\n" +
+	"\x0fDeploymentEnded\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1a\n" +
+	"\bfinished\x18\x03 \x01(\bR\bfinished\"\x92\x01\n" +
+	"\n" +
+	"TaskFailed\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
-	"\atask_id\x18\x03 \x01(\tR\x06taskId\x122\n" +
-	"\x05state\x18\x04 \x01(\x0e2\x1c.weir.rpc.v1.TaskState.StateR\x05state\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"C\n" +
-	"\x05State\x12\x15\n" +
-	"\x11STATE_UNSPECIFIED\x10\x00\x12\t\n" +
-	"\x05READY\x10\x01\x12\f\n" +
-	"\bFINISHED\x10\x02\x12\n" +
-	"\n" +
-	"\x06FAILED\x10\x03\"\xbd\x01\n" +
+	"\atask_id\x18\x03 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12$\n" +
+	"\runrecoverable\x18\x05 \x01(\bR\runrecoverable\"\xbd\x01\n" +
 	"\rCheckpointAck\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
@@ -1843,12 +2477,17 @@ const file_control_proto_rawDesc = "" +
 	"\vSourceEnded\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
-	"\atask_id\x18\x03 \x01(\tR\x06taskId\"\x83\x02\n" +
+	"\atask_id\x18\x03 \x01(\tR\x06taskId\"\\\n" +
+	"\x11CheckpointRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xae\x02\n" +
 	"\x10SubmitJobRequest\x12\x19\n" +
 	"\bjob_type\x18\x01 \x01(\tR\ajobType\x12A\n" +
 	"\x06params\x18\x02 \x03(\v2).weir.rpc.v1.SubmitJobRequest.ParamsEntryR\x06params\x12 \n" +
 	"\vparallelism\x18\x03 \x01(\x05R\vparallelism\x124\n" +
-	"\x16checkpoint_interval_ms\x18\x04 \x01(\x03R\x14checkpointIntervalMs\x1a9\n" +
+	"\x16checkpoint_interval_ms\x18\x04 \x01(\x03R\x14checkpointIntervalMs\x12)\n" +
+	"\x10restart_strategy\x18\x05 \x01(\tR\x0frestartStrategy\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"*\n" +
@@ -1860,7 +2499,7 @@ const file_control_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\")\n" +
 	"\x10CancelJobRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xaa\x02\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xb1\x04\n" +
 	"\tJobStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -1868,20 +2507,33 @@ const file_control_proto_rawDesc = "" +
 	"\brestarts\x18\x04 \x01(\x05R\brestarts\x12:\n" +
 	"\x19last_completed_checkpoint\x18\x05 \x01(\x04R\x17lastCompletedCheckpoint\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12:\n" +
-	"\x06params\x18\a \x03(\v2\".weir.rpc.v1.JobStatus.ParamsEntryR\x06params\x1a9\n" +
+	"\x06params\x18\a \x03(\v2\".weir.rpc.v1.JobStatus.ParamsEntryR\x06params\x12*\n" +
+	"\x11submitted_unix_ms\x18\b \x01(\x03R\x0fsubmittedUnixMs\x12)\n" +
+	"\x10restart_strategy\x18\t \x01(\tR\x0frestartStrategy\x124\n" +
+	"\x16checkpoint_interval_ms\x18\n" +
+	" \x01(\x03R\x14checkpointIntervalMs\x128\n" +
+	"\x18restored_from_checkpoint\x18\v \x01(\x04R\x16restoredFromCheckpoint\x12\x1d\n" +
+	"\n" +
+	"records_in\x18\f \x01(\x03R\trecordsIn\x12\x1f\n" +
+	"\vrecords_out\x18\r \x01(\x03R\n" +
+	"recordsOut\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"/\n" +
 	"\x16ListCheckpointsRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"X\n" +
 	"\x17ListCheckpointsResponse\x12=\n" +
-	"\vcheckpoints\x18\x01 \x03(\v2\x1b.weir.rpc.v1.CheckpointInfoR\vcheckpoints\"\x81\x01\n" +
+	"\vcheckpoints\x18\x01 \x03(\v2\x1b.weir.rpc.v1.CheckpointInfoR\vcheckpoints\"\xe4\x01\n" +
 	"\x0eCheckpointInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12*\n" +
 	"\x11completed_unix_ms\x18\x02 \x01(\x03R\x0fcompletedUnixMs\x12\x14\n" +
 	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes2\xd1\x03\n" +
+	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\x12*\n" +
+	"\x11triggered_unix_ms\x18\x05 \x01(\x03R\x0ftriggeredUnixMs\x12\x1f\n" +
+	"\vduration_ms\x18\x06 \x01(\x03R\n" +
+	"durationMs\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error2\xd1\x03\n" +
 	"\n" +
 	"JobManager\x12N\n" +
 	"\aConnect\x12\x1f.weir.rpc.v1.TaskManagerMessage\x1a\x1e.weir.rpc.v1.JobManagerMessage(\x010\x01\x12J\n" +
@@ -1903,77 +2555,86 @@ func file_control_proto_rawDescGZIP() []byte {
 	return file_control_proto_rawDescData
 }
 
-var file_control_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_control_proto_goTypes = []any{
-	(NotifyCheckpoint_Kind)(0),      // 0: weir.rpc.v1.NotifyCheckpoint.Kind
-	(TaskState_State)(0),            // 1: weir.rpc.v1.TaskState.State
-	(*TaskManagerMessage)(nil),      // 2: weir.rpc.v1.TaskManagerMessage
-	(*JobManagerMessage)(nil),       // 3: weir.rpc.v1.JobManagerMessage
-	(*Register)(nil),                // 4: weir.rpc.v1.Register
-	(*Registered)(nil),              // 5: weir.rpc.v1.Registered
-	(*Heartbeat)(nil),               // 6: weir.rpc.v1.Heartbeat
-	(*DeployTasks)(nil),             // 7: weir.rpc.v1.DeployTasks
-	(*CancelTasks)(nil),             // 8: weir.rpc.v1.CancelTasks
-	(*TriggerCheckpoint)(nil),       // 9: weir.rpc.v1.TriggerCheckpoint
-	(*NotifyCheckpoint)(nil),        // 10: weir.rpc.v1.NotifyCheckpoint
-	(*TaskState)(nil),               // 11: weir.rpc.v1.TaskState
-	(*CheckpointAck)(nil),           // 12: weir.rpc.v1.CheckpointAck
-	(*CheckpointDecline)(nil),       // 13: weir.rpc.v1.CheckpointDecline
-	(*SourceEnded)(nil),             // 14: weir.rpc.v1.SourceEnded
-	(*SubmitJobRequest)(nil),        // 15: weir.rpc.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 16: weir.rpc.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 17: weir.rpc.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 18: weir.rpc.v1.ListJobsResponse
-	(*GetJobRequest)(nil),           // 19: weir.rpc.v1.GetJobRequest
-	(*CancelJobRequest)(nil),        // 20: weir.rpc.v1.CancelJobRequest
-	(*JobStatus)(nil),               // 21: weir.rpc.v1.JobStatus
-	(*ListCheckpointsRequest)(nil),  // 22: weir.rpc.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 23: weir.rpc.v1.ListCheckpointsResponse
-	(*CheckpointInfo)(nil),          // 24: weir.rpc.v1.CheckpointInfo
-	nil,                             // 25: weir.rpc.v1.DeployTasks.ParamsEntry
-	nil,                             // 26: weir.rpc.v1.DeployTasks.TaskAddressesEntry
-	nil,                             // 27: weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	nil,                             // 28: weir.rpc.v1.JobStatus.ParamsEntry
+	(*TaskManagerMessage)(nil),      // 0: weir.rpc.v1.TaskManagerMessage
+	(*JobManagerMessage)(nil),       // 1: weir.rpc.v1.JobManagerMessage
+	(*Register)(nil),                // 2: weir.rpc.v1.Register
+	(*Registered)(nil),              // 3: weir.rpc.v1.Registered
+	(*Heartbeat)(nil),               // 4: weir.rpc.v1.Heartbeat
+	(*DeploymentCounts)(nil),        // 5: weir.rpc.v1.DeploymentCounts
+	(*DeployTasks)(nil),             // 6: weir.rpc.v1.DeployTasks
+	(*Prepared)(nil),                // 7: weir.rpc.v1.Prepared
+	(*OpenTasks)(nil),               // 8: weir.rpc.v1.OpenTasks
+	(*Opened)(nil),                  // 9: weir.rpc.v1.Opened
+	(*StartTasks)(nil),              // 10: weir.rpc.v1.StartTasks
+	(*CancelTasks)(nil),             // 11: weir.rpc.v1.CancelTasks
+	(*TriggerCheckpoint)(nil),       // 12: weir.rpc.v1.TriggerCheckpoint
+	(*NotifyCheckpoint)(nil),        // 13: weir.rpc.v1.NotifyCheckpoint
+	(*DeploymentEnded)(nil),         // 14: weir.rpc.v1.DeploymentEnded
+	(*TaskFailed)(nil),              // 15: weir.rpc.v1.TaskFailed
+	(*CheckpointAck)(nil),           // 16: weir.rpc.v1.CheckpointAck
+	(*CheckpointDecline)(nil),       // 17: weir.rpc.v1.CheckpointDecline
+	(*SourceEnded)(nil),             // 18: weir.rpc.v1.SourceEnded
+	(*CheckpointRequest)(nil),       // 19: weir.rpc.v1.CheckpointRequest
+	(*SubmitJobRequest)(nil),        // 20: weir.rpc.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 21: weir.rpc.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 22: weir.rpc.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 23: weir.rpc.v1.ListJobsResponse
+	(*GetJobRequest)(nil),           // 24: weir.rpc.v1.GetJobRequest
+	(*CancelJobRequest)(nil),        // 25: weir.rpc.v1.CancelJobRequest
+	(*JobStatus)(nil),               // 26: weir.rpc.v1.JobStatus
+	(*ListCheckpointsRequest)(nil),  // 27: weir.rpc.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 28: weir.rpc.v1.ListCheckpointsResponse
+	(*CheckpointInfo)(nil),          // 29: weir.rpc.v1.CheckpointInfo
+	nil,                             // 30: weir.rpc.v1.DeployTasks.ParamsEntry
+	nil,                             // 31: weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	nil,                             // 32: weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	nil,                             // 33: weir.rpc.v1.JobStatus.ParamsEntry
 }
 var file_control_proto_depIdxs = []int32{
-	4,  // 0: weir.rpc.v1.TaskManagerMessage.register:type_name -> weir.rpc.v1.Register
-	6,  // 1: weir.rpc.v1.TaskManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
-	11, // 2: weir.rpc.v1.TaskManagerMessage.task_state:type_name -> weir.rpc.v1.TaskState
-	12, // 3: weir.rpc.v1.TaskManagerMessage.ack:type_name -> weir.rpc.v1.CheckpointAck
-	13, // 4: weir.rpc.v1.TaskManagerMessage.decline:type_name -> weir.rpc.v1.CheckpointDecline
-	14, // 5: weir.rpc.v1.TaskManagerMessage.source_ended:type_name -> weir.rpc.v1.SourceEnded
-	5,  // 6: weir.rpc.v1.JobManagerMessage.registered:type_name -> weir.rpc.v1.Registered
-	6,  // 7: weir.rpc.v1.JobManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
-	7,  // 8: weir.rpc.v1.JobManagerMessage.deploy:type_name -> weir.rpc.v1.DeployTasks
-	9,  // 9: weir.rpc.v1.JobManagerMessage.trigger:type_name -> weir.rpc.v1.TriggerCheckpoint
-	10, // 10: weir.rpc.v1.JobManagerMessage.notify:type_name -> weir.rpc.v1.NotifyCheckpoint
-	8,  // 11: weir.rpc.v1.JobManagerMessage.cancel:type_name -> weir.rpc.v1.CancelTasks
-	25, // 12: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
-	26, // 13: weir.rpc.v1.DeployTasks.task_addresses:type_name -> weir.rpc.v1.DeployTasks.TaskAddressesEntry
-	0,  // 14: weir.rpc.v1.NotifyCheckpoint.kind:type_name -> weir.rpc.v1.NotifyCheckpoint.Kind
-	1,  // 15: weir.rpc.v1.TaskState.state:type_name -> weir.rpc.v1.TaskState.State
-	27, // 16: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	21, // 17: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
-	28, // 18: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
-	24, // 19: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
-	2,  // 20: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
-	15, // 21: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
-	17, // 22: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
-	19, // 23: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
-	20, // 24: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
-	22, // 25: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
-	3,  // 26: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
-	16, // 27: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
-	18, // 28: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
-	21, // 29: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
-	21, // 30: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
-	23, // 31: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
-	26, // [26:32] is the sub-list for method output_type
-	20, // [20:26] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	2,  // 0: weir.rpc.v1.TaskManagerMessage.register:type_name -> weir.rpc.v1.Register
+	4,  // 1: weir.rpc.v1.TaskManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
+	15, // 2: weir.rpc.v1.TaskManagerMessage.failed:type_name -> weir.rpc.v1.TaskFailed
+	16, // 3: weir.rpc.v1.TaskManagerMessage.ack:type_name -> weir.rpc.v1.CheckpointAck
+	17, // 4: weir.rpc.v1.TaskManagerMessage.decline:type_name -> weir.rpc.v1.CheckpointDecline
+	18, // 5: weir.rpc.v1.TaskManagerMessage.source_ended:type_name -> weir.rpc.v1.SourceEnded
+	7,  // 6: weir.rpc.v1.TaskManagerMessage.prepared:type_name -> weir.rpc.v1.Prepared
+	9,  // 7: weir.rpc.v1.TaskManagerMessage.opened:type_name -> weir.rpc.v1.Opened
+	14, // 8: weir.rpc.v1.TaskManagerMessage.ended:type_name -> weir.rpc.v1.DeploymentEnded
+	19, // 9: weir.rpc.v1.TaskManagerMessage.request_checkpoint:type_name -> weir.rpc.v1.CheckpointRequest
+	3,  // 10: weir.rpc.v1.JobManagerMessage.registered:type_name -> weir.rpc.v1.Registered
+	4,  // 11: weir.rpc.v1.JobManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
+	6,  // 12: weir.rpc.v1.JobManagerMessage.deploy:type_name -> weir.rpc.v1.DeployTasks
+	12, // 13: weir.rpc.v1.JobManagerMessage.trigger:type_name -> weir.rpc.v1.TriggerCheckpoint
+	13, // 14: weir.rpc.v1.JobManagerMessage.notify:type_name -> weir.rpc.v1.NotifyCheckpoint
+	11, // 15: weir.rpc.v1.JobManagerMessage.cancel:type_name -> weir.rpc.v1.CancelTasks
+	8,  // 16: weir.rpc.v1.JobManagerMessage.open:type_name -> weir.rpc.v1.OpenTasks
+	10, // 17: weir.rpc.v1.JobManagerMessage.start:type_name -> weir.rpc.v1.StartTasks
+	5,  // 18: weir.rpc.v1.Heartbeat.counts:type_name -> weir.rpc.v1.DeploymentCounts
+	30, // 19: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
+	31, // 20: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	32, // 21: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	26, // 22: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
+	33, // 23: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
+	29, // 24: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
+	0,  // 25: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
+	20, // 26: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
+	22, // 27: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
+	24, // 28: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
+	25, // 29: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
+	27, // 30: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
+	1,  // 31: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
+	21, // 32: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
+	23, // 33: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
+	26, // 34: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
+	26, // 35: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
+	28, // 36: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
+	31, // [31:37] is the sub-list for method output_type
+	25, // [25:31] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_control_proto_init() }
@@ -1984,10 +2645,14 @@ func file_control_proto_init() {
 	file_control_proto_msgTypes[0].OneofWrappers = []any{
 		(*TaskManagerMessage_Register)(nil),
 		(*TaskManagerMessage_Heartbeat)(nil),
-		(*TaskManagerMessage_TaskState)(nil),
+		(*TaskManagerMessage_Failed)(nil),
 		(*TaskManagerMessage_Ack)(nil),
 		(*TaskManagerMessage_Decline)(nil),
 		(*TaskManagerMessage_SourceEnded)(nil),
+		(*TaskManagerMessage_Prepared)(nil),
+		(*TaskManagerMessage_Opened)(nil),
+		(*TaskManagerMessage_Ended)(nil),
+		(*TaskManagerMessage_RequestCheckpoint)(nil),
 	}
 	file_control_proto_msgTypes[1].OneofWrappers = []any{
 		(*JobManagerMessage_Registered)(nil),
@@ -1996,20 +2661,21 @@ func file_control_proto_init() {
 		(*JobManagerMessage_Trigger)(nil),
 		(*JobManagerMessage_Notify)(nil),
 		(*JobManagerMessage_Cancel)(nil),
+		(*JobManagerMessage_Open)(nil),
+		(*JobManagerMessage_Start)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_control_proto_rawDesc), len(file_control_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   27,
+			NumEnums:      0,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_control_proto_goTypes,
 		DependencyIndexes: file_control_proto_depIdxs,
-		EnumInfos:         file_control_proto_enumTypes,
 		MessageInfos:      file_control_proto_msgTypes,
 	}.Build()
 	File_control_proto = out.File

@@ -1,0 +1,376 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/weirstream/weir/internal/rpc"
+	"github.com/weirstream/weir/internal/rpc/weirpb"
+	"github.com/weirstream/weir/runtime"
+)
+
+// The client commands: submit, list, status, cancel, checkpoints. Each
+// dials the job manager (--jobmanager, default $WEIR_JOBMANAGER or
+// 127.0.0.1:6123) and makes one call (submit --wait follows the job).
+
+// callTimeout bounds one call to the job manager.
+const callTimeout = 30 * time.Second
+
+// ErrJobManager is wrapped by a client command's error when the job manager
+// cannot be reached or refused the call.
+var ErrJobManager = errors.New("job manager")
+
+// client is a connection to the job manager at addr.
+type client struct {
+	addr string
+	jm   weirpb.JobManagerClient
+	cc   interface{ Close() error }
+}
+
+func dialJobManager(addr string, access *accessFlags) (*client, error) {
+	opts, err := access.dialOpts()
+	if err != nil {
+		return nil, err
+	}
+	cc, err := rpc.Dial(addr, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &client{addr: addr, jm: weirpb.NewJobManagerClient(cc), cc: cc}, nil
+}
+
+func (c *client) Close() { _ = c.cc.Close() }
+
+// explain turns a call's error into what the user needs to read.
+func (c *client) explain(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.Unauthenticated:
+		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, st.Message())
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return fmt.Errorf("%w at %s is unreachable (is `streamctl jobmanager` running there? set --jobmanager or %s): %s",
+			ErrJobManager, c.addr, envJobManager, st.Message())
+	}
+	return fmt.Errorf("%w: %s", ErrJobManager, st.Message())
+}
+
+func (c *client) call(ctx context.Context, fn func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if err := fn(ctx); err != nil {
+		return c.explain(err)
+	}
+	return nil
+}
+
+// clientCmd adds --jobmanager and --output to a client command.
+type clientCmd struct {
+	jm, output string
+	access     accessFlags
+}
+
+func (f *clientCmd) flags(cmd *cobra.Command, output bool) {
+	cmd.Flags().StringVar(&f.jm, "jobmanager", defaultJobManager(), "job manager address (default $"+envJobManager+" or 127.0.0.1:6123)")
+	f.access.add(cmd)
+	if output {
+		cmd.Flags().StringVarP(&f.output, "output", "o", "table", "table|json")
+	}
+}
+
+// runE returns a command's RunE that checks --output, dials the job
+// manager and makes one call with fn.
+func (f *clientCmd) runE(a *app, fn func(ctx context.Context, cmd *cobra.Command, c *client) error) func(*cobra.Command, []string) error {
+	return a.withLogger(func(cmd *cobra.Command, _ *zap.Logger) error {
+		if f.output != "" && f.output != "table" && f.output != "json" {
+			return flagError(cmd, fmt.Errorf("invalid --output %q: want table or json", f.output))
+		}
+		c, err := dialJobManager(f.jm, &f.access)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return c.call(cmd.Context(), func(ctx context.Context) error { return fn(ctx, cmd, c) })
+	})
+}
+
+// jobJSON is a job's status as --output json prints it.
+type jobJSON struct {
+	ID                      string            `json:"id"`
+	Name                    string            `json:"name"`
+	State                   string            `json:"state"`
+	Restarts                int32             `json:"restarts"`
+	LastCompletedCheckpoint uint64            `json:"last_completed_checkpoint"`
+	Error                   string            `json:"error,omitempty"`
+	Params                  map[string]string `json:"params"`
+	Submitted               string            `json:"submitted,omitempty"`
+	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
+	RestartStrategy         string            `json:"restart_strategy,omitempty"`
+	RestoredFromCheckpoint  uint64            `json:"restored_from_checkpoint"`
+	RecordsIn               int64             `json:"records_in"`
+	RecordsOut              int64             `json:"records_out"`
+}
+
+func toJobJSON(s *weirpb.JobStatus) jobJSON {
+	j := jobJSON{ID: s.Id, Name: s.Name, State: s.State, Restarts: s.Restarts, LastCompletedCheckpoint: s.LastCompletedCheckpoint,
+		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, RestartStrategy: s.RestartStrategy,
+		RestoredFromCheckpoint: s.RestoredFromCheckpoint, RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut}
+	if j.Params == nil {
+		j.Params = map[string]string{}
+	}
+	if s.SubmittedUnixMs > 0 {
+		j.Submitted = time.UnixMilli(s.SubmittedUnixMs).UTC().Format(time.RFC3339)
+	}
+	return j
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+func printJobs(w io.Writer, output string, jobs []*weirpb.JobStatus, one bool) error {
+	if output == "json" {
+		if one {
+			return printJSON(w, toJobJSON(jobs[0]))
+		}
+		out := []jobJSON{}
+		for _, j := range jobs {
+			out = append(out, toJobJSON(j))
+		}
+		return printJSON(w, out)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tRESTARTS\tLAST CHECKPOINT\tRECORDS IN\tRECORDS OUT\tERROR")
+	for _, j := range jobs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", j.Id, j.Name, j.State, j.Restarts, j.LastCompletedCheckpoint,
+			j.RecordsIn, j.RecordsOut, j.Error)
+	}
+	return tw.Flush()
+}
+
+func newSubmitCmd(a *app) *cobra.Command {
+	var (
+		f       clientCmd
+		jf      jobFlags
+		restart string
+		wait    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "submit JOB [--jobmanager ADDR] [--parallelism N] [--checkpoint-interval DUR] [--set key=value]... [--restart-strategy SPEC] [--wait]",
+		Short: "Submit a registered job to the job manager; prints its job id",
+		Long: `submit asks the job manager to run the registered job type JOB with the given
+parameters (--set key=value, repeatable; "streamctl jobs" lists them) on its
+task managers. The job manager checks the job type, the parameters and that
+its task managers offer enough slots (a job needs as many as its largest
+parallelism), records the job durably and prints its new job id alone on
+stdout. Each submission is a new job: its transactional ids derive from the
+id, so two jobs of one type never fence each other.
+
+--restart-strategy is Flink's (default exponential-delay):
+  none | fixed-delay:attempts=3,delay=1s
+  exponential-delay:initial-backoff=1s,max-backoff=1m,multiplier=1.5,reset-backoff-threshold=1h,jitter=0.1
+  failure-rate:max-failures=3,interval=1m,delay=1s
+
+--wait follows the job until it ends, with a progress line on stderr (state,
+restarts, last completed checkpoint, records in and out of the current
+attempt), and exits non-zero unless it FINISHED
+or was CANCELED.`,
+		Args: cobra.ExactArgs(1),
+		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
+			params, err := jf.params(cmd)
+			if err != nil {
+				return err
+			}
+			if restart != "" {
+				if _, err := runtime.ParseRestartStrategy(restart); err != nil {
+					return flagError(cmd, fmt.Errorf("--restart-strategy: %w", err))
+				}
+			}
+			c, err := dialJobManager(f.jm, &f.access)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			var id string
+			err = c.call(cmd.Context(), func(ctx context.Context) error {
+				r, err := c.jm.SubmitJob(ctx, &weirpb.SubmitJobRequest{JobType: cmd.Flags().Arg(0), Params: params,
+					CheckpointIntervalMs: jf.interval.Milliseconds(), RestartStrategy: restart})
+				if err == nil {
+					id = r.JobId
+				}
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout, id)
+			if !wait {
+				return nil
+			}
+			return a.follow(cmd.Context(), c, id, log)
+		}),
+	}
+	f.flags(cmd, false)
+	jf.add(cmd)
+	cmd.Flags().StringVar(&restart, "restart-strategy", "", "restart strategy (default exponential-delay)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends")
+	return cmd
+}
+
+// follow polls job id until it ends, drawing the progress line.
+func (a *app) follow(ctx context.Context, c *client, id string, log *zap.Logger) error {
+	pl := a.progress(log)
+	defer pl.Update("")
+	for {
+		var st *weirpb.JobStatus
+		if err := c.call(ctx, func(ctx context.Context) (err error) {
+			st, err = c.jm.GetJob(ctx, &weirpb.GetJobRequest{JobId: id})
+			return err
+		}); err != nil {
+			if ctx.Err() != nil {
+				return nil // the user stopped following; the job runs on
+			}
+			return err
+		}
+		pl.Update(fmt.Sprintf("job %s: %s, %d restarts, last completed checkpoint %d, records in %d, out %d (this attempt)",
+			id, st.State, st.Restarts, st.LastCompletedCheckpoint, st.RecordsIn, st.RecordsOut))
+		switch st.State {
+		case "FINISHED", "CANCELED":
+			pl.Update("")
+			log.Info("job ended", zap.String("job_id", id), zap.String("state", st.State))
+			return nil
+		case "FAILED":
+			return fmt.Errorf("job %s failed: %s", id, st.Error)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func newListCmd(a *app) *cobra.Command {
+	var f clientCmd
+	cmd := &cobra.Command{
+		Use:   "list [--jobmanager ADDR] [--output table|json]",
+		Short: "List the job manager's jobs",
+		Args:  cobra.NoArgs,
+		RunE: f.runE(a, func(ctx context.Context, _ *cobra.Command, c *client) error {
+			r, err := c.jm.ListJobs(ctx, &weirpb.ListJobsRequest{})
+			if err != nil {
+				return err
+			}
+			return printJobs(a.stdout, f.output, r.Jobs, false)
+		}),
+	}
+	f.flags(cmd, true)
+	return cmd
+}
+
+func newStatusCmd(a *app) *cobra.Command {
+	var f clientCmd
+	cmd := &cobra.Command{
+		Use:   "status JOB_ID [--jobmanager ADDR] [--output table|json]",
+		Short: "Show a job's state, restarts and last completed checkpoint",
+		Long: `status shows one job: its state (CREATED, RUNNING, RESTARTING, FAILED,
+CANCELED, FINISHED), how often it restarted, its last completed checkpoint, and
+the error that failed it.`,
+		Args: cobra.ExactArgs(1),
+		RunE: f.runE(a, func(ctx context.Context, cmd *cobra.Command, c *client) error {
+			st, err := c.jm.GetJob(ctx, &weirpb.GetJobRequest{JobId: cmd.Flags().Arg(0)})
+			if err != nil {
+				return err
+			}
+			return printJobs(a.stdout, f.output, []*weirpb.JobStatus{st}, true)
+		}),
+	}
+	f.flags(cmd, true)
+	return cmd
+}
+
+func newCancelCmd(a *app) *cobra.Command {
+	var f clientCmd
+	cmd := &cobra.Command{
+		Use:   "cancel JOB_ID [--jobmanager ADDR] [--output table|json]",
+		Short: "Cancel a job: its tasks stop, open transactions are aborted, held share records released",
+		Long: `cancel cancels a running job and returns once its tasks stopped: the
+checkpoint coordinator stops first (no checkpoint completes after that), then
+every task is cancelled for good, so its transactional operators abort their
+open transactions and the share-group sources release the records they hold.
+It prints the job's final status.`,
+		Args: cobra.ExactArgs(1),
+		RunE: f.runE(a, func(ctx context.Context, cmd *cobra.Command, c *client) error {
+			st, err := c.jm.CancelJob(ctx, &weirpb.CancelJobRequest{JobId: cmd.Flags().Arg(0)})
+			if err != nil {
+				return err
+			}
+			return printJobs(a.stdout, f.output, []*weirpb.JobStatus{st}, true)
+		}),
+	}
+	f.flags(cmd, true)
+	return cmd
+}
+
+// checkpointJSON is one checkpoint as --output json prints it.
+type checkpointJSON struct {
+	ID         uint64 `json:"id"`
+	Triggered  string `json:"triggered,omitempty"`
+	Completed  string `json:"completed,omitempty"`
+	DurationMs int64  `json:"duration_ms"`
+	SizeBytes  int64  `json:"size_bytes"`
+	Tasks      int32  `json:"tasks"`
+	Error      string `json:"error,omitempty"`
+}
+
+func newCheckpointsCmd(a *app) *cobra.Command {
+	var f clientCmd
+	cmd := &cobra.Command{
+		Use:   "checkpoints JOB_ID [--jobmanager ADDR] [--output table|json]",
+		Short: "List a job's retained completed checkpoints, newest first",
+		Args:  cobra.ExactArgs(1),
+		RunE: f.runE(a, func(ctx context.Context, cmd *cobra.Command, c *client) error {
+			r, err := c.jm.ListCheckpoints(ctx, &weirpb.ListCheckpointsRequest{JobId: cmd.Flags().Arg(0)})
+			if err != nil {
+				return err
+			}
+			out := []checkpointJSON{}
+			for _, ci := range r.Checkpoints {
+				cj := checkpointJSON{ID: ci.Id, DurationMs: ci.DurationMs, SizeBytes: ci.SizeBytes, Tasks: ci.Tasks, Error: ci.Error}
+				if ci.CompletedUnixMs > 0 {
+					cj.Completed = time.UnixMilli(ci.CompletedUnixMs).UTC().Format(time.RFC3339Nano)
+					cj.Triggered = time.UnixMilli(ci.TriggeredUnixMs).UTC().Format(time.RFC3339Nano)
+				}
+				out = append(out, cj)
+			}
+			if f.output == "json" {
+				return printJSON(a.stdout, out)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tCOMPLETED\tDURATION\tSIZE\tTASKS\tERROR")
+			for _, cj := range out {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", cj.ID, cj.Completed, time.Duration(cj.DurationMs)*time.Millisecond,
+					strconv.FormatInt(cj.SizeBytes, 10), cj.Tasks, cj.Error)
+			}
+			return tw.Flush()
+		}),
+	}
+	f.flags(cmd, true)
+	return cmd
+}

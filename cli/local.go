@@ -1,0 +1,112 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/internal/rpc"
+	"github.com/weirstream/weir/taskmanager"
+)
+
+func newLocalCmd(a *app) *cobra.Command {
+	var (
+		brokerAddr, dataDir, listen, httpAddr string
+		tms, slots                            int
+	)
+	cmd := &cobra.Command{
+		Use:   "local [--broker embedded|HOST:PORT] [--taskmanagers 2] [--slots 2] [--data-dir DIR]",
+		Short: "Run a development cluster in one process: a broker, a job manager and task managers",
+		Long: `local runs, in this one process, an embedded broker (unless --broker names an
+external one), a job manager (control plane on --listen, HTTP on --http) and
+--taskmanagers task managers of --slots slots each, talking to each other over
+loopback exactly as separate processes do. Submit jobs to it with
+"streamctl submit JOB --jobmanager ADDR --set brokers=BROKER".
+
+--data-dir keeps the embedded broker's data (DIR/broker) and the job manager's
+jobs and checkpoints (DIR/jobmanager): started again on the same directory, the
+cluster resumes its jobs. It prints "broker listening on HOST:PORT",
+"jobmanager listening on HOST:PORT" and "jobmanager http on HOST:PORT" on
+stdout, and stops on SIGINT/SIGTERM (running jobs are suspended, not
+cancelled).`,
+		Args: cobra.NoArgs,
+		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
+			if tms < 1 {
+				return flagError(cmd, fmt.Errorf("--taskmanagers %d must be at least 1", tms))
+			}
+			if slots < 1 {
+				return flagError(cmd, fmt.Errorf("--slots %d must be at least 1", slots))
+			}
+			for _, addr := range []string{listen, httpAddr} {
+				if err := rpc.CheckExposure(addr, ""); err != nil {
+					return flagError(cmd, fmt.Errorf("local runs on loopback only: %w", err))
+				}
+			}
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			if brokerAddr == "embedded" {
+				opts := []broker.Opt{broker.Listen("127.0.0.1:0"), broker.Logger(log.Named("broker"))}
+				if dataDir != "" {
+					opts = append(opts, broker.DataDir(filepath.Join(dataDir, "broker")))
+				}
+				b, err := broker.Start(ctx, opts...)
+				if err != nil {
+					return err
+				}
+				defer b.Close()
+				brokerAddr = b.Addr()
+			}
+			fmt.Fprintf(a.stdout, "broker listening on %s\n", brokerAddr)
+			jmDir := ""
+			if dataDir != "" {
+				jmDir = filepath.Join(dataDir, "jobmanager")
+			}
+			fp, err := failpoint.FromEnv()
+			if err != nil {
+				return err
+			}
+			addrs := make(chan string, 1)
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			defer cancel()
+			jmDone := make(chan error, 1)
+			go func() {
+				jmDone <- a.runJobManager(ctx, log.Named("jobmanager"), listen, httpAddr, jmDir, jmSecurity{}, func(addr string) { addrs <- addr })
+			}()
+			var jmAddr string
+			select {
+			case jmAddr = <-addrs:
+			case err := <-jmDone:
+				return err
+			}
+			for i := 0; i < tms; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					id := fmt.Sprintf("local-tm-%d", i+1)
+					err := taskmanager.Run(ctx, jmAddr, taskmanager.ID(id), taskmanager.Slots(slots),
+						taskmanager.Logger(log.Named(id)), taskmanager.Jobs(a.reg), taskmanager.Failpoints(fp))
+					if err != nil && !errors.Is(err, context.Canceled) {
+						log.Error("task manager stopped", zap.String("task_manager", id), zap.Error(err))
+					}
+				}()
+			}
+			return <-jmDone
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&brokerAddr, "broker", "embedded", `"embedded" or the HOST:PORT of an external broker`)
+	f.IntVar(&tms, "taskmanagers", 2, "task managers to run")
+	f.IntVar(&slots, "slots", 2, "slots per task manager")
+	f.StringVar(&dataDir, "data-dir", "", "directory for the broker's and job manager's data (default: in memory)")
+	f.StringVar(&listen, "listen", "127.0.0.1:6123", "job manager control-plane (gRPC) address")
+	f.StringVar(&httpAddr, "http", "127.0.0.1:8081", "job manager HTTP address")
+	return cmd
+}

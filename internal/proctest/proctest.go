@@ -1,0 +1,282 @@
+// Package proctest runs Weir's processes (streamctl, or a binary built with
+// cli.Main) as real child processes for tests: a job manager and task
+// managers against a broker, with their output collected, and the client
+// commands run one by one as a user would.
+//
+// It is for tests only. It must not import the packages under test
+// (runtime, jobmanager, taskmanager, connectors): it drives binaries.
+package proctest
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Buffer is a goroutine-safe sink for a process's stderr or a logger.
+type Buffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// Sync implements zapcore.WriteSyncer.
+func (b *Buffer) Sync() error { return nil }
+
+// Tail returns the last n lines, without the routine "checkpoint completed"
+// lines.
+func (b *Buffer) Tail(n int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var lines []string
+	for _, l := range strings.Split(b.buf.String(), "\n") {
+		if !strings.Contains(l, "checkpoint completed") {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// String returns everything written.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Proc is a child process.
+type Proc struct {
+	Cmd    *exec.Cmd
+	Done   chan struct{} // closed once the process exited (Cmd.ProcessState is set)
+	Out    chan string   // stdout lines (dropped when nobody reads)
+	Stderr Buffer
+}
+
+// Start starts cmd, collecting its stdout lines and stderr; the process is
+// killed on cleanup if still running.
+func Start(t testing.TB, cmd *exec.Cmd) *Proc {
+	t.Helper()
+	p := &Proc{Cmd: cmd, Done: make(chan struct{}), Out: make(chan string, 16)}
+	p.Cmd.Stderr = &p.Stderr
+	stdout, err := p.Cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(p.Done)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case p.Out <- sc.Text():
+			default:
+			}
+		}
+		_ = p.Cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = p.Cmd.Process.Kill()
+		<-p.Done
+	})
+	return p
+}
+
+// Line waits (30s) for the next stdout line, which must match re, and
+// returns re's first group.
+func (p *Proc) Line(t testing.TB, re string) string {
+	t.Helper()
+	select {
+	case l := <-p.Out:
+		m := regexp.MustCompile(re).FindStringSubmatch(l)
+		if m == nil {
+			t.Fatalf("stdout line %q, want %s", l, re)
+		}
+		return m[1]
+	case <-p.Done:
+		t.Fatalf("%v exited (%v) before printing %s; stderr:\n%s", p.Cmd.Args, p.Cmd.ProcessState, re, p.Stderr.Tail(40))
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no stdout line %s within 30s", re)
+	}
+	return ""
+}
+
+// Kill SIGKILLs the process and waits for it to exit.
+func (p *Proc) Kill(t testing.TB) {
+	t.Helper()
+	if err := p.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.Done
+}
+
+// Stop SIGTERMs the process and checks it exits 0 within 30s.
+func (p *Proc) Stop(t testing.TB) {
+	t.Helper()
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.Done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%v: no exit within 30s of SIGTERM; stderr:\n%s", p.Cmd.Args, p.Stderr.Tail(40))
+	}
+	if code := p.Cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("%v: exit code %d after SIGTERM; stderr:\n%s", p.Cmd.Args, code, p.Stderr.Tail(40))
+	}
+}
+
+// Cluster is a job manager and task managers, each a process of Bin.
+type Cluster struct {
+	t       testing.TB
+	Bin     string
+	DataDir string // the job manager's
+	JM      *Proc
+	// JMAddr is the job manager's control-plane address; fixed after the
+	// first start, so a restarted job manager listens there again.
+	JMAddr, HTTPAddr string
+	TMs              map[string]*Proc
+}
+
+// NewCluster starts a job manager of bin on a data directory of its own.
+func NewCluster(t testing.TB, bin string) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, Bin: bin, DataDir: t.TempDir(), JMAddr: "127.0.0.1:0", TMs: map[string]*Proc{}}
+	c.StartJM()
+	return c
+}
+
+// StartJM starts (again) the job manager.
+func (c *Cluster) StartJM() {
+	c.t.Helper()
+	c.JM = Start(c.t, exec.Command(c.Bin, "jobmanager", "--listen", c.JMAddr, "--http", "127.0.0.1:0", "--data-dir", c.DataDir, "--log-format", "json"))
+	c.JMAddr = c.JM.Line(c.t, `^jobmanager listening on (\S+)$`)
+	c.HTTPAddr = c.JM.Line(c.t, `^jobmanager http on (\S+)$`)
+}
+
+// StartTM starts a task manager with the given id and slots.
+func (c *Cluster) StartTM(id string, slots int) *Proc {
+	c.t.Helper()
+	p := Start(c.t, exec.Command(c.Bin, "taskmanager", "--jobmanager", c.JMAddr, "--slots", fmt.Sprint(slots), "--id", id, "--log-format", "json"))
+	c.TMs[id] = p
+	return p
+}
+
+// TaskManagerIDs lists the task managers the job manager knows (GET
+// /taskmanagers).
+func (c *Cluster) TaskManagerIDs() []string {
+	c.t.Helper()
+	resp, err := http.Get("http://" + c.HTTPAddr + "/taskmanagers")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var tms []struct {
+		ID string `json:"id"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&tms); err != nil {
+		c.t.Fatal(err)
+	}
+	var ids []string
+	for _, tm := range tms {
+		ids = append(ids, tm.ID)
+	}
+	return ids
+}
+
+// WaitTMs waits (30s) until the job manager lists exactly ids
+// (comma-separated, sorted).
+func (c *Cluster) WaitTMs(ids string) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := strings.Join(c.TaskManagerIDs(), ",")
+		if got == ids {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("task managers %q after 30s, want %q", got, ids)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Run runs one client command of Bin (with --jobmanager) to completion and
+// returns its stdout.
+func (c *Cluster) Run(args ...string) (string, error) {
+	c.t.Helper()
+	cmd := exec.Command(c.Bin, append(args, "--jobmanager", c.JMAddr)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%v: %w: %s", args, err, errb.String())
+	}
+	return out.String(), nil
+}
+
+// Submit submits a job and returns the id it printed.
+func (c *Cluster) Submit(args ...string) string {
+	c.t.Helper()
+	out, err := c.Run(append([]string{"submit"}, args...)...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	if !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(id) {
+		c.t.Fatalf("submit printed %q, want a job id alone", out)
+	}
+	return id
+}
+
+// JobStatus is what status --output json prints.
+type JobStatus struct {
+	ID                      string `json:"id"`
+	Name                    string `json:"name"`
+	State                   string `json:"state"`
+	Restarts                int    `json:"restarts"`
+	LastCompletedCheckpoint uint64 `json:"last_completed_checkpoint"`
+	Error                   string `json:"error"`
+}
+
+// Status returns job id's status.
+func (c *Cluster) Status(id string) JobStatus {
+	c.t.Helper()
+	out, err := c.Run("status", id, "--output", "json")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var st JobStatus
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		c.t.Fatalf("status --output json: %v: %q", err, out)
+	}
+	return st
+}
+
+// WaitStatus polls job id's status (60s) until ok accepts it.
+func (c *Cluster) WaitStatus(id, what string, ok func(JobStatus) bool) JobStatus {
+	c.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st := c.Status(id)
+		if ok(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("job %s: no %s within 60s: %+v; job manager stderr:\n%s", id, what, st, c.JM.Stderr.Tail(60))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -1,0 +1,489 @@
+package jobmanager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/rpc/weirpb"
+	"github.com/weirstream/weir/runtime"
+)
+
+// Scheduling and remote deployment (docs/architecture.md, "Cluster").
+//
+// A job's attempt runs in slots: slot s holds subtask s of every vertex
+// (runtime.SlotShares), so a job needs as many slots as its largest
+// parallelism. The deployer spreads the slots over the task managers with
+// free slots (round-robin, most free first), sends each task manager one
+// DeployTasks with the tasks of its slots, and drives the shares as one
+// runtime.Deployed (runtime.Combine): the job master (runtime's mini
+// cluster loop: restore, checkpoint coordinator, restarts) runs in the job
+// manager exactly as it does in one process.
+
+// ErrTaskManagerLost is wrapped by the failure of an attempt that had tasks
+// on a task manager whose session ended (killed, partitioned, silent).
+var ErrTaskManagerLost = errors.New("jobmanager: task manager lost")
+
+// ErrNotEnoughSlots is wrapped when a job needs more slots than the task
+// managers offer.
+var ErrNotEnoughSlots = errors.New("jobmanager: not enough slots")
+
+// shareKey names one job attempt on one task manager.
+type shareKey struct {
+	job     string
+	attempt int32
+}
+
+// share is one task manager's part of an attempt: a runtime.Deployed whose
+// calls travel on the task manager's session.
+type share struct {
+	ss      *session
+	key     shareKey
+	tasks   []checkpoint.TaskID
+	local   map[checkpoint.TaskID]bool
+	rep     runtime.TaskReports
+	log     *zap.Logger
+	peers   map[string]string // every task of the attempt -> data address; set before Open
+	anyTask checkpoint.TaskID
+
+	prepMu   sync.Mutex
+	prepared chan struct{} // closed on Prepared (or the session's end)
+	prep     runtime.Prepared
+	prepErr  error
+	addr     string
+
+	opened chan error // one Opened
+
+	endOnce  sync.Once
+	ended    chan struct{}
+	finished bool
+
+	in, out atomic.Int64 // records, as of the task manager's last heartbeat
+}
+
+// Counts implements runtime.Deployed: the counts the task manager's last
+// heartbeat reported for this share.
+func (sh *share) Counts() runtime.RecordCounts {
+	return runtime.RecordCounts{In: sh.in.Load(), Out: sh.out.Load()}
+}
+
+func (sh *share) send(m *weirpb.JobManagerMessage) error {
+	select {
+	case <-sh.ss.done:
+		return sh.ss.err
+	default:
+	}
+	return sh.ss.send(m)
+}
+
+func (sh *share) Prepared() runtime.Prepared { return sh.prep }
+
+func (sh *share) Open(ctx context.Context, t checkpoint.Timing) error {
+	err := sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Open{Open: &weirpb.OpenTasks{
+		JobId: sh.key.job, Attempt: sh.key.attempt, TaskAddresses: sh.peers,
+		IntervalMs: t.Interval.Milliseconds(), TimeoutMs: t.Timeout.Milliseconds(), MinPauseMs: t.MinPause.Milliseconds(),
+		TolerableFailures: int32(t.TolerableFailures), RestartBudgetMs: t.RestartBudget.Milliseconds()}}})
+	if err != nil {
+		return err
+	}
+	select {
+	case err := <-sh.opened:
+		return err
+	case <-sh.ended:
+		return fmt.Errorf("jobmanager: tasks on %s ended before they opened", sh.ss.tm.ID)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (sh *share) Start(context.Context) error {
+	return sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Start{Start: &weirpb.StartTasks{
+		JobId: sh.key.job, Attempt: sh.key.attempt}}})
+}
+
+func (sh *share) Trigger(_ context.Context, id checkpoint.ID, sources []checkpoint.TaskID, final bool) error {
+	var mine []string
+	for _, s := range sources {
+		if sh.local[s] {
+			mine = append(mine, string(s))
+		}
+	}
+	if len(mine) == 0 {
+		return nil
+	}
+	return sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Trigger{Trigger: &weirpb.TriggerCheckpoint{
+		JobId: sh.key.job, Attempt: sh.key.attempt, CheckpointId: uint64(id), SourceTaskIds: mine, Final: final}}})
+}
+
+func (sh *share) Notify(_ context.Context, id checkpoint.ID, complete bool) {
+	_ = sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Notify{Notify: &weirpb.NotifyCheckpoint{
+		JobId: sh.key.job, Attempt: sh.key.attempt, CheckpointId: uint64(id), Complete: complete}}})
+}
+
+func (sh *share) Cancel(forGood bool) {
+	_ = sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Cancel{Cancel: &weirpb.CancelTasks{
+		JobId: sh.key.job, Attempt: sh.key.attempt, ForGood: forGood}}})
+}
+
+// Wait waits for DeploymentEnded, or the end of the session: a task
+// manager that is lost has no tasks any more.
+func (sh *share) Wait() bool {
+	<-sh.ended
+	return sh.finished
+}
+
+// setPrepared records the answer to DeployTasks, once.
+func (sh *share) setPrepared(p runtime.Prepared, addr string, err error) {
+	sh.prepMu.Lock()
+	defer sh.prepMu.Unlock()
+	select {
+	case <-sh.prepared:
+		return
+	default:
+	}
+	sh.prep, sh.addr, sh.prepErr = p, addr, err
+	close(sh.prepared)
+}
+
+func (sh *share) end(finished bool) {
+	sh.endOnce.Do(func() {
+		sh.finished = finished
+		close(sh.ended)
+	})
+}
+
+// handle routes one message of the task manager to the share it concerns.
+func (ss *session) handle(m *weirpb.TaskManagerMessage) {
+	var job string
+	var attempt int32
+	switch v := m.Msg.(type) {
+	case *weirpb.TaskManagerMessage_Prepared:
+		job, attempt = v.Prepared.JobId, v.Prepared.Attempt
+	case *weirpb.TaskManagerMessage_Opened:
+		job, attempt = v.Opened.JobId, v.Opened.Attempt
+	case *weirpb.TaskManagerMessage_Ended:
+		job, attempt = v.Ended.JobId, v.Ended.Attempt
+	case *weirpb.TaskManagerMessage_Ack:
+		job, attempt = v.Ack.JobId, v.Ack.Attempt
+	case *weirpb.TaskManagerMessage_Decline:
+		job, attempt = v.Decline.JobId, v.Decline.Attempt
+	case *weirpb.TaskManagerMessage_SourceEnded:
+		job, attempt = v.SourceEnded.JobId, v.SourceEnded.Attempt
+	case *weirpb.TaskManagerMessage_Failed:
+		job, attempt = v.Failed.JobId, v.Failed.Attempt
+	case *weirpb.TaskManagerMessage_RequestCheckpoint:
+		job, attempt = v.RequestCheckpoint.JobId, v.RequestCheckpoint.Attempt
+	case *weirpb.TaskManagerMessage_Heartbeat:
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		for _, c := range v.Heartbeat.Counts {
+			if sh := ss.shares[shareKey{c.JobId, c.Attempt}]; sh != nil {
+				sh.in.Store(c.RecordsIn)
+				sh.out.Store(c.RecordsOut)
+			}
+		}
+		return
+	default:
+		return
+	}
+	ss.mu.Lock()
+	sh := ss.shares[shareKey{job, attempt}]
+	ss.mu.Unlock()
+	if sh == nil {
+		return // an attempt that ended here already
+	}
+	sh.handle(m)
+}
+
+func (sh *share) handle(m *weirpb.TaskManagerMessage) {
+	switch v := m.Msg.(type) {
+	case *weirpb.TaskManagerMessage_Prepared:
+		p := v.Prepared
+		var err error
+		if p.Error != "" {
+			err = fmt.Errorf("task manager %s: %s", sh.ss.tm.ID, p.Error)
+			if p.Unrecoverable {
+				err = runtime.Unrecoverable(err)
+			}
+		}
+		sh.setPrepared(runtime.Prepared{Discarding: p.Discarding, RestoreCommitters: int(p.RestoreCommitters)}, p.DataAddress, err)
+	case *weirpb.TaskManagerMessage_Opened:
+		var err error
+		if v.Opened.Error != "" {
+			err = fmt.Errorf("task manager %s: %s", sh.ss.tm.ID, v.Opened.Error)
+		}
+		select {
+		case sh.opened <- err:
+		default:
+		}
+	case *weirpb.TaskManagerMessage_Ended:
+		sh.end(v.Ended.Finished)
+	case *weirpb.TaskManagerMessage_Ack:
+		a := v.Ack
+		var snap checkpoint.TaskSnapshot
+		if err := json.Unmarshal(a.Snapshot, &snap); err != nil {
+			sh.rep.Decline(checkpoint.TaskID(a.TaskId), checkpoint.ID(a.CheckpointId),
+				fmt.Errorf("jobmanager: snapshot of %s from %s: %w", a.TaskId, sh.ss.tm.ID, err))
+			return
+		}
+		sh.rep.Ack(checkpoint.TaskID(a.TaskId), checkpoint.ID(a.CheckpointId), snap, time.Duration(a.AlignmentNs))
+	case *weirpb.TaskManagerMessage_Decline:
+		d := v.Decline
+		sh.rep.Decline(checkpoint.TaskID(d.TaskId), checkpoint.ID(d.CheckpointId), errors.New(d.Reason))
+	case *weirpb.TaskManagerMessage_SourceEnded:
+		sh.rep.SourceEnded(checkpoint.TaskID(v.SourceEnded.TaskId))
+	case *weirpb.TaskManagerMessage_Failed:
+		f := v.Failed
+		err := fmt.Errorf("task %s on %s: %s", f.TaskId, sh.ss.tm.ID, f.Error)
+		if f.Unrecoverable {
+			err = runtime.Unrecoverable(err)
+		}
+		sh.rep.Failed(checkpoint.TaskID(f.TaskId), err)
+	case *weirpb.TaskManagerMessage_RequestCheckpoint:
+		sh.rep.RequestCheckpoint(v.RequestCheckpoint.Reason)
+	}
+}
+
+// end ends the session: every share on it fails its attempt.
+func (ss *session) end(err error) {
+	ss.mu.Lock()
+	select {
+	case <-ss.done:
+		ss.mu.Unlock()
+		return
+	default:
+	}
+	ss.err = err
+	close(ss.done)
+	shares := make([]*share, 0, len(ss.shares))
+	for _, sh := range ss.shares {
+		shares = append(shares, sh)
+	}
+	ss.mu.Unlock()
+	for _, sh := range shares {
+		select {
+		case <-sh.ended:
+			continue
+		default:
+		}
+		sh.rep.Failed(sh.anyTask, err)
+		sh.setPrepared(runtime.Prepared{}, "", err)
+		sh.end(false)
+	}
+}
+
+// deployer deploys one job's attempts into the cluster's slots.
+type deployer struct {
+	s       *Server
+	rec     JobRecord
+	job     *runtime.Job
+	slots   [][]checkpoint.TaskID // tasks per slot
+	log     *zap.Logger
+	onStart func(runtime.Deployed) // each deployed attempt
+}
+
+func newDeployer(s *Server, rec JobRecord, job *runtime.Job, log *zap.Logger) (*deployer, error) {
+	_, n, err := runtime.SlotShares(job, 1)
+	if err != nil {
+		return nil, err
+	}
+	slots, _, err := runtime.SlotShares(job, n)
+	if err != nil {
+		return nil, err
+	}
+	return &deployer{s: s, rec: rec, job: job, slots: slots, log: log}, nil
+}
+
+// Deploy implements runtime.Deployer.
+func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runtime.TaskReports) (runtime.Deployed, error) {
+	sessions, err := d.s.allocate(ctx, d.rec.ID, len(d.slots))
+	if err != nil {
+		return nil, err
+	}
+	// Group the slots by task manager: one share each.
+	var order []*session
+	byTM := map[*session][]checkpoint.TaskID{}
+	for i, ss := range sessions {
+		if _, ok := byTM[ss]; !ok {
+			order = append(order, ss)
+		}
+		byTM[ss] = append(byTM[ss], d.slots[i]...)
+	}
+	release := func() { d.s.release(sessions) }
+	var restore []byte
+	if spec.Restore != nil {
+		if restore, err = json.Marshal(spec.Restore); err != nil {
+			release()
+			return nil, runtime.Unrecoverable(fmt.Errorf("jobmanager: encode restore: %w", err))
+		}
+	}
+	key := shareKey{d.rec.ID, int32(spec.Attempt)}
+	shares := make([]*share, 0, len(order))
+	var placed []string
+	for _, ss := range order {
+		tasks := byTM[ss]
+		sh := &share{ss: ss, key: key, tasks: tasks, local: map[checkpoint.TaskID]bool{}, rep: rep, log: d.log,
+			anyTask: tasks[0], prepared: make(chan struct{}), opened: make(chan error, 1), ended: make(chan struct{})}
+		ids := make([]string, len(tasks))
+		for i, t := range tasks {
+			sh.local[t] = true
+			ids[i] = string(t)
+		}
+		ss.mu.Lock()
+		ss.shares[key] = sh
+		select {
+		case <-ss.done: // lost since it was allocated
+			sh.setPrepared(runtime.Prepared{}, "", ss.err)
+			sh.end(false)
+		default:
+		}
+		ss.mu.Unlock()
+		shares = append(shares, sh)
+		placed = append(placed, fmt.Sprintf("%s:%d", ss.tm.ID, len(tasks)))
+		if err := sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: &weirpb.DeployTasks{
+			JobId: d.rec.ID, JobType: d.rec.Type, Params: d.rec.Params, Attempt: key.attempt, TaskIds: ids,
+			Restore: restore, LastCompleted: uint64(spec.LastCompleted), RestartCause: spec.RestartCause,
+			BatchSize: int32(spec.BatchSize), ChannelCapacity: int32(spec.ChannelCapacity)}}}); err != nil {
+			ss.end(fmt.Errorf("%w: %s: deploy: %w", ErrTaskManagerLost, ss.tm.ID, err))
+		}
+	}
+	rd := &remoteDeployment{shares: shares, release: release}
+	rd.Deployed = runtime.Combine(asDeployed(shares)...)
+	var errs []error
+	for _, sh := range shares {
+		select {
+		case <-sh.prepared:
+			if sh.prepErr != nil {
+				errs = append(errs, sh.prepErr)
+			}
+		case <-ctx.Done():
+			errs = append(errs, ctx.Err())
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		rd.Cancel(false)
+		rd.Wait()
+		return nil, err
+	}
+	peers := map[string]string{}
+	for _, sh := range shares {
+		for _, t := range sh.tasks {
+			peers[string(t)] = sh.addr
+		}
+	}
+	for _, sh := range shares {
+		sh.peers = peers
+	}
+	rd.stop = context.AfterFunc(ctx, func() { rd.Cancel(errors.Is(context.Cause(ctx), runtime.ErrJobCanceled)) })
+	sort.Strings(placed)
+	d.log.Info("attempt deployed", zap.Int("attempt", spec.Attempt), zap.Int("slots", len(d.slots)), zap.Strings("tasks_per_task_manager", placed))
+	if d.onStart != nil {
+		d.onStart(rd)
+	}
+	return rd, nil
+}
+
+func asDeployed(shares []*share) []runtime.Deployed {
+	out := make([]runtime.Deployed, len(shares))
+	for i, sh := range shares {
+		out[i] = sh
+	}
+	return out
+}
+
+// remoteDeployment is an attempt's shares; Wait frees their slots.
+type remoteDeployment struct {
+	runtime.Deployed
+	shares  []*share
+	release func()
+	stop    func() bool
+}
+
+func (rd *remoteDeployment) Wait() bool {
+	finished := rd.Deployed.Wait()
+	if rd.stop != nil {
+		rd.stop()
+	}
+	for _, sh := range rd.shares {
+		sh.ss.mu.Lock()
+		if sh.ss.shares[sh.key] == sh {
+			delete(sh.ss.shares, sh.key)
+		}
+		sh.ss.mu.Unlock()
+	}
+	rd.release()
+	return finished
+}
+
+// allocate takes n slots for job, waiting up to the slot timeout for task
+// managers to offer them; slot i runs on the session it returns at i.
+func (s *Server) allocate(ctx context.Context, job string, n int) ([]*session, error) {
+	timeout := time.NewTimer(s.cfg.slotTimeout)
+	defer timeout.Stop()
+	for {
+		s.mu.Lock()
+		got, free, total := s.takeLocked(n)
+		changed := s.changed
+		s.mu.Unlock()
+		if got != nil {
+			return got, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timeout.C:
+			return nil, fmt.Errorf("%w: job %s needs %d slots; the task managers have %d free of %d after waiting %v",
+				ErrNotEnoughSlots, job, n, free, total, s.cfg.slotTimeout)
+		}
+	}
+}
+
+// takeLocked takes n free slots, spread round-robin over the task managers
+// with most free slots first; nil if there are fewer.
+func (s *Server) takeLocked(n int) (got []*session, free, total int) {
+	var live []*session
+	for _, ss := range s.tms {
+		total += ss.tm.Slots
+		if f := ss.tm.Slots - ss.tm.UsedSlots; f > 0 {
+			free += f
+			live = append(live, ss)
+		}
+	}
+	if free < n {
+		return nil, free, total
+	}
+	sort.Slice(live, func(i, j int) bool {
+		fi, fj := live[i].tm.Slots-live[i].tm.UsedSlots, live[j].tm.Slots-live[j].tm.UsedSlots
+		if fi != fj {
+			return fi > fj
+		}
+		return live[i].tm.ID < live[j].tm.ID
+	})
+	for len(got) < n {
+		for _, ss := range live {
+			if len(got) < n && ss.tm.UsedSlots < ss.tm.Slots {
+				ss.tm.UsedSlots++
+				got = append(got, ss)
+			}
+		}
+	}
+	return got, free, total
+}
+
+func (s *Server) release(sessions []*session) {
+	s.mu.Lock()
+	for _, ss := range sessions {
+		ss.tm.UsedSlots--
+	}
+	s.notifyLocked()
+	s.mu.Unlock()
+}

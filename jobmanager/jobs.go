@@ -1,0 +1,474 @@
+package jobmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/rpc/weirpb"
+	"github.com/weirstream/weir/runtime"
+)
+
+// Jobs on the job manager (docs/architecture.md, "Cluster"): a submitted
+// job is recorded in the job store (synced) before its id is returned, and
+// then runs as runtime's job master loop (restore, checkpoint coordinator,
+// restart strategy) over a deployer into the task managers' slots, with
+// its checkpoints in the job manager's pebble checkpoint store. A job
+// manager that stops suspends its jobs (their transactions stay pending);
+// one started on the same data directory resumes every job that was not
+// finished, failed or cancelled, from its latest completed checkpoint.
+
+// DefaultRestartStrategy is the restart strategy of a job submitted without
+// one: Flink's default for a checkpointed job (since 1.19).
+func DefaultRestartStrategy() runtime.RestartPolicy { return runtime.ExponentialDelayRestart() }
+
+// DefaultSlotTimeout is how long an attempt waits for free slots before it
+// fails (and the restart strategy decides), as Flink's slot.request.timeout
+// bounds a slot request.
+const DefaultSlotTimeout = 60 * time.Second
+
+// submitCheckTimeout bounds a job type's Check at submit.
+const submitCheckTimeout = 10 * time.Second
+
+// ErrCheckFailed is wrapped by Submit's error when the job type's Check
+// refused the job (e.g. its brokers are unreachable).
+var ErrCheckFailed = errors.New("jobmanager: job refused by its check")
+
+// suspendWait bounds how long a stopping job manager waits for its jobs'
+// tasks to stop before it closes the task managers' sessions.
+const suspendWait = 15 * time.Second
+
+// jobs are the jobs this job manager runs.
+type jobs struct {
+	store *JobStore
+	cps   *checkpoint.Store
+
+	mu      sync.Mutex
+	running map[string]*runningJob
+	wg      sync.WaitGroup
+	suspend context.CancelCauseFunc
+	ctx     context.Context // suspended when the job manager stops
+}
+
+// runningJob is a job whose job master loop runs here.
+type runningJob struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu       sync.Mutex
+	rec      JobRecord
+	last     checkpoint.ID
+	restored checkpoint.ID    // what the current attempt restored
+	current  runtime.Deployed // the current attempt (nil before the first)
+}
+
+func (j *runningJob) record() (JobRecord, checkpoint.ID) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	r := j.rec
+	r.Params = maps.Clone(r.Params)
+	r.RestoredFrom = j.restored
+	if j.current != nil {
+		r.Records = j.current.Counts()
+	}
+	return r, j.last
+}
+
+// open opens the job manager's stores in dir ("" keeps them in memory).
+func (js *jobs) open(dir string, log *zap.Logger) error {
+	var err error
+	jobDir, opts := "", []checkpoint.StoreOpt{checkpoint.WithLogger(log)}
+	cpDir := "checkpoints"
+	if dir != "" {
+		jobDir, cpDir = filepath.Join(dir, "jobs"), filepath.Join(dir, "checkpoints")
+	} else {
+		opts = append(opts, checkpoint.WithFS(vfs.NewMem()))
+	}
+	if js.store, err = OpenJobStore(jobDir); err != nil {
+		return err
+	}
+	if js.cps, err = checkpoint.OpenStore(cpDir, opts...); err != nil {
+		js.store.Close()
+		return fmt.Errorf("jobmanager: open checkpoint store: %w", err)
+	}
+	js.running = map[string]*runningJob{}
+	js.ctx, js.suspend = context.WithCancelCause(context.Background())
+	return nil
+}
+
+func (js *jobs) close() error {
+	return errors.Join(js.cps.Close(), js.store.Close())
+}
+
+// resume starts every job the store holds that is not over.
+func (s *Server) resume() error {
+	recs, err := s.jobs.store.List()
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		switch r.State {
+		case StateFinished, StateFailed, StateCanceled:
+			continue
+		}
+		s.cfg.log.Info("resuming job", zap.String("job_id", r.ID), zap.String("job", r.Type), zap.String("state", string(r.State)))
+		job, err := s.cfg.jobs.Build(r.Type, r.Params)
+		if err == nil {
+			err = s.start(r, job)
+		}
+		if err != nil {
+			r.State, r.Error = StateFailed, err.Error()
+			s.cfg.log.Error("job cannot resume", zap.String("job_id", r.ID), zap.Error(err))
+			if err := s.jobs.store.Put(r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// suspendAll stops every job without cancelling it, and waits (bounded)
+// for their tasks to stop.
+func (s *Server) suspendAll() {
+	s.jobs.suspend(errors.New("job manager stopping"))
+	done := make(chan struct{})
+	go func() {
+		s.jobs.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(suspendWait):
+		s.cfg.log.Warn("jobs did not stop in time; closing task manager sessions", zap.Duration("waited", suspendWait))
+	}
+}
+
+// start runs the job master loop of r, whose graph is job.
+func (s *Server) start(r JobRecord, job *runtime.Job) error {
+	var err error
+	policy := DefaultRestartStrategy()
+	if r.RestartStrategy != "" {
+		if policy, err = runtime.ParseRestartStrategy(r.RestartStrategy); err != nil {
+			return err
+		}
+	}
+	log := s.cfg.log.With(zap.String("job_id", r.ID))
+	d, err := newDeployer(s, r, job, log)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rj := &runningJob{cancel: cancel, done: make(chan struct{}), rec: r}
+	d.onStart = func(dep runtime.Deployed) {
+		rj.mu.Lock()
+		rj.current = dep
+		rj.mu.Unlock()
+		s.setState(rj, StateRunning, nil)
+	}
+	interval := time.Duration(r.CheckpointIntervalMs) * time.Millisecond
+	mc := runtime.NewMiniCluster(runtime.Deployment(d), runtime.CheckpointStore(s.jobs.cps), runtime.JobID(r.ID),
+		runtime.CheckpointInterval(interval), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
+		runtime.Failpoints(s.cfg.fp), runtime.SuspendWith(s.jobs.ctx),
+		runtime.OnCheckpointComplete(func(e runtime.CheckpointEvent) {
+			rj.mu.Lock()
+			rj.last = e.ID
+			rj.mu.Unlock()
+		}),
+		runtime.OnRestore(func(_ int, from checkpoint.ID) {
+			rj.mu.Lock()
+			rj.restored = from
+			rj.mu.Unlock()
+		}),
+		runtime.OnRestart(func(int, error) {
+			rj.mu.Lock()
+			rj.rec.Restarts++
+			rj.mu.Unlock()
+			s.setState(rj, StateRestarting, nil)
+		}))
+	s.jobs.mu.Lock()
+	s.jobs.running[r.ID] = rj
+	s.jobs.wg.Add(1)
+	s.jobs.mu.Unlock()
+	go func() {
+		defer s.jobs.wg.Done()
+		defer close(rj.done)
+		defer func() {
+			s.jobs.mu.Lock()
+			delete(s.jobs.running, r.ID)
+			s.jobs.mu.Unlock()
+		}()
+		defer cancel()
+		_, err := mc.Run(ctx, job)
+		switch {
+		case errors.Is(err, runtime.ErrSuspended):
+			log.Info("job suspended; a job manager started on the same data directory resumes it", zap.Error(err))
+		case err != nil && ctx.Err() != nil:
+			s.setState(rj, StateCanceled, nil)
+			log.Info("job cancelled")
+		case err != nil:
+			s.setState(rj, StateFailed, err)
+			log.Error("job failed", zap.Error(err))
+		default:
+			s.setState(rj, StateFinished, nil)
+			log.Info("job finished")
+		}
+	}()
+	return nil
+}
+
+// setState records a job's new state durably.
+func (s *Server) setState(rj *runningJob, st JobState, err error) {
+	rj.mu.Lock()
+	rj.rec.State = st
+	if err != nil {
+		rj.rec.Error = err.Error()
+	}
+	r := rj.rec
+	rj.mu.Unlock()
+	if err := s.jobs.store.Put(r); err != nil {
+		s.cfg.log.Error("cannot record job state", zap.String("job_id", r.ID), zap.String("state", string(st)), zap.Error(err))
+	}
+}
+
+// Submit records and starts a job; it returns the job's new id.
+func (s *Server) Submit(ctx context.Context, jobType string, params map[string]string, interval time.Duration, restart string) (string, error) {
+	if interval <= 0 {
+		return "", fmt.Errorf("%w: checkpoint interval %v must be positive", runtime.ErrInvalidOption, interval)
+	}
+	if restart != "" {
+		if _, err := runtime.ParseRestartStrategy(restart); err != nil {
+			return "", err
+		}
+	}
+	job, err := s.cfg.jobs.Build(jobType, params)
+	if err != nil {
+		return "", err
+	}
+	_, need, err := runtime.SlotShares(job, 1)
+	if err != nil {
+		return "", err
+	}
+	if t := s.totalSlots(); t < need {
+		return "", fmt.Errorf("%w: the job needs %d slots (its largest parallelism); the registered task managers offer %d",
+			ErrNotEnoughSlots, need, t)
+	}
+	cctx, cancel := context.WithTimeout(ctx, submitCheckTimeout)
+	err = s.cfg.jobs.Check(cctx, jobType, params)
+	cancel()
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrCheckFailed, err)
+	}
+	id, err := NewJobID()
+	if err != nil {
+		return "", err
+	}
+	r := JobRecord{ID: id, Type: jobType, Params: maps.Clone(params), CheckpointIntervalMs: interval.Milliseconds(),
+		State: StateCreated, RestartStrategy: restart, SubmittedUnixMs: time.Now().UnixMilli()}
+	if r.Params == nil {
+		r.Params = map[string]string{}
+	}
+	if err := s.jobs.store.Put(r); err != nil {
+		return "", err
+	}
+	if err := s.start(r, job); err != nil {
+		return "", err
+	}
+	s.cfg.log.Info("job submitted", zap.String("job_id", id), zap.String("job", jobType), zap.Any("params", params))
+	return id, nil
+}
+
+func (s *Server) totalSlots() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, ss := range s.tms {
+		n += ss.tm.Slots
+	}
+	return n
+}
+
+// Cancel cancels job id and waits until its tasks stopped (open
+// transactions aborted, held share records released).
+func (s *Server) Cancel(ctx context.Context, id string) (JobRecord, error) {
+	s.jobs.mu.Lock()
+	rj := s.jobs.running[id]
+	s.jobs.mu.Unlock()
+	if rj == nil {
+		r, err := s.jobs.store.Get(id)
+		return r, err
+	}
+	rj.cancel()
+	select {
+	case <-rj.done:
+	case <-ctx.Done():
+		return JobRecord{}, ctx.Err()
+	}
+	r, _ := rj.record()
+	return r, nil
+}
+
+// Job returns the status of job id.
+func (s *Server) Job(ctx context.Context, id string) (JobRecord, checkpoint.ID, error) {
+	s.jobs.mu.Lock()
+	rj := s.jobs.running[id]
+	s.jobs.mu.Unlock()
+	if rj != nil {
+		r, last := rj.record()
+		if last == 0 {
+			last = s.latest(ctx, id)
+		}
+		return r, last, nil
+	}
+	r, err := s.jobs.store.Get(id)
+	if err != nil {
+		return JobRecord{}, 0, err
+	}
+	return r, s.latest(ctx, id), nil
+}
+
+func (s *Server) latest(ctx context.Context, id string) checkpoint.ID {
+	sums, err := s.jobs.cps.List(ctx, id)
+	if err != nil {
+		return 0
+	}
+	for _, c := range sums {
+		if c.Err == nil {
+			return c.ID
+		}
+	}
+	return 0
+}
+
+// LatestCheckpoint returns job id's latest completed checkpoint.
+func (s *Server) LatestCheckpoint(ctx context.Context, id string) (checkpoint.Completed, error) {
+	return s.jobs.cps.Latest(ctx, id)
+}
+
+// Jobs lists every job the store holds, by id.
+func (s *Server) Jobs(ctx context.Context) ([]JobRecord, error) {
+	recs, err := s.jobs.store.List()
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range recs {
+		if rr, _, err := s.Job(ctx, r.ID); err == nil {
+			recs[i] = rr
+		}
+	}
+	return recs, nil
+}
+
+// ---- the client API ----
+
+func rpcError(err error) error {
+	var c codes.Code
+	switch {
+	case errors.Is(err, ErrJobNotFound):
+		c = codes.NotFound
+	case errors.Is(err, ErrNotEnoughSlots), errors.Is(err, ErrCheckFailed):
+		c = codes.FailedPrecondition
+	case errors.Is(err, runtime.ErrUnknownJob), errors.Is(err, runtime.ErrBadParam), runtime.IsUnrecoverable(err):
+		c = codes.InvalidArgument
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		c = codes.DeadlineExceeded
+	default:
+		c = codes.Internal
+	}
+	return status.Error(c, err.Error())
+}
+
+// SubmitJob implements weirpb.JobManagerServer.
+func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*weirpb.SubmitJobResponse, error) {
+	params := maps.Clone(req.Params)
+	if params == nil {
+		params = map[string]string{}
+	}
+	if req.Parallelism != 0 {
+		if v, ok := params[runtime.ParamParallelism]; ok && v != strconv.Itoa(int(req.Parallelism)) {
+			return nil, status.Errorf(codes.InvalidArgument, "parallelism %d and parameter parallelism=%s disagree", req.Parallelism, v)
+		}
+		params[runtime.ParamParallelism] = strconv.Itoa(int(req.Parallelism))
+	}
+	interval := time.Duration(req.CheckpointIntervalMs) * time.Millisecond
+	if req.CheckpointIntervalMs == 0 {
+		interval = time.Second
+	}
+	id, err := s.Submit(ctx, req.JobType, params, interval, req.RestartStrategy)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	return &weirpb.SubmitJobResponse{JobId: id}, nil
+}
+
+func toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
+	return &weirpb.JobStatus{Id: r.ID, Name: r.Type, State: string(r.State), Restarts: int32(r.Restarts),
+		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
+		RestartStrategy: r.RestartStrategy, CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
+		RecordsIn: r.Records.In, RecordsOut: r.Records.Out}
+}
+
+// ListJobs implements weirpb.JobManagerServer.
+func (s *Server) ListJobs(ctx context.Context, _ *weirpb.ListJobsRequest) (*weirpb.ListJobsResponse, error) {
+	recs, err := s.Jobs(ctx)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	out := &weirpb.ListJobsResponse{}
+	for _, r := range recs {
+		out.Jobs = append(out.Jobs, toStatus(r, s.latest(ctx, r.ID)))
+	}
+	return out, nil
+}
+
+// GetJob implements weirpb.JobManagerServer.
+func (s *Server) GetJob(ctx context.Context, req *weirpb.GetJobRequest) (*weirpb.JobStatus, error) {
+	r, last, err := s.Job(ctx, req.JobId)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	return toStatus(r, last), nil
+}
+
+// CancelJob implements weirpb.JobManagerServer.
+func (s *Server) CancelJob(ctx context.Context, req *weirpb.CancelJobRequest) (*weirpb.JobStatus, error) {
+	if _, err := s.Cancel(ctx, req.JobId); err != nil {
+		return nil, rpcError(err)
+	}
+	return s.GetJob(ctx, &weirpb.GetJobRequest{JobId: req.JobId})
+}
+
+// ListCheckpoints implements weirpb.JobManagerServer.
+func (s *Server) ListCheckpoints(ctx context.Context, req *weirpb.ListCheckpointsRequest) (*weirpb.ListCheckpointsResponse, error) {
+	if _, err := s.jobs.store.Get(req.JobId); err != nil {
+		return nil, rpcError(err)
+	}
+	sums, err := s.jobs.cps.List(ctx, req.JobId)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	out := &weirpb.ListCheckpointsResponse{}
+	for _, c := range sums {
+		ci := &weirpb.CheckpointInfo{Id: uint64(c.ID)}
+		if c.Err != nil {
+			ci.Error = c.Err.Error()
+		} else {
+			ci.CompletedUnixMs, ci.TriggeredUnixMs = c.CompletedAt.UnixMilli(), c.TriggeredAt.UnixMilli()
+			ci.DurationMs, ci.SizeBytes, ci.Tasks = c.Duration.Milliseconds(), c.Size, int32(len(c.Stats))
+		}
+		out.Checkpoints = append(out.Checkpoints, ci)
+	}
+	sort.Slice(out.Checkpoints, func(i, j int) bool { return out.Checkpoints[i].Id > out.Checkpoints[j].Id })
+	return out, nil
+}

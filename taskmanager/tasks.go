@@ -1,0 +1,336 @@
+package taskmanager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/rpc/weirpb"
+	"github.com/weirstream/weir/runtime"
+)
+
+// The deployments a session runs (docs/architecture.md, "Cluster"): each
+// DeployTasks of the job manager becomes a runtime.Deployed of this task
+// manager's share of one attempt, with an Exchange of its own; the job
+// manager's later messages for that job and attempt drive it, and what its
+// tasks report goes back on the session. A lost session cancels every
+// deployment it started.
+
+// depKey names one job attempt.
+type depKey struct {
+	job     string
+	attempt int32
+}
+
+// deployments are a session's running deployments.
+type deployments struct {
+	ctx  context.Context
+	c    *cfg
+	send func(*weirpb.TaskManagerMessage) error
+
+	mu   sync.Mutex
+	deps map[depKey]*deployment
+	wg   sync.WaitGroup
+}
+
+func newDeployments(ctx context.Context, c *cfg, send func(*weirpb.TaskManagerMessage) error) *deployments {
+	return &deployments{ctx: ctx, c: c, send: send, deps: map[depKey]*deployment{}}
+}
+
+// stop waits for every deployment to end; the session's context, which
+// bounds their life, is done.
+func (ds *deployments) stop() { ds.wg.Wait() }
+
+// deployment is one share of one attempt on this task manager.
+type deployment struct {
+	key  depKey
+	ds   *deployments
+	cmds chan *weirpb.JobManagerMessage // Open, Start, Trigger, Notify, in order
+
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	canceled bool // CancelTasks arrived
+	forGood  bool
+	dep      runtime.Deployed
+}
+
+// handle dispatches one message of the job manager.
+func (ds *deployments) handle(m *weirpb.JobManagerMessage) {
+	switch msg := m.Msg.(type) {
+	case *weirpb.JobManagerMessage_Deploy:
+		ds.deploy(msg.Deploy)
+	case *weirpb.JobManagerMessage_Cancel:
+		if d := ds.get(msg.Cancel.JobId, msg.Cancel.Attempt); d != nil {
+			d.cancelTasks(msg.Cancel.ForGood)
+		}
+	case *weirpb.JobManagerMessage_Open:
+		ds.enqueue(msg.Open.JobId, msg.Open.Attempt, m)
+	case *weirpb.JobManagerMessage_Start:
+		ds.enqueue(msg.Start.JobId, msg.Start.Attempt, m)
+	case *weirpb.JobManagerMessage_Trigger:
+		ds.enqueue(msg.Trigger.JobId, msg.Trigger.Attempt, m)
+	case *weirpb.JobManagerMessage_Notify:
+		ds.enqueue(msg.Notify.JobId, msg.Notify.Attempt, m)
+	}
+}
+
+// counts are the record counts of the deployments built so far, for a
+// heartbeat.
+func (ds *deployments) counts() []*weirpb.DeploymentCounts {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	var out []*weirpb.DeploymentCounts
+	for k, d := range ds.deps {
+		d.mu.Lock()
+		dep := d.dep
+		d.mu.Unlock()
+		if dep == nil {
+			continue
+		}
+		n := dep.Counts()
+		out = append(out, &weirpb.DeploymentCounts{JobId: k.job, Attempt: k.attempt, RecordsIn: n.In, RecordsOut: n.Out})
+	}
+	return out
+}
+
+func (ds *deployments) get(job string, attempt int32) *deployment {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	return ds.deps[depKey{job, attempt}]
+}
+
+// enqueue hands m to its deployment's command loop; a message for a
+// deployment that ended is dropped (the job manager learns of the end from
+// DeploymentEnded).
+func (ds *deployments) enqueue(job string, attempt int32, m *weirpb.JobManagerMessage) {
+	d := ds.get(job, attempt)
+	if d == nil {
+		return
+	}
+	select {
+	case d.cmds <- m:
+	case <-d.ctx.Done():
+	}
+}
+
+// deploy builds the share DeployTasks names and answers Prepared; the
+// deployment then runs on its own goroutine until it ends.
+func (ds *deployments) deploy(m *weirpb.DeployTasks) {
+	key := depKey{m.JobId, m.Attempt}
+	ctx, cancel := context.WithCancel(ds.ctx)
+	d := &deployment{key: key, ds: ds, cmds: make(chan *weirpb.JobManagerMessage, 256), ctx: ctx, cancel: cancel}
+	ds.mu.Lock()
+	if ds.deps[key] != nil {
+		ds.mu.Unlock()
+		cancel()
+		ds.c.log.Warn("job manager deployed an attempt twice; ignored", zap.String("job", m.JobId), zap.Int32("attempt", m.Attempt))
+		return
+	}
+	ds.deps[key] = d
+	ds.mu.Unlock()
+	ds.wg.Add(1)
+	go func() {
+		defer ds.wg.Done()
+		defer func() {
+			ds.mu.Lock()
+			delete(ds.deps, key)
+			ds.mu.Unlock()
+			cancel()
+		}()
+		d.run(m)
+	}()
+}
+
+func (d *deployment) cancelTasks(forGood bool) {
+	d.mu.Lock()
+	d.canceled, d.forGood = true, d.forGood || forGood
+	dep := d.dep
+	d.mu.Unlock()
+	if dep != nil {
+		dep.Cancel(forGood) // first: the cause decides NotifyJobCanceled
+	}
+	d.cancel()
+}
+
+func (d *deployment) log() *zap.Logger {
+	return d.ds.c.log.With(zap.String("job", d.key.job), zap.Int32("attempt", d.key.attempt))
+}
+
+// run builds, reports Prepared, executes the job manager's commands in
+// order and reports DeploymentEnded.
+func (d *deployment) run(m *weirpb.DeployTasks) {
+	dep, x, err := d.build(m)
+	prep := &weirpb.Prepared{JobId: d.key.job, Attempt: d.key.attempt}
+	if err != nil {
+		prep.Error, prep.Unrecoverable = err.Error(), runtime.IsUnrecoverable(err)
+		d.log().Warn("deploying tasks failed", zap.Error(err))
+		d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: prep}})
+		return
+	}
+	p := dep.Prepared()
+	prep.DataAddress, prep.Discarding, prep.RestoreCommitters = x.Addr(), p.Discarding, int32(p.RestoreCommitters)
+	d.mu.Lock()
+	d.dep = dep
+	canceled, forGood := d.canceled, d.forGood
+	d.mu.Unlock()
+	if canceled {
+		dep.Cancel(forGood)
+	}
+	d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: prep}})
+	d.log().Info("tasks deployed", zap.Strings("tasks", m.TaskIds), zap.String("data_address", x.Addr()))
+
+	opened := false
+	ended := make(chan bool, 1)
+	wait := func() { ended <- dep.Wait() }
+	for {
+		select {
+		case c := <-d.cmds:
+			switch msg := c.Msg.(type) {
+			case *weirpb.JobManagerMessage_Open:
+				if opened {
+					continue
+				}
+				opened = true
+				peers := map[checkpoint.TaskID]string{}
+				for t, a := range msg.Open.TaskAddresses {
+					peers[checkpoint.TaskID(t)] = a
+				}
+				x.SetPeers(peers)
+				o := msg.Open
+				err := dep.Open(d.ctx, checkpoint.Timing{Interval: ms(o.IntervalMs), Timeout: ms(o.TimeoutMs),
+					MinPause: ms(o.MinPauseMs), TolerableFailures: int(o.TolerableFailures), RestartBudget: ms(o.RestartBudgetMs)})
+				op := &weirpb.Opened{JobId: d.key.job, Attempt: d.key.attempt}
+				if err != nil {
+					op.Error = err.Error()
+				}
+				d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Opened{Opened: op}})
+				go wait()
+			case *weirpb.JobManagerMessage_Start:
+				if err := dep.Start(d.ctx); err != nil {
+					d.log().Info("start after the tasks stopped", zap.Error(err))
+				}
+			case *weirpb.JobManagerMessage_Trigger:
+				t := msg.Trigger
+				srcs := make([]checkpoint.TaskID, len(t.SourceTaskIds))
+				for i, s := range t.SourceTaskIds {
+					srcs[i] = checkpoint.TaskID(s)
+				}
+				if err := dep.Trigger(d.ctx, checkpoint.ID(t.CheckpointId), srcs, t.Final); err != nil {
+					d.log().Info("trigger after the tasks stopped", zap.Uint64("checkpoint", t.CheckpointId), zap.Error(err))
+				}
+			case *weirpb.JobManagerMessage_Notify:
+				dep.Notify(d.ctx, checkpoint.ID(msg.Notify.CheckpointId), msg.Notify.Complete)
+			}
+		case finished := <-ended:
+			d.end(finished)
+			return
+		case <-d.ctx.Done():
+			// The session is lost or the job manager cancelled the tasks
+			// before they opened.
+			dep.Cancel(d.forGoodNow())
+			if !opened {
+				go wait()
+			}
+			d.end(<-ended)
+			return
+		}
+	}
+}
+
+func (d *deployment) forGoodNow() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.forGood
+}
+
+func (d *deployment) end(finished bool) {
+	d.log().Info("tasks ended", zap.Bool("finished", finished))
+	d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Ended{Ended: &weirpb.DeploymentEnded{JobId: d.key.job, Attempt: d.key.attempt, Finished: finished}}})
+}
+
+// build builds the job from the registry and deploys this share of it.
+func (d *deployment) build(m *weirpb.DeployTasks) (runtime.Deployed, *Exchange, error) {
+	c := d.ds.c
+	job, err := c.jobs.Build(m.JobType, m.Params)
+	if err != nil {
+		return nil, nil, err
+	}
+	restore := &runtime.StateAssignment{}
+	if len(m.Restore) > 0 {
+		if err := json.Unmarshal(m.Restore, restore); err != nil {
+			return nil, nil, fmt.Errorf("taskmanager: %w", err)
+		}
+	} else {
+		restore = nil
+	}
+	tasks := make([]checkpoint.TaskID, len(m.TaskIds))
+	for i, t := range m.TaskIds {
+		tasks[i] = checkpoint.TaskID(t)
+	}
+	if len(tasks) == 0 {
+		return nil, nil, errors.New("taskmanager: a deployment without tasks")
+	}
+	x, err := ListenExchange(d.ctx, c.dataHost, c.window)
+	if err != nil {
+		return nil, nil, err
+	}
+	spec := runtime.DeploySpec{JobID: m.JobId, Attempt: int(m.Attempt), Tasks: tasks, Restore: restore,
+		LastCompleted: checkpoint.ID(m.LastCompleted), RestartCause: m.RestartCause,
+		BatchSize: int(m.BatchSize), ChannelCapacity: int(m.ChannelCapacity),
+		Logger: c.log.With(zap.String("job", m.JobId)), Failpoints: c.fp}
+	dep, err := Deploy(d.ctx, job, spec, x, &reporter{d: d})
+	if err != nil {
+		return nil, nil, err
+	}
+	return dep, x, nil
+}
+
+func (d *deployment) reply(m *weirpb.TaskManagerMessage) {
+	if err := d.ds.send(m); err != nil {
+		// The session is lost: it cancels every deployment.
+		d.log().Debug("report not sent: session lost", zap.Error(err))
+	}
+}
+
+func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
+
+// reporter sends what the deployment's tasks report to the job manager.
+type reporter struct{ d *deployment }
+
+func (r *reporter) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
+	b, err := json.Marshal(snap)
+	if err != nil {
+		r.Decline(task, id, fmt.Errorf("taskmanager: encode snapshot: %w", err))
+		return
+	}
+	r.d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Ack{Ack: &weirpb.CheckpointAck{JobId: r.d.key.job, Attempt: r.d.key.attempt,
+		TaskId: string(task), CheckpointId: uint64(id), Snapshot: b, AlignmentNs: int64(alignment)}}})
+}
+
+func (r *reporter) Decline(task checkpoint.TaskID, id checkpoint.ID, err error) {
+	r.d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Decline{Decline: &weirpb.CheckpointDecline{JobId: r.d.key.job, Attempt: r.d.key.attempt,
+		TaskId: string(task), CheckpointId: uint64(id), Reason: err.Error()}}})
+}
+
+func (r *reporter) SourceEnded(task checkpoint.TaskID) {
+	r.d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_SourceEnded{SourceEnded: &weirpb.SourceEnded{JobId: r.d.key.job, Attempt: r.d.key.attempt,
+		TaskId: string(task)}}})
+}
+
+func (r *reporter) Failed(task checkpoint.TaskID, err error) {
+	r.d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Failed{Failed: &weirpb.TaskFailed{JobId: r.d.key.job, Attempt: r.d.key.attempt,
+		TaskId: string(task), Error: err.Error(), Unrecoverable: runtime.IsUnrecoverable(err)}}})
+}
+
+func (r *reporter) RequestCheckpoint(reason string) {
+	r.d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_RequestCheckpoint{RequestCheckpoint: &weirpb.CheckpointRequest{JobId: r.d.key.job,
+		Attempt: r.d.key.attempt, Reason: reason}}})
+}
