@@ -1,7 +1,9 @@
 package kafkatxn
 
 import (
+	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -29,6 +31,14 @@ func TestRecoverRecommitsATransactionTheBrokerLostInACrash(t *testing.T) {
 	p.Kill(t)
 	p = brokerproc.Start(t, dir, p.Addr)
 
+	recoverTwice(t, ctx, addrs, h, [testPartitions][]string{{"a", "c"}, {"b", "d"}})
+}
+
+// recoverTwice runs recovery of h twice, each time with a fresh writer, and
+// requires it to succeed with the test topic holding exactly want
+// read_committed after each.
+func recoverTwice(t *testing.T, ctx context.Context, addrs []string, h checkpoint.TxnHandle, want [testPartitions][]string) {
+	t.Helper()
 	for round := 1; round <= 2; round++ {
 		w := newWriter(t, ctx, addrs)
 		err := w.Recover(ctx, []checkpoint.TxnHandle{h})
@@ -36,9 +46,8 @@ func TestRecoverRecommitsATransactionTheBrokerLostInACrash(t *testing.T) {
 		if err != nil {
 			t.Fatalf("recovery %d after the broker lost the transaction: %v", round, err)
 		}
-		got := readCommitted(t, ctx, addrs)
-		if strings.Join(got[0], ",") != "a,c" || strings.Join(got[1], ",") != "b,d" || len(got[2]) != 0 {
-			t.Fatalf("after recovery %d, read committed:%s\nwant p0 [a c], p1 [b d]", round, fmtParts(got))
+		if got := readCommitted(t, ctx, addrs); !equalParts(got, want) {
+			t.Fatalf("after recovery %d, read committed:%s\nwant:%s", round, fmtParts(got), fmtParts(want))
 		}
 	}
 }
@@ -123,4 +132,44 @@ func TestRecoverFailsNamingATransactionTheBrokerLostWithoutPartitions(t *testing
 	if got := readCommitted(t, ctx, addrs); len(got[0]) != 0 {
 		t.Fatalf("records of the lost transaction became visible:%s", fmtParts(got))
 	}
+}
+
+// TestRecoverCompletesALegacyPartialRecopy: an earlier version of the
+// broker-lost-transaction path tagged copies "<producer id>/<epoch>"
+// without the original offset, and could commit only the tail of a copy.
+// Recovery must recognise those copies by content and copy only the
+// records that have none: every record once (the legacy tail first, then
+// the missing head: order cannot be restored).
+func TestRecoverCompletesALegacyPartialRecopy(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	p, addrs := processBroker(t, dir)
+	w1, h := precommitted(t, addrs, rec(0, "a"), rec(1, "d"), rec(0, "b"), rec(0, "c"))
+	w1.crash()
+	p.Kill(t)
+	brokerproc.Start(t, dir, p.Addr)
+
+	// The legacy copy's committed tail: b and c of partition 0.
+	cl := newClient(t, addrs, kgo.TransactionalID(h.TransactionalID), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	tag := []byte(strconv.FormatInt(h.ProducerID, 10) + "/" + strconv.Itoa(int(h.Epoch)))
+	for _, v := range []string{"b", "c"} {
+		r := rec(0, v)
+		r.Headers = []kgo.RecordHeader{{Key: HeaderRecommittedFrom, Value: tag}}
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pid, epoch, err := cl.ProducerID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := EndTxn(ctx, cl, checkpoint.TxnHandle{TransactionalID: h.TransactionalID, ProducerID: pid, Epoch: epoch}, true); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+
+	recoverTwice(t, ctx, addrs, h, [testPartitions][]string{{"b", "c", "a"}, {"d"}})
 }

@@ -92,10 +92,12 @@ type cfg struct {
 	clientOpts  []kgo.Opt
 	logger      *zap.Logger
 	failpoints  *failpoint.Set
-	// recommitHook, when set (by tests only), runs after each step of a
-	// broker-lost-transaction re-commit (markers.go) with the number of
-	// copies produced so far; a test crashes the broker there.
-	recommitHook func(copied int)
+	// recommitHook, when set (by tests only), runs during a
+	// broker-lost-transaction re-commit (markers.go) after each
+	// partition's copies were produced (one flush), with the number of
+	// partitions produced so far; after the last, it runs before the
+	// commit. A test crashes the broker there.
+	recommitHook func(partitions int)
 }
 
 func defaultCfg() cfg {

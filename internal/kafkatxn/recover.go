@@ -161,8 +161,15 @@ func (w *TxnWriter) commitHandles(ctx context.Context, handles []checkpoint.TxnH
 		}
 		err := w.endTxn(ctx, h, true)
 		var le *LostTxnError
+		recommitted := false
+		if errors.As(err, &le) {
+			var rerr error
+			if recommitted, rerr = w.recoverLostState(ctx, h, le); rerr != nil {
+				return nil, rerr // ErrRecommitIncomplete: the next recovery redoes what is missing
+			}
+		}
 		switch {
-		case errors.As(err, &le) && w.recoverLostState(ctx, h):
+		case recommitted:
 			// The embedded broker lost it in a crash: re-committed (or
 			// left to its owner subtask), see markers.go. Checked before
 			// endedBefore: a re-commit interrupted by another crash has
@@ -224,44 +231,50 @@ func endedBefore(err error) bool {
 func (w *TxnWriter) UnverifiedCommits() int64 { return w.unverified.Load() }
 
 // recoverLostState runs the broker-lost-transaction recovery path
-// (markers.go) for a handle EndTxn could not commit, and reports whether it
-// re-committed the transaction (or an earlier recovery had).
+// (markers.go) for a handle EndTxn could not commit (le), and reports
+// whether it re-committed the transaction (or earlier recoveries had). An
+// error wraps ErrRecommitIncomplete: the broker lost the transaction and
+// the copy is not complete yet; the caller fails the recovery, never falls
+// back to judging EndTxn's answer.
 //
 // Only the subtask that owns the handle's transactional id re-commits it
 // (every subtask recovers the union of the handles, and two re-commits of
 // one transaction would race and could both commit); the others leave it to
 // the owner, which fails the job if it cannot.
-func (w *TxnWriter) recoverLostState(ctx context.Context, h checkpoint.TxnHandle) bool {
+func (w *TxnWriter) recoverLostState(ctx context.Context, h checkpoint.TxnHandle, le *LostTxnError) (bool, error) {
 	if w.cfg.prefix == "" {
-		return false
+		return false, nil
 	}
 	if !w.owns(h.TransactionalID) {
 		if _, _, ok := parseTransactionalID(w.cfg.prefix, h.TransactionalID); ok {
 			w.cfg.logger.Debug("kafkatxn: transaction not committable here; its owner subtask recovers it",
 				zap.String("txn", h.TransactionalID))
-			return true
+			return true, nil
 		}
-		return false
+		return false, nil
 	}
 	n, err := w.recommitLost(ctx, h)
-	if errors.Is(err, errCommittedEverywhere) {
+	switch {
+	case errors.Is(err, errCommittedEverywhere):
 		w.cfg.logger.Info("kafkatxn: restored transaction is committed on every partition (its commit markers are in the log)",
 			zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)))
-		return true
-	}
-	if err != nil {
-		if errors.Is(err, errNotLostState) {
-			w.cfg.logger.Info("kafkatxn: broker-lost-transaction recovery does not apply", zap.String("txn", h.TransactionalID), zap.Error(err))
-		} else {
-			w.cfg.logger.Error("kafkatxn: broker-lost-transaction recovery failed", zap.String("txn", h.TransactionalID), zap.Error(err))
-		}
-		return false
+		return true, nil
+	case errors.Is(err, ErrRecommitIncomplete):
+		w.cfg.logger.Error("kafkatxn: broker-lost-transaction recovery incomplete; the recovery fails and must run again",
+			zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Error(err))
+		return false, fmt.Errorf("%w (EndTxn of the handle: %w)", err, le.Err)
+	case errors.Is(err, errNotLostState):
+		w.cfg.logger.Info("kafkatxn: broker-lost-transaction recovery does not apply", zap.String("txn", h.TransactionalID), zap.Error(err))
+		return false, nil
+	case err != nil:
+		w.cfg.logger.Error("kafkatxn: broker-lost-transaction recovery failed", zap.String("txn", h.TransactionalID), zap.Error(err))
+		return false, nil
 	}
 	w.cfg.logger.Warn("kafkatxn: the broker lost the state of a pre-committed transaction (embedded broker crash); "+
 		"re-committed its records in a new transaction (broker-lost-transaction recovery path)",
 		zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
 		zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Int("records", n))
-	return true
+	return true, nil
 }
 
 // endTxn commits or aborts the transaction of h (EndTxn) on the writer's
