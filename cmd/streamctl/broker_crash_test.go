@@ -90,12 +90,13 @@ func (b *crashingBroker) stderr() string {
 //
 //	WEIR_BROKER_CRASH_TEST=1 go test -race -run TestExactlyOnceWordcountSurvivesBrokerCrashes ./cmd/streamctl/
 //
-// Also open (found in issue 10's session, 8 of 77 seeds, all losses): a
+// Fixed (found in issue 10's session, 8 of 77 seeds, all losses): a
 // broker-lost-transaction copy (kafkatxn recommitLost) that a second crash
-// interrupts keeps producing after the restart at the SAME producer epoch;
-// the restarted broker accepts it, the records written before the crash are
-// aborted by the orphan repair, and the copy commits only its tail, reported
-// as fully re-committed: a silent loss (the run stalls short of the input).
+// interrupted could commit only its tail and report success. A re-commit now
+// counts committed copies per original record, copies only the missing ones
+// and verifies read_committed after its commit, failing the recovery with
+// kafkatxn.ErrRecommitIncomplete otherwise (kafkatxn's
+// TestRecommitInterruptedByABrokerCrashIsRedoneCompletely).
 func TestExactlyOnceWordcountSurvivesBrokerCrashes(t *testing.T) {
 	if os.Getenv("WEIR_BROKER_CRASH_TEST") != "1" {
 		t.Skip("known duplicates after broker crashes in about 1 of 9 seeds (issue 10, open); set WEIR_BROKER_CRASH_TEST=1 to run")
