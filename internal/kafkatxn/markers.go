@@ -241,6 +241,9 @@ func produceFlushed(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) err
 // original record has a visible copy tagged tag.
 func (w *TxnWriter) verifyCopies(ctx context.Context, h checkpoint.TxnHandle, tag string, parts []*lostPartition) error {
 	for _, lp := range parts {
+		if len(lp.originals) == 0 {
+			continue
+		}
 		lp.resetCopies()
 		vctx, cancel := context.WithTimeout(ctx, recommitVerifyWait)
 		end, err := w.endOffset(vctx, h, lp.p)
