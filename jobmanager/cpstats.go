@@ -66,7 +66,7 @@ func newCPStats() *cpStats {
 	return &cpStats{byID: map[checkpoint.ID]*cpEntry{}, inProgress: map[checkpoint.ID]*cpEntry{}}
 }
 
-// entry returns id's entry, adding it to the history if it is new.
+// entryLocked returns id's entry, adding it to the history if it is new.
 func (s *cpStats) entryLocked(id checkpoint.ID, triggered time.Time) *cpEntry {
 	if e := s.byID[id]; e != nil {
 		return e
