@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +10,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
@@ -51,7 +53,10 @@ reconnect by themselves. Without it everything is in memory. SIGINT/SIGTERM
 suspend the running jobs (tasks stopped, transactions left for the resumed
 job to commit or abort), not cancel them.
 
---http serves GET /taskmanagers (JSON).
+--http serves the REST API (JSON, Flink's shapes: GET /jobs, /jobs/overview,
+/jobs/ID, /jobs/ID/checkpoints, /taskmanagers; POST /jobs/ID/cancel or
+PATCH /jobs/ID?mode=cancel) and Prometheus metrics (GET /metrics), with the
+same token rule as the RPC.
 
 It prints "jobmanager listening on HOST:PORT" and "jobmanager http on
 HOST:PORT" on stdout once it accepts connections, and stops cleanly on
@@ -83,7 +88,7 @@ SIGINT/SIGTERM.`,
 		}),
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6123", "control-plane (gRPC) address")
-	cmd.Flags().StringVar(&httpAddr, "http", "127.0.0.1:8081", "HTTP address (GET /taskmanagers)")
+	cmd.Flags().StringVar(&httpAddr, "http", "127.0.0.1:8081", "HTTP address (REST API and /metrics)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the job store and completed checkpoints (created; default: in memory)")
 	cmd.Flags().StringVar(&tokenFile, "auth-token-file", "", "file holding the token every RPC and HTTP request must carry (required beyond loopback)")
 	cmd.Flags().StringVar(&certFile, "tls-cert", "", "PEM certificate: serve RPC and HTTP over TLS (with --tls-key)")
@@ -126,24 +131,7 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 		lis.Close()
 		return fmt.Errorf("jobmanager: --http: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /taskmanagers", func(w http.ResponseWriter, _ *http.Request) {
-		type tm struct {
-			ID             string `json:"id"`
-			Slots          int    `json:"slots"`
-			FreeSlots      int    `json:"free_slots"`
-			DataHost       string `json:"data_host"`
-			Session        uint64 `json:"session"`
-			HeartbeatAgeMs int64  `json:"heartbeat_age_ms"`
-		}
-		out := []tm{}
-		for _, t := range srv.TaskManagers() {
-			out = append(out, tm{t.ID, t.Slots, t.Slots - t.UsedSlots, t.DataHost, t.Session, t.HeartbeatAge.Milliseconds()})
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(out)
-	})
-	hs := &http.Server{Handler: rpc.RequireToken(sec.token, mux), ReadHeaderTimeout: 5 * time.Second, TLSConfig: sec.tls}
+	hs := &http.Server{Handler: srv.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second, TLSConfig: sec.tls}
 	go func() {
 		if sec.tls != nil {
 			_ = hs.ServeTLS(hl, "", "")
@@ -166,7 +154,7 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 }
 
 func newTaskManagerCmd(a *app) *cobra.Command {
-	var jm, dataDir, id, dataHost string
+	var jm, dataDir, id, dataHost, metricsAddr string
 	var access accessFlags
 	var slots int
 	cmd := &cobra.Command{
@@ -179,7 +167,12 @@ timeout it announced). It runs the tasks the job manager deploys, building each
 job from its registered type (every node runs the same binary), and exchanges
 records with the other task managers on --data-host (one port per deployment,
 credit-based flow control). A lost session cancels its tasks. Stops cleanly on
-SIGINT/SIGTERM.`,
+SIGINT/SIGTERM.
+
+--metrics HOST:PORT serves Prometheus metrics on GET /metrics (each task's
+records in and out and back-pressured time, and its operators' metrics); it
+prints "taskmanager metrics on HOST:PORT" once it listens. Beyond loopback it
+needs --auth-token-file, and every scrape must carry the token.`,
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			if slots < 1 {
@@ -208,6 +201,17 @@ SIGINT/SIGTERM.`,
 			if tlsCfg != nil {
 				opts = append(opts, taskmanager.TLS(tlsCfg))
 			}
+			if metricsAddr != "" {
+				if err := rpc.CheckExposure(metricsAddr, token); err != nil {
+					return flagError(cmd, fmt.Errorf("--metrics: %w", err))
+				}
+				reg, stop, err := a.serveMetrics(cmd.Context(), metricsAddr, token)
+				if err != nil {
+					return err
+				}
+				defer stop()
+				opts = append(opts, taskmanager.Metrics(reg))
+			}
 			err = taskmanager.Run(cmd.Context(), jm, opts...)
 			if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
 				return nil
@@ -219,7 +223,36 @@ SIGINT/SIGTERM.`,
 	cmd.Flags().IntVar(&slots, "slots", 2, "slots offered to the job manager")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the task manager's state (created; nothing is stored in it yet)")
 	cmd.Flags().StringVar(&dataHost, "data-host", "127.0.0.1", "host the other task managers reach this one's data plane on")
+	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "HTTP address of the Prometheus /metrics endpoint (default: none)")
 	access.add(cmd)
 	cmd.Flags().StringVar(&id, "id", "", "task manager id (default HOST-PID)")
 	return cmd
+}
+
+// serveMetrics serves a new metrics registry (with the Go runtime's and the
+// process's metrics) on GET /metrics at addr until stop is called, and
+// prints "taskmanager metrics on HOST:PORT". Requests must carry token,
+// if set.
+func (a *app) serveMetrics(ctx context.Context, addr, token string) (*prometheus.Registry, func(), error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("taskmanager: --metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	hs := &http.Server{Handler: rpc.RequireToken(token, mux), ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = hs.Serve(l)
+	}()
+	fmt.Fprintf(a.stdout, "taskmanager metrics on %s\n", l.Addr())
+	return reg, func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+		<-done
+	}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/spf13/cobra"
@@ -18,8 +19,8 @@ import (
 
 func newLocalCmd(a *app) *cobra.Command {
 	var (
-		brokerAddr, dataDir, listen, httpAddr string
-		tms, slots                            int
+		brokerAddr, dataDir, listen, httpAddr, metricsAddr string
+		tms, slots                                         int
 	)
 	cmd := &cobra.Command{
 		Use:   "local [--broker embedded|HOST:PORT] [--taskmanagers 2] [--slots 2] [--data-dir DIR]",
@@ -32,7 +33,8 @@ loopback exactly as separate processes do. Submit jobs to it with
 
 --data-dir keeps the embedded broker's data (DIR/broker) and the job manager's
 jobs and checkpoints (DIR/jobmanager): started again on the same directory, the
-cluster resumes its jobs. It prints "broker listening on HOST:PORT",
+cluster resumes its jobs. --metrics serves every task manager's Prometheus
+metrics on one address (GET /metrics; the job manager's are on --http). It prints "broker listening on HOST:PORT",
 "jobmanager listening on HOST:PORT" and "jobmanager http on HOST:PORT" on
 stdout, and stops on SIGINT/SIGTERM (running jobs are suspended, not
 cancelled).`,
@@ -44,7 +46,10 @@ cancelled).`,
 			if slots < 1 {
 				return flagError(cmd, fmt.Errorf("--slots %d must be at least 1", slots))
 			}
-			for _, addr := range []string{listen, httpAddr} {
+			for _, addr := range []string{listen, httpAddr, metricsAddr} {
+				if addr == "" {
+					continue
+				}
 				if err := rpc.CheckExposure(addr, ""); err != nil {
 					return flagError(cmd, fmt.Errorf("local runs on loopback only: %w", err))
 				}
@@ -86,13 +91,21 @@ cancelled).`,
 			case err := <-jmDone:
 				return err
 			}
+			tmOpts := []taskmanager.Opt{taskmanager.Slots(slots), taskmanager.Jobs(a.reg), taskmanager.Failpoints(fp)}
+			if metricsAddr != "" {
+				reg, stop, err := a.serveMetrics(ctx, metricsAddr, "")
+				if err != nil {
+					return err
+				}
+				defer stop()
+				tmOpts = append(tmOpts, taskmanager.Metrics(reg))
+			}
 			for i := 0; i < tms; i++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					id := fmt.Sprintf("local-tm-%d", i+1)
-					err := taskmanager.Run(ctx, jmAddr, taskmanager.ID(id), taskmanager.Slots(slots),
-						taskmanager.Logger(log.Named(id)), taskmanager.Jobs(a.reg), taskmanager.Failpoints(fp))
+					err := taskmanager.Run(ctx, jmAddr, append(slices.Clip(tmOpts), taskmanager.ID(id), taskmanager.Logger(log.Named(id)))...)
 					if err != nil && !errors.Is(err, context.Canceled) {
 						log.Error("task manager stopped", zap.String("task_manager", id), zap.Error(err))
 					}
@@ -107,6 +120,7 @@ cancelled).`,
 	f.IntVar(&slots, "slots", 2, "slots per task manager")
 	f.StringVar(&dataDir, "data-dir", "", "directory for the broker's and job manager's data (default: in memory)")
 	f.StringVar(&listen, "listen", "127.0.0.1:6123", "job manager control-plane (gRPC) address")
-	f.StringVar(&httpAddr, "http", "127.0.0.1:8081", "job manager HTTP address")
+	f.StringVar(&httpAddr, "http", "127.0.0.1:8081", "job manager HTTP address (REST API and /metrics)")
+	f.StringVar(&metricsAddr, "metrics", "", "HTTP address of the task managers' Prometheus /metrics (default: none)")
 	return cmd
 }

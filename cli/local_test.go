@@ -103,6 +103,18 @@ func (c *localCluster) status(t *testing.T, id string) jobJSON {
 	return j
 }
 
+// submitWordcount submits wordcount (parallelism 2, lines -> counts) and
+// returns what submit printed, trimmed.
+func (c *localCluster) submitWordcount(t *testing.T, interval string) string {
+	t.Helper()
+	id, err := c.cli(t, "submit", "wordcount", "--parallelism", "2", "--checkpoint-interval", interval,
+		"--set", "brokers="+c.broker, "--set", "input=lines", "--set", "output=counts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(id)
+}
+
 func produceLines(t *testing.T, brokers, topic string, lines []string) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.DefaultProduceTopic(topic), kgo.AllowAutoTopicCreation())
@@ -152,12 +164,7 @@ func TestSubmittedWordcountRunsExactlyOnceOnTheTaskManagers(t *testing.T) {
 	c := startLocal(t, "--taskmanagers", "2", "--slots", "2")
 	lines := testLines(600, "w")
 	produceLines(t, c.broker, "lines", lines)
-	id, err := c.cli(t, "submit", "wordcount", "--parallelism", "2", "--checkpoint-interval", "200ms",
-		"--set", "brokers="+c.broker, "--set", "input=lines", "--set", "output=counts")
-	if err != nil {
-		t.Fatal(err)
-	}
-	id = strings.TrimSpace(id)
+	id := c.submitWordcount(t, "200ms")
 	if !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(id) {
 		t.Fatalf("submit printed %q, want a job id alone", id)
 	}

@@ -67,12 +67,60 @@ type share struct {
 	finished bool
 
 	in, out atomic.Int64 // records, as of the task manager's last heartbeat
+
+	statsMu sync.Mutex
+	stats   map[checkpoint.TaskID]runtime.TaskStats // per task, as of the last heartbeat
 }
 
 // Counts implements runtime.Deployed: the counts the task manager's last
 // heartbeat reported for this share.
 func (sh *share) Counts() runtime.RecordCounts {
 	return runtime.RecordCounts{In: sh.in.Load(), Out: sh.out.Load()}
+}
+
+// setStats records the per-task counters of a heartbeat.
+func (sh *share) setStats(tasks []*weirpb.TaskCounts) {
+	if len(tasks) == 0 {
+		return
+	}
+	m := make(map[checkpoint.TaskID]runtime.TaskStats, len(tasks))
+	for _, t := range tasks {
+		m[checkpoint.TaskID(t.TaskId)] = runtime.TaskStats{Task: checkpoint.TaskID(t.TaskId), RecordsIn: t.RecordsIn,
+			RecordsOut: t.RecordsOut, BackPressured: time.Duration(t.BackPressuredMs) * time.Millisecond}
+	}
+	sh.statsMu.Lock()
+	sh.stats = m
+	sh.statsMu.Unlock()
+}
+
+// placedTask is one task of an attempt: where it runs and its counters.
+type placedTask struct {
+	taskManager string
+	stats       runtime.TaskStats
+	known       bool // stats came in a heartbeat
+	ended       bool
+	finished    bool
+}
+
+// tasks returns every task of the attempt by id.
+func (rd *remoteDeployment) tasks() map[checkpoint.TaskID]placedTask {
+	out := map[checkpoint.TaskID]placedTask{}
+	for _, sh := range rd.shares {
+		sh.statsMu.Lock()
+		stats := sh.stats
+		sh.statsMu.Unlock()
+		ended, finished := false, false
+		select {
+		case <-sh.ended:
+			ended, finished = true, sh.finished
+		default:
+		}
+		for _, t := range sh.tasks {
+			st, ok := stats[t]
+			out[t] = placedTask{taskManager: sh.ss.tm.ID, stats: st, known: ok, ended: ended, finished: finished}
+		}
+	}
+	return out
 }
 
 func (sh *share) send(m *weirpb.JobManagerMessage) error {
@@ -188,6 +236,7 @@ func (ss *session) handle(m *weirpb.TaskManagerMessage) {
 			if sh := ss.shares[shareKey{c.JobId, c.Attempt}]; sh != nil {
 				sh.in.Store(c.RecordsIn)
 				sh.out.Store(c.RecordsOut)
+				sh.setStats(c.Tasks)
 			}
 		}
 		return
@@ -287,7 +336,7 @@ type deployer struct {
 	job     *runtime.Job
 	slots   [][]checkpoint.TaskID // tasks per slot
 	log     *zap.Logger
-	onStart func(runtime.Deployed) // each deployed attempt
+	onStart func(*remoteDeployment) // each deployed attempt
 }
 
 func newDeployer(s *Server, rec JobRecord, job *runtime.Job, log *zap.Logger) (*deployer, error) {

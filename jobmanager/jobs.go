@@ -1,6 +1,7 @@
 package jobmanager
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -57,6 +58,7 @@ type jobs struct {
 
 	mu      sync.Mutex
 	running map[string]*runningJob
+	stats   map[string]*cpStats // every job started here, kept after it ends
 	wg      sync.WaitGroup
 	suspend context.CancelCauseFunc
 	ctx     context.Context // suspended when the job manager stops
@@ -67,11 +69,22 @@ type runningJob struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
+	graph runtime.Graph
+	stats *cpStats
+	start time.Time // when this job manager started the job
+
 	mu       sync.Mutex
 	rec      JobRecord
 	last     checkpoint.ID
-	restored checkpoint.ID    // what the current attempt restored
-	current  runtime.Deployed // the current attempt (nil before the first)
+	restored checkpoint.ID     // what the current attempt restored
+	current  *remoteDeployment // the current attempt (nil before the first)
+}
+
+// attempt returns the current attempt (nil before the first).
+func (j *runningJob) attempt() *remoteDeployment {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.current
 }
 
 func (j *runningJob) record() (JobRecord, checkpoint.ID) {
@@ -104,6 +117,7 @@ func (js *jobs) open(dir string, log *zap.Logger) error {
 		return fmt.Errorf("jobmanager: open checkpoint store: %w", err)
 	}
 	js.running = map[string]*runningJob{}
+	js.stats = map[string]*cpStats{}
 	js.ctx, js.suspend = context.WithCancelCause(context.Background())
 	return nil
 }
@@ -169,9 +183,20 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 	if err != nil {
 		return err
 	}
+	graph, err := job.Graph()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rj := &runningJob{cancel: cancel, done: make(chan struct{}), rec: r}
-	d.onStart = func(dep runtime.Deployed) {
+	s.jobs.mu.Lock()
+	stats := s.jobs.stats[r.ID]
+	if stats == nil {
+		stats = newCPStats()
+		s.jobs.stats[r.ID] = stats
+	}
+	s.jobs.mu.Unlock()
+	rj := &runningJob{cancel: cancel, done: make(chan struct{}), rec: r, graph: graph, stats: stats, start: time.Now()}
+	d.onStart = func(dep *remoteDeployment) {
 		rj.mu.Lock()
 		rj.current = dep
 		rj.mu.Unlock()
@@ -181,17 +206,22 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 	mc := runtime.NewMiniCluster(runtime.Deployment(d), runtime.CheckpointStore(s.jobs.cps), runtime.JobID(r.ID),
 		runtime.CheckpointInterval(interval), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
 		runtime.Failpoints(s.cfg.fp), runtime.SuspendWith(s.jobs.ctx),
+		runtime.OnCheckpointTriggered(stats.triggered),
+		runtime.OnCheckpointAborted(stats.abortedCheckpoint),
 		runtime.OnCheckpointComplete(func(e runtime.CheckpointEvent) {
+			stats.completedCheckpoint(e)
 			rj.mu.Lock()
 			rj.last = e.ID
 			rj.mu.Unlock()
 		}),
 		runtime.OnRestore(func(_ int, from checkpoint.ID) {
+			stats.restoredFrom(from)
 			rj.mu.Lock()
 			rj.restored = from
 			rj.mu.Unlock()
 		}),
-		runtime.OnRestart(func(int, error) {
+		runtime.OnRestart(func(_ int, err error) {
+			stats.restart(err)
 			rj.mu.Lock()
 			rj.rec.Restarts++
 			rj.mu.Unlock()
@@ -211,6 +241,7 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 		}()
 		defer cancel()
 		_, err := mc.Run(ctx, job)
+		stats.ended(fmt.Errorf("the job stopped: %w", cmp.Or(err, errors.New("finished"))))
 		switch {
 		case errors.Is(err, runtime.ErrSuspended):
 			log.Info("job suspended; a job manager started on the same data directory resumes it", zap.Error(err))

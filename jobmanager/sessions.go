@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
@@ -111,7 +112,8 @@ type Server struct {
 	sessions uint64
 	changed  chan struct{} // closed and replaced on every change (registration, loss, slots)
 
-	jobs jobs
+	jobs    jobs
+	metrics *prometheus.Registry
 }
 
 // New opens a job manager's stores (DataDir); Close closes them.
@@ -129,6 +131,7 @@ func New(opts ...Opt) (*Server, error) {
 			c.interval, c.timeout, c.slotTimeout)
 	}
 	s := &Server{cfg: c, tms: map[string]*session{}, changed: make(chan struct{})}
+	s.metrics = newRegistry(s)
 	if err := s.jobs.open(c.dir, c.log); err != nil {
 		return nil, err
 	}

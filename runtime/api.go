@@ -81,7 +81,11 @@ type OperatorContext struct {
 	// checkpoint timeout for the recovery.
 	Checkpointing checkpoint.Timing
 
-	// records counts what a source emitted or a sink wrote (Deployed.Counts).
+	// metrics registers the operator's own metrics (OperatorContext.Metrics).
+	metrics Metrics
+
+	// records counts what a source emitted or a sink wrote (Deployed.Counts);
+	// in a deployment it is the task's records in (source) or out (sink).
 	records *atomic.Int64
 }
 
@@ -92,6 +96,17 @@ func (oc *OperatorContext) countRecords() *atomic.Int64 {
 		oc.records = new(atomic.Int64)
 	}
 	return oc.records
+}
+
+// Metrics is where the operator registers its own metrics (a share-group
+// source's held records, a transactional sink's pending transactions); a
+// task manager exposes them on its /metrics. Registrations of an operator
+// opened outside a deployment go nowhere (nil-safe).
+func (oc *OperatorContext) Metrics() Metrics {
+	if oc == nil || oc.metrics == nil {
+		return discardMetrics{}
+	}
+	return oc.metrics
 }
 
 // Inject fires the named failpoint (nil-safe).
@@ -415,14 +430,15 @@ func connect[T any](s *Stream[T], name string, opts []OpOpt) *node {
 		w := newOutWriter[T](tw, chans, e, subtask)
 		return pushFn[T](w.push), w
 	}
-	e.deliver = func(batch any, in any) error {
+	e.deliver = func(batch any, in any) (int, error) {
 		push := in.(pushFn[T])
-		for _, v := range batch.([]T) {
+		vs := batch.([]T)
+		for i, v := range vs {
 			if err := push(v); err != nil {
-				return err
+				return i, err
 			}
 		}
-		return nil
+		return len(vs), nil
 	}
 	if e.codecErr = CheckDefaultCodec[T](); e.codecErr == nil {
 		codec := DefaultCodec[T]()

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"time"
 
 	"github.com/weirstream/weir/checkpoint"
 )
@@ -27,6 +28,7 @@ type taskWiring struct {
 	ctx       context.Context
 	batchSize int
 	maxPar    int
+	stats     *taskStats // the task's counters
 }
 
 // outWriter buffers records per downstream channel and sends them in batches:
@@ -42,11 +44,15 @@ type outWriter[T any] struct {
 	next  int // round robin position
 	kind  edgeKind
 	par   int // parallelism of the downstream vertex
+	stats *taskStats
+	// pushed counts records pushed since the last batch went out; they are
+	// added to stats.out when one does (one atomic add per batch).
+	pushed int64
 }
 
 func newOutWriter[T any](tw *taskWiring, chans []chan envelope, e *edge, subtask int) *outWriter[T] {
 	w := &outWriter[T]{ctx: tw.ctx, chans: chans, bufs: make([][]T, len(chans)), size: tw.batchSize, kind: e.kind,
-		par: len(chans), next: subtask % len(chans)}
+		par: len(chans), next: subtask % len(chans), stats: tw.stats}
 	for i := range w.bufs {
 		w.bufs[i] = make([]T, 0, w.size)
 	}
@@ -70,6 +76,7 @@ func newOutWriter[T any](tw *taskWiring, chans []chan envelope, e *edge, subtask
 }
 
 func (w *outWriter[T]) push(v T) error {
+	w.pushed++
 	if w.kind == edgeBroadcast {
 		for i := range w.bufs {
 			if err := w.add(i, v); err != nil {
@@ -90,13 +97,13 @@ func (w *outWriter[T]) add(i int, v T) error {
 }
 
 func (w *outWriter[T]) send(ctx context.Context, i int) error {
-	select {
-	case w.chans[i] <- envelope{batch: w.bufs[i]}:
-		w.bufs[i] = make([]T, 0, w.size)
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := w.stats.put(ctx, w.chans[i], envelope{batch: w.bufs[i]}); err != nil {
+		return err
 	}
+	w.bufs[i] = make([]T, 0, w.size)
+	w.stats.out.Add(w.pushed)
+	w.pushed = 0
+	return nil
 }
 
 func (w *outWriter[T]) flush(ctx context.Context) error {
@@ -115,11 +122,28 @@ func (w *outWriter[T]) event(ctx context.Context, e envelope) error {
 		return err
 	}
 	for _, ch := range w.chans {
-		select {
-		case ch <- e:
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := w.stats.put(ctx, ch, e); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// put sends e on ch; the time it waits for room on a full channel (the
+// consumer, or the Exchange's credits behind it, are slower) is
+// back-pressure, added to the task's counter.
+func (s *taskStats) put(ctx context.Context, ch chan<- envelope, e envelope) error {
+	select {
+	case ch <- e:
+		return nil
+	default:
+	}
+	start := time.Now()
+	defer func() { s.backPressuredNs.Add(int64(time.Since(start))) }()
+	select {
+	case ch <- e:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

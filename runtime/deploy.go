@@ -163,6 +163,7 @@ type localDeployment struct {
 	prep    Prepared
 
 	sourceCounts, sinkCounts []*atomic.Int64
+	metrics                  metricRegistry
 
 	lastDone atomic.Uint64
 	opened   bool
@@ -278,7 +279,10 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 			if !local(v.taskID(sub)) {
 				continue
 			}
-			t := &task{id: v.taskID(sub), v: v, subtask: sub, ctrl: make(chan control, 1024), rep: d, log: d.log}
+			t := &task{id: v.taskID(sub), v: v, subtask: sub, ctrl: make(chan control, 1024), rep: d, log: d.log,
+				stats: &taskStats{}}
+			ttw := *tw
+			ttw.stats = t.stats
 			// Output writers of the tail.
 			var pushes []any
 			for _, e := range v.outputs {
@@ -288,7 +292,7 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				} else {
 					targets = chans[e][sub]
 				}
-				push, gate := e.newWriter(tw, targets, sub)
+				push, gate := e.newWriter(&ttw, targets, sub)
 				pushes = append(pushes, push)
 				t.outs = append(t.outs, gate)
 			}
@@ -310,7 +314,8 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				n := v.nodes[i]
 				oc := &OperatorContext{Job: d.spec.JobID, Name: n.name, UID: n.uid, Subtask: sub,
 					Parallelism: n.parallelism, Attempt: d.spec.Attempt, Logger: d.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
-					Failpoints: d.spec.Failpoints, RequestCheckpoint: d.rep.RequestCheckpoint, RestartCause: d.spec.RestartCause}
+					Failpoints: d.spec.Failpoints, RequestCheckpoint: d.rep.RequestCheckpoint, RestartCause: d.spec.RestartCause,
+					metrics: &operatorMetrics{reg: &d.metrics, operator: n.name, subtask: sub}}
 				if r := restore.Subtasks[OperatorSubtask{n.uid, sub}]; r != nil {
 					rs[i] = r
 					oc.RestoredFrom, oc.Restored = r.From, r.Entries
@@ -320,10 +325,14 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 					oc.OrphanHandles = restore.Orphans
 				}
 				d.ocs = append(d.ocs, oc)
+				// A source's emitted records are its task's records in, a
+				// sink's written ones its task's records out.
 				switch n.kind {
 				case kindSource:
+					oc.records = &t.stats.in
 					d.sourceCounts = append(d.sourceCounts, oc.countRecords())
 				case kindSink:
+					oc.records = &t.stats.out
 					d.sinkCounts = append(d.sinkCounts, oc.countRecords())
 				}
 				inst, err := n.newInstance(oc, out)

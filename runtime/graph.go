@@ -56,8 +56,9 @@ type edge struct {
 	keyGroup any // func(T) int for hash edges
 	// newWriter creates the typed output writer of one upstream subtask.
 	newWriter func(tw *taskWiring, chans []chan envelope, subtask int) (any, outputGate)
-	// deliver pushes a batch ([]T) into the downstream head's pushFn[T].
-	deliver func(batch any, in any) error
+	// deliver pushes a batch ([]T) into the downstream head's pushFn[T],
+	// and returns how many records it pushed.
+	deliver func(batch any, in any) (int, error)
 	// codecErr is why records of the edge's type cannot cross a process
 	// boundary (CheckDefaultCodec), nil if they can; encode and decode
 	// carry a batch ([]T) across one with DefaultCodec.
@@ -197,4 +198,57 @@ func (j *Job) Describe() (string, error) {
 		b.WriteByte('\n')
 	}
 	return b.String(), nil
+}
+
+// Graph is a job's compiled graph: its vertices (chains of operators run as
+// one task per subtask) and the edges between them, for a job manager's
+// REST API.
+type Graph struct {
+	Vertices []GraphVertex
+	Edges    []GraphEdge
+}
+
+// GraphVertex is one vertex of a Graph.
+type GraphVertex struct {
+	// ID is the uid of the chain's head operator; the vertex's tasks are
+	// ID#0 ... ID#(Parallelism-1).
+	ID string
+	// Name is the chain's operator names joined by " -> ".
+	Name        string
+	Parallelism int
+	Tasks       []checkpoint.TaskID
+	// Operators are the chain's operator names, head first.
+	Operators []string
+}
+
+// GraphEdge connects two vertices (by ID); Ship is how records are
+// distributed: FORWARD, HASH, REBALANCE or BROADCAST (Flink's ship
+// strategy names).
+type GraphEdge struct {
+	From, To string
+	Ship     string
+}
+
+// Graph compiles the job and describes its vertices and edges, in
+// topological order.
+func (j *Job) Graph() (Graph, error) {
+	p, err := compile(j)
+	if err != nil {
+		return Graph{}, err
+	}
+	var g Graph
+	for _, v := range p.vertices {
+		gv := GraphVertex{ID: v.nodes[0].uid, Name: v.name(), Parallelism: v.parallelism}
+		for i := 0; i < v.parallelism; i++ {
+			gv.Tasks = append(gv.Tasks, v.taskID(i))
+		}
+		for _, n := range v.nodes {
+			gv.Operators = append(gv.Operators, n.name)
+		}
+		g.Vertices = append(g.Vertices, gv)
+		for _, e := range v.inputs {
+			g.Edges = append(g.Edges, GraphEdge{From: p.byNode[e.from].nodes[0].uid, To: gv.ID, Ship: strings.ToUpper(e.kind.String())})
+		}
+	}
+	return g, nil
 }

@@ -71,6 +71,8 @@ type clusterCfg struct {
 	fp                Failpointer
 	driverFailpoint   func(string) error
 	onCheckpoint      func(CheckpointEvent)
+	onTriggered       func(CheckpointEvent)
+	onAborted         func(CheckpointEvent)
 	restoreFromLatest bool
 	allowNonRestored  bool
 	deployer          Deployer
@@ -248,11 +250,35 @@ func Failpoints(fp Failpointer) ClusterOpt {
 	}
 }
 
-// CheckpointEvent describes a completed checkpoint.
+// CheckpointEvent describes a checkpoint that was triggered, completed or
+// aborted.
 type CheckpointEvent struct {
 	ID checkpoint.ID
-	// Cycle is from the trigger to the last task's notification being sent.
+	// Triggered is when the checkpoint was triggered.
+	Triggered time.Time
+	// Cycle is from the trigger to the last task's notification being sent
+	// (completed checkpoints).
 	Cycle time.Duration
+	// Size is the state bytes the tasks acknowledged (completed checkpoints).
+	Size int64
+	// Err is why the checkpoint was aborted (aborted checkpoints).
+	Err error
+}
+
+// OnCheckpointTriggered calls fn after each checkpoint's barriers were
+// injected (for metrics: the checkpoint is in progress until
+// OnCheckpointComplete or OnCheckpointAborted, or the attempt ends). fn runs
+// on the checkpoint driver's goroutine and must return quickly.
+func OnCheckpointTriggered(fn func(CheckpointEvent)) ClusterOpt {
+	return func(c *clusterCfg) { c.onTriggered = fn }
+}
+
+// OnCheckpointAborted calls fn after each checkpoint the coordinator
+// aborted (declined, timed out, not persisted) and every task was told.
+// Checkpoints in progress when an attempt fails get no call. fn runs on the
+// checkpoint driver's goroutine and must return quickly.
+func OnCheckpointAborted(fn func(CheckpointEvent)) ClusterOpt {
+	return func(c *clusterCfg) { c.onAborted = fn }
 }
 
 // OnCheckpointComplete calls fn after each completed checkpoint was stored
@@ -658,8 +684,15 @@ func (a *attempt) SourceEnded(checkpoint.TaskID) {
 // TriggerCheckpoint implements checkpoint.Executor.
 func (a *attempt) TriggerCheckpoint(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID) error {
 	final := int(a.ended.Load()) == len(a.sources)
-	a.triggered[id] = time.Now()
-	return a.dep.Trigger(ctx, id, sources, final)
+	now := time.Now()
+	a.triggered[id] = now
+	if err := a.dep.Trigger(ctx, id, sources, final); err != nil {
+		return err
+	}
+	if a.cfg.onTriggered != nil {
+		a.cfg.onTriggered(CheckpointEvent{ID: id, Triggered: now})
+	}
+	return nil
 }
 
 // NotifyComplete implements checkpoint.Executor.
@@ -669,7 +702,8 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 		a.lastDone.Store(uint64(id))
 	}
 	a.dep.Notify(ctx, id, true)
-	cycle := time.Since(a.triggered[id])
+	triggered := a.triggered[id]
+	cycle := time.Since(triggered)
 	a.sizeMu.Lock()
 	size := a.sizes[id]
 	for cid := range a.sizes {
@@ -681,7 +715,7 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 	a.cfg.log.Info("checkpoint completed", zap.String("job", a.cfg.jobID), zap.Uint64("checkpoint", uint64(id)),
 		zap.Duration("duration", cycle), zap.Int64("size_bytes", size))
 	if a.cfg.onCheckpoint != nil {
-		a.cfg.onCheckpoint(CheckpointEvent{ID: id, Cycle: cycle})
+		a.cfg.onCheckpoint(CheckpointEvent{ID: id, Triggered: triggered, Cycle: cycle, Size: size})
 	}
 	for cid := range a.triggered {
 		if cid <= id {
@@ -694,6 +728,9 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 func (a *attempt) NotifyAborted(ctx context.Context, id checkpoint.ID, reason error) {
 	a.cfg.log.Info("checkpoint aborted", zap.Uint64("checkpoint", uint64(id)), zap.Error(reason))
 	a.dep.Notify(ctx, id, false)
+	if a.cfg.onAborted != nil {
+		a.cfg.onAborted(CheckpointEvent{ID: id, Triggered: a.triggered[id], Err: reason})
+	}
 	delete(a.triggered, id)
 }
 

@@ -45,7 +45,7 @@ type reporter interface {
 
 type inputChan struct {
 	ch      chan envelope
-	deliver func(batch any, in any) error
+	deliver func(batch any, in any) (int, error)
 }
 
 // task is one subtask of a vertex: a chain of operator instances driven by
@@ -61,6 +61,7 @@ type task struct {
 	ctrl    chan control
 	rep     reporter
 	log     *zap.Logger
+	stats   *taskStats
 
 	aligner    *aligner  // barrier alignment (pure state machine)
 	seq        sequencer // per-task checkpoint logic (pure state machine)
@@ -263,7 +264,9 @@ func (t *task) runInputs(ctx context.Context) error {
 		}
 		switch {
 		case e.batch != nil:
-			if err := t.inputs[idx].deliver(e.batch, t.head); err != nil {
+			n, err := t.inputs[idx].deliver(e.batch, t.head)
+			t.stats.in.Add(int64(n))
+			if err != nil {
 				return err
 			}
 		case e.barrier != 0:

@@ -137,12 +137,37 @@ func Deploy(ctx context.Context, job *runtime.Job, spec runtime.DeploySpec, x *E
 		_ = x.Close()
 		return nil, err
 	}
-	return &exchangeDeployment{Deployed: d, x: x}, nil
+	st, _ := d.(statsReader)
+	return &exchangeDeployment{Deployed: d, x: x, stats: st}, nil
+}
+
+// statsReader is what a task manager reads of a deployment for its
+// heartbeats and its /metrics (runtime's local deployments have it).
+type statsReader interface {
+	TaskStats() []runtime.TaskStats
+	OperatorMetrics() []runtime.OperatorMetric
 }
 
 type exchangeDeployment struct {
 	runtime.Deployed
-	x *Exchange
+	x     *Exchange
+	stats statsReader // nil if the deployment has none
+}
+
+// TaskStats implements statsReader.
+func (d *exchangeDeployment) TaskStats() []runtime.TaskStats {
+	if d.stats == nil {
+		return nil
+	}
+	return d.stats.TaskStats()
+}
+
+// OperatorMetrics implements statsReader.
+func (d *exchangeDeployment) OperatorMetrics() []runtime.OperatorMetric {
+	if d.stats == nil {
+		return nil
+	}
+	return d.stats.OperatorMetrics()
 }
 
 func (d *exchangeDeployment) Wait() bool {

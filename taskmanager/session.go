@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/internal/rpc"
@@ -33,6 +34,8 @@ type cfg struct {
 	jobs         *runtime.Registry
 	fp           runtime.Failpointer
 	dial         []rpc.DialOpt
+	metrics      prometheus.Registerer
+	cur          *current // the running session's deployments, for metrics
 }
 
 // ID sets the task manager's id (default "tm").
@@ -87,7 +90,8 @@ func OnRegistered(fn func(session uint64)) Opt { return optFunc(func(c *cfg) { c
 // gone, restarted or silent beyond the timeout it announced) reconnects by
 // itself. It returns ctx's error, or a configuration error at once.
 func Run(ctx context.Context, addr string, opts ...Opt) error {
-	c := cfg{id: "tm", slots: 2, dataHost: "127.0.0.1", window: 16, reconnect: 500 * time.Millisecond, log: zap.NewNop()}
+	c := cfg{id: "tm", slots: 2, dataHost: "127.0.0.1", window: 16, reconnect: 500 * time.Millisecond, log: zap.NewNop(),
+		cur: &current{}}
 	for _, o := range opts {
 		o.apply(&c)
 	}
@@ -99,6 +103,13 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 	}
 	if c.jobs == nil {
 		c.jobs = runtime.NewRegistry()
+	}
+	if c.metrics != nil {
+		col := newCollector(&c, c.cur)
+		if err := c.metrics.Register(col); err != nil {
+			return fmt.Errorf("taskmanager: metrics: %w", err)
+		}
+		defer c.metrics.Unregister(col)
 	}
 	cc, err := rpc.Dial(addr, c.dial...)
 	if err != nil {
@@ -159,6 +170,8 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 	}
 	tasks := newDeployments(ctx, c, send)
 	defer tasks.stop()
+	c.cur.set(tasks)
+	defer c.cur.set(nil)
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() {

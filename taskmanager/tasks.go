@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -82,22 +83,49 @@ func (ds *deployments) handle(m *weirpb.JobManagerMessage) {
 	}
 }
 
-// counts are the record counts of the deployments built so far, for a
-// heartbeat.
+// counts are the record counts of the deployments built so far, and of
+// their tasks, for a heartbeat.
 func (ds *deployments) counts() []*weirpb.DeploymentCounts {
+	var out []*weirpb.DeploymentCounts
+	for _, b := range ds.built() {
+		n := b.dep.Counts()
+		dc := &weirpb.DeploymentCounts{JobId: b.key.job, Attempt: b.key.attempt, RecordsIn: n.In, RecordsOut: n.Out}
+		if sr, ok := b.dep.(statsReader); ok {
+			for _, t := range sr.TaskStats() {
+				dc.Tasks = append(dc.Tasks, &weirpb.TaskCounts{TaskId: string(t.Task), RecordsIn: t.RecordsIn,
+					RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds()})
+			}
+		}
+		out = append(out, dc)
+	}
+	return out
+}
+
+// builtDeployment is a deployment whose tasks were built.
+type builtDeployment struct {
+	key depKey
+	dep runtime.Deployed
+}
+
+// built lists the deployments whose tasks were built, by job and attempt.
+func (ds *deployments) built() []builtDeployment {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	var out []*weirpb.DeploymentCounts
+	var out []builtDeployment
 	for k, d := range ds.deps {
 		d.mu.Lock()
 		dep := d.dep
 		d.mu.Unlock()
-		if dep == nil {
-			continue
+		if dep != nil {
+			out = append(out, builtDeployment{k, dep})
 		}
-		n := dep.Counts()
-		out = append(out, &weirpb.DeploymentCounts{JobId: k.job, Attempt: k.attempt, RecordsIn: n.In, RecordsOut: n.Out})
 	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].key.job != out[j].key.job {
+			return out[i].key.job < out[j].key.job
+		}
+		return out[i].key.attempt < out[j].key.attempt
+	})
 	return out
 }
 

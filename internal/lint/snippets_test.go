@@ -15,7 +15,7 @@ import (
 
 // documented lists the Markdown files whose Go snippets must be quotes of
 // compiled example tests.
-var documented = []string{"README.md", "docs/architecture.md", "docs/session.md"}
+var documented = []string{"README.md", "docs/architecture.md", "docs/session.md", "docs/metrics.md"}
 
 // exampleMarker is the comment that must come right before every ```go
 // block: the module-relative path of a _test.go file and the name of an

@@ -174,6 +174,8 @@ func (s *Sink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error {
 	if err := s.connect(ctx, oc); err != nil {
 		return err
 	}
+	w := s.w
+	runtime.TransactionMetrics(oc.Metrics(), func() int { return len(w.Pending()) }, w.LostTransactions)
 	if s.guarantee == ExactlyOnce {
 		if err := s.checkTimeouts(ctx, oc.Checkpointing); err != nil {
 			return runtime.Unrecoverable(err) // a restart cannot fix a configuration

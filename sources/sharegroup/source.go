@@ -108,6 +108,7 @@ type Source[T any] struct {
 	rq           requeueWriter
 	requeueAt    int32 // delivery count from which a record is re-queued
 	stale        map[int64]bool
+	counters     sourceCounters
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
@@ -248,6 +249,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	s.life.Lock()
 	s.lanes = lanes
 	s.life.Unlock()
+	s.registerMetrics(oc.Metrics())
 	s.log.Info("share-group source open", zap.String("group", s.cfg.group), zap.Strings("topics", s.cfg.topics),
 		zap.Stringer("mode", s.cfg.mode), zap.Int("lanes", n), zap.Int("batch", s.cfg.batch),
 		zap.Int("restored_handles", len(oc.CommitHandles)))
@@ -720,6 +722,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 			stale = append(stale, r)
 			continue
 		case verdictProcessed:
+			s.counters.deduplicated.Add(1)
 			accepted = append(accepted, r)
 			continue
 		case verdictAside:
@@ -885,6 +888,7 @@ func (s *Source[T]) deadLetter(ctx context.Context, r *kgo.Record, cause error) 
 	if err := s.txn.Write(ctx, d); err != nil {
 		return fmt.Errorf("sharegroup: dead letter: %w", err)
 	}
+	s.counters.deadLetters.Add(1)
 	return nil
 }
 
@@ -922,10 +926,12 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 		l.offsets(offsets)
 		l.mu.Unlock()
 		if lapsed != nil {
+			s.counters.lapsed.Add(1)
 			return runtime.OperatorState{}, fmt.Errorf("%w: %s: %w", checkpoint.ErrDeclined, l.name, lapsed)
 		}
 	}
 	if dup := twice(offsets); dup != "" {
+		s.counters.lapsed.Add(1)
 		return runtime.OperatorState{}, fmt.Errorf("%w: %s: offset %s was acquired twice in checkpoint %d's epoch: a lane's lock "+
 			"lapsed and the broker redelivered the record to another lane", checkpoint.ErrDeclined, s.member, dup, id)
 	}

@@ -595,11 +595,13 @@ func (x *Heartbeat) GetCounts() []*DeploymentCounts {
 // DeploymentCounts are the records one attempt's share on a task manager
 // took in (emitted by its sources) and put out (written by its sinks).
 type DeploymentCounts struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	Attempt       int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	RecordsIn     int64                  `protobuf:"varint,3,opt,name=records_in,json=recordsIn,proto3" json:"records_in,omitempty"`
-	RecordsOut    int64                  `protobuf:"varint,4,opt,name=records_out,json=recordsOut,proto3" json:"records_out,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	JobId      string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Attempt    int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	RecordsIn  int64                  `protobuf:"varint,3,opt,name=records_in,json=recordsIn,proto3" json:"records_in,omitempty"`
+	RecordsOut int64                  `protobuf:"varint,4,opt,name=records_out,json=recordsOut,proto3" json:"records_out,omitempty"`
+	// tasks are the counters of each task of the share (runtime.TaskStats).
+	Tasks         []*TaskCounts `protobuf:"bytes,5,rep,name=tasks,proto3" json:"tasks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -662,6 +664,84 @@ func (x *DeploymentCounts) GetRecordsOut() int64 {
 	return 0
 }
 
+func (x *DeploymentCounts) GetTasks() []*TaskCounts {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
+// TaskCounts are one task's records in (received, or emitted by its
+// source) and out (sent downstream, or written by its sink), and the time
+// it was blocked sending downstream, in its attempt so far.
+type TaskCounts struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TaskId          string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	RecordsIn       int64                  `protobuf:"varint,2,opt,name=records_in,json=recordsIn,proto3" json:"records_in,omitempty"`
+	RecordsOut      int64                  `protobuf:"varint,3,opt,name=records_out,json=recordsOut,proto3" json:"records_out,omitempty"`
+	BackPressuredMs int64                  `protobuf:"varint,4,opt,name=back_pressured_ms,json=backPressuredMs,proto3" json:"back_pressured_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TaskCounts) Reset() {
+	*x = TaskCounts{}
+	mi := &file_control_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskCounts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskCounts) ProtoMessage() {}
+
+func (x *TaskCounts) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskCounts.ProtoReflect.Descriptor instead.
+func (*TaskCounts) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *TaskCounts) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *TaskCounts) GetRecordsIn() int64 {
+	if x != nil {
+		return x.RecordsIn
+	}
+	return 0
+}
+
+func (x *TaskCounts) GetRecordsOut() int64 {
+	if x != nil {
+		return x.RecordsOut
+	}
+	return 0
+}
+
+func (x *TaskCounts) GetBackPressuredMs() int64 {
+	if x != nil {
+		return x.BackPressuredMs
+	}
+	return 0
+}
+
 // DeployTasks builds the listed subtasks of one attempt of a job: the task
 // manager builds the job graph itself from job_type + params (every node
 // runs the same binary), connects them, and commits the restored
@@ -686,7 +766,7 @@ type DeployTasks struct {
 
 func (x *DeployTasks) Reset() {
 	*x = DeployTasks{}
-	mi := &file_control_proto_msgTypes[6]
+	mi := &file_control_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +778,7 @@ func (x *DeployTasks) String() string {
 func (*DeployTasks) ProtoMessage() {}
 
 func (x *DeployTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[6]
+	mi := &file_control_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +791,7 @@ func (x *DeployTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployTasks.ProtoReflect.Descriptor instead.
 func (*DeployTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{6}
+	return file_control_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeployTasks) GetJobId() string {
@@ -801,7 +881,7 @@ type Prepared struct {
 
 func (x *Prepared) Reset() {
 	*x = Prepared{}
-	mi := &file_control_proto_msgTypes[7]
+	mi := &file_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +893,7 @@ func (x *Prepared) String() string {
 func (*Prepared) ProtoMessage() {}
 
 func (x *Prepared) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[7]
+	mi := &file_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +906,7 @@ func (x *Prepared) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Prepared.ProtoReflect.Descriptor instead.
 func (*Prepared) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{7}
+	return file_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Prepared) GetJobId() string {
@@ -897,7 +977,7 @@ type OpenTasks struct {
 
 func (x *OpenTasks) Reset() {
 	*x = OpenTasks{}
-	mi := &file_control_proto_msgTypes[8]
+	mi := &file_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +989,7 @@ func (x *OpenTasks) String() string {
 func (*OpenTasks) ProtoMessage() {}
 
 func (x *OpenTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[8]
+	mi := &file_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1002,7 @@ func (x *OpenTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenTasks.ProtoReflect.Descriptor instead.
 func (*OpenTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{8}
+	return file_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *OpenTasks) GetJobId() string {
@@ -992,7 +1072,7 @@ type Opened struct {
 
 func (x *Opened) Reset() {
 	*x = Opened{}
-	mi := &file_control_proto_msgTypes[9]
+	mi := &file_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1084,7 @@ func (x *Opened) String() string {
 func (*Opened) ProtoMessage() {}
 
 func (x *Opened) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[9]
+	mi := &file_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1097,7 @@ func (x *Opened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Opened.ProtoReflect.Descriptor instead.
 func (*Opened) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{9}
+	return file_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Opened) GetJobId() string {
@@ -1052,7 +1132,7 @@ type StartTasks struct {
 
 func (x *StartTasks) Reset() {
 	*x = StartTasks{}
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1144,7 @@ func (x *StartTasks) String() string {
 func (*StartTasks) ProtoMessage() {}
 
 func (x *StartTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1157,7 @@ func (x *StartTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTasks.ProtoReflect.Descriptor instead.
 func (*StartTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{10}
+	return file_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StartTasks) GetJobId() string {
@@ -1106,7 +1186,7 @@ type CancelTasks struct {
 
 func (x *CancelTasks) Reset() {
 	*x = CancelTasks{}
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1118,7 +1198,7 @@ func (x *CancelTasks) String() string {
 func (*CancelTasks) ProtoMessage() {}
 
 func (x *CancelTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1131,7 +1211,7 @@ func (x *CancelTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTasks.ProtoReflect.Descriptor instead.
 func (*CancelTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{11}
+	return file_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CancelTasks) GetJobId() string {
@@ -1168,7 +1248,7 @@ type TriggerCheckpoint struct {
 
 func (x *TriggerCheckpoint) Reset() {
 	*x = TriggerCheckpoint{}
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1260,7 @@ func (x *TriggerCheckpoint) String() string {
 func (*TriggerCheckpoint) ProtoMessage() {}
 
 func (x *TriggerCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1273,7 @@ func (x *TriggerCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TriggerCheckpoint.ProtoReflect.Descriptor instead.
 func (*TriggerCheckpoint) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{12}
+	return file_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TriggerCheckpoint) GetJobId() string {
@@ -1243,7 +1323,7 @@ type NotifyCheckpoint struct {
 
 func (x *NotifyCheckpoint) Reset() {
 	*x = NotifyCheckpoint{}
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1255,7 +1335,7 @@ func (x *NotifyCheckpoint) String() string {
 func (*NotifyCheckpoint) ProtoMessage() {}
 
 func (x *NotifyCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1268,7 +1348,7 @@ func (x *NotifyCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyCheckpoint.ProtoReflect.Descriptor instead.
 func (*NotifyCheckpoint) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{13}
+	return file_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NotifyCheckpoint) GetJobId() string {
@@ -1312,7 +1392,7 @@ type DeploymentEnded struct {
 
 func (x *DeploymentEnded) Reset() {
 	*x = DeploymentEnded{}
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1404,7 @@ func (x *DeploymentEnded) String() string {
 func (*DeploymentEnded) ProtoMessage() {}
 
 func (x *DeploymentEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1417,7 @@ func (x *DeploymentEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentEnded.ProtoReflect.Descriptor instead.
 func (*DeploymentEnded) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{14}
+	return file_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeploymentEnded) GetJobId() string {
@@ -1375,7 +1455,7 @@ type TaskFailed struct {
 
 func (x *TaskFailed) Reset() {
 	*x = TaskFailed{}
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1467,7 @@ func (x *TaskFailed) String() string {
 func (*TaskFailed) ProtoMessage() {}
 
 func (x *TaskFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1480,7 @@ func (x *TaskFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskFailed.ProtoReflect.Descriptor instead.
 func (*TaskFailed) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{15}
+	return file_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TaskFailed) GetJobId() string {
@@ -1453,7 +1533,7 @@ type CheckpointAck struct {
 
 func (x *CheckpointAck) Reset() {
 	*x = CheckpointAck{}
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1545,7 @@ func (x *CheckpointAck) String() string {
 func (*CheckpointAck) ProtoMessage() {}
 
 func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1558,7 @@ func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointAck.ProtoReflect.Descriptor instead.
 func (*CheckpointAck) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{16}
+	return file_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckpointAck) GetJobId() string {
@@ -1536,7 +1616,7 @@ type CheckpointDecline struct {
 
 func (x *CheckpointDecline) Reset() {
 	*x = CheckpointDecline{}
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1628,7 @@ func (x *CheckpointDecline) String() string {
 func (*CheckpointDecline) ProtoMessage() {}
 
 func (x *CheckpointDecline) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1641,7 @@ func (x *CheckpointDecline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointDecline.ProtoReflect.Descriptor instead.
 func (*CheckpointDecline) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{17}
+	return file_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CheckpointDecline) GetJobId() string {
@@ -1610,7 +1690,7 @@ type SourceEnded struct {
 
 func (x *SourceEnded) Reset() {
 	*x = SourceEnded{}
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1622,7 +1702,7 @@ func (x *SourceEnded) String() string {
 func (*SourceEnded) ProtoMessage() {}
 
 func (x *SourceEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1635,7 +1715,7 @@ func (x *SourceEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceEnded.ProtoReflect.Descriptor instead.
 func (*SourceEnded) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{18}
+	return file_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SourceEnded) GetJobId() string {
@@ -1670,7 +1750,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +1762,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +1775,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{19}
+	return file_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CheckpointRequest) GetJobId() string {
@@ -1734,7 +1814,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1826,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1839,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{20}
+	return file_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SubmitJobRequest) GetJobType() string {
@@ -1806,7 +1886,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_control_proto_msgTypes[21]
+	mi := &file_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +1898,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[21]
+	mi := &file_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +1911,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{21}
+	return file_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -1849,7 +1929,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_control_proto_msgTypes[22]
+	mi := &file_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1861,7 +1941,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[22]
+	mi := &file_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1874,7 +1954,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{22}
+	return file_control_proto_rawDescGZIP(), []int{23}
 }
 
 type ListJobsResponse struct {
@@ -1886,7 +1966,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_control_proto_msgTypes[23]
+	mi := &file_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1898,7 +1978,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[23]
+	mi := &file_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1911,7 +1991,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{23}
+	return file_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListJobsResponse) GetJobs() []*JobStatus {
@@ -1930,7 +2010,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_control_proto_msgTypes[24]
+	mi := &file_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2022,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[24]
+	mi := &file_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2035,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{24}
+	return file_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -1974,7 +2054,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_control_proto_msgTypes[25]
+	mi := &file_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2066,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[25]
+	mi := &file_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2079,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{25}
+	return file_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -2036,7 +2116,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_control_proto_msgTypes[26]
+	mi := &file_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2048,7 +2128,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[26]
+	mi := &file_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2061,7 +2141,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{26}
+	return file_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *JobStatus) GetId() string {
@@ -2164,7 +2244,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_control_proto_msgTypes[27]
+	mi := &file_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2176,7 +2256,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[27]
+	mi := &file_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2189,7 +2269,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{27}
+	return file_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListCheckpointsRequest) GetJobId() string {
@@ -2208,7 +2288,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_control_proto_msgTypes[28]
+	mi := &file_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2220,7 +2300,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[28]
+	mi := &file_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2233,7 +2313,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{28}
+	return file_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointInfo {
@@ -2259,7 +2339,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_control_proto_msgTypes[29]
+	mi := &file_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2351,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[29]
+	mi := &file_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2364,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{29}
+	return file_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CheckpointInfo) GetId() uint64 {
@@ -2378,14 +2458,23 @@ const file_control_proto_rawDesc = "" +
 	"\tHeartbeat\x12 \n" +
 	"\fsent_unix_ms\x18\x01 \x01(\x03R\n" +
 	"sentUnixMs\x125\n" +
-	"\x06counts\x18\x02 \x03(\v2\x1d.weir.rpc.v1.DeploymentCountsR\x06counts\"\x83\x01\n" +
+	"\x06counts\x18\x02 \x03(\v2\x1d.weir.rpc.v1.DeploymentCountsR\x06counts\"\xb2\x01\n" +
 	"\x10DeploymentCounts\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1d\n" +
 	"\n" +
 	"records_in\x18\x03 \x01(\x03R\trecordsIn\x12\x1f\n" +
 	"\vrecords_out\x18\x04 \x01(\x03R\n" +
-	"recordsOut\"\x9d\x03\n" +
+	"recordsOut\x12-\n" +
+	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasks\"\x91\x01\n" +
+	"\n" +
+	"TaskCounts\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1d\n" +
+	"\n" +
+	"records_in\x18\x02 \x01(\x03R\trecordsIn\x12\x1f\n" +
+	"\vrecords_out\x18\x03 \x01(\x03R\n" +
+	"recordsOut\x12*\n" +
+	"\x11back_pressured_ms\x18\x04 \x01(\x03R\x0fbackPressuredMs\"\x9d\x03\n" +
 	"\vDeployTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\bjob_type\x18\x02 \x01(\tR\ajobType\x12<\n" +
@@ -2555,7 +2644,7 @@ func file_control_proto_rawDescGZIP() []byte {
 	return file_control_proto_rawDescData
 }
 
-var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_control_proto_goTypes = []any{
 	(*TaskManagerMessage)(nil),      // 0: weir.rpc.v1.TaskManagerMessage
 	(*JobManagerMessage)(nil),       // 1: weir.rpc.v1.JobManagerMessage
@@ -2563,78 +2652,80 @@ var file_control_proto_goTypes = []any{
 	(*Registered)(nil),              // 3: weir.rpc.v1.Registered
 	(*Heartbeat)(nil),               // 4: weir.rpc.v1.Heartbeat
 	(*DeploymentCounts)(nil),        // 5: weir.rpc.v1.DeploymentCounts
-	(*DeployTasks)(nil),             // 6: weir.rpc.v1.DeployTasks
-	(*Prepared)(nil),                // 7: weir.rpc.v1.Prepared
-	(*OpenTasks)(nil),               // 8: weir.rpc.v1.OpenTasks
-	(*Opened)(nil),                  // 9: weir.rpc.v1.Opened
-	(*StartTasks)(nil),              // 10: weir.rpc.v1.StartTasks
-	(*CancelTasks)(nil),             // 11: weir.rpc.v1.CancelTasks
-	(*TriggerCheckpoint)(nil),       // 12: weir.rpc.v1.TriggerCheckpoint
-	(*NotifyCheckpoint)(nil),        // 13: weir.rpc.v1.NotifyCheckpoint
-	(*DeploymentEnded)(nil),         // 14: weir.rpc.v1.DeploymentEnded
-	(*TaskFailed)(nil),              // 15: weir.rpc.v1.TaskFailed
-	(*CheckpointAck)(nil),           // 16: weir.rpc.v1.CheckpointAck
-	(*CheckpointDecline)(nil),       // 17: weir.rpc.v1.CheckpointDecline
-	(*SourceEnded)(nil),             // 18: weir.rpc.v1.SourceEnded
-	(*CheckpointRequest)(nil),       // 19: weir.rpc.v1.CheckpointRequest
-	(*SubmitJobRequest)(nil),        // 20: weir.rpc.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 21: weir.rpc.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 22: weir.rpc.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 23: weir.rpc.v1.ListJobsResponse
-	(*GetJobRequest)(nil),           // 24: weir.rpc.v1.GetJobRequest
-	(*CancelJobRequest)(nil),        // 25: weir.rpc.v1.CancelJobRequest
-	(*JobStatus)(nil),               // 26: weir.rpc.v1.JobStatus
-	(*ListCheckpointsRequest)(nil),  // 27: weir.rpc.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 28: weir.rpc.v1.ListCheckpointsResponse
-	(*CheckpointInfo)(nil),          // 29: weir.rpc.v1.CheckpointInfo
-	nil,                             // 30: weir.rpc.v1.DeployTasks.ParamsEntry
-	nil,                             // 31: weir.rpc.v1.OpenTasks.TaskAddressesEntry
-	nil,                             // 32: weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	nil,                             // 33: weir.rpc.v1.JobStatus.ParamsEntry
+	(*TaskCounts)(nil),              // 6: weir.rpc.v1.TaskCounts
+	(*DeployTasks)(nil),             // 7: weir.rpc.v1.DeployTasks
+	(*Prepared)(nil),                // 8: weir.rpc.v1.Prepared
+	(*OpenTasks)(nil),               // 9: weir.rpc.v1.OpenTasks
+	(*Opened)(nil),                  // 10: weir.rpc.v1.Opened
+	(*StartTasks)(nil),              // 11: weir.rpc.v1.StartTasks
+	(*CancelTasks)(nil),             // 12: weir.rpc.v1.CancelTasks
+	(*TriggerCheckpoint)(nil),       // 13: weir.rpc.v1.TriggerCheckpoint
+	(*NotifyCheckpoint)(nil),        // 14: weir.rpc.v1.NotifyCheckpoint
+	(*DeploymentEnded)(nil),         // 15: weir.rpc.v1.DeploymentEnded
+	(*TaskFailed)(nil),              // 16: weir.rpc.v1.TaskFailed
+	(*CheckpointAck)(nil),           // 17: weir.rpc.v1.CheckpointAck
+	(*CheckpointDecline)(nil),       // 18: weir.rpc.v1.CheckpointDecline
+	(*SourceEnded)(nil),             // 19: weir.rpc.v1.SourceEnded
+	(*CheckpointRequest)(nil),       // 20: weir.rpc.v1.CheckpointRequest
+	(*SubmitJobRequest)(nil),        // 21: weir.rpc.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 22: weir.rpc.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 23: weir.rpc.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 24: weir.rpc.v1.ListJobsResponse
+	(*GetJobRequest)(nil),           // 25: weir.rpc.v1.GetJobRequest
+	(*CancelJobRequest)(nil),        // 26: weir.rpc.v1.CancelJobRequest
+	(*JobStatus)(nil),               // 27: weir.rpc.v1.JobStatus
+	(*ListCheckpointsRequest)(nil),  // 28: weir.rpc.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 29: weir.rpc.v1.ListCheckpointsResponse
+	(*CheckpointInfo)(nil),          // 30: weir.rpc.v1.CheckpointInfo
+	nil,                             // 31: weir.rpc.v1.DeployTasks.ParamsEntry
+	nil,                             // 32: weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	nil,                             // 33: weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	nil,                             // 34: weir.rpc.v1.JobStatus.ParamsEntry
 }
 var file_control_proto_depIdxs = []int32{
 	2,  // 0: weir.rpc.v1.TaskManagerMessage.register:type_name -> weir.rpc.v1.Register
 	4,  // 1: weir.rpc.v1.TaskManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
-	15, // 2: weir.rpc.v1.TaskManagerMessage.failed:type_name -> weir.rpc.v1.TaskFailed
-	16, // 3: weir.rpc.v1.TaskManagerMessage.ack:type_name -> weir.rpc.v1.CheckpointAck
-	17, // 4: weir.rpc.v1.TaskManagerMessage.decline:type_name -> weir.rpc.v1.CheckpointDecline
-	18, // 5: weir.rpc.v1.TaskManagerMessage.source_ended:type_name -> weir.rpc.v1.SourceEnded
-	7,  // 6: weir.rpc.v1.TaskManagerMessage.prepared:type_name -> weir.rpc.v1.Prepared
-	9,  // 7: weir.rpc.v1.TaskManagerMessage.opened:type_name -> weir.rpc.v1.Opened
-	14, // 8: weir.rpc.v1.TaskManagerMessage.ended:type_name -> weir.rpc.v1.DeploymentEnded
-	19, // 9: weir.rpc.v1.TaskManagerMessage.request_checkpoint:type_name -> weir.rpc.v1.CheckpointRequest
+	16, // 2: weir.rpc.v1.TaskManagerMessage.failed:type_name -> weir.rpc.v1.TaskFailed
+	17, // 3: weir.rpc.v1.TaskManagerMessage.ack:type_name -> weir.rpc.v1.CheckpointAck
+	18, // 4: weir.rpc.v1.TaskManagerMessage.decline:type_name -> weir.rpc.v1.CheckpointDecline
+	19, // 5: weir.rpc.v1.TaskManagerMessage.source_ended:type_name -> weir.rpc.v1.SourceEnded
+	8,  // 6: weir.rpc.v1.TaskManagerMessage.prepared:type_name -> weir.rpc.v1.Prepared
+	10, // 7: weir.rpc.v1.TaskManagerMessage.opened:type_name -> weir.rpc.v1.Opened
+	15, // 8: weir.rpc.v1.TaskManagerMessage.ended:type_name -> weir.rpc.v1.DeploymentEnded
+	20, // 9: weir.rpc.v1.TaskManagerMessage.request_checkpoint:type_name -> weir.rpc.v1.CheckpointRequest
 	3,  // 10: weir.rpc.v1.JobManagerMessage.registered:type_name -> weir.rpc.v1.Registered
 	4,  // 11: weir.rpc.v1.JobManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
-	6,  // 12: weir.rpc.v1.JobManagerMessage.deploy:type_name -> weir.rpc.v1.DeployTasks
-	12, // 13: weir.rpc.v1.JobManagerMessage.trigger:type_name -> weir.rpc.v1.TriggerCheckpoint
-	13, // 14: weir.rpc.v1.JobManagerMessage.notify:type_name -> weir.rpc.v1.NotifyCheckpoint
-	11, // 15: weir.rpc.v1.JobManagerMessage.cancel:type_name -> weir.rpc.v1.CancelTasks
-	8,  // 16: weir.rpc.v1.JobManagerMessage.open:type_name -> weir.rpc.v1.OpenTasks
-	10, // 17: weir.rpc.v1.JobManagerMessage.start:type_name -> weir.rpc.v1.StartTasks
+	7,  // 12: weir.rpc.v1.JobManagerMessage.deploy:type_name -> weir.rpc.v1.DeployTasks
+	13, // 13: weir.rpc.v1.JobManagerMessage.trigger:type_name -> weir.rpc.v1.TriggerCheckpoint
+	14, // 14: weir.rpc.v1.JobManagerMessage.notify:type_name -> weir.rpc.v1.NotifyCheckpoint
+	12, // 15: weir.rpc.v1.JobManagerMessage.cancel:type_name -> weir.rpc.v1.CancelTasks
+	9,  // 16: weir.rpc.v1.JobManagerMessage.open:type_name -> weir.rpc.v1.OpenTasks
+	11, // 17: weir.rpc.v1.JobManagerMessage.start:type_name -> weir.rpc.v1.StartTasks
 	5,  // 18: weir.rpc.v1.Heartbeat.counts:type_name -> weir.rpc.v1.DeploymentCounts
-	30, // 19: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
-	31, // 20: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
-	32, // 21: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	26, // 22: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
-	33, // 23: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
-	29, // 24: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
-	0,  // 25: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
-	20, // 26: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
-	22, // 27: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
-	24, // 28: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
-	25, // 29: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
-	27, // 30: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
-	1,  // 31: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
-	21, // 32: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
-	23, // 33: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
-	26, // 34: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
-	26, // 35: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
-	28, // 36: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
-	31, // [31:37] is the sub-list for method output_type
-	25, // [25:31] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	6,  // 19: weir.rpc.v1.DeploymentCounts.tasks:type_name -> weir.rpc.v1.TaskCounts
+	31, // 20: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
+	32, // 21: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	33, // 22: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	27, // 23: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
+	34, // 24: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
+	30, // 25: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
+	0,  // 26: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
+	21, // 27: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
+	23, // 28: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
+	25, // 29: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
+	26, // 30: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
+	28, // 31: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
+	1,  // 32: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
+	22, // 33: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
+	24, // 34: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
+	27, // 35: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
+	27, // 36: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
+	29, // 37: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
+	32, // [32:38] is the sub-list for method output_type
+	26, // [26:32] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_control_proto_init() }
@@ -2670,7 +2761,7 @@ func file_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_control_proto_rawDesc), len(file_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

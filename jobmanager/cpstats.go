@@ -1,0 +1,188 @@
+package jobmanager
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/runtime"
+)
+
+// Checkpoint statistics (docs/metrics.md): what the REST API's
+// /jobs/{id}/checkpoints and the Prometheus checkpoint metrics report,
+// kept in memory per job as Flink's CheckpointStatsTracker does, fed by
+// runtime's checkpoint hooks. They count what happened since this job
+// manager started the job; the checkpoint store holds what survives it.
+
+// historySize is how many recent checkpoints the history keeps (Flink's
+// web.checkpoints.history default).
+const historySize = 10
+
+// Checkpoint states in the history, Flink's names.
+const (
+	cpInProgress = "IN_PROGRESS"
+	cpCompleted  = "COMPLETED"
+	cpFailed     = "FAILED"
+)
+
+// cpEntry is one checkpoint of the history.
+type cpEntry struct {
+	ID        checkpoint.ID
+	Status    string
+	Triggered time.Time
+	Ended     time.Time // completed or failed; zero in progress
+	Size      int64
+	Failure   string
+}
+
+// cpRestore is a restore of the job from a checkpoint.
+type cpRestore struct {
+	ID checkpoint.ID
+	At time.Time
+}
+
+// cpStats tracks one job's checkpoints.
+type cpStats struct {
+	mu                          sync.Mutex
+	completed, failed, restored int
+	history                     []*cpEntry // oldest first, at most historySize
+	byID                        map[checkpoint.ID]*cpEntry
+	inProgress                  map[checkpoint.ID]*cpEntry
+	lastCompleted, lastFailed   *cpEntry
+	lastRestore                 *cpRestore
+	// stopped is when the job stopped here (finished, failed, cancelled,
+	// suspended); zero while it runs.
+	stopped time.Time
+}
+
+func (s *cpStats) stopTime() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped
+}
+
+func newCPStats() *cpStats {
+	return &cpStats{byID: map[checkpoint.ID]*cpEntry{}, inProgress: map[checkpoint.ID]*cpEntry{}}
+}
+
+// entryLocked returns id's entry, adding it to the history if it is new.
+func (s *cpStats) entryLocked(id checkpoint.ID, triggered time.Time) *cpEntry {
+	if e := s.byID[id]; e != nil {
+		return e
+	}
+	e := &cpEntry{ID: id, Status: cpInProgress, Triggered: triggered}
+	s.byID[id] = e
+	s.history = append(s.history, e)
+	if len(s.history) > historySize {
+		delete(s.byID, s.history[0].ID)
+		s.history = s.history[1:]
+	}
+	return e
+}
+
+func (s *cpStats) triggered(ev runtime.CheckpointEvent) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entryLocked(ev.ID, ev.Triggered)
+	if e.Status == cpInProgress {
+		s.inProgress[ev.ID] = e
+	}
+}
+
+func (s *cpStats) completedCheckpoint(ev runtime.CheckpointEvent) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entryLocked(ev.ID, ev.Triggered)
+	delete(s.inProgress, ev.ID)
+	e.Status, e.Ended, e.Size = cpCompleted, time.Now(), ev.Size
+	if e.Triggered.IsZero() {
+		e.Triggered = e.Ended.Add(-ev.Cycle)
+	}
+	s.completed++
+	s.lastCompleted = e
+}
+
+func (s *cpStats) abortedCheckpoint(ev runtime.CheckpointEvent) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entryLocked(ev.ID, ev.Triggered)
+	delete(s.inProgress, ev.ID)
+	s.failLocked(e, ev.Err)
+}
+
+func (s *cpStats) failLocked(e *cpEntry, err error) {
+	e.Status, e.Ended = cpFailed, time.Now()
+	if err != nil {
+		e.Failure = err.Error()
+	}
+	s.failed++
+	s.lastFailed = e
+}
+
+// restart fails the checkpoints in progress: their attempt is over.
+func (s *cpStats) restart(cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.endAttemptLocked(cause)
+}
+
+// ended fails the checkpoints in progress when the job stopped.
+func (s *cpStats) ended(cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = time.Now()
+	s.endAttemptLocked(cause)
+}
+
+func (s *cpStats) endAttemptLocked(cause error) {
+	ids := make([]checkpoint.ID, 0, len(s.inProgress))
+	for id := range s.inProgress {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		s.failLocked(s.inProgress[id], cause)
+		delete(s.inProgress, id)
+	}
+}
+
+func (s *cpStats) restoredFrom(from checkpoint.ID) {
+	if from == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.restored++
+	s.lastRestore = &cpRestore{ID: from, At: time.Now()}
+}
+
+// cpSnapshot is a consistent copy of a job's checkpoint statistics.
+type cpSnapshot struct {
+	Completed, Failed, InProgress, Restored int
+	History                                 []cpEntry // newest first
+	LastCompleted, LastFailed               *cpEntry
+	LastRestore                             *cpRestore
+}
+
+func (s *cpStats) snapshot() cpSnapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := cpSnapshot{Completed: s.completed, Failed: s.failed, InProgress: len(s.inProgress), Restored: s.restored}
+	for i := len(s.history) - 1; i >= 0; i-- {
+		out.History = append(out.History, *s.history[i])
+	}
+	if s.lastCompleted != nil {
+		c := *s.lastCompleted
+		out.LastCompleted = &c
+	}
+	if s.lastFailed != nil {
+		f := *s.lastFailed
+		out.LastFailed = &f
+	}
+	if s.lastRestore != nil {
+		r := *s.lastRestore
+		out.LastRestore = &r
+	}
+	return out
+}

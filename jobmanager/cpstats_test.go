@@ -1,0 +1,64 @@
+package jobmanager
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/runtime"
+)
+
+// The checkpoint statistics count what runtime's hooks report: a trigger
+// is in progress until it completes, is aborted, or its attempt ends.
+func TestCheckpointStatsFollowTheHooks(t *testing.T) {
+	t0 := time.Now()
+	ev := func(id checkpoint.ID) runtime.CheckpointEvent {
+		return runtime.CheckpointEvent{ID: id, Triggered: t0, Size: 100 * int64(id), Err: errors.New("declined")}
+	}
+	for _, tc := range []struct {
+		name                               string
+		steps                              func(s *cpStats)
+		completed, failed, inProgress, rst int
+		history                            []string // newest first
+	}{
+		{"triggered", func(s *cpStats) { s.triggered(ev(1)) }, 0, 0, 1, 0, []string{cpInProgress}},
+		{"completed", func(s *cpStats) { s.triggered(ev(1)); s.completedCheckpoint(ev(1)) }, 1, 0, 0, 0, []string{cpCompleted}},
+		{"aborted", func(s *cpStats) { s.triggered(ev(1)); s.abortedCheckpoint(ev(1)) }, 0, 1, 0, 0, []string{cpFailed}},
+		{"restart fails those in progress", func(s *cpStats) {
+			s.triggered(ev(1))
+			s.completedCheckpoint(ev(1))
+			s.triggered(ev(2))
+			s.restart(errors.New("task failed"))
+			s.restoredFrom(1)
+		}, 1, 1, 0, 1, []string{cpFailed, cpCompleted}},
+		{"restore from nothing is no restore", func(s *cpStats) { s.restoredFrom(0) }, 0, 0, 0, 0, nil},
+		{"history keeps the last ten", func(s *cpStats) {
+			for id := checkpoint.ID(1); id <= 12; id++ {
+				s.triggered(ev(id))
+				s.completedCheckpoint(ev(id))
+			}
+		}, 12, 0, 0, 0, []string{cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newCPStats()
+			tc.steps(s)
+			snap := s.snapshot()
+			if snap.Completed != tc.completed || snap.Failed != tc.failed || snap.InProgress != tc.inProgress || snap.Restored != tc.rst {
+				t.Errorf("counts %+v, want completed %d failed %d in progress %d restored %d", snap, tc.completed, tc.failed, tc.inProgress, tc.rst)
+			}
+			if len(snap.History) != len(tc.history) {
+				t.Fatalf("history %+v, want %v", snap.History, tc.history)
+			}
+			for i, st := range tc.history {
+				if snap.History[i].Status != st {
+					t.Errorf("history[%d] %+v, want %s", i, snap.History[i], st)
+				}
+			}
+			if tc.completed > 0 && (snap.LastCompleted == nil || snap.LastCompleted.ID != checkpoint.ID(tc.completed) ||
+				snap.LastCompleted.Size != 100*int64(tc.completed)) {
+				t.Errorf("last completed %+v, want checkpoint %d", snap.LastCompleted, tc.completed)
+			}
+		})
+	}
+}

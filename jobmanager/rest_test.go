@@ -1,0 +1,52 @@
+package jobmanager
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// With a token, every HTTP endpoint refuses a request without it (401)
+// and serves one that carries it.
+func TestHTTPRequiresTheToken(t *testing.T) {
+	srv, err := New(AuthToken("s3cret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	hs := httptest.NewServer(srv.HTTPHandler())
+	defer hs.Close()
+	for _, tc := range []struct {
+		path, auth string
+		code       int
+		body       string
+	}{
+		{"/jobs", "", http.StatusUnauthorized, ""},
+		{"/metrics", "", http.StatusUnauthorized, ""},
+		{"/taskmanagers", "Bearer wrong", http.StatusUnauthorized, ""},
+		{"/jobs", "Bearer s3cret", http.StatusOK, `{"jobs":[]}`},
+		{"/jobs/overview", "Bearer s3cret", http.StatusOK, `{"jobs":[]}`},
+		{"/taskmanagers", "Bearer s3cret", http.StatusOK, `[]`},
+		{"/metrics", "Bearer s3cret", http.StatusOK, "weir_jobmanager_taskSlotsTotal 0"},
+		{"/jobs/0123456789abcdef0123456789abcdef", "Bearer s3cret", http.StatusNotFound, `{"errors":[`},
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, hs.URL+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		resp, err := hs.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.code || !strings.Contains(string(b), tc.body) {
+			t.Errorf("GET %s (%q): %d %q, want %d with %q", tc.path, tc.auth, resp.StatusCode, b, tc.code, tc.body)
+		}
+	}
+}

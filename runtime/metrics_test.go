@@ -1,0 +1,130 @@
+package runtime
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weirstream/weir/checkpoint"
+)
+
+// capturingDeployer deploys every task in process and keeps the
+// deployments, to read their metrics.
+type capturingDeployer struct {
+	job  *Job
+	mu   sync.Mutex
+	deps []*localDeployment
+}
+
+func (c *capturingDeployer) Deploy(ctx context.Context, spec DeploySpec, rep TaskReports) (Deployed, error) {
+	d, err := Deploy(ctx, c.job, spec, nil, rep)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.deps = append(c.deps, d.(*localDeployment))
+	c.mu.Unlock()
+	return d, nil
+}
+
+// gaugeSink registers a gauge of what it wrote and sleeps per record.
+type gaugeSink struct {
+	mu      sync.Mutex
+	written int
+}
+
+func (s *gaugeSink) Open(_ context.Context, oc *OperatorContext) error {
+	oc.Metrics().Gauge("written", "records written", func() float64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return float64(s.written)
+	})
+	return nil
+}
+
+func (s *gaugeSink) Write(context.Context, int) error {
+	time.Sleep(50 * time.Microsecond)
+	s.mu.Lock()
+	s.written++
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *gaugeSink) Snapshot(context.Context, checkpoint.ID) (OperatorState, error) {
+	return OperatorState{}, nil
+}
+func (s *gaugeSink) Close() error { return nil }
+
+func TestTaskStatsCountRecordsInOutAndBackPressure(t *testing.T) {
+	const n = 3000
+	items := make([]int, n)
+	for i := range items {
+		items[i] = i
+	}
+	j := NewJob("stats")
+	src := FromSource(j, "numbers", SliceSource(items, 100))
+	doubled := Map(src, "double", func(v int) (int, error) { return 2 * v, nil })
+	SinkTo(Rebalance(doubled), "slow", func() Sink[int] { return &gaugeSink{} }, Parallelism(2))
+	dep := &capturingDeployer{job: j}
+	if _, err := NewMiniCluster(Deployment(dep), BatchSize(16), ChannelCapacity(1), CheckpointInterval(50*time.Millisecond)).Run(t.Context(), j); err != nil {
+		t.Fatal(err)
+	}
+	if len(dep.deps) != 1 {
+		t.Fatalf("%d attempts, want 1", len(dep.deps))
+	}
+	d := dep.deps[0]
+	stats := map[checkpoint.TaskID]TaskStats{}
+	for _, s := range d.TaskStats() {
+		stats[s.Task] = s
+	}
+	source := stats["numbers#0"]
+	if source.Vertex != "numbers -> double" || source.RecordsIn != n || source.RecordsOut != n {
+		t.Errorf("source task %+v: want vertex \"numbers -> double\", %d in and out", source, n)
+	}
+	if source.BackPressured <= 0 {
+		t.Errorf("source task back-pressured %v behind a slow sink with one-batch channels, want > 0", source.BackPressured)
+	}
+	var in, out int64
+	for _, id := range []checkpoint.TaskID{"slow#0", "slow#1"} {
+		in, out = in+stats[id].RecordsIn, out+stats[id].RecordsOut
+		if stats[id].BackPressured != 0 {
+			t.Errorf("sink task %s back-pressured %v, want 0 (it sends nothing)", id, stats[id].BackPressured)
+		}
+	}
+	if in != n || out != n {
+		t.Errorf("sink tasks: %d in, %d out, want %d each", in, out, n)
+	}
+	ms := d.OperatorMetrics()
+	if len(ms) != 2 {
+		t.Fatalf("operator metrics %+v, want the sink's gauge per subtask", ms)
+	}
+	var total float64
+	for i, m := range ms {
+		if m.Operator != "slow" || m.Subtask != i || m.Name != "written" || m.Kind != GaugeMetric {
+			t.Errorf("metric %d: %+v", i, m)
+		}
+		total += m.Read()[""]
+	}
+	if total != n {
+		t.Errorf("gauges sum to %v, want %d", total, n)
+	}
+}
+
+func TestGraphDescribesVerticesAndEdges(t *testing.T) {
+	j := NewJob("graph", DefaultParallelism(2))
+	src := FromSource(j, "numbers", SliceSource([]int{1}, 1))
+	m := Map(src, "double", func(v int) (int, error) { return v, nil })
+	SinkTo(Rebalance(m), "sink", func() Sink[int] { return discardSink[int]{} }, Parallelism(3))
+	g, err := j.Graph()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Vertices) != 2 || g.Vertices[0].Name != "numbers -> double" || g.Vertices[0].Parallelism != 2 ||
+		g.Vertices[1].ID != "sink" || len(g.Vertices[1].Tasks) != 3 || g.Vertices[1].Tasks[2] != "sink#2" {
+		t.Errorf("vertices %+v", g.Vertices)
+	}
+	if len(g.Edges) != 1 || g.Edges[0] != (GraphEdge{From: "numbers", To: "sink", Ship: "REBALANCE"}) {
+		t.Errorf("edges %+v", g.Edges)
+	}
+}
