@@ -13,6 +13,7 @@ import (
 
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/internal/rpc"
+	"github.com/weirstream/weir/jobmanager/dashboard"
 	"github.com/weirstream/weir/runtime"
 )
 
@@ -27,8 +28,20 @@ const cancelTimeout = time.Minute
 
 // HTTPHandler returns the job manager's HTTP API: GET /jobs,
 // /jobs/overview, /jobs/{id}, /jobs/{id}/checkpoints, /taskmanagers and
-// /metrics; POST /jobs/{id}/cancel and PATCH /jobs/{id}?mode=cancel.
+// /metrics; POST /jobs/{id}/cancel and PATCH /jobs/{id}?mode=cancel; and
+// the web dashboard at GET / (package dashboard). The API requires the
+// token; the dashboard's files hold no data and are served without it.
 func (s *Server) HTTPHandler() http.Handler {
+	root := http.NewServeMux()
+	ui := dashboard.Handler()
+	root.Handle("GET /{$}", ui)
+	root.Handle("GET /static/", ui)
+	root.Handle("/", rpc.RequireToken(s.cfg.token, s.apiHandler()))
+	return root
+}
+
+// apiHandler is the REST API and /metrics, without the token check.
+func (s *Server) apiHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /jobs", s.restJobs)
 	mux.HandleFunc("GET /jobs/overview", s.restOverview)
@@ -38,7 +51,7 @@ func (s *Server) HTTPHandler() http.Handler {
 	mux.HandleFunc("GET /jobs/{id}/checkpoints", s.restCheckpoints)
 	mux.HandleFunc("GET /taskmanagers", s.restTaskManagers)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{ErrorLog: zapErrorLog{s}}))
-	return rpc.RequireToken(s.cfg.token, mux)
+	return mux
 }
 
 // zapErrorLog logs promhttp's errors (a metric that failed to collect).

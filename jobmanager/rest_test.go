@@ -31,6 +31,12 @@ func TestHTTPRequiresTheToken(t *testing.T) {
 		{"/taskmanagers", "Bearer s3cret", http.StatusOK, `[]`},
 		{"/metrics", "Bearer s3cret", http.StatusOK, "weir_jobmanager_taskSlotsTotal 0"},
 		{"/jobs/0123456789abcdef0123456789abcdef", "Bearer s3cret", http.StatusNotFound, `{"errors":[`},
+		// The dashboard's files hold no data: served without the token
+		// (the page's API calls carry it).
+		{"/", "", http.StatusOK, `<script src="/static/app.js">`},
+		{"/static/app.js", "", http.StatusOK, `api("/jobs/overview")`},
+		{"/static/missing.js", "", http.StatusNotFound, ""},
+		{"/index.html", "", http.StatusUnauthorized, ""},
 	} {
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, hs.URL+tc.path, nil)
 		if err != nil {
