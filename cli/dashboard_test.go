@@ -42,7 +42,7 @@ func render(t *testing.T, url string, budget time.Duration, screenshot string) s
 	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
 		"--user-data-dir=" + t.TempDir(), fmt.Sprintf("--virtual-time-budget=%d", budget.Milliseconds())}
 	if screenshot != "" {
-		shot := exec.CommandContext(ctx, chromium(t), append(args, "--window-size=1280,1250", "--screenshot="+screenshot, url)...)
+		shot := exec.CommandContext(ctx, chromium(t), append(args, "--window-size=1280,1450", "--screenshot="+screenshot, url)...)
 		if out, err := shot.CombinedOutput(); err != nil {
 			t.Fatalf("chromium --screenshot: %v\n%s", err, out)
 		}
@@ -86,6 +86,10 @@ func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 		Vertices []struct {
 			Name        string `json:"name"`
 			Parallelism int    `json:"parallelism"`
+			Subtasks    []struct {
+				TaskID      string `json:"task_id"`
+				TaskManager string `json:"taskmanager_id"`
+			} `json:"subtasks"`
 		} `json:"vertices"`
 	}
 	getJSON(t, jm+"/jobs/"+id, &job)
@@ -122,6 +126,16 @@ func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 		if !regexp.MustCompile(`RUNNING · in [0-9.]+[kM]?/s · out [0-9.]+[kM]?/s`).MatchString(box) ||
 			!regexp.MustCompile(`back-pressured \d+%`).MatchString(box) {
 			fail("vertex %q shows no live rates: %s", v.Name, box)
+		}
+		if len(v.Subtasks) != v.Parallelism {
+			t.Errorf("REST shows %d subtasks of %q, want %d", len(v.Subtasks), v.Name, v.Parallelism)
+		}
+		for _, s := range v.Subtasks {
+			row := regexp.MustCompile(`<tr data-task="` + regexp.QuoteMeta(html.EscapeString(s.TaskID)) + `">.*?</tr>`).FindString(dom)
+			if !strings.Contains(row, "<td>"+s.TaskManager+"</td>") || !strings.Contains(row, "RUNNING") ||
+				!regexp.MustCompile(`<td>[0-9.]+[kM]?/s</td><td>[0-9.]+[kM]?/s</td><td>\d+%</td>`).MatchString(row) {
+				fail("the tasks table does not show task %s RUNNING on %s with its rates: %q", s.TaskID, s.TaskManager, row)
+			}
 		}
 	}
 	if n := len(regexp.MustCompile(`<tr data-checkpoint="\d+"><td>\d+</td><td><span class="state COMPLETED">`).FindAllString(dom, -1)); n < 2 {

@@ -92,21 +92,41 @@ function drawTaskManagers(tms) {
       el("td", {}, t.data_host), el("td", {}, duration(t.heartbeat_age_ms) + " ago"))), "none registered: streamctl taskmanager");
 }
 
+// noteRate turns two samples of a vertex's or a task's counters into
+// per-second rates; n is how many subtasks share the back-pressure time.
+function noteRate(key, m, now, n) {
+  const p = previous[key];
+  if (p && now > p.at) {
+    const dt = (now - p.at) / 1000;
+    rates[key] = {
+      read: Math.max(0, m["read-records"] - p.read) / dt,
+      write: Math.max(0, m["write-records"] - p.write) / dt,
+      // back-pressured ms per second of every subtask, as a share of the time
+      bp: Math.min(1, Math.max(0, m["accumulated-backpressured-time"] - p.bp) / (dt * 1000 * n)),
+    };
+  }
+  previous[key] = { at: now, read: m["read-records"], write: m["write-records"], bp: m["accumulated-backpressured-time"] };
+}
+
 function noteRates(job) {
   for (const v of job.vertices) {
-    const m = v.metrics, now = job.now;
-    const p = previous[v.id];
-    if (p && now > p.at) {
-      const dt = (now - p.at) / 1000;
-      rates[v.id] = {
-        read: Math.max(0, m["read-records"] - p.read) / dt,
-        write: Math.max(0, m["write-records"] - p.write) / dt,
-        // back-pressured ms per second of every subtask, as a share of the time
-        bp: Math.min(1, Math.max(0, m["accumulated-backpressured-time"] - p.bp) / (dt * 1000 * v.parallelism)),
-      };
-    }
-    previous[v.id] = { at: now, read: m["read-records"], write: m["write-records"], bp: m["accumulated-backpressured-time"] };
+    noteRate(v.id, v.metrics, job.now, v.parallelism);
+    for (const s of v.subtasks || []) noteRate("task " + s.task_id, s.metrics, job.now, 1);
   }
+}
+
+function drawSubtasks(job) {
+  const rows = [];
+  for (const v of job.vertices) {
+    for (const s of v.subtasks || []) {
+      const r = rates["task " + s.task_id];
+      rows.push(el("tr", { "data-task": s.task_id }, el("td", {}, el("code", {}, s.task_id)), el("td", {}, s.taskmanager_id || "–"),
+        el("td", {}, state(s.status)), el("td", {}, s.metrics["read-records"]), el("td", {}, s.metrics["write-records"]),
+        el("td", {}, perSecond(r && r.read)), el("td", {}, perSecond(r && r.write)),
+        el("td", {}, r ? Math.round(r.bp * 100) + "%" : "–")));
+    }
+  }
+  fill(document.querySelector("#subtasks tbody"), rows, "no tasks deployed");
 }
 
 // drawGraph lays the vertices out left to right by depth (longest path from
@@ -214,6 +234,7 @@ function drawJob(job, cps) {
   document.getElementById("job-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   noteRates(job);
   drawGraph(job);
+  drawSubtasks(job);
   drawCheckpoints(cps);
 }
 
