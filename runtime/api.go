@@ -179,21 +179,26 @@ type Job struct {
 }
 
 // JobOpt configures a Job.
-type JobOpt func(*Job)
+type JobOpt interface{ apply(*Job) }
+
+// jobOpt is a JobOpt from a function.
+type jobOpt func(*Job)
+
+func (o jobOpt) apply(c *Job) { o(c) }
 
 // DefaultParallelism sets the parallelism of operators that set none (default 1).
-func DefaultParallelism(n int) JobOpt { return func(j *Job) { j.parallelism = n } }
+func DefaultParallelism(n int) JobOpt { return jobOpt(func(j *Job) { j.parallelism = n }) }
 
 // MaxParallelism sets the number of key groups (default 128): the highest
 // parallelism a keyed operator may ever run at, fixed for the life of the
 // job's state.
-func MaxParallelism(n int) JobOpt { return func(j *Job) { j.maxParallelism = n } }
+func MaxParallelism(n int) JobOpt { return jobOpt(func(j *Job) { j.maxParallelism = n }) }
 
 // NewJob starts a job graph.
 func NewJob(name string, opts ...JobOpt) *Job {
 	j := &Job{name: name, parallelism: 1, maxParallelism: DefaultMaxParallelism}
 	for _, o := range opts {
-		o(j)
+		o.apply(j)
 	}
 	return j
 }
@@ -211,14 +216,19 @@ func (j *Job) fail(err error) {
 }
 
 // OpOpt configures one operator.
-type OpOpt func(*node)
+type OpOpt interface{ apply(*node) }
+
+// opOpt is a OpOpt from a function.
+type opOpt func(*node)
+
+func (o opOpt) apply(c *node) { o(c) }
 
 // UID sets the operator's stable id, by which its state is matched on
 // restore. Defaults to the operator's name; set it explicitly before renaming.
-func UID(uid string) OpOpt { return func(n *node) { n.uid = uid } }
+func UID(uid string) OpOpt { return opOpt(func(n *node) { n.uid = uid }) }
 
 // Parallelism sets the operator's parallelism.
-func Parallelism(p int) OpOpt { return func(n *node) { n.parallelism = p } }
+func Parallelism(p int) OpOpt { return opOpt(func(n *node) { n.parallelism = p }) }
 
 // Stream is a typed stream of records of T.
 type Stream[T any] struct {
@@ -407,7 +417,7 @@ var uidPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 func (j *Job) addNode(name string, opts []OpOpt) *node {
 	n := &node{id: len(j.nodes), name: name, uid: name, parallelism: j.parallelism}
 	for _, o := range opts {
-		o(n)
+		o.apply(n)
 	}
 	if !uidPattern.MatchString(n.uid) {
 		j.fail(fmt.Errorf("%w: operator %q: uid %q must be 1-128 of [A-Za-z0-9._-]", ErrInvalidJob, name, n.uid))

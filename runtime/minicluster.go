@@ -133,20 +133,29 @@ func (c *clusterCfg) validate() error {
 }
 
 // ClusterOpt configures a MiniCluster.
-type ClusterOpt func(*clusterCfg)
+type ClusterOpt interface{ apply(*clusterCfg) }
+
+// clusterOpt is a ClusterOpt from a function.
+type clusterOpt func(*clusterCfg)
+
+func (o clusterOpt) apply(c *clusterCfg) { o(c) }
 
 // JobID sets the id under which the job's checkpoints are stored (default:
 // the job's name).
-func JobID(id string) ClusterOpt { return func(c *clusterCfg) { c.jobID = id } }
+func JobID(id string) ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.jobID = id }) }
 
 // CheckpointInterval sets the checkpoint trigger period (default 1s).
-func CheckpointInterval(d time.Duration) ClusterOpt { return func(c *clusterCfg) { c.interval = d } }
+func CheckpointInterval(d time.Duration) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.interval = d })
+}
 
 // CheckpointTimeout aborts checkpoints not complete after d (default 1m).
-func CheckpointTimeout(d time.Duration) ClusterOpt { return func(c *clusterCfg) { c.timeout = d } }
+func CheckpointTimeout(d time.Duration) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.timeout = d })
+}
 
 // MinPause sets the least time between two checkpoints (default 0).
-func MinPause(d time.Duration) ClusterOpt { return func(c *clusterCfg) { c.minPause = d } }
+func MinPause(d time.Duration) ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.minPause = d }) }
 
 // TolerableCheckpointFailures sets how many consecutive failed checkpoints
 // are tolerated before the job fails over (0: the coordinator's default,
@@ -154,7 +163,9 @@ func MinPause(d time.Duration) ClusterOpt { return func(c *clusterCfg) { c.minPa
 // checkpoint listeners all carry an aborted checkpoint's work to the next
 // one (checkpoint.AbortCarrier); any other job tolerates none, and asking
 // for a tolerance for it is refused when the job starts.
-func TolerableCheckpointFailures(n int) ClusterOpt { return func(c *clusterCfg) { c.tolerable = n } }
+func TolerableCheckpointFailures(n int) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.tolerable = n })
+}
 
 // CheckpointStorage is where a job master keeps its completed checkpoints
 // and finds the one to restore from. checkpoint.Store (pebble, local disk)
@@ -176,12 +187,16 @@ type CheckpointStorage interface {
 var _ CheckpointStorage = (*checkpoint.Store)(nil)
 
 // CheckpointStore stores checkpoints in s (the caller closes it).
-func CheckpointStore(s CheckpointStorage) ClusterOpt { return func(c *clusterCfg) { c.store = s } }
+func CheckpointStore(s CheckpointStorage) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.store = s })
+}
 
 // CheckpointDir stores checkpoints in a pebble store at dir. Without
 // CheckpointStore or CheckpointDir, checkpoints live in an in-memory pebble
 // and are lost with the process.
-func CheckpointDir(dir string) ClusterOpt { return func(c *clusterCfg) { c.storeDir = dir } }
+func CheckpointDir(dir string) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.storeDir = dir })
+}
 
 // Restarts sets how many times the job restarts after failures before it
 // fails (default 10), and the delay before each restart (default 100ms):
@@ -194,25 +209,29 @@ func Restarts(n int, delay time.Duration) ClusterOpt {
 // fixed-delay (FixedDelayRestart; the default, 10 attempts 100ms apart),
 // exponential-delay (ExponentialDelayRestart), failure-rate
 // (FailureRateRestart) or none (NoRestart).
-func RestartStrategy(p RestartPolicy) ClusterOpt { return func(c *clusterCfg) { c.restart = p } }
+func RestartStrategy(p RestartPolicy) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.restart = p })
+}
 
 // BatchSize sets how many records travel together between tasks (default 256).
-func BatchSize(n int) ClusterOpt { return func(c *clusterCfg) { c.batchSize = n } }
+func BatchSize(n int) ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.batchSize = n }) }
 
 // ChannelCapacity sets how many batches a channel between two subtasks holds
 // before the sender blocks (default 8): with BatchSize, the bound on records
 // in flight per channel.
-func ChannelCapacity(n int) ClusterOpt { return func(c *clusterCfg) { c.channelCap = n } }
+func ChannelCapacity(n int) ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.channelCap = n }) }
 
 // Logger sets the logger (default: none).
-func Logger(l *zap.Logger) ClusterOpt { return func(c *clusterCfg) { c.log = l } }
+func Logger(l *zap.Logger) ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.log = l }) }
 
 // AllowNonRestoredState lets a job restore from a checkpoint that holds
 // state of operators (UIDs) the job no longer has, dropping that state (as
 // Flink's --allowNonRestoredState). Their pre-committed transactions are
 // still committed, by an operator of the job that implements
 // RestoreCommitter. Without it such a restore is refused, naming the UIDs.
-func AllowNonRestoredState() ClusterOpt { return func(c *clusterCfg) { c.allowNonRestored = true } }
+func AllowNonRestoredState() ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.allowNonRestored = true })
+}
 
 // ErrSuspended is wrapped by Run's error when the job stopped because the
 // context given to SuspendWith was done: its tasks stopped as in a
@@ -225,29 +244,31 @@ var ErrSuspended = errors.New("runtime: job suspended")
 // cancelled as for a restart, transactions stay pending) and Run returns an
 // error wrapping ErrSuspended instead of restarting. A job manager that
 // shuts down suspends its jobs, so that the next one resumes them.
-func SuspendWith(ctx context.Context) ClusterOpt { return func(c *clusterCfg) { c.suspend = ctx } }
+func SuspendWith(ctx context.Context) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.suspend = ctx })
+}
 
 // OnRestart calls fn each time the job fails and the restart strategy
 // restarts it, with the number of restarts so far and the failure (for job
 // status and metrics). fn must return quickly.
 func OnRestart(fn func(restarts int, err error)) ClusterOpt {
-	return func(c *clusterCfg) { c.onRestart = fn }
+	return clusterOpt(func(c *clusterCfg) { c.onRestart = fn })
 }
 
 // OnRestore calls fn before each attempt deploys its tasks, with the
 // completed checkpoint it restores (0: none). fn must return quickly.
 func OnRestore(fn func(attempt int, from checkpoint.ID)) ClusterOpt {
-	return func(c *clusterCfg) { c.onRestore = fn }
+	return clusterOpt(func(c *clusterCfg) { c.onRestore = fn })
 }
 
 // Failpoints injects faults into every operator and the checkpoint driver.
 func Failpoints(fp Failpointer) ClusterOpt {
-	return func(c *clusterCfg) {
+	return clusterOpt(func(c *clusterCfg) {
 		c.fp = fp
 		if fp != nil {
 			c.driverFailpoint = fp.Inject
 		}
-	}
+	})
 }
 
 // CheckpointEvent describes a checkpoint that was triggered, completed or
@@ -270,7 +291,7 @@ type CheckpointEvent struct {
 // OnCheckpointComplete or OnCheckpointAborted, or the attempt ends). fn runs
 // on the checkpoint driver's goroutine and must return quickly.
 func OnCheckpointTriggered(fn func(CheckpointEvent)) ClusterOpt {
-	return func(c *clusterCfg) { c.onTriggered = fn }
+	return clusterOpt(func(c *clusterCfg) { c.onTriggered = fn })
 }
 
 // OnCheckpointAborted calls fn after each checkpoint the coordinator
@@ -278,14 +299,14 @@ func OnCheckpointTriggered(fn func(CheckpointEvent)) ClusterOpt {
 // Checkpoints in progress when an attempt fails get no call. fn runs on the
 // checkpoint driver's goroutine and must return quickly.
 func OnCheckpointAborted(fn func(CheckpointEvent)) ClusterOpt {
-	return func(c *clusterCfg) { c.onAborted = fn }
+	return clusterOpt(func(c *clusterCfg) { c.onAborted = fn })
 }
 
 // OnCheckpointComplete calls fn after each completed checkpoint was stored
 // and every task was sent its notification (for tests and metrics). fn runs
 // on the checkpoint driver's goroutine and must return quickly.
 func OnCheckpointComplete(fn func(CheckpointEvent)) ClusterOpt {
-	return func(c *clusterCfg) { c.onCheckpoint = fn }
+	return clusterOpt(func(c *clusterCfg) { c.onCheckpoint = fn })
 }
 
 // NewMiniCluster returns an executor with the given options.
@@ -293,7 +314,7 @@ func NewMiniCluster(opts ...ClusterOpt) *MiniCluster {
 	c := clusterCfg{interval: time.Second, timeout: time.Minute, restart: FixedDelayRestart(10, 100*time.Millisecond),
 		batchSize: defaultBatchSize, channelCap: defaultChannelCap, log: zap.NewNop(), restoreFromLatest: true}
 	for _, o := range opts {
-		o(&c)
+		o.apply(&c)
 	}
 	return &MiniCluster{cfg: c}
 }
@@ -452,7 +473,7 @@ type Deployer interface {
 }
 
 // Deployment runs the job's tasks through d instead of in this process.
-func Deployment(d Deployer) ClusterOpt { return func(c *clusterCfg) { c.deployer = d } }
+func Deployment(d Deployer) ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.deployer = d }) }
 
 // localDeployer deploys every task of a plan in this process.
 type localDeployer struct{ p *plan }

@@ -129,7 +129,12 @@ type Set struct {
 }
 
 // Option configures a Set built by New or Parse.
-type Option func(*Set)
+type Option interface{ apply(*Set) }
+
+// option is a Option from a function.
+type option func(*Set)
+
+func (o option) apply(c *Set) { o(c) }
 
 // WithHook makes the point name run fn on every hit; Inject returns fn's
 // error (wrapped so that it names the point, and still matchable with
@@ -137,19 +142,19 @@ type Option func(*Set)
 // returning a sentinel error or cancelling a context. A hook replaces any
 // action parsed for the same name.
 func WithHook(name string, fn func() error) Option {
-	return func(s *Set) {
+	return option(func(s *Set) {
 		if fn == nil {
 			return
 		}
 		s.points[name] = &point{name: name, kind: kindHook, hook: fn}
-	}
+	})
 }
 
 // New returns a Set with only the given options (typically hooks).
 func New(opts ...Option) *Set {
 	s := &Set{points: make(map[string]*point), kill: killSelf}
 	for _, o := range opts {
-		o(s)
+		o.apply(s)
 	}
 	return s
 }
@@ -174,7 +179,7 @@ func Parse(spec string, opts ...Option) (*Set, error) {
 		s.points[p.name] = p
 	}
 	for _, o := range opts {
-		o(s)
+		o.apply(s)
 	}
 	return s, nil
 }

@@ -18,7 +18,12 @@ import (
 )
 
 // SinkOpt configures a Sink beyond the TxnWriter options.
-type SinkOpt func(*sinkCfg)
+type SinkOpt interface{ apply(*sinkCfg) }
+
+// sinkOpt is a SinkOpt from a function.
+type sinkOpt func(*sinkCfg)
+
+func (o sinkOpt) apply(c *sinkCfg) { o(c) }
 
 type sinkCfg struct {
 	tolerateLoss      bool
@@ -29,7 +34,7 @@ type sinkCfg struct {
 // TolerateLostTransactions makes a sink whose restored transactions were
 // lost (aborted by the broker's transaction timeout) log the loss and go on,
 // instead of failing the job. Losing them loses records: opt in knowingly.
-func TolerateLostTransactions() SinkOpt { return func(c *sinkCfg) { c.tolerateLoss = true } }
+func TolerateLostTransactions() SinkOpt { return sinkOpt(func(c *sinkCfg) { c.tolerateLoss = true }) }
 
 // CheckpointTimeouts raises the checkpoint timeout and restart budget
 // (the worst-case time to notice a failure, restart and recover) that an
@@ -39,7 +44,7 @@ func TolerateLostTransactions() SinkOpt { return func(c *sinkCfg) { c.tolerateLo
 // timeout exceeds their sum. Without it, Open checks against the
 // executor's checkpoint timing alone.
 func CheckpointTimeouts(checkpointTimeout, restartBudget time.Duration) SinkOpt {
-	return func(c *sinkCfg) { c.checkpointTimeout, c.restartBudget = checkpointTimeout, restartBudget }
+	return sinkOpt(func(c *sinkCfg) { c.checkpointTimeout, c.restartBudget = checkpointTimeout, restartBudget })
 }
 
 // NewSink returns a runtime sink factory writing the records serialize
@@ -79,7 +84,7 @@ func NewSink[T any](serialize func(T) (*kgo.Record, error), opts []Opt, sopts ..
 	}
 	var sc sinkCfg
 	for _, o := range sopts {
-		o(&sc)
+		o.apply(&sc)
 	}
 	if c.Guarantee == ExactlyOnce && (sc.checkpointTimeout != 0 || sc.restartBudget != 0) {
 		switch {
