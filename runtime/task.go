@@ -45,7 +45,7 @@ type reporter interface {
 
 type inputChan struct {
 	ch      chan envelope
-	deliver func(batch any, in any) (int, error)
+	deliver func(batcher) (int, error) // into the task's head (edge.bind)
 }
 
 // task is one subtask of a vertex: a chain of operator instances driven by
@@ -55,7 +55,6 @@ type task struct {
 	v       *vertex
 	subtask int
 	ops     []instance
-	head    any // pushFn of the head operator (non-source tasks)
 	inputs  []inputChan
 	outs    []outputGate
 	ctrl    chan control
@@ -264,7 +263,7 @@ func (t *task) runInputs(ctx context.Context) error {
 		}
 		switch {
 		case e.batch != nil:
-			n, err := t.inputs[idx].deliver(e.batch, t.head)
+			n, err := t.inputs[idx].deliver(e.batch)
 			t.stats.in.Add(int64(n))
 			if err != nil {
 				return err
