@@ -194,9 +194,16 @@ type Store struct {
 	life   sync.RWMutex
 	closed bool
 
-	// wmu serializes writes and guards ids.
+	// wmu serializes writes and guards ids and saved.
 	wmu sync.Mutex
 	ids map[string]*idRange
+	// saved caches the ids of each job's stored checkpoints, oldest first,
+	// for Save: listing them (jobIDs) steps over the records of the
+	// checkpoints Save deleted until pebble compacts them away, reading and
+	// decompressing their blocks, most of a Save's time under load. Save
+	// keeps it; DeleteJob, Reopen and a failed Save (a write in doubt) drop
+	// it.
+	saved map[string][]ID
 
 	// failed holds the error that made the store unusable, if any.
 	failed atomic.Pointer[error]
@@ -232,7 +239,7 @@ func OpenStore(dir string, opts ...StoreOpt) (s *Store, err error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db, dir: dir, cfg: cfg, log: cfg.log, ids: make(map[string]*idRange)}, nil
+	return &Store{db: db, dir: dir, cfg: cfg, log: cfg.log, ids: make(map[string]*idRange), saved: make(map[string][]ID)}, nil
 }
 
 // openDB opens the pebble database of a store in dir and checks (or writes)
@@ -310,6 +317,7 @@ func (s *Store) Reopen() (err error) {
 	}
 	s.db = db
 	s.ids = make(map[string]*idRange)
+	s.saved = make(map[string][]ID)
 	s.failed.Store(nil)
 	s.log.Warn("checkpoint store reopened after a failure", zap.NamedError("failure", *failed))
 	return nil
@@ -445,9 +453,14 @@ func (s *Store) Save(ctx context.Context, c Completed) (err error) {
 		return fmt.Errorf("save checkpoint %d of job %q: %w", c.ID, c.Job, err)
 	}
 	defer release()
+	defer func() { // after catchFatal made a panic err
+		if err != nil {
+			delete(s.saved, c.Job) // the write may or may not have happened
+		}
+	}()
 	defer s.catchFatal(&err)
 
-	ids, err := s.jobIDs(c.Job)
+	ids, err := s.savedIDs(c.Job)
 	if err != nil {
 		return fmt.Errorf("save checkpoint %d of job %q: %w", c.ID, c.Job, err)
 	}
@@ -473,6 +486,7 @@ func (s *Store) Save(ctx context.Context, c Completed) (err error) {
 	if err := s.db.Apply(b, pebble.Sync); err != nil {
 		return fmt.Errorf("save checkpoint %d of job %q: %w", c.ID, c.Job, err)
 	}
+	s.saved[c.Job] = append(slices.Clip(ids[len(dropped):]), c.ID)
 	if r := s.ids[c.Job]; r != nil && uint64(c.ID) >= r.next {
 		r.next = uint64(c.ID) + 1
 	}
@@ -753,6 +767,7 @@ func (s *Store) DeleteJob(ctx context.Context, job string) (err error) {
 	if err := errors.Join(b.DeleteRange(lo, hi, nil), b.Set(k, sealRecord(k, binary.AppendUvarint(nil, hw)), nil)); err != nil {
 		return fmt.Errorf("delete job %q: %w", job, err)
 	}
+	delete(s.saved, job)
 	if err := s.db.Apply(b, pebble.Sync); err != nil {
 		return fmt.Errorf("delete job %q: %w", job, err)
 	}
@@ -773,6 +788,19 @@ func (s *Store) get(k []byte) ([]byte, error) {
 	}
 	defer closer.Close()
 	return slices.Clone(v), nil
+}
+
+// savedIDs is jobIDs for a writer (under wmu), from the cache when it has
+// the job. The caller must not change the slice.
+func (s *Store) savedIDs(job string) ([]ID, error) {
+	if ids, ok := s.saved[job]; ok {
+		return ids, nil
+	}
+	ids, err := s.jobIDs(job)
+	if err == nil {
+		s.saved[job] = ids
+	}
+	return ids, err
 }
 
 // jobIDs returns the ids of the job's stored checkpoints, oldest first.

@@ -981,3 +981,51 @@ func TestReopenRecoversAFailedStore(t *testing.T) {
 		t.Fatalf("Reopen of a closed store: %v, want ErrStoreClosed", err)
 	}
 }
+
+// Save keeps the ids of a job's checkpoints in memory (it used to list them
+// from pebble every time): retention, the increasing-id check and DeleteJob
+// behave as they do on a freshly opened store, and a reopened store agrees.
+func TestSaveKeepsRetentionAndIDOrderAcrossDeletesAndReopens(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "store")
+	s := mustOpen(t, dir, WithRetained(3))
+	list := func(s *Store) []ID {
+		t.Helper()
+		sums, err := s.List(ctx, "j")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return listIDs(sums)
+	}
+	for id := ID(1); id <= 10; id++ {
+		if err := s.Save(ctx, testCheckpoint("j", id)); err != nil {
+			t.Fatalf("Save(%d): %v", id, err)
+		}
+	}
+	if got := list(s); !slices.Equal(got, []ID{10, 9, 8}) { // newest first
+		t.Fatalf("after 10 saves: %v, want [10 9 8]", got)
+	}
+	if err := s.Save(ctx, testCheckpoint("j", 10)); !errors.Is(err, ErrIDNotIncreasing) {
+		t.Fatalf("Save(10) again: %v, want ErrIDNotIncreasing", err)
+	}
+	if err := s.DeleteJob(ctx, "j"); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []ID{11, 12} {
+		if err := s.Save(ctx, testCheckpoint("j", id)); err != nil {
+			t.Fatalf("Save(%d) after DeleteJob: %v", id, err)
+		}
+	}
+	if got := list(s); !slices.Equal(got, []ID{12, 11}) {
+		t.Fatalf("after DeleteJob and two saves: %v, want [12 11]", got)
+	}
+	mustClose(t, s)
+	s = mustOpen(t, dir, WithRetained(2))
+	defer mustClose(t, s)
+	if err := s.Save(ctx, testCheckpoint("j", 13)); err != nil {
+		t.Fatal(err)
+	}
+	if got := list(s); !slices.Equal(got, []ID{13, 12}) {
+		t.Fatalf("reopened with 2 retained: %v, want [13 12]", got)
+	}
+}

@@ -10,9 +10,42 @@ import (
 // envelope is what travels on a channel between two subtasks: a batch of
 // records, a checkpoint barrier, or the end of the stream.
 type envelope struct {
-	batch   any           // []T
+	batch   batcher       // a *batch[T]
 	barrier checkpoint.ID // a barrier when non-zero
 	eos     bool
+}
+
+// batcher is the untyped face of a *batch[T].
+type batcher interface {
+	// release hands the batch back to the writer that filled it, for
+	// reuse. The receiver calls it once it is done with the batch, and
+	// must not touch the batch after.
+	release()
+}
+
+// batch is a run of records on one channel. An output writer keeps a free
+// list per channel; the receiver (a task delivering the batch, or the
+// Exchange's send pump once it encoded it) releases the batch into it, and
+// the writer refills it: a channel's batches are allocated once, not per
+// send. The free list is a channel, so the receiver's last read of a batch
+// happens before the writer's next write to it.
+type batch[T any] struct {
+	vs []T
+	// kgs are the records' key groups on a hash edge (kgs[i] is vs[i]'s),
+	// so that the keyed receiver does not hash the key again; nil on other
+	// edges and on batches decoded from an Exchange.
+	kgs  []int32
+	free chan *batch[T] // nil: not recycled
+}
+
+func (b *batch[T]) release() {
+	if b.free == nil {
+		return
+	}
+	select {
+	case b.free <- b:
+	default: // the list is full: let the collector have it
+	}
 }
 
 // outputGate is the untyped face of a task's output writers.
@@ -36,31 +69,35 @@ type taskWiring struct {
 // task runs out of input or before a barrier. Channels are bounded, so a slow
 // consumer blocks the writer: that is backpressure.
 type outWriter[T any] struct {
-	ctx   context.Context
-	chans []chan envelope
-	bufs  [][]T
-	size  int
-	route func(T) int
-	next  int // round robin position
-	kind  edgeKind
-	par   int // parallelism of the downstream vertex
-	stats *taskStats
+	ctx      context.Context
+	chans    []chan envelope
+	bufs     []*batch[T]      // the batch being filled, per channel
+	free     []chan *batch[T] // released batches, per channel
+	size     int
+	keyGroup func(T) int // hash edges
+	maxPar   int
+	route    func(T) int
+	next     int // round robin position
+	kind     edgeKind
+	par      int // parallelism of the downstream vertex
+	stats    *taskStats
 	// pushed counts records pushed since the last batch went out; they are
 	// added to stats.out when one does (one atomic add per batch).
 	pushed int64
 }
 
 func newOutWriter[T any](tw *taskWiring, chans []chan envelope, e *edge, subtask int) *outWriter[T] {
-	w := &outWriter[T]{ctx: tw.ctx, chans: chans, bufs: make([][]T, len(chans)), size: tw.batchSize, kind: e.kind,
-		par: len(chans), next: subtask % len(chans), stats: tw.stats}
-	for i := range w.bufs {
-		w.bufs[i] = make([]T, 0, w.size)
+	w := &outWriter[T]{ctx: tw.ctx, chans: chans, bufs: make([]*batch[T], len(chans)), free: make([]chan *batch[T], len(chans)),
+		size: tw.batchSize, maxPar: tw.maxPar, kind: e.kind, par: len(chans), next: subtask % len(chans), stats: tw.stats}
+	for i, ch := range chans {
+		// In flight at most: the channel's capacity, one being delivered,
+		// one being filled.
+		w.free[i] = make(chan *batch[T], cap(ch)+2)
+		w.bufs[i] = w.newBatch(i)
 	}
 	switch e.kind {
 	case edgeHash:
-		kg := e.keyGroup.(func(T) int)
-		maxPar := tw.maxPar
-		w.route = func(v T) int { return SubtaskOf(kg(v), maxPar, w.par) }
+		w.keyGroup = e.keyGroup.(func(T) int)
 	case edgeRebalance:
 		w.route = func(T) int {
 			w.next++
@@ -75,9 +112,27 @@ func newOutWriter[T any](tw *taskWiring, chans []chan envelope, e *edge, subtask
 	return w
 }
 
+func (w *outWriter[T]) newBatch(i int) *batch[T] {
+	b := &batch[T]{vs: make([]T, 0, w.size), free: w.free[i]}
+	if w.kind == edgeHash {
+		b.kgs = make([]int32, 0, w.size)
+	}
+	return b
+}
+
 func (w *outWriter[T]) push(v T) error {
 	w.pushed++
-	if w.kind == edgeBroadcast {
+	switch w.kind {
+	case edgeHash:
+		kg := w.keyGroup(v)
+		i := SubtaskOf(kg, w.maxPar, w.par)
+		b := w.bufs[i]
+		b.vs, b.kgs = append(b.vs, v), append(b.kgs, int32(kg))
+		if len(b.vs) >= w.size {
+			return w.send(w.ctx, i)
+		}
+		return nil
+	case edgeBroadcast:
 		for i := range w.bufs {
 			if err := w.add(i, v); err != nil {
 				return err
@@ -89,8 +144,9 @@ func (w *outWriter[T]) push(v T) error {
 }
 
 func (w *outWriter[T]) add(i int, v T) error {
-	w.bufs[i] = append(w.bufs[i], v)
-	if len(w.bufs[i]) >= w.size {
+	b := w.bufs[i]
+	b.vs = append(b.vs, v)
+	if len(b.vs) >= w.size {
 		return w.send(w.ctx, i)
 	}
 	return nil
@@ -100,7 +156,13 @@ func (w *outWriter[T]) send(ctx context.Context, i int) error {
 	if err := w.stats.put(ctx, w.chans[i], envelope{batch: w.bufs[i]}); err != nil {
 		return err
 	}
-	w.bufs[i] = make([]T, 0, w.size)
+	select {
+	case b := <-w.free[i]:
+		b.vs, b.kgs = b.vs[:0], b.kgs[:0]
+		w.bufs[i] = b
+	default:
+		w.bufs[i] = w.newBatch(i)
+	}
 	w.stats.out.Add(w.pushed)
 	w.pushed = 0
 	return nil
@@ -108,7 +170,7 @@ func (w *outWriter[T]) send(ctx context.Context, i int) error {
 
 func (w *outWriter[T]) flush(ctx context.Context) error {
 	for i := range w.bufs {
-		if len(w.bufs[i]) > 0 {
+		if len(w.bufs[i].vs) > 0 {
 			if err := w.send(ctx, i); err != nil {
 				return err
 			}

@@ -342,12 +342,22 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				t.ops[i] = inst
 				out = inst.input()
 			}
-			t.head = out
+			// A keyed head takes the key groups a hash edge's writer computed.
+			var keyed any
+			if kh, ok := t.ops[0].(interface{ inputWithKeyGroup() any }); ok {
+				keyed = kh.inputWithKeyGroup()
+			}
 			for _, e := range v.inputs {
 				from := d.p.byNode[e.from]
+				var deliver func(batcher) (int, error)
+				if e.kind == edgeHash {
+					deliver = e.bind(out, keyed)
+				} else {
+					deliver = e.bind(out, nil)
+				}
 				for i := 0; i < from.parallelism; i++ {
 					if ch := chans[e][i][sub]; ch != nil {
-						t.inputs = append(t.inputs, inputChan{ch: ch, deliver: e.deliver})
+						t.inputs = append(t.inputs, inputChan{ch: ch, deliver: deliver})
 					}
 				}
 			}
@@ -386,6 +396,7 @@ func (d *localDeployment) sendPump(ex Exchange, e *edge, from, to checkpoint.Tas
 				d.rep.Failed(from, fmt.Errorf("runtime: send %s -> %s: %w", e.from.name, e.to.name, err))
 				return
 			}
+			env.batch.release() // encoded: the writer may refill it
 		case env.barrier != 0:
 			buf = binary.AppendUvarint(append(buf[:0], msgBarrier), uint64(env.barrier))
 		case env.eos:
@@ -404,9 +415,9 @@ func (d *localDeployment) sendPump(ex Exchange, e *edge, from, to checkpoint.Tas
 }
 
 // encodeBatch appends a batch message to dst; a codec's panic is an error.
-func encodeBatch(e *edge, dst []byte, batch any) (msg []byte, err error) {
+func encodeBatch(e *edge, dst []byte, b batcher) (msg []byte, err error) {
 	defer recoverInto(&err)
-	return e.encode(append(dst, msgBatch), batch), nil
+	return e.encode(append(dst, msgBatch), b), nil
 }
 
 // recvPump forwards what a remote task sends on channel id to ch, the input

@@ -56,15 +56,18 @@ type edge struct {
 	keyGroup any // func(T) int for hash edges
 	// newWriter creates the typed output writer of one upstream subtask.
 	newWriter func(tw *taskWiring, chans []chan envelope, subtask int) (any, outputGate)
-	// deliver pushes a batch ([]T) into the downstream head's pushFn[T],
-	// and returns how many records it pushed.
-	deliver func(batch any, in any) (int, error)
+	// bind returns the delivery of the edge's batches (*batch[T]) into the
+	// downstream head: its pushFn[T], or keyed (a func(T, int) error taking
+	// the key group, nil if the head has none) for a batch that carries key
+	// groups. Delivery returns how many records it pushed, and releases the
+	// batch once it pushed them all.
+	bind func(head, keyed any) func(batcher) (int, error)
 	// codecErr is why records of the edge's type cannot cross a process
 	// boundary (CheckDefaultCodec), nil if they can; encode and decode
-	// carry a batch ([]T) across one with DefaultCodec.
+	// carry a batch (*batch[T]) across one with DefaultCodec.
 	codecErr error
-	encode   func(dst []byte, batch any) []byte
-	decode   func(b []byte) (any, error)
+	encode   func(dst []byte, b batcher) []byte
+	decode   func(b []byte) (batcher, error)
 }
 
 // instance is one operator of one subtask, types erased.

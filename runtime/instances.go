@@ -116,17 +116,13 @@ func newSinkInstance[T any](sink Sink[T], oc *OperatorContext) *sinkInstance[T] 
 }
 
 func (s *sinkInstance[T]) input() any {
-	fp := s.oc.Failpoints
-	return pushFn[T](func(v T) error {
-		if err := injectProcess(fp); err != nil {
-			return err
-		}
+	return withFailpoint(s.oc.Failpoints, pushFn[T](func(v T) error {
 		if err := s.sink.Write(s.ctx, v); err != nil {
 			return err
 		}
 		s.records.Add(1)
 		return nil
-	})
+	}))
 }
 
 func (s *sinkInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
@@ -178,19 +174,33 @@ func newKeyedInstance[K comparable, T, U any](name string, ks *KeyedStream[K, T]
 }
 
 func (k *keyedInstance[K, T, U]) input() any {
-	fp := k.oc.Failpoints
-	return pushFn[T](func(v T) error {
-		if err := injectProcess(fp); err != nil {
-			return err
-		}
+	return withFailpoint(k.oc.Failpoints, pushFn[T](func(v T) error {
 		key := k.ks.key(v)
-		k.backend.scope.key = key
-		k.backend.scope.kg = int(k.hash(key) % uint32(k.maxPar))
-		if err := k.fn.Process(key, v, k.c); err != nil {
-			return fmt.Errorf("%s: %w", k.name, err)
+		return k.process(key, v, int(k.hash(key)%uint32(k.maxPar)))
+	}))
+}
+
+// inputWithKeyGroup is input for a record whose key group the sender
+// already computed (a hash edge within the process).
+func (k *keyedInstance[K, T, U]) inputWithKeyGroup() any {
+	push := func(v T, kg int) error { return k.process(k.ks.key(v), v, kg) }
+	if fp := k.oc.Failpoints; fp != nil {
+		return func(v T, kg int) error {
+			if err := fp.Inject(failpointProcess); err != nil {
+				return err
+			}
+			return push(v, kg)
 		}
-		return k.c.take()
-	})
+	}
+	return push
+}
+
+func (k *keyedInstance[K, T, U]) process(key K, v T, kg int) error {
+	k.backend.scope.setKey(key, kg)
+	if err := k.fn.Process(key, v, k.c); err != nil {
+		return fmt.Errorf("%s: %w", k.name, err)
+	}
+	return k.c.take()
 }
 
 func (k *keyedInstance[K, T, U]) snapshot(context.Context, checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {

@@ -85,9 +85,18 @@ func (m *MapState[UK, UV]) Len() int {
 func (m *MapState[UK, UV]) Clear() { m.s.del() }
 
 // keyScope is the current key of a keyed operator, shared by its states.
+// gen changes with every record (setKey), so that a state can keep where it
+// found the current key between a read and the write that follows.
 type keyScope[K comparable] struct {
 	key K
 	kg  int
+	gen uint64
+}
+
+// setKey scopes the states to key in key group kg for the next record.
+func (sc *keyScope[K]) setKey(key K, kg int) {
+	sc.key, sc.kg = key, kg
+	sc.gen++
 }
 
 // stateSnapshotter is the untyped face of one named state of an operator.
@@ -99,16 +108,32 @@ type stateSnapshotter interface {
 	restore(kg int, b []byte) error
 }
 
-// keyGroupMap is one key group of one state. shared marks it as owned by an
-// in-flight snapshot: the next write copies it first.
+// stateEntry is one key's value of one state.
+type stateEntry[K comparable, V any] struct {
+	key K
+	val V
+}
+
+// keyGroupMap is one key group of one state: its entries in a slice, and
+// each key's position in it. A snapshot takes the entries (ents[:n:n]) and
+// never the index, so:
+//   - shared marks ents[:n] as owned by an in-flight snapshot: changing or
+//     removing an entry copies the slice first (a copy of values, not a
+//     rehash of the map);
+//   - adding an entry appends beyond every snapshot's length, without a
+//     copy.
 type keyGroupMap[K comparable, V any] struct {
-	m      map[K]V
+	idx    map[K]int32
+	ents   []stateEntry[K, V]
 	shared bool
 }
 
 // keyedStore holds one named state of one keyed operator subtask, split by key
 // group, copy-on-write at key-group granularity so a snapshot's synchronous
 // part is O(key groups) and encoding runs asynchronously.
+//
+// A read-modify-write of the current key (Value, then Update) looks the key
+// up once: the read keeps its position (at) for the record (scope.gen).
 type keyedStore[K comparable, V any] struct {
 	stateName string
 	scope     *keyScope[K]
@@ -116,74 +141,130 @@ type keyedStore[K comparable, V any] struct {
 	keyCodec  Codec[K]
 	valCodec  Codec[V]
 	clone     func(V) V // deep copy for copy-on-write of reference values; nil: plain copy
+	at        int32     // position of scope.key in its group, -1 absent; valid while atGen == scope.gen
+	atGen     uint64
 }
 
 func (s *keyedStore[K, V]) name() string { return s.stateName }
 
-func (s *keyedStore[K, V]) get() (V, bool) {
-	g := s.groups[s.scope.kg]
-	if g == nil {
-		var zero V
-		return zero, false
+// find returns the current key's position in g (the current key group).
+func (s *keyedStore[K, V]) find(g *keyGroupMap[K, V]) (int32, bool) {
+	if s.atGen == s.scope.gen && s.atGen != 0 { // gen 0: no record yet
+		return s.at, s.at >= 0
 	}
-	v, ok := g.m[s.scope.key]
-	return v, ok
+	i, ok := g.idx[s.scope.key]
+	if !ok {
+		i = -1
+	}
+	s.at, s.atGen = i, s.scope.gen
+	return i, ok
 }
 
-// writable returns the current key group's map, copying it if a snapshot
-// still owns it.
-func (s *keyedStore[K, V]) writable() *keyGroupMap[K, V] {
+func (s *keyedStore[K, V]) get() (V, bool) {
+	if g := s.groups[s.scope.kg]; g != nil {
+		if i, ok := s.find(g); ok {
+			return g.ents[i].val, true
+		}
+	}
+	var zero V
+	return zero, false
+}
+
+// group returns the current key group, made if missing.
+func (s *keyedStore[K, V]) group() *keyGroupMap[K, V] {
 	g := s.groups[s.scope.kg]
 	if g == nil {
-		g = &keyGroupMap[K, V]{m: make(map[K]V)}
-		s.groups[s.scope.kg] = g
-		return g
-	}
-	if g.shared {
-		m := make(map[K]V, len(g.m)+1)
-		for k, v := range g.m {
-			if s.clone != nil {
-				v = s.clone(v)
-			}
-			m[k] = v
-		}
-		g = &keyGroupMap[K, V]{m: m}
+		g = &keyGroupMap[K, V]{idx: make(map[K]int32)}
 		s.groups[s.scope.kg] = g
 	}
 	return g
 }
 
-func (s *keyedStore[K, V]) getForWrite() (V, bool) {
-	v, ok := s.writable().m[s.scope.key]
-	return v, ok
-}
-
-func (s *keyedStore[K, V]) put(v V) { s.writable().m[s.scope.key] = v }
-
-func (s *keyedStore[K, V]) del() {
-	if s.groups[s.scope.kg] == nil {
+// unshare copies g's entries if a snapshot still owns them, so that they
+// can change.
+func (s *keyedStore[K, V]) unshare(g *keyGroupMap[K, V]) {
+	if !g.shared {
 		return
 	}
-	delete(s.writable().m, s.scope.key)
+	ents := make([]stateEntry[K, V], len(g.ents), len(g.ents)+len(g.ents)/4+1)
+	copy(ents, g.ents)
+	if s.clone != nil {
+		for i := range ents {
+			ents[i].val = s.clone(ents[i].val)
+		}
+	}
+	g.ents, g.shared = ents, false
+}
+
+// getForWrite returns the current key's value, which the caller may change
+// in place (a reference value) and then put.
+func (s *keyedStore[K, V]) getForWrite() (V, bool) {
+	g := s.groups[s.scope.kg]
+	if g == nil {
+		var zero V
+		return zero, false
+	}
+	i, ok := s.find(g)
+	if !ok {
+		var zero V
+		return zero, false
+	}
+	s.unshare(g)
+	return g.ents[i].val, true
+}
+
+func (s *keyedStore[K, V]) put(v V) {
+	g := s.group()
+	i, ok := s.find(g)
+	if !ok {
+		i = int32(len(g.ents))
+		g.idx[s.scope.key] = i
+		g.ents = append(g.ents, stateEntry[K, V]{key: s.scope.key, val: v})
+		s.at = i
+		return
+	}
+	s.unshare(g)
+	g.ents[i].val = v
+}
+
+func (s *keyedStore[K, V]) del() {
+	g := s.groups[s.scope.kg]
+	if g == nil {
+		return
+	}
+	i, ok := s.find(g)
+	if !ok {
+		return
+	}
+	s.unshare(g)
+	last := int32(len(g.ents) - 1)
+	if i != last {
+		g.ents[i] = g.ents[last]
+		g.idx[g.ents[i].key] = i
+	}
+	g.ents[last] = stateEntry[K, V]{}
+	g.ents = g.ents[:last]
+	delete(g.idx, s.scope.key)
+	s.at = -1
 }
 
 func (s *keyedStore[K, V]) freeze() func() map[int][]byte {
-	frozen := make(map[int]map[K]V, len(s.groups))
+	frozen := make(map[int][]stateEntry[K, V], len(s.groups))
 	for kg, g := range s.groups {
-		if g == nil || len(g.m) == 0 {
+		if g == nil || len(g.ents) == 0 {
 			continue
 		}
 		g.shared = true
-		frozen[kg] = g.m
+		frozen[kg] = g.ents[:len(g.ents):len(g.ents)]
 	}
 	return func() map[int][]byte {
 		out := make(map[int][]byte, len(frozen))
 		var kb, vb []byte
-		for kg, m := range frozen {
-			b := binary.AppendUvarint(nil, uint64(len(m)))
-			for k, v := range m {
-				kb = s.keyCodec.Append(kb[:0], k)
-				vb = s.valCodec.Append(vb[:0], v)
+		for kg, ents := range frozen {
+			b := binary.AppendUvarint(nil, uint64(len(ents)))
+			for _, e := range ents {
+				kb = s.keyCodec.Append(kb[:0], e.key)
+				vb = s.valCodec.Append(vb[:0], e.val)
 				b = appendFrame(b, kb)
 				b = appendFrame(b, vb)
 			}
@@ -199,7 +280,10 @@ func (s *keyedStore[K, V]) restore(kg int, b []byte) error {
 		return fmt.Errorf("state %q key group %d: %w: bad entry count", s.stateName, kg, ErrDecode)
 	}
 	b = b[k:]
-	g := &keyGroupMap[K, V]{m: make(map[K]V, n)}
+	if n > uint64(len(b)) { // every entry takes at least two bytes
+		return fmt.Errorf("state %q key group %d: %w: entry count %d", s.stateName, kg, ErrDecode, n)
+	}
+	g := &keyGroupMap[K, V]{idx: make(map[K]int32, n), ents: make([]stateEntry[K, V], 0, n)}
 	for i := uint64(0); i < n; i++ {
 		var kb, vb []byte
 		var err error
@@ -217,7 +301,12 @@ func (s *keyedStore[K, V]) restore(kg int, b []byte) error {
 		if err != nil {
 			return fmt.Errorf("state %q key group %d value: %w", s.stateName, kg, err)
 		}
-		g.m[key] = val
+		if i, dup := g.idx[key]; dup {
+			g.ents[i].val = val
+			continue
+		}
+		g.idx[key] = int32(len(g.ents))
+		g.ents = append(g.ents, stateEntry[K, V]{key: key, val: val})
 	}
 	s.groups[kg] = g
 	return nil

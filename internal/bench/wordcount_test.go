@@ -5,10 +5,23 @@ import (
 	"testing"
 )
 
+// BenchmarkWeirWordcount runs the runtime-wordcount job on 200k lines, for
+// profiling (-cpuprofile).
 func BenchmarkWeirWordcount(b *testing.B) {
 	corpus := Corpus(1, 200_000, 10, 20_000)
 	for i := 0; i < b.N; i++ {
 		if _, err := weirWordcount(context.Background(), corpus, 2_000_000); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCheckpointCycle runs checkpoint-cycle (100 checkpoints under the
+// wordcount load), for profiling: go test -bench CheckpointCycle
+// -benchtime 1x -cpuprofile cp.prof ./internal/bench.
+func BenchmarkCheckpointCycle(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		if _, err := CheckpointCycle(context.Background(), Config{checkpoints: 100}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -92,6 +92,9 @@ type cfg struct {
 	clientOpts  []kgo.Opt
 	logger      *zap.Logger
 	failpoints  *failpoint.Set
+	// singleGoroutine: one goroutine makes every state-changing call
+	// (SingleGoroutine).
+	singleGoroutine bool
 	// recommitHook, when set (by tests only), runs during a
 	// broker-lost-transaction re-commit (markers.go) after each
 	// partition's copies were produced (one flush), with the number of
@@ -223,6 +226,18 @@ func Logger(l *zap.Logger) Opt {
 // sink.after-commit), default none.
 func Failpoints(s *failpoint.Set) Opt {
 	return opt{func(c *cfg) { c.failpoints = s }}
+}
+
+// SingleGoroutine declares that one goroutine at a time (a sink's task
+// goroutine) makes every call of the writer but Pending, LostTransactions,
+// UnverifiedCommits, Admin and Guarantee, which may come from anywhere: a
+// later call is ordered after an earlier one (same goroutine, or handed on
+// with a happens-before edge). Write then takes no lock while a
+// transaction is open and the writer is usable: it only reads state that
+// the owner itself changes. Without it, every method may be called
+// concurrently (and Write locks).
+func SingleGoroutine() Opt {
+	return opt{func(c *cfg) { c.singleGoroutine = true }}
 }
 
 // Settings is what a connector needs to know of a set of writer options

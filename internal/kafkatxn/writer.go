@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -101,10 +102,11 @@ type slot struct {
 	txnID    string
 	cl       *kgo.Client
 	state    slotState
-	records  int64                // records written into the open transaction
-	firsts   firstOffsets         // first offset per partition of the open transaction
-	handle   checkpoint.TxnHandle // valid when pre-committed or committed
-	lastSnap checkpoint.ID        // last checkpoint whose snapshot names handle
+	records  int64                    // records written into the open transaction
+	firsts   firstOffsets             // first offset per partition of the open transaction
+	promise  func(*kgo.Record, error) // the produce promise of the slot's records, made once
+	handle   checkpoint.TxnHandle     // valid when pre-committed or committed
+	lastSnap checkpoint.ID            // last checkpoint whose snapshot names handle
 }
 
 // TxnWriter is the runtime-independent core of the Kafka sink for one sink
@@ -130,10 +132,19 @@ type slot struct {
 // notification left open.
 //
 // A TxnWriter is safe for concurrent use, but operations are serialised;
-// failpoint hooks run under its lock and must not call back into it.
+// failpoint hooks run under its lock and must not call back into it. With
+// the SingleGoroutine option its owner makes every call that changes it
+// (see there), and Write takes no lock while a transaction is open.
+//
+// A record written with a zero Timestamp is stamped with the writer's
+// coarse clock (stampClock): time.Now read at most about once per
+// millisecond while records flow, so a stamp may be up to about a
+// millisecond (plus scheduling delay) earlier than the Write.
 type TxnWriter struct {
-	cfg   cfg
-	admin *kgo.Client // raw transaction requests; the producer when not exactly-once
+	cfg      cfg
+	admin    *kgo.Client              // raw transaction requests; the producer when not exactly-once
+	produced func(*kgo.Record, error) // w.onProduced, made once (a method value allocates)
+	clock    stampClock               // under mu, or the owner's (SingleGoroutine)
 
 	asyncErr   atomic.Pointer[error] // first asynchronous produce error
 	lostTxns   atomic.Int64          // transactions the broker could no longer commit
@@ -171,6 +182,7 @@ func NewTxnWriter(ctx context.Context, opts ...Opt) (*TxnWriter, error) {
 		return nil, fmt.Errorf("kafkatxn: connect to %v: %w", c.brokers, err)
 	}
 	w := &TxnWriter{cfg: c, admin: admin}
+	w.produced = w.onProduced
 	if c.guarantee == ExactlyOnce {
 		w.slots = make([]*slot, c.poolSize)
 		for i := range w.slots {
@@ -269,15 +281,40 @@ func (w *TxnWriter) Current(ctx context.Context) (checkpoint.TxnHandle, error) {
 // Write produces r asynchronously into the current transaction (exactly
 // once) or directly. A produce failure is remembered and returned by later
 // Write and PreCommit calls: the epoch can then only be rolled back. ctx
-// bounds the wait for buffer space (backpressure), as in kgo.
+// bounds the wait for buffer space (backpressure), as in kgo. A zero
+// Timestamp is set from the writer's coarse clock (see TxnWriter).
+//
+// With SingleGoroutine, a Write into an open transaction of a usable
+// writer takes no lock: it reads state only the owner changes.
 func (w *TxnWriter) Write(ctx context.Context, r *kgo.Record) error {
+	if w.cfg.singleGoroutine && !w.closed && w.failed == nil && w.recovered && w.asyncErr.Load() == nil {
+		if w.cfg.guarantee != ExactlyOnce {
+			w.stamp(r)
+			w.admin.Produce(ctx, r, w.produced)
+			return nil
+		}
+		if s := w.cur; s != nil {
+			w.stamp(r)
+			s.records++
+			s.cl.Produce(ctx, r, s.promise)
+			return nil
+		}
+	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
+	err := w.writeLocked(ctx, r)
+	w.mu.Unlock()
+	return err
+}
+
+// writeLocked is Write under w.mu: it checks the writer and begins the
+// epoch's transaction if none is open.
+func (w *TxnWriter) writeLocked(ctx context.Context, r *kgo.Record) error {
 	if err := w.usable(); err != nil {
 		return err
 	}
 	if w.cfg.guarantee != ExactlyOnce {
-		w.admin.Produce(ctx, r, w.onProduced)
+		w.stamp(r)
+		w.admin.Produce(ctx, r, w.produced)
 		return nil
 	}
 	if w.cur == nil {
@@ -287,39 +324,105 @@ func (w *TxnWriter) Write(ctx context.Context, r *kgo.Record) error {
 		}
 		w.cur = s
 	}
+	w.stamp(r)
 	w.cur.records++
-	s := w.cur
-	w.cur.cl.Produce(ctx, r, func(r *kgo.Record, err error) {
-		if err == nil {
-			s.firsts.note(r.Topic, r.Partition, r.Offset)
-		}
-		w.onProduced(r, err)
-	})
+	w.cur.cl.Produce(ctx, r, w.cur.promise)
 	return nil
 }
 
-// firstOffsets collects the offset of a transaction's first record in each
-// partition, from produce results (which arrive on kgo's goroutines).
-type firstOffsets struct {
-	mu sync.Mutex
-	at map[topicPartition]int64
+// stamp sets a zero record timestamp from the coarse clock (kgo would call
+// time.Now for every record).
+func (w *TxnWriter) stamp(r *kgo.Record) {
+	if r.Timestamp.IsZero() {
+		r.Timestamp = w.clock.read()
+	}
 }
 
-type topicPartition struct {
-	topic     string
-	partition int32
+// promiseOf returns the produce promise of s's records: it notes the first
+// offsets of a successful record and remembers a failure.
+func (w *TxnWriter) promiseOf(s *slot) func(*kgo.Record, error) {
+	return func(r *kgo.Record, err error) {
+		if err == nil {
+			s.firsts.note(r.Topic, r.Partition, r.Offset)
+			return
+		}
+		w.onProduced(r, err)
+	}
 }
+
+// firstOffsets collects the lowest offset of a transaction's records in
+// each partition (what broker-lost-transaction recovery reads from), from
+// produce results, which arrive on kgo's promise goroutine. It keeps one
+// atomic minimum per partition: a partition already noted costs a lookup
+// and one atomic load per record, as kgo finishes a partition's records in
+// offset order; a lower offset (whatever the order) replaces it with a
+// compare-and-swap. The tables grow under mu, copy on write.
+type firstOffsets struct {
+	topics atomic.Pointer[[]*topicFirsts]
+	mu     sync.Mutex // serialises growth and take
+}
+
+// topicFirsts is the per-partition minimum of one topic; unseen marks a
+// partition without a record.
+type topicFirsts struct {
+	topic string
+	parts atomic.Pointer[[]*atomic.Int64] // by partition
+}
+
+const unseen = math.MaxInt64
 
 func (f *firstOffsets) note(topic string, partition int32, offset int64) {
+	p := f.lookup(topic, partition)
+	for {
+		cur := p.Load()
+		if offset >= cur || p.CompareAndSwap(cur, offset) {
+			return
+		}
+	}
+}
+
+// lookup returns the minimum of a partition, making it if it is new.
+func (f *firstOffsets) lookup(topic string, partition int32) *atomic.Int64 {
+	if ts := f.topics.Load(); ts != nil {
+		for _, t := range *ts {
+			if t.topic == topic {
+				if ps := *t.parts.Load(); int(partition) < len(ps) {
+					return ps[partition]
+				}
+				break
+			}
+		}
+	}
+	return f.grow(topic, partition)
+}
+
+func (f *firstOffsets) grow(topic string, partition int32) *atomic.Int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.at == nil {
-		f.at = map[topicPartition]int64{}
+	var ts []*topicFirsts
+	if p := f.topics.Load(); p != nil {
+		ts = *p
 	}
-	k := topicPartition{topic, partition}
-	if cur, ok := f.at[k]; !ok || offset < cur {
-		f.at[k] = offset
+	i := slices.IndexFunc(ts, func(t *topicFirsts) bool { return t.topic == topic })
+	if i < 0 {
+		t := &topicFirsts{topic: topic}
+		t.parts.Store(&[]*atomic.Int64{})
+		ts = append(slices.Clip(ts), t) // readers may hold the old slice
+		f.topics.Store(&ts)
+		i = len(ts) - 1
 	}
+	t := ts[i]
+	ps := *t.parts.Load()
+	if int(partition) >= len(ps) {
+		ps = slices.Clip(ps)
+		for len(ps) <= int(partition) {
+			m := new(atomic.Int64)
+			m.Store(unseen)
+			ps = append(ps, m)
+		}
+		t.parts.Store(&ps)
+	}
+	return ps[partition]
 }
 
 // take returns the partitions noted since the last take, sorted, and
@@ -327,11 +430,16 @@ func (f *firstOffsets) note(topic string, partition int32, offset int64) {
 func (f *firstOffsets) take() []checkpoint.TxnPartition {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]checkpoint.TxnPartition, 0, len(f.at))
-	for k, o := range f.at {
-		out = append(out, checkpoint.TxnPartition{Topic: k.topic, Partition: k.partition, FirstOffset: o})
+	var out []checkpoint.TxnPartition
+	if ts := f.topics.Load(); ts != nil {
+		for _, t := range *ts {
+			for p, m := range *t.parts.Load() {
+				if o := m.Swap(unseen); o != unseen {
+					out = append(out, checkpoint.TxnPartition{Topic: t.topic, Partition: int32(p), FirstOffset: o})
+				}
+			}
+		}
 	}
-	f.at = nil
 	slices.SortFunc(out, func(a, b checkpoint.TxnPartition) int {
 		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
 			return c
@@ -339,6 +447,43 @@ func (f *firstOffsets) take() []checkpoint.TxnPartition {
 		return int(a.Partition) - int(b.Partition)
 	})
 	return out
+}
+
+// stampClock is a writer's clock for record timestamps: time.Now costs
+// about 60 ns on a VM, as much as the rest of a Write. It reads time.Now
+// at most once per clockPeriod while records flow: a timer marks the
+// reading stale clockPeriod after it was taken, and the next read after
+// that reads time.Now again and rearms the timer. An idle writer costs
+// nothing (the timer fired once). So a stamp is never later than the
+// Write, and earlier by at most clockPeriod plus the timer's scheduling
+// delay. Not safe for concurrent use (the writer's lock or its owner).
+type stampClock struct {
+	now   time.Time
+	stale atomic.Bool // set by the timer
+	timer *time.Timer
+}
+
+// clockPeriod is how long a stampClock reading is used: Kafka timestamps
+// have millisecond resolution.
+const clockPeriod = time.Millisecond
+
+func (c *stampClock) read() time.Time {
+	switch {
+	case c.timer == nil:
+		c.now = time.Now()
+		c.timer = time.AfterFunc(clockPeriod, func() { c.stale.Store(true) })
+	case c.stale.Load():
+		c.stale.Store(false)
+		c.now = time.Now()
+		c.timer.Reset(clockPeriod)
+	}
+	return c.now
+}
+
+func (c *stampClock) stop() {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
 }
 
 // Flush waits until every record written so far was acknowledged by the
@@ -401,6 +546,9 @@ func (w *TxnWriter) begin(ctx context.Context) (*slot, error) {
 	}
 	s.state, s.records = slotOpen, 0
 	s.firsts.take() // forget a previous transaction's partitions
+	if s.promise == nil {
+		s.promise = w.promiseOf(s)
+	}
 	return s, nil
 }
 
@@ -610,6 +758,7 @@ func (w *TxnWriter) Close() {
 		return
 	}
 	w.closed = true
+	w.clock.stop()
 	if s := w.cur; s != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err := s.cl.AbortBufferedRecords(ctx)

@@ -148,8 +148,11 @@ func (s *Sink[T]) connect(ctx context.Context, oc *runtime.OperatorContext) erro
 		opts = append(opts, TransactionalIDPrefix(unsafePrefix.ReplaceAllString("weir-"+oc.Job+"-"+oc.UID, "_")))
 	}
 	// The sink fires the failpoints itself (see NewSink), so that the
-	// runtime's Failpointer reaches them; the writer fires none.
-	opts = append(opts, kafkatxn.Subtask(oc.Subtask, oc.Parallelism), Failpoints(nil))
+	// runtime's Failpointer reaches them; the writer fires none. The task
+	// goroutine makes every call but the metrics' Pending and
+	// LostTransactions (CommitRestored runs before the task starts), so
+	// Write takes no lock.
+	opts = append(opts, kafkatxn.Subtask(oc.Subtask, oc.Parallelism), Failpoints(nil), kafkatxn.SingleGoroutine())
 	w, err := kafkatxn.NewTxnWriter(ctx, opts...)
 	if errors.Is(err, ErrInvalidConfig) {
 		return runtime.Unrecoverable(err) // a restart cannot fix a configuration
