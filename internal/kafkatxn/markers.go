@@ -90,6 +90,18 @@ var errNotLostState = errors.New("not lost by the broker")
 // committed copy.
 var ErrRecommitIncomplete = errors.New("kafkatxn: broker-lost transaction not completely re-committed")
 
+// ErrLostStateUnknown is wrapped by Recover and CommitRestored errors when
+// EndTxn could no longer commit a restored transaction and the
+// broker-lost-transaction recovery path could not read the transaction's
+// partitions to tell whether the broker lost it (the broker unreachable, a
+// request failed). EndTxn's answer is not judged then: after a lost state
+// and an interrupted re-commit it can say PRODUCER_FENCED ("ended before,
+// assume committed") of a transaction whose records have no committed copy.
+// Nothing is reported lost or assumed committed: the job restarts and the
+// next recovery asks again. Against Apache Kafka this only turns a failed
+// read into a retry.
+var ErrLostStateUnknown = errors.New("kafkatxn: cannot tell whether the broker lost a restored transaction")
+
 // recommitVerifyWait bounds the read_committed verification of one
 // partition after a re-commit: a transaction of another producer that is
 // open before the copies pins the last stable offset below them, and the
