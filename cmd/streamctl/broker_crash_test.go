@@ -197,9 +197,14 @@ func crashRun(t *testing.T, seed uint64) {
 		t.Fatal(err)
 	}
 	var logBuf proctest.Buffer
-	jobLog := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), &logBuf, zapcore.InfoLevel))
+	level := zapcore.InfoLevel
+	if os.Getenv("WEIR_BROKER_CRASH_DEBUG") == "1" {
+		level = zapcore.DebugLevel
+	}
+	jobLog := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), &logBuf, level))
 	defer func() {
 		if t.Failed() {
+			crashArtifacts(t, b, logBuf.String())
 			t.Logf("job log (tail):\n%s", logBuf.Tail(200))
 		}
 	}()
