@@ -298,8 +298,11 @@ func (b *Broker) startRepairs(ctx context.Context, gate *gatedListener, c *cfg, 
 // and logs it at WARN.
 func (b *Broker) repairCrash(ctx context.Context, r *repairer, c *cfg, rep *Repair) error {
 	began := time.Now()
-	orphans, err := findOrphans(ctx, r.cl)
+	orphans, lost, err := findOrphans(ctx, r.cl)
 	if err != nil {
+		return err
+	}
+	if rep.FencedProducers, err = fenceOrphans(ctx, r.cl, orphans, lost); err != nil {
 		return err
 	}
 	if err := writeMarkers(ctx, r.cl, orphans, false); err != nil {
@@ -320,6 +323,7 @@ func (b *Broker) repairCrash(ctx context.Context, r *repairer, c *cfg, rep *Repa
 		zap.Strings("share_groups_rebuilt", rep.ShareGroups),
 		zap.Int64("share_records_redelivered", rep.ShareRecordsRedelivered),
 		zap.Strings("open_transactions_aborted", txns),
+		zap.Strings("producers_fenced", rep.FencedProducers),
 		zap.String("topics", "auto-created topics are persisted as they are created; records are kept per batch"),
 		zap.Duration("took", time.Since(began)),
 	)

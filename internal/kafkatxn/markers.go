@@ -43,10 +43,11 @@ import (
 // position of the same partitions.
 //
 // The copy is complete only when every record of the lost transaction has a
-// committed copy: a broker crash in the middle of the copy can leave some
-// partitions' copies aborted and let the rest commit (kfake accepts the
-// interrupted client at its old epoch after a repair and a second crash).
-// So each recovery copies, per partition, exactly the records without a
+// committed copy: a broker crash in the middle of the copy aborts the
+// copies produced so far, and must fail the copy. (Before the embedded
+// broker fenced lost transactions' producers durably, kfake accepted the
+// interrupted client at its old epoch after a repair and a second crash,
+// and the rest of the copy committed without its head.) So each recovery copies, per partition, exactly the records without a
 // committed copy (none if earlier recoveries copied them all), a
 // partition's copies in one flush, and after the commit reads every
 // partition read_committed: a record without a visible copy fails the
