@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/weirstream/weir/internal/kafkatxn"
 )
 
 // crashArtifacts writes, when WEIR_BROKER_CRASH_ARTIFACTS names a directory
@@ -57,58 +59,27 @@ func crashArtifacts(t *testing.T, b *crashingBroker, jobLog string) {
 // records, a line each: partition, offset, producer id/epoch, and the key,
 // value and headers, or the marker's type and coordinator epoch.
 func dumpTopic(ctx context.Context, addr, topic string) (string, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
-	if err != nil {
-		return "", err
-	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
-	if err != nil {
-		return "", err
-	}
-	remaining := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Err == nil && o.Offset > 0 {
-			remaining[o.Partition] = o.Offset
-		}
-	})
-	cons, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadUncommitted()), kgo.KeepControlRecords())
-	if err != nil {
-		return "", err
-	}
-	defer cons.Close()
 	var out strings.Builder
-	for len(remaining) > 0 {
-		fs := cons.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return out.String(), err
+	err := eachRecord(ctx, addr, topic, func(r *kgo.Record) {
+		if r.Attrs.IsControl() {
+			var k kmsg.ControlRecordKey
+			var v kmsg.EndTxnMarker
+			_ = k.ReadFrom(r.Key)
+			_ = v.ReadFrom(r.Value)
+			typ := "ABORT"
+			if k.Type == kmsg.ControlRecordKeyTypeCommit {
+				typ = "COMMIT"
+			}
+			fmt.Fprintf(&out, "p%d @%d pid=%d/%d %s coord=%d ts=%s\n", r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch, typ, v.CoordinatorEpoch, r.Timestamp.Format("15:04:05.000"))
+			return
 		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if r.Attrs.IsControl() {
-				var k kmsg.ControlRecordKey
-				var v kmsg.EndTxnMarker
-				_ = k.ReadFrom(r.Key)
-				_ = v.ReadFrom(r.Value)
-				typ := "ABORT"
-				if k.Type == kmsg.ControlRecordKeyTypeCommit {
-					typ = "COMMIT"
-				}
-				fmt.Fprintf(&out, "p%d @%d pid=%d/%d %s coord=%d ts=%s\n", r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch, typ, v.CoordinatorEpoch, r.Timestamp.Format("15:04:05.000"))
-			} else {
-				fmt.Fprintf(&out, "p%d @%d pid=%d/%d txn=%v ts=%s %s=%s", r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch, r.Attrs.IsTransactional(), r.Timestamp.Format("15:04:05.000"), r.Key, r.Value)
-				for _, h := range r.Headers {
-					fmt.Fprintf(&out, " [%s=%s]", h.Key, h.Value)
-				}
-				out.WriteByte('\n')
-			}
-			if end, ok := remaining[r.Partition]; ok && r.Offset+1 >= end {
-				delete(remaining, r.Partition)
-			}
-		})
-	}
-	return out.String(), nil
+		fmt.Fprintf(&out, "p%d @%d pid=%d/%d txn=%v ts=%s %s=%s", r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch, r.Attrs.IsTransactional(), r.Timestamp.Format("15:04:05.000"), r.Key, r.Value)
+		for _, h := range r.Headers {
+			fmt.Fprintf(&out, " [%s=%s]", h.Key, h.Value)
+		}
+		out.WriteByte('\n')
+	})
+	return out.String(), err
 }
 
 // describeTxns lists every transactional id the broker knows with its
@@ -147,4 +118,81 @@ func describeTxns(ctx context.Context, addr string) string {
 		}
 	}
 	return out.String()
+}
+
+// continuedLostTxns reads topic read_uncommitted, markers included, and
+// returns the transactions (producer id and epoch) that end with the
+// embedded broker's lost-state abort marker on one partition and with a
+// commit marker on another, or on the same one later: a transaction the
+// broker lost whose producer went on with it and committed part of it.
+func continuedLostTxns(ctx context.Context, addr, topic string) ([]string, error) {
+	type txn struct {
+		pid   int64
+		epoch int16
+	}
+	lost, committed := map[txn]string{}, map[txn]string{}
+	err := eachRecord(ctx, addr, topic, func(r *kgo.Record) {
+		if !r.Attrs.IsControl() {
+			return
+		}
+		var k kmsg.ControlRecordKey
+		var v kmsg.EndTxnMarker
+		if k.ReadFrom(r.Key) != nil || v.ReadFrom(r.Value) != nil {
+			return
+		}
+		at := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
+		switch x := (txn{r.ProducerID, r.ProducerEpoch}); {
+		case k.Type == kmsg.ControlRecordKeyTypeCommit:
+			committed[x] = at
+		case v.CoordinatorEpoch == kafkatxn.LostStateCoordinatorEpoch:
+			lost[x] = at
+		}
+	})
+	var out []string
+	for x, at := range lost {
+		if c, ok := committed[x]; ok {
+			out = append(out, fmt.Sprintf("producer %d epoch %d: lost-state abort at %s, commit at %s", x.pid, x.epoch, at, c))
+		}
+	}
+	return out, err
+}
+
+// eachRecord calls fn on every record of topic, read_uncommitted with
+// control records, partition by partition in offset order per partition.
+func eachRecord(ctx context.Context, addr, topic string, fn func(*kgo.Record)) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		return err
+	}
+	remaining := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil && o.Offset > 0 {
+			remaining[o.Partition] = o.Offset
+		}
+	})
+	cons, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadUncommitted()), kgo.KeepControlRecords())
+	if err != nil {
+		return err
+	}
+	defer cons.Close()
+	for len(remaining) > 0 {
+		fs := cons.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			fn(r)
+			if end, ok := remaining[r.Partition]; ok && r.Offset+1 >= end {
+				delete(remaining, r.Partition)
+			}
+		})
+	}
+	return nil
 }
