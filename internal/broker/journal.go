@@ -27,7 +27,9 @@ import (
 //     producer epoch: no marker is written, so a read_committed kgo client
 //     keeps skipping that producer's later batches (the same transactional
 //     id is wedged), and a later commit marker of that producer makes the
-//     orphan's records visible after the next crash.
+//     orphan's records visible after the next crash. The epoch bump is
+//     lost by the next crash if nothing persisted a newer epoch first,
+//     which would let the orphan's producer continue it (fenceOrphans).
 //
 // The journal keeps what Weir needs to repair the rest, next to kfake's
 // files: group configs as they are set, and each share partition's start

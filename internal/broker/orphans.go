@@ -28,24 +28,27 @@ type OrphanTxn struct {
 // findOrphans reads every partition from its start, with control records,
 // and returns the transactions that have records but no marker. On a data
 // dir whose previous broker crashed, kfake has already aborted each of them
-// in memory (it lost their state); abortOrphans writes the markers.
-func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
+// in memory (it lost their state); writeMarkers writes the markers. It also
+// returns, per producer id, the highest epoch of the lost-state abort
+// markers earlier repairs wrote (fenceOrphans checks they are still
+// fenced).
+func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, map[int64]int16, error) {
 	adm := kadm.NewClient(cl)
 	topics, err := adm.ListTopics(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list topics: %w", err)
+		return nil, nil, fmt.Errorf("list topics: %w", err)
 	}
 	names := topics.Names()
 	if len(names) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	starts, err := adm.ListStartOffsets(ctx, names...)
 	if err != nil {
-		return nil, fmt.Errorf("list start offsets: %w", err)
+		return nil, nil, fmt.Errorf("list start offsets: %w", err)
 	}
 	ends, err := adm.ListEndOffsets(ctx, names...)
 	if err != nil {
-		return nil, fmt.Errorf("list end offsets: %w", err)
+		return nil, nil, fmt.Errorf("list end offsets: %w", err)
 	}
 	from := map[string]map[int32]kgo.Offset{}
 	remaining := map[string]map[int32]int64{}
@@ -61,7 +64,7 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
 		remaining[lo.Topic][lo.Partition] = e.Offset
 	})
 	if len(from) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	cons, err := kgo.NewClient(append(cl.Opts(),
 		kgo.ConsumePartitions(from),
@@ -69,7 +72,7 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
 		kgo.KeepControlRecords(),
 	)...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer cons.Close()
 
@@ -78,6 +81,7 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
 		epoch int16
 	}
 	open := map[string]map[int32]map[int64]*kgo.Record{} // first record of an open txn by pid
+	lost := map[int64]int16{}                            // highest epoch of a lost-state abort marker by pid
 	for len(remaining) > 0 {
 		// A compacted topic may have lost the records just below its end
 		// offset: a partition that yields nothing for scanIdle has been
@@ -87,7 +91,7 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
 		idle := pctx.Err() != nil && fs.NumRecords() == 0
 		cancel()
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("scan for open transactions: %w", err)
+			return nil, nil, fmt.Errorf("scan for open transactions: %w", err)
 		}
 		if idle {
 			break
@@ -99,7 +103,7 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
 			}
 		})
 		if ferr != nil {
-			return nil, ferr
+			return nil, nil, ferr
 		}
 		fs.EachRecord(func(rec *kgo.Record) {
 			if end, ok := remaining[rec.Topic][rec.Partition]; ok && rec.Offset+1 >= end {
@@ -121,6 +125,11 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
 			}
 			if rec.Attrs.IsControl() {
 				delete(ps[rec.Partition], rec.ProducerID)
+				if lostStateAbort(rec) {
+					if e, ok := lost[rec.ProducerID]; !ok || rec.ProducerEpoch > e {
+						lost[rec.ProducerID] = rec.ProducerEpoch
+					}
+				}
 			} else if _, ok := ps[rec.Partition][rec.ProducerID]; !ok {
 				ps[rec.Partition][rec.ProducerID] = rec
 			}
@@ -158,7 +167,16 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
 	for _, k := range order {
 		out = append(out, *byTxn[k])
 	}
-	return out, nil
+	return out, lost, nil
+}
+
+// lostStateAbort reports whether control record r is an abort marker with
+// LostStateCoordinatorEpoch.
+func lostStateAbort(r *kgo.Record) bool {
+	var k kmsg.ControlRecordKey
+	var v kmsg.EndTxnMarker
+	return k.ReadFrom(r.Key) == nil && v.ReadFrom(r.Value) == nil &&
+		k.Type == kmsg.ControlRecordKeyTypeAbort && v.CoordinatorEpoch == LostStateCoordinatorEpoch
 }
 
 // LostStateCoordinatorEpoch is the coordinator epoch of the abort markers
@@ -167,6 +185,87 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, error) {
 // (internal/kafkatxn's broker-lost-transaction recovery keys on it and
 // defines the same value).
 const LostStateCoordinatorEpoch int32 = -0x5745
+
+// fenceOrphans fences, durably, every producer that kfake's own crash
+// handling left able to continue a transaction a crash lost, and returns
+// their transactional ids. lost are the epochs of earlier repairs'
+// lost-state abort markers by producer id (findOrphans).
+//
+// At load kfake aborts each transaction a crash left open in memory and
+// bumps its producer's epoch by one, in memory only: pids.log keeps the old
+// epoch until the producer's next InitProducerID or EndTxn. So the fence
+// of a lost transaction does not survive the next crash if that comes
+// first: the restarted broker is back at the lost transaction's epoch and
+// accepts its producer, which goes on producing into the transaction the
+// crash lost and commits its tail without its head (the head stays
+// aborted). It also fails when the producer was already one epoch ahead of
+// pids.log (an EndTxn retried after an earlier crash answers with the
+// unpersisted epoch): the bump then lands on the lost transaction's epoch.
+//
+// So every producer whose epoch is not above that of a transaction lost in
+// a crash (this one's orphans, earlier ones' lost-state markers) is
+// re-initialised (InitProducerID naming the producer id and its current
+// epoch, KIP-360) until it is, which writes the epoch to pids.log, as a
+// Kafka coordinator durably fences a producer whose transaction it
+// aborted. The fence ends one epoch above the lost transaction's, where
+// kfake's own bump puts it, so EndTxn answers a commit of the lost
+// transaction as kfake does after a single crash (INVALID_TXN_STATE).
+//
+// Run it before the markers are written: a crash in between leaves the
+// orphans without markers, so the next start checks them again.
+func fenceOrphans(ctx context.Context, cl *kgo.Client, txns []OrphanTxn, lost map[int64]int16) ([]string, error) {
+	need := maps.Clone(lost) // producer id -> the epoch its current one must be above
+	if need == nil {
+		need = map[int64]int16{}
+	}
+	for _, o := range txns {
+		if e, ok := need[o.ProducerID]; !ok || o.Epoch > e {
+			need[o.ProducerID] = o.Epoch
+		}
+	}
+	if len(need) == 0 {
+		return nil, nil
+	}
+	adm := kadm.NewClient(cl)
+	listed, err := adm.ListTransactions(ctx, slices.Sorted(maps.Keys(need)), nil)
+	if err != nil {
+		return nil, fmt.Errorf("list transactions of lost transactions' producers: %w", err)
+	}
+	if len(listed) == 0 {
+		return nil, nil // ids expired: no client can use these producer ids
+	}
+	described, err := adm.DescribeTransactions(ctx, listed.TransactionalIDs()...)
+	if err != nil {
+		return nil, fmt.Errorf("describe transactions of lost transactions' producers: %w", err)
+	}
+	var fenced []string
+	for _, d := range described.Sorted() {
+		if d.Err != nil {
+			return nil, fmt.Errorf("describe transaction %s: %w", d.TxnID, d.Err)
+		}
+		above, ok := need[d.ProducerID]
+		if !ok || d.ProducerEpoch > above {
+			continue // fenced: kfake's bump, or a later use of the id
+		}
+		pid, epoch := d.ProducerID, d.ProducerEpoch
+		for pid == d.ProducerID && epoch <= above {
+			req := kmsg.NewPtrInitProducerIDRequest()
+			req.TransactionalID = &d.TxnID
+			req.TransactionTimeoutMillis = d.TimeoutMillis
+			req.ProducerID, req.ProducerEpoch = pid, epoch
+			resp, err := req.RequestWith(ctx, cl)
+			if err == nil {
+				err = kerr.ErrorForCode(resp.ErrorCode)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("fence producer %d (transactional id %s, epoch %d): %w", pid, d.TxnID, epoch, err)
+			}
+			pid, epoch = resp.ProducerID, resp.ProducerEpoch
+		}
+		fenced = append(fenced, d.TxnID)
+	}
+	return fenced, nil
+}
 
 // scanIdle is how long findOrphans waits for more records of a partition
 // it has not read to its end offset before it takes it as read.

@@ -34,6 +34,12 @@ type Repair struct {
 	// AbortedTxns are the transactions the crash left open (producer id,
 	// epoch, partitions), now aborted with markers.
 	AbortedTxns []OrphanTxn
+	// FencedProducers are the transactional ids whose producers kfake's
+	// in-memory epoch bump left unfenced (the fence of an earlier crash's
+	// lost transaction was lost by this crash, or the producer's epoch had
+	// run ahead of the persisted one), re-initialised so that they cannot
+	// continue a lost transaction.
+	FencedProducers []string
 }
 
 // Repaired returns what Start repaired in the data dir (zero without one).

@@ -140,6 +140,54 @@ func TestReadCommittedStopsAtAnOpenTransaction(t *testing.T) {
 	}
 }
 
+// TestReadCommittedFinishesPastAnAbortedTailBelowTheStableOffset: the
+// records right below the last stable offset listed at the start belong to
+// a transaction aborted after another began (its marker lies past that
+// offset, behind the other's records), so they are never delivered. Once
+// the other transaction ends, the read must finish, with neither.
+func TestReadCommittedFinishesPastAnAbortedTailBelowTheStableOffset(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "out", 1, nil)
+	ctx := ctxT(t)
+
+	aborted := txnProducer(t, env, "out", "aborted")
+	if err := aborted.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	produceSync(ctx, t, aborted, kgo.StringRecord("aborted"))
+	open := txnProducer(t, env, "out", "open")
+	if err := open.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	produceSync(ctx, t, open, kgo.StringRecord("pending"))
+	if err := aborted.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		t.Fatal(err)
+	}
+	// The last stable offset is now that of "pending", right after the
+	// aborted record; the abort marker comes after "pending".
+	type result struct {
+		recs []*kgo.Record
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		recs, err := kafkatest.ReadCommitted(ctx, []string{env.Addr}, "out")
+		done <- result{recs, err}
+	}()
+	time.Sleep(500 * time.Millisecond) // the read has listed the offsets and is fetching
+	if err := open.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil || len(r.recs) != 0 {
+			t.Fatalf("read committed = %v, %v; want no records (the aborted one, and one committed after the read started)", values(r.recs), r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("read committed did not finish 10 s after the transaction pinning its last stable offset ended")
+	}
+}
+
 func TestReadCommittedOrdersByPartitionThenOffset(t *testing.T) {
 	env := kafkatest.New(t)
 	env.CreateTopic(t, "out", 4, nil)

@@ -43,10 +43,11 @@ import (
 // position of the same partitions.
 //
 // The copy is complete only when every record of the lost transaction has a
-// committed copy: a broker crash in the middle of the copy can leave some
-// partitions' copies aborted and let the rest commit (kfake accepts the
-// interrupted client at its old epoch after a repair and a second crash).
-// So each recovery copies, per partition, exactly the records without a
+// committed copy: a broker crash in the middle of the copy aborts the
+// copies produced so far, and must fail the copy. (Before the embedded
+// broker fenced lost transactions' producers durably, kfake accepted the
+// interrupted client at its old epoch after a repair and a second crash,
+// and the rest of the copy committed without its head.) So each recovery copies, per partition, exactly the records without a
 // committed copy (none if earlier recoveries copied them all), a
 // partition's copies in one flush, and after the commit reads every
 // partition read_committed: a record without a visible copy fails the
@@ -89,6 +90,18 @@ var errNotLostState = errors.New("not lost by the broker")
 // and the next recovery copies exactly the records that still have no
 // committed copy.
 var ErrRecommitIncomplete = errors.New("kafkatxn: broker-lost transaction not completely re-committed")
+
+// ErrLostStateUnknown is wrapped by Recover and CommitRestored errors when
+// EndTxn could no longer commit a restored transaction and the
+// broker-lost-transaction recovery path could not read the transaction's
+// partitions to tell whether the broker lost it (the broker unreachable, a
+// request failed). EndTxn's answer is not judged then: after a lost state
+// and an interrupted re-commit it can say PRODUCER_FENCED ("ended before,
+// assume committed") of a transaction whose records have no committed copy.
+// Nothing is reported lost or assumed committed: the job restarts and the
+// next recovery asks again. Against Apache Kafka this only turns a failed
+// read into a retry.
+var ErrLostStateUnknown = errors.New("kafkatxn: cannot tell whether the broker lost a restored transaction")
 
 // recommitVerifyWait bounds the read_committed verification of one
 // partition after a re-commit: a transaction of another producer that is

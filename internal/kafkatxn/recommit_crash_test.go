@@ -33,12 +33,13 @@ func withRecommitHook(fn func(partitions int)) Opt {
 // "twice": the restarted broker repairs the data dir (aborting the copies
 // on disk) and is SIGKILLed again before the copy's client got through to
 // it, as when the random crashes of the process test come in quick
-// succession. kfake fences a crash's orphaned producer epoch in memory only,
-// so that second restart accepts the interrupted copy's client at its old
-// epoch: the copy then commits only the partitions it wrote after the
-// crashes. The read_committed verification after the commit must see that
-// and fail the recovery (ErrRecommitIncomplete); the next recovery copies
-// only the missing partitions.
+// succession. kfake fences a crash's orphaned producer epoch in memory only;
+// before the embedded broker made that fence durable (internal/broker
+// fenceOrphans), the second restart accepted the interrupted copy's client
+// at its old epoch and the copy committed only the partitions it wrote
+// after the crashes. Now the copy's client is fenced; either way the
+// recovery must fail (ErrRecommitIncomplete) and the next recovery copy
+// only what is missing.
 func TestRecommitInterruptedByABrokerCrashIsRedoneCompletely(t *testing.T) {
 	const perPartition = 40
 	records := func() []*kgo.Record { // kgo owns a record once produced: fresh ones per run

@@ -71,7 +71,10 @@ import (
 //     Except when the embedded broker lost the transaction in a crash
 //     (every partition of the handle ends it with a lost-state abort
 //     marker): then the subtask owning the id re-commits its records in a
-//     new transaction (markers.go).
+//     new transaction (markers.go). Before judging EndTxn's answer it
+//     reads the handle's partitions for that marker; if that read fails
+//     (broker unreachable), Recover fails with ErrLostStateUnknown and
+//     judges nothing: the job restarts and recovers again.
 //  2. It aborts lingering transactions of this subtask's ids
 //     ("<prefix>-<subtask>-*", and for subtask 0 also ids of subtasks >=
 //     the current parallelism, left by a higher parallelism), found with
@@ -165,7 +168,9 @@ func (w *TxnWriter) commitHandles(ctx context.Context, handles []checkpoint.TxnH
 		if errors.As(err, &le) {
 			var rerr error
 			if recommitted, rerr = w.recoverLostState(ctx, h, le); rerr != nil {
-				return nil, rerr // ErrRecommitIncomplete: the next recovery redoes what is missing
+				// ErrRecommitIncomplete or ErrLostStateUnknown: the next
+				// recovery redoes what is missing, or asks again.
+				return nil, rerr
 			}
 		}
 		switch {
@@ -233,9 +238,10 @@ func (w *TxnWriter) UnverifiedCommits() int64 { return w.unverified.Load() }
 // recoverLostState runs the broker-lost-transaction recovery path
 // (markers.go) for a handle EndTxn could not commit (le), and reports
 // whether it re-committed the transaction (or earlier recoveries had). An
-// error wraps ErrRecommitIncomplete: the broker lost the transaction and
-// the copy is not complete yet; the caller fails the recovery, never falls
-// back to judging EndTxn's answer.
+// error wraps ErrRecommitIncomplete (the broker lost the transaction and
+// the copy is not complete yet) or ErrLostStateUnknown (the scan failed, so
+// whether the broker lost it is unknown); the caller fails the recovery,
+// never falls back to judging EndTxn's answer.
 //
 // Only the subtask that owns the handle's transactional id re-commits it
 // (every subtask recovers the union of the handles, and two re-commits of
@@ -266,15 +272,33 @@ func (w *TxnWriter) recoverLostState(ctx context.Context, h checkpoint.TxnHandle
 	case errors.Is(err, errNotLostState):
 		w.cfg.logger.Info("kafkatxn: broker-lost-transaction recovery does not apply", zap.String("txn", h.TransactionalID), zap.Error(err))
 		return false, nil
-	case err != nil:
-		w.cfg.logger.Error("kafkatxn: broker-lost-transaction recovery failed", zap.String("txn", h.TransactionalID), zap.Error(err))
+	case noReadAccess(err):
+		// Only a cluster with ACLs refuses the read (the embedded broker
+		// has none): the path cannot apply; judge EndTxn's answer as
+		// before.
+		w.cfg.logger.Warn("kafkatxn: broker-lost-transaction recovery cannot read the transaction's partitions (not authorized); judging the commit's answer",
+			zap.String("txn", h.TransactionalID), zap.Error(err))
 		return false, nil
+	case err != nil:
+		// The scan could not tell whether the broker lost the
+		// transaction: judging EndTxn's answer now could assume committed
+		// a transaction an interrupted re-commit left without copies.
+		w.cfg.logger.Error("kafkatxn: broker-lost-transaction recovery could not scan the transaction; the recovery fails and must run again",
+			zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Error(err))
+		return false, fmt.Errorf("%w: %s of checkpoint %d: %w (EndTxn of the handle: %w)", ErrLostStateUnknown, h.TransactionalID, h.Checkpoint, err, le.Err)
 	}
 	w.cfg.logger.Warn("kafkatxn: the broker lost the state of a pre-committed transaction (embedded broker crash); "+
 		"re-committed its records in a new transaction (broker-lost-transaction recovery path)",
 		zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
 		zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Int("records", n))
 	return true, nil
+}
+
+// noReadAccess reports whether err is the broker refusing a read for lack
+// of authorization.
+func noReadAccess(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) ||
+		errors.Is(err, kerr.TransactionalIDAuthorizationFailed)
 }
 
 // endTxn commits or aborts the transaction of h (EndTxn) on the writer's

@@ -28,8 +28,12 @@ var ErrUnknownTopic = errors.New("unknown topic")
 // partition, are not read: the last stable offset stops before them.
 //
 // It reads until every partition's position reaches its last stable offset,
-// counting transaction markers (control records) as positions, so it neither
-// stops early nor waits for records that will never come. It gives up with
+// counting transaction markers (control records) as positions, and a record
+// at or past that offset as reaching it, so it neither stops early nor
+// waits for records that will never come. (Aborted records right below the
+// offset, whose abort marker is past it, are never delivered: the marker,
+// or anything after it, is, once the transaction that pinned the offset
+// ended.) It gives up with
 // ctx's error. (On a compacted topic whose last record below the last stable
 // offset was compacted away, it cannot tell it is done and runs into ctx.)
 //
@@ -98,6 +102,16 @@ func Read(ctx context.Context, seeds []string, topic string, opts ...kgo.Opt) ([
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			lso, ok := end[r.Partition]
+			if ok && r.Offset >= lso && pos[r.Partition] < lso {
+				// A partition's records come in offset order, so all
+				// below lso were delivered or dropped as aborted: an
+				// aborted tail right below lso whose marker lies past it
+				// (its transaction ended after the offsets were listed,
+				// another one still open then) is never delivered.
+				pos[r.Partition] = lso
+				remaining--
+				return
+			}
 			if !ok || r.Offset >= lso || r.Offset < pos[r.Partition] {
 				return // past the snapshot, or a redelivery
 			}
