@@ -614,9 +614,7 @@ func (d *localDeployment) Notify(ctx context.Context, id checkpoint.ID, complete
 	kind := ctrlAbort
 	if complete {
 		kind = ctrlComplete
-		if uint64(id) > d.lastDone.Load() {
-			d.lastDone.Store(uint64(id))
-		}
+		d.noteCompleted(id)
 	}
 	for _, t := range d.tasks {
 		_ = d.send(ctx, t, control{kind: kind, id: id})
@@ -631,6 +629,22 @@ func (d *localDeployment) send(ctx context.Context, t *task, c control) error {
 		return ctx.Err()
 	case <-d.ctx.Done():
 		return d.ctx.Err()
+	}
+}
+
+// NoteCompleted records that the job master completed checkpoint id, as a
+// Notify would, without notifying the tasks: a cancel for good that may
+// overtake the notification (a task manager handles a cancel ahead of its
+// queued commands) then commits what id covers (NotifyJobCanceled).
+func (d *localDeployment) NoteCompleted(id checkpoint.ID) { d.noteCompleted(id) }
+
+// noteCompleted raises the last completed checkpoint to id.
+func (d *localDeployment) noteCompleted(id checkpoint.ID) {
+	for {
+		cur := d.lastDone.Load()
+		if uint64(id) <= cur || d.lastDone.CompareAndSwap(cur, uint64(id)) {
+			return
+		}
 	}
 }
 

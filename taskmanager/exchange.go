@@ -162,6 +162,13 @@ func (d *exchangeDeployment) TaskStats() []runtime.TaskStats {
 	return d.stats.TaskStats()
 }
 
+// NoteCompleted implements completedNoter.
+func (d *exchangeDeployment) NoteCompleted(id checkpoint.ID) {
+	if n, ok := d.Deployed.(completedNoter); ok {
+		n.NoteCompleted(id)
+	}
+}
+
 // OperatorMetrics implements statsReader.
 func (d *exchangeDeployment) OperatorMetrics() []runtime.OperatorMetric {
 	if d.stats == nil {

@@ -70,7 +70,7 @@ func (ds *deployments) handle(m *weirpb.JobManagerMessage) {
 		ds.deploy(msg.Deploy)
 	case *weirpb.JobManagerMessage_Cancel:
 		if d := ds.get(msg.Cancel.JobId, msg.Cancel.Attempt); d != nil {
-			d.cancelTasks(msg.Cancel.ForGood)
+			d.cancelTasks(msg.Cancel.ForGood, checkpoint.ID(msg.Cancel.LastCompleted))
 		}
 	case *weirpb.JobManagerMessage_Open:
 		ds.enqueue(msg.Open.JobId, msg.Open.Attempt, m)
@@ -177,12 +177,26 @@ func (ds *deployments) deploy(m *weirpb.DeployTasks) {
 	}()
 }
 
-func (d *deployment) cancelTasks(forGood bool) {
+// completedNoter is a deployment that can be told a checkpoint completed
+// without a notification (runtime.Deploy's deployments are).
+type completedNoter interface {
+	NoteCompleted(id checkpoint.ID)
+}
+
+// cancelTasks cancels the deployment at once, ahead of the commands still
+// queued for it: the job manager's Notify of checkpoint lastCompleted may
+// be among them, so the deployment is told of it first, and a cancel for
+// good commits what that checkpoint covers (NotifyJobCanceled), as the
+// sinks of the other task managers, notified already, did.
+func (d *deployment) cancelTasks(forGood bool, lastCompleted checkpoint.ID) {
 	d.mu.Lock()
 	d.canceled, d.forGood = true, d.forGood || forGood
 	dep := d.dep
 	d.mu.Unlock()
 	if dep != nil {
+		if n, ok := dep.(completedNoter); ok {
+			n.NoteCompleted(lastCompleted)
+		}
 		dep.Cancel(forGood) // first: the cause decides NotifyJobCanceled
 	}
 	d.cancel()

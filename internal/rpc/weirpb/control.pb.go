@@ -1179,7 +1179,12 @@ type CancelTasks struct {
 	JobId   string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	Attempt int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// for_good: the job is cancelled (NotifyJobCanceled), not restarted.
-	ForGood       bool `protobuf:"varint,3,opt,name=for_good,json=forGood,proto3" json:"for_good,omitempty"`
+	ForGood bool `protobuf:"varint,3,opt,name=for_good,json=forGood,proto3" json:"for_good,omitempty"`
+	// last_completed is the newest checkpoint the job master completed and
+	// notified before the cancel. The task manager handles a cancel at once,
+	// ahead of queued notifications, so a cancel for good commits what this
+	// checkpoint covers even if its notification was not delivered yet.
+	LastCompleted uint64 `protobuf:"varint,4,opt,name=last_completed,json=lastCompleted,proto3" json:"last_completed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1233,6 +1238,13 @@ func (x *CancelTasks) GetForGood() bool {
 		return x.ForGood
 	}
 	return false
+}
+
+func (x *CancelTasks) GetLastCompleted() uint64 {
+	if x != nil {
+		return x.LastCompleted
+	}
+	return 0
 }
 
 type TriggerCheckpoint struct {
@@ -2523,11 +2535,12 @@ const file_control_proto_rawDesc = "" +
 	"\n" +
 	"StartTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
-	"\aattempt\x18\x02 \x01(\x05R\aattempt\"Y\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\"\x80\x01\n" +
 	"\vCancelTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x19\n" +
-	"\bfor_good\x18\x03 \x01(\bR\aforGood\"\xa7\x01\n" +
+	"\bfor_good\x18\x03 \x01(\bR\aforGood\x12%\n" +
+	"\x0elast_completed\x18\x04 \x01(\x04R\rlastCompleted\"\xa7\x01\n" +
 	"\x11TriggerCheckpoint\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
