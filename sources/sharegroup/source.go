@@ -1014,6 +1014,13 @@ func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.
 			return err
 		}
 	}
+	s.finishCompleted(ctx, id)
+	return nil
+}
+
+// finishCompleted finishes (ACCEPTs) every lane holding records of an
+// epoch up to the completed checkpoint id, whose markers are committed.
+func (s *Source[T]) finishCompleted(ctx context.Context, id checkpoint.ID) {
 	outcome := s.asideOutcome(ctx)
 	for _, l := range s.lanes {
 		l.mu.Lock()
@@ -1029,7 +1036,6 @@ func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.
 				"redelivered and recognised by the ack-log", zap.String("lane", l.name), zap.Error(errors.Join(err, refusedErr(refused))))
 		}
 	}
-	return nil
 }
 
 // NotifyCheckpointAborted implements checkpoint.Listener. At least once, the
@@ -1121,13 +1127,20 @@ func (s *Source[T]) resolveParked(ctx context.Context) {
 // NotifyJobCanceled implements checkpoint.CancelListener: the job ends for
 // good (cancelled, not restarted) and lastCompleted is its latest completed
 // checkpoint (0: none). The source commits the marker transactions that
-// checkpoint covers (its notification may have been lost), aborts every
-// later one, pre-committed or open, and then releases every held record: a
+// checkpoint covers (its notification may have been lost or overtaken by
+// the cancel), ACCEPTs the records of those epochs, aborts every later
+// marker, pre-committed or open, and then releases every held record: a
 // cancelled job leaves no open transaction and no held record behind.
 func (s *Source[T]) NotifyJobCanceled(ctx context.Context, lastCompleted checkpoint.ID) error {
 	var err error
 	if s.txn != nil {
 		err = s.txn.EndJob(ctx, lastCompleted)
+	}
+	// The epochs up to lastCompleted are committed (EndJob committed their
+	// markers if their notification never came): ACCEPT their records, or
+	// the release below would hand processed records to the next consumer.
+	if err == nil && lastCompleted > 0 {
+		s.finishCompleted(ctx, lastCompleted)
 	}
 	// Then release: a record must not reach another consumer while a
 	// marker of ours still covers it.
