@@ -1,50 +1,30 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/proctest"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a command writing while the test
-// reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // localCluster runs "streamctl local" in-process until the test ends.
 type localCluster struct {
 	broker, jm string
-	out, errs  *lockedBuffer
+	out, errs  *proctest.Buffer
 }
 
 func startLocal(t *testing.T, args ...string) *localCluster {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &localCluster{out: &lockedBuffer{}, errs: &lockedBuffer{}}
+	c := &localCluster{out: &proctest.Buffer{}, errs: &proctest.Buffer{}}
 	done := make(chan error, 1)
 	go func() {
 		root := newRootCmd(testRegistry(t), c.out, c.errs)

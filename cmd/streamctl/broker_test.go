@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/weirstream/weir/internal/broker/brokerproc"
 	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/internal/proctest"
 )
 
 // streamctlBin is the streamctl binary built once by TestMain; tests run it
@@ -30,19 +30,12 @@ var streamctlBin string
 // TestMain builds streamctl once for the process tests and checks for leaked
 // goroutines after all tests.
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "streamctl-test-")
+	bin, remove, err := proctest.Build(".", "streamctl")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "temp dir:", err)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	streamctlBin = filepath.Join(dir, "streamctl")
-	build := exec.Command(goTool(), "build", "-o", streamctlBin, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build streamctl:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
+	streamctlBin = bin
 	code := m.Run()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -50,16 +43,8 @@ func TestMain(m *testing.M) {
 			code = 1
 		}
 	}
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
-}
-
-// goTool returns the go command running this test.
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }
 
 // brokerProc is a `streamctl broker` process.

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -16,24 +14,19 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/internal/proctest"
 )
 
 // streamctlBin is streamctl, built by TestMain: the demo runs its processes.
 var streamctlBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "demo-test-")
+	bin, remove, err := proctest.Build("../../cmd/streamctl", "streamctl")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	streamctlBin = filepath.Join(dir, "streamctl")
-	build := exec.Command("go", "build", "-o", streamctlBin, "../../cmd/streamctl")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build streamctl:", err)
-		os.Exit(1)
-	}
+	streamctlBin = bin
 	code := m.Run()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -41,7 +34,7 @@ func TestMain(m *testing.M) {
 			code = 1
 		}
 	}
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 

@@ -13,8 +13,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	goruntime "runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -125,14 +128,14 @@ func (p *Proc) Kill(t testing.TB) {
 	<-p.Done
 }
 
-// Stop SIGTERMs the process and checks it exits 0 within 30s.
+// Stop SIGTERMs the process and checks it exits 0 within 60s.
 func (p *Proc) Stop(t testing.TB) {
 	t.Helper()
 	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.Done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("%v: no exit within 30s of SIGTERM; stderr:\n%s", p.Cmd.Args, p.Stderr.Tail(40))
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%v: no exit within 60s of SIGTERM; stderr:\n%s", p.Cmd.Args, p.Stderr.Tail(40))
 	}
 	if code := p.Cmd.ProcessState.ExitCode(); code != 0 {
 		t.Fatalf("%v: exit code %d after SIGTERM; stderr:\n%s", p.Cmd.Args, code, p.Stderr.Tail(40))
@@ -279,4 +282,28 @@ func (c *Cluster) WaitStatus(id, what string, ok func(JobStatus) bool) JobStatus
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// Build builds the main package pkg (as `go build` takes it, relative to
+// the calling test's package directory) into a new temporary directory, for
+// a TestMain whose tests run the binary. It returns the binary's path and a
+// function that removes the directory.
+func Build(pkg, name string) (bin string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", name+"-test-")
+	if err != nil {
+		return "", nil, err
+	}
+	remove = func() { os.RemoveAll(dir) }
+	bin = filepath.Join(dir, name)
+	gotool, err := exec.LookPath("go")
+	if err != nil {
+		gotool = filepath.Join(goruntime.GOROOT(), "bin", "go")
+	}
+	build := exec.Command(gotool, "build", "-o", bin, pkg)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		remove()
+		return "", nil, fmt.Errorf("build %s: %w", pkg, err)
+	}
+	return bin, remove, nil
 }

@@ -11,24 +11,19 @@
 package brokerproc
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/signal"
-	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/proctest"
 )
 
 const (
@@ -81,16 +76,12 @@ func serve(dir, listen, configs string) int {
 	return 0
 }
 
-// Proc is a broker running in a child process.
+// Proc is a broker running in a child process: a proctest.Proc (Kill,
+// Stop) that printed its address.
 type Proc struct {
+	*proctest.Proc
 	// Addr is the address the broker listens on.
 	Addr string
-
-	cmd    *exec.Cmd
-	done   chan struct{} // closed when the process exited and its output is drained
-	mu     sync.Mutex
-	stdout bytes.Buffer // after the listening line
-	stderr bytes.Buffer
 }
 
 // Start runs a broker on dir in a child process (this test binary),
@@ -113,84 +104,23 @@ func Start(t testing.TB, dir, listen string, configs ...string) *Proc {
 // broker`), and waits for that line. The process is killed at cleanup.
 func Run(t testing.TB, cmd *exec.Cmd) *Proc {
 	t.Helper()
-	p := &Proc{cmd: cmd, done: make(chan struct{})}
-	cmd.Stderr = &lockedWriter{mu: &p.mu, b: &p.stderr}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line := make(chan string, 1)
-	go func() {
-		defer close(p.done)
-		r := bufio.NewReader(stdout)
-		l, _ := r.ReadString('\n')
-		line <- l
-		_, _ = io.Copy(&lockedWriter{mu: &p.mu, b: &p.stdout}, r)
-		_ = cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.done
-	})
-	select {
-	case l := <-line:
-		m := regexp.MustCompile(`^broker listening on (\S+)\n$`).FindStringSubmatch(l)
-		if m == nil {
-			<-p.done
-			t.Fatalf("first stdout line = %q, want \"broker listening on HOST:PORT\"; stderr:\n%s", l, p.Stderr())
-		}
-		p.Addr = m[1]
-	case <-time.After(60 * time.Second):
-		t.Fatalf("broker process not listening within 60s; stderr:\n%s", p.Stderr())
-	}
-	return p
-}
-
-// Kill sends SIGKILL and waits for the process to be gone.
-func (p *Proc) Kill(t testing.TB) {
-	t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
-}
-
-// Stop sends SIGTERM (a clean stop) and waits for the process to exit 0.
-func (p *Proc) Stop(t testing.TB) {
-	t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("broker process did not stop within 60s of SIGTERM; stderr:\n%s", p.Stderr())
-	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("broker process exit code %d after SIGTERM; stderr:\n%s", code, p.Stderr())
-	}
+	p := proctest.Start(t, cmd)
+	return &Proc{Proc: p, Addr: p.Line(t, `^broker listening on (\S+)$`)}
 }
 
 // Stderr returns what the process wrote to stderr so far (its log).
-func (p *Proc) Stderr() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
-}
+func (p *Proc) Stderr() string { return p.Proc.Stderr.String() }
 
-// Stdout returns what the process wrote to stdout after its listening line.
+// Stdout returns the stdout lines the process printed after its listening
+// line and nobody read yet (up to proctest's buffer).
 func (p *Proc) Stdout() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stdout.String()
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	b  *bytes.Buffer
-}
-
-func (w *lockedWriter) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(b)
+	var lines []string
+	for {
+		select {
+		case l := <-p.Out:
+			lines = append(lines, l+"\n")
+		default:
+			return strings.Join(lines, "")
+		}
+	}
 }
