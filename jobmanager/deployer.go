@@ -66,8 +66,6 @@ type share struct {
 	ended    chan struct{}
 	finished bool
 
-	in, out atomic.Int64 // records, as of the task manager's last heartbeat
-
 	completed atomic.Uint64 // newest checkpoint notified complete (or restored)
 
 	statsMu sync.Mutex
@@ -77,7 +75,13 @@ type share struct {
 // Counts implements runtime.Deployed: the counts the task manager's last
 // heartbeat reported for this share.
 func (sh *share) Counts() runtime.RecordCounts {
-	return runtime.RecordCounts{In: sh.in.Load(), Out: sh.out.Load()}
+	sh.statsMu.Lock()
+	defer sh.statsMu.Unlock()
+	stats := make([]runtime.TaskStats, 0, len(sh.stats))
+	for _, st := range sh.stats {
+		stats = append(stats, st)
+	}
+	return runtime.CountRecords(stats)
 }
 
 // setStats records the per-task counters of a heartbeat.
@@ -88,7 +92,8 @@ func (sh *share) setStats(tasks []*weirpb.TaskCounts) {
 	m := make(map[checkpoint.TaskID]runtime.TaskStats, len(tasks))
 	for _, t := range tasks {
 		m[checkpoint.TaskID(t.TaskId)] = runtime.TaskStats{Task: checkpoint.TaskID(t.TaskId), RecordsIn: t.RecordsIn,
-			RecordsOut: t.RecordsOut, BackPressured: time.Duration(t.BackPressuredMs) * time.Millisecond}
+			RecordsOut: t.RecordsOut, BackPressured: time.Duration(t.BackPressuredMs) * time.Millisecond,
+			Source: t.Source, Sink: t.Sink}
 	}
 	sh.statsMu.Lock()
 	sh.stats = m
@@ -249,8 +254,6 @@ func (ss *session) handle(m *weirpb.TaskManagerMessage) {
 		defer ss.mu.Unlock()
 		for _, c := range v.Heartbeat.Counts {
 			if sh := ss.shares[shareKey{c.JobId, c.Attempt}]; sh != nil {
-				sh.in.Store(c.RecordsIn)
-				sh.out.Store(c.RecordsOut)
 				sh.setStats(c.Tasks)
 			}
 		}

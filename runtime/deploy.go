@@ -162,8 +162,7 @@ type localDeployment struct {
 	pumps   sync.WaitGroup
 	prep    Prepared
 
-	sourceCounts, sinkCounts []*atomic.Int64
-	metrics                  metricRegistry
+	metrics metricRegistry
 
 	lastDone atomic.Uint64
 	opened   bool
@@ -330,10 +329,8 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				switch n.kind {
 				case kindSource:
 					oc.records = &t.stats.in
-					d.sourceCounts = append(d.sourceCounts, oc.countRecords())
 				case kindSink:
 					oc.records = &t.stats.out
-					d.sinkCounts = append(d.sinkCounts, oc.countRecords())
 				}
 				inst, err := n.newInstance(oc, out)
 				if err != nil {
@@ -538,16 +535,7 @@ func (d *localDeployment) closeAll() {
 
 func (d *localDeployment) Prepared() Prepared { return d.prep }
 
-func (d *localDeployment) Counts() RecordCounts {
-	var c RecordCounts
-	for _, n := range d.sourceCounts {
-		c.In += n.Load()
-	}
-	for _, n := range d.sinkCounts {
-		c.Out += n.Load()
-	}
-	return c
-}
+func (d *localDeployment) Counts() RecordCounts { return CountRecords(d.TaskStats()) }
 
 func (d *localDeployment) Open(ctx context.Context, timing checkpoint.Timing) error {
 	for _, oc := range d.ocs {

@@ -105,6 +105,8 @@ func (v *vertex) name() string {
 
 func (v *vertex) isSource() bool { return v.nodes[0].kind == kindSource }
 
+func (v *vertex) isSink() bool { return v.nodes[len(v.nodes)-1].kind == kindSink }
+
 // taskID names subtask i of the vertex, stable for a graph and parallelism.
 func (v *vertex) taskID(i int) checkpoint.TaskID {
 	return checkpoint.TaskID(fmt.Sprintf("%s#%d", v.nodes[0].uid, i))

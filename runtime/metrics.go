@@ -86,6 +86,25 @@ type TaskStats struct {
 	// BackPressured is the time the task spent blocked sending downstream
 	// because a channel was full.
 	BackPressured time.Duration
+	// Source and Sink say whether the task's chain starts with a source or
+	// ends with a sink (CountRecords).
+	Source, Sink bool
+}
+
+// CountRecords sums the records that entered the job (the source tasks'
+// records in) and left it (the sink tasks' records out) in stats: the one
+// rule behind Deployed.Counts, wherever the stats are.
+func CountRecords(stats []TaskStats) RecordCounts {
+	var c RecordCounts
+	for _, s := range stats {
+		if s.Source {
+			c.In += s.RecordsIn
+		}
+		if s.Sink {
+			c.Out += s.RecordsOut
+		}
+	}
+	return c
 }
 
 // taskStats are the live counters of one task.
@@ -139,7 +158,8 @@ func (d *localDeployment) TaskStats() []TaskStats {
 	out := make([]TaskStats, len(d.tasks))
 	for i, t := range d.tasks {
 		out[i] = TaskStats{Task: t.id, Vertex: t.v.name(), Subtask: t.subtask, RecordsIn: t.stats.in.Load(),
-			RecordsOut: t.stats.out.Load(), BackPressured: time.Duration(t.stats.backPressuredNs.Load())}
+			RecordsOut: t.stats.out.Load(), BackPressured: time.Duration(t.stats.backPressuredNs.Load()),
+			Source: t.v.isSource(), Sink: t.v.isSink()}
 	}
 	return out
 }

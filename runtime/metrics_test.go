@@ -95,6 +95,14 @@ func TestTaskStatsCountRecordsInOutAndBackPressure(t *testing.T) {
 	if in != n || out != n {
 		t.Errorf("sink tasks: %d in, %d out, want %d each", in, out, n)
 	}
+	if !source.Source || source.Sink || !stats["slow#0"].Sink || stats["slow#0"].Source {
+		t.Errorf("task kinds: source task %+v, sink task %+v", source, stats["slow#0"])
+	}
+	// The job's records in are its source's emitted records, out its
+	// sinks' written ones; the Map's n records in between count in neither.
+	if c := d.Counts(); c != (RecordCounts{In: n, Out: n}) {
+		t.Errorf("Counts() = %+v, want %d in and %d out", c, n, n)
+	}
 	ms := d.OperatorMetrics()
 	if len(ms) != 2 {
 		t.Fatalf("operator metrics %+v, want the sink's gauge per subtask", ms)

@@ -88,12 +88,11 @@ func (ds *deployments) handle(m *weirpb.JobManagerMessage) {
 func (ds *deployments) counts() []*weirpb.DeploymentCounts {
 	var out []*weirpb.DeploymentCounts
 	for _, b := range ds.built() {
-		n := b.dep.Counts()
-		dc := &weirpb.DeploymentCounts{JobId: b.key.job, Attempt: b.key.attempt, RecordsIn: n.In, RecordsOut: n.Out}
+		dc := &weirpb.DeploymentCounts{JobId: b.key.job, Attempt: b.key.attempt}
 		if sr, ok := b.dep.(statsReader); ok {
 			for _, t := range sr.TaskStats() {
 				dc.Tasks = append(dc.Tasks, &weirpb.TaskCounts{TaskId: string(t.Task), RecordsIn: t.RecordsIn,
-					RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds()})
+					RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds(), Source: t.Source, Sink: t.Sink})
 			}
 		}
 		out = append(out, dc)

@@ -592,14 +592,13 @@ func (x *Heartbeat) GetCounts() []*DeploymentCounts {
 	return nil
 }
 
-// DeploymentCounts are the records one attempt's share on a task manager
-// took in (emitted by its sources) and put out (written by its sinks).
+// DeploymentCounts are the counters of one attempt's share on a task
+// manager. The job's records in and out are derived from them
+// (runtime.CountRecords).
 type DeploymentCounts struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	JobId      string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	Attempt    int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	RecordsIn  int64                  `protobuf:"varint,3,opt,name=records_in,json=recordsIn,proto3" json:"records_in,omitempty"`
-	RecordsOut int64                  `protobuf:"varint,4,opt,name=records_out,json=recordsOut,proto3" json:"records_out,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	JobId   string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Attempt int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// tasks are the counters of each task of the share (runtime.TaskStats).
 	Tasks         []*TaskCounts `protobuf:"bytes,5,rep,name=tasks,proto3" json:"tasks,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -650,20 +649,6 @@ func (x *DeploymentCounts) GetAttempt() int32 {
 	return 0
 }
 
-func (x *DeploymentCounts) GetRecordsIn() int64 {
-	if x != nil {
-		return x.RecordsIn
-	}
-	return 0
-}
-
-func (x *DeploymentCounts) GetRecordsOut() int64 {
-	if x != nil {
-		return x.RecordsOut
-	}
-	return 0
-}
-
 func (x *DeploymentCounts) GetTasks() []*TaskCounts {
 	if x != nil {
 		return x.Tasks
@@ -680,8 +665,12 @@ type TaskCounts struct {
 	RecordsIn       int64                  `protobuf:"varint,2,opt,name=records_in,json=recordsIn,proto3" json:"records_in,omitempty"`
 	RecordsOut      int64                  `protobuf:"varint,3,opt,name=records_out,json=recordsOut,proto3" json:"records_out,omitempty"`
 	BackPressuredMs int64                  `protobuf:"varint,4,opt,name=back_pressured_ms,json=backPressuredMs,proto3" json:"back_pressured_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// source and sink: the task's chain starts with a source, ends with a
+	// sink.
+	Source        bool `protobuf:"varint,5,opt,name=source,proto3" json:"source,omitempty"`
+	Sink          bool `protobuf:"varint,6,opt,name=sink,proto3" json:"sink,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TaskCounts) Reset() {
@@ -740,6 +729,20 @@ func (x *TaskCounts) GetBackPressuredMs() int64 {
 		return x.BackPressuredMs
 	}
 	return 0
+}
+
+func (x *TaskCounts) GetSource() bool {
+	if x != nil {
+		return x.Source
+	}
+	return false
+}
+
+func (x *TaskCounts) GetSink() bool {
+	if x != nil {
+		return x.Sink
+	}
+	return false
 }
 
 // DeployTasks builds the listed subtasks of one attempt of a job: the task
@@ -2470,15 +2473,11 @@ const file_control_proto_rawDesc = "" +
 	"\tHeartbeat\x12 \n" +
 	"\fsent_unix_ms\x18\x01 \x01(\x03R\n" +
 	"sentUnixMs\x125\n" +
-	"\x06counts\x18\x02 \x03(\v2\x1d.weir.rpc.v1.DeploymentCountsR\x06counts\"\xb2\x01\n" +
+	"\x06counts\x18\x02 \x03(\v2\x1d.weir.rpc.v1.DeploymentCountsR\x06counts\"~\n" +
 	"\x10DeploymentCounts\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
-	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1d\n" +
-	"\n" +
-	"records_in\x18\x03 \x01(\x03R\trecordsIn\x12\x1f\n" +
-	"\vrecords_out\x18\x04 \x01(\x03R\n" +
-	"recordsOut\x12-\n" +
-	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasks\"\x91\x01\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12-\n" +
+	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasksJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"\xbd\x01\n" +
 	"\n" +
 	"TaskCounts\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1d\n" +
@@ -2486,7 +2485,9 @@ const file_control_proto_rawDesc = "" +
 	"records_in\x18\x02 \x01(\x03R\trecordsIn\x12\x1f\n" +
 	"\vrecords_out\x18\x03 \x01(\x03R\n" +
 	"recordsOut\x12*\n" +
-	"\x11back_pressured_ms\x18\x04 \x01(\x03R\x0fbackPressuredMs\"\x9d\x03\n" +
+	"\x11back_pressured_ms\x18\x04 \x01(\x03R\x0fbackPressuredMs\x12\x16\n" +
+	"\x06source\x18\x05 \x01(\bR\x06source\x12\x12\n" +
+	"\x04sink\x18\x06 \x01(\bR\x04sink\"\x9d\x03\n" +
 	"\vDeployTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\bjob_type\x18\x02 \x01(\tR\ajobType\x12<\n" +
