@@ -87,6 +87,24 @@ type OperatorContext struct {
 	// records counts what a source emitted or a sink wrote (Deployed.Counts);
 	// in a deployment it is the task's records in (source) or out (sink).
 	records *atomic.Int64
+
+	// interrupt is the task's signal of a waiting control message
+	// (Interrupt); nil outside a deployment.
+	interrupt chan struct{}
+}
+
+// Interrupt returns a channel that receives when the operator's task has a
+// control message waiting: a barrier to inject or a checkpoint
+// notification. A Source whose Poll waits for data selects on it as well
+// and returns when it fires, so that the wait never holds up a checkpoint
+// (as Flink's source readers report availability instead of blocking). It
+// may fire with nothing left to do (the task handled the message first);
+// outside a deployment it never fires.
+func (oc *OperatorContext) Interrupt() <-chan struct{} {
+	if oc == nil {
+		return nil
+	}
+	return oc.interrupt
 }
 
 // countRecords returns the operator's record counter (a discarded one when

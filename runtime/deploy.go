@@ -279,7 +279,8 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				continue
 			}
 			t := &task{id: v.taskID(sub), v: v, subtask: sub, ctrl: make(chan control, 1024), rep: d, log: d.log,
-				stats: &taskStats{}}
+				interrupt: make(chan struct{}, 1),
+				stats:     &taskStats{}}
 			ttw := *tw
 			ttw.stats = t.stats
 			// Output writers of the tail.
@@ -328,7 +329,7 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				// sink's written ones its task's records out.
 				switch n.kind {
 				case kindSource:
-					oc.records = &t.stats.in
+					oc.records, oc.interrupt = &t.stats.in, t.interrupt
 				case kindSink:
 					oc.records = &t.stats.out
 				}
@@ -612,6 +613,10 @@ func (d *localDeployment) Notify(ctx context.Context, id checkpoint.ID, complete
 func (d *localDeployment) send(ctx context.Context, t *task, c control) error {
 	select {
 	case t.ctrl <- c:
+		select {
+		case t.interrupt <- struct{}{}:
+		default:
+		}
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

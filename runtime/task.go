@@ -60,9 +60,11 @@ type task struct {
 	inputs  []inputChan
 	outs    []outputGate
 	ctrl    chan control
-	rep     reporter
-	log     *zap.Logger
-	stats   *taskStats
+	// interrupt fires when a control message is sent (OperatorContext.Interrupt).
+	interrupt chan struct{}
+	rep       reporter
+	log       *zap.Logger
+	stats     *taskStats
 
 	aligner    *aligner  // barrier alignment (pure state machine)
 	seq        sequencer // per-task checkpoint logic (pure state machine)
@@ -183,7 +185,13 @@ func (t *task) runSource(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		// Control first: barriers go in between two polls.
+		// Control first: barriers go in between two polls. The interrupt
+		// is taken first, so that it fires again only for a message
+		// this drain does not see.
+		select {
+		case <-t.interrupt:
+		default:
+		}
 		for drained := false; !drained; {
 			select {
 			case c := <-t.ctrl:

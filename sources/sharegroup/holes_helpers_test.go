@@ -233,9 +233,7 @@ func runCheckpoints(t *testing.T, env *kafkatest.Env, s *Source[string], group s
 		if _, err := s.Snapshot(ctx, id); err != nil {
 			t.Fatalf("Snapshot(%d): %v", id, err)
 		}
-		if err := s.NotifyCheckpointComplete(ctx, id); err != nil {
-			t.Fatalf("NotifyCheckpointComplete(%d): %v", id, err)
-		}
+		notifyComplete(t, s, id)
 		id++
 		if shareStart(t, env, group, tp) >= n {
 			break
@@ -304,4 +302,31 @@ func openOnBroker(t *testing.T, v *kversion.Versions) error {
 	s := newSrc()
 	defer s.Close()
 	return s.Open(ctx, &runtime.OperatorContext{Job: "j", UID: "s", Parallelism: 1, Logger: zap.NewNop()})
+}
+
+// notifyComplete notifies s that checkpoint id completed and waits until
+// its lanes finished the epochs id covers (each lane ACCEPTs on its own
+// goroutine), so that the broker's share state shows their ACCEPTs.
+func notifyComplete(t *testing.T, s *Source[string], id checkpoint.ID) {
+	t.Helper()
+	if err := s.NotifyCheckpointComplete(t.Context(), id); err != nil {
+		t.Fatalf("NotifyCheckpointComplete(%d): %v", id, err)
+	}
+	due := completedBy(id)
+	for _, l := range s.lanes {
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+			l.mu.Lock()
+			pending := due(l)
+			l.mu.Unlock()
+			if !pending {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not finish the epoch of completed checkpoint %d", l.name, id)
+			}
+		}
+		// A finish in progress holds the lane's acknowledgement lock.
+		l.ack.mu.Lock()
+		l.ack.mu.Unlock() //nolint:staticcheck // waits for the finish
+	}
 }

@@ -315,9 +315,7 @@ func TestBlockedEmitDoesNotStopRenewalsOfOtherLanes(t *testing.T) {
 	if _, err := s.Snapshot(ctx, 1); err != nil {
 		t.Fatalf("while one lane's emit was blocked for %v, the other lane's held batch was not renewed: Snapshot(1): %v", 3*lock, err)
 	}
-	if err := s.NotifyCheckpointComplete(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	notifyComplete(t, s, 1)
 	entries := ackLogEntries(t, env, "g")
 	c0, c1 := committedCover(entries, in0), committedCover(entries, in1)
 	for o, n := range c1 {

@@ -46,6 +46,7 @@ type lane struct {
 	mu       sync.Mutex
 	state    laneState
 	batch    []*kgo.Record // ready, not yet admitted
+	full     bool          // the batch is as large as a fetch may be: more records are waiting
 	fetchErr error
 	epoch    checkpoint.ID // checkpoint covering the batch; 0 until assigned
 	clock    lockClock     // of the batch's locks, by our clock
@@ -59,7 +60,7 @@ type lane struct {
 
 	fetches   inFlight      // the client's ShareFetch requests in flight
 	admitted  bool          // a batch of the lane's was admitted (lanes start one by one)
-	wake      chan struct{} // signals the poller that the lane is idle again
+	wake      chan struct{} // signals the lane's goroutine to look at its state (idle again, epoch completed)
 	closeOnce sync.Once
 }
 
@@ -67,15 +68,15 @@ func newLane(id int, name string) *lane {
 	return &lane{id: id, name: name, ack: &acker{}, wake: make(chan struct{}, 1)}
 }
 
-// run polls whenever the lane is idle and hands batches over through ready,
-// until ctx ends. A batch a poll returns as ctx ends (the source stopped
-// fetching) stays with the lane, ready, for Close to judge: the broker
-// counted its delivery.
-func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane, acquired func(string, []*kgo.Record)) {
+// acquire polls until a batch arrives and makes the lane ready with it; it
+// returns false once ctx ended or the client closed. A batch a poll
+// returns as ctx ends (the source stopped fetching) stays with the lane,
+// ready, for Close to judge: the broker counted its delivery.
+func (l *lane) acquire(ctx context.Context, batch int, acquired func(string, []*kgo.Record)) bool {
 	for {
 		fs := l.cl.PollRecords(ctx, batch)
 		if fs.IsClientClosed() {
-			return
+			return false
 		}
 		var recs []*kgo.Record
 		var ferr error
@@ -87,7 +88,7 @@ func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane, acquired 
 		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
 		if len(recs) == 0 && (ferr == nil || ctx.Err() != nil) {
 			if ctx.Err() != nil {
-				return
+				return false
 			}
 			continue
 		}
@@ -96,22 +97,29 @@ func (l *lane) run(ctx context.Context, batch int, ready chan<- *lane, acquired 
 		}
 		now := time.Now()
 		l.mu.Lock()
-		l.state, l.batch, l.fetchErr = laneReady, recs, ferr
+		l.state, l.batch, l.fetchErr, l.full = laneReady, recs, ferr, len(recs) >= batch
 		l.clock, l.renewed, l.held = newLockClock(recs, now), now, recs
 		l.mu.Unlock()
-		if ctx.Err() != nil {
-			return
-		}
-		select {
-		case ready <- l:
-		case <-ctx.Done():
-			return
-		}
-		select { // wait until finalized
-		case <-l.wake:
-		case <-ctx.Done():
-			return
-		}
+		return ctx.Err() == nil
+	}
+}
+
+// completedBy returns whether a lane holds an epoch that checkpoint id
+// completed (a due test for finish). l.mu is held.
+func completedBy(id checkpoint.ID) func(*lane) bool {
+	return func(l *lane) bool { return l.state == laneHolding && l.epoch != 0 && l.epoch <= id }
+}
+
+// inState returns whether a lane is in state st (a due test for finish).
+func inState(st laneState) func(*lane) bool {
+	return func(l *lane) bool { return l.state == st }
+}
+
+// poke wakes the lane's goroutine to look at its state again.
+func (l *lane) poke() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -249,12 +257,18 @@ func (l *lane) drop(done []*kgo.Record) {
 // outcome (outcome returns 0 for a marker still open: the record stays held
 // and the lane parks). Records of a partition whose acknowledgement the
 // broker refused are not ACCEPTed: they are no longer ours. The lane polls
-// again once nothing is held. It returns the partitions the broker refused
-// and the flush error.
-func (l *lane) finish(ctx context.Context, outcome func(acklog.Entry) kgo.AckStatus) (map[acklog.TopicPartition]error, error) {
+// again once nothing is held. It does nothing unless due holds for the
+// lane (l.mu held): the lane's goroutine, the task goroutine and the renew
+// loop may each try to finish a lane, and one epoch is finished once. It
+// returns the partitions the broker refused and the flush error.
+func (l *lane) finish(ctx context.Context, due func(*lane) bool, outcome func(acklog.Entry) kgo.AckStatus) (map[acklog.TopicPartition]error, error) {
 	l.ack.mu.Lock()
 	defer l.ack.mu.Unlock()
 	l.mu.Lock()
+	if !due(l) {
+		l.mu.Unlock()
+		return nil, nil
+	}
 	var accept, reject, release, done []*kgo.Record
 	for _, rs := range [][]*kgo.Record{l.emitted, l.accepted} {
 		for _, r := range rs {
@@ -309,10 +323,7 @@ func (l *lane) finish(ctx context.Context, outcome func(acklog.Entry) kgo.AckSta
 func (l *lane) reset() {
 	l.state, l.batch, l.epoch, l.clock = laneIdle, nil, 0, lockClock{}
 	l.held, l.emitted, l.rejected, l.accepted, l.aside, l.perTP = nil, nil, nil, nil, nil, nil
-	select {
-	case l.wake <- struct{}{}:
-	default:
-	}
+	l.poke()
 }
 
 // renew extends the locks of every record the lane holds (ready, being

@@ -98,6 +98,7 @@ type Source[T any] struct {
 	nextLane     int                // lanes[:nextLane] were started
 	lastStart    time.Time          // of lanes[nextLane-1]
 	cancel       context.CancelFunc // the renew loop's and the pollers'
+	bgCtx        context.Context    // cancel's: what the lanes' goroutines finish epochs with
 	pollCtx      context.Context
 	pollCancel   context.CancelFunc
 	stopFetch    sync.Once
@@ -109,6 +110,9 @@ type Source[T any] struct {
 	requeueAt    int32 // delivery count from which a record is re-queued
 	stale        map[int64]bool
 	counters     sourceCounters
+	// completed is the latest checkpoint whose ack markers this subtask
+	// committed: the lanes' goroutines ACCEPT the epochs it covers.
+	completed atomic.Uint64
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
@@ -283,7 +287,7 @@ func (s *Source[T]) startLanes() error {
 	if !s.started {
 		s.started = true
 		ctx, cancel := context.WithCancel(context.Background())
-		s.cancel = cancel
+		s.cancel, s.bgCtx = cancel, ctx
 		s.pollCtx, s.pollCancel = context.WithCancel(ctx)
 		s.wg.Add(1)
 		go func() {
@@ -315,9 +319,47 @@ func (s *Source[T]) startLaneLocked() error {
 	s.pollers.Add(1)
 	go func() {
 		defer s.pollers.Done()
-		l.run(s.pollCtx, s.cfg.batch, s.ready, s.cfg.testAcquired)
+		s.runLane(s.pollCtx, s.bgCtx, l)
 	}()
 	return nil
+}
+
+// runLane is lane l's goroutine, until ctx ends: whenever the lane is idle
+// it polls, and hands the batch to the task goroutine (ready), which
+// admits it; then it waits, and finishes (ACCEPTs, polls again) the epoch
+// once a completed checkpoint covers it, so that the task goroutine never
+// waits for a lane's acknowledgement round trip and each lane cycles on
+// its own. fctx (not ctx: the source stops fetching before it releases
+// anything) bounds the finishing.
+func (s *Source[T]) runLane(ctx, fctx context.Context, l *lane) {
+	for {
+		if !l.acquire(ctx, s.cfg.batch, s.cfg.testAcquired) {
+			return
+		}
+		select {
+		case s.ready <- l:
+		case <-ctx.Done():
+			return
+		}
+		for idle := false; !idle; {
+			select {
+			case <-l.wake:
+			case <-ctx.Done():
+				return
+			}
+			done := checkpoint.ID(s.completed.Load())
+			l.mu.Lock()
+			idle = l.state == laneIdle
+			due := completedBy(done)(l)
+			l.mu.Unlock()
+			if due {
+				s.finishLane(fctx, l, done, s.asideOutcome(fctx))
+				l.mu.Lock()
+				idle = l.state == laneIdle
+				l.mu.Unlock()
+			}
+		}
+	}
 }
 
 // stopFetching stops every lane's poller, pauses every lane's client (a
@@ -370,8 +412,15 @@ func (s *Source[T]) stopFetching() {
 // to play a process that pauses (GC, partition) while it holds records.
 func (s *Source[T]) setPaused(p bool) { s.paused.Store(p) }
 
-// Poll implements runtime.Source: it emits the batches lanes have acquired,
-// waiting a little when none is ready.
+// Poll implements runtime.Source: it emits one batch a lane acquired,
+// waiting a little (until the task has a barrier or notification to
+// deliver, at most the poll wait) when none is ready. One batch per call,
+// so that a barrier waits behind one lane's batch, not every ready lane's,
+// and lanes cycle through checkpoints one behind the other. It asks for a
+// checkpoint when it admitted a full batch (the input has a backlog), or
+// when held batches no checkpoint covers yet block every lane or near the
+// broker's per-partition cap; otherwise the interval sets the pace
+// (docs/architecture.md, "Share-group source pipeline").
 func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 	if err := s.startLanes(); err != nil {
 		return err
@@ -386,35 +435,35 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 	}
 	t := time.NewTimer(s.cfg.pollWait)
 	defer t.Stop()
+	backlog := false
 	select {
 	case l := <-s.ready:
-		if err := s.admit(ctx, l, out); err != nil {
+		var err error
+		if backlog, err = s.admit(ctx, l, out); err != nil {
 			return err
 		}
 	case err := <-s.fatal:
 		return err
 	case <-t.C:
-		return nil
+	case <-s.oc.Interrupt():
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	for drained := false; !drained; {
-		select {
-		case l := <-s.ready:
-			if err := s.admit(ctx, l, out); err != nil {
-				return err
-			}
-		default:
-			drained = true
-		}
-	}
 	near := s.nearLimit() // reports the in-flight window too
-	if s.cfg.mode != Implicit && s.oc.RequestCheckpoint != nil {
-		if s.allHolding() {
-			s.oc.RequestCheckpoint("every share-group lane holds a batch")
-		} else if near {
-			s.oc.RequestCheckpoint("held share records near the per-partition cap")
-		}
+	if s.cfg.mode == Implicit || s.oc.RequestCheckpoint == nil {
+		return nil
+	}
+	// Only a batch no checkpoint covers yet asks for one: once a
+	// checkpoint covers every held batch, asking again would checkpoint
+	// in a loop (each notification wakes Poll).
+	switch {
+	case backlog:
+		s.oc.RequestCheckpoint("a full share-group batch was admitted: the input has a backlog")
+	case !s.uncovered():
+	case s.allHolding():
+		s.oc.RequestCheckpoint("every share-group lane holds a batch")
+	case near:
+		s.oc.RequestCheckpoint("held share records near the per-partition cap")
 	}
 	return nil
 }
@@ -674,21 +723,31 @@ func (s *Source[T]) nearLimit() bool {
 }
 
 // allHolding reports whether no lane can take more work until a checkpoint
-// completes: none is idle or ready, and some hold an epoch not yet covered.
+// completes: none is idle or ready.
 func (s *Source[T]) allHolding() bool {
-	waiting := false
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		st := l.state
+		l.mu.Unlock()
+		if st == laneIdle || st == laneReady || st == laneAdmitting {
+			return false
+		}
+	}
+	return true
+}
+
+// uncovered reports whether a lane holds a batch that no checkpoint
+// covers yet: its records are held until one completes.
+func (s *Source[T]) uncovered() bool {
 	for _, l := range s.lanes {
 		l.mu.Lock()
 		st, epoch := l.state, l.epoch
 		l.mu.Unlock()
-		switch {
-		case st == laneIdle || st == laneReady || st == laneAdmitting:
-			return false
-		case st == laneHolding && epoch == 0:
-			waiting = true
+		if st == laneHolding && epoch == 0 {
+			return true
 		}
 	}
-	return waiting
+	return false
 }
 
 // admit sorts a lane's fresh batch: already processed (ACCEPT later, skip),
@@ -697,9 +756,12 @@ func (s *Source[T]) allHolding() bool {
 // record is looked up in the ack-log, whatever its delivery count: a share
 // partition whose state was lost or reset redelivers committed records at
 // count 1. It holds no lock while it emits: downstream back-pressure never
-// stops the renewals of this or any other lane.
-func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]) error {
+// stops the renewals of this or any other lane. backlog reports a full
+// batch with records a checkpoint must carry (emitted or rejected, not
+// implicit): more input is waiting behind it.
+func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]) (backlog bool, err error) {
 	l.mu.Lock()
+	full := l.full
 	if l.fetchErr != nil {
 		s.log.Warn("share fetch error", zap.String("lane", l.name), zap.Error(l.fetchErr))
 	}
@@ -709,7 +771,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	l.mu.Unlock()
 	if s.cfg.mode == Transactional && len(batch) > 0 {
 		if err := s.ix.CatchUpToEnd(ctx); err != nil {
-			return fmt.Errorf("sharegroup: ack-log: %w", err)
+			return false, fmt.Errorf("sharegroup: ack-log: %w", err)
 		}
 	}
 	now := time.Now()
@@ -733,7 +795,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 			continue
 		case verdictPoison:
 			if err := s.deadLetter(ctx, r, cause); err != nil {
-				return err
+				return false, err
 			}
 			rejected = append(rejected, r)
 			continue
@@ -741,7 +803,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 		val, err := s.decode(r)
 		if err != nil {
 			if err := s.deadLetter(ctx, r, fmt.Errorf("decode: %w", err)); err != nil {
-				return err
+				return false, err
 			}
 			rejected = append(rejected, r)
 			continue
@@ -759,7 +821,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	if len(requeue) > 0 {
 		waiting, err := s.requeue(ctx, l, requeue)
 		if err != nil {
-			return err
+			return false, err
 		}
 		aside = append(aside, waiting...)
 	}
@@ -777,12 +839,13 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	// A batch with nothing to carry through a checkpoint finishes now:
 	// already-processed records are ACCEPTed at once.
 	if s.cfg.mode == Implicit || len(emitted)+len(rejected) == 0 {
-		if _, err := l.finish(ctx, s.asideOutcome(ctx)); err != nil {
+		if _, err := l.finish(ctx, inState(laneHolding), s.asideOutcome(ctx)); err != nil {
 			s.log.Warn("acknowledging an admitted batch failed; its records come back and are judged again",
 				zap.String("lane", l.name), zap.Error(err))
 		}
+		return false, nil
 	}
-	return nil
+	return full, nil
 }
 
 // verdict is what the source does with a delivered record (judge).
@@ -1004,7 +1067,11 @@ func twice(offsets map[acklog.TopicPartition][]int64) string {
 }
 
 // NotifyCheckpointComplete implements checkpoint.Listener: commit the marker
-// transactions up to id, then ACCEPT (or REJECT) the records they cover.
+// transactions up to id, then have the lanes ACCEPT (or REJECT) the records
+// they cover, each on its own goroutine, so that the task goroutine goes
+// back to emitting at once. A lane whose goroutine no longer runs (the
+// source stopped fetching) is finished here, or by Close, before anything
+// is released.
 func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.ID) error {
 	if s.cfg.mode == Transactional {
 		if err := s.txn.Commit(ctx, id); err != nil {
@@ -1014,27 +1081,48 @@ func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.
 			return err
 		}
 	}
-	s.finishCompleted(ctx, id)
+	s.noteCompleted(id)
+	s.life.Lock()
+	async := s.started && !s.fetchStopped
+	s.life.Unlock()
+	if !async {
+		s.finishCompleted(ctx, id)
+		return nil
+	}
+	for _, l := range s.lanes {
+		l.poke()
+	}
 	return nil
 }
 
-// finishCompleted finishes (ACCEPTs) every lane holding records of an
-// epoch up to the completed checkpoint id, whose markers are committed.
+// noteCompleted records that the ack markers of the epochs up to id are
+// committed.
+func (s *Source[T]) noteCompleted(id checkpoint.ID) {
+	for {
+		cur := s.completed.Load()
+		if uint64(id) <= cur || s.completed.CompareAndSwap(cur, uint64(id)) {
+			return
+		}
+	}
+}
+
+// finishCompleted finishes (ACCEPTs), on the calling goroutine, every lane
+// holding records of an epoch up to the completed checkpoint id, whose
+// markers are committed.
 func (s *Source[T]) finishCompleted(ctx context.Context, id checkpoint.ID) {
 	outcome := s.asideOutcome(ctx)
 	for _, l := range s.lanes {
-		l.mu.Lock()
-		due := l.state == laneHolding && l.epoch != 0 && l.epoch <= id
-		l.mu.Unlock()
-		if !due {
-			continue
-		}
-		// The commit point passed: a refused or lost ACCEPT only means the
-		// records come back and are recognised as processed.
-		if refused, err := l.finish(ctx, outcome); err != nil || len(refused) > 0 {
-			s.log.Warn("the broker did not confirm the acknowledgement of a completed epoch; its records will be "+
-				"redelivered and recognised by the ack-log", zap.String("lane", l.name), zap.Error(errors.Join(err, refusedErr(refused))))
-		}
+		s.finishLane(ctx, l, id, outcome)
+	}
+}
+
+// finishLane finishes l's epoch if the completed checkpoint id covers it.
+// The commit point passed: a refused or lost ACCEPT only means the records
+// come back and are recognised as processed.
+func (s *Source[T]) finishLane(ctx context.Context, l *lane, id checkpoint.ID, outcome func(acklog.Entry) kgo.AckStatus) {
+	if refused, err := l.finish(ctx, completedBy(id), outcome); err != nil || len(refused) > 0 {
+		s.log.Warn("the broker did not confirm the acknowledgement of a completed epoch; its records will be "+
+			"redelivered and recognised by the ack-log", zap.String("lane", l.name), zap.Error(errors.Join(err, refusedErr(refused))))
 	}
 }
 
@@ -1051,9 +1139,12 @@ func (s *Source[T]) NotifyCheckpointAborted(ctx context.Context, id checkpoint.I
 			return fmt.Errorf("sharegroup: abort ack markers of checkpoint %d: %w", id, err)
 		}
 	}
+	// An epoch a completed checkpoint covers is not rolled back (its lane
+	// may not have finished it yet).
+	done := completedBy(checkpoint.ID(s.completed.Load()))
 	for _, l := range s.lanes {
 		l.mu.Lock()
-		covered := l.state == laneHolding && l.epoch != 0 && l.epoch <= id
+		covered := completedBy(id)(l) && !done(l)
 		if covered && s.cfg.mode != Transactional {
 			l.epoch = 0
 		}
@@ -1110,7 +1201,7 @@ func (s *Source[T]) resolveParked(ctx context.Context) {
 	}
 	outcome := s.asideOutcome(ctx)
 	for _, l := range parked {
-		if _, err := l.finish(ctx, func(m acklog.Entry) kgo.AckStatus {
+		if _, err := l.finish(ctx, inState(laneParked), func(m acklog.Entry) kgo.AckStatus {
 			st := outcome(m)
 			if st == 0 && !strings.HasPrefix(m.Marker.TransactionalID, s.prefix+"-") && !s.stale[m.Offset] &&
 				time.Since(m.Marker.CreatedAt) > s.cfg.openWait {
@@ -1140,6 +1231,7 @@ func (s *Source[T]) NotifyJobCanceled(ctx context.Context, lastCompleted checkpo
 	// markers if their notification never came): ACCEPT their records, or
 	// the release below would hand processed records to the next consumer.
 	if err == nil && lastCompleted > 0 {
+		s.noteCompleted(lastCompleted)
 		s.finishCompleted(ctx, lastCompleted)
 	}
 	// Then release: a record must not reach another consumer while a
@@ -1167,6 +1259,11 @@ func (s *Source[T]) stopLanes() {
 	}
 	s.stopFetching()
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+	// The lanes' goroutines ended: ACCEPT what a completed checkpoint
+	// covers that they did not finish, before it is released.
+	if c := s.completed.Load(); c > 0 {
+		s.finishCompleted(ctx, checkpoint.ID(c))
+	}
 	s.settle(ctx)
 	cancel()
 	s.life.Lock()
