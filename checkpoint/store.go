@@ -150,11 +150,24 @@ type storeConfig struct {
 	retained int
 	idBlock  int
 	log      *zap.Logger
+	write    *pebble.WriteOptions // pebble.Sync, but in memory
+}
+
+// InMemory keeps the store in memory (vfs.NewMem): nothing survives the
+// process, so writes are not synced (a sync there is a hand-off to pebble's
+// log writer goroutine and back, 1-10 ms of a checkpoint's cycle on a busy
+// machine, that makes nothing durable). The mini cluster without a
+// checkpoint directory and a job manager without a data directory use it.
+func InMemory() StoreOpt {
+	return storeOpt{func(c *storeConfig) { c.fs, c.write = vfs.NewMem(), pebble.NoSync }}
 }
 
 // WithFS sets the filesystem pebble uses, by default the OS filesystem
-// (vfs.Default). Tests use vfs.NewCrashableMem or vfs/errorfs.
-func WithFS(fs vfs.FS) StoreOpt { return storeOpt{func(c *storeConfig) { c.fs = fs }} }
+// (vfs.Default), with synced writes. Tests use vfs.NewCrashableMem or
+// vfs/errorfs.
+func WithFS(fs vfs.FS) StoreOpt {
+	return storeOpt{func(c *storeConfig) { c.fs, c.write = fs, pebble.Sync }}
+}
 
 // WithRetained sets how many completed checkpoints Save keeps per job, by
 // default 3. Older ones are deleted, with their state, in the batch that saves
@@ -222,7 +235,7 @@ type idRange struct {
 // store, gives an error wrapping ErrNotAStore; a damaged one gives the error
 // pebble reports.
 func OpenStore(dir string, opts ...StoreOpt) (s *Store, err error) {
-	cfg := storeConfig{fs: vfs.Default, retained: 3, idBlock: 1, log: zap.NewNop()}
+	cfg := storeConfig{fs: vfs.Default, retained: 3, idBlock: 1, log: zap.NewNop(), write: pebble.Sync}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
@@ -280,7 +293,7 @@ func openDB(dir string, cfg storeConfig) (db *pebble.DB, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
 	}
-	if err := checkMarker(db); err != nil {
+	if err := checkMarker(db, cfg.write); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
 	}
@@ -345,7 +358,7 @@ func isPebbleFile(name string) bool {
 }
 
 // checkMarker checks, or on a new database writes, the store marker.
-func checkMarker(db *pebble.DB) error {
+func checkMarker(db *pebble.DB, write *pebble.WriteOptions) error {
 	v, closer, err := db.Get([]byte(storeMarkerKey))
 	switch {
 	case err == nil:
@@ -372,7 +385,7 @@ func checkMarker(db *pebble.DB) error {
 	if nonEmpty {
 		return fmt.Errorf("%w: pebble database without store marker (first key %q)", ErrNotAStore, key)
 	}
-	return db.Set([]byte(storeMarkerKey), []byte{storeFormat}, pebble.Sync)
+	return db.Set([]byte(storeMarkerKey), []byte{storeFormat}, write)
 }
 
 // Close closes the store. Later calls of any method return ErrStoreClosed;
@@ -483,7 +496,7 @@ func (s *Store) Save(ctx context.Context, c Completed) (err error) {
 			}
 		}
 	}
-	if err := s.db.Apply(b, pebble.Sync); err != nil {
+	if err := s.db.Apply(b, s.cfg.write); err != nil {
 		return fmt.Errorf("save checkpoint %d of job %q: %w", c.ID, c.Job, err)
 	}
 	s.saved[c.Job] = append(slices.Clip(ids[len(dropped):]), c.ID)
@@ -680,7 +693,7 @@ func (s *Store) NextID(ctx context.Context, job string) (id ID, err error) {
 			limit = ^uint64(0)
 		}
 		k := hwKey(job)
-		if err := s.db.Set(k, sealRecord(k, binary.AppendUvarint(nil, limit)), pebble.Sync); err != nil {
+		if err := s.db.Set(k, sealRecord(k, binary.AppendUvarint(nil, limit)), s.cfg.write); err != nil {
 			return 0, fmt.Errorf("next checkpoint id of job %q: %w", job, err)
 		}
 		r.limit = limit
@@ -768,7 +781,7 @@ func (s *Store) DeleteJob(ctx context.Context, job string) (err error) {
 		return fmt.Errorf("delete job %q: %w", job, err)
 	}
 	delete(s.saved, job)
-	if err := s.db.Apply(b, pebble.Sync); err != nil {
+	if err := s.db.Apply(b, s.cfg.write); err != nil {
 		return fmt.Errorf("delete job %q: %w", job, err)
 	}
 	if r := s.ids[job]; r != nil {

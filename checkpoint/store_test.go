@@ -1029,3 +1029,29 @@ func TestSaveKeepsRetentionAndIDOrderAcrossDeletesAndReopens(t *testing.T) {
 		t.Fatalf("reopened with 2 retained: %v, want [13 12]", got)
 	}
 }
+
+// An in-memory store (the mini cluster's without a checkpoint directory)
+// saves, retains and finds checkpoints as a store on disk does, and writes
+// nothing to disk.
+func TestInMemoryStoreKeepsCheckpointsWithoutTouchingTheDisk(t *testing.T) {
+	ctx := t.Context()
+	t.Chdir(t.TempDir())
+	s := mustOpen(t, "db", InMemory())
+	defer mustClose(t, s)
+	for id := ID(1); id <= 5; id++ {
+		c := Completed{Job: "j", ID: id, Tasks: map[TaskID]TaskSnapshot{"t": {Task: "t"}}}
+		if err := s.Save(ctx, c); err != nil {
+			t.Fatalf("Save(%d): %v", id, err)
+		}
+	}
+	latest, skipped, err := s.LatestUsable(ctx, "j")
+	if err != nil || latest.ID != 5 || len(skipped) != 0 {
+		t.Fatalf("LatestUsable: checkpoint %d, skipped %v, %v; want 5", latest.ID, skipped, err)
+	}
+	if _, err := s.Get(ctx, "j", 2); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get(2): %v, want ErrNotFound (3 are retained)", err)
+	}
+	if ents, err := os.ReadDir("."); err != nil || len(ents) != 0 {
+		t.Fatalf("an in-memory store wrote %v to the working directory (%v)", ents, err)
+	}
+}

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -107,7 +106,7 @@ func (js *jobs) open(dir string, log *zap.Logger) error {
 	if dir != "" {
 		jobDir, cpDir = filepath.Join(dir, "jobs"), filepath.Join(dir, "checkpoints")
 	} else {
-		opts = append(opts, checkpoint.WithFS(vfs.NewMem()))
+		opts = append(opts, checkpoint.InMemory())
 	}
 	if js.store, err = OpenJobStore(jobDir); err != nil {
 		return err

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
@@ -345,7 +344,7 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 	if store == nil {
 		dir, opts := cfg.storeDir, []checkpoint.StoreOpt{checkpoint.WithLogger(cfg.log)}
 		if dir == "" {
-			dir, opts = "checkpoints", append(opts, checkpoint.WithFS(vfs.NewMem()))
+			dir, opts = "checkpoints", append(opts, checkpoint.InMemory())
 		}
 		owned, err := checkpoint.OpenStore(dir, opts...)
 		if err != nil {
