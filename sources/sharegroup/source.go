@@ -1246,8 +1246,10 @@ func (s *Source[T]) NotifyJobCanceled(ctx context.Context, lastCompleted checkpo
 // stopLanes stops polling and renewing and closes every lane's client,
 // which releases its held records at once. First every lane of every
 // sibling of this attempt stops fetching, so that no lane in this process
-// acquires what another releases; then the batches acquired and never
-// admitted are judged (settle); only then are records released.
+// acquires what another releases; then the epochs a completed checkpoint
+// covers that the lanes' goroutines did not finish are ACCEPTed, and the
+// batches acquired and never admitted are judged (settle); only then are
+// records released.
 // Idempotent.
 func (s *Source[T]) stopLanes() {
 	if s.stopped {
