@@ -58,7 +58,10 @@ type queuedDeployment struct {
 }
 
 func (q *queuedNotifies) Deploy(ctx context.Context, spec DeploySpec, rep TaskReports) (Deployed, error) {
-	d, err := Deploy(ctx, q.job, spec, nil, rep)
+	// As on a task manager, only Cancel stops the tasks: a deployment
+	// under the job's context would see the cancel before Cancel noted
+	// the completed checkpoint.
+	d, err := Deploy(context.WithoutCancel(ctx), q.job, spec, nil, rep)
 	if err != nil {
 		return nil, err
 	}
