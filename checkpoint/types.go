@@ -12,12 +12,31 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 )
 
 // ID identifies a checkpoint of one job. IDs strictly increase over the life of
 // the job, across restarts and failovers; 0 means "no checkpoint".
 type ID uint64
+
+// Latest holds the highest checkpoint id noted so far, safe for concurrent
+// use: the latest completed checkpoint, say, noted by notifications and
+// cancels that may arrive out of order. The zero value holds 0 (none).
+type Latest struct{ v atomic.Uint64 }
+
+// Note raises the held id to id if id is higher.
+func (l *Latest) Note(id ID) {
+	for {
+		cur := l.v.Load()
+		if uint64(id) <= cur || l.v.CompareAndSwap(cur, uint64(id)) {
+			return
+		}
+	}
+}
+
+// Load returns the held id.
+func (l *Latest) Load() ID { return ID(l.v.Load()) }
 
 // TaskID names one parallel subtask of a job, e.g. "map-3#1". It is stable
 // for a given job graph and parallelism.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -66,7 +65,7 @@ type share struct {
 	ended    chan struct{}
 	finished bool
 
-	completed atomic.Uint64 // newest checkpoint notified complete (or restored)
+	completed checkpoint.Latest // newest checkpoint notified complete (or restored)
 
 	statsMu sync.Mutex
 	stats   map[checkpoint.TaskID]runtime.TaskStats // per task, as of the last heartbeat
@@ -180,7 +179,7 @@ func (sh *share) Trigger(_ context.Context, id checkpoint.ID, sources []checkpoi
 
 func (sh *share) Notify(_ context.Context, id checkpoint.ID, complete bool) {
 	if complete {
-		noteMax(&sh.completed, uint64(id))
+		sh.completed.Note(id)
 	}
 	_ = sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Notify{Notify: &weirpb.NotifyCheckpoint{
 		JobId: sh.key.job, Attempt: sh.key.attempt, CheckpointId: uint64(id), Complete: complete}}})
@@ -188,17 +187,7 @@ func (sh *share) Notify(_ context.Context, id checkpoint.ID, complete bool) {
 
 func (sh *share) Cancel(forGood bool) {
 	_ = sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Cancel{Cancel: &weirpb.CancelTasks{
-		JobId: sh.key.job, Attempt: sh.key.attempt, ForGood: forGood, LastCompleted: sh.completed.Load()}}})
-}
-
-// noteMax raises v to id if id is larger.
-func noteMax(v *atomic.Uint64, id uint64) {
-	for {
-		cur := v.Load()
-		if id <= cur || v.CompareAndSwap(cur, id) {
-			return
-		}
-	}
+		JobId: sh.key.job, Attempt: sh.key.attempt, ForGood: forGood, LastCompleted: uint64(sh.completed.Load())}}})
 }
 
 // Wait waits for DeploymentEnded, or the end of the session: a task
@@ -399,7 +388,7 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 		tasks := byTM[ss]
 		sh := &share{ss: ss, key: key, tasks: tasks, local: map[checkpoint.TaskID]bool{}, rep: rep, log: d.log,
 			anyTask: tasks[0], prepared: make(chan struct{}), opened: make(chan error, 1), ended: make(chan struct{})}
-		sh.completed.Store(uint64(spec.LastCompleted))
+		sh.completed.Note(spec.LastCompleted)
 		ids := make([]string, len(tasks))
 		for i, t := range tasks {
 			sh.local[t] = true

@@ -164,7 +164,7 @@ type localDeployment struct {
 
 	metrics metricRegistry
 
-	lastDone atomic.Uint64
+	lastDone checkpoint.Latest
 	opened   bool
 	start    chan struct{}
 	wg       sync.WaitGroup
@@ -187,7 +187,7 @@ func deploy(parent context.Context, p *plan, spec DeploySpec, ex Exchange, rep T
 	ctx, cancel := context.WithCancelCause(parent)
 	d := &localDeployment{spec: spec, p: p, rep: rep, log: spec.Logger, ctx: ctx, cancel: cancel,
 		byID: map[checkpoint.TaskID]*task{}, start: make(chan struct{})}
-	d.lastDone.Store(uint64(spec.LastCompleted))
+	d.lastDone.Note(spec.LastCompleted)
 	local := func(checkpoint.TaskID) bool { return true }
 	if spec.Tasks != nil {
 		set := map[checkpoint.TaskID]bool{}
@@ -279,8 +279,10 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				continue
 			}
 			t := &task{id: v.taskID(sub), v: v, subtask: sub, ctrl: make(chan control, 1024), rep: d, log: d.log,
-				interrupt: make(chan struct{}, 1),
-				stats:     &taskStats{}}
+				stats: &taskStats{}}
+			if v.nodes[0].kind == kindSource {
+				t.interrupt = make(chan struct{}, 1) // only a source's Poll waits on it
+			}
 			ttw := *tw
 			ttw.stats = t.stats
 			// Output writers of the tail.
@@ -603,7 +605,7 @@ func (d *localDeployment) Notify(ctx context.Context, id checkpoint.ID, complete
 	kind := ctrlAbort
 	if complete {
 		kind = ctrlComplete
-		d.noteCompleted(id)
+		d.lastDone.Note(id)
 	}
 	for _, t := range d.tasks {
 		_ = d.send(ctx, t, control{kind: kind, id: id})
@@ -629,17 +631,7 @@ func (d *localDeployment) send(ctx context.Context, t *task, c control) error {
 // Notify would, without notifying the tasks: a cancel for good that may
 // overtake the notification (a task manager handles a cancel ahead of its
 // queued commands) then commits what id covers (NotifyJobCanceled).
-func (d *localDeployment) NoteCompleted(id checkpoint.ID) { d.noteCompleted(id) }
-
-// noteCompleted raises the last completed checkpoint to id.
-func (d *localDeployment) noteCompleted(id checkpoint.ID) {
-	for {
-		cur := d.lastDone.Load()
-		if uint64(id) <= cur || d.lastDone.CompareAndSwap(cur, uint64(id)) {
-			return
-		}
-	}
-}
+func (d *localDeployment) NoteCompleted(id checkpoint.ID) { d.lastDone.Note(id) }
 
 func (d *localDeployment) Cancel(forGood bool) {
 	if forGood {
@@ -681,7 +673,7 @@ func (d *localDeployment) sourceEnded(task checkpoint.TaskID) { d.rep.SourceEnde
 
 func (d *localDeployment) failed(task checkpoint.TaskID, err error) { d.rep.Failed(task, err) }
 
-func (d *localDeployment) lastCompleted() checkpoint.ID { return checkpoint.ID(d.lastDone.Load()) }
+func (d *localDeployment) lastCompleted() checkpoint.ID { return d.lastDone.Load() }
 
 // TaskIDs lists every task of job (sources first in plan order), and its
 // source tasks: what a job manager schedules.

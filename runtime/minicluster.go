@@ -499,7 +499,7 @@ type attempt struct {
 	sources   []checkpoint.TaskID
 	driver    *checkpoint.Driver
 	ended     atomic.Int32
-	lastDone  atomic.Uint64
+	lastDone  checkpoint.Latest
 	sizeMu    sync.Mutex
 	sizes     map[checkpoint.ID]int64     // state bytes acknowledged per checkpoint
 	triggered map[checkpoint.ID]time.Time // driver goroutine only
@@ -615,7 +615,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	stopDriver()
 	derr := <-driverDone
 	a.reports.Wait()
-	last := checkpoint.ID(a.lastDone.Load())
+	last := a.lastDone.Load()
 	if firstErr != nil {
 		return last, firstErr
 	}
@@ -718,9 +718,7 @@ func (a *attempt) TriggerCheckpoint(ctx context.Context, id checkpoint.ID, sourc
 // NotifyComplete implements checkpoint.Executor.
 func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 	a.pending.completed(id)
-	if uint64(id) > a.lastDone.Load() {
-		a.lastDone.Store(uint64(id))
-	}
+	a.lastDone.Note(id)
 	a.dep.Notify(ctx, id, true)
 	triggered := a.triggered[id]
 	cycle := time.Since(triggered)

@@ -60,7 +60,8 @@ type task struct {
 	inputs  []inputChan
 	outs    []outputGate
 	ctrl    chan control
-	// interrupt fires when a control message is sent (OperatorContext.Interrupt).
+	// interrupt fires when a control message is sent (OperatorContext.Interrupt);
+	// source tasks only (a send to nil is skipped).
 	interrupt chan struct{}
 	rep       reporter
 	log       *zap.Logger

@@ -46,7 +46,6 @@ type lane struct {
 	mu       sync.Mutex
 	state    laneState
 	batch    []*kgo.Record // ready, not yet admitted
-	full     bool          // the batch is as large as a fetch may be: more records are waiting
 	fetchErr error
 	epoch    checkpoint.ID // checkpoint covering the batch; 0 until assigned
 	clock    lockClock     // of the batch's locks, by our clock
@@ -97,7 +96,7 @@ func (l *lane) acquire(ctx context.Context, batch int, acquired func(string, []*
 		}
 		now := time.Now()
 		l.mu.Lock()
-		l.state, l.batch, l.fetchErr, l.full = laneReady, recs, ferr, len(recs) >= batch
+		l.state, l.batch, l.fetchErr = laneReady, recs, ferr
 		l.clock, l.renewed, l.held = newLockClock(recs, now), now, recs
 		l.mu.Unlock()
 		return ctx.Err() == nil

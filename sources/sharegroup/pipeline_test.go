@@ -158,3 +158,58 @@ func openCounting(t *testing.T, env *kafkatest.Env, asked *atomic.Int64, opts ..
 	}
 	return s
 }
+
+// A checkpoint's completion ACCEPTs its epoch even when the lanes'
+// goroutines no longer run: a sibling stopped this subtask's fetching (the
+// notification then finishes the lanes itself), or they ended between the
+// notification and Close (Close ACCEPTs before it releases anything).
+// Either way the records are done and none is released to be delivered
+// again.
+func TestACompletedEpochIsAcceptedWhenItsLanesNoLongerRun(t *testing.T) {
+	tp := acklog.TopicPartition{Topic: "in", Partition: 0}
+	for _, tc := range []struct {
+		name     string
+		complete func(t *testing.T, env *kafkatest.Env, s *Source[string])
+	}{
+		{"fetching stopped before the notification", func(t *testing.T, env *kafkatest.Env, s *Source[string]) {
+			s.stopFetching()
+			if err := s.NotifyCheckpointComplete(t.Context(), 1); err != nil {
+				t.Fatal(err)
+			}
+			if st := shareStart(t, env, "g", tp); st != 100 {
+				t.Fatalf("share start offset %d right after the notification, want 100", st)
+			}
+		}},
+		{"lanes ended after the notification, before Close", func(t *testing.T, _ *kafkatest.Env, s *Source[string]) {
+			// What NotifyCheckpointComplete does up to the poke, with the
+			// lanes' goroutines already gone, so that only Close is left
+			// to ACCEPT.
+			s.stopFetching()
+			if err := s.txn.Commit(t.Context(), 1); err != nil {
+				t.Fatal(err)
+			}
+			s.completed.Note(1)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := kafkatest.New(t)
+			e.CreateTopic(t, "in", 1, nil)
+			produceN(t, e, "in", 100)
+			var asked atomic.Int64
+			s := openCounting(t, e, &asked)
+			if got := pollFor(t, s, 100, 30*time.Second); len(got) != 100 {
+				t.Fatalf("emitted %d records, want 100", len(got))
+			}
+			if _, err := s.Snapshot(t.Context(), 1); err != nil {
+				t.Fatal(err)
+			}
+			tc.complete(t, e, s)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if st := shareStart(t, e, "g", tp); st != 100 {
+				t.Fatalf("share start offset %d after Close, want 100 (every record of completed checkpoint 1 ACCEPTed, none released)", st)
+			}
+		})
+	}
+}

@@ -112,7 +112,7 @@ type Source[T any] struct {
 	counters     sourceCounters
 	// completed is the latest checkpoint whose ack markers this subtask
 	// committed: the lanes' goroutines ACCEPT the epochs it covers.
-	completed atomic.Uint64
+	completed checkpoint.Latest
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
@@ -341,22 +341,22 @@ func (s *Source[T]) runLane(ctx, fctx context.Context, l *lane) {
 		case <-ctx.Done():
 			return
 		}
-		for idle := false; !idle; {
+		for {
+			done := s.completed.Load()
+			l.mu.Lock()
+			idle, due := l.state == laneIdle, completedBy(done)(l)
+			l.mu.Unlock()
+			if due {
+				s.finishLane(fctx, l, done, s.asideOutcome(fctx))
+				continue
+			}
+			if idle {
+				break
+			}
 			select {
 			case <-l.wake:
 			case <-ctx.Done():
 				return
-			}
-			done := checkpoint.ID(s.completed.Load())
-			l.mu.Lock()
-			idle = l.state == laneIdle
-			due := completedBy(done)(l)
-			l.mu.Unlock()
-			if due {
-				s.finishLane(fctx, l, done, s.asideOutcome(fctx))
-				l.mu.Lock()
-				idle = l.state == laneIdle
-				l.mu.Unlock()
 			}
 		}
 	}
@@ -761,7 +761,6 @@ func (s *Source[T]) uncovered() bool {
 // implicit): more input is waiting behind it.
 func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]) (backlog bool, err error) {
 	l.mu.Lock()
-	full := l.full
 	if l.fetchErr != nil {
 		s.log.Warn("share fetch error", zap.String("lane", l.name), zap.Error(l.fetchErr))
 	}
@@ -845,7 +844,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 		}
 		return false, nil
 	}
-	return full, nil
+	return len(batch) >= s.cfg.batch, nil
 }
 
 // verdict is what the source does with a delivered record (judge).
@@ -1081,7 +1080,7 @@ func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.
 			return err
 		}
 	}
-	s.noteCompleted(id)
+	s.completed.Note(id)
 	s.life.Lock()
 	async := s.started && !s.fetchStopped
 	s.life.Unlock()
@@ -1093,17 +1092,6 @@ func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.
 		l.poke()
 	}
 	return nil
-}
-
-// noteCompleted records that the ack markers of the epochs up to id are
-// committed.
-func (s *Source[T]) noteCompleted(id checkpoint.ID) {
-	for {
-		cur := s.completed.Load()
-		if uint64(id) <= cur || s.completed.CompareAndSwap(cur, uint64(id)) {
-			return
-		}
-	}
 }
 
 // finishCompleted finishes (ACCEPTs), on the calling goroutine, every lane
@@ -1141,7 +1129,7 @@ func (s *Source[T]) NotifyCheckpointAborted(ctx context.Context, id checkpoint.I
 	}
 	// An epoch a completed checkpoint covers is not rolled back (its lane
 	// may not have finished it yet).
-	done := completedBy(checkpoint.ID(s.completed.Load()))
+	done := completedBy(s.completed.Load())
 	for _, l := range s.lanes {
 		l.mu.Lock()
 		covered := completedBy(id)(l) && !done(l)
@@ -1228,14 +1216,13 @@ func (s *Source[T]) NotifyJobCanceled(ctx context.Context, lastCompleted checkpo
 		err = s.txn.EndJob(ctx, lastCompleted)
 	}
 	// The epochs up to lastCompleted are committed (EndJob committed their
-	// markers if their notification never came): ACCEPT their records, or
-	// the release below would hand processed records to the next consumer.
-	if err == nil && lastCompleted > 0 {
-		s.noteCompleted(lastCompleted)
-		s.finishCompleted(ctx, lastCompleted)
+	// markers if their notification never came): stopLanes ACCEPTs their
+	// records before it releases the rest, or the release would hand
+	// processed records to the next consumer; and a record must not reach
+	// another consumer while a marker of ours still covers it.
+	if err == nil {
+		s.completed.Note(lastCompleted)
 	}
-	// Then release: a record must not reach another consumer while a
-	// marker of ours still covers it.
 	s.stopLanes()
 	if err != nil {
 		return fmt.Errorf("sharegroup: cancel: %w", err)
@@ -1264,7 +1251,7 @@ func (s *Source[T]) stopLanes() {
 	// The lanes' goroutines ended: ACCEPT what a completed checkpoint
 	// covers that they did not finish, before it is released.
 	if c := s.completed.Load(); c > 0 {
-		s.finishCompleted(ctx, checkpoint.ID(c))
+		s.finishCompleted(ctx, c)
 	}
 	s.settle(ctx)
 	cancel()
