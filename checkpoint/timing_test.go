@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"errors"
+	"sync"
 	"testing"
 	"time"
 )
@@ -29,5 +30,32 @@ func TestMaxTransactionLifetimeCoversEpochTimeoutsToleratedFailuresAndRestart(t 
 		if err := bad.Validate(); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("Validate(%+v) = %v, want ErrInvalidConfig", bad, err)
 		}
+	}
+}
+
+// Latest keeps the highest id noted, whatever the order the notes arrive
+// in and from however many goroutines.
+func TestLatestKeepsTheHighestIDNotedConcurrently(t *testing.T) {
+	var l Latest
+	if got := l.Load(); got != 0 {
+		t.Fatalf("zero Latest holds %d, want 0", got)
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 1000; i > 0; i-- { // descending: most notes are lower than what is held
+				l.Note(ID(i*8 + g))
+			}
+		}()
+	}
+	wg.Wait()
+	if got := l.Load(); got != 1000*8+7 {
+		t.Fatalf("Latest holds %d, want %d", got, 1000*8+7)
+	}
+	l.Note(3)
+	if got := l.Load(); got != 1000*8+7 {
+		t.Fatalf("a lower note moved Latest to %d", got)
 	}
 }
