@@ -258,22 +258,39 @@ type measure func(run int) (float64, error)
 // step reports which run is next. Before each run the garbage of the
 // previous one is collected, so no side pays for the other's.
 func alternate(runs int, step func(side string, run int), weir, base measure) (w, b []float64, err error) {
-	for i := range runs {
-		step("weir", i)
-		goruntime.GC()
-		v, err := weir(i)
-		if err != nil {
-			return nil, nil, err
-		}
-		w = append(w, v)
-		step("baseline", i)
-		goruntime.GC()
-		if v, err = base(i); err != nil {
-			return nil, nil, fmt.Errorf("baseline: %w", err)
-		}
-		b = append(b, v)
+	vs, err := alternateSides(runs, step, side{"weir", weir}, side{"baseline", base})
+	if err != nil {
+		return nil, nil, err
 	}
-	return w, b, nil
+	return vs[0], vs[1], nil
+}
+
+// side is one side of an alternated measurement.
+type side struct {
+	name string
+	m    measure
+}
+
+// alternateSides is alternate for any number of sides, measured in the
+// order given within each run; it returns each side's rates in run order.
+// An error of a side other than the first is wrapped with its name.
+func alternateSides(runs int, step func(side string, run int), sides ...side) ([][]float64, error) {
+	vs := make([][]float64, len(sides))
+	for i := range runs {
+		for k, s := range sides {
+			step(s.name, i)
+			goruntime.GC()
+			v, err := s.m(i)
+			if err != nil {
+				if k > 0 {
+					err = fmt.Errorf("%s: %w", s.name, err)
+				}
+				return nil, err
+			}
+			vs[k] = append(vs[k], v)
+		}
+	}
+	return vs, nil
 }
 
 // compared is the line of a comparison from the rates of alternated runs

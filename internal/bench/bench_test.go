@@ -48,8 +48,9 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 		"share-inflight":        {"max_held_per_partition"},
 		"limit-produce":         {"records_per_s"},
 		"limit-share-consume":   {"records_per_s"},
+		"limit-wordcount":       {"records_per_s"},
 	}
-	compared := []string{"runtime-wordcount", "runtime-wordcount-2tm", "eos-sink", "eos-wordcount"}
+	compared := []string{"runtime-wordcount", "runtime-wordcount-2tm", "eos-sink", "eos-wordcount", "limit-wordcount"}
 	limits := []string{"limit-produce", "limit-share-consume"}
 	const runs = 2
 	var buf bytes.Buffer
@@ -238,6 +239,35 @@ func TestAlternateInterleavesTheSides(t *testing.T) {
 	}
 	if !slices.Equal(w, []float64{1, 2, 3}) || !slices.Equal(b, []float64{1, 2, 3}) {
 		t.Errorf("rates %v %v", w, b)
+	}
+}
+
+// With three sides (eos-wordcount's Weir, loop and ceiling) each run
+// measures every side in the given order, and a later side's error names it.
+func TestAlternateSidesMeasuresEverySideInEachRun(t *testing.T) {
+	var order []string
+	side := func(name string, fail int) side {
+		return side{name, func(run int) (float64, error) {
+			order = append(order, fmt.Sprintf("%s%d", name, run))
+			if run == fail {
+				return 0, errors.New("broke")
+			}
+			return float64(run + 1), nil
+		}}
+	}
+	vs, err := alternateSides(2, func(string, int) {}, side("w", -1), side("b", -1), side("c", -1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"w0", "b0", "c0", "w1", "b1", "c1"}; !slices.Equal(order, want) {
+		t.Errorf("order %v, want %v", order, want)
+	}
+	if len(vs) != 3 || !slices.Equal(vs[2], []float64{1, 2}) {
+		t.Errorf("rates %v", vs)
+	}
+	_, err = alternateSides(2, func(string, int) {}, side("w", -1), side("c", 1))
+	if err == nil || !strings.HasPrefix(err.Error(), "c: ") {
+		t.Errorf("error %v, want one naming side c", err)
 	}
 }
 

@@ -36,6 +36,10 @@ import (
 // acknowledgement. Both outputs are then read back and checked record by
 // record, outside the timed windows.
 //
+// Between them it measures the ceiling of any wordcount on this machine
+// and broker (limit-wordcount, wordcountCeiling), so the report shows how
+// far above the loop any wordcount could go at all.
+//
 // It also reports the largest number of records a source subtask held per
 // partition against the broker's cap (share-inflight), over all runs.
 func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
@@ -65,24 +69,33 @@ func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 			maxHeld = max(maxHeld, n)
 		}
 	})
-	weir, base, err := alternate(runs, func(side string, i int) { cfg.progress("run %d/%d: %s", i+1, runs, side) },
-		func(i int) (float64, error) {
+	vs, err := alternateSides(runs, func(side string, i int) { cfg.progress("run %d/%d: %s", i+1, runs, side) },
+		side{"weir", func(i int) (float64, error) {
 			el, err := weirEOSWordcount(ctx, kb, i, want, words, observe)
 			return float64(lines) / el.Seconds(), err
-		},
-		func(i int) (float64, error) {
+		}},
+		side{"baseline", func(i int) (float64, error) {
 			el, err := shareLoop(ctx, kb, i, want, words)
 			return float64(lines) / el.Seconds(), err
-		})
+		}},
+		side{"ceiling", func(i int) (float64, error) {
+			el, err := wordcountCeiling(ctx, kb, i, words)
+			return float64(lines) / el.Seconds(), err
+		}})
 	if err != nil {
 		return nil, err
 	}
+	weir, base, ceiling := vs[0], vs[1], vs[2]
 	l := compared("eos-wordcount", "records_per_s", "franz-go-share-loop", weir, base)
 	l.Note = fmt.Sprintf("input lines/s; %d lines, %d words, 8 partitions; "+
 		"clocks stop at the last output visible to read_committed (weir) and at the last produce ack (baseline); %s", lines, words, l.Note)
+	lim := compared("limit-wordcount", "records_per_s", "franz-go-share-loop", ceiling, base)
+	lim.Note = fmt.Sprintf("input lines/s of the ceiling of any wordcount on this machine and broker: 2 share consumers "+
+		"that split each line and produce one record per word asynchronously (no counting, no transaction, no ack waited for), "+
+		"measured in turn with eos-wordcount's runs; ratio: ceiling / loop; median of %d runs; ceiling %s", len(ceiling), rates(ceiling))
 	mu.Lock()
 	defer mu.Unlock()
-	return []Line{l,
+	return []Line{l, lim,
 		{Bench: "share-inflight", Metric: "max_held_per_partition", Value: float64(maxHeld),
 			Baseline: "group.share.partition.max.record.locks", BaselineValue: float64(limit), Ratio: float64(maxHeld) / float64(max(limit, 1))},
 	}, nil
@@ -407,4 +420,83 @@ func checkCounts(recs []*kgo.Record, want map[string]int) error {
 		problems = append(problems[:5], fmt.Errorf("and %d more", len(problems)-5))
 	}
 	return errors.Join(problems...)
+}
+
+// wordcountCeiling is the most a wordcount could do on this broker and
+// machine (run-th run: group and output of its own): 2 share consumers,
+// each polling (which ACCEPTs the previous poll), splitting every line as
+// the wordcount does and producing one record per word (the word, value
+// "1") asynchronously from one client, with franz-go's defaults as the
+// loop. No counting, no ordering, no transaction, no acknowledgement
+// waited for before the next poll: everything a wordcount must do to move
+// the data, and nothing else. It returns the time from its start to the
+// acknowledgement of the last record, then checks that every word was
+// produced once per occurrence (the number of acknowledged records; the
+// broker holds them) and deletes the output.
+func wordcountCeiling(ctx context.Context, kb *kafkaBroker, run int, words int) (time.Duration, error) {
+	group, out := fmt.Sprintf("bench-ceiling-%d", run), fmt.Sprintf("bench-ceiling-out-%d", run)
+	if err := sharegroup.SetGroupConfig(ctx, kb.cl, group, "share.auto.offset.reset", "earliest"); err != nil {
+		return 0, err
+	}
+	if err := createTopic(ctx, kb.adm, out); err != nil {
+		return 0, err
+	}
+	defer deleteTopic(ctx, kb.adm, out)
+	prod, err := kgo.NewClient(kgo.SeedBrokers(kb.addr), kgo.DefaultProduceTopic(out))
+	if err != nil {
+		return 0, err
+	}
+	defer prod.Close()
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		produced, acked atomic.Int64
+		elapsed         atomic.Int64 // time.Duration of the last acknowledgement
+		firstErr        atomic.Pointer[error]
+	)
+	one := []byte("1")
+	start := time.Now()
+	promise := func(_ *kgo.Record, err error) {
+		if err != nil {
+			firstErr.CompareAndSwap(nil, &err)
+			cancel()
+			return
+		}
+		if acked.Add(1) == int64(words) {
+			elapsed.Store(int64(time.Since(start)))
+			cancel()
+		}
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		cons, err := kgo.NewClient(kgo.SeedBrokers(kb.addr), kgo.ShareGroup(group), kgo.ConsumeTopics("bench-lines"),
+			kgo.ShareMaxRecords(2000), kgo.FetchMaxWait(limitFetchWait))
+		if err != nil {
+			return 0, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer cons.Close()
+			for lctx.Err() == nil && produced.Load() < int64(words) {
+				cons.PollRecords(lctx, 2000).EachRecord(func(r *kgo.Record) {
+					for _, w := range wordcount.Words(string(r.Value)) {
+						produced.Add(1)
+						prod.Produce(lctx, &kgo.Record{Key: []byte(w), Value: one}, promise)
+					}
+				})
+			}
+		}()
+	}
+	wg.Wait()
+	if err := prod.Flush(ctx); err != nil {
+		return 0, fmt.Errorf("flush: %w", err)
+	}
+	if err := firstErr.Load(); err != nil {
+		return 0, fmt.Errorf("produce: %w", *err)
+	}
+	if n := acked.Load(); n != int64(words) || produced.Load() != int64(words) {
+		return 0, fmt.Errorf("produced %d and acknowledged %d of %d words: %w", produced.Load(), n, words, ctx.Err())
+	}
+	return time.Duration(elapsed.Load()), nil
 }
