@@ -108,6 +108,7 @@ type cfg struct {
 	grace          time.Duration
 	observe        func(held map[acklog.TopicPartition]int, limit int)
 	pollWait       time.Duration
+	idleCommit     time.Duration // 0: off
 	tombstoneEvery time.Duration
 	checkEvery     time.Duration // share start offset check (subtask 0)
 	renewTick      time.Duration // how often the renewer looks at the lanes
@@ -329,6 +330,22 @@ func MarkerGrace(d time.Duration) SourceOpt {
 // (acquired, not yet acknowledged) and the broker's per-partition cap
 // (group.share.partition.max.record.locks). It is the in-flight window
 // metric; fn must return quickly.
+// CommitWhenIdle makes a Source ask for a checkpoint when no batch has
+// come for d while it holds records that no checkpoint covers yet. When the
+// input goes quiet, what was read is then committed (its output visible
+// downstream, its share locks released) within about d plus one checkpoint
+// cycle, instead of at the next interval.
+//
+// It is off by default (0): a source that keeps up leaves the pace to the
+// checkpoint interval, as in Flink. The cost is a checkpoint per quiet
+// gap: records that trickle in slower than one batch per d are
+// checkpointed about once per batch, bounded only by the job's MinPause.
+// It suits bursty or batch-like input whose end-to-end latency matters
+// more than the number of checkpoints.
+func CommitWhenIdle(d time.Duration) SourceOpt {
+	return sourceOpt{"CommitWhenIdle", func(c *cfg) { c.idleCommit = d }}
+}
+
 func ObserveInFlight(fn func(held map[acklog.TopicPartition]int, limit int)) SourceOpt {
 	return sourceOpt{"ObserveInFlight", func(c *cfg) { c.observe = fn }}
 }
@@ -393,6 +410,8 @@ func (c *cfg) validateSource() error {
 		return bad("max re-queues %d < 0", c.maxRequeues)
 	case c.mode > Implicit:
 		return bad("unknown mode %d", c.mode)
+	case c.idleCommit < 0:
+		return bad("idle-commit time %v < 0", c.idleCommit)
 	}
 	return nil
 }

@@ -145,6 +145,62 @@ func TestCoveredBatchesNearTheCapAskForNoMoreCheckpoints(t *testing.T) {
 	}
 }
 
+// A partial batch (the input went quiet) asks for a checkpoint once no
+// batch has come for the idle-commit time, only with CommitWhenIdle, and
+// asks no more once a checkpoint covers it; without the option the
+// interval carries it, however long the source idles.
+func TestCommitWhenIdleAsksForACheckpointOnceTheInputIsQuiet(t *testing.T) {
+	const idle = 30 * time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		opts    []Opt
+		wantAsk bool
+	}{
+		{"off by default", nil, false},
+		{"CommitWhenIdle", []Opt{CommitWhenIdle(idle)}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := kafkatest.New(t)
+			env.CreateTopic(t, "in", 1, nil)
+			produceN(t, env, "in", 10)
+			var asked atomic.Int64
+			// Two lanes: the second one polls, so not every lane holds a
+			// batch (which would ask for a checkpoint by itself).
+			s := openCounting(t, env, &asked, append([]Opt{BatchSize(100), Lanes(2), withCfg(func(c *cfg) { c.stagger = 0 })}, tc.opts...)...)
+			ctx := t.Context()
+			if got := pollFor(t, s, 10, 30*time.Second); len(got) != 10 {
+				t.Fatalf("emitted %d records, want 10", len(got))
+			}
+			polls := 0
+			for admitted := time.Now(); time.Since(admitted) < 4*idle; polls++ {
+				if err := s.Poll(ctx, &sliceCollector{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := asked.Load() > 0; got != tc.wantAsk {
+				t.Fatalf("%d checkpoint requests after %v without a batch, want requests: %v", asked.Load(), 4*idle, tc.wantAsk)
+			}
+			// Once it asked, Poll waits for the barrier (the poll wait,
+			// 50 ms, or an interrupt) instead of spinning.
+			if polls > 20 {
+				t.Fatalf("%d Polls in %v while idle: Poll spins", polls, 4*idle)
+			}
+			if _, err := s.Snapshot(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			asked.Store(0)
+			for covered := time.Now(); time.Since(covered) < 4*idle; {
+				if err := s.Poll(ctx, &sliceCollector{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := asked.Load(); n != 0 {
+				t.Fatalf("%d checkpoint requests while checkpoint 1 covers every held record", n)
+			}
+		})
+	}
+}
+
 // openCounting opens the only subtask of a source the test drives by hand,
 // counting its checkpoint requests in asked.
 func openCounting(t *testing.T, env *kafkatest.Env, asked *atomic.Int64, opts ...Opt) *Source[string] {

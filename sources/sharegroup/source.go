@@ -87,6 +87,8 @@ type Source[T any] struct {
 	stopped   bool
 	closed    bool
 	member    string
+	// lastAdmitted is when Poll last admitted a batch (CommitWhenIdle).
+	lastAdmitted time.Time
 
 	// Start and stop. Siblings stop this subtask's fetching from their
 	// own goroutines (stopFetching), so life guards what they share.
@@ -419,8 +421,10 @@ func (s *Source[T]) setPaused(p bool) { s.paused.Store(p) }
 // and lanes cycle through checkpoints one behind the other. It asks for a
 // checkpoint when it admitted a full batch (the input has a backlog), or
 // when held batches no checkpoint covers yet block every lane or near the
-// broker's per-partition cap; otherwise the interval sets the pace
-// (docs/architecture.md, "Share-group source pipeline").
+// broker's per-partition cap, or (CommitWhenIdle) when no batch came for
+// the idle-commit time while it holds records no checkpoint covers;
+// otherwise the interval sets the pace (docs/architecture.md, "Share-group
+// source pipeline").
 func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 	if err := s.startLanes(); err != nil {
 		return err
@@ -433,7 +437,11 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 	if err := s.housekeep(ctx); err != nil {
 		return err
 	}
-	t := time.NewTimer(s.cfg.pollWait)
+	wait := s.cfg.pollWait
+	if rest := s.cfg.idleCommit - time.Since(s.lastAdmitted); s.cfg.idleCommit > 0 && rest > 0 && s.uncovered() {
+		wait = min(wait, rest) // wake to ask in time; once asked, the barrier interrupts the wait
+	}
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	backlog := false
 	select {
@@ -442,6 +450,7 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 		if backlog, err = s.admit(ctx, l, out); err != nil {
 			return err
 		}
+		s.lastAdmitted = time.Now()
 	case err := <-s.fatal:
 		return err
 	case <-t.C:
@@ -464,6 +473,8 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 		s.oc.RequestCheckpoint("every share-group lane holds a batch")
 	case near:
 		s.oc.RequestCheckpoint("held share records near the per-partition cap")
+	case s.cfg.idleCommit > 0 && time.Since(s.lastAdmitted) >= s.cfg.idleCommit:
+		s.oc.RequestCheckpoint("no share-group batch arrived for the idle-commit time (CommitWhenIdle)")
 	}
 	return nil
 }

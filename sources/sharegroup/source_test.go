@@ -286,6 +286,7 @@ func TestBadOptionsAreRefused(t *testing.T) {
 		{"no group", []Opt{Brokers("b"), Topics("t")}},
 		{"max deliveries 1", []Opt{Brokers("b"), Topics("t"), Group("g"), MaxDeliveries(1)}},
 		{"negative batch", []Opt{Brokers("b"), Topics("t"), Group("g"), BatchSize(-1)}},
+		{"negative idle-commit time", []Opt{Brokers("b"), Topics("t"), Group("g"), CommitWhenIdle(-time.Millisecond)}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
