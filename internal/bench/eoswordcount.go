@@ -24,8 +24,9 @@ import (
 // EOSWordcount measures the exactly-once wordcount (share group ->
 // transactional sink, mini cluster, 100 ms checkpoints plus readiness
 // triggers and sharegroup.CommitWhenIdle(5 ms), so that the last batch is
-// not left waiting for the interval) against a hand-written franz-go at-least-once share-consume,
-// count, produce loop (2 consumers, flush per poll), on the same in-process
+// not left waiting for the interval) against a hand-written franz-go
+// at-least-once share-consume, count, produce loop (2 consumers, flush per
+// poll), on the same in-process
 // broker and the same input, in input lines per second, alternating the two
 // sides (3 runs each, 2 with Quick; each run reads the input with a share
 // group of its own and writes a topic of its own).
