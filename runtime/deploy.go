@@ -340,6 +340,9 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 					return fmt.Errorf("runtime: operator %q: %w", n.name, err)
 				}
 				t.ops[i] = inst
+				if p, ok := inst.(recordPublisher); ok {
+					t.publishers = append(t.publishers, p)
+				}
 				out = inst.input()
 			}
 			// A keyed head takes the key groups a hash edge's writer computed.

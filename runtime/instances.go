@@ -108,7 +108,8 @@ type sinkInstance[T any] struct {
 	sink    Sink[T]
 	oc      *OperatorContext
 	ctx     context.Context
-	records *atomic.Int64 // written
+	written int64         // since the last publishRecords
+	records *atomic.Int64 // written, published
 }
 
 func newSinkInstance[T any](sink Sink[T], oc *OperatorContext) *sinkInstance[T] {
@@ -120,9 +121,16 @@ func (s *sinkInstance[T]) input() any {
 		if err := s.sink.Write(s.ctx, v); err != nil {
 			return err
 		}
-		s.records.Add(1)
+		s.written++
 		return nil
 	}))
+}
+
+func (s *sinkInstance[T]) publishRecords() {
+	if s.written != 0 {
+		s.records.Add(s.written)
+		s.written = 0
+	}
 }
 
 func (s *sinkInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {

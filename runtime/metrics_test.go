@@ -58,10 +58,7 @@ func (s *gaugeSink) Close() error { return nil }
 
 func TestTaskStatsCountRecordsInOutAndBackPressure(t *testing.T) {
 	const n = 3000
-	items := make([]int, n)
-	for i := range items {
-		items[i] = i
-	}
+	items := upTo(n)
 	j := NewJob("stats")
 	src := FromSource(j, "numbers", SliceSource(items, 100))
 	doubled := Map(src, "double", func(v int) (int, error) { return 2 * v, nil })
@@ -119,6 +116,30 @@ func TestTaskStatsCountRecordsInOutAndBackPressure(t *testing.T) {
 	}
 }
 
+// A sink chained into its source's task writes during the source's polls;
+// its records out are what it wrote (here the filter's survivors), not what
+// the source emitted.
+func TestTaskStatsCountAChainedSinksWrittenRecords(t *testing.T) {
+	const n = 1000
+	items := upTo(n)
+	j := NewJob("chained")
+	src := FromSource(j, "numbers", SliceSource(items, 64))
+	even := Filter(src, "even", func(v int) bool { return v%2 == 0 })
+	SinkTo(even, "sink", func() Sink[int] { return discardSink[int]{} })
+	dep := &capturingDeployer{job: j}
+	if _, err := NewMiniCluster(Deployment(dep)).Run(t.Context(), j); err != nil {
+		t.Fatal(err)
+	}
+	d := dep.deps[0]
+	stats := d.TaskStats()
+	if len(stats) != 1 || stats[0].RecordsIn != n || stats[0].RecordsOut != n/2 {
+		t.Errorf("task stats %+v, want one task with %d in and %d out", stats, n, n/2)
+	}
+	if c := d.Counts(); c != (RecordCounts{In: n, Out: n / 2}) {
+		t.Errorf("Counts() = %+v, want %d in and %d out", c, n, n/2)
+	}
+}
+
 func TestGraphDescribesVerticesAndEdges(t *testing.T) {
 	j := NewJob("graph", DefaultParallelism(2))
 	src := FromSource(j, "numbers", SliceSource([]int{1}, 1))
@@ -135,4 +156,13 @@ func TestGraphDescribesVerticesAndEdges(t *testing.T) {
 	if len(g.Edges) != 1 || g.Edges[0] != (GraphEdge{From: "numbers", To: "sink", Ship: "REBALANCE"}) {
 		t.Errorf("edges %+v", g.Edges)
 	}
+}
+
+// upTo returns 0, 1, ..., n-1.
+func upTo(n int) []int {
+	items := make([]int, n)
+	for i := range items {
+		items[i] = i
+	}
+	return items
 }

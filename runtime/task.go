@@ -66,6 +66,9 @@ type task struct {
 	rep       reporter
 	log       *zap.Logger
 	stats     *taskStats
+	// publishers are the chain's instances that count records in a plain
+	// field; publishRecords hands their counts to stats.
+	publishers []recordPublisher
 
 	aligner    *aligner  // barrier alignment (pure state machine)
 	seq        sequencer // per-task checkpoint logic (pure state machine)
@@ -215,6 +218,7 @@ func (t *task) runSource(ctx context.Context) error {
 			continue
 		}
 		err := src.poll(ctx)
+		t.publishRecords()
 		if errors.Is(err, ErrEndOfInput) {
 			ended = true
 			t.seq.endOfSource()
@@ -276,6 +280,7 @@ func (t *task) runInputs(ctx context.Context) error {
 		case e.batch != nil:
 			n, err := t.inputs[idx].deliver(e.batch)
 			t.stats.in.Add(int64(n))
+			t.publishRecords()
 			if err != nil {
 				return err
 			}
@@ -414,6 +419,14 @@ func (t *task) notify(ctx context.Context, id checkpoint.ID, complete bool) erro
 		}
 	}
 	return nil
+}
+
+// publishRecords publishes the records the chain's publishers counted
+// since the last call.
+func (t *task) publishRecords() {
+	for _, p := range t.publishers {
+		p.publishRecords()
+	}
 }
 
 func (t *task) flush(ctx context.Context) error {
