@@ -19,6 +19,7 @@ import (
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/runtime"
+	"github.com/weirstream/weir/sources/sharegroup"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -132,45 +133,54 @@ func TestWordcountSurvivesAFailureAtEveryPoint(t *testing.T) {
 		"jm.after-checkpoint-persisted=error@1", // first checkpoint stored, no notification: recovery commits it
 		"task.process=error@5000",               // mid-epoch processing failure
 	}
-	for _, spec := range points {
-		t.Run(spec, func(t *testing.T) {
-			env := kafkatest.New(t)
-			env.CreateTopic(t, "lines", 4, nil)
-			lines := corpus(4000)
-			produce(t, env, "lines", lines)
-			job, err := wordcount.Build(runtime.Params{"brokers": env.Addr, "input": "lines", "output": "counts",
-				"group": "wc", "guarantee": "exactly-once", "parallelism": "2"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			fp, err := failpoint.Parse(spec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := wordcount.Expected(lines)
-			name := strings.SplitN(spec, "=", 2)[0]
-			// Run on until the failure fired and two checkpoints completed
-			// after it: the restarted job recovered and made progress.
-			var after atomic.Int32
-			fired := func() bool { return fp.Hits(name) >= hitsOf(spec) }
-			res := runUntil(t, env, job, want, func() bool { return after.Load() >= 2 },
-				runtime.CheckpointInterval(30*time.Millisecond), runtime.Failpoints(fp), runtime.Restarts(5, 10*time.Millisecond),
-				runtime.Logger(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))),
-				runtime.OnCheckpointComplete(func(runtime.CheckpointEvent) {
-					if fired() {
-						after.Add(1)
-					}
-				}))
-			if res.Restarts == 0 {
-				t.Fatalf("failpoint %s was hit %d times, %d restarts: the failure was not exercised", name, fp.Hits(name), res.Restarts)
-			}
-			rep := wordcount.Check(env.ReadCommitted(t, "counts"), want)
-			if !rep.OK() {
-				t.Fatal(rep)
-			}
-			t.Logf("%s (restarts %d)", rep, res.Restarts)
-		})
+	// Each point also with CommitWhenIdle(1ms), which the benchmark uses:
+	// checkpoints also come when the input goes quiet, not only at the
+	// interval.
+	for _, idle := range []time.Duration{0, time.Millisecond} {
+		for _, spec := range points {
+			t.Run(fmt.Sprintf("%s/commit-when-idle=%v", spec, idle), func(t *testing.T) {
+				survivesAFailureAt(t, spec, idle)
+			})
+		}
 	}
+}
+
+func survivesAFailureAt(t *testing.T, spec string, idle time.Duration) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "lines", 4, nil)
+	lines := corpus(4000)
+	produce(t, env, "lines", lines)
+	job, err := wordcount.BuildWith(runtime.Params{"brokers": env.Addr, "input": "lines", "output": "counts",
+		"group": "wc", "guarantee": "exactly-once", "parallelism": "2"}, sharegroup.CommitWhenIdle(idle))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, err := failpoint.Parse(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := wordcount.Expected(lines)
+	name := strings.SplitN(spec, "=", 2)[0]
+	// Run on until the failure fired and two checkpoints completed
+	// after it: the restarted job recovered and made progress.
+	var after atomic.Int32
+	fired := func() bool { return fp.Hits(name) >= hitsOf(spec) }
+	res := runUntil(t, env, job, want, func() bool { return after.Load() >= 2 },
+		runtime.CheckpointInterval(30*time.Millisecond), runtime.Failpoints(fp), runtime.Restarts(5, 10*time.Millisecond),
+		runtime.Logger(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))),
+		runtime.OnCheckpointComplete(func(runtime.CheckpointEvent) {
+			if fired() {
+				after.Add(1)
+			}
+		}))
+	if res.Restarts == 0 {
+		t.Fatalf("failpoint %s was hit %d times, %d restarts: the failure was not exercised", name, fp.Hits(name), res.Restarts)
+	}
+	rep := wordcount.Check(env.ReadCommitted(t, "counts"), want)
+	if !rep.OK() {
+		t.Fatal(rep)
+	}
+	t.Logf("%s (restarts %d)", rep, res.Restarts)
 }
 
 // hitsOf returns N of a "name=error@N" spec.
