@@ -325,3 +325,22 @@ func TestCheckCountsWantsEveryValueOnceInAnyOrder(t *testing.T) {
 		})
 	}
 }
+
+func TestFirstDeliveriesSkipsARecordDeliveredAgain(t *testing.T) {
+	var f firstDeliveries
+	for _, c := range []struct {
+		partition int32
+		offset    int64
+		first     bool
+	}{
+		{0, 7, true},
+		{1, 7, true}, // same offset, other partition
+		{0, 8, true},
+		{0, 7, false}, // delivered again
+		{1, 7, false},
+	} {
+		if got := f.first(&kgo.Record{Partition: c.partition, Offset: c.offset}); got != c.first {
+			t.Errorf("first(%d/%d) = %v, want %v", c.partition, c.offset, got, c.first)
+		}
+	}
+}
