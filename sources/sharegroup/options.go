@@ -325,11 +325,6 @@ func MarkerGrace(d time.Duration) SourceOpt {
 	return sourceOpt{"MarkerGrace", func(c *cfg) { c.grace = d }}
 }
 
-// ObserveInFlight calls fn, on the task goroutine, each time the records
-// held by a Source subtask change: held records per topic-partition
-// (acquired, not yet acknowledged) and the broker's per-partition cap
-// (group.share.partition.max.record.locks). It is the in-flight window
-// metric; fn must return quickly.
 // CommitWhenIdle makes a Source ask for a checkpoint when no batch has
 // come for d while it holds records that no checkpoint covers yet. When the
 // input goes quiet, what was read is then committed (its output visible
@@ -346,6 +341,11 @@ func CommitWhenIdle(d time.Duration) SourceOpt {
 	return sourceOpt{"CommitWhenIdle", func(c *cfg) { c.idleCommit = d }}
 }
 
+// ObserveInFlight calls fn, on the task goroutine, each time the records
+// held by a Source subtask change: held records per topic-partition
+// (acquired, not yet acknowledged) and the broker's per-partition cap
+// (group.share.partition.max.record.locks). It is the in-flight window
+// metric; fn must return quickly.
 func ObserveInFlight(fn func(held map[acklog.TopicPartition]int, limit int)) SourceOpt {
 	return sourceOpt{"ObserveInFlight", func(c *cfg) { c.observe = fn }}
 }
