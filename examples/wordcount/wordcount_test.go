@@ -133,23 +133,52 @@ func TestWordcountSurvivesAFailureAtEveryPoint(t *testing.T) {
 		"jm.after-checkpoint-persisted=error@1", // first checkpoint stored, no notification: recovery commits it
 		"task.process=error@5000",               // mid-epoch processing failure
 	}
-	// Each point also with CommitWhenIdle(1ms), which the benchmark uses:
-	// checkpoints also come when the input goes quiet, not only at the
-	// interval.
-	for _, idle := range []time.Duration{0, time.Millisecond} {
+	// Each point also with CommitWhenIdle(1ms), which the benchmark uses,
+	// and an interval the test never reaches: the input comes in bursts,
+	// and each burst's tail is committed only because the input went quiet
+	// (with the idle time 0, five of the six time out: the job made no
+	// progress after the failure).
+	for _, tc := range []struct {
+		name           string
+		interval, idle time.Duration
+	}{
+		{"interval", 30 * time.Millisecond, 0},
+		{"commit-when-idle", 10 * time.Minute, time.Millisecond},
+	} {
 		for _, spec := range points {
-			t.Run(fmt.Sprintf("%s/commit-when-idle=%v", spec, idle), func(t *testing.T) {
-				survivesAFailureAt(t, spec, idle)
+			t.Run(spec+"/"+tc.name, func(t *testing.T) {
+				survivesAFailureAt(t, spec, tc.interval, tc.idle)
 			})
 		}
 	}
 }
 
-func survivesAFailureAt(t *testing.T, spec string, idle time.Duration) {
+func survivesAFailureAt(t *testing.T, spec string, interval, idle time.Duration) {
 	env := kafkatest.New(t)
 	env.CreateTopic(t, "lines", 4, nil)
 	lines := corpus(4000)
-	produce(t, env, "lines", lines)
+	// The first burst before the job starts, the others while it runs,
+	// through the failure and the recovery.
+	const bursts = 8
+	burst := func(i int) []string { return lines[i*len(lines)/bursts : (i+1)*len(lines)/bursts] }
+	produce(t, env, "lines", burst(0))
+	cl := env.Client(t, kgo.DefaultProduceTopic("lines"))
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		for i := 1; i < bursts; i++ {
+			time.Sleep(100 * time.Millisecond)
+			recs := make([]*kgo.Record, 0, len(burst(i)))
+			for _, l := range burst(i) {
+				recs = append(recs, kgo.StringRecord(l))
+			}
+			if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+				t.Errorf("burst %d: %v", i, err)
+				return
+			}
+		}
+	}()
+	defer func() { <-produced }()
 	job, err := wordcount.BuildWith(runtime.Params{"brokers": env.Addr, "input": "lines", "output": "counts",
 		"group": "wc", "guarantee": "exactly-once", "parallelism": "2"}, sharegroup.CommitWhenIdle(idle))
 	if err != nil {
@@ -166,7 +195,7 @@ func survivesAFailureAt(t *testing.T, spec string, idle time.Duration) {
 	var after atomic.Int32
 	fired := func() bool { return fp.Hits(name) >= hitsOf(spec) }
 	res := runUntil(t, env, job, want, func() bool { return after.Load() >= 2 },
-		runtime.CheckpointInterval(30*time.Millisecond), runtime.Failpoints(fp), runtime.Restarts(5, 10*time.Millisecond),
+		runtime.CheckpointInterval(interval), runtime.Failpoints(fp), runtime.Restarts(5, 10*time.Millisecond),
 		runtime.Logger(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))),
 		runtime.OnCheckpointComplete(func(runtime.CheckpointEvent) {
 			if fired() {
