@@ -86,10 +86,11 @@ type instance interface {
 	user() any
 }
 
-// recordPublisher is an instance that counts its records in a plain field:
-// its task publishes the count to the task's stats after each batch it
-// delivered and each poll, one atomic add per batch rather than per record
-// (as outWriter does for records out).
+// recordPublisher is an instance that counts its records in a plain field
+// (a source what it emitted, a sink what it wrote): its task publishes the
+// count to the task's stats after each poll and each batch it delivered,
+// one atomic operation per batch rather than per record (as outWriter does
+// for records out).
 type recordPublisher interface{ publishRecords() }
 
 // vertex is a chain of operators that run in one task per subtask.

@@ -62,13 +62,14 @@ type sourceInstance[T any] struct {
 	out     pushFn[T]
 	c       *collector[T]
 	oc      *OperatorContext
-	records *atomic.Int64 // c.n, published after each poll
+	records *atomic.Int64 // c.n, published
 }
 
 func (s *sourceInstance[T]) input() any { return nil }
 
+func (s *sourceInstance[T]) publishRecords() { s.records.Store(s.c.n) }
+
 func (s *sourceInstance[T]) poll(ctx context.Context) error {
-	defer func() { s.records.Store(s.c.n) }()
 	if err := s.src.Poll(ctx, s.c); err != nil {
 		if perr := s.c.take(); perr != nil {
 			return perr
