@@ -338,6 +338,10 @@ func TestFirstDeliveriesSkipsARecordDeliveredAgain(t *testing.T) {
 		{0, 8, true},
 		{0, 7, false}, // delivered again
 		{1, 7, false},
+		{0, 130, true}, // past the first words of the bitmap
+		{0, 129, true},
+		{0, 130, false},
+		{0, 8, false},
 	} {
 		if got := f.first(&kgo.Record{Partition: c.partition, Offset: c.offset}); got != c.first {
 			t.Errorf("first(%d/%d) = %v, want %v", c.partition, c.offset, got, c.first)
