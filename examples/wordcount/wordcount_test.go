@@ -3,8 +3,8 @@ package wordcount_test
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/failpoint"
@@ -75,7 +76,8 @@ func runUntil(t *testing.T, env *kafkatest.Env, job *runtime.Job, want map[strin
 		case <-deadline:
 			cancel()
 			<-done
-			t.Fatalf("output did not reach %d records in time", total)
+			recs, err := kafkatest.ReadCommitted(context.Background(), []string{env.Addr}, "counts")
+			t.Fatalf("output did not reach %d records in time: %d read_committed (%v), settled %v", total, len(recs), err, settled == nil || settled())
 		case <-time.After(200 * time.Millisecond):
 		}
 		if settled == nil || settled() {
@@ -136,8 +138,8 @@ func TestWordcountSurvivesAFailureAtEveryPoint(t *testing.T) {
 	// Each point also with CommitWhenIdle(1ms), which the benchmark uses,
 	// and an interval the test never reaches: the input comes in bursts,
 	// and each burst's tail is committed only because the input went quiet
-	// (with the idle time 0, five of the six time out: the job made no
-	// progress after the failure).
+	// (with the idle time 0, all six time out: no checkpoint completes in
+	// the restarted attempt).
 	for _, tc := range []struct {
 		name           string
 		interval, idle time.Duration
@@ -158,16 +160,31 @@ func survivesAFailureAt(t *testing.T, spec string, interval, idle time.Duration)
 	env.CreateTopic(t, "lines", 4, nil)
 	lines := corpus(4000)
 	// The first burst before the job starts, the others while it runs,
-	// through the failure and the recovery.
-	const bursts = 8
+	// through the failure and the recovery. The last burst waits for the
+	// restart (at most restartWait, for a failure that needs it), so that
+	// the restarted attempt always has input of its own: with
+	// CommitWhenIdle and a slow start, the first attempt could otherwise
+	// commit all of it, and the restarted one would have nothing to
+	// checkpoint.
+	const bursts, restartWait = 8, 5 * time.Second
 	burst := func(i int) []string { return lines[i*len(lines)/bursts : (i+1)*len(lines)/bursts] }
 	produce(t, env, "lines", burst(0))
+	restarted := make(chan struct{})
+	var restartOnce sync.Once
 	cl := env.Client(t, kgo.DefaultProduceTopic("lines"))
 	produced := make(chan struct{})
 	go func() {
 		defer close(produced)
 		for i := 1; i < bursts; i++ {
 			time.Sleep(100 * time.Millisecond)
+			if i == bursts-1 {
+				select {
+				case <-restarted:
+				case <-time.After(restartWait):
+				case <-t.Context().Done():
+					return
+				}
+			}
 			recs := make([]*kgo.Record, 0, len(burst(i)))
 			for _, l := range burst(i) {
 				recs = append(recs, kgo.StringRecord(l))
@@ -190,16 +207,22 @@ func survivesAFailureAt(t *testing.T, spec string, interval, idle time.Duration)
 	}
 	want := wordcount.Expected(lines)
 	name := strings.SplitN(spec, "=", 2)[0]
-	// Run on until the failure fired and two checkpoints completed
-	// after it: the restarted job recovered and made progress.
-	var after atomic.Int32
-	fired := func() bool { return fp.Hits(name) >= hitsOf(spec) }
-	res := runUntil(t, env, job, want, func() bool { return after.Load() >= 2 },
+	// Run on until a checkpoint completed in the restarted attempt: its
+	// recovery (commits of the failed attempt's pending transactions) is
+	// done, and nothing written later can change the output checked.
+	var attempt, completedAfterRestart atomic.Int32
+	res := runUntil(t, env, job, want, func() bool { return completedAfterRestart.Load() >= 1 },
 		runtime.CheckpointInterval(interval), runtime.Failpoints(fp), runtime.Restarts(5, 10*time.Millisecond),
 		runtime.Logger(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))),
+		runtime.OnRestore(func(n int, _ checkpoint.ID) {
+			attempt.Store(int32(n))
+			if n >= 1 { // attempts count from 0
+				restartOnce.Do(func() { close(restarted) })
+			}
+		}),
 		runtime.OnCheckpointComplete(func(runtime.CheckpointEvent) {
-			if fired() {
-				after.Add(1)
+			if attempt.Load() >= 1 {
+				completedAfterRestart.Add(1)
 			}
 		}))
 	if res.Restarts == 0 {
@@ -210,13 +233,6 @@ func survivesAFailureAt(t *testing.T, spec string, interval, idle time.Duration)
 		t.Fatal(rep)
 	}
 	t.Logf("%s (restarts %d)", rep, res.Restarts)
-}
-
-// hitsOf returns N of a "name=error@N" spec.
-func hitsOf(spec string) int64 {
-	_, n, _ := strings.Cut(spec, "@")
-	v, _ := strconv.Atoi(n)
-	return int64(v)
 }
 
 // A broker restart (state persisted in its data dir) during the prepare
