@@ -33,9 +33,9 @@ run under a minute (fewer runs, less data). While a benchmark runs, a
 progress line goes to stderr (live on a terminal, every few seconds
 otherwise).
 
-Benchmarks (--only NAME, repeatable; in run order; eos-wordcount also
-reports limit-wordcount and share-inflight, limits reports limit-produce
-and limit-share-consume):
+Benchmarks (--only NAME, repeatable; in run order; runtime-wordcount also
+reports limit-runtime-wordcount, eos-wordcount also reports limit-wordcount
+and share-inflight, limits reports limit-produce and limit-share-consume):
   ` + strings.Join(bench.Names(), "\n  "),
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {

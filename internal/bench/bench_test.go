@@ -35,22 +35,36 @@ func TestWeirWordcountCountsEveryWord(t *testing.T) {
 // Every benchmark reports its lines, each comparison with its alternated
 // runs and their spread, each limit with its runs (values are measured,
 // never asserted).
+func TestParallelWordcountCountsEveryWordOnce(t *testing.T) {
+	corpus := Corpus(1, 5_000, 10, 2_000)
+	words := 0
+	for _, l := range corpus {
+		words += len(strings.Fields(l))
+	}
+	for _, par := range []int{1, 2, 3} {
+		if _, n := parallelWordcount(corpus, par); n != int64(words) {
+			t.Errorf("parallelism %d: counted %d words, the corpus has %d", par, n, words)
+		}
+	}
+}
+
 func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the benchmarks")
 	}
 	want := map[string][]string{
-		"runtime-wordcount":     {"words_per_s"},
-		"runtime-wordcount-2tm": {"words_per_s"},
-		"checkpoint-cycle":      {"p50_ms", "p99_ms"},
-		"eos-sink":              {"records_per_s"},
-		"eos-wordcount":         {"records_per_s"},
-		"share-inflight":        {"max_held_per_partition"},
-		"limit-produce":         {"records_per_s"},
-		"limit-share-consume":   {"records_per_s"},
-		"limit-wordcount":       {"records_per_s"},
+		"runtime-wordcount":       {"words_per_s"},
+		"limit-runtime-wordcount": {"words_per_s"},
+		"runtime-wordcount-2tm":   {"words_per_s"},
+		"checkpoint-cycle":        {"p50_ms", "p99_ms"},
+		"eos-sink":                {"records_per_s"},
+		"eos-wordcount":           {"records_per_s"},
+		"share-inflight":          {"max_held_per_partition"},
+		"limit-produce":           {"records_per_s"},
+		"limit-share-consume":     {"records_per_s"},
+		"limit-wordcount":         {"records_per_s"},
 	}
-	compared := []string{"runtime-wordcount", "runtime-wordcount-2tm", "eos-sink", "eos-wordcount", "limit-wordcount"}
+	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "eos-sink", "eos-wordcount", "limit-wordcount"}
 	limits := []string{"limit-produce", "limit-share-consume"}
 	const runs = 2
 	var buf bytes.Buffer
