@@ -246,13 +246,16 @@ func TestCancelLeavesNoOpenTransactionAndNoHeldShareRecord(t *testing.T) {
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
 	// Checkpoints 1s apart: the cancel comes with up to a second of input
-	// read and not committed.
+	// read and not committed. The input runs on until the cancel returned:
+	// halted before it, the job could read everything and commit it in a
+	// checkpoint completing while the cancel is on its way, leaving nothing
+	// held to check.
 	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
 	args = append(args, "--checkpoint-interval", "1s")
 	id := c.Submit(args...)
 	c.waitOutput(ctx, "counts", 1000)
-	in.halt()
 	out, err := c.Run("cancel", id, "--output", "json")
+	in.halt()
 	if err != nil {
 		t.Fatal(err)
 	}
