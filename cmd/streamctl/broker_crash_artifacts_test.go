@@ -120,18 +120,29 @@ func describeTxns(ctx context.Context, addr string) string {
 	return out.String()
 }
 
-// continuedLostTxns reads topic read_uncommitted, markers included, and
+// lostTxnCommits reads topic read_uncommitted, markers included, and
 // returns the transactions (producer id and epoch) that end with the
 // embedded broker's lost-state abort marker on one partition and with a
-// commit marker on another, or on the same one later: a transaction the
-// broker lost whose producer went on with it and committed part of it.
-func continuedLostTxns(ctx context.Context, addr, topic string) ([]string, error) {
+// commit marker on another, or on the same one later:
+//   - continued: the commit marker was written after the lost-state one. A
+//     transaction the broker lost whose producer went on with it and
+//     committed part of it (the broker writes lost-state markers while it
+//     repairs, before it lets clients in, so such a commit comes later).
+//   - torn: the commit marker was written before it. The broker was killed
+//     in the middle of the EndTxn that committed the transaction, with the
+//     marker on some partitions only; the repair aborted the rest as lost,
+//     and kafkatxn's recovery copies exactly their records.
+func lostTxnCommits(ctx context.Context, addr, topic string) (continued, torn []string, err error) {
 	type txn struct {
 		pid   int64
 		epoch int16
 	}
-	lost, committed := map[txn]string{}, map[txn]string{}
-	err := eachRecord(ctx, addr, topic, func(r *kgo.Record) {
+	type marker struct {
+		at string
+		ts time.Time
+	}
+	lost, commits := map[txn]marker{}, map[txn][]marker{}
+	err = eachRecord(ctx, addr, topic, func(r *kgo.Record) {
 		if !r.Attrs.IsControl() {
 			return
 		}
@@ -140,21 +151,28 @@ func continuedLostTxns(ctx context.Context, addr, topic string) ([]string, error
 		if k.ReadFrom(r.Key) != nil || v.ReadFrom(r.Value) != nil {
 			return
 		}
-		at := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
+		m := marker{fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset), r.Timestamp}
 		switch x := (txn{r.ProducerID, r.ProducerEpoch}); {
 		case k.Type == kmsg.ControlRecordKeyTypeCommit:
-			committed[x] = at
+			commits[x] = append(commits[x], m)
 		case v.CoordinatorEpoch == kafkatxn.LostStateCoordinatorEpoch:
-			lost[x] = at
+			if l, ok := lost[x]; !ok || m.ts.Before(l.ts) {
+				lost[x] = m
+			}
 		}
 	})
-	var out []string
-	for x, at := range lost {
-		if c, ok := committed[x]; ok {
-			out = append(out, fmt.Sprintf("producer %d epoch %d: lost-state abort at %s, commit at %s", x.pid, x.epoch, at, c))
+	for x, l := range lost {
+		for _, c := range commits[x] {
+			s := fmt.Sprintf("producer %d epoch %d: lost-state abort at %s (%s), commit at %s (%s)",
+				x.pid, x.epoch, l.at, l.ts.Format("15:04:05.000"), c.at, c.ts.Format("15:04:05.000"))
+			if c.ts.Before(l.ts) {
+				torn = append(torn, s)
+			} else {
+				continued = append(continued, s)
+			}
 		}
 	}
-	return out, err
+	return continued, torn, err
 }
 
 // eachRecord calls fn on every record of topic, read_uncommitted with

@@ -92,7 +92,11 @@ func (b *crashingBroker) stderr() string {
 // a dump of its output topic (broker_crash_artifacts_test.go).
 //
 // Besides the counts, no transaction the broker lost may have been
-// continued and committed by its producer (continuedLostTxns).
+// continued and committed by its producer (lostTxnCommits). A commit torn
+// by a crash in the middle of EndTxn (its marker on some partitions only,
+// written before the crash) is not such a continuation: kafkatxn's
+// recovery copies the other partitions' records, and the counts check
+// that.
 //
 // Fixed, found by this test (issue 10):
 //   - A broker-lost-transaction copy (kafkatxn recommitLost) that a second
@@ -290,12 +294,15 @@ func crashRun(t *testing.T, seed uint64) {
 		t.Fatal(err)
 	}
 	for _, topic := range []string{"counts", "__weir-acklog-wc"} {
-		continued, err := continuedLostTxns(ctx, b.addr, topic)
+		continued, torn, err := lostTxnCommits(ctx, b.addr, topic)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range continued {
 			t.Errorf("%s: a transaction the broker lost was continued and committed: %s", topic, c)
+		}
+		for _, c := range torn {
+			t.Logf("%s: a commit torn by a crash in the middle of EndTxn, the rest re-committed by copies: %s", topic, c)
 		}
 	}
 	rep := wordcount.Check(out, want)

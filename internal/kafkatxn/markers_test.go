@@ -8,7 +8,9 @@ import (
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/internal/broker/brokerproc"
@@ -26,6 +28,47 @@ func TestRecoverRecommitsATransactionTheBrokerLostInACrash(t *testing.T) {
 	w1, h := precommitted(t, addrs, rec(0, "a"), rec(1, "b"), rec(0, "c"), rec(1, "d"))
 	if len(h.Partitions) != 2 || h.Partitions[0].Partition != 0 || h.Partitions[1].Partition != 1 {
 		t.Fatalf("handle partitions = %+v, want partitions 0 and 1 of %s", h.Partitions, testTopic)
+	}
+	w1.crash()
+	p.Kill(t)
+	p = brokerproc.Start(t, dir, p.Addr)
+
+	recoverTwice(t, ctx, addrs, h, [testPartitions][]string{{"a", "c"}, {"b", "d"}})
+}
+
+// TestRecoverCopiesOnlyThePartitionsATornCommitMissed: the embedded broker
+// is killed in the middle of the EndTxn that commits a checkpoint's
+// transaction, with the commit marker written to one of its partitions and
+// not the other (kfake writes markers partition by partition and logs the
+// end of the transaction after them). After the restart the other
+// partition ends the transaction with a lost-state abort. Recovery must
+// leave the committed partition alone and copy exactly the other one's
+// records: each record visible read_committed once.
+func TestRecoverCopiesOnlyThePartitionsATornCommitMissed(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	p, addrs := processBroker(t, dir)
+	w1, h := precommitted(t, addrs, rec(0, "a"), rec(1, "b"), rec(0, "c"), rec(1, "d"))
+	// The marker kfake's EndTxn writes to partition 0 before the kill.
+	req := kmsg.NewPtrWriteTxnMarkersRequest()
+	m := kmsg.NewWriteTxnMarkersRequestMarker()
+	m.ProducerID, m.ProducerEpoch, m.Committed = h.ProducerID, h.Epoch, true
+	mt := kmsg.NewWriteTxnMarkersRequestMarkerTopic()
+	mt.Topic, mt.Partitions = testTopic, []int32{0}
+	m.Topics = append(m.Topics, mt)
+	req.Markers = append(req.Markers, m)
+	resp, err := req.RequestWith(ctx, newClient(t, addrs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rm := range resp.Markers {
+		for _, rt := range rm.Topics {
+			for _, rp := range rt.Partitions {
+				if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+					t.Fatalf("commit marker on %s/%d: %v", rt.Topic, rp.Partition, err)
+				}
+			}
+		}
 	}
 	w1.crash()
 	p.Kill(t)
