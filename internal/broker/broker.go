@@ -8,7 +8,7 @@
 // defaults and one set of startup checks.
 //
 // With a data dir it also owns the repairs that make a crash survivable
-// (journal.go, repair.go, share.go, orphans.go): it journals what kfake
+// (journal.go, repair.go, share.go, orphans.go, segindex.go): it journals what kfake
 // writes only at a clean stop, and after an unclean stop it rebuilds that
 // state through the Kafka protocol, on an internal loopback listener, before
 // clients are let in.
@@ -18,7 +18,10 @@
 // nothing in it may assume a client: clients reach it over the network only
 // (its own repair client included). It must not copy or fork kfake: it uses
 // kfake's public API (options, control hooks, CreateTopic, SetGroupConfigs)
-// and the Kafka protocol only.
+// and the Kafka protocol only, with one exception: segindex.go rewrites
+// kfake's per-segment index files from the segments before kfake loads a
+// crashed data dir, because kfake does not reconcile them itself (their
+// format is pinned by TestReconcileReproducesKfakesOwnIndexes).
 package broker
 
 import (
@@ -232,6 +235,14 @@ func Start(ctx context.Context, opts ...Opt) (*Broker, error) {
 		_, err := os.Stat(filepath.Join(c.dataDir, runningFile))
 		unclean = err == nil
 	}
+	var indexes []string
+	if unclean {
+		// Before kfake loads the dir (segindex.go).
+		if indexes, err = reconcileSegmentIndexes(c.dataDir); err != nil {
+			gate.Close()
+			return fail(&startError{kind: ErrStart, msg: fmt.Sprintf("cannot repair data dir %s after an unclean stop: %s", c.dataDir, err), err: err})
+		}
+	}
 	cluster, err := newCluster(kopts)
 	if err != nil {
 		gate.Close() // kfake closes it too on most paths; closing twice is harmless
@@ -247,7 +258,7 @@ func Start(ctx context.Context, opts ...Opt) (*Broker, error) {
 		unlock:  unlock,
 	}
 	if c.dataDir != "" {
-		if err := b.startRepairs(ctx, gate, &c, unclean); err != nil {
+		if err := b.startRepairs(ctx, gate, &c, unclean, indexes); err != nil {
 			cluster.Close()
 			return fail(err)
 		}
@@ -265,9 +276,10 @@ func Start(ctx context.Context, opts ...Opt) (*Broker, error) {
 }
 
 // startRepairs installs the journal hooks, re-applies journaled group
-// configs, repairs what a crash of the previous run lost (unclean), marks
-// the dir as in use and starts the journaler.
-func (b *Broker) startRepairs(ctx context.Context, gate *gatedListener, c *cfg, unclean bool) error {
+// configs, repairs what a crash of the previous run lost (unclean; indexes
+// are the segment indexes rebuilt before kfake loaded the dir), marks the
+// dir as in use and starts the journaler.
+func (b *Broker) startRepairs(ctx context.Context, gate *gatedListener, c *cfg, unclean bool, indexes []string) error {
 	cl, err := gate.internalClient()
 	if err != nil {
 		return &startError{kind: ErrStart, msg: fmt.Sprintf("cannot start broker: internal client: %s", err), err: err}
@@ -278,7 +290,7 @@ func (b *Broker) startRepairs(ctx context.Context, gate *gatedListener, c *cfg, 
 		return err
 	}
 	r.install(b.cluster, c.autoCreate)
-	rep := Repair{Unclean: unclean, GroupConfigs: r.reapplyGroupConfigs(b.cluster)}
+	rep := Repair{Unclean: unclean, SegmentIndexes: indexes, GroupConfigs: r.reapplyGroupConfigs(b.cluster)}
 	if unclean {
 		if err := b.repairCrash(ctx, r, c, &rep); err != nil {
 			cl.Close()
@@ -319,6 +331,7 @@ func (b *Broker) repairCrash(ctx context.Context, r *repairer, c *cfg, rep *Repa
 	}
 	b.log.Warn("embedded broker: the previous run on this data dir did not stop cleanly; repaired what kfake does not persist as it goes",
 		zap.String("data_dir", c.dataDir),
+		zap.Strings("segment_indexes_rebuilt", rep.SegmentIndexes),
 		zap.Strings("group_configs_reapplied", rep.GroupConfigs),
 		zap.Strings("share_groups_rebuilt", rep.ShareGroups),
 		zap.Int64("share_records_redelivered", rep.ShareRecordsRedelivered),

@@ -23,6 +23,11 @@ type Repair struct {
 	// Unclean is true when the previous run on the data dir did not stop
 	// cleanly (crash, SIGKILL, power loss).
 	Unclean bool
+	// SegmentIndexes are the partition segment indexes ("topic-partition/
+	// base.idx") rebuilt from their segments before kfake loaded the dir:
+	// a kill between kfake's write of a batch and of its index entry had
+	// left them short (segindex.go).
+	SegmentIndexes []string
 	// GroupConfigs are the groups whose journaled configs were re-applied.
 	GroupConfigs []string
 	// ShareGroups are the share groups whose partition state was rebuilt

@@ -3,6 +3,8 @@ package broker_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -105,4 +107,45 @@ func TestLostStateCoordinatorEpochMatchesKafkatxn(t *testing.T) {
 		t.Fatalf("broker writes lost-state markers with coordinator epoch %d, kafkatxn looks for %d",
 			broker.LostStateCoordinatorEpoch, kafkatxn.LostStateCoordinatorEpoch)
 	}
+}
+
+// TestAKillBetweenABatchAndItsIndexEntryCannotExposeAnAbortedTransaction:
+// kfake appends a batch to a segment and then its index entry, in two
+// writes. A kill between them (here: the entry of a commit marker removed
+// after a SIGKILL) used to shift every later entry of the segment by one
+// at the next start, so after the following crash a transaction's data
+// batch loaded as not transactional and read_committed readers saw its
+// aborted records. The unclean start rebuilds the index before kfake loads
+// it.
+func TestAKillBetweenABatchAndItsIndexEntryCannotExposeAnAbortedTransaction(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	p := brokerproc.Start(t, dir, "127.0.0.1:0")
+	if _, err := kadm.NewClient(client(t, p.Addr)).CreateTopic(ctx, 1, 1, nil, "t"); err != nil {
+		t.Fatal(err)
+	}
+	inTxn(ctx, t, txnClient(t, p.Addr, "a", time.Minute), true, "committed")
+	p.Kill(t)
+	idx := filepath.Join(dir, "partitions", "t-0", "0.idx")
+	raw, err := os.ReadFile(idx)
+	if err != nil || len(raw) < 15 {
+		t.Fatalf("segment index %s: %d bytes, %v", idx, len(raw), err)
+	}
+	if err := os.WriteFile(idx, raw[:len(raw)-15], 0o644); err != nil { // the commit marker's entry
+		t.Fatal(err)
+	}
+
+	p = brokerproc.Start(t, dir, p.Addr)
+	if !strings.Contains(p.Stderr(), "t-0/0.idx") {
+		t.Errorf("the unclean start did not report rebuilding t-0/0.idx; stderr:\n%s", p.Stderr())
+	}
+	cl := txnClient(t, p.Addr, "b", time.Minute)
+	inTxn(ctx, t, cl, false, "aborted") // one batch
+	if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		t.Fatal(err)
+	}
+	readCommittedIs(t, p.Addr, "committed", "after the abort")
+	p.Kill(t)
+	p = brokerproc.Start(t, dir, p.Addr)
+	readCommittedIs(t, p.Addr, "committed", "after another crash")
 }
