@@ -117,6 +117,12 @@ func (b *crashingBroker) stderr() string {
 //     (the duplicates, e.g. "w22: 65 after 67"). The broker now fences such
 //     producers durably at every unclean start (internal/broker
 //     fenceOrphans; TestATransactionTheBrokerLostCannotBeContinuedAfterAnotherCrash).
+//   - Aborted records served read_committed after two crashes (1 of about
+//     40 seeds, duplicates): a kill between kfake's write of a batch and of
+//     its segment index entry shifted the later entries, so a transaction's
+//     batch later loaded as not transactional. The broker rebuilds such
+//     indexes at an unclean start (internal/broker segindex.go;
+//     TestAKillBetweenABatchAndItsIndexEntryCannotExposeAnAbortedTransaction).
 //   - Reads that hung until the deadline: committed.Read waited forever for
 //     a partition whose records right below the listed last stable offset
 //     were aborted with their marker past it
