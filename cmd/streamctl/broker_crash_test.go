@@ -118,7 +118,7 @@ func (b *crashingBroker) stderr() string {
 //     producers durably at every unclean start (internal/broker
 //     fenceOrphans; TestATransactionTheBrokerLostCannotBeContinuedAfterAnotherCrash).
 //   - Aborted records served read_committed after two crashes (1 of about
-//     40 seeds, duplicates): a kill between kfake's write of a batch and of
+//     60 seeds, duplicates): a kill between kfake's write of a batch and of
 //     its segment index entry shifted the later entries, so a transaction's
 //     batch later loaded as not transactional. The broker rebuilds such
 //     indexes at an unclean start (internal/broker segindex.go;
