@@ -8,10 +8,10 @@
 // defaults and one set of startup checks.
 //
 // With a data dir it also owns the repairs that make a crash survivable
-// (journal.go, repair.go, share.go, orphans.go, segindex.go): it journals what kfake
-// writes only at a clean stop, and after an unclean stop it rebuilds that
-// state through the Kafka protocol, on an internal loopback listener, before
-// clients are let in.
+// (journal.go, repair.go, share.go, orphans.go, segindex.go): it journals
+// what kfake writes only at a clean stop, and after an unclean stop it
+// rebuilds that state through the Kafka protocol, on an internal loopback
+// listener, before clients are let in.
 //
 // It must not contain anything a production deployment depends on: it is a
 // development and test broker. It must not import any other Weir package, and
