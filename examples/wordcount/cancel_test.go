@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/kafkatest"
@@ -35,7 +37,10 @@ func TestCancelledWordcountLeavesNoOpenTransaction(t *testing.T) {
 		return job
 	}
 
-	opts := []runtime.ClusterOpt{runtime.CheckpointInterval(50 * time.Millisecond), runtime.CheckpointDir(t.TempDir())}
+	// Warnings are logged: a transaction the cancel could not end is
+	// logged by the sink (seen once in CI, 2026-12-04, not reproduced).
+	opts := []runtime.ClusterOpt{runtime.CheckpointInterval(50 * time.Millisecond), runtime.CheckpointDir(t.TempDir()),
+		runtime.Logger(zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))}
 
 	// First run: cancel once some output is committed, before all of it.
 	ctx, cancel := context.WithCancel(t.Context())
