@@ -650,7 +650,10 @@ func (w *TxnWriter) Pending() []checkpoint.TxnHandle {
 // sink.after-commit after each EndTxn returned. It is idempotent, and a
 // commit for n covers every checkpoint <= n. A failed EndTxn leaves the
 // writer failed: restore from the latest completed checkpoint, whose
-// Recover retries the commit.
+// Recover retries the commit. An EndTxn cut short because ctx ended is not
+// a failure of the writer: its transaction stays pending, and the next
+// Commit sends it again (a job cancelled during a notification commits in
+// EndJob what the notification could not).
 func (w *TxnWriter) Commit(ctx context.Context, upTo checkpoint.ID) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -663,6 +666,9 @@ func (w *TxnWriter) Commit(ctx context.Context, upTo checkpoint.ID) error {
 	for len(w.pending) > 0 && w.pending[0].handle.Checkpoint <= upTo {
 		s := w.pending[0]
 		if err := w.endTxn(ctx, s.handle, true); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
 			var le *LostTxnError
 			if errors.As(err, &le) {
 				w.lostTxns.Add(1)
@@ -707,7 +713,10 @@ func (w *TxnWriter) Abort(ctx context.Context, id checkpoint.ID) error {
 			continue
 		}
 		if e := w.endTxn(ctx, s.handle, false); e != nil {
-			err = w.fail(e)
+			err = e
+			if ctx.Err() == nil { // cut short by ctx: pending, not failed (see Commit)
+				err = w.fail(e)
+			}
 			kept = append(kept, s)
 			continue
 		}

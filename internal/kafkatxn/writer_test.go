@@ -1,6 +1,7 @@
 package kafkatxn
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -985,5 +986,44 @@ func TestEndJobCommitsTheLastCompletedCheckpointAndAbortsTheRest(t *testing.T) {
 	// readCommitted fails the test if a transaction is still open.
 	if got := readCommitted(t, ctx, addrs); !slices.Equal(got[0], []string{"1", "2"}) {
 		t.Fatalf("got %s, want the records of checkpoints 1 and 2 only", fmtParts(got))
+	}
+}
+
+// A job cancelled while a notification's commit was in flight: the commit
+// is cut short by the task's context, and EndJob must still commit it (the
+// writer is not failed by its own caller's cancellation). Seen under load
+// as "transactions still open after the cancel" in
+// TestCancelledWordcountLeavesNoOpenTransaction (2 of 40 runs).
+func TestEndJobCommitsWhatACancelledNotificationCouldNot(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	addrs := c.ListenAddrs()
+	w := newWriter(t, ctx, addrs, PoolSize(5))
+	if err := w.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for id := checkpoint.ID(1); id <= 2; id++ {
+		if err := w.Write(ctx, rec(0, fmt.Sprint(id))); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := w.PreCommit(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cut, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := w.Commit(cut, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Commit with a cancelled context = %v, want context.Canceled", err)
+	}
+	if err := w.EndJob(ctx, 1); err != nil {
+		t.Fatalf("EndJob after a commit cut short: %v", err)
+	}
+	if p := w.Pending(); len(p) != 0 {
+		t.Fatalf("Pending after EndJob = %+v, want none", p)
+	}
+	w.Close()
+	// readCommitted fails the test if a transaction is still open.
+	if got := readCommitted(t, ctx, addrs); !slices.Equal(got[0], []string{"1"}) {
+		t.Fatalf("got %s, want the records of checkpoint 1 only", fmtParts(got))
 	}
 }
