@@ -38,7 +38,7 @@ func TestCancelledWordcountLeavesNoOpenTransaction(t *testing.T) {
 	}
 
 	// Warnings are logged: a transaction the cancel could not end is
-	// logged by the sink (seen once in CI, 2026-12-04, not reproduced).
+	// logged by the operator that owns it.
 	opts := []runtime.ClusterOpt{runtime.CheckpointInterval(50 * time.Millisecond), runtime.CheckpointDir(t.TempDir()),
 		runtime.Logger(zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))}
 
