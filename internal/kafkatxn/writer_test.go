@@ -959,20 +959,7 @@ func waitTimedOut(t *testing.T, w *TxnWriter) {
 // nothing stays open to pin the last stable offset.
 func TestEndJobCommitsTheLastCompletedCheckpointAndAbortsTheRest(t *testing.T) {
 	ctx := testCtx(t)
-	c := newCluster(t)
-	addrs := c.ListenAddrs()
-	w := newWriter(t, ctx, addrs, PoolSize(5))
-	if err := w.Recover(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	for id := checkpoint.ID(1); id <= 3; id++ {
-		if err := w.Write(ctx, rec(0, fmt.Sprint(id))); err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := w.PreCommit(ctx, id); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addrs, w := precommittedEach(t, ctx, 3)
 	if err := w.Write(ctx, rec(0, "open")); err != nil {
 		t.Fatal(err)
 	}
@@ -989,34 +976,27 @@ func TestEndJobCommitsTheLastCompletedCheckpointAndAbortsTheRest(t *testing.T) {
 	}
 }
 
-// A job cancelled while a notification's commit was in flight: the commit
-// is cut short by the task's context, and EndJob must still commit it (the
-// writer is not failed by its own caller's cancellation). Seen under load
-// as "transactions still open after the cancel" in
-// TestCancelledWordcountLeavesNoOpenTransaction (2 of 40 runs).
-func TestEndJobCommitsWhatACancelledNotificationCouldNot(t *testing.T) {
+// A job cancelled while a notification's commit (or an abort) was in
+// flight: the EndTxn is cut short by the task's context, and EndJob must
+// still end the transaction (the writer is not failed by its own caller's
+// cancellation). Seen under load as "transactions still open after the
+// cancel" in TestCancelledWordcountLeavesNoOpenTransaction (2 of 40 runs).
+func TestEndJobEndsWhatACancelledCommitOrAbortCouldNot(t *testing.T) {
 	ctx := testCtx(t)
-	c := newCluster(t)
-	addrs := c.ListenAddrs()
-	w := newWriter(t, ctx, addrs, PoolSize(5))
-	if err := w.Recover(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	for id := checkpoint.ID(1); id <= 2; id++ {
-		if err := w.Write(ctx, rec(0, fmt.Sprint(id))); err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := w.PreCommit(ctx, id); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addrs, w := precommittedEach(t, ctx, 2)
 	cut, cancel := context.WithCancel(ctx)
 	cancel()
 	if err := w.Commit(cut, 1); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Commit with a cancelled context = %v, want context.Canceled", err)
 	}
+	if err := w.Abort(cut, 2); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Abort with a cancelled context = %v, want context.Canceled", err)
+	}
+	if p := w.Pending(); len(p) != 2 {
+		t.Fatalf("Pending after a commit and an abort cut short = %+v, want both transactions", p)
+	}
 	if err := w.EndJob(ctx, 1); err != nil {
-		t.Fatalf("EndJob after a commit cut short: %v", err)
+		t.Fatalf("EndJob after a commit and an abort cut short: %v", err)
 	}
 	if p := w.Pending(); len(p) != 0 {
 		t.Fatalf("Pending after EndJob = %+v, want none", p)
@@ -1026,4 +1006,25 @@ func TestEndJobCommitsWhatACancelledNotificationCouldNot(t *testing.T) {
 	if got := readCommitted(t, ctx, addrs); !slices.Equal(got[0], []string{"1"}) {
 		t.Fatalf("got %s, want the records of checkpoint 1 only", fmtParts(got))
 	}
+}
+
+// precommittedEach starts a cluster and a writer (pool of 5) that wrote
+// record "<id>" to partition 0 in checkpoint id and pre-committed it, for
+// ids 1..n.
+func precommittedEach(t *testing.T, ctx context.Context, n int) ([]string, *TxnWriter) {
+	t.Helper()
+	addrs := newCluster(t).ListenAddrs()
+	w := newWriter(t, ctx, addrs, PoolSize(5))
+	if err := w.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for id := checkpoint.ID(1); id <= checkpoint.ID(n); id++ {
+		if err := w.Write(ctx, rec(0, fmt.Sprint(id))); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := w.PreCommit(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return addrs, w
 }
