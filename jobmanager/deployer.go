@@ -485,13 +485,17 @@ func (rd *remoteDeployment) Wait() bool {
 func (s *Server) allocate(ctx context.Context, job string, n int) ([]*session, error) {
 	timeout := time.NewTimer(s.cfg.slotTimeout)
 	defer timeout.Stop()
-	for {
+	for waiting := false; ; waiting = true {
 		s.mu.Lock()
 		got, free, total := s.takeLocked(n)
 		changed := s.changed
 		s.mu.Unlock()
 		if got != nil {
 			return got, nil
+		}
+		if !waiting {
+			s.cfg.log.Info("waiting for task manager slots", zap.String("job_id", job), zap.Int("slots", n),
+				zap.Int("free", free), zap.Int("total", total), zap.Duration("timeout", s.cfg.slotTimeout))
 		}
 		select {
 		case <-changed:

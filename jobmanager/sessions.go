@@ -219,6 +219,17 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	s.sessions++
 	ss.tm = TaskManager{ID: reg.TaskManagerId, Slots: int(reg.Slots), DataHost: reg.DataHost, Session: s.sessions}
 	tm := ss.tm
+	s.mu.Unlock()
+	// Registered goes out before the session is published: from then on
+	// the scheduler may deploy onto it, and a task manager takes anything
+	// but Registered as its first message for a broken registration (it
+	// reconnects, and a deployment sent on the abandoned session would
+	// never be answered).
+	if err := send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Registered{Registered: &weirpb.Registered{
+		Session: tm.Session, HeartbeatIntervalMs: s.cfg.interval.Milliseconds(), HeartbeatTimeoutMs: s.cfg.timeout.Milliseconds()}}}); err != nil {
+		return err
+	}
+	s.mu.Lock()
 	old := s.tms[tm.ID]
 	s.tms[tm.ID] = ss
 	s.notifyLocked()
@@ -239,10 +250,6 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 		s.mu.Unlock()
 	}()
 
-	if err := send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Registered{Registered: &weirpb.Registered{
-		Session: tm.Session, HeartbeatIntervalMs: s.cfg.interval.Milliseconds(), HeartbeatTimeoutMs: s.cfg.timeout.Milliseconds()}}}); err != nil {
-		return err
-	}
 	live := ss.live
 	var wg sync.WaitGroup
 	wg.Add(2)

@@ -2,15 +2,21 @@ package jobmanager_test
 
 import (
 	"context"
+	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
 
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
 	"github.com/weirstream/weir/jobmanager"
+	"github.com/weirstream/weir/runtime"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -96,4 +102,133 @@ func TestSilentTaskManagerIsDroppedWithinTheTimeout(t *testing.T) {
 		t.Fatalf("silent task manager dropped after %v, timeout %v", d, timeout)
 	}
 	scancel()
+}
+
+// serve serves s on a new local port until the test ends; stop stops it
+// earlier.
+func serve(t *testing.T, s *jobmanager.Server) (addr string, stop func()) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, lis) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-served; err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return lis.Addr().String(), stop
+}
+
+// register opens a task manager session with the job manager at addr and
+// sends its Register; the session ends with the test.
+func register(t *testing.T, addr, id string, slots int32) grpc.BidiStreamingClient[weirpb.TaskManagerMessage, weirpb.JobManagerMessage] {
+	t.Helper()
+	cc, err := rpc.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(func() {
+		cancel()
+		cc.Close()
+	})
+	st, err := weirpb.NewJobManagerClient(cc).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Register{Register: &weirpb.Register{
+		TaskManagerId: id, Slots: slots, DataHost: "127.0.0.1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// A job waiting for slots (here: resumed by a restarted job manager) is
+// deployed onto a task manager the moment it registers, but the task
+// manager's first message is still Registered: a Deploy ahead of it makes
+// the task manager drop the session as a broken registration, and the job
+// waited for ever for an answer from a session nobody read. A slow log sink
+// stretches the registration.
+func TestARegisteringTaskManagerHearsRegisteredBeforeADeployment(t *testing.T) {
+	reg := runtime.NewRegistry()
+	if err := reg.Register(runtime.JobType{Name: "numbers", Build: func(runtime.Params) (*runtime.Job, error) {
+		job := runtime.NewJob("numbers", runtime.DefaultParallelism(1))
+		nums := runtime.FromSource(job, "numbers", runtime.SliceSource([]int{1, 2, 3}, 0))
+		runtime.SinkTo(nums, "discard", runtime.SinkFunc(func(context.Context, int) error { return nil }))
+		return job, nil
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+
+	// A job manager accepts the job (a task manager offers a slot) and stops.
+	first, err := jobmanager.New(jobmanager.Jobs(reg), jobmanager.DataDir(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, stop := serve(t, first)
+	register(t, addr, "tm-1", 1)
+	waitFor(t, first, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
+	if _, err := first.Submit(t.Context(), "numbers", nil, time.Second, ""); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The next one resumes it, with no task manager yet: the job waits.
+	waiting := make(chan struct{})
+	var once sync.Once
+	slowLog := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.DebugLevel),
+		zap.Hooks(func(e zapcore.Entry) error {
+			switch e.Message {
+			case "waiting for task manager slots":
+				once.Do(func() { close(waiting) })
+			case "task manager registered":
+				time.Sleep(300 * time.Millisecond)
+			}
+			return nil
+		}))
+	second, err := jobmanager.New(jobmanager.Jobs(reg), jobmanager.DataDir(dir), jobmanager.Logger(slowLog))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { second.Close() }) // after serve's stop: cleanups run last-in first-out
+	addr, _ = serve(t, second)
+	select {
+	case <-waiting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the resumed job did not wait for slots within 10s")
+	}
+	st := register(t, addr, "tm-2", 1)
+	var firstMsg, deploy *weirpb.JobManagerMessage
+	for deploy == nil {
+		m, err := st.Recv()
+		if err != nil {
+			t.Fatalf("session ended before a deployment: %v", err)
+		}
+		if firstMsg == nil {
+			firstMsg = m
+		}
+		deploy = m
+		if m.GetDeploy() == nil {
+			deploy = nil
+		}
+	}
+	if firstMsg.GetRegistered() == nil {
+		t.Fatalf("the task manager's first message is %v, want Registered", firstMsg)
+	}
+	if got := deploy.GetDeploy().JobType; got != "numbers" {
+		t.Fatalf("deployed job type %q, want numbers", got)
+	}
 }

@@ -126,7 +126,7 @@ func (c *procCluster) waitOutput(ctx context.Context, topic string, n int) []*kg
 		}
 		select {
 		case <-ctx.Done():
-			c.t.Fatalf("%s did not reach %d records (have %d, %v); job manager stderr:\n%s", topic, n, len(recs), err, c.JM.Stderr.Tail(80))
+			c.t.Fatalf("%s did not reach %d records (have %d, %v); %s", topic, n, len(recs), err, c.Logs(80))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

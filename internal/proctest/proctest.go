@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	goruntime "runtime"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -168,6 +169,22 @@ func (c *Cluster) StartJM() {
 	c.JM = Start(c.t, exec.Command(c.Bin, "jobmanager", "--listen", c.JMAddr, "--http", "127.0.0.1:0", "--data-dir", c.DataDir, "--log-format", "json"))
 	c.JMAddr = c.JM.Line(c.t, `^jobmanager listening on (\S+)$`)
 	c.HTTPAddr = c.JM.Line(c.t, `^jobmanager http on (\S+)$`)
+}
+
+// Logs returns the last n lines of the job manager's and of each task
+// manager's stderr, for a failing test's message.
+func (c *Cluster) Logs(n int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "job manager stderr:\n%s\n", c.JM.Stderr.Tail(n))
+	ids := make([]string, 0, len(c.TMs))
+	for id := range c.TMs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		fmt.Fprintf(&b, "task manager %s stderr:\n%s\n", id, c.TMs[id].Stderr.Tail(n))
+	}
+	return b.String()
 }
 
 // StartTM starts a task manager with the given id and slots.
