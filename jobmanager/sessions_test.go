@@ -46,35 +46,9 @@ func TestSilentTaskManagerIsDroppedWithinTheTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx, lis) }()
-	defer func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Error(err)
-		}
-	}()
-	cc, err := rpc.Dial(lis.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	sctx, scancel := context.WithCancel(ctx)
-	defer scancel()
-	st, err := weirpb.NewJobManagerClient(cc).Connect(sctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Register{Register: &weirpb.Register{
-		TaskManagerId: "tm-1", Slots: 2, DataHost: "127.0.0.1"}}}); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { s.Close() }) // after serve's stop: cleanups run last-in first-out
+	addr, _ := serve(t, s)
+	st := register(t, addr, "tm-1", 2)
 	m, err := st.Recv()
 	if err != nil || m.GetRegistered() == nil || m.GetRegistered().HeartbeatTimeoutMs != timeout.Milliseconds() {
 		t.Fatalf("registration answered %v, %v", m, err)
@@ -101,7 +75,6 @@ func TestSilentTaskManagerIsDroppedWithinTheTimeout(t *testing.T) {
 	if d := time.Since(silentFrom); d > 3*timeout {
 		t.Fatalf("silent task manager dropped after %v, timeout %v", d, timeout)
 	}
-	scancel()
 }
 
 // serve serves s on a new local port until the test ends; stop stops it
