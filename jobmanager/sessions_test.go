@@ -125,13 +125,13 @@ func register(t *testing.T, addr, id string, slots int32) grpc.BidiStreamingClie
 	return st
 }
 
-// A job waiting for slots (here: resumed by a restarted job manager) is
-// deployed onto a task manager the moment it registers, but the task
-// manager's first message is still Registered: a Deploy ahead of it makes
-// the task manager drop the session as a broken registration, and the job
-// waited for ever for an answer from a session nobody read. A slow log sink
-// stretches the registration.
-func TestARegisteringTaskManagerHearsRegisteredBeforeADeployment(t *testing.T) {
+// resumedJobWaitingForSlots has a job manager accept a job (a task manager
+// offers a slot) and stop; a second one on the same data directory resumes
+// it with no task manager, so the job waits for slots. hook sees every log
+// entry of the second; it returns once the job waits, with the second job
+// manager, its address and the job's id.
+func resumedJobWaitingForSlots(t *testing.T, hook func(zapcore.Entry)) (*jobmanager.Server, string, string) {
+	t.Helper()
 	reg := runtime.NewRegistry()
 	if err := reg.Register(runtime.JobType{Name: "numbers", Build: func(runtime.Params) (*runtime.Job, error) {
 		job := runtime.NewJob("numbers", runtime.DefaultParallelism(1))
@@ -142,8 +142,6 @@ func TestARegisteringTaskManagerHearsRegisteredBeforeADeployment(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-
-	// A job manager accepts the job (a task manager offers a slot) and stops.
 	first, err := jobmanager.New(jobmanager.Jobs(reg), jobmanager.DataDir(dir))
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +149,8 @@ func TestARegisteringTaskManagerHearsRegisteredBeforeADeployment(t *testing.T) {
 	addr, stop := serve(t, first)
 	register(t, addr, "tm-1", 1)
 	waitFor(t, first, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
-	if _, err := first.Submit(t.Context(), "numbers", nil, time.Second, ""); err != nil {
+	id, err := first.Submit(t.Context(), "numbers", nil, time.Second, "")
+	if err != nil {
 		t.Fatal(err)
 	}
 	stop()
@@ -159,20 +158,17 @@ func TestARegisteringTaskManagerHearsRegisteredBeforeADeployment(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The next one resumes it, with no task manager yet: the job waits.
 	waiting := make(chan struct{})
 	var once sync.Once
-	slowLog := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.DebugLevel),
+	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.DebugLevel),
 		zap.Hooks(func(e zapcore.Entry) error {
-			switch e.Message {
-			case "waiting for task manager slots":
+			if e.Message == "waiting for task manager slots" {
 				once.Do(func() { close(waiting) })
-			case "task manager registered":
-				time.Sleep(300 * time.Millisecond)
 			}
+			hook(e)
 			return nil
 		}))
-	second, err := jobmanager.New(jobmanager.Jobs(reg), jobmanager.DataDir(dir), jobmanager.Logger(slowLog))
+	second, err := jobmanager.New(jobmanager.Jobs(reg), jobmanager.DataDir(dir), jobmanager.Logger(log))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,6 +179,21 @@ func TestARegisteringTaskManagerHearsRegisteredBeforeADeployment(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the resumed job did not wait for slots within 10s")
 	}
+	return second, addr, id
+}
+
+// A job waiting for slots (here: resumed by a restarted job manager) is
+// deployed onto a task manager the moment it registers, but the task
+// manager's first message is still Registered: a Deploy ahead of it makes
+// the task manager drop the session as a broken registration, and the job
+// waited for ever for an answer from a session nobody read. A slow log sink
+// stretches the registration.
+func TestARegisteringTaskManagerHearsRegisteredBeforeADeployment(t *testing.T) {
+	_, addr, _ := resumedJobWaitingForSlots(t, func(e zapcore.Entry) {
+		if e.Message == "task manager registered" {
+			time.Sleep(300 * time.Millisecond)
+		}
+	})
 	st := register(t, addr, "tm-2", 1)
 	var firstMsg, deploy *weirpb.JobManagerMessage
 	for deploy == nil {
@@ -203,5 +214,19 @@ func TestARegisteringTaskManagerHearsRegisteredBeforeADeployment(t *testing.T) {
 	}
 	if got := deploy.GetDeploy().JobType; got != "numbers" {
 		t.Fatalf("deployed job type %q, want numbers", got)
+	}
+}
+
+// A job waiting for slots is cancelled at once, not after the slot timeout.
+func TestCancelDoesNotWaitForSlots(t *testing.T) {
+	s, _, id := resumedJobWaitingForSlots(t, func(zapcore.Entry) {})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // the slot timeout is 60s
+	defer cancel()
+	rec, err := s.Cancel(ctx, id)
+	if err != nil {
+		t.Fatalf("cancel of a job waiting for slots: %v", err)
+	}
+	if rec.State != jobmanager.StateCanceled {
+		t.Fatalf("job state %s after the cancel, want %s", rec.State, jobmanager.StateCanceled)
 	}
 }

@@ -541,11 +541,18 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		})()
 	}
 	// Everything the restore must commit is committed before any subtask
-	// opens (Deploy): an Open may fence or reuse transactional ids.
+	// opens (Deploy): an Open may fence or reuse transactional ids. A job
+	// cancelled meanwhile stops the deployment at once (it may be waiting
+	// for slots).
+	stopDeploy := context.AfterFunc(parent, func() { cancel(ErrJobCanceled) })
 	dep, err := a.deployer.Deploy(ctx, DeploySpec{JobID: a.cfg.jobID, Attempt: a.n, Restore: restore,
 		LastCompleted: restore.From, RestartCause: a.cause, BatchSize: a.cfg.batchSize,
 		ChannelCapacity: a.cfg.channelCap, Logger: a.cfg.log, Failpoints: a.cfg.fp}, a)
+	stopDeploy()
 	if err != nil {
+		if errors.Is(context.Cause(ctx), ErrJobCanceled) {
+			return 0, parent.Err()
+		}
 		return 0, err
 	}
 	a.dep = dep
