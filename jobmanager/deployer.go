@@ -271,6 +271,10 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 			}
 		}
 		sh.setPrepared(runtime.Prepared{Discarding: p.Discarding, RestoreCommitters: int(p.RestoreCommitters)}, p.DataAddress, err)
+		if err != nil {
+			// The task manager built nothing and sends no DeploymentEnded.
+			sh.end(false)
+		}
 	case *weirpb.TaskManagerMessage_Opened:
 		var err error
 		if v.Opened.Error != "" {

@@ -125,12 +125,9 @@ func register(t *testing.T, addr, id string, slots int32) grpc.BidiStreamingClie
 	return st
 }
 
-// resumedJobWaitingForSlots has a job manager accept a job (a task manager
-// offers a slot) and stop; a second one on the same data directory resumes
-// it with no task manager, so the job waits for slots. hook sees every log
-// entry of the second; it returns once the job waits, with the second job
-// manager, its address and the job's id.
-func resumedJobWaitingForSlots(t *testing.T, hook func(zapcore.Entry)) (*jobmanager.Server, string, string) {
+// numbersRegistry registers job type "numbers": three ints into a discarding
+// sink, at parallelism 1.
+func numbersRegistry(t *testing.T) *runtime.Registry {
 	t.Helper()
 	reg := runtime.NewRegistry()
 	if err := reg.Register(runtime.JobType{Name: "numbers", Build: func(runtime.Params) (*runtime.Job, error) {
@@ -141,6 +138,17 @@ func resumedJobWaitingForSlots(t *testing.T, hook func(zapcore.Entry)) (*jobmana
 	}}); err != nil {
 		t.Fatal(err)
 	}
+	return reg
+}
+
+// resumedJobWaitingForSlots has a job manager accept a job (a task manager
+// offers a slot) and stop; a second one on the same data directory resumes
+// it with no task manager, so the job waits for slots. hook sees every log
+// entry of the second; it returns once the job waits, with the second job
+// manager, its address and the job's id.
+func resumedJobWaitingForSlots(t *testing.T, hook func(zapcore.Entry)) (*jobmanager.Server, string, string) {
+	t.Helper()
+	reg := numbersRegistry(t)
 	dir := t.TempDir()
 	first, err := jobmanager.New(jobmanager.Jobs(reg), jobmanager.DataDir(dir))
 	if err != nil {
@@ -228,5 +236,54 @@ func TestCancelDoesNotWaitForSlots(t *testing.T) {
 	}
 	if rec.State != jobmanager.StateCanceled {
 		t.Fatalf("job state %s after the cancel, want %s", rec.State, jobmanager.StateCanceled)
+	}
+}
+
+// A task manager that cannot build its share of an attempt (here: answers
+// the deployment with an error, as a failed restore commit does) has no
+// tasks for it and sends no DeploymentEnded: the attempt fails at once and
+// the restart strategy deploys the next one.
+func TestAFailedDeploymentIsRestarted(t *testing.T) {
+	reg := numbersRegistry(t)
+	// Silence is never what ends the session here.
+	s, err := jobmanager.New(jobmanager.Jobs(reg), jobmanager.HeartbeatTimeout(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() }) // after serve's stop: cleanups run last-in first-out
+	addr, _ := serve(t, s)
+	st := register(t, addr, "tm-1", 1)
+	waitFor(t, s, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
+	if _, err := s.Submit(t.Context(), "numbers", nil, time.Second, "fixed-delay:attempts=3,delay=10ms"); err != nil {
+		t.Fatal(err)
+	}
+	deploys := make(chan *weirpb.DeployTasks, 4)
+	go func() {
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				close(deploys)
+				return
+			}
+			if d := m.GetDeploy(); d != nil {
+				deploys <- d
+			}
+		}
+	}()
+	for attempt := int32(0); attempt < 2; attempt++ {
+		select {
+		case d, ok := <-deploys:
+			if !ok || d.Attempt != attempt {
+				t.Fatalf("deployment %v (session open: %v), want attempt %d", d, ok, attempt)
+			}
+			if attempt == 0 {
+				if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{
+					JobId: d.JobId, Attempt: d.Attempt, Error: "restore commit failed"}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no deployment of attempt %d within 10s", attempt)
+		}
 	}
 }

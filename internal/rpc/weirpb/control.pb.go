@@ -867,7 +867,9 @@ func (x *DeployTasks) GetChannelCapacity() int32 {
 	return 0
 }
 
-// Prepared answers DeployTasks: the tasks are built (error empty), or not.
+// Prepared answers DeployTasks: the tasks are built (error empty), or not;
+// then nothing of the attempt runs on the task manager and no
+// DeploymentEnded follows.
 type Prepared struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
