@@ -251,6 +251,24 @@ func (w *TxnWriter) fail(err error) error {
 	return err
 }
 
+// failEnd handles err of the EndTxn that was to end s's pending
+// transaction: it fails the writer (counting and logging a lost commit),
+// unless ctx ended and so cut the EndTxn short, which is no failure of the
+// writer: the transaction stays pending and the next Commit or EndJob sends
+// its EndTxn again (one that did reach the broker is answered as a retry).
+func (w *TxnWriter) failEnd(ctx context.Context, s *slot, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	var le *LostTxnError
+	if errors.As(err, &le) {
+		w.lostTxns.Add(1)
+		w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
+			zap.String("txn", s.txnID), zap.Uint64("checkpoint", uint64(s.handle.Checkpoint)), zap.Error(le.Err))
+	}
+	return w.fail(err)
+}
+
 // Current begins the epoch's transaction if none is open and returns its
 // transactional id, producer id and epoch: what a record written into the
 // transaction needs to name it (an ack marker, so that others can match and,
@@ -666,16 +684,7 @@ func (w *TxnWriter) Commit(ctx context.Context, upTo checkpoint.ID) error {
 	for len(w.pending) > 0 && w.pending[0].handle.Checkpoint <= upTo {
 		s := w.pending[0]
 		if err := w.endTxn(ctx, s.handle, true); err != nil {
-			if ctx.Err() != nil {
-				return err
-			}
-			var le *LostTxnError
-			if errors.As(err, &le) {
-				w.lostTxns.Add(1)
-				w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST; its records are gone",
-					zap.String("txn", s.txnID), zap.Uint64("checkpoint", uint64(s.handle.Checkpoint)), zap.Error(le.Err))
-			}
-			return w.fail(err)
+			return w.failEnd(ctx, s, err)
 		}
 		w.syncClient(ctx, s, kgo.TryCommit)
 		s.state = slotCommitted
@@ -713,10 +722,7 @@ func (w *TxnWriter) Abort(ctx context.Context, id checkpoint.ID) error {
 			continue
 		}
 		if e := w.endTxn(ctx, s.handle, false); e != nil {
-			err = e
-			if ctx.Err() == nil { // cut short by ctx: pending, not failed (see Commit)
-				err = w.fail(e)
-			}
+			err = w.failEnd(ctx, s, e)
 			kept = append(kept, s)
 			continue
 		}
