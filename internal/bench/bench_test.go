@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -32,22 +33,36 @@ func TestWeirWordcountCountsEveryWord(t *testing.T) {
 	}
 }
 
-// Every benchmark reports its lines, each comparison with its alternated
-// runs and their spread, each limit with its runs (values are measured,
-// never asserted).
-func TestParallelWordcountCountsEveryWordOnce(t *testing.T) {
+// The parallel ceiling counts each word exactly as the loop does, every
+// word in one counter only (its hash routes it there every time).
+func TestParallelWordcountCountsEachWordInOneCounter(t *testing.T) {
 	corpus := Corpus(1, 5_000, 10, 2_000)
-	words := 0
+	want := map[string]int64{}
 	for _, l := range corpus {
-		words += len(strings.Fields(l))
+		for _, w := range strings.Fields(strings.ToLower(l)) {
+			want[w]++
+		}
 	}
 	for _, par := range []int{1, 2, 3} {
-		if _, n := parallelWordcount(corpus, par); n != int64(words) {
-			t.Errorf("parallelism %d: counted %d words, the corpus has %d", par, n, words)
+		_, counts := parallelWordcount(corpus, par)
+		got := map[string]int64{}
+		for _, m := range counts {
+			for w, n := range m {
+				if got[w] != 0 {
+					t.Fatalf("parallelism %d: %q counted by two counters", par, w)
+				}
+				got[w] = n
+			}
+		}
+		if !maps.Equal(got, want) {
+			t.Errorf("parallelism %d: %d distinct words counted, %d in the corpus, or their counts differ", par, len(got), len(want))
 		}
 	}
 }
 
+// Every benchmark reports its lines, each comparison with its alternated
+// runs and their spread, each limit with its runs (values are measured,
+// never asserted).
 func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the benchmarks")

@@ -38,8 +38,8 @@ func RuntimeWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 		}},
 		side{"baseline", func(int) (float64, error) { return float64(words) / baselineWordcount(corpus).Seconds(), nil }},
 		side{"ceiling", func(int) (float64, error) {
-			el, n := parallelWordcount(corpus, runtimeWordcountPar)
-			if n != int64(words) {
+			el, counts := parallelWordcount(corpus, runtimeWordcountPar)
+			if n := countedWords(counts); n != int64(words) {
 				return 0, errWrongCount{n, int64(words)}
 			}
 			return float64(words) / el.Seconds(), nil
@@ -87,34 +87,33 @@ func baselineWordcount(corpus []string) time.Duration {
 // hash(word) % par in batches of ceilingBatch over channels of
 // ceilingChanCap, and each counter keeps its running counts in a map of its
 // own, as the loop does. Batches are recycled. It returns the time from start
-// until every counter drained its input, and the number of words counted.
-func parallelWordcount(corpus []string, par int) (time.Duration, int64) {
+// until every counter drained its input, and each counter's counts.
+func parallelWordcount(corpus []string, par int) (time.Duration, []map[string]int64) {
 	seed := maphash.MakeSeed()
 	ins := make([]chan []string, par)
 	for i := range ins {
 		ins[i] = make(chan []string, ceilingChanCap)
 	}
 	free := make(chan []string, par*par*(ceilingChanCap+1))
-	counted := make([]int64, par)
+	counted := make([]map[string]int64, par)
 	start := time.Now()
 	var splitters, counters sync.WaitGroup
 	for c := range par {
 		counters.Go(func() {
 			counts := map[string]int64{}
-			var sink, n int64
+			var sink int64
 			for b := range ins[c] {
 				for _, w := range b {
 					counts[w]++
 					sink += counts[w]
 				}
-				n += int64(len(b))
 				select {
 				case free <- b[:0]:
 				default:
 				}
 			}
 			_ = sink
-			counted[c] = n
+			counted[c] = counts
 		})
 	}
 	for s := range par {
@@ -149,12 +148,18 @@ func parallelWordcount(corpus []string, par int) (time.Duration, int64) {
 		close(in)
 	}
 	counters.Wait()
-	el := time.Since(start)
+	return time.Since(start), counted
+}
+
+// countedWords is the number of words counts counted.
+func countedWords(counts []map[string]int64) int64 {
 	var n int64
-	for _, c := range counted {
-		n += c
+	for _, m := range counts {
+		for _, c := range m {
+			n += c
+		}
 	}
-	return el, n
+	return n
 }
 
 func weirWordcount(ctx context.Context, corpus []string, words int64) (time.Duration, error) {
