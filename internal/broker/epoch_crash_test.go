@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/checkpoint"
@@ -84,11 +83,7 @@ func TestATransactionTheBrokerLostCannotBeContinuedAfterAnotherCrash(t *testing.
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := ctxT(t)
-			dir := t.TempDir()
-			p := brokerproc.Start(t, dir, "127.0.0.1:0")
-			if _, err := kadm.NewClient(client(t, p.Addr)).CreateTopic(ctx, 2, 1, nil, "t"); err != nil {
-				t.Fatal(err)
-			}
+			p, dir := crashableWithTopic(ctx, t, 2)
 			cl := client(t, p.Addr, kgo.TransactionalID("sink-0-0"), kgo.TransactionTimeout(time.Minute),
 				kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.RetryTimeout(10*time.Second))
 			produce := func(partition int32, v string) error {

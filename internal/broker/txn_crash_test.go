@@ -18,6 +18,18 @@ import (
 	"github.com/weirstream/weir/internal/kafkatxn"
 )
 
+// crashableWithTopic starts a broker process on a new data dir and creates
+// topic t with the given partitions on it.
+func crashableWithTopic(ctx context.Context, t *testing.T, partitions int32) (p *brokerproc.Proc, dir string) {
+	t.Helper()
+	dir = t.TempDir()
+	p = brokerproc.Start(t, dir, "127.0.0.1:0")
+	if _, err := kadm.NewClient(client(t, p.Addr)).CreateTopic(ctx, partitions, 1, nil, "t"); err != nil {
+		t.Fatal(err)
+	}
+	return p, dir
+}
+
 func txnClient(t *testing.T, addr, txnID string, timeout time.Duration) *kgo.Client {
 	return client(t, addr, kgo.DefaultProduceTopic("t"), kgo.TransactionalID(txnID), kgo.TransactionTimeout(timeout))
 }
@@ -45,11 +57,7 @@ func inTxn(ctx context.Context, t *testing.T, cl *kgo.Client, commit bool, value
 // also after a second crash.
 func TestSameTransactionalIDCommitsAfterACrashLeftItsTransactionOpen(t *testing.T) {
 	ctx := ctxT(t)
-	dir := t.TempDir()
-	p := brokerproc.Start(t, dir, "127.0.0.1:0")
-	if _, err := kadm.NewClient(client(t, p.Addr)).CreateTopic(ctx, 1, 1, nil, "t"); err != nil {
-		t.Fatal(err)
-	}
+	p, dir := crashableWithTopic(ctx, t, 1)
 	inTxn(ctx, t, txnClient(t, p.Addr, "sink-0", time.Minute), true, "before")
 	inTxn(ctx, t, txnClient(t, p.Addr, "sink-1", time.Minute), false, "orphan")
 	p.Kill(t)
@@ -119,11 +127,7 @@ func TestLostStateCoordinatorEpochMatchesKafkatxn(t *testing.T) {
 // it.
 func TestAKillBetweenABatchAndItsIndexEntryCannotExposeAnAbortedTransaction(t *testing.T) {
 	ctx := ctxT(t)
-	dir := t.TempDir()
-	p := brokerproc.Start(t, dir, "127.0.0.1:0")
-	if _, err := kadm.NewClient(client(t, p.Addr)).CreateTopic(ctx, 1, 1, nil, "t"); err != nil {
-		t.Fatal(err)
-	}
+	p, dir := crashableWithTopic(ctx, t, 1)
 	inTxn(ctx, t, txnClient(t, p.Addr, "a", time.Minute), true, "committed")
 	p.Kill(t)
 	idx := filepath.Join(dir, "partitions", "t-0", "0.idx")
