@@ -2,6 +2,7 @@ package jobmanager_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -202,25 +203,11 @@ func TestARegisteringTaskManagerHearsRegisteredBeforeADeployment(t *testing.T) {
 			time.Sleep(300 * time.Millisecond)
 		}
 	})
-	st := register(t, addr, "tm-2", 1)
-	var firstMsg, deploy *weirpb.JobManagerMessage
-	for deploy == nil {
-		m, err := st.Recv()
-		if err != nil {
-			t.Fatalf("session ended before a deployment: %v", err)
-		}
-		if firstMsg == nil {
-			firstMsg = m
-		}
-		deploy = m
-		if m.GetDeploy() == nil {
-			deploy = nil
-		}
+	msgs := pump(t, register(t, addr, "tm-2", 1))
+	if first := await(t, msgs, "a first message", isAny); first.GetRegistered() == nil {
+		t.Fatalf("the task manager's first message is %v, want Registered", first)
 	}
-	if firstMsg.GetRegistered() == nil {
-		t.Fatalf("the task manager's first message is %v, want Registered", firstMsg)
-	}
-	if got := deploy.GetDeploy().JobType; got != "numbers" {
+	if got := await(t, msgs, "a deployment", isDeploy).GetDeploy().JobType; got != "numbers" {
 		t.Fatalf("deployed job type %q, want numbers", got)
 	}
 }
@@ -257,33 +244,104 @@ func TestAFailedDeploymentIsRestarted(t *testing.T) {
 	if _, err := s.Submit(t.Context(), "numbers", nil, time.Second, "fixed-delay:attempts=3,delay=10ms"); err != nil {
 		t.Fatal(err)
 	}
-	deploys := make(chan *weirpb.DeployTasks, 4)
+	msgs := pump(t, st)
+	d := await(t, msgs, "a deployment", isDeploy).GetDeploy()
+	if d.Attempt != 0 {
+		t.Fatalf("first deployment of attempt %d, want 0", d.Attempt)
+	}
+	if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{
+		JobId: d.JobId, Attempt: d.Attempt, Error: "restore commit failed"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if d := await(t, msgs, "a second deployment", isDeploy).GetDeploy(); d.Attempt != 1 {
+		t.Fatalf("deployment after the failed one of attempt %d, want 1", d.Attempt)
+	}
+}
+
+// A job cancelled while a task manager prepares its tasks: the cancel
+// reaches the task manager at once (CancelTasks), which answers the
+// deployment with an error as its cancelled build does, and the job ends
+// CANCELED without waiting for anything else.
+func TestCancelReachesADeploymentBeingPrepared(t *testing.T) {
+	s, err := jobmanager.New(jobmanager.Jobs(numbersRegistry(t)), jobmanager.HeartbeatTimeout(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() }) // after serve's stop: cleanups run last-in first-out
+	addr, _ := serve(t, s)
+	st := register(t, addr, "tm-1", 1)
+	waitFor(t, s, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
+	id, err := s.Submit(t.Context(), "numbers", nil, time.Second, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := pump(t, st)
+	deploy := await(t, msgs, "a deployment", isDeploy).GetDeploy()
+	// Prepared is not answered: the task manager is still building.
+	canceled := make(chan error, 1)
 	go func() {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		rec, err := s.Cancel(ctx, id)
+		if err == nil && rec.State != jobmanager.StateCanceled {
+			err = fmt.Errorf("job state %s after the cancel, want %s", rec.State, jobmanager.StateCanceled)
+		}
+		canceled <- err
+	}()
+	await(t, msgs, "CancelTasks", func(m *weirpb.JobManagerMessage) bool {
+		c := m.GetCancel()
+		return c != nil && c.JobId == deploy.JobId && c.Attempt == deploy.Attempt
+	})
+	if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{
+		JobId: deploy.JobId, Attempt: deploy.Attempt, Error: "context canceled"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-canceled; err != nil {
+		t.Fatalf("cancel of a job whose tasks were being prepared: %v", err)
+	}
+}
+
+// pump delivers the job manager's messages on session st until it ends
+// (then the channel is closed) or the test does.
+func pump(t *testing.T, st grpc.BidiStreamingClient[weirpb.TaskManagerMessage, weirpb.JobManagerMessage]) <-chan *weirpb.JobManagerMessage {
+	msgs := make(chan *weirpb.JobManagerMessage)
+	go func() {
+		defer close(msgs)
 		for {
 			m, err := st.Recv()
 			if err != nil {
-				close(deploys)
 				return
 			}
-			if d := m.GetDeploy(); d != nil {
-				deploys <- d
+			select {
+			case msgs <- m:
+			case <-t.Context().Done():
+				return
 			}
 		}
 	}()
-	for attempt := int32(0); attempt < 2; attempt++ {
+	return msgs
+}
+
+// await returns the next message of msgs that match accepts, skipping the
+// others; it fails the test if the session ends first or none comes within
+// 10s.
+func await(t *testing.T, msgs <-chan *weirpb.JobManagerMessage, what string, match func(*weirpb.JobManagerMessage) bool) *weirpb.JobManagerMessage {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
 		select {
-		case d, ok := <-deploys:
-			if !ok || d.Attempt != attempt {
-				t.Fatalf("deployment %v (session open: %v), want attempt %d", d, ok, attempt)
+		case m, ok := <-msgs:
+			if !ok {
+				t.Fatalf("the session ended before %s", what)
 			}
-			if attempt == 0 {
-				if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{
-					JobId: d.JobId, Attempt: d.Attempt, Error: "restore commit failed"}}}); err != nil {
-					t.Fatal(err)
-				}
+			if match(m) {
+				return m
 			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no deployment of attempt %d within 10s", attempt)
+		case <-timeout:
+			t.Fatalf("%s did not come within 10s", what)
 		}
 	}
 }
+
+func isAny(*weirpb.JobManagerMessage) bool      { return true }
+func isDeploy(m *weirpb.JobManagerMessage) bool { return m.GetDeploy() != nil }
