@@ -135,6 +135,7 @@ injects faults (see the README); a bad spec is refused before any command runs.`
 
 // flagError adds a pointer to the command's help to a flag parsing error.
 func flagError(cmd *cobra.Command, err error) error {
+	//lint:ignore ST1005 the hint is the last line a user reads, as a sentence
 	return fmt.Errorf("%w\nRun '%s --help' for usage.", err, cmd.CommandPath())
 }
 

@@ -31,7 +31,7 @@ func TestRecoverRecommitsATransactionTheBrokerLostInACrash(t *testing.T) {
 	}
 	w1.crash()
 	p.Kill(t)
-	p = brokerproc.Start(t, dir, p.Addr)
+	brokerproc.Start(t, dir, p.Addr)
 
 	recoverTwice(t, ctx, addrs, h, [testPartitions][]string{{"a", "c"}, {"b", "d"}})
 }
@@ -72,7 +72,7 @@ func TestRecoverCopiesOnlyThePartitionsATornCommitMissed(t *testing.T) {
 	}
 	w1.crash()
 	p.Kill(t)
-	p = brokerproc.Start(t, dir, p.Addr)
+	brokerproc.Start(t, dir, p.Addr)
 
 	recoverTwice(t, ctx, addrs, h, [testPartitions][]string{{"a", "c"}, {"b", "d"}})
 }

@@ -17,7 +17,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	goruntime "runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -312,9 +311,10 @@ func Build(pkg, name string) (bin string, remove func(), err error) {
 	}
 	remove = func() { os.RemoveAll(dir) }
 	bin = filepath.Join(dir, name)
-	gotool, err := exec.LookPath("go")
+	gotool, err := exec.LookPath("go") // go test puts its own GOROOT/bin first on PATH
 	if err != nil {
-		gotool = filepath.Join(goruntime.GOROOT(), "bin", "go")
+		remove()
+		return "", nil, fmt.Errorf("build %s: no go tool on PATH: %w", pkg, err)
 	}
 	build := exec.Command(gotool, "build", "-o", bin, pkg)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
