@@ -35,6 +35,26 @@ import (
 // job tolerates when CoordinatorConfig.TolerableFailures is 0.
 const DefaultTolerableFailures = 3
 
+// NoMinPause, as CoordinatorConfig.MinPause, lets a checkpoint be triggered
+// as soon as the previous one ended: requested checkpoints (TriggerNow) then
+// run back to back, bounded only by MaxConcurrent.
+const NoMinPause time.Duration = -1
+
+// EffectiveMinPause is the pause a coordinator keeps between the end of one
+// checkpoint and the next trigger, for a configured minPause and interval
+// (the rule of CoordinatorConfig.MinPause): 0 means the interval, so that
+// checkpoints sources ask for (TriggerNow) never come more often than the
+// interval; a negative value (NoMinPause) means none.
+func EffectiveMinPause(minPause, interval time.Duration) time.Duration {
+	switch {
+	case minPause == 0:
+		return interval
+	case minPause < 0:
+		return 0
+	}
+	return minPause
+}
+
 // Errors with which checkpoints are aborted and jobs failed. Reasons in
 // NotifyAborted and errors in FailJob wrap one of these (a decline wraps
 // ErrDeclined), so they can be matched with errors.Is.
@@ -77,7 +97,12 @@ type CoordinatorConfig struct {
 	// after its trigger. Required.
 	Timeout time.Duration
 	// MinPause is the least time between the end (completion or abort) of one
-	// checkpoint and the trigger of the next; early triggers honour it too.
+	// checkpoint and the trigger of the next, periodic or early (TriggerNow),
+	// as Flink's minPauseBetweenCheckpoints. 0 means the Interval: however
+	// often sources ask, at most one checkpoint is triggered per interval
+	// (and the period becomes the interval plus the checkpoint's duration).
+	// NoMinPause (any negative value) means none: early triggers follow the
+	// end of the previous checkpoint at once (EffectiveMinPause).
 	MinPause time.Duration
 	// MaxConcurrent bounds the checkpoints in flight (triggered, or waiting for
 	// an id, and not yet completed or aborted). 0 means 1.
@@ -113,8 +138,6 @@ func (c CoordinatorConfig) validate() (CoordinatorConfig, error) {
 		return bad("interval %v must be positive", c.Interval)
 	case c.Timeout <= 0:
 		return bad("timeout %v must be positive", c.Timeout)
-	case c.MinPause < 0:
-		return bad("negative min pause %v", c.MinPause)
 	case c.MaxConcurrent < 0:
 		return bad("negative max concurrent %d", c.MaxConcurrent)
 	case len(c.Tasks) == 0:
@@ -137,6 +160,7 @@ func (c CoordinatorConfig) validate() (CoordinatorConfig, error) {
 	if c.MaxConcurrent == 0 {
 		c.MaxConcurrent = 1
 	}
+	c.MinPause = EffectiveMinPause(c.MinPause, c.Interval)
 	switch {
 	case c.TolerableFailures == 0:
 		c.TolerableFailures = DefaultTolerableFailures

@@ -20,6 +20,9 @@ func testConfig() CoordinatorConfig {
 		Timeout:  30 * time.Second,
 		Tasks:    []TaskID{"src#0", "src#1", "sink#0"},
 		Sources:  []TaskID{"src#0", "src#1"},
+		// Most tests drive early triggers back to back; the pause has its
+		// own tests.
+		MinPause: NoMinPause,
 	}
 }
 
@@ -123,7 +126,6 @@ func TestNewCoordinatorRejectsInvalidConfig(t *testing.T) {
 		{"empty job", func(c *CoordinatorConfig) { c.Job = "" }},
 		{"zero interval", func(c *CoordinatorConfig) { c.Interval = 0 }},
 		{"zero timeout", func(c *CoordinatorConfig) { c.Timeout = 0 }},
-		{"negative min pause", func(c *CoordinatorConfig) { c.MinPause = -1 }},
 		{"negative max concurrent", func(c *CoordinatorConfig) { c.MaxConcurrent = -1 }},
 		{"no tasks", func(c *CoordinatorConfig) { c.Tasks = nil }},
 		{"no sources", func(c *CoordinatorConfig) { c.Sources = nil }},
@@ -181,7 +183,12 @@ func TestCoordinatorHonoursMinPause(t *testing.T) {
 		{"periodic after pause", 8 * time.Second, false, 8 * time.Second, true},
 		{"early inside pause", 8 * time.Second, true, 7 * time.Second, false},
 		{"early after pause", 8 * time.Second, true, 8 * time.Second, true},
-		{"early without pause", 0, true, 0, true},
+		{"early without pause", NoMinPause, true, 0, true},
+		// The default pause (0) is the interval, 10s.
+		{"periodic due inside the default pause", 0, false, 6 * time.Second, false},
+		{"periodic after the default pause", 0, false, 10 * time.Second, true},
+		{"early inside the default pause", 0, true, 9 * time.Second, false},
+		{"early after the default pause", 0, true, 10 * time.Second, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -747,7 +754,7 @@ func checkRandomRun(t *testing.T, seed uint64, steps int) runStats {
 	rng := rand.New(rand.NewPCG(seed, 42))
 	cfg := testConfig()
 	cfg.MaxConcurrent = 1 + rng.IntN(3)
-	cfg.MinPause = time.Duration(rng.IntN(3)) * time.Second
+	cfg.MinPause = time.Duration(rng.IntN(4)-1) * time.Second // NoMinPause, the default, 1s, 2s
 	cfg.TolerableFailures = rng.IntN(4) - 1
 	c, err := NewCoordinator(cfg)
 	if err != nil {
@@ -786,7 +793,7 @@ func checkRandomRun(t *testing.T, seed uint64, steps int) runStats {
 				if len(inFlight) >= cfg.MaxConcurrent {
 					fatalf("RequestID with %d in flight, max %d", len(inFlight), cfg.MaxConcurrent)
 				}
-				if hasEnd && now.Before(lastEnd.Add(cfg.MinPause)) {
+				if hasEnd && now.Before(lastEnd.Add(EffectiveMinPause(cfg.MinPause, cfg.Interval))) {
 					fatalf("RequestID at %v, inside MinPause after %v", now, lastEnd)
 				}
 				requested = true
@@ -940,4 +947,68 @@ func checkRandomRun(t *testing.T, seed uint64, steps int) runStats {
 		check(c.Step(ev))
 	}
 	return stats
+}
+
+// A source that asks for a checkpoint all the time (TriggerNow after every
+// event, as a share-group source with a backlog does) must not push the
+// coordinator past the configured rhythm: with the default minimum pause
+// (the interval) at most run/interval+1 checkpoints complete. An explicit
+// pause bounds them by run/(pause+cycle)+1, and NoMinPause lets the requests
+// run checkpoints back to back, as benchmarks ask for. Fake clock: the
+// counts are exact, not timed.
+func TestCoordinatorConstantRequestsRespectTheMinimumPause(t *testing.T) {
+	const (
+		interval = time.Second
+		run      = 60 * time.Second
+		step     = 10 * time.Millisecond
+		cycle    = 50 * time.Millisecond // trigger to persisted
+	)
+	tests := []struct {
+		name     string
+		minPause time.Duration
+		max, min int // bounds on completed checkpoints
+	}{
+		{"default pause is the interval", 0, int(run/interval) + 1, int(run/(interval+cycle+step)) - 1},
+		{"explicit pause", 200 * time.Millisecond, int(run/(200*time.Millisecond+cycle)) + 1, int(run/(200*time.Millisecond+cycle+2*step)) - 1},
+		{"no pause: back to back", NoMinPause, int(run/cycle) + 1, int(run/(cycle+2*step)) - 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Interval, cfg.MinPause = interval, tt.minPause
+			h := newHarness(t, cfg)
+			completed := map[ID]bool{}
+			triggered := map[ID]time.Time{}
+			var lastCompleted ID
+			for now := at(0); !now.After(at(run)); now = now.Add(step) {
+				// Execute the actions: ids come at once, checkpoints
+				// complete one cycle after their trigger.
+				execute := func(acts []Action) {
+					for _, a := range acts {
+						switch a := a.(type) {
+						case RequestID:
+							triggered[h.answerID(now).ID] = now
+						case NotifyComplete:
+							if completed[a.ID] || a.ID <= lastCompleted {
+								t.Fatalf("checkpoint %d completed twice or out of order", a.ID)
+							}
+							completed[a.ID], lastCompleted = true, a.ID
+						}
+					}
+				}
+				for id, start := range triggered {
+					if now.Sub(start) >= cycle {
+						delete(triggered, id)
+						execute(h.complete(id, now))
+					}
+				}
+				execute(h.step(TriggerNow{Now: now, Reason: "backlog"}))
+				execute(h.step(Tick{Now: now}))
+			}
+			if n := len(completed); n > tt.max || n < tt.min {
+				t.Fatalf("%d checkpoints completed in %v with interval %v, min pause %v and %v cycles under constant requests; want %d..%d",
+					n, run, interval, tt.minPause, cycle, tt.min, tt.max)
+			}
+		})
+	}
 }

@@ -89,6 +89,14 @@ func TestCLIRejectsBadInvocations(t *testing.T) {
 		{"unknown config", []string{"broker", "--listen", "127.0.0.1:0", "--config", "no.such=1"}, `unknown broker config "no.such"`},
 		{"config out of range", []string{"broker", "--listen", "127.0.0.1:0", "--config", "group.share.delivery.count.limit=-5"},
 			`group.share.delivery.count.limit=-5 out of range [2, 10]`},
+		// The job manager keeps the interval in milliseconds: 500us reached
+		// it as 0 and silently became 1s; 1500us became 1ms.
+		{"sub-millisecond interval (submit)", []string{"submit", "wordcount", "--jobmanager", "127.0.0.1:1", "--checkpoint-interval", "500us"},
+			"--checkpoint-interval 500µs: want a whole number of milliseconds"},
+		{"fractional millisecond interval (submit)", []string{"submit", "wordcount", "--jobmanager", "127.0.0.1:1", "--checkpoint-interval", "1500us"},
+			"--checkpoint-interval 1.5ms: want a whole number of milliseconds"},
+		{"sub-millisecond interval (run)", []string{"run", "wordcount", "--checkpoint-interval", "500us"},
+			"--checkpoint-interval 500µs: want a whole number of milliseconds"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -99,7 +99,7 @@ type jobFlags struct {
 
 func (j *jobFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&j.parallelism, "parallelism", 0, "default parallelism of the job's operators (0: the job type's)")
-	cmd.Flags().DurationVar(&j.interval, "checkpoint-interval", time.Second, "checkpoint trigger period")
+	cmd.Flags().DurationVar(&j.interval, "checkpoint-interval", time.Second, "checkpoint trigger period, a whole number of milliseconds; also the least pause between two checkpoints")
 	cmd.Flags().StringArrayVar(&j.sets, "set", nil, "job parameter key=value (repeatable)")
 }
 
@@ -121,6 +121,11 @@ func (j *jobFlags) params(cmd *cobra.Command) (map[string]string, error) {
 	}
 	if j.interval <= 0 {
 		return nil, flagError(cmd, fmt.Errorf("--checkpoint-interval %v must be positive", j.interval))
+	}
+	// The job manager keeps the interval in milliseconds: refuse what it
+	// would silently change (500us became 0, then the default 1s).
+	if j.interval%time.Millisecond != 0 {
+		return nil, flagError(cmd, fmt.Errorf("--checkpoint-interval %v: want a whole number of milliseconds (at least 1ms)", j.interval))
 	}
 	return params, nil
 }

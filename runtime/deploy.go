@@ -451,7 +451,11 @@ func (d *localDeployment) recvPump(ex Exchange, e *edge, to checkpoint.TaskID, i
 	}
 }
 
-func decodeEnvelope(e *edge, msg []byte) (envelope, error) {
+// decodeEnvelope decodes one message of an Exchange channel; a codec's
+// panic is an error (recoverInto, as in encodeBatch), so a bad record fails
+// the receiving task, never the process.
+func decodeEnvelope(e *edge, msg []byte) (_ envelope, err error) {
+	defer recoverInto(&err)
 	if len(msg) == 0 {
 		return envelope{}, fmt.Errorf("%w: empty message", ErrDecode)
 	}

@@ -2,12 +2,15 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/weirstream/weir/checkpoint"
 )
@@ -146,3 +149,68 @@ func (discardSink[T]) Snapshot(context.Context, checkpoint.ID) (OperatorState, e
 	return OperatorState{}, nil
 }
 func (discardSink[T]) Close() error { return nil }
+
+// touchyRec is a seqRec on the wire whose JSON decoding panics when Poison
+// is set: a user codec with a bug that one record triggers.
+type touchyRec struct {
+	Key    string
+	Seq    int64
+	Poison bool
+}
+
+func (r *touchyRec) UnmarshalJSON(b []byte) error {
+	type plain touchyRec
+	var p plain
+	if err := json.Unmarshal(b, &p); err != nil {
+		return err
+	}
+	if p.Poison {
+		panic(fmt.Sprintf("touchy decoder: record %s/%d", p.Key, p.Seq))
+	}
+	*r = touchyRec(p)
+	return nil
+}
+
+// A codec that panics decoding a record received from another deployment
+// (another task manager) is a task failure: the process lives on, the
+// attempt fails with an error carrying the panic, and the job restarts and
+// delivers every record once.
+func TestDecoderPanicOnTheDataPlaneIsATaskFailure(t *testing.T) {
+	const keys, n = 8, 60
+	var poisoned atomic.Bool // the first attempt's k003/30 only
+	txns := newMemTxns()
+	j := NewJob("touchy", DefaultParallelism(2))
+	recs := FromSource(j, "source", seqSourceOf(seqSource{keys: keys, splits: 2, n: n, perPoll: 1}))
+	marked := Map(recs, "mark", func(r seqRec) (touchyRec, error) {
+		poison := r.Key == "k003" && r.Seq == 30 && poisoned.CompareAndSwap(false, true)
+		return touchyRec{Key: r.Key, Seq: r.Seq, Poison: poison}, nil
+	})
+	unmarked := Process(KeyBy(marked, func(r touchyRec) string { return r.Key }, nil), "unmark",
+		func() KeyedProcessFunction[string, touchyRec, seqRec] {
+			return ProcessFunc[string, touchyRec, seqRec](func(_ string, r touchyRec, out Collector[seqRec]) error {
+				out.Collect(seqRec{Key: r.Key, Seq: r.Seq})
+				return nil
+			})
+		})
+	SinkTo(unmarked, "sink", func() Sink[seqRec] { return &txnSink{txns: txns} })
+	var failures []error
+	sent := new(atomic.Int64)
+	res, err := NewMiniCluster(CheckpointInterval(5*time.Millisecond), Restarts(2, time.Millisecond),
+		OnRestart(func(_ int, err error) { failures = append(failures, err) }),
+		Deployment(splitDeployer{job: j, parts: 2, sent: sent})).Run(t.Context(), j)
+	if err != nil {
+		t.Fatalf("job failed: %v (failures before: %v)", err, failures)
+	}
+	if !poisoned.Load() {
+		t.Fatal("the poisoned record was never produced")
+	}
+	if res.Restarts != 1 || len(failures) != 1 {
+		t.Fatalf("%d restarts (failures %v), want 1: the decoder's panic", res.Restarts, failures)
+	}
+	var pe *panicError
+	if !errors.As(failures[0], &pe) || !strings.Contains(failures[0].Error(), "touchy decoder: record k003/30") ||
+		!strings.Contains(failures[0].Error(), "receive") {
+		t.Fatalf("attempt failed with %v; want the receiving side's error carrying the decoder's panic", failures[0])
+	}
+	checkSequences(t, txns.output(), keys, n)
+}

@@ -60,6 +60,7 @@ type clusterCfg struct {
 	interval          time.Duration
 	timeout           time.Duration
 	minPause          time.Duration
+	minPauseSet       bool
 	tolerable         int
 	store             CheckpointStorage
 	storeDir          string
@@ -153,8 +154,30 @@ func CheckpointTimeout(d time.Duration) ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) { c.timeout = d })
 }
 
-// MinPause sets the least time between two checkpoints (default 0).
-func MinPause(d time.Duration) ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.minPause = d }) }
+// MinPause sets the least time between the end of one checkpoint and the
+// trigger of the next, periodic or asked for by an operator
+// (OperatorContext.RequestCheckpoint), as Flink's
+// minPauseBetweenCheckpoints. The default is the checkpoint interval: a
+// source that asks for checkpoints all the time (a share-group source with a
+// backlog) gets at most one per interval. MinPause(0) lets requested
+// checkpoints follow one another at once, which short checkpoint cycles
+// (and the throughput of share-group sources) need.
+func MinPause(d time.Duration) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.minPause, c.minPauseSet = d, true })
+}
+
+// coordinatorMinPause is CoordinatorConfig.MinPause for the configured
+// pause: 0 (the coordinator's default, the interval) when unset,
+// checkpoint.NoMinPause for an explicit 0.
+func (c *clusterCfg) coordinatorMinPause() time.Duration {
+	switch {
+	case !c.minPauseSet:
+		return 0
+	case c.minPause == 0:
+		return checkpoint.NoMinPause
+	}
+	return c.minPause
+}
 
 // TolerableCheckpointFailures sets how many consecutive failed checkpoints
 // are tolerated before the job fails over (0: the coordinator's default,
@@ -355,6 +378,8 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 	}
 	var res Result
 	pending := newPendingHandles()
+	summary := newCheckpointSummary(cfg.log, cfg.jobID, checkpointSummaryEvery, time.Now())
+	defer func() { summary.flush(time.Now()) }()
 	var cause string
 	var failures []time.Time
 	for attempt := 0; ; attempt++ {
@@ -378,7 +403,7 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 			cfg.onRestore(attempt, restore.From)
 		}
 		a := newAttempt(cfg, p, store, attempt, pending)
-		a.cause = cause
+		a.cause, a.summary = cause, summary
 		last, runErr := a.run(ctx, restore)
 		if last > res.LastCheckpoint {
 			res.LastCheckpoint = last
@@ -504,6 +529,7 @@ type attempt struct {
 	sizes     map[checkpoint.ID]int64     // state bytes acknowledged per checkpoint
 	triggered map[checkpoint.ID]time.Time // driver goroutine only
 	cause     string                      // failure that led to this attempt
+	summary   *checkpointSummary          // the job's, across attempts
 	reports   sync.WaitGroup
 	ctx       context.Context
 	fail      func(error)
@@ -577,7 +603,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		dopts = append(dopts, checkpoint.WithFailpoint(a.cfg.driverFailpoint))
 	}
 	a.driver, err = checkpoint.NewDriver(checkpoint.CoordinatorConfig{
-		Job: a.cfg.jobID, Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.minPause,
+		Job: a.cfg.jobID, Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.coordinatorMinPause(),
 		TolerableFailures: tolerable, Tasks: ids, Sources: srcIDs,
 	}, a, a.store, dopts...)
 	if err != nil {
@@ -662,7 +688,8 @@ func (a *attempt) timing(tolerable int) checkpoint.Timing {
 	case tolerable < 0:
 		tolerable = 0
 	}
-	return checkpoint.Timing{Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.minPause,
+	return checkpoint.Timing{Interval: a.cfg.interval, Timeout: a.cfg.timeout,
+		MinPause:          checkpoint.EffectiveMinPause(a.cfg.coordinatorMinPause(), a.cfg.interval),
 		TolerableFailures: tolerable, RestartBudget: a.cfg.restart.maxDelay() + a.cfg.timeout}
 }
 
@@ -737,8 +764,7 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 		}
 	}
 	a.sizeMu.Unlock()
-	a.cfg.log.Info("checkpoint completed", zap.String("job", a.cfg.jobID), zap.Uint64("checkpoint", uint64(id)),
-		zap.Duration("duration", cycle), zap.Int64("size_bytes", size))
+	a.summary.completed(time.Now(), id, cycle, size)
 	if a.cfg.onCheckpoint != nil {
 		a.cfg.onCheckpoint(CheckpointEvent{ID: id, Triggered: triggered, Cycle: cycle, Size: size})
 	}

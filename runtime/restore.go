@@ -105,7 +105,9 @@ func (a *StateAssignment) handleCount() int {
 
 // AssignState applies the restore rules:
 //
-//   - State is matched to operators by UID.
+//   - State is matched to operators by UID. An operator whose UID the
+//     checkpoint does not hold (one added to the job) starts fresh: its
+//     subtasks get From 0, as a job started without a checkpoint.
 //   - Keyed state restores only into the number of key groups it was split
 //     into: a keyed operator whose max parallelism differs from the
 //     checkpoint's is refused (ErrIncompatibleState).
@@ -200,9 +202,15 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 			commit = append(commit, s.Handles...)
 		}
 		commit = append(commit, skippedHandles[op.UID]...)
+		// An operator the checkpoint does not hold (added to the job since)
+		// starts fresh, as in Flink: From 0, not "restored with nothing".
+		from := c.ID
+		if len(snaps) == 0 && len(commit) == 0 {
+			from = 0
+		}
 		subs := make([]*SubtaskState, op.Parallelism)
 		for i := range subs {
-			subs[i] = &SubtaskState{From: c.ID, KeyGroups: kgs, CommitHandles: commit,
+			subs[i] = &SubtaskState{From: from, KeyGroups: kgs, CommitHandles: commit,
 				AbortHandles: in.Abort[OperatorSubtask{op.UID, i}]}
 			out.Subtasks[OperatorSubtask{op.UID, i}] = subs[i]
 		}

@@ -41,7 +41,7 @@ func (f *fakeJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, w
 	}
 }
 
-func startJM(t *testing.T, addr string, f *fakeJM) (*grpc.Server, string) {
+func startJM(t *testing.T, addr string, f weirpb.JobManagerServer) (*grpc.Server, string) {
 	t.Helper()
 	var lis net.Listener
 	var err error

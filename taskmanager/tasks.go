@@ -52,7 +52,7 @@ func (ds *deployments) stop() { ds.wg.Wait() }
 type deployment struct {
 	key  depKey
 	ds   *deployments
-	cmds chan *weirpb.JobManagerMessage // Open, Start, Trigger, Notify, in order
+	cmds commands // Open, Start, Trigger, Notify, in order
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -134,18 +134,51 @@ func (ds *deployments) get(job string, attempt int32) *deployment {
 	return ds.deps[depKey{job, attempt}]
 }
 
-// enqueue hands m to its deployment's command loop; a message for a
-// deployment that ended is dropped (the job manager learns of the end from
-// DeploymentEnded).
+// enqueue hands m to its deployment's command loop without waiting; a
+// message for a deployment that ended is dropped (the job manager learns of
+// the end from DeploymentEnded).
 func (ds *deployments) enqueue(job string, attempt int32, m *weirpb.JobManagerMessage) {
-	d := ds.get(job, attempt)
-	if d == nil {
-		return
+	if d := ds.get(job, attempt); d != nil {
+		d.cmds.push(m)
 	}
+}
+
+// commands is a deployment's queue of the job manager's commands. It is
+// unbounded, so that the session's receive loop never waits for a
+// deployment busy with a command (an Open restoring state, a Trigger held
+// by a back-pressured source): a receive loop that waits leaves heartbeats
+// unread and the session drops, cancelling every deployment. The job
+// manager sends a few commands per checkpoint; the queue goes with its
+// deployment.
+type commands struct {
+	mu    sync.Mutex
+	queue []*weirpb.JobManagerMessage
+	ready chan struct{} // holds a token while queue is not empty
+}
+
+func newCommands() commands { return commands{ready: make(chan struct{}, 1)} }
+
+func (c *commands) push(m *weirpb.JobManagerMessage) {
+	c.mu.Lock()
+	c.queue = append(c.queue, m)
+	c.mu.Unlock()
 	select {
-	case d.cmds <- m:
-	case <-d.ctx.Done():
+	case c.ready <- struct{}{}:
+	default:
 	}
+}
+
+// pop returns the oldest command, nil if none is queued.
+func (c *commands) pop() *weirpb.JobManagerMessage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queue) == 0 {
+		return nil
+	}
+	m := c.queue[0]
+	c.queue[0] = nil
+	c.queue = c.queue[1:]
+	return m
 }
 
 // deploy builds the share DeployTasks names and answers Prepared; the
@@ -153,7 +186,7 @@ func (ds *deployments) enqueue(job string, attempt int32, m *weirpb.JobManagerMe
 func (ds *deployments) deploy(m *weirpb.DeployTasks) {
 	key := depKey{m.JobId, m.Attempt}
 	ctx, cancel := context.WithCancel(ds.ctx)
-	d := &deployment{key: key, ds: ds, cmds: make(chan *weirpb.JobManagerMessage, 256), ctx: ctx, cancel: cancel}
+	d := &deployment{key: key, ds: ds, cmds: newCommands(), ctx: ctx, cancel: cancel}
 	ds.mu.Lock()
 	if ds.deps[key] != nil {
 		ds.mu.Unlock()
@@ -231,44 +264,50 @@ func (d *deployment) run(m *weirpb.DeployTasks) {
 	opened := false
 	ended := make(chan bool, 1)
 	wait := func() { ended <- dep.Wait() }
+	execute := func(c *weirpb.JobManagerMessage) {
+		switch msg := c.Msg.(type) {
+		case *weirpb.JobManagerMessage_Open:
+			if opened {
+				return
+			}
+			opened = true
+			peers := map[checkpoint.TaskID]string{}
+			for t, a := range msg.Open.TaskAddresses {
+				peers[checkpoint.TaskID(t)] = a
+			}
+			x.SetPeers(peers)
+			o := msg.Open
+			err := dep.Open(d.ctx, checkpoint.Timing{Interval: ms(o.IntervalMs), Timeout: ms(o.TimeoutMs),
+				MinPause: ms(o.MinPauseMs), TolerableFailures: int(o.TolerableFailures), RestartBudget: ms(o.RestartBudgetMs)})
+			op := &weirpb.Opened{JobId: d.key.job, Attempt: d.key.attempt}
+			if err != nil {
+				op.Error = err.Error()
+			}
+			d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Opened{Opened: op}})
+			go wait()
+		case *weirpb.JobManagerMessage_Start:
+			if err := dep.Start(d.ctx); err != nil {
+				d.log().Info("start after the tasks stopped", zap.Error(err))
+			}
+		case *weirpb.JobManagerMessage_Trigger:
+			t := msg.Trigger
+			srcs := make([]checkpoint.TaskID, len(t.SourceTaskIds))
+			for i, s := range t.SourceTaskIds {
+				srcs[i] = checkpoint.TaskID(s)
+			}
+			if err := dep.Trigger(d.ctx, checkpoint.ID(t.CheckpointId), srcs, t.Final); err != nil {
+				d.log().Info("trigger after the tasks stopped", zap.Uint64("checkpoint", t.CheckpointId), zap.Error(err))
+			}
+		case *weirpb.JobManagerMessage_Notify:
+			dep.Notify(d.ctx, checkpoint.ID(msg.Notify.CheckpointId), msg.Notify.Complete)
+		}
+	}
 	for {
 		select {
-		case c := <-d.cmds:
-			switch msg := c.Msg.(type) {
-			case *weirpb.JobManagerMessage_Open:
-				if opened {
-					continue
-				}
-				opened = true
-				peers := map[checkpoint.TaskID]string{}
-				for t, a := range msg.Open.TaskAddresses {
-					peers[checkpoint.TaskID(t)] = a
-				}
-				x.SetPeers(peers)
-				o := msg.Open
-				err := dep.Open(d.ctx, checkpoint.Timing{Interval: ms(o.IntervalMs), Timeout: ms(o.TimeoutMs),
-					MinPause: ms(o.MinPauseMs), TolerableFailures: int(o.TolerableFailures), RestartBudget: ms(o.RestartBudgetMs)})
-				op := &weirpb.Opened{JobId: d.key.job, Attempt: d.key.attempt}
-				if err != nil {
-					op.Error = err.Error()
-				}
-				d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Opened{Opened: op}})
-				go wait()
-			case *weirpb.JobManagerMessage_Start:
-				if err := dep.Start(d.ctx); err != nil {
-					d.log().Info("start after the tasks stopped", zap.Error(err))
-				}
-			case *weirpb.JobManagerMessage_Trigger:
-				t := msg.Trigger
-				srcs := make([]checkpoint.TaskID, len(t.SourceTaskIds))
-				for i, s := range t.SourceTaskIds {
-					srcs[i] = checkpoint.TaskID(s)
-				}
-				if err := dep.Trigger(d.ctx, checkpoint.ID(t.CheckpointId), srcs, t.Final); err != nil {
-					d.log().Info("trigger after the tasks stopped", zap.Uint64("checkpoint", t.CheckpointId), zap.Error(err))
-				}
-			case *weirpb.JobManagerMessage_Notify:
-				dep.Notify(d.ctx, checkpoint.ID(msg.Notify.CheckpointId), msg.Notify.Complete)
+		case <-d.cmds.ready:
+			// Stop at a cancel: the commands left go with the deployment.
+			for c := d.cmds.pop(); c != nil && d.ctx.Err() == nil; c = d.cmds.pop() {
+				execute(c)
 			}
 		case finished := <-ended:
 			d.end(finished)

@@ -212,7 +212,9 @@ func survivesAFailureAt(t *testing.T, spec string, interval, idle time.Duration)
 	// done, and nothing written later can change the output checked.
 	var attempt, completedAfterRestart atomic.Int32
 	res := runUntil(t, env, job, want, func() bool { return completedAfterRestart.Load() >= 1 },
-		runtime.CheckpointInterval(interval), runtime.Failpoints(fp), runtime.Restarts(5, 10*time.Millisecond),
+		// MinPause(0): with a 10-minute interval, only the source's
+		// requests (CommitWhenIdle) make checkpoints.
+		runtime.CheckpointInterval(interval), runtime.MinPause(0), runtime.Failpoints(fp), runtime.Restarts(5, 10*time.Millisecond),
 		runtime.Logger(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))),
 		runtime.OnRestore(func(n int, _ checkpoint.ID) {
 			attempt.Store(int32(n))

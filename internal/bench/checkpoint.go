@@ -35,7 +35,7 @@ func CheckpointCycle(ctx context.Context, cfg Config) ([]Line, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
-	mc := runtime.NewMiniCluster(append([]runtime.ClusterOpt{runtime.CheckpointInterval(100 * time.Millisecond),
+	mc := runtime.NewMiniCluster(append([]runtime.ClusterOpt{runtime.CheckpointInterval(100 * time.Millisecond), runtime.MinPause(0),
 		runtime.OnCheckpointComplete(func(e runtime.CheckpointEvent) {
 			mu.Lock()
 			defer mu.Unlock()

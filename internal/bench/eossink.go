@@ -177,7 +177,7 @@ func eosSinkRun(ctx context.Context, adm *kadm.Client, addr, topic string, items
 	j := runtime.NewJob(topic)
 	runtime.SinkTo(runtime.FromSource(j, "records", runtime.SliceSource(items, 256)), "kafka", sink)
 	var checkpoints atomic.Int64
-	mc := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond), runtime.Restarts(0, 0),
+	mc := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond), runtime.MinPause(0), runtime.Restarts(0, 0),
 		runtime.OnCheckpointComplete(func(runtime.CheckpointEvent) { checkpoints.Add(1) }))
 	start := time.Now()
 	if _, err := mc.Run(ctx, j); err != nil {

@@ -157,7 +157,7 @@ func weirEOSWordcount(ctx context.Context, kb *kafkaBroker, run int, want map[st
 	smp := &lsoSampler{adm: kb.adm, topic: out, fineFrom: int64(words) * 9 / 10}
 	start := time.Now()
 	go func() {
-		_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond)).Run(rctx, job)
+		_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond), runtime.MinPause(0)).Run(rctx, job)
 		done <- err
 	}()
 	sctx, stopSampling := context.WithCancel(ctx)

@@ -165,7 +165,7 @@ func countedWords(counts []map[string]int64) int64 {
 func weirWordcount(ctx context.Context, corpus []string, words int64) (time.Duration, error) {
 	j, seen := wordcountJob(runtime.SliceSource(corpus, 64))
 	start := time.Now()
-	_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond)).Run(ctx, j)
+	_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond), runtime.MinPause(0)).Run(ctx, j)
 	el := time.Since(start)
 	if err == nil && seen.Load() != words {
 		return 0, errWrongCount{seen.Load(), words}

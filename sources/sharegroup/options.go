@@ -334,7 +334,9 @@ func MarkerGrace(d time.Duration) SourceOpt {
 // It is off by default (0): a source that keeps up leaves the pace to the
 // checkpoint interval, as in Flink. The cost is a checkpoint per quiet
 // gap: records that trickle in slower than one batch per d are
-// checkpointed about once per batch, bounded only by the job's MinPause.
+// checkpointed about once per batch, bounded by the job's MinPause (by
+// default the checkpoint interval: give the job a shorter runtime.MinPause
+// for a long interval).
 // It suits bursty or batch-like input whose end-to-end latency matters
 // more than the number of checkpoints.
 func CommitWhenIdle(d time.Duration) SourceOpt {
