@@ -12,13 +12,16 @@ package kafkatest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/weirstream/weir/internal/kafkatxn/committed"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/weirstream/weir/internal/broker"
 )
@@ -109,4 +112,62 @@ var ErrUnknownTopic = committed.ErrUnknownTopic
 // consumer sees of topic, up to the last stable offsets listed at the start.
 func ReadCommitted(ctx context.Context, seeds []string, topic string, opts ...kgo.Opt) ([]*kgo.Record, error) {
 	return committed.Read(ctx, seeds, topic, opts...)
+}
+
+// WriteTxn writes recs (each with its Topic set) in one transaction of
+// transactional id txnID, on a client made for it, and commits it, or aborts
+// it when commit is false. It fails the test on error. The transaction ends
+// with a raw EndTxn request carrying the producer id and epoch (what Weir's
+// writer does: kgo's EndTransaction has been seen to abort a commit), so a
+// committed transaction is committed.
+func (e *Env) WriteTxn(t testing.TB, txnID string, commit bool, recs ...*kgo.Record) {
+	t.Helper()
+	e.OpenTxn(t, txnID, recs...)(commit)
+}
+
+// OpenTxn begins a transaction of transactional id txnID on a client made
+// for it, writes recs (each with its Topic set) into it and leaves it open
+// (timeout two minutes): read_committed readers and share groups reading
+// read_committed stop at its first record until it ends. end commits it
+// (true) or aborts it (false) and closes the client; call it once. Both fail
+// the test on error.
+func (e *Env) OpenTxn(t testing.TB, txnID string, recs ...*kgo.Record) (end func(commit bool)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.Addr), kgo.TransactionalID(txnID), kgo.TransactionTimeout(2*time.Minute),
+		kgo.DisableClientMetrics())
+	if err != nil {
+		t.Fatalf("kafkatest: transactional client %q: %v", txnID, err)
+	}
+	fail := func(what string, err error) {
+		t.Helper()
+		cl.Close()
+		t.Fatalf("kafkatest: transaction of %q: %s: %v", txnID, what, err)
+	}
+	if err := cl.BeginTransaction(); err != nil {
+		fail("begin", err)
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		fail("produce", err)
+	}
+	return func(commit bool) {
+		t.Helper()
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+		defer cancel()
+		pid, epoch, err := cl.ProducerID(ctx)
+		if err != nil {
+			fail("producer id", err)
+		}
+		req := kmsg.NewPtrEndTxnRequest()
+		req.TransactionalID, req.ProducerID, req.ProducerEpoch, req.Commit = txnID, pid, epoch, commit
+		resp, err := req.RequestWith(ctx, cl)
+		if err == nil {
+			err = kerr.ErrorForCode(resp.ErrorCode)
+		}
+		if err != nil {
+			fail(fmt.Sprintf("end (commit %v)", commit), err)
+		}
+	}
 }
