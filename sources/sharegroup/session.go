@@ -371,10 +371,9 @@ func (s *Session) Poll(ctx context.Context) ([]*kgo.Record, error) {
 			return nil, fmt.Errorf("%w (changed while the session ran: records of open or aborted transactions "+
 				"may have been returned since the last check)", err)
 		case err != nil:
-			s.log.Warn("share group isolation level check failed; retried at the next Poll", zap.Error(err))
-		default:
-			s.lastCheck = time.Now()
+			s.log.Warn("share group isolation level check failed; retried later", zap.Error(err))
 		}
+		s.lastCheck = time.Now()
 	}
 	for {
 		fs := s.cons.PollRecords(ctx, s.cfg.batch)
