@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -149,6 +150,9 @@ func atLeast(t *testing.T, ctx context.Context, addr, topic string, n int, jobs 
 // committed line once, upper-cased, and "counts" counts each of their words
 // 1..n; nothing of an aborted or open transaction is read by either job.
 func TestChainedExactlyOnceJobsSurviveSIGKILLsOfEither(t *testing.T) {
+	if out, err := exec.Command(streamctlBin, "jobs").Output(); err != nil || !strings.Contains(string(out), "uppercase ") {
+		t.Fatalf("streamctl jobs: %q, %v; want the uppercase job listed", out, err)
+	}
 	env := kafkatest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Second)
 	defer cancel()
