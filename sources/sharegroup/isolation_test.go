@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -171,4 +172,40 @@ func TestReadUncommittedGroupFailsClearly(t *testing.T) {
 		_, err := s.Poll(pctx)
 		checkIsolationError(t, err, "g")
 	})
+}
+
+// A re-queue copy whose transaction was aborted (it lost the conflict
+// check, or a crash came between its flush and its commit) stays in the
+// retry topic as aborted records. The source reads that topic too and must
+// never emit such a copy: a committed record written after it is emitted,
+// the aborted copy never, and every input once.
+func TestAbortedRequeueCopyIsNotEmitted(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "in", 1, nil)
+	env.CreateTopic(t, "g-retry", 1, nil)
+	produceN(t, env, "in", 10)
+	env.WriteTxn(t, "lost-requeue", false, &kgo.Record{Topic: "g-retry", Value: []byte("3")}, &kgo.Record{Topic: "g-retry", Value: []byte("7")})
+	env.WriteTxn(t, "later-requeue", true, &kgo.Record{Topic: "g-retry", Value: []byte("sentinel")})
+	s := openSource(t, env, 0, nil)
+	c := map[string]int{}
+	out := &sliceCollector{}
+	for deadline := time.Now().Add(30 * time.Second); c["sentinel"] == 0 || len(c) < 11; {
+		if time.Now().After(deadline) {
+			t.Fatalf("emitted %v, want each of 0..9 and the sentinel", c)
+		}
+		out.vals = out.vals[:0]
+		if err := s.Poll(t.Context(), out); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range out.vals {
+			c[v]++
+		}
+	}
+	want := map[string]int{"sentinel": 1}
+	for i := range 10 {
+		want[strconv.Itoa(i)] = 1
+	}
+	if fmt.Sprint(c) != fmt.Sprint(want) {
+		t.Fatalf("emitted %v, want %v: an aborted re-queue copy was emitted", c, want)
+	}
 }
