@@ -44,7 +44,8 @@ func Expected(lines []string) map[string]int {
 
 // Verify reads the output topic read_committed and checks the contract: for
 // each word the values, in offset order, are exactly 1, 2, ..., n with n its
-// number of occurrences (want). A repeat is a duplicate, a gap a loss.
+// number of occurrences (want). A repeat, or a value above n, is a
+// duplicate; a gap a loss.
 func Verify(ctx context.Context, brokers []string, output string, want map[string]int, opts ...kgo.Opt) (Report, error) {
 	recs, err := kafka.ReadCommitted(ctx, brokers, output, opts...)
 	if err != nil {
@@ -75,6 +76,11 @@ func Check(recs []*kgo.Record, want map[string]int) Report {
 			continue
 		}
 		switch prev := last[w]; {
+		case n > want[w]:
+			// More records of the word than it has occurrences: an
+			// extra, whatever it repeats or skips.
+			rep.Duplicates++
+			problem("word %q: %d beyond its %d occurrences at %d/%d", w, n, want[w], r.Partition, r.Offset)
 		case n <= prev:
 			rep.Duplicates++
 			problem("word %q: %d after %d (duplicate) at %d/%d", w, n, prev, r.Partition, r.Offset)

@@ -250,3 +250,52 @@ func waitJournaled(t *testing.T, dir, addr, group, topic string) map[int32]int64
 		}
 	}
 }
+
+// TestShareGroupStillReadsCommittedAfterACrash: a share group set to
+// share.isolation.level=read_committed (as Weir's source and session set
+// it) keeps it across a SIGKILL of the broker, which loses kfake's group
+// configs: the repair re-applies it before clients are let in, so the group
+// is handed exactly what a read_committed reader sees, neither the aborted
+// transaction nor the one the crash left open.
+func TestShareGroupStillReadsCommittedAfterACrash(t *testing.T) {
+	ctx := ctxT(t)
+	p := crashed(t, func(addr string) {
+		if _, err := kadm.NewClient(client(t, addr)).CreateTopic(ctx, 1, 1, nil, "t"); err != nil {
+			t.Fatal(err)
+		}
+		setGroupConfig(t, addr, "g", "share.isolation.level", "read_committed")
+		setGroupConfig(t, addr, "g", "share.auto.offset.reset", "earliest")
+		committer := txnClient(t, addr, "committer", time.Minute)
+		inTxn(ctx, t, committer, true, "c0", "c1", "c2", "c3", "c4")
+		aborter := txnClient(t, addr, "aborter", time.Minute)
+		inTxn(ctx, t, aborter, false, "a0", "a1", "a2", "a3", "a4")
+		if err := aborter.EndTransaction(ctx, kgo.TryAbort); err != nil {
+			t.Fatal(err)
+		}
+		inTxn(ctx, t, txnClient(t, addr, "open", time.Minute), false, "o0", "o1", "o2", "o3", "o4") // left open
+		inTxn(ctx, t, committer, true, "c5", "c6", "c7", "c8", "c9")
+	})
+	if got := groupConfig(t, p.Addr, "g", "share.isolation.level"); got != "read_committed" {
+		t.Fatalf("after a crash share.isolation.level of group g = %q, want read_committed", got)
+	}
+	committed, err := kafkatest.ReadCommitted(ctx, []string{p.Addr}, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := valuesOf(committed)
+	if strings.Contains(want, "a") || strings.Contains(want, "o") || len(committed) < 5 {
+		t.Fatalf("read_committed after the crash: %s", want)
+	}
+	cons := shareConsumer(t, p.Addr, "g", "t")
+	var got []*kgo.Record
+	for len(got) < len(committed) {
+		fs := cons.PollRecords(ctx, 1000)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("share group g got %s, want %s", valuesOf(got), want)
+		}
+		got = append(got, fs.Records()...)
+	}
+	if valuesOf(got) != want {
+		t.Fatalf("share group g got %s after the crash, want what read_committed sees: %s", valuesOf(got), want)
+	}
+}

@@ -12,13 +12,16 @@ package kafkatest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/weirstream/weir/internal/kafkatxn/committed"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/weirstream/weir/internal/broker"
 )
@@ -109,4 +112,98 @@ var ErrUnknownTopic = committed.ErrUnknownTopic
 // consumer sees of topic, up to the last stable offsets listed at the start.
 func ReadCommitted(ctx context.Context, seeds []string, topic string, opts ...kgo.Opt) ([]*kgo.Record, error) {
 	return committed.Read(ctx, seeds, topic, opts...)
+}
+
+// WriteTxn writes recs (each with its Topic set) in one transaction of
+// transactional id txnID (WriteTxn, the package function) and commits it, or
+// aborts it when commit is false. It fails the test on error.
+func (e *Env) WriteTxn(t testing.TB, txnID string, commit bool, recs ...*kgo.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+	defer cancel()
+	if err := WriteTxn(ctx, []string{e.Addr}, txnID, commit, recs...); err != nil {
+		t.Fatalf("kafkatest: %v", err)
+	}
+}
+
+// OpenTxn begins a transaction of transactional id txnID, writes recs into
+// it and leaves it open (BeginTxn). end commits it (true) or aborts it
+// (false); call it once, from the test's goroutine. Both fail the test on
+// error.
+func (e *Env) OpenTxn(t testing.TB, txnID string, recs ...*kgo.Record) (end func(commit bool)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+	defer cancel()
+	x, err := BeginTxn(ctx, []string{e.Addr}, txnID, recs...)
+	if err != nil {
+		t.Fatalf("kafkatest: %v", err)
+	}
+	return func(commit bool) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+		defer cancel()
+		if err := x.End(ctx, commit); err != nil {
+			t.Fatalf("kafkatest: %v", err)
+		}
+	}
+}
+
+// WriteTxn writes recs (each with its Topic set) in one transaction of
+// transactional id txnID and commits it, or aborts it when commit is false
+// (BeginTxn, then End).
+func WriteTxn(ctx context.Context, seeds []string, txnID string, commit bool, recs ...*kgo.Record) error {
+	x, err := BeginTxn(ctx, seeds, txnID, recs...)
+	if err != nil {
+		return err
+	}
+	return x.End(ctx, commit)
+}
+
+// Txn is an open transaction of test input (BeginTxn).
+type Txn struct {
+	cl *kgo.Client
+	id string
+}
+
+// BeginTxn begins a transaction of transactional id txnID on a client made
+// for it, writes recs (each with its Topic set) into it and leaves it open
+// (timeout two minutes): read_committed readers, and share groups reading
+// read_committed, stop at its first record on each partition until it ends.
+func BeginTxn(ctx context.Context, seeds []string, txnID string, recs ...*kgo.Record) (*Txn, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.TransactionalID(txnID), kgo.TransactionTimeout(2*time.Minute),
+		kgo.DisableClientMetrics())
+	if err != nil {
+		return nil, fmt.Errorf("transactional client %q: %w", txnID, err)
+	}
+	if err := cl.BeginTransaction(); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("transaction of %q: begin: %w", txnID, err)
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("transaction of %q: produce: %w", txnID, err)
+	}
+	return &Txn{cl: cl, id: txnID}, nil
+}
+
+// End commits (commit) or aborts the transaction and closes its client. It
+// ends it with a raw EndTxn request carrying the producer id and epoch, as
+// Weir's writer does (kgo's EndTransaction has been seen to abort a
+// commit), so a committed transaction is committed.
+func (x *Txn) End(ctx context.Context, commit bool) error {
+	defer x.cl.Close()
+	pid, epoch, err := x.cl.ProducerID(ctx)
+	if err != nil {
+		return fmt.Errorf("transaction of %q: producer id: %w", x.id, err)
+	}
+	req := kmsg.NewPtrEndTxnRequest()
+	req.TransactionalID, req.ProducerID, req.ProducerEpoch, req.Commit = x.id, pid, epoch, commit
+	resp, err := req.RequestWith(ctx, x.cl)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+	}
+	if err != nil {
+		return fmt.Errorf("transaction of %q: end (commit %v): %w", x.id, commit, err)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package kafkatxn
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -215,4 +216,70 @@ func TestRecoverCompletesALegacyPartialRecopy(t *testing.T) {
 	cl.Close()
 
 	recoverTwice(t, ctx, addrs, h, [testPartitions][]string{{"b", "c", "a"}, {"d"}})
+}
+
+// TestRecommittedTransactionReachesAShareGroupOnce: the copy-forward repair
+// of a transaction the embedded broker lost leaves the original records in
+// the log, aborted by the lost-state marker, and writes the copies in a new
+// committed transaction. A share group reading read_committed (as Weir's
+// source and session set it) is handed each record once, the copy; one left
+// at Kafka's default read_uncommitted gets the aborted originals too, which
+// is why the isolation level matters downstream of Weir.
+func TestRecommittedTransactionReachesAShareGroupOnce(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	p, addrs := processBroker(t, dir)
+	w1, h := precommitted(t, addrs, rec(0, "a"), rec(1, "b"), rec(0, "c"), rec(1, "d"))
+	w1.crash()
+	p.Kill(t)
+	brokerproc.Start(t, dir, p.Addr)
+	w := newWriter(t, ctx, addrs)
+	if err := w.Recover(ctx, []checkpoint.TxnHandle{h}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+
+	for _, tc := range []struct {
+		isolation string
+		want      string
+	}{
+		{"read_committed", "a,b,c,d"},
+		{"read_uncommitted", "a,a,b,b,c,c,d,d"},
+	} {
+		t.Run(tc.isolation, func(t *testing.T) {
+			group := "g-" + tc.isolation
+			alter := kmsg.NewPtrIncrementalAlterConfigsRequest()
+			res := kmsg.NewIncrementalAlterConfigsRequestResource()
+			res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
+			for k, v := range map[string]string{"share.isolation.level": tc.isolation, "share.auto.offset.reset": "earliest"} {
+				c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+				c.Name, c.Value = k, kmsg.StringPtr(v)
+				res.Configs = append(res.Configs, c)
+			}
+			alter.Resources = append(alter.Resources, res)
+			resp, err := alter.RequestWith(ctx, newClient(t, addrs))
+			if err == nil {
+				err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			cons := newClient(t, addrs, kgo.ShareGroup(group), kgo.ConsumeTopics(testTopic))
+			want := strings.Split(tc.want, ",")
+			var got []string
+			for len(got) < len(want) {
+				fs := cons.PollRecords(ctx, 100)
+				if ctx.Err() != nil {
+					t.Fatalf("share group (%s) got %v, want %v", tc.isolation, got, want)
+				}
+				for _, r := range fs.Records() {
+					got = append(got, string(r.Value))
+				}
+			}
+			slices.Sort(got)
+			if strings.Join(got, ",") != tc.want {
+				t.Fatalf("share group (%s) got %v after the re-commit, want %v", tc.isolation, got, want)
+			}
+		})
+	}
 }

@@ -8,6 +8,9 @@
 // implicit (at-most-once) acknowledgement, and Session, the same
 // transactional acknowledgement for plain Go programs without the framework.
 // The ack-log itself (markers, index, conflict check) is package acklog.
+// Source and Session read committed records only: they set
+// share.isolation.level=read_committed on their group and check it
+// (isolation.go).
 //
 // It is written like user code: against runtime's operator API and
 // checkpoint's listener contracts only. It must not import jobmanager or

@@ -96,6 +96,10 @@ type cfg struct {
 	resetEarliest   bool
 	clientOpts      []kgo.Opt
 	logger          *zap.Logger
+	// checkEvery is how often the group's isolation level is checked (a
+	// Source's subtask 0, a Session's Poll), and a Source's share start
+	// offsets with it.
+	checkEvery time.Duration
 
 	// The framework Source's.
 	mode           AckMode
@@ -110,7 +114,6 @@ type cfg struct {
 	pollWait       time.Duration
 	idleCommit     time.Duration // 0: off
 	tombstoneEvery time.Duration
-	checkEvery     time.Duration // share start offset check (subtask 0)
 	renewTick      time.Duration // how often the renewer looks at the lanes
 	stagger        time.Duration // a lane starts at most this long after the one before it
 	// paused stops lock renewal: tests use it to play a process that is
@@ -161,7 +164,7 @@ const (
 
 func sessionDefaults() cfg {
 	return cfg{batch: DefaultSessionMaxRecords, txnTimeout: DefaultSessionTransactionTimeout,
-		openWait: DefaultSessionOpenMarkerWait, resetEarliest: true}
+		openWait: DefaultSessionOpenMarkerWait, resetEarliest: true, checkEvery: 5 * time.Second}
 }
 
 // Opt configures a Source (New) or a Session (NewSession). The options only
@@ -253,7 +256,9 @@ func LockMargin(d time.Duration) Opt { return opt{func(c *cfg) { c.lockMargin = 
 
 // StartFromLatest leaves share.auto.offset.reset alone (a new group then
 // starts at the end of its topics); by default it is set to earliest on the
-// group (a group config) before the group first reads.
+// group (a group config) before the group first reads. (Whatever the
+// options, share.isolation.level=read_committed is set on the group, and
+// checked: see ErrReadUncommitted.)
 func StartFromLatest() Opt { return opt{func(c *cfg) { c.resetEarliest = false }} }
 
 // ClientOpts passes options (TLS, SASL, ...) to every franz-go client. They

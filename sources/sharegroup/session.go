@@ -183,6 +183,8 @@ type Session struct {
 	wake chan struct{}
 	wg   sync.WaitGroup
 
+	lastCheck time.Time // of the group's isolation level, by Poll
+
 	// Tests only, set before use.
 	hook         func(sessPoint) (crash bool)
 	noLapseCheck bool
@@ -190,8 +192,10 @@ type Session struct {
 
 // NewSession validates the options, checks that the brokers speak share
 // groups (else an error wrapping ErrNoShareGroups) and that the input topics
-// exist, creates the ack-log when missing, sets share.auto.offset.reset on
-// the group (unless StartFromLatest), initialises the transactional
+// exist, creates the ack-log when missing, sets share.isolation.level=
+// read_committed on the group and reads it back (else an error wrapping
+// ErrReadUncommitted), sets share.auto.offset.reset on the group (unless
+// StartFromLatest), initialises the transactional
 // producer (which aborts a transaction its transactional id left open) and
 // joins the share group.
 func NewSession(ctx context.Context, opts ...Opt) (*Session, error) {
@@ -237,11 +241,10 @@ func NewSession(ctx context.Context, opts ...Opt) (*Session, error) {
 	if err := acklog.EnsureTopic(ctx, s.adm, c.ackLogTopic); err != nil {
 		return nil, fmt.Errorf("sharegroup: session: ack-log: %w", err)
 	}
-	if c.resetEarliest {
-		if err := SetGroupConfig(ctx, s.admin, s.cfg.group, "share.auto.offset.reset", "earliest"); err != nil {
-			return nil, err
-		}
+	if err := prepareGroup(ctx, s.admin, s.cfg.group, c.resetEarliest); err != nil {
+		return nil, err
 	}
+	s.lastCheck = time.Now()
 	if s.ix, err = acklog.NewIndex(ctx, c.brokers, c.ackLogTopic, c.clientOpts...); err != nil {
 		return nil, fmt.Errorf("sharegroup: session: ack-log index: %w", err)
 	}
@@ -343,6 +346,10 @@ func detached(ctx context.Context, d time.Duration) (context.Context, context.Ca
 // RELEASEd otherwise (Commit first waits for the marker, as for a conflict).
 // Records whose lock has less than the lock margin left are RELEASEd
 // unprocessed.
+//
+// Every few seconds Poll also checks that the group's share.isolation.level
+// is still read_committed; if not, it returns an error wrapping
+// ErrReadUncommitted and no batch.
 func (s *Session) Poll(ctx context.Context) ([]*kgo.Record, error) {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
@@ -354,6 +361,19 @@ func (s *Session) Poll(ctx context.Context) ([]*kgo.Record, error) {
 	s.mu.Unlock()
 	if open {
 		return nil, ErrBatchOpen
+	}
+	if time.Since(s.lastCheck) >= s.cfg.checkEvery {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := checkIsolation(cctx, s.admin, s.cfg.group)
+		cancel()
+		switch {
+		case errors.Is(err, ErrReadUncommitted):
+			return nil, fmt.Errorf("%w (changed while the session ran: records of open or aborted transactions "+
+				"may have been returned since the last check)", err)
+		case err != nil:
+			s.log.Warn("share group isolation level check failed; retried later", zap.Error(err))
+		}
+		s.lastCheck = time.Now()
 	}
 	for {
 		fs := s.cons.PollRecords(ctx, s.cfg.batch)

@@ -169,10 +169,11 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	if err := ensureTopic(sctx, adm, s.cfg.dlqTopic, 1); err != nil {
 		return err
 	}
-	if s.cfg.resetEarliest {
-		if err := SetGroupConfig(sctx, s.admin, s.cfg.group, "share.auto.offset.reset", "earliest"); err != nil {
-			return err
+	if err := prepareGroup(sctx, s.admin, s.cfg.group, s.cfg.resetEarliest); err != nil {
+		if errors.Is(err, ErrReadUncommitted) {
+			return runtime.Unrecoverable(err)
 		}
+		return err
 	}
 	s.prefix = s.cfg.txnPrefix
 	if s.prefix == "" {
@@ -479,19 +480,23 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 	return nil
 }
 
-// housekeep runs subtask 0's periodic ack-log work: the share start offset
-// check (every checkEvery) and, after it, marker collection (at most every
-// tombstoneEvery).
-// A failed check of a start offset that skipped records is unrecoverable;
-// other failures are retried later.
+// housekeep runs subtask 0's periodic work (every checkEvery): the check
+// that the group still reads committed records only, and, transactional,
+// the share start offset check and after it marker collection (at most
+// every tombstoneEvery).
+// A group found reading uncommitted records, or a start offset that skipped
+// records, is unrecoverable; other failures are retried later.
 func (s *Source[T]) housekeep(ctx context.Context) error {
-	if s.cfg.mode != Transactional || s.oc.Subtask != 0 {
-		return nil
-	}
-	if time.Since(s.lastCheck) < s.cfg.checkEvery {
+	if s.oc.Subtask != 0 || time.Since(s.lastCheck) < s.cfg.checkEvery {
 		return nil
 	}
 	s.lastCheck = time.Now()
+	if err := s.checkIsolation(ctx); err != nil {
+		return err
+	}
+	if s.cfg.mode != Transactional {
+		return nil
+	}
 	starts, err := s.checkStarts(ctx)
 	switch {
 	case errors.Is(err, ErrRecordsSkipped):
@@ -506,6 +511,26 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 		if err := s.collectMarkers(ctx, starts); err != nil {
 			s.log.Warn("ack-log marker collection failed; retried later", zap.Error(err))
 		}
+	}
+	return nil
+}
+
+// checkIsolation fails the job (unrecoverable, wrapping ErrReadUncommitted)
+// if the group's share.isolation.level is no longer read_committed (an
+// administrator changed it, a broker lost it): records of aborted
+// transactions may have been handed out since, and a restart cannot take
+// their effects back. A failed request is logged and retried at the next
+// check.
+func (s *Source[T]) checkIsolation(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := checkIsolation(cctx, s.admin, s.cfg.group)
+	switch {
+	case errors.Is(err, ErrReadUncommitted):
+		return runtime.Unrecoverable(fmt.Errorf("%w (changed while the job ran: records of open or aborted "+
+			"transactions may have been processed since the last check)", err))
+	case err != nil:
+		s.log.Warn("share group isolation level check failed; retried later", zap.Error(err))
 	}
 	return nil
 }
