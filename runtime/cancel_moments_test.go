@@ -42,10 +42,13 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 		fail bool
 		// delay before a restart.
 		delay time.Duration
-		// moment arranges the cancel: it returns options of the first Run,
-		// given the function that cancels the job and what the sink took
-		// into checkpoints so far.
+		// moment arranges the cancel (nil: cancelAtFailure does): it returns
+		// options of the first Run, given the function that cancels the job
+		// and what the sink took into checkpoints so far.
 		moment func(cancel func(), job func() *runtime.Job, covered func() int) []runtime.ClusterOpt
+		// cancelAtFailure cancels the job as the attempt fails: its tasks
+		// are being cancelled for a restart.
+		cancelAtFailure bool
 		// resume runs the job again on the same checkpoints after the first
 		// Run suspended, cancelled before it starts (a job manager that
 		// restarted).
@@ -58,6 +61,7 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 				}
 			})}
 		}},
+		{name: "failing", fail: true, delay: time.Minute, cancelAtFailure: true},
 		{name: "restarting", fail: true, delay: time.Minute,
 			moment: func(cancel func(), _ func() *runtime.Job, _ func() int) []runtime.ClusterOpt {
 				return []runtime.ClusterOpt{runtime.OnRestart(func(int, error) { cancel() })}
@@ -117,7 +121,12 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 				var once sync.Once
 				opts = append(opts, runtime.Failpoints(failpoint.New(failpoint.WithHook(failpoint.JMAfterCheckpointPersisted, func() (err error) {
 					if epochs.covered() >= minCovered {
-						once.Do(func() { err = errors.New("job manager gone") })
+						once.Do(func() {
+							err = errors.New("job manager gone")
+							if tt.cancelAtFailure {
+								cancel()
+							}
+						})
 					}
 					return err
 				}))))
@@ -125,7 +134,9 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 			if tt.resume {
 				opts = append(opts, runtime.SuspendWith(sctx))
 			}
-			opts = append(opts, tt.moment(stop, job, epochs.covered)...)
+			if tt.moment != nil {
+				opts = append(opts, tt.moment(stop, job, epochs.covered)...)
+			}
 			_, err = runtime.NewMiniCluster(opts...).Run(ctx, job())
 			if tt.resume {
 				if !errors.Is(err, runtime.ErrSuspended) {

@@ -554,7 +554,10 @@ type Deployer interface {
 	Deploy(ctx context.Context, spec DeploySpec, rep TaskReports) (Deployed, error)
 }
 
-// Deployment runs the job's tasks through d instead of in this process.
+// Deployment runs the job's tasks through d instead of in this process. A
+// job cancelled while no attempt runs is still ended in this process (see
+// Run): its operators are built here, and must reach what they end (the
+// brokers).
 func Deployment(d Deployer) ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.deployer = d }) }
 
 // localDeployer deploys every task of a plan in this process.
