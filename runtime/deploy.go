@@ -587,6 +587,28 @@ func (d *localDeployment) Open(ctx context.Context, timing checkpoint.Timing) er
 	}
 }
 
+// end ends every task of a deployment that never opened (task.end), all at
+// once, with the checkpoint timing the job runs under, and returns their
+// errors joined: the ending step of a job cancelled while no attempt ran.
+func (d *localDeployment) end(ctx context.Context, timing checkpoint.Timing) error {
+	for _, oc := range d.ocs {
+		oc.Checkpointing = timing
+	}
+	errs := make([]error, len(d.tasks))
+	var wg sync.WaitGroup
+	for i, t := range d.tasks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = t.end(ctx, d.restore[i])
+		}()
+	}
+	wg.Wait()
+	d.cancel(ErrJobCanceled)
+	d.pumps.Wait()
+	return errors.Join(errs...)
+}
+
 func (d *localDeployment) Start(context.Context) error {
 	if err := d.ctx.Err(); err != nil {
 		return err

@@ -22,6 +22,10 @@ var ErrJobFailed = errors.New("runtime: job failed")
 // to stop before it cancels the tasks.
 const cancelDriverWait = 10 * time.Second
 
+// cancelEndTimeout bounds the ending step of a job cancelled while no
+// attempt of it runs (endCanceled).
+const cancelEndTimeout = time.Minute
+
 // ErrJobCanceled is the cause (context.Cause) with which the context of a
 // deployment is cancelled when the job is cancelled for good (not failed,
 // not restarting): a Deployer whose context ends with it cancels its tasks
@@ -351,6 +355,14 @@ type Result struct {
 // (nil), ctx is done (ctx's error), or the job failed more often than its
 // restart budget (an error wrapping ErrJobFailed and the last failure). A
 // restart restores every task from the latest completed checkpoint.
+//
+// Cancelling ctx cancels the job for good, whatever it is doing: its
+// latest completed checkpoint's transactions are committed, later ones
+// aborted and held records released before Run returns. A running attempt
+// does it in its tasks (checkpoint.CancelListener); when none runs (the job
+// is restarting, waiting for its deployment, restoring, or just resumed)
+// the job master does it itself (endCanceled). If that fails, Run's error
+// wraps ctx's error and the failure.
 func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 	cfg := m.cfg
 	if err := cfg.validate(); err != nil {
@@ -383,6 +395,9 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 	var cause string
 	var failures []time.Time
 	for attempt := 0; ; attempt++ {
+		if ctx.Err() != nil {
+			return res, m.endCanceled(ctx, cfg, store, p, pending, attempt)
+		}
 		if cfg.suspend != nil && cfg.suspend.Err() != nil {
 			return res, fmt.Errorf("%w: %w", ErrSuspended, context.Cause(cfg.suspend))
 		}
@@ -393,6 +408,9 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		}
 		restore, err := m.loadRestore(ctx, store, cfg.jobID, p, pending)
 		if err != nil {
+			if ctx.Err() != nil {
+				return res, m.endCanceled(ctx, cfg, store, p, pending, attempt)
+			}
 			return res, err
 		}
 		if restore.From > 0 {
@@ -412,7 +430,12 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 			return res, nil
 		}
 		if ctx.Err() != nil {
-			return res, ctx.Err()
+			if a.endedForGood {
+				return res, ctx.Err()
+			}
+			// The attempt failed or was still deploying or opening when
+			// the cancel came: no task ended the job.
+			return res, m.endCanceled(ctx, cfg, store, p, pending, attempt+1)
 		}
 		if errors.Is(runErr, ErrSuspended) {
 			return res, runErr
@@ -439,7 +462,7 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		select {
 		case <-time.After(d.Delay):
 		case <-ctx.Done():
-			return res, ctx.Err()
+			return res, m.endCanceled(ctx, cfg, store, p, pending, attempt+1)
 		case <-cfg.suspended():
 			return res, fmt.Errorf("%w while restarting: %w", ErrSuspended, context.Cause(cfg.suspend))
 		}
@@ -453,6 +476,66 @@ func (c *clusterCfg) suspended() <-chan struct{} {
 	}
 	return c.suspend.Done()
 }
+
+// endCanceled ends the job cancelled (ctx done) while none of its attempts
+// ran to a cancel for good, and returns ctx's error: the pre-committed
+// transactions an attempt that failed left to the next one would otherwise
+// stay open until the broker's transaction timeout (pinning every
+// read_committed reader), and the latest completed checkpoint's would be
+// aborted with them (its output lost) if no task was told it completed.
+// It runs the restore path of the next attempt and then the cancel for
+// good, in this process and reading no record: the latest completed
+// checkpoint's transactions are committed (RestoreCommitter, and each
+// operator's Open), later ones aborted, and every
+// checkpoint.CancelListener is told that checkpoint, before every operator
+// closes (releasing what it holds). A job manager therefore ends such a
+// job itself, without task managers or slots. A failure is logged and
+// wrapped into the error returned.
+func (m *MiniCluster) endCanceled(ctx context.Context, cfg clusterCfg, store CheckpointStorage, p *plan, pending *pendingHandles, attempt int) error {
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelEndTimeout)
+	defer cancel()
+	from, err := m.end(ectx, cfg, store, p, pending, attempt)
+	if err != nil {
+		cfg.log.Error("the cancelled job could not end all its transactions; they end at the broker's transaction timeout",
+			zap.String("job", cfg.jobID), zap.Uint64("checkpoint", uint64(from)), zap.Error(err))
+		return fmt.Errorf("%w (ending the job failed: %w)", ctx.Err(), err)
+	}
+	cfg.log.Info("cancelled job ended: its latest completed checkpoint committed, later transactions aborted",
+		zap.String("job", cfg.jobID), zap.Uint64("checkpoint", uint64(from)))
+	return ctx.Err()
+}
+
+// end is endCanceled's work; it returns the checkpoint it committed.
+func (m *MiniCluster) end(ctx context.Context, cfg clusterCfg, store CheckpointStorage, p *plan, pending *pendingHandles, attempt int) (checkpoint.ID, error) {
+	if err := store.Reopen(); err != nil {
+		return 0, err
+	}
+	restore, err := m.loadRestore(ctx, store, cfg.jobID, p, pending)
+	if err != nil {
+		return 0, err
+	}
+	d, err := deploy(ctx, p, DeploySpec{JobID: cfg.jobID, Attempt: attempt, Restore: restore, LastCompleted: restore.From,
+		BatchSize: cfg.batchSize, ChannelCapacity: cfg.channelCap, Logger: cfg.log}, nil, endReports{})
+	if err != nil {
+		return restore.From, err
+	}
+	a := newAttempt(cfg, p, store, attempt, pending)
+	tolerable, err := a.tolerableFailures(d.prep.Discarding)
+	if err != nil {
+		tolerable = -1 // refused when the job runs; ending it tolerates nothing
+	}
+	return restore.From, d.end(ctx, a.timing(tolerable))
+}
+
+// endReports receives the reports of a deployment that only ends a job:
+// its tasks read no record and take no checkpoint.
+type endReports struct{}
+
+func (endReports) Ack(checkpoint.TaskID, checkpoint.ID, checkpoint.TaskSnapshot, time.Duration) {}
+func (endReports) Decline(checkpoint.TaskID, checkpoint.ID, error)                              {}
+func (endReports) SourceEnded(checkpoint.TaskID)                                                {}
+func (endReports) Failed(checkpoint.TaskID, error)                                              {}
+func (endReports) RequestCheckpoint(string)                                                     {}
 
 // loadRestore reads the latest usable checkpoint and assigns its state and
 // transaction handles to the operators of p (AssignState).
@@ -496,7 +579,10 @@ type Deployer interface {
 	Deploy(ctx context.Context, spec DeploySpec, rep TaskReports) (Deployed, error)
 }
 
-// Deployment runs the job's tasks through d instead of in this process.
+// Deployment runs the job's tasks through d instead of in this process. A
+// job cancelled while no attempt runs is still ended in this process (see
+// Run): its operators are built here, and must reach what they end (the
+// brokers).
 func Deployment(d Deployer) ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.deployer = d }) }
 
 // localDeployer deploys every task of a plan in this process.
@@ -530,9 +616,12 @@ type attempt struct {
 	triggered map[checkpoint.ID]time.Time // driver goroutine only
 	cause     string                      // failure that led to this attempt
 	summary   *checkpointSummary          // the job's, across attempts
-	reports   sync.WaitGroup
-	ctx       context.Context
-	fail      func(error)
+	// endedForGood: every task opened, and the attempt ended with the job's
+	// cancel, so each task told its operators (checkpoint.CancelListener).
+	endedForGood bool
+	reports      sync.WaitGroup
+	ctx          context.Context
+	fail         func(error)
 }
 
 func newAttempt(cfg clusterCfg, p *plan, store CheckpointStorage, n int, pending *pendingHandles) *attempt {
@@ -639,12 +728,15 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		driverDone <- err
 	}()
 
+	opened := false
 	if err := dep.Open(ctx, a.timing(tolerable)); err == nil && ctx.Err() == nil {
+		opened = true
 		if err := dep.Start(ctx); err != nil && ctx.Err() == nil {
 			a.fail(fmt.Errorf("runtime: start tasks: %w", err))
 		}
 	}
 	finished := dep.Wait()
+	a.endedForGood = opened && errors.Is(context.Cause(ctx), ErrJobCanceled)
 	stopDriver()
 	derr := <-driverDone
 	a.reports.Wait()

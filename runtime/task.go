@@ -108,12 +108,13 @@ func (t *task) closeOps() error {
 
 // notifyCanceled tells every operator that is a checkpoint.CancelListener
 // that the job ends for good, with its latest completed checkpoint. A
-// failure is logged: the job is over, and what an operator could not end
-// ends at the broker's transaction timeout.
-func (t *task) notifyCanceled() {
+// failure is logged (and returned): the job is over, and what an operator
+// could not end ends at the broker's transaction timeout.
+func (t *task) notifyCanceled() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	last := t.rep.lastCompleted()
+	var errs []error
 	for i, op := range t.ops {
 		if op == nil {
 			continue
@@ -125,8 +126,10 @@ func (t *task) notifyCanceled() {
 		if err := notifyCanceledSafely(ctx, l, last); err != nil {
 			t.log.Warn("ending a cancelled job's transactions failed; they end at the broker's transaction timeout",
 				zap.String("operator", t.v.nodes[i].name), zap.Error(err))
+			errs = append(errs, fmt.Errorf("task %s: %s: %w", t.id, t.v.nodes[i].name, err))
 		}
 	}
+	return errors.Join(errs...)
 }
 
 func notifyCanceledSafely(ctx context.Context, l checkpoint.CancelListener, last checkpoint.ID) (err error) {
@@ -148,22 +151,15 @@ func (t *task) run(ctx context.Context, restore []*SubtaskState, ready func(), s
 			err = fmt.Errorf("task %s: %w", t.id, &panicError{value: r, stack: debug.Stack()})
 		}
 		if errors.Is(context.Cause(ctx), ErrJobCanceled) {
-			t.notifyCanceled()
+			_ = t.notifyCanceled() // logged
 		}
 		if cerr := t.closeOps(); cerr != nil && err == nil {
 			err = cerr
 		}
 		t.async.Wait()
 	}()
-	for i, op := range t.ops {
-		if restore[i] != nil {
-			if err := op.restore(restore[i]); err != nil {
-				return fmt.Errorf("task %s: restore %s: %w", t.id, t.v.nodes[i].name, err)
-			}
-		}
-		if err := op.open(ctx); err != nil {
-			return fmt.Errorf("task %s: open %s: %w", t.id, t.v.nodes[i].name, err)
-		}
+	if err := t.openOps(ctx, restore); err != nil {
+		return err
 	}
 	ready()
 	if t.v.isSource() {
@@ -180,6 +176,36 @@ func (t *task) run(ctx context.Context, restore []*SubtaskState, ready func(), s
 		return fmt.Errorf("task %s: %w", t.id, err)
 	}
 	return err
+}
+
+// openOps restores and opens the chain's operators, head first: the
+// restore path (it commits the restored checkpoint's transactions and
+// aborts later ones, in the operators that hold any).
+func (t *task) openOps(ctx context.Context, restore []*SubtaskState) error {
+	for i, op := range t.ops {
+		if restore[i] != nil {
+			if err := op.restore(restore[i]); err != nil {
+				return fmt.Errorf("task %s: restore %s: %w", t.id, t.v.nodes[i].name, err)
+			}
+		}
+		if err := op.open(ctx); err != nil {
+			return fmt.Errorf("task %s: open %s: %w", t.id, t.v.nodes[i].name, err)
+		}
+	}
+	return nil
+}
+
+// end ends the task of a job cancelled while no attempt ran it: the restore
+// path (openOps), then the path of a cancel for good (notifyCanceled with
+// the latest completed checkpoint), then Close; no record is read. Every
+// step runs even if an earlier one failed; the errors are joined.
+func (t *task) end(ctx context.Context, restore []*SubtaskState) error {
+	oerr := func() (err error) {
+		defer recoverInto(&err)
+		return t.openOps(ctx, restore)
+	}()
+	nerr := t.notifyCanceled()
+	return errors.Join(oerr, nerr, t.closeOps())
 }
 
 func (t *task) runSource(ctx context.Context) error {

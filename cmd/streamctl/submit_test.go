@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -264,29 +265,7 @@ func TestCancelLeavesNoOpenTransactionAndNoHeldShareRecord(t *testing.T) {
 		t.Fatalf("cancel printed %q (%v), want state CANCELED", out, err)
 	}
 
-	adm := kadm.NewClient(c.env.Client(t))
-	txns, err := adm.ListTransactions(ctx, nil, []string{"Ongoing", "PrepareCommit", "PrepareAbort"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if open := txns.TransactionalIDs(); len(open) > 0 {
-		t.Fatalf("transactions still open after the cancel: %v", open)
-	}
-	for _, topic := range []string{"counts", "__weir-acklog-wc"} {
-		ends, err := adm.ListEndOffsets(ctx, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stable, err := adm.ListCommittedOffsets(ctx, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ends.Each(func(o kadm.ListedOffset) {
-			if s, ok := stable.Lookup(topic, o.Partition); !ok || s.Offset != o.Offset {
-				t.Errorf("%s[%d]: last stable offset %d < high watermark %d: a transaction is still open", topic, o.Partition, s.Offset, o.Offset)
-			}
-		})
-	}
+	c.checkNothingOpen(ctx, "counts", "__weir-acklog-wc")
 
 	var keys [][]byte
 	for _, r := range committed(t, ctx, c.env.Addr, "counts") {
@@ -330,6 +309,141 @@ func TestCancelLeavesNoOpenTransactionAndNoHeldShareRecord(t *testing.T) {
 			missing, in.n, len(done), len(got))
 	}
 	t.Logf("%d lines: %d committed by the job before the cancel, %d delivered to the next consumer", in.n, len(done), len(got))
+}
+
+// checkNothingOpen fails the test unless no transaction is open and every
+// partition of topics has its last stable offset at its high watermark
+// (read_committed readers see everything).
+func (c *procCluster) checkNothingOpen(ctx context.Context, topics ...string) {
+	t := c.t
+	t.Helper()
+	adm := kadm.NewClient(c.env.Client(t))
+	txns, err := adm.ListTransactions(ctx, nil, []string{"Ongoing", "PrepareCommit", "PrepareAbort"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if open := txns.TransactionalIDs(); len(open) > 0 {
+		t.Fatalf("transactions still open after the cancel: %v", open)
+	}
+	for _, topic := range topics {
+		ends, err := adm.ListEndOffsets(ctx, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stable, err := adm.ListCommittedOffsets(ctx, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ends.Each(func(o kadm.ListedOffset) {
+			if s, ok := stable.Lookup(topic, o.Partition); !ok || s.Offset != o.Offset {
+				t.Errorf("%s[%d]: last stable offset %d < high watermark %d: a transaction is still open", topic, o.Partition, s.Offset, o.Offset)
+			}
+		})
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+// A job cancelled while it waits to restart (its attempt failed after a
+// checkpoint was persisted and before any task was notified, through the
+// job manager's jm.after-checkpoint-persisted failpoint; the restart delay
+// is 5 minutes), or right after the job manager was SIGKILLed there and
+// started again (the job resuming, its task managers reconnecting), ends at
+// once: no transaction is left open, the lines it committed are counted
+// once, and a second job on the same share group (record locks last 10
+// minutes, so a record the first job held would not come back in time)
+// counts every other line: record by record, every line exactly once over
+// both jobs' outputs.
+func TestCancelWhileRestartingCommitsTheCompletedCheckpointAndLeavesNothingOpen(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		restartJM bool
+	}{
+		{name: "restart delay"},
+		{name: "job manager just restarted", restartJM: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+			defer cancel()
+			t.Setenv("WEIR_FAILPOINTS", "jm.after-checkpoint-persisted=error@15") // the job manager's (3s in); task managers never hit it
+			c := newProcCluster(t, streamctlBin, broker.Config("group.share.record.lock.duration.ms", "600000"))
+			c.twoTMs()
+			in := newInput(t, ctx, c.env.Addr, "lines", 300)
+			in.run(ctx)
+			args := append(wordcountArgs(c.env.Addr, "wc", "lines", "counts"), "--restart-strategy", "fixed-delay:attempts=3,delay=5m")
+			id := c.Submit(args...)
+			c.WaitStatus(id, "restart", func(s proctest.JobStatus) bool { return s.State == "RESTARTING" })
+			in.halt()
+			if tt.restartJM {
+				c.JM.Kill(t)
+				c.StartJM()
+			}
+			out, err := c.Run("cancel", id, "--output", "json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var st proctest.JobStatus
+			if err := json.Unmarshal([]byte(out), &st); err != nil || st.State != "CANCELED" {
+				t.Fatalf("cancel printed %q (%v), want state CANCELED", out, err)
+			}
+			c.checkNothingOpen(ctx, "counts", "__weir-acklog-wc")
+			done := outputLines(t, committed(t, ctx, c.env.Addr, "counts"))
+			if len(done) == 0 || len(done) >= in.n {
+				t.Fatalf("the job committed %d of %d lines before the cancel, want some but not all", len(done), in.n)
+			}
+			if tt.restartJM {
+				c.WaitTMs("tm-a,tm-b")
+			}
+
+			second := c.Submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts2")...)
+			var rest map[string]int
+			for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+				recs, err := kafkatest.ReadCommitted(ctx, []string{c.env.Addr}, "counts2")
+				if err != nil && !errors.Is(err, kafkatest.ErrUnknownTopic) {
+					t.Fatal(err)
+				}
+				rest = outputLines(t, recs)
+				if len(done)+len(rest) >= in.n {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("after 90s the second job counted %d lines, the first %d, of %d: the rest is held or lost; %s",
+						len(rest), len(done), in.n, c.Logs(40))
+				}
+			}
+			if _, err := c.Run("cancel", second); err != nil {
+				t.Fatal(err)
+			}
+			var twice []string
+			for l := range rest {
+				if done[l] > 0 {
+					twice = append(twice, l)
+				}
+			}
+			if len(twice) > 0 || len(done)+len(rest) != in.n {
+				t.Fatalf("%d lines counted by both jobs (%.5v); %d + %d lines counted of %d", len(twice), twice, len(done), len(rest), in.n)
+			}
+			t.Logf("%d lines: %d counted before the cancel, %d by the second job", in.n, len(done), len(rest))
+		})
+	}
+}
+
+// outputLines returns the l<i> words of wordcount output, failing the test
+// if one was counted more than once.
+func outputLines(t *testing.T, recs []*kgo.Record) map[string]int {
+	t.Helper()
+	keys := make([][]byte, len(recs))
+	for i, r := range recs {
+		keys[i] = r.Key
+	}
+	ids := lineIDs(keys)
+	for l, n := range ids {
+		if n > 1 {
+			t.Fatalf("line %s counted %d times", l, n)
+		}
+	}
+	return ids
 }
 
 // Two wordcount jobs with their own groups, inputs and outputs run at once
