@@ -778,6 +778,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	batch := l.batch
 	l.batch, l.state, l.epoch = nil, laneAdmitting, 0
 	margin := lockMargin(s.cfg.lockMargin, l.clock.dur)
+	clock := l.clock // as renewed so far (its lost partitions are not read)
 	l.mu.Unlock()
 	if s.cfg.mode == Transactional && len(batch) > 0 {
 		if err := s.ix.CatchUpToEnd(ctx); err != nil {
@@ -788,7 +789,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	var stale, emitted, rejected, accepted, requeue []*kgo.Record
 	var aside []asideRec
 	for _, r := range batch {
-		v, e, cause := s.judge(r, now, margin)
+		v, e, cause := s.judge(r, &clock, now, margin)
 		switch v {
 		case verdictStale:
 			stale = append(stale, r)
@@ -875,15 +876,26 @@ const (
 // partition redelivers committed records at count 1); the index must be
 // caught up to the ack-log's end. The entry is the covering marker
 // (processed, aside); the cause is a poison record's.
-func (s *Source[T]) judge(r *kgo.Record, now time.Time, margin time.Duration) (verdict, acklog.Entry, error) {
-	if expiresSoon(r, now, margin) {
-		return verdictStale, acklog.Entry{}, nil
+//
+// The lock's time left is read on clock, the holder's clock of r's batch:
+// a batch that waited, renewed, behind a blocked task is judged by its last
+// accepted renewal, not by its acquisition. And only a record that would be
+// emitted is released for its lock: one a marker covers, or at the end of
+// its delivery budget, is settled (ACCEPTed, set aside, re-queued or
+// dead-lettered) whatever its lock's time left, because a release costs a
+// delivery (docs/architecture.md, "Delivery budget"). That is safe: a
+// lapse during a re-queue is caught by the re-queue's conflict check, and
+// a refused ACCEPT only brings the record back, recognised.
+func (s *Source[T]) judge(r *kgo.Record, clock *lockClock, now time.Time, margin time.Duration) (verdict, acklog.Entry, error) {
+	emit := verdictEmit
+	if clock.expiresSoon(r, now, margin) {
+		emit = verdictStale
 	}
 	if s.cfg.mode != Transactional {
 		if r.DeliveryCount() >= s.cfg.maxDeliveries {
 			return verdictPoison, acklog.Entry{}, fmt.Errorf("delivered %d times (max %d)", r.DeliveryCount(), s.cfg.maxDeliveries)
 		}
-		return verdictEmit, acklog.Entry{}, nil
+		return emit, acklog.Entry{}, nil
 	}
 	if e, ok := s.ix.Lookup(acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}, r.Offset); ok {
 		if e.Status == acklog.Committed {
@@ -892,7 +904,7 @@ func (s *Source[T]) judge(r *kgo.Record, now time.Time, margin time.Duration) (v
 		return verdictAside, e, nil
 	}
 	if r.DeliveryCount() < s.requeueAt {
-		return verdictEmit, acklog.Entry{}, nil
+		return emit, acklog.Entry{}, nil
 	}
 	if s.cfg.maxRequeues > 0 && requeues(r) >= s.cfg.maxRequeues {
 		return verdictPoison, acklog.Entry{}, fmt.Errorf("re-queued %d times (max %d), delivered %d times", requeues(r),
@@ -1306,6 +1318,7 @@ func (s *Source[T]) settle(ctx context.Context) {
 			batch = l.batch
 		}
 		margin := lockMargin(s.cfg.lockMargin, l.clock.dur)
+		clock := l.clock
 		l.mu.Unlock()
 		if len(batch) == 0 {
 			continue
@@ -1320,7 +1333,7 @@ func (s *Source[T]) settle(ctx context.Context) {
 		now := time.Now()
 		var accept, requeue []*kgo.Record
 		for _, r := range batch {
-			switch v, _, _ := s.judge(r, now, margin); v {
+			switch v, _, _ := s.judge(r, &clock, now, margin); v {
 			case verdictProcessed:
 				accept = append(accept, r)
 			case verdictRequeue:
