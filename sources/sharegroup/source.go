@@ -291,10 +291,14 @@ func (s *Source[T]) startLanes() error {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel, s.bgCtx = cancel, ctx
 		s.pollCtx, s.pollCancel = context.WithCancel(ctx)
-		s.wg.Add(1)
+		s.wg.Add(2)
 		go func() {
 			defer s.wg.Done()
 			s.renewLoop(ctx)
+		}()
+		go func() {
+			defer s.wg.Done()
+			s.resolveLoop(ctx)
 		}()
 		return s.startLaneLocked()
 	}
@@ -925,7 +929,10 @@ func (s *Source[T]) asideOutcome(ctx context.Context) func(acklog.Entry) kgo.Ack
 	return func(m acklog.Entry) kgo.AckStatus {
 		if !caught {
 			caught = true
-			if err := s.ix.CatchUpToEnd(ctx); err != nil {
+			cctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+			err := s.ix.CatchUpToEnd(cctx)
+			cancel()
+			if err != nil {
 				s.log.Warn("reading the ack-log failed; set-aside records stay held", zap.Error(err))
 			}
 		}
@@ -1167,9 +1174,10 @@ func (s *Source[T]) NotifyCheckpointAborted(ctx context.Context, id checkpoint.I
 	return nil
 }
 
-// renewLoop renews the locks of held records, without polling, and resolves
-// parked lanes' set-aside records as their markers end. It never waits on
-// the task goroutine or downstream.
+// renewLoop renews the locks of held records, without polling. It never
+// waits on the task goroutine, downstream, or any broker call other than
+// the renewals themselves (each bounded): the ack-log reads and aborts that
+// resolve parked lanes run on resolveLoop.
 func (s *Source[T]) renewLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.renewTick)
 	defer t.Stop()
@@ -1187,7 +1195,30 @@ func (s *Source[T]) renewLoop(ctx context.Context) {
 						zap.String("lane", l.name), zap.Error(err))
 				}
 			}
-			s.resolveParked(ctx)
+		}
+	}
+}
+
+// resolveTimeout bounds one round of resolveParked's broker calls.
+const resolveTimeout = 10 * time.Second
+
+// resolveLoop resolves parked lanes' set-aside records as their markers
+// end, every renew tick, on its own goroutine: a slow ack-log read or
+// stale-marker abort never delays a renewal.
+func (s *Source[T]) resolveLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.renewTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if s.paused.Load() {
+				continue
+			}
+			rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+			s.resolveParked(rctx)
+			cancel()
 		}
 	}
 }

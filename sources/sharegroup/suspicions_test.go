@@ -1,0 +1,103 @@
+package sharegroup
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/kafkatest"
+)
+
+// Issue 24's suspicions about the share-group source, each settled by a
+// record-by-record test.
+
+// Suspicion S1: resolving a parked lane reads the ack-log and aborts a
+// stale foreign marker (DescribeTransactions, EndTxn). Those broker calls
+// must not stop the renewals of the subtask's other lanes. Job 1 (another
+// transactional-id prefix) pre-commits a marker over offsets 0-9 and goes
+// away; job 2's first lane sets 0-9 aside behind that open marker and
+// parks; its second lane emits and holds 10-19. When the open-marker wait
+// is over, job 2 aborts job 1's marker, and the broker takes three lock
+// durations to answer DescribeTransactions. The second lane's held batch
+// must stay renewed meanwhile: its checkpoint does not decline, and every
+// record is emitted, committed and ACCEPTed once.
+func TestSlowStaleMarkerAbortDoesNotStopRenewalsOfOtherLanes(t *testing.T) {
+	const openWait = 6 * time.Second
+	env := kafkatest.New(t, append(lockBroker(shortLock), broker.Config("group.share.delivery.count.limit", "5"))...)
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 10)
+
+	job1 := openSource(t, env, 0, nil, TransactionalIDPrefix("job1"))
+	if d := exactlyOnce(counts(t, pollFor(t, job1, 10, 10*time.Second)), 10); d != "" {
+		t.Fatalf("setup: job 1's batch: %s", d)
+	}
+	if _, err := job1.Snapshot(t.Context(), 1); err != nil {
+		t.Fatalf("setup: job 1's Snapshot(1): %v", err)
+	}
+	job1.Close() // its marker stays pre-committed, open; its records are released
+
+	// The broker answers DescribeTransactions three lock durations late,
+	// serving every other request meanwhile.
+	var holding, enteredHolding, entered atomic.Bool
+	c := env.Broker.Cluster()
+	c.ControlKey(kmsg.DescribeTransactions.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if !entered.Swap(true) {
+			enteredHolding.Store(holding.Load())
+			c.SleepControl(func() { time.Sleep(3 * shortLock) })
+		}
+		return nil, nil, false
+	})
+
+	job2 := openSource(t, env, 1, nil, TransactionalIDPrefix("job2"), OpenMarkerWait(openWait), Lanes(2))
+	col := &sliceCollector{}
+	setup := time.Now().Add(openWait)
+	for !parked(job2) && time.Now().Before(setup) { // 0-9 are set aside behind job 1's marker
+		if err := job2.Poll(t.Context(), col); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produceTo(t, env, "in", 0, 10, 20)
+	for len(col.vals) < 10 && time.Now().Before(setup) {
+		if err := job2.Poll(t.Context(), col); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := counts(t, col.vals)
+	for i := range 20 {
+		if want := min(i/10, 1); got[i] != want || len(got) != 10 || !parked(job2) {
+			t.Fatalf("setup: before the open-marker wait ended, job 2 should have set 0-9 aside (a lane parked: %v) and "+
+				"emitted 10-19 once; emitted %v", parked(job2), col.vals)
+		}
+	}
+	holding.Store(true)
+	for deadline := time.Now().Add(30 * time.Second); !entered.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("setup: job 2 never tried to abort job 1's stale marker")
+		}
+	}
+	if !enteredHolding.Load() {
+		t.Fatal("setup: job 2 tried to abort job 1's stale marker before its second lane held 10-19")
+	}
+	time.Sleep(3*shortLock + time.Second) // the slow answer, and then some
+
+	// Checkpoint 1 covers 10-19; later ones cover 0-9 once job 1's marker is
+	// aborted and they come back (re-queued: their third delivery).
+	vals := drainOneLane(t, env, job2, 20)
+	checkEveryRecordOnce(t, env, append(col.vals, vals...), 20, "job 2")
+}
+
+// parked reports whether a lane of s is parked.
+func parked(s *Source[string]) bool {
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		p := l.state == laneParked
+		l.mu.Unlock()
+		if p {
+			return true
+		}
+	}
+	return false
+}
