@@ -214,7 +214,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		return fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
 	}
 	if s.cfg.mode == Transactional {
-		rqOpts := append(slices.Clone(wopts), kafkatxn.TransactionalIDPrefix(s.prefix+"-rq"))
+		rqOpts := append(slices.Clone(wopts), kafkatxn.TransactionalIDPrefix(s.prefix+requeuePrefixSuffix))
 		if s.rq.w, err = kafkatxn.NewTxnWriter(ctx, rqOpts...); err != nil {
 			return fmt.Errorf("sharegroup: %w", err)
 		}
@@ -1245,7 +1245,7 @@ func (s *Source[T]) resolveParked(ctx context.Context) {
 	for _, l := range parked {
 		if _, err := l.finish(ctx, inState(laneParked), func(m acklog.Entry) kgo.AckStatus {
 			st := outcome(m)
-			if st == 0 && !strings.HasPrefix(m.Marker.TransactionalID, s.prefix+"-") && !s.stale[m.Offset] &&
+			if st == 0 && !s.ownMarker(m) && !s.stale[m.Offset] &&
 				time.Since(m.Marker.CreatedAt) > s.cfg.openWait {
 				s.stale[m.Offset] = true
 				abortStaleMarker(ctx, s.admin, m, s.cfg.openWait, s.log)
@@ -1255,6 +1255,14 @@ func (s *Source[T]) resolveParked(ctx context.Context) {
 			s.log.Warn("resolving set-aside records failed; retried", zap.String("lane", l.name), zap.Error(err))
 		}
 	}
+}
+
+// ownMarker reports whether a marker was written by this job: by its
+// marker writer or its re-queue writer, by their exact transactional-id
+// format (a job whose prefix extends this one's is another job).
+func (s *Source[T]) ownMarker(e acklog.Entry) bool {
+	id := e.Marker.TransactionalID
+	return kafkatxn.IsTransactionalIDOf(s.prefix, id) || kafkatxn.IsTransactionalIDOf(s.prefix+requeuePrefixSuffix, id)
 }
 
 // NotifyJobCanceled implements checkpoint.CancelListener: the job ends for

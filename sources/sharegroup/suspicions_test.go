@@ -9,6 +9,7 @@ import (
 
 	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/sources/sharegroup/acklog"
 )
 
 // Issue 24's suspicions about the share-group source, each settled by a
@@ -100,4 +101,57 @@ func parked(s *Source[string]) bool {
 		}
 	}
 	return false
+}
+
+// Suspicion S2: a marker of job "a-b" is not job "a"'s, though its
+// transactional ids ("a-b-0-0") start with "a-". Job "a-b" pre-commits a
+// marker over offsets 0-9 and goes away; job "a" finds 0-9 behind that
+// open marker. It must abort it as a foreign stale marker after the
+// open-marker wait and process every record once, not wait on it as on one
+// of its own (whose coordinator would decide it) until the transaction
+// timeout.
+func TestStaleMarkerOfAJobWhosePrefixExtendsOursIsAborted(t *testing.T) {
+	env := kafkatest.New(t, append(lockBroker(shortLock), broker.Config("group.share.delivery.count.limit", "5"))...)
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 10)
+	other := openSource(t, env, 0, nil, TransactionalIDPrefix("a-b"))
+	if d := exactlyOnce(counts(t, pollFor(t, other, 10, 10*time.Second)), 10); d != "" {
+		t.Fatalf("setup: job a-b's batch: %s", d)
+	}
+	if _, err := other.Snapshot(t.Context(), 1); err != nil {
+		t.Fatalf("setup: job a-b's Snapshot(1): %v", err)
+	}
+	other.Close() // its marker stays pre-committed, open; its records are released
+
+	a := openSource(t, env, 0, nil, TransactionalIDPrefix("a"), OpenMarkerWait(time.Second))
+	vals := drainOneLane(t, env, a, 10)
+	checkEveryRecordOnce(t, env, vals, 10, `job "a"`)
+}
+
+// The rule S2 needs, by the exact id format: which markers are this job's
+// (its marker writer's ids and its re-queue writer's), and which belong to
+// another job, however its prefix starts.
+func TestOwnMarkersAreTheIDsOfThisJobsWritersOnly(t *testing.T) {
+	for _, tc := range []struct {
+		id  string
+		own bool
+	}{
+		{"a-0-0", true},
+		{"a-3-12", true},
+		{"a-rq-1-0", true},
+		{"a-b-0-0", false},
+		{"a-1-0-0", false},
+		{"a-rq-x-0-0", false},
+		{"ab-0-0", false},
+		{"a-0", false},
+		{"a-00-1", false},
+		{"", false},
+	} {
+		t.Run(tc.id, func(t *testing.T) {
+			s := &Source[string]{prefix: "a"}
+			if got := s.ownMarker(acklog.Entry{Marker: acklog.Marker{TransactionalID: tc.id}}); got != tc.own {
+				t.Errorf("prefix %q, marker transactional id %q: own = %v, want %v", "a", tc.id, got, tc.own)
+			}
+		})
+	}
 }
