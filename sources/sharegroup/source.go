@@ -523,7 +523,9 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 // state lost or reset, records archived), and the job fails with
 // ErrRecordsSkipped naming them, never silently. A start that moved back
 // (state reset to an earlier offset) is fine: the lookup recognises what
-// comes back. Watermarks then advance to the start offsets.
+// comes back. Watermarks then advance to the start offsets, and an input
+// partition the group has not fetched yet gets one at its log start offset
+// (unstarted).
 func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]int64, error) {
 	starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
 	if err != nil {
@@ -561,6 +563,13 @@ func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]
 		}
 		advance = append(advance, acklog.Watermark{Group: s.cfg.group, TP: tp, Offset: start}.Record(s.cfg.ackLogTopic))
 	}
+	unstarted, err := s.unstarted(ctx, starts)
+	if err != nil {
+		return nil, err
+	}
+	for tp, logStart := range unstarted {
+		advance = append(advance, acklog.Watermark{Group: s.cfg.group, TP: tp, Offset: logStart}.Record(s.cfg.ackLogTopic))
+	}
 	if len(skipped) > 0 {
 		slices.Sort(skipped)
 		return nil, runtime.Unrecoverable(fmt.Errorf("%w: group %q, %s: the share start offset moved past records that no "+
@@ -573,6 +582,45 @@ func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]
 		}
 	}
 	return starts, nil
+}
+
+// unstarted returns the input partitions the group has no share state
+// for yet (starts has none) and the ack-log no watermark for, with their
+// log start offsets: with share.auto.offset.reset=earliest the group
+// starts there at its first fetch, so that is their watermark. Without it,
+// the first check that saw such a partition took its share start offset
+// then for where the group started, and records skipped between the
+// group's first fetch and that check went unreported. With
+// StartFromLatest (the group starts at the log end of its first fetch)
+// there is nothing to watermark before it: none.
+func (s *Source[T]) unstarted(ctx context.Context, starts map[acklog.TopicPartition]int64) (map[acklog.TopicPartition]int64, error) {
+	if !s.cfg.resetEarliest {
+		return nil, nil
+	}
+	los, err := kadm.NewClient(s.admin).ListStartOffsets(ctx, s.inputs()...)
+	if err != nil {
+		return nil, fmt.Errorf("list log start offsets: %w", err)
+	}
+	out := map[acklog.TopicPartition]int64{}
+	var errs []error
+	los.Each(func(lo kadm.ListedOffset) {
+		tp := acklog.TopicPartition{Topic: lo.Topic, Partition: lo.Partition}
+		if _, ok := starts[tp]; ok {
+			return
+		}
+		if _, ok := s.ix.Watermark(tp); ok {
+			return
+		}
+		if lo.Err != nil {
+			errs = append(errs, fmt.Errorf("log start offset of %s: %w", tp, lo.Err))
+			return
+		}
+		out[tp] = lo.Offset
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // deliverable narrows gaps of tp to the offsets that hold records a share

@@ -1,6 +1,9 @@
 package sharegroup
 
 import (
+	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -153,5 +156,37 @@ func TestOwnMarkersAreTheIDsOfThisJobsWritersOnly(t *testing.T) {
 				t.Errorf("prefix %q, marker transactional id %q: own = %v, want %v", "a", tc.id, got, tc.own)
 			}
 		})
+	}
+}
+
+// Suspicion S3: records skipped on a partition the group had not fetched
+// when the source opened are reported. The job opens while the group has
+// no share state for in[0] (never fetched; share.auto.offset.reset=
+// earliest) and stops before it reads anything (its attempt failed); then
+// the share start offset jumps to 10 (a state reset forward). Offsets 0-9
+// were never processed: the next attempt must fail with ErrRecordsSkipped
+// naming them, not take 10 as where the group started.
+func TestRecordsSkippedOnAPartitionNotFetchedAtOpenAreReported(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 20)
+	newSrc := testSources(t, env)
+	first, err := openFrom(t, newSrc, 0, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := shareStart(t, env, "g", in0); st != -1 {
+		t.Fatalf("setup: the group has a share start offset %d for in[0] at Open, want none", st)
+	}
+	first.Close()
+	setShareStart(t, env, "g", "in", 0, 10)
+	next, err := openFrom(t, newSrc, 0, 1, nil)
+	c := &sliceCollector{}
+	for deadline := time.Now().Add(10 * time.Second); err == nil && time.Now().Before(deadline); {
+		err = next.Poll(t.Context(), c)
+	}
+	if !errors.Is(err, ErrRecordsSkipped) || !strings.Contains(fmt.Sprint(err), "in[0] offsets [0, 10)") {
+		t.Fatalf("the share start of in[0] jumped from 0 to 10 before anything was processed; the next attempt's Open "+
+			"or Poll returned %v (emitted %v), want ErrRecordsSkipped naming in[0] offsets [0, 10)", err, c.vals)
 	}
 }
