@@ -89,18 +89,44 @@ func TestBatchRenewedWhileTheTaskWasBlockedIsEmittedNotReleased(t *testing.T) {
 }
 
 // blockingSink is the sink of TestBackPressuredJobWithDefaultsEmitsEveryRecordOnce:
-// it counts every value and, at the given arrivals, blocks for hold (a
-// downstream stuck far longer than the lock).
+// it counts every value and, once the count reaches each of at, blocks for
+// hold in its next Write, or (inSnapshot, a slow pre-commit) in its next
+// Snapshot: a downstream stuck far longer than the lock. Every subtask
+// shares it.
 type blockingSink struct {
-	mu     sync.Mutex
-	seen   map[int]int
-	total  int
-	blocks map[int]bool // block when the total reaches one of these
-	hold   time.Duration
-	held   atomic.Int32
+	mu         sync.Mutex
+	seen       map[int]int
+	total      int
+	at         []int // ascending
+	inSnapshot bool
+	hold       time.Duration
+	held       atomic.Int32
 }
 
-func (b *blockingSink) write(ctx context.Context, v string) error {
+// due reports whether the sink blocks now. b.mu is held.
+func (b *blockingSink) due() bool {
+	if len(b.at) == 0 || b.total < b.at[0] {
+		return false
+	}
+	b.at = b.at[1:]
+	return true
+}
+
+func (b *blockingSink) block(ctx context.Context) error {
+	b.held.Add(1)
+	select {
+	case <-time.After(b.hold):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Open implements runtime.Sink.
+func (b *blockingSink) Open(context.Context, *runtime.OperatorContext) error { return nil }
+
+// Write implements runtime.Sink.
+func (b *blockingSink) Write(ctx context.Context, v string) error {
 	i, err := strconv.Atoi(v)
 	if err != nil {
 		return fmt.Errorf("value %q is not a produce index", v)
@@ -108,18 +134,27 @@ func (b *blockingSink) write(ctx context.Context, v string) error {
 	b.mu.Lock()
 	b.seen[i]++
 	b.total++
-	block := b.blocks[b.total]
+	block := !b.inSnapshot && b.due()
 	b.mu.Unlock()
 	if block {
-		b.held.Add(1)
-		select {
-		case <-time.After(b.hold):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return b.block(ctx)
 	}
 	return nil
 }
+
+// Snapshot implements runtime.Sink.
+func (b *blockingSink) Snapshot(ctx context.Context, _ checkpoint.ID) (runtime.OperatorState, error) {
+	b.mu.Lock()
+	block := b.inSnapshot && b.due()
+	b.mu.Unlock()
+	if block {
+		return runtime.OperatorState{}, b.block(ctx)
+	}
+	return runtime.OperatorState{}, nil
+}
+
+// Close implements runtime.Sink.
+func (b *blockingSink) Close() error { return nil }
 
 func (b *blockingSink) count() (map[int]int, int) {
 	b.mu.Lock()
@@ -134,9 +169,10 @@ func (b *blockingSink) count() (map[int]int, int) {
 // What users get by default (several lanes per subtask, renewals on, the
 // broker's default delivery limit 5), under a back-pressured downstream:
 // a sink that blocks three lock durations at a time, three times, while the
-// input keeps arriving. Chained
-// to the source (the source task itself stops), or behind a channel of one
-// record (the source blocks on the full channel). Every record must reach
+// input keeps arriving: chained to the source (the source task itself
+// stops), behind a channel of one record (the source blocks on the full
+// channel), or chained with a slow pre-commit (a slow checkpoint: the sink
+// blocks in Snapshot instead of Write). Every record must reach
 // the sink exactly once (no rollback, no loss), be in exactly one committed
 // marker and ACCEPTed; no record may be acquired twice (no delivery burnt),
 // nothing dead-lettered, no restart.
@@ -144,11 +180,13 @@ func TestBackPressuredJobWithDefaultsEmitsEveryRecordOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		sinkPar     int
+		inSnapshot  bool
 		clusterOpts []runtime.ClusterOpt
 	}{
 		{name: "sink chained to the source", sinkPar: 2},
 		{name: "sink behind a full channel", sinkPar: 1,
 			clusterOpts: []runtime.ClusterOpt{runtime.BatchSize(1), runtime.ChannelCapacity(1)}},
+		{name: "slow pre-commit of a chained sink", sinkPar: 2, inSnapshot: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const lock, parts, perPart = 2 * time.Second, 8, 40
@@ -161,11 +199,11 @@ func TestBackPressuredJobWithDefaultsEmitsEveryRecordOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			sink := &blockingSink{seen: map[int]int{}, blocks: map[int]bool{1: true, total / 3: true, 2 * total / 3: true},
+			sink := &blockingSink{seen: map[int]int{}, at: []int{1, total / 3, 2 * total / 3}, inSnapshot: tc.inSnapshot,
 				hold: 3 * lock}
 			j := runtime.NewJob("backpressure")
 			src := runtime.FromSource(j, "src", newSrc, runtime.Parallelism(2))
-			runtime.SinkTo(src, "sink", runtime.SinkFunc(sink.write), runtime.Parallelism(tc.sinkPar))
+			runtime.SinkTo(src, "sink", func() runtime.Sink[string] { return sink }, runtime.Parallelism(tc.sinkPar))
 			var restarts atomic.Int32
 			var lastRestart atomic.Value
 			opts := append([]runtime.ClusterOpt{runtime.CheckpointInterval(200 * time.Millisecond),
