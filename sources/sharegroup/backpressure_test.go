@@ -174,8 +174,9 @@ func (b *blockingSink) count() (map[int]int, int) {
 // channel), or chained with a slow pre-commit (a slow checkpoint: the sink
 // blocks in Snapshot instead of Write). Every record must reach
 // the sink exactly once (no rollback, no loss), be in exactly one committed
-// marker and ACCEPTed; no record may be acquired twice (no delivery burnt),
-// nothing dead-lettered, no restart.
+// marker and ACCEPTed; the source must release nothing for its lock's time
+// left (no delivery burnt), nothing may be re-queued or dead-lettered, no
+// restart.
 func TestBackPressuredJobWithDefaultsEmitsEveryRecordOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -201,8 +202,16 @@ func TestBackPressuredJobWithDefaultsEmitsEveryRecordOnce(t *testing.T) {
 			}
 			sink := &blockingSink{seen: map[int]int{}, at: []int{1, total / 3, 2 * total / 3}, inSnapshot: tc.inSnapshot,
 				hold: 3 * lock}
+			var mu sync.Mutex
+			var subtasks []*Source[string]
 			j := runtime.NewJob("backpressure")
-			src := runtime.FromSource(j, "src", newSrc, runtime.Parallelism(2))
+			src := runtime.FromSource(j, "src", func() runtime.Source[string] {
+				s := newSrc()
+				mu.Lock()
+				subtasks = append(subtasks, s.(*Source[string]))
+				mu.Unlock()
+				return s
+			}, runtime.Parallelism(2))
 			runtime.SinkTo(src, "sink", func() runtime.Sink[string] { return sink }, runtime.Parallelism(tc.sinkPar))
 			var restarts atomic.Int32
 			var lastRestart atomic.Value
@@ -279,12 +288,29 @@ func TestBackPressuredJobWithDefaultsEmitsEveryRecordOnce(t *testing.T) {
 			if sink.held.Load() < 3 {
 				t.Errorf("setup: the sink blocked %d times, want 3", sink.held.Load())
 			}
+			// The source burnt no delivery: it released nothing it had
+			// renewed, and (no restart, no decline) let no lock lapse. A
+			// record may still be acquired twice by kgo's one fetch after a
+			// poll (see inFlight): it sits in the client's buffer, unseen
+			// and unrenewed, while its lane holds its batch, and its lock
+			// lapses; the re-queue margin covers that one unseen delivery.
+			var released int64
+			mu.Lock()
+			for _, s := range subtasks {
+				released += s.counters.nearExpiry.Load()
+			}
+			mu.Unlock()
+			if released != 0 {
+				t.Errorf("%d records were released unprocessed for their lock's time left, want none (acquisitions by delivery "+
+					"count: %v)", released, dl.perCount)
+			}
 			dl.mu.Lock()
 			defer dl.mu.Unlock()
-			if dl.most["in"] != 1 {
-				t.Errorf("a record was acquired at delivery %d, want every record delivered once (acquisitions by delivery "+
-					"count: %v)", dl.most["in"], dl.perCount)
+			if dl.most["in"] > 2 {
+				t.Errorf("a record was acquired at delivery %d, want at most 2 (acquisitions by delivery count: %v)",
+					dl.most["in"], dl.perCount)
 			}
+			t.Logf("acquisitions by delivery count: %v", dl.perCount)
 		})
 	}
 }

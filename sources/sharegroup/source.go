@@ -875,6 +875,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 		emitted = append(emitted, r)
 	}
 	if len(stale) > 0 {
+		s.counters.nearExpiry.Add(int64(len(stale)))
 		s.log.Info("releasing records whose lock was too close to expiry to process", zap.String("lane", l.name), zap.Int("records", len(stale)))
 		if refused, err := l.ack.ack(ctx, kgo.AckRelease, stale...); err != nil || len(refused) > 0 {
 			s.log.Warn("releasing stale records failed; they come back when their lock expires", zap.String("lane", l.name),
