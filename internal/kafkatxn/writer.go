@@ -203,6 +203,14 @@ func TransactionalID(prefix string, subtask, index int) string {
 	return prefix + "-" + strconv.Itoa(subtask) + "-" + strconv.Itoa(index)
 }
 
+// IsTransactionalIDOf reports whether txnID is one TransactionalID makes
+// for prefix: "<prefix>-<subtask>-<index>", canonical decimals. The ids of
+// a prefix that extends prefix ("a-b-0-0" for "a") are not.
+func IsTransactionalIDOf(prefix, txnID string) bool {
+	_, _, ok := parseTransactionalID(prefix, txnID)
+	return ok
+}
+
 // LostTransactions counts the pre-committed transactions of completed
 // checkpoints that the broker could no longer commit (timed out, aborted or
 // fenced): each one lost records, and was logged at error level naming it.

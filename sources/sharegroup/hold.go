@@ -45,9 +45,10 @@ func lockMargin(configured, lockDur time.Duration) time.Duration {
 // its records is no longer held) marks the partition lost for good: its
 // records count as lapsed and are never ACCEPTed by this holder.
 type lockClock struct {
-	dur   time.Duration // lock duration, from the earliest acquisition deadline
-	until time.Time     // earliest acquisition deadline, or last accepted renewal's start + dur
-	lost  map[acklog.TopicPartition]error
+	dur       time.Duration // lock duration, from the earliest acquisition deadline
+	until     time.Time     // earliest acquisition deadline, or last accepted renewal's start + dur
+	byRenewal bool          // until is a renewal's: every held record's lock runs to it
+	lost      map[acklog.TopicPartition]error
 }
 
 // newLockClock starts the clock of a batch acquired at now: every record's
@@ -69,7 +70,7 @@ func newLockClock(recs []*kgo.Record, now time.Time) lockClock {
 // every partition.
 func (c *lockClock) renewed(start time.Time) {
 	if c.dur > 0 {
-		c.until = start.Add(c.dur)
+		c.until, c.byRenewal = start.Add(c.dur), true
 	}
 }
 
@@ -109,10 +110,16 @@ func (c *lockClock) lapsed(now time.Time, margin time.Duration) error {
 	return nil
 }
 
-// expiresSoon reports whether r's lock, as acquired, has less than margin
-// left at now: such a record is released unprocessed.
-func expiresSoon(r *kgo.Record, now time.Time, margin time.Duration) bool {
+// expiresSoon reports whether r's lock, by this clock, has less than
+// margin left at now: such a record is not processed. Once a renewal of
+// the batch was accepted, r's lock runs to the renewal's deadline (kgo's
+// AcquisitionDeadline is the original fetch's and never moves); before,
+// to r's own acquisition deadline.
+func (c *lockClock) expiresSoon(r *kgo.Record, now time.Time, margin time.Duration) bool {
 	dl := r.AcquisitionDeadline()
+	if c.byRenewal {
+		dl = c.until
+	}
 	return margin >= 0 && !dl.IsZero() && dl.Sub(now) < margin
 }
 

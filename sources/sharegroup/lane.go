@@ -257,10 +257,28 @@ func (l *lane) drop(done []*kgo.Record) {
 // and the lane parks). Records of a partition whose acknowledgement the
 // broker refused are not ACCEPTed: they are no longer ours. The lane polls
 // again once nothing is held. It does nothing unless due holds for the
-// lane (l.mu held): the lane's goroutine, the task goroutine and the renew
-// loop may each try to finish a lane, and one epoch is finished once. It
-// returns the partitions the broker refused and the flush error.
+// lane (l.mu held): the lane's goroutine, the task goroutine and the
+// resolver may each try to finish a lane, and one epoch is finished once.
+// It returns the partitions the broker refused and the flush error.
+//
+// outcome may read the ack-log (a broker round trip): it is asked before
+// the lane's locks are taken, so that the renew loop never waits on it; a
+// record set aside meanwhile stays held until the next finish.
 func (l *lane) finish(ctx context.Context, due func(*lane) bool, outcome func(acklog.Entry) kgo.AckStatus) (map[acklog.TopicPartition]error, error) {
+	l.mu.Lock()
+	var markers []acklog.Entry
+	if due(l) {
+		for _, a := range l.aside {
+			markers = append(markers, a.marker)
+		}
+	}
+	l.mu.Unlock()
+	outcomes := make(map[int64]kgo.AckStatus, len(markers))
+	for _, m := range markers {
+		if _, ok := outcomes[m.Offset]; !ok {
+			outcomes[m.Offset] = outcome(m)
+		}
+	}
 	l.ack.mu.Lock()
 	defer l.ack.mu.Unlock()
 	l.mu.Lock()
@@ -285,7 +303,7 @@ func (l *lane) finish(ctx context.Context, due func(*lane) bool, outcome func(ac
 	}
 	var still []asideRec
 	for _, a := range l.aside {
-		switch st := outcome(a.marker); st {
+		switch st := outcomes[a.marker.Offset]; st { // 0 for a marker not asked: still held
 		case 0:
 			still = append(still, a)
 		case kgo.AckAccept:

@@ -50,6 +50,10 @@ const HeaderRequeues = "weir.requeues"
 // this one do not stop).
 const restartBurn = 2
 
+// requeuePrefixSuffix makes the re-queue writer's transactional-id prefix
+// from the source's.
+const requeuePrefixSuffix = "-rq"
+
 // requeueWriter is the transactional writer of re-queue transactions, with
 // its own transactional ids ("<prefix>-rq-<subtask>-<index>") and a
 // counter standing in for checkpoint ids.

@@ -434,10 +434,6 @@ func (s *Session) admit(ctx context.Context, recs []*kgo.Record) (*sessBatch, er
 	}
 	var accept, release []*kgo.Record
 	for _, r := range recs {
-		if dl := r.AcquisitionDeadline(); !dl.IsZero() && dl.Sub(now) < margin {
-			release = append(release, r)
-			continue
-		}
 		tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
 		if e, ok := s.ix.Lookup(tp, r.Offset); ok {
 			if e.Status == acklog.Committed {
@@ -445,6 +441,12 @@ func (s *Session) admit(ctx context.Context, recs []*kgo.Record) (*sessBatch, er
 			} else {
 				b.aside = append(b.aside, sessAside{r: r, marker: e.Offset})
 			}
+			continue
+		}
+		// Only a record to be returned is released for its lock (as the
+		// source's judge): a release costs a delivery.
+		if b.clock.expiresSoon(r, now, margin) {
+			release = append(release, r)
 			continue
 		}
 		b.recs = append(b.recs, r)

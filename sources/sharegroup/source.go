@@ -215,7 +215,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		return fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
 	}
 	if s.cfg.mode == Transactional {
-		rqOpts := append(slices.Clone(wopts), kafkatxn.TransactionalIDPrefix(s.prefix+"-rq"))
+		rqOpts := append(slices.Clone(wopts), kafkatxn.TransactionalIDPrefix(s.prefix+requeuePrefixSuffix))
 		if s.rq.w, err = kafkatxn.NewTxnWriter(ctx, rqOpts...); err != nil {
 			return fmt.Errorf("sharegroup: %w", err)
 		}
@@ -292,10 +292,14 @@ func (s *Source[T]) startLanes() error {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel, s.bgCtx = cancel, ctx
 		s.pollCtx, s.pollCancel = context.WithCancel(ctx)
-		s.wg.Add(1)
+		s.wg.Add(2)
 		go func() {
 			defer s.wg.Done()
 			s.renewLoop(ctx)
+		}()
+		go func() {
+			defer s.wg.Done()
+			s.resolveLoop(ctx)
 		}()
 		return s.startLaneLocked()
 	}
@@ -544,7 +548,9 @@ func (s *Source[T]) checkIsolation(ctx context.Context) error {
 // state lost or reset, records archived), and the job fails with
 // ErrRecordsSkipped naming them, never silently. A start that moved back
 // (state reset to an earlier offset) is fine: the lookup recognises what
-// comes back. Watermarks then advance to the start offsets.
+// comes back. Watermarks then advance to the start offsets, and an input
+// partition the group has not fetched yet gets one at its log start offset
+// (unstarted).
 func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]int64, error) {
 	starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
 	if err != nil {
@@ -582,6 +588,13 @@ func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]
 		}
 		advance = append(advance, acklog.Watermark{Group: s.cfg.group, TP: tp, Offset: start}.Record(s.cfg.ackLogTopic))
 	}
+	unstarted, err := s.unstarted(ctx, starts)
+	if err != nil {
+		return nil, err
+	}
+	for tp, logStart := range unstarted {
+		advance = append(advance, acklog.Watermark{Group: s.cfg.group, TP: tp, Offset: logStart}.Record(s.cfg.ackLogTopic))
+	}
 	if len(skipped) > 0 {
 		slices.Sort(skipped)
 		return nil, runtime.Unrecoverable(fmt.Errorf("%w: group %q, %s: the share start offset moved past records that no "+
@@ -594,6 +607,45 @@ func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]
 		}
 	}
 	return starts, nil
+}
+
+// unstarted returns the input partitions the group has no share state
+// for yet (starts has none) and the ack-log no watermark for, with their
+// log start offsets: with share.auto.offset.reset=earliest the group
+// starts there at its first fetch, so that is their watermark. Without it,
+// the first check that saw such a partition took its share start offset
+// then for where the group started, and records skipped between the
+// group's first fetch and that check went unreported. With
+// StartFromLatest (the group starts at the log end of its first fetch)
+// there is nothing to watermark before it: none.
+func (s *Source[T]) unstarted(ctx context.Context, starts map[acklog.TopicPartition]int64) (map[acklog.TopicPartition]int64, error) {
+	if !s.cfg.resetEarliest {
+		return nil, nil
+	}
+	los, err := kadm.NewClient(s.admin).ListStartOffsets(ctx, s.inputs()...)
+	if err != nil {
+		return nil, fmt.Errorf("list log start offsets: %w", err)
+	}
+	out := map[acklog.TopicPartition]int64{}
+	var errs []error
+	los.Each(func(lo kadm.ListedOffset) {
+		tp := acklog.TopicPartition{Topic: lo.Topic, Partition: lo.Partition}
+		if _, ok := starts[tp]; ok {
+			return
+		}
+		if _, ok := s.ix.Watermark(tp); ok {
+			return
+		}
+		if lo.Err != nil {
+			errs = append(errs, fmt.Errorf("log start offset of %s: %w", tp, lo.Err))
+			return
+		}
+		out[tp] = lo.Offset
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // deliverable narrows gaps of tp to the offsets that hold records a share
@@ -803,6 +855,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	batch := l.batch
 	l.batch, l.state, l.epoch = nil, laneAdmitting, 0
 	margin := lockMargin(s.cfg.lockMargin, l.clock.dur)
+	clock := l.clock // as renewed so far (its lost partitions are not read)
 	l.mu.Unlock()
 	if s.cfg.mode == Transactional && len(batch) > 0 {
 		if err := s.ix.CatchUpToEnd(ctx); err != nil {
@@ -813,7 +866,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	var stale, emitted, rejected, accepted, requeue []*kgo.Record
 	var aside []asideRec
 	for _, r := range batch {
-		v, e, cause := s.judge(r, now, margin)
+		v, e, cause := s.judge(r, &clock, now, margin)
 		switch v {
 		case verdictStale:
 			stale = append(stale, r)
@@ -847,6 +900,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 		emitted = append(emitted, r)
 	}
 	if len(stale) > 0 {
+		s.counters.nearExpiry.Add(int64(len(stale)))
 		s.log.Info("releasing records whose lock was too close to expiry to process", zap.String("lane", l.name), zap.Int("records", len(stale)))
 		if refused, err := l.ack.ack(ctx, kgo.AckRelease, stale...); err != nil || len(refused) > 0 {
 			s.log.Warn("releasing stale records failed; they come back when their lock expires", zap.String("lane", l.name),
@@ -900,15 +954,26 @@ const (
 // partition redelivers committed records at count 1); the index must be
 // caught up to the ack-log's end. The entry is the covering marker
 // (processed, aside); the cause is a poison record's.
-func (s *Source[T]) judge(r *kgo.Record, now time.Time, margin time.Duration) (verdict, acklog.Entry, error) {
-	if expiresSoon(r, now, margin) {
-		return verdictStale, acklog.Entry{}, nil
+//
+// The lock's time left is read on clock, the holder's clock of r's batch:
+// a batch that waited, renewed, behind a blocked task is judged by its last
+// accepted renewal, not by its acquisition. And only a record that would be
+// emitted is released for its lock: one a marker covers, or at the end of
+// its delivery budget, is settled (ACCEPTed, set aside, re-queued or
+// dead-lettered) whatever its lock's time left, because a release costs a
+// delivery (docs/architecture.md, "Delivery budget"). That is safe: a
+// lapse during a re-queue is caught by the re-queue's conflict check, and
+// a refused ACCEPT only brings the record back, recognised.
+func (s *Source[T]) judge(r *kgo.Record, clock *lockClock, now time.Time, margin time.Duration) (verdict, acklog.Entry, error) {
+	emit := verdictEmit
+	if clock.expiresSoon(r, now, margin) {
+		emit = verdictStale
 	}
 	if s.cfg.mode != Transactional {
 		if r.DeliveryCount() >= s.cfg.maxDeliveries {
 			return verdictPoison, acklog.Entry{}, fmt.Errorf("delivered %d times (max %d)", r.DeliveryCount(), s.cfg.maxDeliveries)
 		}
-		return verdictEmit, acklog.Entry{}, nil
+		return emit, acklog.Entry{}, nil
 	}
 	if e, ok := s.ix.Lookup(acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}, r.Offset); ok {
 		if e.Status == acklog.Committed {
@@ -917,7 +982,7 @@ func (s *Source[T]) judge(r *kgo.Record, now time.Time, margin time.Duration) (v
 		return verdictAside, e, nil
 	}
 	if r.DeliveryCount() < s.requeueAt {
-		return verdictEmit, acklog.Entry{}, nil
+		return emit, acklog.Entry{}, nil
 	}
 	if s.cfg.maxRequeues > 0 && requeues(r) >= s.cfg.maxRequeues {
 		return verdictPoison, acklog.Entry{}, fmt.Errorf("re-queued %d times (max %d), delivered %d times", requeues(r),
@@ -938,7 +1003,10 @@ func (s *Source[T]) asideOutcome(ctx context.Context) func(acklog.Entry) kgo.Ack
 	return func(m acklog.Entry) kgo.AckStatus {
 		if !caught {
 			caught = true
-			if err := s.ix.CatchUpToEnd(ctx); err != nil {
+			cctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+			err := s.ix.CatchUpToEnd(cctx)
+			cancel()
+			if err != nil {
 				s.log.Warn("reading the ack-log failed; set-aside records stay held", zap.Error(err))
 			}
 		}
@@ -1180,9 +1248,10 @@ func (s *Source[T]) NotifyCheckpointAborted(ctx context.Context, id checkpoint.I
 	return nil
 }
 
-// renewLoop renews the locks of held records, without polling, and resolves
-// parked lanes' set-aside records as their markers end. It never waits on
-// the task goroutine or downstream.
+// renewLoop renews the locks of held records, without polling. It never
+// waits on the task goroutine, downstream, or any broker call other than
+// the renewals themselves (each bounded): the ack-log reads and aborts that
+// resolve parked lanes run on resolveLoop.
 func (s *Source[T]) renewLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.renewTick)
 	defer t.Stop()
@@ -1200,7 +1269,30 @@ func (s *Source[T]) renewLoop(ctx context.Context) {
 						zap.String("lane", l.name), zap.Error(err))
 				}
 			}
-			s.resolveParked(ctx)
+		}
+	}
+}
+
+// resolveTimeout bounds one round of resolveParked's broker calls.
+const resolveTimeout = 10 * time.Second
+
+// resolveLoop resolves parked lanes' set-aside records as their markers
+// end, every renew tick, on its own goroutine: a slow ack-log read or
+// stale-marker abort never delays a renewal.
+func (s *Source[T]) resolveLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.renewTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if s.paused.Load() {
+				continue
+			}
+			rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+			s.resolveParked(rctx)
+			cancel()
 		}
 	}
 }
@@ -1227,7 +1319,7 @@ func (s *Source[T]) resolveParked(ctx context.Context) {
 	for _, l := range parked {
 		if _, err := l.finish(ctx, inState(laneParked), func(m acklog.Entry) kgo.AckStatus {
 			st := outcome(m)
-			if st == 0 && !strings.HasPrefix(m.Marker.TransactionalID, s.prefix+"-") && !s.stale[m.Offset] &&
+			if st == 0 && !s.ownMarker(m) && !s.stale[m.Offset] &&
 				time.Since(m.Marker.CreatedAt) > s.cfg.openWait {
 				s.stale[m.Offset] = true
 				abortStaleMarker(ctx, s.admin, m, s.cfg.openWait, s.log)
@@ -1237,6 +1329,14 @@ func (s *Source[T]) resolveParked(ctx context.Context) {
 			s.log.Warn("resolving set-aside records failed; retried", zap.String("lane", l.name), zap.Error(err))
 		}
 	}
+}
+
+// ownMarker reports whether a marker was written by this job: by its
+// marker writer or its re-queue writer, by their exact transactional-id
+// format (a job whose prefix extends this one's is another job).
+func (s *Source[T]) ownMarker(e acklog.Entry) bool {
+	id := e.Marker.TransactionalID
+	return kafkatxn.IsTransactionalIDOf(s.prefix, id) || kafkatxn.IsTransactionalIDOf(s.prefix+requeuePrefixSuffix, id)
 }
 
 // NotifyJobCanceled implements checkpoint.CancelListener: the job ends for
@@ -1331,6 +1431,7 @@ func (s *Source[T]) settle(ctx context.Context) {
 			batch = l.batch
 		}
 		margin := lockMargin(s.cfg.lockMargin, l.clock.dur)
+		clock := l.clock
 		l.mu.Unlock()
 		if len(batch) == 0 {
 			continue
@@ -1345,7 +1446,7 @@ func (s *Source[T]) settle(ctx context.Context) {
 		now := time.Now()
 		var accept, requeue []*kgo.Record
 		for _, r := range batch {
-			switch v, _, _ := s.judge(r, now, margin); v {
+			switch v, _, _ := s.judge(r, &clock, now, margin); v {
 			case verdictProcessed:
 				accept = append(accept, r)
 			case verdictRequeue:

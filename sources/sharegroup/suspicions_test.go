@@ -1,0 +1,192 @@
+package sharegroup
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/sources/sharegroup/acklog"
+)
+
+// Issue 24's suspicions about the share-group source, each settled by a
+// record-by-record test.
+
+// Suspicion S1: resolving a parked lane reads the ack-log and aborts a
+// stale foreign marker (DescribeTransactions, EndTxn). Those broker calls
+// must not stop the renewals of the subtask's other lanes. Job 1 (another
+// transactional-id prefix) pre-commits a marker over offsets 0-9 and goes
+// away; job 2's first lane sets 0-9 aside behind that open marker and
+// parks; its second lane emits and holds 10-19. When the open-marker wait
+// is over, job 2 aborts job 1's marker, and the broker takes three lock
+// durations to answer DescribeTransactions. The second lane's held batch
+// must stay renewed meanwhile: its checkpoint does not decline, and every
+// record is emitted, committed and ACCEPTed once.
+func TestSlowStaleMarkerAbortDoesNotStopRenewalsOfOtherLanes(t *testing.T) {
+	const openWait = 6 * time.Second
+	env := kafkatest.New(t, append(lockBroker(shortLock), broker.Config("group.share.delivery.count.limit", "5"))...)
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 10)
+
+	job1 := openSource(t, env, 0, nil, TransactionalIDPrefix("job1"))
+	if d := exactlyOnce(counts(t, pollFor(t, job1, 10, 10*time.Second)), 10); d != "" {
+		t.Fatalf("setup: job 1's batch: %s", d)
+	}
+	if _, err := job1.Snapshot(t.Context(), 1); err != nil {
+		t.Fatalf("setup: job 1's Snapshot(1): %v", err)
+	}
+	job1.Close() // its marker stays pre-committed, open; its records are released
+
+	// The broker answers DescribeTransactions three lock durations late,
+	// serving every other request meanwhile.
+	var holding, enteredHolding, entered atomic.Bool
+	c := env.Broker.Cluster()
+	c.ControlKey(kmsg.DescribeTransactions.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if !entered.Swap(true) {
+			enteredHolding.Store(holding.Load())
+			c.SleepControl(func() { time.Sleep(3 * shortLock) })
+		}
+		return nil, nil, false
+	})
+
+	job2 := openSource(t, env, 1, nil, TransactionalIDPrefix("job2"), OpenMarkerWait(openWait), Lanes(2))
+	col := &sliceCollector{}
+	setup := time.Now().Add(openWait)
+	for !parked(job2) && time.Now().Before(setup) { // 0-9 are set aside behind job 1's marker
+		if err := job2.Poll(t.Context(), col); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produceTo(t, env, "in", 0, 10, 20)
+	for len(col.vals) < 10 && time.Now().Before(setup) {
+		if err := job2.Poll(t.Context(), col); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := counts(t, col.vals)
+	for i := range 20 {
+		if want := min(i/10, 1); got[i] != want || len(got) != 10 || !parked(job2) {
+			t.Fatalf("setup: before the open-marker wait ended, job 2 should have set 0-9 aside (a lane parked: %v) and "+
+				"emitted 10-19 once; emitted %v", parked(job2), col.vals)
+		}
+	}
+	holding.Store(true)
+	for deadline := time.Now().Add(30 * time.Second); !entered.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("setup: job 2 never tried to abort job 1's stale marker")
+		}
+	}
+	if !enteredHolding.Load() {
+		t.Fatal("setup: job 2 tried to abort job 1's stale marker before its second lane held 10-19")
+	}
+	time.Sleep(3*shortLock + time.Second) // the slow answer, and then some
+
+	// Checkpoint 1 covers 10-19; later ones cover 0-9 once job 1's marker is
+	// aborted and they come back (re-queued: their third delivery).
+	vals := drainOneLane(t, env, job2, 20)
+	checkEveryRecordOnce(t, env, append(col.vals, vals...), 20, "job 2")
+}
+
+// parked reports whether a lane of s is parked.
+func parked(s *Source[string]) bool {
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		p := l.state == laneParked
+		l.mu.Unlock()
+		if p {
+			return true
+		}
+	}
+	return false
+}
+
+// Suspicion S2: a marker of job "a-b" is not job "a"'s, though its
+// transactional ids ("a-b-0-0") start with "a-". Job "a-b" pre-commits a
+// marker over offsets 0-9 and goes away; job "a" finds 0-9 behind that
+// open marker. It must abort it as a foreign stale marker after the
+// open-marker wait and process every record once, not wait on it as on one
+// of its own (whose coordinator would decide it) until the transaction
+// timeout.
+func TestStaleMarkerOfAJobWhosePrefixExtendsOursIsAborted(t *testing.T) {
+	env := kafkatest.New(t, append(lockBroker(shortLock), broker.Config("group.share.delivery.count.limit", "5"))...)
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 10)
+	other := openSource(t, env, 0, nil, TransactionalIDPrefix("a-b"))
+	if d := exactlyOnce(counts(t, pollFor(t, other, 10, 10*time.Second)), 10); d != "" {
+		t.Fatalf("setup: job a-b's batch: %s", d)
+	}
+	if _, err := other.Snapshot(t.Context(), 1); err != nil {
+		t.Fatalf("setup: job a-b's Snapshot(1): %v", err)
+	}
+	other.Close() // its marker stays pre-committed, open; its records are released
+
+	a := openSource(t, env, 0, nil, TransactionalIDPrefix("a"), OpenMarkerWait(time.Second))
+	vals := drainOneLane(t, env, a, 10)
+	checkEveryRecordOnce(t, env, vals, 10, `job "a"`)
+}
+
+// The rule S2 needs, by the exact id format: which markers are this job's
+// (its marker writer's ids and its re-queue writer's), and which belong to
+// another job, however its prefix starts.
+func TestOwnMarkersAreTheIDsOfThisJobsWritersOnly(t *testing.T) {
+	for _, tc := range []struct {
+		id  string
+		own bool
+	}{
+		{"a-0-0", true},
+		{"a-3-12", true},
+		{"a-rq-1-0", true},
+		{"a-b-0-0", false},
+		{"a-1-0-0", false},
+		{"a-rq-x-0-0", false},
+		{"ab-0-0", false},
+		{"a-0", false},
+		{"a-00-1", false},
+		{"", false},
+	} {
+		t.Run(tc.id, func(t *testing.T) {
+			s := &Source[string]{prefix: "a"}
+			if got := s.ownMarker(acklog.Entry{Marker: acklog.Marker{TransactionalID: tc.id}}); got != tc.own {
+				t.Errorf("prefix %q, marker transactional id %q: own = %v, want %v", "a", tc.id, got, tc.own)
+			}
+		})
+	}
+}
+
+// Suspicion S3: records skipped on a partition the group had not fetched
+// when the source opened are reported. The job opens while the group has
+// no share state for in[0] (never fetched; share.auto.offset.reset=
+// earliest) and stops before it reads anything (its attempt failed); then
+// the share start offset jumps to 10 (a state reset forward). Offsets 0-9
+// were never processed: the next attempt must fail with ErrRecordsSkipped
+// naming them, not take 10 as where the group started.
+func TestRecordsSkippedOnAPartitionNotFetchedAtOpenAreReported(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 20)
+	newSrc := testSources(t, env)
+	first, err := openFrom(t, newSrc, 0, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := shareStart(t, env, "g", in0); st != -1 {
+		t.Fatalf("setup: the group has a share start offset %d for in[0] at Open, want none", st)
+	}
+	first.Close()
+	setShareStart(t, env, "g", "in", 0, 10)
+	next, err := openFrom(t, newSrc, 0, 1, nil)
+	c := &sliceCollector{}
+	for deadline := time.Now().Add(10 * time.Second); err == nil && time.Now().Before(deadline); {
+		err = next.Poll(t.Context(), c)
+	}
+	if !errors.Is(err, ErrRecordsSkipped) || !strings.Contains(fmt.Sprint(err), "in[0] offsets [0, 10)") {
+		t.Fatalf("the share start of in[0] jumped from 0 to 10 before anything was processed; the next attempt's Open "+
+			"or Poll returned %v (emitted %v), want ErrRecordsSkipped naming in[0] offsets [0, 10)", err, c.vals)
+	}
+}
