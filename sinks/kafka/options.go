@@ -43,6 +43,11 @@ var (
 	// ErrTxnLost is wrapped by Open's error when pre-committed transactions
 	// of the restored checkpoint can no longer be committed: records lost.
 	ErrTxnLost = kafkatxn.ErrTxnLost
+	// ErrTxnTopicGone is wrapped, next to ErrTxnLost, when such a
+	// transaction's topic was deleted or lost the partition it wrote to:
+	// no restart can bring its records back, so the job fails for good
+	// (unless TolerateLostTransactions).
+	ErrTxnTopicGone = kafkatxn.ErrTxnTopicGone
 )
 
 // CheckTransactionTimeout refuses a transaction timeout that a

@@ -165,11 +165,15 @@ func (s *Sink[T]) connect(ctx context.Context, oc *runtime.OperatorContext) erro
 }
 
 // tolerate turns lost transactions into a logged error when the user opted
-// in (TolerateLostTransactions).
+// in (TolerateLostTransactions); otherwise a transaction lost with its
+// topic or partition (ErrTxnTopicGone) fails the job for good.
 func (s *Sink[T]) tolerate(err error) error {
 	if errors.Is(err, ErrTxnLost) && s.sc.tolerateLoss {
 		s.log.Error("kafka sink: continuing after LOST transactions (TolerateLostTransactions)", zap.Error(err))
 		return nil
+	}
+	if errors.Is(err, ErrTxnTopicGone) {
+		return runtime.Unrecoverable(err) // no restart brings the partition back
 	}
 	return err
 }

@@ -212,7 +212,13 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	// recovered markers committed. (Without transactions this only readies
 	// the dead-letter writer.)
 	if err := s.txn.Recover(ctx, oc.CommitHandles); err != nil {
-		return fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
+		err = fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
+		if errors.Is(err, kafkatxn.ErrTxnTopicGone) {
+			// The ack-log lost a committed checkpoint's markers with its
+			// partition: no restart brings them back.
+			return runtime.Unrecoverable(err)
+		}
+		return err
 	}
 	if s.cfg.mode == Transactional {
 		rqOpts := append(slices.Clone(wopts), kafkatxn.TransactionalIDPrefix(s.prefix+"-rq"))
