@@ -12,14 +12,15 @@ import (
 )
 
 // TestSinkFailsForGoodWhenARestoredTransactionsTopicIsGone: what Open and
-// CommitRestored make of a recovery error. A transaction lost with its topic
-// or partition (kafkatxn's test TestRecoverReportsALostTransactionWhoseTopic
+// CommitRestored make of a recovery error. A lost transaction, e.g. one lost
+// with its topic or partition (kafkatxn's test TestRecoverReportsALostTransactionWhoseTopic
 // IsGoneAsLostForGood builds it against the broker) can never be recovered:
 // the job must fail without restarting, with the cause, unless the user
 // tolerates lost transactions. A recovery that could not ask the broker
 // stays retryable.
 func TestSinkFailsForGoodWhenARestoredTransactionsTopicIsGone(t *testing.T) {
 	gone := &kafkatxn.LostTxnError{Err: fmt.Errorf("%w: topic %q no longer exists", kafkatxn.ErrTxnTopicGone, "out")}
+	aborted := &kafkatxn.LostTxnError{Err: errors.New("INVALID_TXN_STATE")} // the broker aborted it (timeout)
 	unknown := fmt.Errorf("%w: broker unreachable", kafkatxn.ErrLostStateUnknown)
 	cases := []struct {
 		name          string
@@ -30,6 +31,8 @@ func TestSinkFailsForGoodWhenARestoredTransactionsTopicIsGone(t *testing.T) {
 	}{
 		{"topic gone", gone, false, false, true},
 		{"topic gone, losses tolerated", gone, true, true, false},
+		{"aborted by the broker", aborted, false, false, true},
+		{"aborted by the broker, losses tolerated", aborted, true, true, false},
 		{"scan failed, retried", unknown, false, false, false},
 		{"scan failed, losses tolerated, retried", unknown, true, false, false},
 	}

@@ -213,9 +213,11 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	// the dead-letter writer.)
 	if err := s.txn.Recover(ctx, oc.CommitHandles); err != nil {
 		err = fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
-		if errors.Is(err, kafkatxn.ErrTxnTopicGone) {
-			// The ack-log lost a committed checkpoint's markers with its
-			// partition: no restart brings them back.
+		if errors.Is(err, kafkatxn.ErrTxnLost) {
+			// A completed checkpoint's acknowledgements are lost (the
+			// broker aborted their transaction, or the ack-log lost its
+			// partition, ErrTxnTopicGone): every restart would find the
+			// same, and the records they cover would be processed again.
 			return runtime.Unrecoverable(err)
 		}
 		return err
