@@ -103,6 +103,15 @@ var ErrRecommitIncomplete = errors.New("kafkatxn: broker-lost transaction not co
 // read into a retry.
 var ErrLostStateUnknown = errors.New("kafkatxn: cannot tell whether the broker lost a restored transaction")
 
+// ErrTxnTopicGone is wrapped, next to ErrTxnLost, by Recover and
+// CommitRestored errors when a restored transaction the broker could no
+// longer commit wrote to a topic that no longer exists, or to a partition
+// its topic no longer has (the topic was deleted, or recreated with fewer
+// partitions): no recovery can read or re-commit those records, so asking
+// again (ErrLostStateUnknown) would only restart the job forever. Connectors
+// fail the job for good with it.
+var ErrTxnTopicGone = errors.New("kafkatxn: a restored transaction's topic or partition no longer exists")
+
 // recommitVerifyWait bounds the read_committed verification of one
 // partition after a re-commit: a transaction of another producer that is
 // open before the copies pins the last stable offset below them, and the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -167,13 +168,22 @@ func (w *TxnWriter) commitHandles(ctx context.Context, handles []checkpoint.TxnH
 		recommitted := false
 		if errors.As(err, &le) {
 			var rerr error
-			if recommitted, rerr = w.recoverLostState(ctx, h, le); rerr != nil {
+			if recommitted, rerr = w.recoverLostState(ctx, h, le); rerr != nil && !errors.Is(rerr, ErrTxnTopicGone) {
 				// ErrRecommitIncomplete or ErrLostStateUnknown: the next
 				// recovery redoes what is missing, or asks again.
 				return nil, rerr
+			} else if rerr != nil {
+				err = rerr // lost for good: judged below
 			}
 		}
 		switch {
+		case errors.Is(err, ErrTxnTopicGone):
+			// Before endedBefore: the answer it wraps says "ended before",
+			// but the records are gone with their partition.
+			w.lostTxns.Add(1)
+			w.cfg.logger.Error("kafkatxn: pre-committed transaction of a completed checkpoint is LOST with its topic or partition; no recovery can bring its records back",
+				zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Error(err))
+			lost = append(lost, err)
 		case recommitted:
 			// The embedded broker lost it in a crash: re-committed (or
 			// left to its owner subtask), see markers.go. Checked before
@@ -259,6 +269,17 @@ func (w *TxnWriter) recoverLostState(ctx context.Context, h checkpoint.TxnHandle
 		}
 		return false, nil
 	}
+	if gone, err := w.missingPartition(ctx, h); err != nil {
+		w.cfg.logger.Error("kafkatxn: cannot read the metadata of a restored transaction's topics; the recovery fails and must run again",
+			zap.String("txn", h.TransactionalID), zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Error(err))
+		return false, fmt.Errorf("%w: %s of checkpoint %d: %w (EndTxn of the handle: %w)", ErrLostStateUnknown, h.TransactionalID, h.Checkpoint, err, le.Err)
+	} else if gone != "" {
+		// No later recovery can read or re-commit these records: report
+		// the transaction lost (the caller fails the job) rather than
+		// asking again on every restart.
+		return false, &LostTxnError{Handle: h, Err: fmt.Errorf("%w: %s, written by transaction %s of checkpoint %d, whose commit the broker refused (%w)",
+			ErrTxnTopicGone, gone, h.TransactionalID, h.Checkpoint, le.Err)}
+	}
 	n, err := w.recommitLost(ctx, h)
 	switch {
 	case errors.Is(err, errCommittedEverywhere):
@@ -292,6 +313,39 @@ func (w *TxnWriter) recoverLostState(ctx context.Context, h checkpoint.TxnHandle
 		zap.String("txn", h.TransactionalID), zap.Int64("producer_id", h.ProducerID), zap.Int16("epoch", h.Epoch),
 		zap.Uint64("checkpoint", uint64(h.Checkpoint)), zap.Int("records", n))
 	return true, nil
+}
+
+// missingPartition returns a description of the first partition of h that
+// no longer exists ("topic %q no longer exists", "partition N of topic %q
+// no longer exists"), or "" if all exist. An error means the metadata could
+// not be read: whether they exist is unknown.
+func (w *TxnWriter) missingPartition(ctx context.Context, h checkpoint.TxnHandle) (string, error) {
+	var topics []string
+	for _, p := range h.Partitions {
+		if !slices.Contains(topics, p.Topic) {
+			topics = append(topics, p.Topic)
+		}
+	}
+	if len(topics) == 0 {
+		return "", nil
+	}
+	tds, err := kadm.NewClient(w.admin).ListTopics(ctx, topics...)
+	if err != nil {
+		return "", fmt.Errorf("kafkatxn: metadata of %v: %w", topics, err)
+	}
+	for _, p := range h.Partitions {
+		td, ok := tds[p.Topic]
+		switch {
+		case !ok || errors.Is(td.Err, kerr.UnknownTopicOrPartition) || errors.Is(td.Err, kerr.UnknownTopicID):
+			return fmt.Sprintf("topic %q no longer exists", p.Topic), nil
+		case td.Err != nil:
+			return "", fmt.Errorf("kafkatxn: metadata of %s: %w", p.Topic, td.Err)
+		}
+		if _, ok := td.Partitions[p.Partition]; !ok {
+			return fmt.Sprintf("partition %d of topic %q no longer exists (the topic has %d partitions)", p.Partition, p.Topic, len(td.Partitions)), nil
+		}
+	}
+	return "", nil
 }
 
 // noReadAccess reports whether err is the broker refusing a read for lack

@@ -42,7 +42,12 @@ var (
 	ErrInvalidConfig = kafkatxn.ErrInvalidConfig
 	// ErrTxnLost is wrapped by Open's error when pre-committed transactions
 	// of the restored checkpoint can no longer be committed: records lost.
+	// The job fails without restarting (unless TolerateLostTransactions).
 	ErrTxnLost = kafkatxn.ErrTxnLost
+	// ErrTxnTopicGone is wrapped, next to ErrTxnLost, when such a
+	// transaction's topic was deleted or lost the partition it wrote to:
+	// no restart can bring its records back.
+	ErrTxnTopicGone = kafkatxn.ErrTxnTopicGone
 )
 
 // CheckTransactionTimeout refuses a transaction timeout that a

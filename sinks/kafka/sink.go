@@ -165,11 +165,19 @@ func (s *Sink[T]) connect(ctx context.Context, oc *runtime.OperatorContext) erro
 }
 
 // tolerate turns lost transactions into a logged error when the user opted
-// in (TolerateLostTransactions).
+// in (TolerateLostTransactions); otherwise a lost transaction (its topic or
+// partition gone too, ErrTxnTopicGone, or not) fails the job for good: no
+// restart can commit it.
 func (s *Sink[T]) tolerate(err error) error {
 	if errors.Is(err, ErrTxnLost) && s.sc.tolerateLoss {
 		s.log.Error("kafka sink: continuing after LOST transactions (TolerateLostTransactions)", zap.Error(err))
 		return nil
+	}
+	if errors.Is(err, ErrTxnLost) {
+		// Every restart would find the same transaction lost (and one
+		// whose topic or partition is gone, ErrTxnTopicGone, too): fail
+		// the job with the cause instead of restarting.
+		return runtime.Unrecoverable(err)
 	}
 	return err
 }

@@ -2,6 +2,7 @@ package sharegroup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -60,6 +61,56 @@ const requeuePrefixSuffix = "-rq"
 type requeueWriter struct {
 	w *kafkatxn.TxnWriter
 	n checkpoint.ID
+	// beforeCommit, tests only (set before Open): runs with the handle of a
+	// re-queue transaction that passed its conflict check, before its
+	// commit.
+	beforeCommit func(checkpoint.TxnHandle)
+}
+
+// requeueRepairWait bounds how long a re-queue whose commit failed waits
+// for the broker to come back and its transaction to be recovered.
+const requeueRepairWait = time.Minute
+
+// repairRequeue finishes the re-queue transaction h whose commit failed
+// (cerr) with the recovery a restored checkpoint's transaction gets
+// (kafkatxn's CommitRestored: commit again, and if the embedded broker lost
+// the transaction in a crash, re-commit exactly the partitions its commit
+// did not reach), retrying until the broker answers. A re-queue transaction
+// is in no checkpoint: once this attempt fails, nothing knows its handle,
+// and a commit torn by a crash of the broker in the middle of EndTxn (kfake
+// writes the markers partition by partition) would stay torn: a committed
+// copy without its marker is processed next to its original (a duplicate),
+// a committed marker without its copy makes the original count as done (a
+// loss). It returns nil once the transaction is committed on every
+// partition; an error (the transaction was aborted for good, so the
+// originals come back and are judged again; or the recovery did not finish
+// in requeueRepairWait) fails the attempt.
+func (s *Source[T]) repairRequeue(ctx context.Context, l *lane, h checkpoint.TxnHandle, cerr error) error {
+	s.log.Warn("the re-queue transaction's commit failed; recovering it", zap.String("lane", l.name),
+		zap.String("txn", h.TransactionalID), zap.Error(cerr))
+	ctx, cancel := context.WithTimeout(ctx, requeueRepairWait)
+	defer cancel()
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
+		err := s.rq.w.CommitRestored(ctx, []checkpoint.TxnHandle{h})
+		switch {
+		case err == nil:
+			s.log.Warn("re-queue transaction recovered after its commit failed: committed on every partition",
+				zap.String("lane", l.name), zap.String("txn", h.TransactionalID))
+			return nil
+		case errors.Is(err, kafkatxn.ErrTxnLost):
+			// Aborted by a broker that knew it (timeout, a stale-marker
+			// abort): on every partition, so the originals come back.
+			return fmt.Errorf("sharegroup: commit the re-queue transaction: %w (its recovery: %w)", cerr, err)
+		}
+		s.log.Debug("re-queue transaction not recovered yet; retrying", zap.String("txn", h.TransactionalID), zap.Error(err))
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("sharegroup: commit the re-queue transaction: %w (its recovery did not finish in %v: %w)", cerr, requeueRepairWait, err)
+		case <-t.C:
+		}
+	}
 }
 
 // requeues returns a record's re-queue count.
@@ -119,7 +170,8 @@ func (s *Source[T]) requeue(ctx context.Context, l *lane, recs []*kgo.Record) ([
 	if err := s.ix.CatchUp(ctx, rec.Offset+1); err != nil {
 		return nil, fmt.Errorf("sharegroup: ack-log: %w", err)
 	}
-	if _, _, err := rq.w.PreCommit(ctx, id); err != nil {
+	h, _, err := rq.w.PreCommit(ctx, id)
+	if err != nil {
 		return nil, fmt.Errorf("sharegroup: re-queue: %w", err)
 	}
 	own := acklog.Entry{Marker: m, Offset: rec.Offset, Status: acklog.Open, ProducerEpoch: rec.ProducerEpoch}
@@ -139,8 +191,13 @@ func (s *Source[T]) requeue(ctx context.Context, l *lane, recs []*kgo.Record) ([
 		}
 		return aside, nil
 	}
+	if rq.beforeCommit != nil {
+		rq.beforeCommit(h)
+	}
 	if err := rq.w.Commit(ctx, id); err != nil {
-		return nil, fmt.Errorf("sharegroup: commit the re-queue transaction: %w", err)
+		if err := s.repairRequeue(ctx, l, h, err); err != nil {
+			return nil, err
+		}
 	}
 	s.log.Info("re-queued records at their last healthy delivery to the retry topic", zap.String("lane", l.name),
 		zap.Int("records", len(recs)), zap.String("retry_topic", s.cfg.requeueTopic))

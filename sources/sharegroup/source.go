@@ -212,7 +212,15 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	// recovered markers committed. (Without transactions this only readies
 	// the dead-letter writer.)
 	if err := s.txn.Recover(ctx, oc.CommitHandles); err != nil {
-		return fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
+		err = fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
+		if errors.Is(err, kafkatxn.ErrTxnLost) {
+			// A completed checkpoint's acknowledgements are lost (the
+			// broker aborted their transaction, or the ack-log lost its
+			// partition, ErrTxnTopicGone): every restart would find the
+			// same, and the records they cover would be processed again.
+			return runtime.Unrecoverable(err)
+		}
+		return err
 	}
 	if s.cfg.mode == Transactional {
 		rqOpts := append(slices.Clone(wopts), kafkatxn.TransactionalIDPrefix(s.prefix+requeuePrefixSuffix))
@@ -1507,34 +1515,58 @@ var minShareAPIs = []struct {
 	key, version int16
 }{{76, 1}, {78, 2}, {79, 2}}
 
-// checkShareAPIs fails fast when the brokers lack the share-group APIs at
-// the versions Weir needs (Apache Kafka 4.2: lock renewal), and says so when
-// they advertise an API this client does not know (KIP-1289's transactional
-// share acknowledgement, once it exists).
+// checkShareAPIs fails fast when any broker of the cluster lacks the
+// share-group APIs at the versions Weir needs (Apache Kafka 4.2: lock
+// renewal), naming each such broker: it asks every broker in the metadata,
+// so a mixed cluster (a rolling upgrade in progress) does not pass on the
+// answer of whichever broker the client asked first. Such a refusal is
+// unrecoverable; a broker that does not answer is a retryable error naming
+// it. It says so when a broker advertises an API this client does not know
+// (KIP-1289's transactional share acknowledgement, once it exists).
 func checkShareAPIs(ctx context.Context, cl *kgo.Client, log *zap.Logger) error {
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
+	vs, err := kadm.NewClient(cl).ApiVersions(ctx)
 	if err != nil {
 		return fmt.Errorf("sharegroup: brokers unreachable: %w", err)
 	}
-	have := map[int16]int16{}
-	for _, k := range resp.ApiKeys {
-		have[k.ApiKey] = k.MaxVersion
-		if name := kmsg.NameForKey(k.ApiKey); name == "" && k.ApiKey > 92 {
-			log.Info("broker advertises an API this client does not know; if it is KIP-1289's transactional "+
-				"share acknowledgement, Weir still uses its ack-log", zap.Int16("api_key", k.ApiKey))
+	var lacking, unreachable []string
+	for _, v := range vs.Sorted() {
+		if v.Err != nil {
+			unreachable = append(unreachable, fmt.Sprintf("broker %d: %v", v.NodeID, v.Err))
+			continue
+		}
+		if why := lacksShareAPIs(v, log); why != "" {
+			lacking = append(lacking, fmt.Sprintf("broker %d %s", v.NodeID, why))
 		}
 	}
-	for _, k := range minShareAPIs {
-		v, ok := have[k.key]
-		switch {
-		case !ok:
-			return runtime.Unrecoverable(fmt.Errorf("%w: ApiVersions lacks %s", ErrNoShareGroups, kmsg.NameForKey(k.key)))
-		case v < k.version:
-			return runtime.Unrecoverable(fmt.Errorf("%w: the broker's %s goes up to v%d; v%d (Apache Kafka 4.2, KIP-1222 lock "+
-				"renewal) is needed", ErrNoShareGroups, kmsg.NameForKey(k.key), v, k.version))
-		}
+	switch {
+	case len(lacking) > 0:
+		return runtime.Unrecoverable(fmt.Errorf("%w: %s (of %d brokers)", ErrNoShareGroups, strings.Join(lacking, "; "), len(vs)))
+	case len(unreachable) > 0:
+		return fmt.Errorf("sharegroup: cannot check the share-group APIs of every broker: %s", strings.Join(unreachable, "; "))
+	case len(vs) == 0:
+		return errors.New("sharegroup: the cluster's metadata lists no broker")
 	}
 	return nil
+}
+
+// lacksShareAPIs says what v's broker lacks of minShareAPIs, or "".
+func lacksShareAPIs(v kadm.BrokerApiVersions, log *zap.Logger) string {
+	v.EachKeySorted(func(key, _, _ int16) {
+		if name := kmsg.NameForKey(key); name == "" && key > 92 {
+			log.Info("broker advertises an API this client does not know; if it is KIP-1289's transactional "+
+				"share acknowledgement, Weir still uses its ack-log", zap.Int32("broker", v.NodeID), zap.Int16("api_key", key))
+		}
+	})
+	for _, k := range minShareAPIs {
+		top, ok := v.KeyMaxVersion(k.key)
+		switch {
+		case !ok:
+			return "lacks " + kmsg.NameForKey(k.key)
+		case top < k.version:
+			return fmt.Sprintf("has %s up to v%d; v%d (Apache Kafka 4.2, KIP-1222 lock renewal) is needed", kmsg.NameForKey(k.key), top, k.version)
+		}
+	}
+	return ""
 }
 
 // CheckBrokers checks that brokers are reachable and support share groups
