@@ -278,7 +278,9 @@ func (d *deployment) run(m *weirpb.DeployTasks) {
 			x.SetPeers(peers)
 			o := msg.Open
 			err := dep.Open(d.ctx, checkpoint.Timing{Interval: ms(o.IntervalMs), Timeout: ms(o.TimeoutMs),
-				MinPause: ms(o.MinPauseMs), TolerableFailures: int(o.TolerableFailures), RestartBudget: ms(o.RestartBudgetMs)})
+				MinPause: ms(o.MinPauseMs), TolerableFailures: int(o.TolerableFailures), RestartBudget: ms(o.RestartBudgetMs),
+				Failover: checkpoint.Failover{Detection: ms(o.DetectionMs), SlotWait: ms(o.SlotWaitMs),
+					RestartDelay: ms(o.RestartDelayMs), Recovery: ms(o.RecoveryMs)}})
 			op := &weirpb.Opened{JobId: d.key.job, Attempt: d.key.attempt}
 			if err != nil {
 				op.Error = err.Error()
