@@ -107,7 +107,7 @@ func (f *staleJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 		want func(*weirpb.TaskManagerMessage) bool
 	}{
 		{&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Registered{Registered: &weirpb.Registered{
-			Session: 1, HeartbeatIntervalMs: 300, HeartbeatTimeoutMs: 1500}}}, nil},
+			Session: 1, HeartbeatIntervalMs: 1000, HeartbeatTimeoutMs: 5000}}}, nil},
 		{&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: &weirpb.DeployTasks{
 			JobId: "job", JobType: "snap", Attempt: 1, TaskIds: f.tasks}}},
 			func(m *weirpb.TaskManagerMessage) bool { return m.GetPrepared() != nil }},
@@ -197,10 +197,11 @@ func TestAResumedTaskManagerActsOnNoMessageOfItsEndedSession(t *testing.T) {
 	for _, id := range shares[0] {
 		tasks = append(tasks, string(id))
 	}
-	// Silent for 1.3 s: more than the timeout (1.5 s) minus the interval
-	// (300 ms), less than the timeout, so the task manager's own watch has
-	// not ended the session yet when the Trigger arrives.
-	f := &staleJM{tasks: tasks, sources: tasks[:1], silence: 1300 * time.Millisecond, result: make(chan string, 1)}
+	// Silent for 4.5 s: more than the timeout (5 s) minus the interval
+	// (1 s), less than the timeout, so the task manager's own watch has not
+	// ended the session yet when the Trigger arrives. The job manager's
+	// other gaps (its answers to heartbeats) are one interval.
+	f := &staleJM{tasks: tasks, sources: tasks[:1], silence: 4500 * time.Millisecond, result: make(chan string, 1)}
 	gs, addr := startJM(t, "127.0.0.1:0", f)
 	t.Cleanup(gs.Stop)
 	ctx, cancel := context.WithCancel(t.Context())
