@@ -59,3 +59,24 @@ func TestLatestKeepsTheHighestIDNotedConcurrently(t *testing.T) {
 		t.Fatalf("a lower note moved Latest to %d", got)
 	}
 }
+
+// A restart budget given term by term covers its terms, none negative.
+func TestRestartBudgetMustCoverItsFailoverTerms(t *testing.T) {
+	f := Failover{Detection: 3 * time.Second, SlotWait: time.Minute, RestartDelay: time.Minute, Recovery: time.Minute}
+	for _, tc := range []struct {
+		name string
+		t    Timing
+		ok   bool
+	}{
+		{"budget equal to the terms", Timing{Timeout: time.Minute, RestartBudget: f.Total(), Failover: f}, true},
+		{"budget above the terms", Timing{Timeout: time.Minute, RestartBudget: time.Hour, Failover: f}, true},
+		{"budget below the terms", Timing{Timeout: time.Minute, RestartBudget: 2 * time.Minute, Failover: f}, false},
+		{"negative term", Timing{Timeout: time.Minute, RestartBudget: time.Minute, Failover: Failover{Detection: -time.Second, Recovery: time.Minute}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.t.Validate(); (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrInvalidConfig)) {
+				t.Fatalf("Validate = %v, want ok %v", err, tc.ok)
+			}
+		})
+	}
+}

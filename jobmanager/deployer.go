@@ -144,7 +144,9 @@ func (sh *share) Open(ctx context.Context, t checkpoint.Timing) error {
 	err := sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Open{Open: &weirpb.OpenTasks{
 		JobId: sh.key.job, Attempt: sh.key.attempt, TaskAddresses: sh.peers,
 		IntervalMs: t.Interval.Milliseconds(), TimeoutMs: t.Timeout.Milliseconds(), MinPauseMs: t.MinPause.Milliseconds(),
-		TolerableFailures: int32(t.TolerableFailures), RestartBudgetMs: t.RestartBudget.Milliseconds()}}})
+		TolerableFailures: int32(t.TolerableFailures), RestartBudgetMs: t.RestartBudget.Milliseconds(),
+		DetectionMs: t.Failover.Detection.Milliseconds(), SlotWaitMs: t.Failover.SlotWait.Milliseconds(),
+		RestartDelayMs: t.Failover.RestartDelay.Milliseconds(), RecoveryMs: t.Failover.Recovery.Milliseconds()}}})
 	if err != nil {
 		return err
 	}

@@ -205,6 +205,7 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 	mc := runtime.NewMiniCluster(runtime.Deployment(d), runtime.CheckpointStore(s.jobs.cps), runtime.JobID(r.ID),
 		runtime.CheckpointInterval(interval), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
 		runtime.Failpoints(s.cfg.fp), runtime.SuspendWith(s.jobs.ctx),
+		runtime.FailoverDelays(s.cfg.timeout, s.cfg.slotTimeout),
 		runtime.OnCheckpointTriggered(stats.triggered),
 		runtime.OnCheckpointAborted(stats.abortedCheckpoint),
 		runtime.OnCheckpointComplete(func(e runtime.CheckpointEvent) {

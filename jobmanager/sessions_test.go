@@ -345,3 +345,101 @@ func await(t *testing.T, msgs <-chan *weirpb.JobManagerMessage, what string, mat
 
 func isAny(*weirpb.JobManagerMessage) bool      { return true }
 func isDeploy(m *weirpb.JobManagerMessage) bool { return m.GetDeploy() != nil }
+
+// The restart budget a job manager gives its tasks (the time their
+// transactions must outlive after a failure) counts every term of a
+// failover on the cluster: the heartbeat timeout that detects a hung task
+// manager, the slot wait of the next attempt, the restart strategy's
+// largest delay and the restore. Before, it counted only the last two, so
+// a transaction timeout shorter than a failover passed the check and the
+// broker aborted pre-committed transactions the restore had to commit.
+func TestTheRestartBudgetCountsEveryTermOfAClusterFailover(t *testing.T) {
+	const recovery = time.Minute // the checkpoint timeout, runtime's default
+	for _, tc := range []struct {
+		name            string
+		heartbeat, slot time.Duration
+		strategy        string
+		wantDelay       time.Duration
+	}{
+		{"defaults", 0, 0, "", time.Minute},
+		{"fixed delay", 5 * time.Second, 30 * time.Second, "fixed-delay:attempts=3,delay=2s", 2 * time.Second},
+		{"exponential delay up to its max backoff", 10 * time.Second, 2 * time.Minute,
+			"exponential-delay:initial-backoff=1s,max-backoff=5m", 5 * time.Minute},
+		{"failure rate", time.Second, time.Second, "failure-rate:max-failures=2,interval=1m,delay=7s", 7 * time.Second},
+		{"none", time.Second, 20 * time.Second, "none", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := []jobmanager.Opt{jobmanager.Jobs(numbersRegistry(t))}
+			wantDetection, wantSlot := rpc.DefaultHeartbeatTimeout, jobmanager.DefaultSlotTimeout
+			if tc.heartbeat > 0 {
+				opts = append(opts, jobmanager.HeartbeatTimeout(tc.heartbeat))
+				wantDetection = tc.heartbeat
+			}
+			if tc.slot > 0 {
+				opts = append(opts, jobmanager.SlotTimeout(tc.slot))
+				wantSlot = tc.slot
+			}
+			s, err := jobmanager.New(opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() }) // after serve's stop: cleanups run last-in first-out
+			addr, _ := serve(t, s)
+			st := register(t, addr, "tm-1", 1)
+			waitFor(t, s, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
+			if _, err := s.Submit(t.Context(), "numbers", nil, time.Second, tc.strategy); err != nil {
+				t.Fatal(err)
+			}
+			msgs := pump(t, st)
+			send := heartbeat(t, st, wantDetection/4)
+			d := await(t, msgs, "a deployment", isDeploy).GetDeploy()
+			if err := send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{
+				JobId: d.JobId, Attempt: d.Attempt, DataAddress: "127.0.0.1:1"}}}); err != nil {
+				t.Fatal(err)
+			}
+			o := await(t, msgs, "OpenTasks", func(m *weirpb.JobManagerMessage) bool { return m.GetOpen() != nil }).GetOpen()
+			ms := func(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
+			want := wantDetection + wantSlot + tc.wantDelay + recovery
+			if got := ms(o.RestartBudgetMs); got != want {
+				t.Errorf("restart budget %v, want heartbeat timeout %v + slot wait %v + largest restart delay %v + recovery %v = %v",
+					got, wantDetection, wantSlot, tc.wantDelay, recovery, want)
+			}
+			if ms(o.DetectionMs) != wantDetection || ms(o.SlotWaitMs) != wantSlot || ms(o.RestartDelayMs) != tc.wantDelay ||
+				ms(o.RecoveryMs) != recovery {
+				t.Errorf("budget terms: detection %v, slot wait %v, restart delay %v, recovery %v; want %v, %v, %v, %v",
+					ms(o.DetectionMs), ms(o.SlotWaitMs), ms(o.RestartDelayMs), ms(o.RecoveryMs),
+					wantDetection, wantSlot, tc.wantDelay, recovery)
+			}
+		})
+	}
+}
+
+// heartbeat sends heartbeats on st every period until the test ends, and
+// returns the function to send other messages on st with (a stream's Send
+// is not safe for concurrent use).
+func heartbeat(t *testing.T, st grpc.BidiStreamingClient[weirpb.TaskManagerMessage, weirpb.JobManagerMessage], period time.Duration) func(*weirpb.TaskManagerMessage) error {
+	var mu sync.Mutex
+	send := func(m *weirpb.TaskManagerMessage) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return st.Send(m)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { <-done })
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(period)
+		defer tick.Stop()
+		for {
+			select {
+			case <-t.Context().Done():
+				return
+			case <-tick.C:
+				if send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Heartbeat{Heartbeat: &weirpb.Heartbeat{}}}) != nil {
+					return
+				}
+			}
+		}
+	}()
+	return send
+}

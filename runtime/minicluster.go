@@ -83,6 +83,8 @@ type clusterCfg struct {
 	suspend           context.Context
 	onRestart         func(restarts int, err error)
 	onRestore         func(attempt int, from checkpoint.ID)
+	detection         time.Duration
+	slotWait          time.Duration
 }
 
 // Defaults of BatchSize and ChannelCapacity.
@@ -117,6 +119,9 @@ func (c *clusterCfg) validate() error {
 		} else {
 			bad("RestartStrategy: %w", err)
 		}
+	}
+	if c.detection < 0 || c.slotWait < 0 {
+		bad("FailoverDelays(%v, %v): neither may be negative", c.detection, c.slotWait)
 	}
 	if c.batchSize < 1 {
 		bad("BatchSize %d must be at least 1", c.batchSize)
@@ -257,6 +262,16 @@ func Logger(l *zap.Logger) ClusterOpt { return clusterOpt(func(c *clusterCfg) { 
 // RestoreCommitter. Without it such a restore is refused, naming the UIDs.
 func AllowNonRestoredState() ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) { c.allowNonRestored = true })
+}
+
+// FailoverDelays sets what a failover costs beyond the restart strategy's
+// delay and the restore, for the restart budget transactional operators
+// check their transaction timeout against (checkpoint.Failover): detection,
+// how long a failure may go unseen (a cluster's heartbeat timeout), and
+// slotWait, the longest an attempt waits for free slots. Both default to 0
+// (one process).
+func FailoverDelays(detection, slotWait time.Duration) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.detection, c.slotWait = detection, slotWait })
 }
 
 // ErrSuspended is wrapped by Run's error when the job stopped because the
@@ -780,9 +795,11 @@ func (a *attempt) timing(tolerable int) checkpoint.Timing {
 	case tolerable < 0:
 		tolerable = 0
 	}
+	f := checkpoint.Failover{Detection: a.cfg.detection, SlotWait: a.cfg.slotWait,
+		RestartDelay: a.cfg.restart.maxDelay(), Recovery: a.cfg.timeout}
 	return checkpoint.Timing{Interval: a.cfg.interval, Timeout: a.cfg.timeout,
 		MinPause:          checkpoint.EffectiveMinPause(a.cfg.coordinatorMinPause(), a.cfg.interval),
-		TolerableFailures: tolerable, RestartBudget: a.cfg.restart.maxDelay() + a.cfg.timeout}
+		TolerableFailures: tolerable, RestartBudget: f.Total(), Failover: f}
 }
 
 // RequestCheckpoint implements TaskReports.

@@ -85,7 +85,8 @@ func TestOperatorsLearnTheJobsCheckpointTiming(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := checkpoint.Timing{Interval: 7 * time.Millisecond, Timeout: 3 * time.Second, MinPause: time.Millisecond,
-				TolerableFailures: tc.wantTolerable, RestartBudget: 50*time.Millisecond + 3*time.Second}
+				TolerableFailures: tc.wantTolerable, RestartBudget: 50*time.Millisecond + 3*time.Second,
+				Failover: checkpoint.Failover{RestartDelay: 50 * time.Millisecond, Recovery: 3 * time.Second}}
 			if got != want {
 				t.Fatalf("Checkpointing = %+v, want %+v", got, want)
 			}

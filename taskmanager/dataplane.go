@@ -9,7 +9,53 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
 )
+
+// AttemptID names the job attempt a data-plane connection belongs to. A
+// sender announces it first on every connection, and a receiver refuses a
+// sender of another attempt: ports are reused, and a stale sender (a task
+// manager that has not yet seen its attempt fail over) that dials the
+// address of its old peer may reach another attempt's receiver there.
+type AttemptID struct {
+	Job     string
+	Attempt int32
+}
+
+// String renders the id as job/attempt.
+func (a AttemptID) String() string { return fmt.Sprintf("%s/%d", a.Job, a.Attempt) }
+
+// ErrWrongAttempt is returned by a receiver's connection whose sender
+// announced another attempt, or announced none.
+var ErrWrongAttempt = errors.New("taskmanager: data-plane sender of another attempt")
+
+// ErrConnectionLost is returned by Receiver.Recv for a channel whose
+// connection broke (closed or dead) before the receiver stopped.
+var ErrConnectionLost = errors.New("taskmanager: data-plane connection lost")
+
+// dataKeepAlive probes an idle data-plane connection, so that a peer whose
+// host died or was cut off is seen within about 20 s (5 s idle + 3 probes
+// 5 s apart), instead of the system default's minutes: an idle channel
+// carries nothing else that would notice.
+func dataKeepAlive() net.KeepAliveConfig {
+	return net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 5 * time.Second, Count: 3}
+}
+
+// DataOpt configures a Receiver.
+type DataOpt interface{ apply(*dataCfg) }
+
+type dataCfg struct{ log *zap.Logger }
+
+type dataOpt func(*dataCfg)
+
+func (o dataOpt) apply(c *dataCfg) { o(c) }
+
+// DataLogger sets the logger a Receiver reports refused and lost
+// connections to (default: none).
+func DataLogger(l *zap.Logger) DataOpt { return dataOpt(func(c *dataCfg) { c.log = l }) }
 
 // FrameKind says what a data-plane frame carries.
 type FrameKind byte
@@ -22,6 +68,7 @@ const (
 	FrameEOS     FrameKind = 3 // end of the stream
 	frameOpen    FrameKind = 4 // sender -> receiver: a channel starts on this connection
 	frameCredit  FrameKind = 5 // receiver -> sender: payload-less, n in the length field
+	frameHello   FrameKind = 6 // sender -> receiver, first on a connection: attempt u32, then the job id
 )
 
 // Frame is one message of a data-plane channel.
@@ -84,14 +131,22 @@ type Sender struct {
 	err     error
 }
 
-// DialData connects to the data-plane address of a task manager.
-func DialData(ctx context.Context, addr string) (*Sender, error) {
-	var d net.Dialer
+// DialData connects to the data-plane address of a task manager, as a
+// sender of attempt id: the receiver there refuses the connection (closes
+// it) unless it receives for the same attempt.
+func DialData(ctx context.Context, addr string, id AttemptID) (*Sender, error) {
+	d := net.Dialer{KeepAliveConfig: dataKeepAlive()}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("taskmanager: dial data plane %s: %w", addr, err)
 	}
 	s := &Sender{conn: conn, w: bufio.NewWriter(conn), credits: map[uint32]chan struct{}{}, done: make(chan struct{})}
+	hello := binary.BigEndian.AppendUint32(nil, uint32(id.Attempt))
+	hello = append(hello, id.Job...)
+	if err := s.write(frameHello, 0, uint32(len(hello)), hello); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	go s.readCredits()
 	return s, nil
 }
@@ -184,7 +239,10 @@ func (s *Sender) Close() error {
 // buffer of window frames, and a frame taken out by Recv returns one credit
 // to its sender.
 type Receiver struct {
-	window int
+	window   int
+	id       AttemptID
+	log      *zap.Logger
+	stopping atomic.Bool // Serve's context is done: connections end on purpose
 
 	mu    sync.Mutex
 	chans map[uint32]*inbox
@@ -196,6 +254,18 @@ type inbox struct {
 	frames chan Frame
 	mu     sync.Mutex
 	credit func() error // returns one credit to the channel's sender
+
+	lostOnce sync.Once
+	lost     chan struct{} // closed when the channel's connection broke
+	lostErr  error
+}
+
+// lose records that the channel's connection broke with err.
+func (b *inbox) lose(err error) {
+	b.lostOnce.Do(func() {
+		b.lostErr = err
+		close(b.lost)
+	})
 }
 
 func (b *inbox) setCredit(fn func() error) {
@@ -214,12 +284,17 @@ func (b *inbox) returnCredit() error {
 	return fn()
 }
 
-// NewReceiver returns a receiver granting window credits per channel.
-func NewReceiver(window int) *Receiver {
+// NewReceiver returns a receiver for attempt id granting window credits per
+// channel. It refuses every sender that does not announce id.
+func NewReceiver(window int, id AttemptID, opts ...DataOpt) *Receiver {
 	if window < 1 || window > maxWindow {
 		window = 8
 	}
-	return &Receiver{window: window, chans: map[uint32]*inbox{}, conns: map[net.Conn]struct{}{}}
+	c := dataCfg{log: zap.NewNop()}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	return &Receiver{window: window, id: id, log: c.log, chans: map[uint32]*inbox{}, conns: map[net.Conn]struct{}{}}
 }
 
 func (r *Receiver) inbox(ch uint32) *inbox {
@@ -227,7 +302,7 @@ func (r *Receiver) inbox(ch uint32) *inbox {
 	defer r.mu.Unlock()
 	b, ok := r.chans[ch]
 	if !ok {
-		b = &inbox{frames: make(chan Frame, r.window)}
+		b = &inbox{frames: make(chan Frame, r.window), lost: make(chan struct{})}
 		r.chans[ch] = b
 	}
 	return b
@@ -236,6 +311,7 @@ func (r *Receiver) inbox(ch uint32) *inbox {
 // Serve accepts senders on lis until ctx is done.
 func (r *Receiver) Serve(ctx context.Context, lis net.Listener) error {
 	stop := context.AfterFunc(ctx, func() {
+		r.stopping.Store(true)
 		lis.Close()
 		r.mu.Lock()
 		for c := range r.conns {
@@ -253,6 +329,9 @@ func (r *Receiver) Serve(ctx context.Context, lis net.Listener) error {
 			}
 			return fmt.Errorf("taskmanager: data plane accept: %w", err)
 		}
+		if tc, ok := conn.(*net.TCPConn); ok {
+			_ = tc.SetKeepAliveConfig(dataKeepAlive())
+		}
 		r.mu.Lock()
 		r.conns[conn] = struct{}{}
 		r.mu.Unlock()
@@ -268,8 +347,28 @@ func (r *Receiver) Serve(ctx context.Context, lis net.Listener) error {
 	}
 }
 
-func (r *Receiver) serveConn(conn net.Conn) error {
+// serveConn receives the frames of one sender's connection, once its hello
+// named this receiver's attempt. When the connection breaks (closed, or dead
+// as keepalive finds) while the receiver runs, every channel it opened
+// reports ErrConnectionLost once its buffered frames are taken: a channel
+// that ended normally (its end of stream came first) is not read again.
+func (r *Receiver) serveConn(conn net.Conn) (err error) {
 	rd, w := bufio.NewReader(conn), bufio.NewWriter(conn)
+	from := conn.RemoteAddr().String()
+	if err := r.hello(rd); err != nil {
+		r.log.Warn("data-plane connection refused", zap.String("from", from), zap.Stringer("attempt", r.id), zap.Error(err))
+		return err
+	}
+	var opened []*inbox
+	defer func() {
+		if r.stopping.Load() || len(opened) == 0 {
+			return
+		}
+		lost := fmt.Errorf("%w: from %s: %w", ErrConnectionLost, from, err)
+		for _, b := range opened {
+			b.lose(lost)
+		}
+	}()
 	var wmu sync.Mutex
 	credit := func(ch uint32, n uint32) error {
 		wmu.Lock()
@@ -283,6 +382,7 @@ func (r *Receiver) serveConn(conn net.Conn) error {
 		}
 		b := r.inbox(ch)
 		if kind == frameOpen {
+			opened = append(opened, b)
 			b.setCredit(func() error { return credit(ch, 1) })
 			if err := credit(ch, uint32(r.window)); err != nil {
 				return err
@@ -297,17 +397,46 @@ func (r *Receiver) serveConn(conn net.Conn) error {
 	}
 }
 
-// Recv returns the next frame of channel ch, returning its credit.
+// hello reads a connection's first frame: the sender's attempt, which must
+// be this receiver's.
+func (r *Receiver) hello(rd *bufio.Reader) error {
+	kind, _, p, _, err := readFrame(rd)
+	switch {
+	case err != nil:
+		return err
+	case kind != frameHello || len(p) < 4:
+		return fmt.Errorf("%w: first frame of kind %d, want the sender's attempt", ErrWrongAttempt, kind)
+	}
+	got := AttemptID{Job: string(p[4:]), Attempt: int32(binary.BigEndian.Uint32(p[:4]))}
+	if got != r.id {
+		return fmt.Errorf("%w: sender of %s, receiver of %s", ErrWrongAttempt, got, r.id)
+	}
+	return nil
+}
+
+// Recv returns the next frame of channel ch, returning its credit. Once the
+// channel's connection broke and its buffered frames were taken, it
+// returns an error wrapping ErrConnectionLost.
 func (r *Receiver) Recv(ctx context.Context, ch uint32) (Frame, error) {
 	b := r.inbox(ch)
-	select {
-	case f := <-b.frames:
+	take := func(f Frame) (Frame, error) {
 		// A credit that cannot be returned is not the frame's fault: the
 		// sender closed its connection (after its end of stream) or lost
 		// it, and then learns so itself.
 		_ = b.returnCredit()
 		return f, nil
+	}
+	select {
+	case f := <-b.frames:
+		return take(f)
 	case <-ctx.Done():
 		return Frame{}, ctx.Err()
+	case <-b.lost:
+		select {
+		case f := <-b.frames: // frames that came before the loss come first
+			return take(f)
+		default:
+			return Frame{}, b.lostErr
+		}
 	}
 }

@@ -3,9 +3,15 @@ package taskmanager_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/weirstream/weir/taskmanager"
 )
@@ -20,7 +26,7 @@ func TestDataPlaneCreditsBoundInFlightFramesAndKeepBarriersInBand(t *testing.T) 
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
-	rcv := taskmanager.NewReceiver(window)
+	rcv := taskmanager.NewReceiver(window, taskmanager.AttemptID{Job: "job", Attempt: 1})
 	served := make(chan error, 1)
 	go func() { served <- rcv.Serve(ctx, lis) }()
 	defer func() {
@@ -29,7 +35,7 @@ func TestDataPlaneCreditsBoundInFlightFramesAndKeepBarriersInBand(t *testing.T) 
 			t.Error(err)
 		}
 	}()
-	snd, err := taskmanager.DialData(ctx, lis.Addr().String())
+	snd, err := taskmanager.DialData(ctx, lis.Addr().String(), taskmanager.AttemptID{Job: "job", Attempt: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,5 +78,143 @@ func TestDataPlaneCreditsBoundInFlightFramesAndKeepBarriersInBand(t *testing.T) 
 		if f.Kind != w.Kind || string(f.Payload) != string(w.Payload) {
 			t.Fatalf("frame %d = %v, want %v", i+1, f, w)
 		}
+	}
+}
+
+// serveReceiver serves a receiver of attempt id on a new local port until
+// the test ends, logging to log.
+func serveReceiver(t *testing.T, window int, id taskmanager.AttemptID, log *zap.Logger) (*taskmanager.Receiver, string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	rcv := taskmanager.NewReceiver(window, id, taskmanager.DataLogger(log))
+	served := make(chan error, 1)
+	go func() { served <- rcv.Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Error(err)
+		}
+	})
+	return rcv, lis.Addr().String()
+}
+
+// A sender of another attempt (a stale task manager dialling the address
+// of its old peer, the port reused by the new attempt) is refused with a
+// log line, and none of its records reach the new attempt: the new
+// attempt's channel carries exactly its own sender's records, in order.
+func TestADataPlaneSenderOfAnotherAttemptIsRefused(t *testing.T) {
+	for _, stale := range []taskmanager.AttemptID{{Job: "job", Attempt: 1}, {Job: "other-job", Attempt: 2}} {
+		t.Run(stale.String(), func(t *testing.T) {
+			const ch, n = 3, 20
+			current := taskmanager.AttemptID{Job: "job", Attempt: 2}
+			core, logs := observer.New(zap.WarnLevel)
+			rcv, addr := serveReceiver(t, 4, current, zap.New(core))
+			ctx := t.Context()
+
+			old, err := taskmanager.DialData(ctx, addr, stale)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer old.Close()
+			if err := old.Open(ch); err != nil {
+				t.Fatal(err)
+			}
+			// Refused, the stale sender gets no credit: its first send fails
+			// when the receiver closes the connection.
+			sctx, scancel := context.WithTimeout(ctx, 30*time.Second) // bounds a failure, never a success
+			defer scancel()
+			staleSent, staleErr := 0, error(nil)
+			for ; staleSent < n; staleSent++ {
+				if staleErr = old.Send(sctx, ch, taskmanager.Frame{Kind: taskmanager.FrameData, Payload: []byte("stale-" + strconv.Itoa(staleSent))}); staleErr != nil {
+					break
+				}
+			}
+			if staleSent != 0 || errors.Is(staleErr, context.DeadlineExceeded) {
+				t.Errorf("the stale sender of %s sent %d records to attempt %s, then: %v", stale, staleSent, current, staleErr)
+			}
+
+			cur, err := taskmanager.DialData(ctx, addr, current)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cur.Close()
+			if err := cur.Open(ch); err != nil {
+				t.Fatal(err)
+			}
+			sent := make(chan error, 1)
+			go func() {
+				for i := range n {
+					if err := cur.Send(ctx, ch, taskmanager.Frame{Kind: taskmanager.FrameData, Payload: []byte("rec-" + strconv.Itoa(i))}); err != nil {
+						sent <- err
+						return
+					}
+				}
+				sent <- cur.Send(ctx, ch, taskmanager.Frame{Kind: taskmanager.FrameEOS})
+			}()
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second) // bounds a failure, never a success
+			defer cancel()
+			for i := range n {
+				f, err := rcv.Recv(rctx, ch)
+				if err != nil {
+					t.Fatalf("record %d: %v", i, err)
+				}
+				if want := "rec-" + strconv.Itoa(i); f.Kind != taskmanager.FrameData || string(f.Payload) != want {
+					t.Fatalf("record %d of the channel is %q (kind %d), want %q", i, f.Payload, f.Kind, want)
+				}
+			}
+			if f, err := rcv.Recv(rctx, ch); err != nil || f.Kind != taskmanager.FrameEOS {
+				t.Fatalf("after %d records: %v, %v; want the end of stream", n, f, err)
+			}
+			if err := <-sent; err != nil {
+				t.Fatal(err)
+			}
+			refused := logs.FilterMessage("data-plane connection refused").All()
+			if len(refused) != 1 {
+				t.Fatalf("%d refusals logged, want 1: %v", len(refused), logs.All())
+			}
+			if msg := refused[0].ContextMap()["error"]; !strings.Contains(fmt.Sprint(msg), stale.String()) {
+				t.Fatalf("the refusal does not name the stale attempt %s: %v", stale, msg)
+			}
+		})
+	}
+}
+
+// A channel whose connection breaks before its end of stream (the sender's
+// process died, or keepalive found its host gone) is seen by the receiving
+// task: Recv hands out the frames that came, then fails with
+// ErrConnectionLost instead of waiting for ever.
+func TestARecvSeesTheLossOfItsChannelsConnection(t *testing.T) {
+	const ch = 5
+	id := taskmanager.AttemptID{Job: "job", Attempt: 1}
+	rcv, addr := serveReceiver(t, 8, id, zap.NewNop())
+	ctx := t.Context()
+	snd, err := taskmanager.DialData(ctx, addr, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snd.Open(ch); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"a", "b"} {
+		if err := snd.Send(ctx, ch, taskmanager.Frame{Kind: taskmanager.FrameData, Payload: []byte(p)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := snd.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second) // bounds a failure, never a success
+	defer cancel()
+	for _, want := range []string{"a", "b"} {
+		if f, err := rcv.Recv(rctx, ch); err != nil || string(f.Payload) != want {
+			t.Fatalf("Recv = %q, %v; want %q", f.Payload, err, want)
+		}
+	}
+	if _, err := rcv.Recv(rctx, ch); !errors.Is(err, taskmanager.ErrConnectionLost) {
+		t.Fatalf("Recv after the connection closed = %v, want ErrConnectionLost", err)
 	}
 }

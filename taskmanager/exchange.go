@@ -19,6 +19,7 @@ import (
 // Exchanges of the other task managers of the attempt, dialled at the first
 // message by the data address of the task they run.
 type Exchange struct {
+	id     AttemptID
 	recv   *Receiver
 	lis    net.Listener
 	cancel context.CancelFunc
@@ -34,16 +35,18 @@ type Exchange struct {
 	opened  map[uint32]bool
 }
 
-// ListenExchange starts an Exchange receiving on host:0 with window credits
-// per channel. Addr is what the other task managers dial; SetPeers tells it
-// where every task of the attempt runs.
-func ListenExchange(ctx context.Context, host string, window int) (*Exchange, error) {
+// ListenExchange starts an Exchange of attempt id receiving on host:0 with
+// window credits per channel. Addr is what the other task managers dial;
+// SetPeers tells it where every task of the attempt runs. It sends and
+// receives only within attempt id: a connection from a sender of another
+// attempt is refused.
+func ListenExchange(ctx context.Context, host string, window int, id AttemptID, opts ...DataOpt) (*Exchange, error) {
 	lis, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, fmt.Errorf("taskmanager: data plane listen: %w", err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	x := &Exchange{recv: NewReceiver(window), lis: lis, cancel: cancel, served: make(chan error, 1),
+	x := &Exchange{id: id, recv: NewReceiver(window, id, opts...), lis: lis, cancel: cancel, served: make(chan error, 1),
 		senders: map[string]*Sender{}, opened: map[uint32]bool{}}
 	go func() { x.served <- x.recv.Serve(ctx, lis) }()
 	return x, nil
@@ -72,7 +75,7 @@ func (x *Exchange) sender(ctx context.Context, to checkpoint.TaskID, ch uint32) 
 	s := x.senders[addr]
 	if s == nil {
 		var err error
-		if s, err = DialData(ctx, addr); err != nil {
+		if s, err = DialData(ctx, addr, x.id); err != nil {
 			return nil, err
 		}
 		x.senders[addr] = s

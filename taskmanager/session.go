@@ -154,7 +154,7 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 	}
 	interval := time.Duration(reg.HeartbeatIntervalMs) * time.Millisecond
 	timeout := time.Duration(reg.HeartbeatTimeoutMs) * time.Millisecond
-	if interval <= 0 || timeout <= 0 {
+	if interval <= 0 || timeout <= interval {
 		return fmt.Errorf("taskmanager: the job manager announced heartbeat interval %v, timeout %v", interval, timeout)
 	}
 	c.log.Info("registered with the job manager", zap.String("task_manager", c.id), zap.Uint64("session", reg.Session))
@@ -187,12 +187,24 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 			cancel(err)
 		}
 	}()
+	// A job manager silent for longer than this may have ended the session
+	// (it ends one silent for the timeout; its own last message can be an
+	// interval older than the silence it measured): messages arriving after
+	// such a silence, queued while this process was stopped or cut off, are
+	// of a session it has failed over, and acting on them (a Trigger's
+	// pre-commit) would open transactions for an attempt that is over.
+	stale := timeout - interval
 	go func() {
 		defer wg.Done()
 		for {
 			m, err := st.Recv()
 			if err != nil {
 				cancel(err)
+				return
+			}
+			if s := live.Silence(); s > stale {
+				cancel(fmt.Errorf("%w: silent for %v before its next message (timeout %v, interval %v): the session may have ended there; its queued messages are dropped",
+					rpc.ErrPeerDead, s.Round(time.Millisecond), timeout, interval))
 				return
 			}
 			live.Seen()

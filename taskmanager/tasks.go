@@ -278,7 +278,9 @@ func (d *deployment) run(m *weirpb.DeployTasks) {
 			x.SetPeers(peers)
 			o := msg.Open
 			err := dep.Open(d.ctx, checkpoint.Timing{Interval: ms(o.IntervalMs), Timeout: ms(o.TimeoutMs),
-				MinPause: ms(o.MinPauseMs), TolerableFailures: int(o.TolerableFailures), RestartBudget: ms(o.RestartBudgetMs)})
+				MinPause: ms(o.MinPauseMs), TolerableFailures: int(o.TolerableFailures), RestartBudget: ms(o.RestartBudgetMs),
+				Failover: checkpoint.Failover{Detection: ms(o.DetectionMs), SlotWait: ms(o.SlotWaitMs),
+					RestartDelay: ms(o.RestartDelayMs), Recovery: ms(o.RecoveryMs)}})
 			op := &weirpb.Opened{JobId: d.key.job, Attempt: d.key.attempt}
 			if err != nil {
 				op.Error = err.Error()
@@ -358,7 +360,7 @@ func (d *deployment) build(m *weirpb.DeployTasks) (runtime.Deployed, *Exchange, 
 	if len(tasks) == 0 {
 		return nil, nil, errors.New("taskmanager: a deployment without tasks")
 	}
-	x, err := ListenExchange(d.ctx, c.dataHost, c.window)
+	x, err := ListenExchange(d.ctx, c.dataHost, c.window, AttemptID{Job: m.JobId, Attempt: m.Attempt}, DataLogger(d.log()))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -816,6 +816,56 @@ func TestValidateTimeouts(t *testing.T) {
 	}
 }
 
+// A transaction timeout that a cluster failover can outlive is refused at
+// open, the error naming every term of the restart budget; one that covers
+// them passes.
+func TestTransactionTimeoutShorterThanAClusterFailoverIsRefusedNamingEachTerm(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, kfake.BrokerConfigs(map[string]string{"transaction.max.timeout.ms": "3600000"}))
+	adm := kadm.NewClient(newClient(t, c.ListenAddrs()))
+	timing := func(f checkpoint.Failover) checkpoint.Timing {
+		return checkpoint.Timing{Interval: time.Second, Timeout: time.Minute, RestartBudget: f.Total(), Failover: f}
+	}
+	defaults := checkpoint.Failover{Detection: 3 * time.Second, SlotWait: time.Minute, RestartDelay: time.Minute, Recovery: time.Minute}
+	for _, tc := range []struct {
+		name    string
+		txn     time.Duration
+		f       checkpoint.Failover
+		refused bool
+	}{
+		// 61s for the epoch + 3m3s of failover = 4m4s.
+		{"cluster defaults, timeout above the failover", 5 * time.Minute, defaults, false},
+		{"cluster defaults, timeout that covered only delay and recovery", 3 * time.Minute, defaults, true},
+		{"long slot wait", 5 * time.Minute, checkpoint.Failover{Detection: 3 * time.Second, SlotWait: 5 * time.Minute,
+			RestartDelay: time.Second, Recovery: time.Minute}, true},
+		{"long heartbeat timeout", 5 * time.Minute, checkpoint.Failover{Detection: 3 * time.Minute, SlotWait: time.Second,
+			RestartDelay: time.Second, Recovery: time.Minute}, true},
+		{"exponential delay up to 10m", 13 * time.Minute, checkpoint.Failover{Detection: 3 * time.Second,
+			SlotWait: time.Minute, RestartDelay: 10 * time.Minute, Recovery: time.Minute}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckTransactionTimeout(ctx, adm, tc.txn, timing(tc.f))
+			if !tc.refused {
+				if err != nil {
+					t.Fatalf("CheckTransactionTimeout = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("CheckTransactionTimeout = %v, want ErrInvalidConfig", err)
+			}
+			for _, term := range []string{
+				fmt.Sprintf("heartbeat timeout) %v", tc.f.Detection), fmt.Sprintf("slot wait %v", tc.f.SlotWait),
+				fmt.Sprintf("largest restart delay %v", tc.f.RestartDelay), fmt.Sprintf("recovery %v", tc.f.Recovery),
+			} {
+				if !strings.Contains(err.Error(), term) {
+					t.Errorf("the refusal does not name %q: %v", term, err)
+				}
+			}
+		})
+	}
+}
+
 func TestParseGuarantee(t *testing.T) {
 	for _, g := range []DeliveryGuarantee{ExactlyOnce, AtLeastOnce, None} {
 		if got, err := ParseGuarantee(g.String()); err != nil || got != g {

@@ -976,8 +976,13 @@ type OpenTasks struct {
 	MinPauseMs        int64                  `protobuf:"varint,6,opt,name=min_pause_ms,json=minPauseMs,proto3" json:"min_pause_ms,omitempty"`
 	TolerableFailures int32                  `protobuf:"varint,7,opt,name=tolerable_failures,json=tolerableFailures,proto3" json:"tolerable_failures,omitempty"`
 	RestartBudgetMs   int64                  `protobuf:"varint,8,opt,name=restart_budget_ms,json=restartBudgetMs,proto3" json:"restart_budget_ms,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The terms of restart_budget_ms (checkpoint.Failover), for messages.
+	DetectionMs    int64 `protobuf:"varint,9,opt,name=detection_ms,json=detectionMs,proto3" json:"detection_ms,omitempty"`
+	SlotWaitMs     int64 `protobuf:"varint,10,opt,name=slot_wait_ms,json=slotWaitMs,proto3" json:"slot_wait_ms,omitempty"`
+	RestartDelayMs int64 `protobuf:"varint,11,opt,name=restart_delay_ms,json=restartDelayMs,proto3" json:"restart_delay_ms,omitempty"`
+	RecoveryMs     int64 `protobuf:"varint,12,opt,name=recovery_ms,json=recoveryMs,proto3" json:"recovery_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *OpenTasks) Reset() {
@@ -1062,6 +1067,34 @@ func (x *OpenTasks) GetTolerableFailures() int32 {
 func (x *OpenTasks) GetRestartBudgetMs() int64 {
 	if x != nil {
 		return x.RestartBudgetMs
+	}
+	return 0
+}
+
+func (x *OpenTasks) GetDetectionMs() int64 {
+	if x != nil {
+		return x.DetectionMs
+	}
+	return 0
+}
+
+func (x *OpenTasks) GetSlotWaitMs() int64 {
+	if x != nil {
+		return x.SlotWaitMs
+	}
+	return 0
+}
+
+func (x *OpenTasks) GetRestartDelayMs() int64 {
+	if x != nil {
+		return x.RestartDelayMs
+	}
+	return 0
+}
+
+func (x *OpenTasks) GetRecoveryMs() int64 {
+	if x != nil {
+		return x.RecoveryMs
 	}
 	return 0
 }
@@ -2515,7 +2548,7 @@ const file_control_proto_rawDesc = "" +
 	"\n" +
 	"discarding\x18\x06 \x03(\tR\n" +
 	"discarding\x12-\n" +
-	"\x12restore_committers\x18\a \x01(\x05R\x11restoreCommitters\"\x8d\x03\n" +
+	"\x12restore_committers\x18\a \x01(\x05R\x11restoreCommitters\"\x9d\x04\n" +
 	"\tOpenTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12P\n" +
@@ -2527,7 +2560,14 @@ const file_control_proto_rawDesc = "" +
 	"\fmin_pause_ms\x18\x06 \x01(\x03R\n" +
 	"minPauseMs\x12-\n" +
 	"\x12tolerable_failures\x18\a \x01(\x05R\x11tolerableFailures\x12*\n" +
-	"\x11restart_budget_ms\x18\b \x01(\x03R\x0frestartBudgetMs\x1a@\n" +
+	"\x11restart_budget_ms\x18\b \x01(\x03R\x0frestartBudgetMs\x12!\n" +
+	"\fdetection_ms\x18\t \x01(\x03R\vdetectionMs\x12 \n" +
+	"\fslot_wait_ms\x18\n" +
+	" \x01(\x03R\n" +
+	"slotWaitMs\x12(\n" +
+	"\x10restart_delay_ms\x18\v \x01(\x03R\x0erestartDelayMs\x12\x1f\n" +
+	"\vrecovery_ms\x18\f \x01(\x03R\n" +
+	"recoveryMs\x1a@\n" +
 	"\x12TaskAddressesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"O\n" +

@@ -1,0 +1,128 @@
+package taskmanager_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/rpc/weirpb"
+	"github.com/weirstream/weir/runtime"
+	"github.com/weirstream/weir/taskmanager"
+)
+
+// timingSource records the checkpoint timing its Open is given.
+type timingSource struct {
+	snapSource
+	got chan<- checkpoint.Timing
+}
+
+func (s timingSource) Open(_ context.Context, oc *runtime.OperatorContext) error {
+	s.got <- oc.Checkpointing
+	return nil
+}
+
+// openJM deploys attempt 1 of job "timing" and opens it with open.
+type openJM struct {
+	weirpb.UnimplementedJobManagerServer
+	tasks  []string
+	open   *weirpb.OpenTasks
+	result chan string
+}
+
+func (f *openJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, weirpb.JobManagerMessage]) error {
+	report := func(r string) error {
+		select {
+		case f.result <- r:
+		default:
+		}
+		<-s.Context().Done()
+		return nil
+	}
+	if m, err := s.Recv(); err != nil || m.GetRegister() == nil {
+		return report(fmt.Sprintf("no registration: %v %v", m, err))
+	}
+	for _, m := range []*weirpb.JobManagerMessage{
+		{Msg: &weirpb.JobManagerMessage_Registered{Registered: &weirpb.Registered{Session: 1, HeartbeatIntervalMs: 500, HeartbeatTimeoutMs: 30000}}},
+		{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: &weirpb.DeployTasks{JobId: "job", JobType: "timing", Attempt: 1, TaskIds: f.tasks}}},
+	} {
+		if err := s.Send(m); err != nil {
+			return err
+		}
+	}
+	for {
+		m, err := s.Recv()
+		if err != nil {
+			return report(err.Error())
+		}
+		if p := m.GetPrepared(); p != nil {
+			if p.Error != "" {
+				return report("not prepared: " + p.Error)
+			}
+			if err := s.Send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Open{Open: f.open}}); err != nil {
+				return err
+			}
+		}
+		if o := m.GetOpened(); o != nil {
+			return report("opened " + o.Error)
+		}
+	}
+}
+
+// The checkpoint timing a task manager hands its operators is the one the
+// job manager sent, the restart budget's failover terms included (a
+// transactional operator names them when it refuses its timeout).
+func TestOperatorsOnATaskManagerLearnTheRestartBudgetsTerms(t *testing.T) {
+	got := make(chan checkpoint.Timing, 1)
+	build := func(runtime.Params) (*runtime.Job, error) {
+		j := runtime.NewJob("timing")
+		runtime.SinkTo(runtime.FromSource(j, "src", func() runtime.Source[int] { return timingSource{snapSource{&snapLog{}}, got} }),
+			"sink", func() runtime.Sink[int] { return dropSink{} })
+		return j, nil
+	}
+	reg := runtime.NewRegistry()
+	if err := reg.Register(runtime.JobType{Name: "timing", Build: build}); err != nil {
+		t.Fatal(err)
+	}
+	job, _ := build(nil)
+	shares, _, err := runtime.SlotShares(job, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tasks []string
+	for _, id := range shares[0] {
+		tasks = append(tasks, string(id))
+	}
+	f := &openJM{tasks: tasks, result: make(chan string, 1), open: &weirpb.OpenTasks{JobId: "job", Attempt: 1,
+		IntervalMs: 1000, TimeoutMs: 60000, MinPauseMs: 10, TolerableFailures: 3, RestartBudgetMs: 183000,
+		DetectionMs: 3000, SlotWaitMs: 60000, RestartDelayMs: 60000, RecoveryMs: 60000}}
+	gs, addr := startJM(t, "127.0.0.1:0", f)
+	t.Cleanup(gs.Stop)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- taskmanager.Run(ctx, addr, taskmanager.ID("tm-a"), taskmanager.Slots(1), taskmanager.Jobs(reg),
+			taskmanager.ReconnectDelay(time.Hour))
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	select {
+	case r := <-f.result:
+		if r != "opened " {
+			t.Fatal(r)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the job manager script did not finish in 60s")
+	}
+	want := checkpoint.Timing{Interval: time.Second, Timeout: time.Minute, MinPause: 10 * time.Millisecond, TolerableFailures: 3,
+		RestartBudget: 183 * time.Second, Failover: checkpoint.Failover{Detection: 3 * time.Second, SlotWait: time.Minute,
+			RestartDelay: time.Minute, Recovery: time.Minute}}
+	if g := <-got; g != want {
+		t.Fatalf("the operator's checkpoint timing is %+v, want %+v", g, want)
+	}
+}
