@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -156,7 +155,7 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkNothingOpen(t, env, "out", "__weir-acklog-g")
+			env.RequireNothingOpen(t, "out", "__weir-acklog-g")
 			want := epochs.committedUpTo(t, latest.ID)
 			got := keyCounts(env.ReadCommitted(t, "out"))
 			if d := diffCounts(got, want); d != "" {
@@ -393,38 +392,6 @@ func (d openingDeployment) Open(ctx context.Context, timing checkpoint.Timing) e
 	d.cancel()
 	<-ctx.Done()
 	return d.Deployed.Open(ctx, timing)
-}
-
-// checkNothingOpen fails unless no transaction is open and every
-// partition of topics has its last stable offset at its high watermark.
-func checkNothingOpen(t *testing.T, env *kafkatest.Env, topics ...string) {
-	t.Helper()
-	adm := env.Admin(t)
-	txns, err := adm.ListTransactions(t.Context(), nil, []string{"Ongoing", "PrepareCommit", "PrepareAbort"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if open := txns.TransactionalIDs(); len(open) > 0 {
-		t.Errorf("transactions still open after the cancel: %v", open)
-	}
-	for _, topic := range topics {
-		ends, err := adm.ListEndOffsets(t.Context(), topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stable, err := adm.ListCommittedOffsets(t.Context(), topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ends.Each(func(o kadm.ListedOffset) {
-			if s, ok := stable.Lookup(topic, o.Partition); !ok || s.Offset != o.Offset {
-				t.Errorf("%s[%d]: last stable offset %d < high watermark %d: a transaction is still open", topic, o.Partition, s.Offset, o.Offset)
-			}
-		})
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
 }
 
 // runUntilAll runs job until "out" holds n distinct keys read_committed,

@@ -265,7 +265,7 @@ func TestCancelLeavesNoOpenTransactionAndNoHeldShareRecord(t *testing.T) {
 		t.Fatalf("cancel printed %q (%v), want state CANCELED", out, err)
 	}
 
-	c.checkNothingOpen(ctx, "counts", "__weir-acklog-wc")
+	c.env.RequireNothingOpen(c.t, "counts", "__weir-acklog-wc")
 
 	var keys [][]byte
 	for _, r := range committed(t, ctx, c.env.Addr, "counts") {
@@ -311,40 +311,6 @@ func TestCancelLeavesNoOpenTransactionAndNoHeldShareRecord(t *testing.T) {
 	t.Logf("%d lines: %d committed by the job before the cancel, %d delivered to the next consumer", in.n, len(done), len(got))
 }
 
-// checkNothingOpen fails the test unless no transaction is open and every
-// partition of topics has its last stable offset at its high watermark
-// (read_committed readers see everything).
-func (c *procCluster) checkNothingOpen(ctx context.Context, topics ...string) {
-	t := c.t
-	t.Helper()
-	adm := kadm.NewClient(c.env.Client(t))
-	txns, err := adm.ListTransactions(ctx, nil, []string{"Ongoing", "PrepareCommit", "PrepareAbort"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if open := txns.TransactionalIDs(); len(open) > 0 {
-		t.Fatalf("transactions still open after the cancel: %v", open)
-	}
-	for _, topic := range topics {
-		ends, err := adm.ListEndOffsets(ctx, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stable, err := adm.ListCommittedOffsets(ctx, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ends.Each(func(o kadm.ListedOffset) {
-			if s, ok := stable.Lookup(topic, o.Partition); !ok || s.Offset != o.Offset {
-				t.Errorf("%s[%d]: last stable offset %d < high watermark %d: a transaction is still open", topic, o.Partition, s.Offset, o.Offset)
-			}
-		})
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
-}
-
 // A job cancelled while it waits to restart (its attempt failed after a
 // checkpoint was persisted and before any task was notified, through the
 // job manager's jm.after-checkpoint-persisted failpoint; the restart delay
@@ -387,7 +353,7 @@ func TestCancelWhileRestartingCommitsTheCompletedCheckpointAndLeavesNothingOpen(
 			if err := json.Unmarshal([]byte(out), &st); err != nil || st.State != "CANCELED" {
 				t.Fatalf("cancel printed %q (%v), want state CANCELED", out, err)
 			}
-			c.checkNothingOpen(ctx, "counts", "__weir-acklog-wc")
+			c.env.RequireNothingOpen(c.t, "counts", "__weir-acklog-wc")
 			done := outputLines(t, committed(t, ctx, c.env.Addr, "counts"))
 			if len(done) == 0 || len(done) >= in.n {
 				t.Fatalf("the job committed %d of %d lines before the cancel, want some but not all", len(done), in.n)

@@ -207,3 +207,48 @@ func (x *Txn) End(ctx context.Context, commit bool) error {
 	}
 	return nil
 }
+
+// Unfinished lists what the broker still holds open: the transactional ids
+// in Ongoing, PrepareCommit or PrepareAbort, and each partition of topics
+// whose last stable offset is below its high watermark (a read_committed
+// reader does not see all of it yet). Empty means every transaction ended.
+func Unfinished(ctx context.Context, adm *kadm.Client, topics ...string) ([]string, error) {
+	txns, err := adm.ListTransactions(ctx, nil, []string{"Ongoing", "PrepareCommit", "PrepareAbort"})
+	if err != nil {
+		return nil, fmt.Errorf("list transactions: %w", err)
+	}
+	var open []string
+	for _, id := range txns.TransactionalIDs() {
+		open = append(open, "transaction "+id)
+	}
+	for _, topic := range topics {
+		ends, err := adm.ListEndOffsets(ctx, topic)
+		if err != nil {
+			return nil, fmt.Errorf("high watermarks of %s: %w", topic, err)
+		}
+		stable, err := adm.ListCommittedOffsets(ctx, topic)
+		if err != nil {
+			return nil, fmt.Errorf("last stable offsets of %s: %w", topic, err)
+		}
+		ends.Each(func(o kadm.ListedOffset) {
+			if s, ok := stable.Lookup(topic, o.Partition); !ok || s.Offset != o.Offset {
+				open = append(open, fmt.Sprintf("%s[%d]: last stable offset %d < high watermark %d", topic, o.Partition, s.Offset, o.Offset))
+			}
+		})
+	}
+	return open, nil
+}
+
+// RequireNothingOpen fails the test unless Unfinished finds nothing open:
+// no transaction, and every partition of topics readable read_committed up
+// to its high watermark.
+func (e *Env) RequireNothingOpen(t testing.TB, topics ...string) {
+	t.Helper()
+	open, err := Unfinished(t.Context(), e.Admin(t), topics...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(open) > 0 {
+		t.Fatalf("still open at the broker: %v", open)
+	}
+}
