@@ -43,7 +43,7 @@ type session struct {
 	chunker *rpc.Chunker
 	log     *zap.Logger
 	done    chan struct{} // closed when the session ended
-	err  error         // why, once done is closed
+	err     error         // why, once done is closed
 
 	mu     sync.Mutex
 	shares map[shareKey]*share
