@@ -429,7 +429,8 @@ func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing
 	if want := int64(keys * pad); full.Size() < want {
 		t.Fatalf("checkpoint %d holds %d bytes of state; want at least %d", full.ID, full.Size(), want)
 	}
-	t.Logf("checkpoint %d: %d MiB of state, two checkpoints in %v", full.ID, full.Size()>>20, time.Since(start).Round(time.Millisecond))
+	t.Logf("checkpoint %d: %d MiB of state, completed %v after its trigger; two checkpoints in %v", full.ID, full.Size()>>20,
+		full.CompletedAt.Sub(full.TriggeredAt).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 
 	c.stopTM("tm-1")
 	c.startTM("tm-3")
