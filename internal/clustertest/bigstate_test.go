@@ -386,11 +386,20 @@ func checkRounds(t *testing.T, out []rec, keys, n int) {
 // checkpoints on a cluster of two task managers (the snapshots travel to
 // the job manager in chunks), loses a task manager, restores every byte of
 // that state on a new one (in chunks too) and finishes with every record
-// committed once. WEIR_BIG_STATE=1 runs it with 1 GiB of state.
+// committed once. WEIR_BIG_STATE=1 runs it with 1 GiB of state,
+// WEIR_BIG_STATE=N with N MiB.
 func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing.T) {
 	keys, pad := 4096, 16<<10 // 64 MiB of keyed state
-	if os.Getenv("WEIR_BIG_STATE") == "1" {
+	switch v := os.Getenv("WEIR_BIG_STATE"); v {
+	case "":
+	case "1":
 		keys = 65536 // 1 GiB
+	default: // MiB
+		mib, err := strconv.Atoi(v)
+		if err != nil || mib < 1 {
+			t.Fatalf("WEIR_BIG_STATE=%q: want 1 (1 GiB) or a number of MiB", v)
+		}
+		keys = mib << 20 / pad
 	}
 	j := &bigJob{keys: keys, rounds: 4, pause: 2, pad: pad, resume: make(chan struct{}),
 		txns: &memTxns{open: map[string][]rec{}}}
