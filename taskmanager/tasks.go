@@ -343,7 +343,8 @@ func (d *deployment) build(m *weirpb.DeployTasks) (runtime.Deployed, *Exchange, 
 	restore := &runtime.StateAssignment{}
 	if len(m.Restore) > 0 {
 		if err := json.Unmarshal(m.Restore, restore); err != nil {
-			return nil, nil, fmt.Errorf("taskmanager: %w", err)
+			// The job manager sends the same bytes on every restart.
+			return nil, nil, runtime.Unrecoverable(fmt.Errorf("taskmanager: restored state: %w", err))
 		}
 	} else {
 		restore = nil
