@@ -401,6 +401,12 @@ func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing
 		}
 		keys = mib << 20 / pad
 	}
+	// Each wait is generous: a GiB of state takes minutes per checkpoint
+	// and restore on a loaded 2-core machine.
+	wait := 5 * time.Minute
+	if keys > 4096 {
+		wait = 30 * time.Minute
+	}
 	j := &bigJob{keys: keys, rounds: 4, pause: 2, pad: pad, resume: make(chan struct{}),
 		txns: &memTxns{open: map[string][]rec{}}}
 	reg := runtime.NewRegistry()
@@ -416,7 +422,7 @@ func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 5*time.Minute, "both sources paused after round 2", func() bool { return j.paused.Load() == 2 })
+	waitUntil(t, wait, "both sources paused after round 2", func() bool { return j.paused.Load() == 2 })
 	_, paused, err := c.srv.Job(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -424,7 +430,7 @@ func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing
 	// Checkpoint paused+2 was triggered after the sources paused: it holds
 	// the state of two whole rounds.
 	start := time.Now()
-	waitUntil(t, 5*time.Minute, "a checkpoint of the paused job", func() bool {
+	waitUntil(t, wait, "a checkpoint of the paused job", func() bool {
 		rec, last, err := c.srv.Job(ctx, id)
 		if rec.State == jobmanager.StateFailed {
 			t.Fatalf("job failed: %s", rec.Error)
@@ -444,7 +450,7 @@ func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing
 	c.stopTM("tm-1")
 	c.startTM("tm-3")
 	restoring := time.Now()
-	waitUntil(t, 5*time.Minute, "the job restarted", func() bool {
+	waitUntil(t, wait, "the job restarted", func() bool {
 		rec, _, err := c.srv.Job(ctx, id)
 		if rec.State == jobmanager.StateFailed {
 			t.Fatalf("job failed: %s", rec.Error)
@@ -453,8 +459,9 @@ func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing
 	})
 	t.Logf("restored checkpoint >= %d and running again after %v", full.ID, time.Since(restoring).Round(time.Millisecond))
 	close(j.resume)
+	resumed := time.Now()
 	var rec jobmanager.JobRecord
-	waitUntil(t, 5*time.Minute, "the job finished", func() bool {
+	waitUntil(t, wait, "the job finished", func() bool {
 		rec, _, err = c.srv.Job(ctx, id)
 		return err == nil && (rec.State == jobmanager.StateFinished || rec.State == jobmanager.StateFailed)
 	})
@@ -466,5 +473,5 @@ func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing
 		t.Fatalf("restored keyed state is not the checkpointed state: %d violations, first: %s", len(v), v[0])
 	}
 	checkRounds(t, j.txns.output(), keys, j.rounds)
-	t.Logf("restarts=%d", rec.Restarts)
+	t.Logf("restarts=%d; rounds 3-4 and the final checkpoint took %v", rec.Restarts, time.Since(resumed).Round(time.Millisecond))
 }
