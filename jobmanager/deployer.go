@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
 	"github.com/weirstream/weir/runtime"
 )
@@ -219,6 +220,41 @@ func (sh *share) end(finished bool) {
 	})
 }
 
+// receive takes in one message of the task manager: a heartbeat at once, a
+// chunk into asm, anything else into inbox (in order), a checkpoint ack
+// whose snapshot is chunked once the snapshot arrived whole (or, if it
+// cannot be assembled, as a decline saying why).
+func (ss *session) receive(asm *rpc.Assembler, m *weirpb.TaskManagerMessage, inbox chan<- *weirpb.TaskManagerMessage) {
+	switch v := m.Msg.(type) {
+	case *weirpb.TaskManagerMessage_Heartbeat:
+		ss.handle(m)
+		return
+	case *weirpb.TaskManagerMessage_Chunk:
+		if err := asm.Add(v.Chunk); err != nil {
+			ss.log.Warn("chunk dropped", zap.String("task_manager", ss.tm.ID), zap.Error(err))
+		}
+		return
+	case *weirpb.TaskManagerMessage_Ack:
+		a := v.Ack
+		if h := a.SnapshotChunked; h != nil {
+			asm.Expect(h, func(p []byte, err error) {
+				if err != nil {
+					ss.log.Warn("checkpoint snapshot not received", zap.String("task_manager", ss.tm.ID),
+						zap.String("task", a.TaskId), zap.Uint64("checkpoint", a.CheckpointId), zap.Error(err))
+					inbox <- &weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Decline{Decline: &weirpb.CheckpointDecline{
+						JobId: a.JobId, Attempt: a.Attempt, TaskId: a.TaskId, CheckpointId: a.CheckpointId,
+						Reason: fmt.Sprintf("jobmanager: snapshot of %s from %s: %v", a.TaskId, ss.tm.ID, err)}}}
+					return
+				}
+				a.Snapshot, a.SnapshotChunked = p, nil
+				inbox <- m
+			})
+			return
+		}
+	}
+	inbox <- m
+}
+
 // handle routes one message of the task manager to the share it concerns.
 func (ss *session) handle(m *weirpb.TaskManagerMessage) {
 	var job string
@@ -389,6 +425,7 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 	}
 	key := shareKey{d.rec.ID, int32(spec.Attempt)}
 	shares := make([]*share, 0, len(order))
+	var sending sync.WaitGroup
 	var placed []string
 	for _, ss := range order {
 		tasks := byTM[ss]
@@ -411,13 +448,18 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 		ss.mu.Unlock()
 		shares = append(shares, sh)
 		placed = append(placed, fmt.Sprintf("%s:%d", ss.tm.ID, len(tasks)))
-		if err := sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: &weirpb.DeployTasks{
-			JobId: d.rec.ID, JobType: d.rec.Type, Params: d.rec.Params, Attempt: key.attempt, TaskIds: ids,
-			Restore: restore, LastCompleted: uint64(spec.LastCompleted), RestartCause: spec.RestartCause,
-			BatchSize: int32(spec.BatchSize), ChannelCapacity: int32(spec.ChannelCapacity)}}}); err != nil {
-			ss.end(fmt.Errorf("%w: %s: deploy: %w", ErrTaskManagerLost, ss.tm.ID, err))
-		}
+		// The task managers receive their deployments (restored state
+		// in chunks) at the same time.
+		sending.Add(1)
+		go func() {
+			defer sending.Done()
+			sh.deploy(&weirpb.DeployTasks{
+				JobId: d.rec.ID, JobType: d.rec.Type, Params: d.rec.Params, Attempt: key.attempt, TaskIds: ids,
+				LastCompleted: uint64(spec.LastCompleted), RestartCause: spec.RestartCause,
+				BatchSize: int32(spec.BatchSize), ChannelCapacity: int32(spec.ChannelCapacity)}, restore)
+		}()
 	}
+	sending.Wait()
 	rd := &remoteDeployment{shares: shares, release: release}
 	rd.Deployed = runtime.Combine(asDeployed(shares)...)
 	var errs []error
@@ -452,6 +494,33 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 		d.onStart(rd)
 	}
 	return rd, nil
+}
+
+// deploy sends dt with the restored state to the share's task manager, the
+// state in chunks if it is large. A deployment that cannot be sent because
+// it is too large fails the attempt for good: sending it again cannot
+// succeed. Any other failure to send ends the session.
+func (sh *share) deploy(dt *weirpb.DeployTasks, restore []byte) {
+	ss := sh.ss
+	msg := func() *weirpb.JobManagerMessage {
+		return &weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: dt}}
+	}
+	err := ss.chunker.Send(restore,
+		func(p []byte) error { dt.Restore = p; return sh.send(msg()) },
+		func(h *weirpb.Chunked) error { dt.RestoreChunked = h; return sh.send(msg()) },
+		func(c *weirpb.Chunk) error {
+			return sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Chunk{Chunk: c}})
+		})
+	switch {
+	case err == nil:
+	case errors.Is(err, rpc.ErrMessageTooLarge):
+		err = runtime.Unrecoverable(fmt.Errorf("jobmanager: deploy to %s: %w", ss.tm.ID, err))
+		sh.log.Error("deployment not sent", zap.String("task_manager", ss.tm.ID), zap.Error(err))
+		sh.setPrepared(runtime.Prepared{}, "", err)
+		sh.end(false)
+	default:
+		ss.end(fmt.Errorf("%w: %s: deploy: %w", ErrTaskManagerLost, ss.tm.ID, err))
+	}
 }
 
 func asDeployed(shares []*share) []runtime.Deployed {

@@ -38,8 +38,12 @@ type session struct {
 	tm   TaskManager // ID, Slots, DataHost, Session; UsedSlots under Server.mu
 	send func(*weirpb.JobManagerMessage) error
 	live *rpc.Liveness
-	done chan struct{} // closed when the session ended
-	err  error         // why, once done is closed
+	// chunker splits the large payloads sent on the session (restored
+	// state); log is the job manager's.
+	chunker *rpc.Chunker
+	log     *zap.Logger
+	done    chan struct{} // closed when the session ended
+	err     error         // why, once done is closed
 
 	mu     sync.Mutex
 	shares map[shareKey]*share
@@ -210,11 +214,15 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	defer cancel(nil)
 	var sendMu sync.Mutex
 	send := func(m *weirpb.JobManagerMessage) error {
+		if err := rpc.CheckSize(m); err != nil {
+			return err
+		}
 		sendMu.Lock()
 		defer sendMu.Unlock()
 		return st.Send(m)
 	}
-	ss := &session{send: send, live: rpc.NewLiveness(), done: make(chan struct{}), shares: map[shareKey]*share{}}
+	ss := &session{send: send, live: rpc.NewLiveness(), chunker: rpc.NewChunker(rpc.DefaultChunkSize), log: s.cfg.log,
+		done: make(chan struct{}), shares: map[shareKey]*share{}}
 	s.mu.Lock()
 	s.sessions++
 	ss.tm = TaskManager{ID: reg.TaskManagerId, Slots: int(reg.Slots), DataHost: reg.DataHost, Session: s.sessions}
@@ -266,7 +274,18 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 		}
 	}()
 	recvErr := make(chan error, 1)
+	// Messages are handled in order on a goroutine of their own, so that
+	// decoding a large snapshot never stops the session from reading
+	// (heartbeats and chunks are taken in by the receiving goroutine).
+	inbox := make(chan *weirpb.TaskManagerMessage, 64)
 	go func() {
+		for m := range inbox {
+			ss.handle(m)
+		}
+	}()
+	go func() {
+		defer close(inbox)
+		asm := rpc.NewAssembler(0)
 		for {
 			m, err := st.Recv()
 			if err != nil {
@@ -274,7 +293,7 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 				return
 			}
 			live.Seen()
-			ss.handle(m)
+			ss.receive(asm, m, inbox)
 		}
 	}()
 	select {

@@ -46,8 +46,8 @@ type SubtaskState struct {
 	From checkpoint.ID
 	// Entries are the operator state entries of this subtask.
 	Entries [][]byte
-	// KeyGroups is every key group of the operator's keyed state; the
-	// subtask restores those it owns.
+	// KeyGroups are the key groups of the operator's keyed state that the
+	// subtask owns (KeyGroupRange).
 	KeyGroups map[int][]byte
 	// CommitHandles are the transactions the operator (any of its subtasks)
 	// pre-committed for the restored checkpoint and for newer checkpoints
@@ -226,8 +226,27 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 				k++
 			}
 		}
+		for i, sub := range subs {
+			sub.KeyGroups = ownedKeyGroups(kgs, op, i)
+		}
 	}
 	return out, nil
+}
+
+// ownedKeyGroups are the key groups of kgs that subtask i of op owns: a
+// deployment carries each key group to one subtask only, not the whole
+// keyed state to every subtask.
+func ownedKeyGroups(kgs map[int][]byte, op OperatorLayout, i int) map[int][]byte {
+	if len(kgs) == 0 || op.MaxParallelism <= 0 {
+		return kgs
+	}
+	owned := map[int][]byte{}
+	for _, kg := range KeyGroupRange(i, op.MaxParallelism, op.Parallelism) {
+		if b, ok := kgs[kg]; ok {
+			owned[kg] = b
+		}
+	}
+	return owned
 }
 
 // checkKeyGroups refuses keyed state that was split into another number of

@@ -164,6 +164,9 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 	live := rpc.NewLiveness()
 	var sendMu sync.Mutex
 	send := func(m *weirpb.TaskManagerMessage) error {
+		if err := rpc.CheckSize(m); err != nil {
+			return err
+		}
 		sendMu.Lock()
 		defer sendMu.Unlock()
 		return st.Send(m)
@@ -196,6 +199,7 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 	stale := timeout - interval
 	go func() {
 		defer wg.Done()
+		asm := rpc.NewAssembler(0)
 		for {
 			m, err := st.Recv()
 			if err != nil {
@@ -208,7 +212,7 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 				return
 			}
 			live.Seen()
-			tasks.handle(m)
+			tasks.receive(asm, m)
 		}
 	}()
 	<-ctx.Done()

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
 	"github.com/weirstream/weir/runtime"
 )
@@ -34,6 +35,8 @@ type deployments struct {
 	ctx  context.Context
 	c    *cfg
 	send func(*weirpb.TaskManagerMessage) error
+	// chunker splits the large payloads sent on the session (snapshots).
+	chunker *rpc.Chunker
 
 	mu   sync.Mutex
 	deps map[depKey]*deployment
@@ -41,7 +44,7 @@ type deployments struct {
 }
 
 func newDeployments(ctx context.Context, c *cfg, send func(*weirpb.TaskManagerMessage) error) *deployments {
-	return &deployments{ctx: ctx, c: c, send: send, deps: map[depKey]*deployment{}}
+	return &deployments{ctx: ctx, c: c, send: send, chunker: rpc.NewChunker(rpc.DefaultChunkSize), deps: map[depKey]*deployment{}}
 }
 
 // stop waits for every deployment to end; the session's context, which
@@ -61,6 +64,39 @@ type deployment struct {
 	canceled bool // CancelTasks arrived
 	forGood  bool
 	dep      runtime.Deployed
+}
+
+// receive takes in one message of the job manager: a chunk into asm, a
+// deployment whose restored state is chunked once the state arrived whole
+// (or, if it cannot be assembled, answered with a failed Prepared saying
+// why), anything else at once.
+func (ds *deployments) receive(asm *rpc.Assembler, m *weirpb.JobManagerMessage) {
+	switch v := m.Msg.(type) {
+	case *weirpb.JobManagerMessage_Chunk:
+		if err := asm.Add(v.Chunk); err != nil {
+			ds.c.log.Warn("chunk dropped", zap.Error(err))
+		}
+		return
+	case *weirpb.JobManagerMessage_Deploy:
+		dt := v.Deploy
+		if h := dt.RestoreChunked; h != nil {
+			asm.Expect(h, func(p []byte, err error) {
+				if err != nil {
+					err = fmt.Errorf("taskmanager: restored state: %w", err)
+					ds.c.log.Warn("deploying tasks failed", zap.String("job", dt.JobId), zap.Int32("attempt", dt.Attempt), zap.Error(err))
+					if err := ds.send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{
+						JobId: dt.JobId, Attempt: dt.Attempt, Error: err.Error()}}}); err != nil {
+						ds.c.log.Debug("report not sent: session lost", zap.Error(err))
+					}
+					return
+				}
+				dt.Restore, dt.RestoreChunked = p, nil
+				ds.handle(m)
+			})
+			return
+		}
+	}
+	ds.handle(m)
 }
 
 // handle dispatches one message of the job manager.
@@ -348,7 +384,8 @@ func (d *deployment) build(m *weirpb.DeployTasks) (runtime.Deployed, *Exchange, 
 	restore := &runtime.StateAssignment{}
 	if len(m.Restore) > 0 {
 		if err := json.Unmarshal(m.Restore, restore); err != nil {
-			return nil, nil, fmt.Errorf("taskmanager: %w", err)
+			// The job manager sends the same bytes on every restart.
+			return nil, nil, runtime.Unrecoverable(fmt.Errorf("taskmanager: restored state: %w", err))
 		}
 	} else {
 		restore = nil
@@ -376,7 +413,9 @@ func (d *deployment) build(m *weirpb.DeployTasks) (runtime.Deployed, *Exchange, 
 }
 
 func (d *deployment) reply(m *weirpb.TaskManagerMessage) {
-	if err := d.ds.send(m); err != nil {
+	if err := d.ds.send(m); errors.Is(err, rpc.ErrMessageTooLarge) {
+		d.log().Error("report not sent", zap.Error(err))
+	} else if err != nil {
 		// The session is lost: it cancels every deployment.
 		d.log().Debug("report not sent: session lost", zap.Error(err))
 	}
@@ -387,14 +426,35 @@ func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
 // reporter sends what the deployment's tasks report to the job manager.
 type reporter struct{ d *deployment }
 
+// Ack sends the ack with the snapshot, the snapshot in chunks if it is
+// large; an ack that cannot be sent because it is too large is a decline
+// saying so.
 func (r *reporter) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
 	b, err := json.Marshal(snap)
 	if err != nil {
 		r.Decline(task, id, fmt.Errorf("taskmanager: encode snapshot: %w", err))
 		return
 	}
-	r.d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Ack{Ack: &weirpb.CheckpointAck{JobId: r.d.key.job, Attempt: r.d.key.attempt,
-		TaskId: string(task), CheckpointId: uint64(id), Snapshot: b, AlignmentNs: int64(alignment)}}})
+	ds := r.d.ds
+	ack := &weirpb.CheckpointAck{JobId: r.d.key.job, Attempt: r.d.key.attempt, TaskId: string(task), CheckpointId: uint64(id),
+		AlignmentNs: int64(alignment)}
+	msg := func() *weirpb.TaskManagerMessage {
+		return &weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Ack{Ack: ack}}
+	}
+	err = ds.chunker.Send(b,
+		func(p []byte) error { ack.Snapshot = p; return ds.send(msg()) },
+		func(h *weirpb.Chunked) error { ack.SnapshotChunked = h; return ds.send(msg()) },
+		func(c *weirpb.Chunk) error {
+			return ds.send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Chunk{Chunk: c}})
+		})
+	switch {
+	case err == nil:
+	case errors.Is(err, rpc.ErrMessageTooLarge):
+		r.d.log().Error("checkpoint ack not sent", zap.String("task", string(task)), zap.Uint64("checkpoint", uint64(id)), zap.Error(err))
+		r.Decline(task, id, fmt.Errorf("taskmanager: ack: %w", err))
+	default:
+		r.d.log().Debug("report not sent: session lost", zap.Error(err))
+	}
 }
 
 func (r *reporter) Decline(task checkpoint.TaskID, id checkpoint.ID, err error) {

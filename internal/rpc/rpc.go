@@ -70,7 +70,8 @@ func Dial(addr string, opts ...DialOpt) (*grpc.ClientConn, error) {
 	if c.tls != nil {
 		creds = credentials.NewTLS(c.tls)
 	}
-	gopts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	gopts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageSize), grpc.MaxCallSendMsgSize(MaxMessageSize))}
 	if c.token != "" {
 		gopts = append(gopts, grpc.WithPerRPCCredentials(tokenCreds{token: c.token}))
 	}

@@ -90,7 +90,7 @@ func ClientTLS(caFile string) (*tls.Config, error) {
 // ServerOptions are the gRPC server options of a job manager: TLS if tlsCfg
 // is set, and a token check on every call if token is not empty.
 func ServerOptions(tlsCfg *tls.Config, token string) []grpc.ServerOption {
-	var opts []grpc.ServerOption
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize)}
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}

@@ -39,6 +39,7 @@ type TaskManagerMessage struct {
 	//	*TaskManagerMessage_Opened
 	//	*TaskManagerMessage_Ended
 	//	*TaskManagerMessage_RequestCheckpoint
+	//	*TaskManagerMessage_Chunk
 	Msg           isTaskManagerMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -171,6 +172,15 @@ func (x *TaskManagerMessage) GetRequestCheckpoint() *CheckpointRequest {
 	return nil
 }
 
+func (x *TaskManagerMessage) GetChunk() *Chunk {
+	if x != nil {
+		if x, ok := x.Msg.(*TaskManagerMessage_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
 type isTaskManagerMessage_Msg interface {
 	isTaskManagerMessage_Msg()
 }
@@ -215,6 +225,10 @@ type TaskManagerMessage_RequestCheckpoint struct {
 	RequestCheckpoint *CheckpointRequest `protobuf:"bytes,10,opt,name=request_checkpoint,json=requestCheckpoint,proto3,oneof"`
 }
 
+type TaskManagerMessage_Chunk struct {
+	Chunk *Chunk `protobuf:"bytes,11,opt,name=chunk,proto3,oneof"`
+}
+
 func (*TaskManagerMessage_Register) isTaskManagerMessage_Msg() {}
 
 func (*TaskManagerMessage_Heartbeat) isTaskManagerMessage_Msg() {}
@@ -235,6 +249,8 @@ func (*TaskManagerMessage_Ended) isTaskManagerMessage_Msg() {}
 
 func (*TaskManagerMessage_RequestCheckpoint) isTaskManagerMessage_Msg() {}
 
+func (*TaskManagerMessage_Chunk) isTaskManagerMessage_Msg() {}
+
 type JobManagerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -247,6 +263,7 @@ type JobManagerMessage struct {
 	//	*JobManagerMessage_Cancel
 	//	*JobManagerMessage_Open
 	//	*JobManagerMessage_Start
+	//	*JobManagerMessage_Chunk
 	Msg           isJobManagerMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -361,6 +378,15 @@ func (x *JobManagerMessage) GetStart() *StartTasks {
 	return nil
 }
 
+func (x *JobManagerMessage) GetChunk() *Chunk {
+	if x != nil {
+		if x, ok := x.Msg.(*JobManagerMessage_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
 type isJobManagerMessage_Msg interface {
 	isJobManagerMessage_Msg()
 }
@@ -397,6 +423,10 @@ type JobManagerMessage_Start struct {
 	Start *StartTasks `protobuf:"bytes,8,opt,name=start,proto3,oneof"`
 }
 
+type JobManagerMessage_Chunk struct {
+	Chunk *Chunk `protobuf:"bytes,9,opt,name=chunk,proto3,oneof"`
+}
+
 func (*JobManagerMessage_Registered) isJobManagerMessage_Msg() {}
 
 func (*JobManagerMessage_Heartbeat) isJobManagerMessage_Msg() {}
@@ -413,6 +443,142 @@ func (*JobManagerMessage_Open) isJobManagerMessage_Msg() {}
 
 func (*JobManagerMessage_Start) isJobManagerMessage_Msg() {}
 
+func (*JobManagerMessage_Chunk) isJobManagerMessage_Msg() {}
+
+// Chunked announces a payload sent in chunks after the message holding it.
+type Chunked struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// transfer names the payload; unique per sender on a stream.
+	Transfer uint64 `protobuf:"varint,1,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	// size is the payload's length in bytes.
+	Size int64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// chunks is the number of Chunk messages, numbered 0 to chunks-1.
+	Chunks int32 `protobuf:"varint,3,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	// crc32c is the CRC-32C (Castagnoli) of the whole payload.
+	Crc32C        uint32 `protobuf:"varint,4,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Chunked) Reset() {
+	*x = Chunked{}
+	mi := &file_control_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Chunked) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Chunked) ProtoMessage() {}
+
+func (x *Chunked) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Chunked.ProtoReflect.Descriptor instead.
+func (*Chunked) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Chunked) GetTransfer() uint64 {
+	if x != nil {
+		return x.Transfer
+	}
+	return 0
+}
+
+func (x *Chunked) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Chunked) GetChunks() int32 {
+	if x != nil {
+		return x.Chunks
+	}
+	return 0
+}
+
+func (x *Chunked) GetCrc32C() uint32 {
+	if x != nil {
+		return x.Crc32C
+	}
+	return 0
+}
+
+// Chunk is one piece of a payload a Chunked announced.
+type Chunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Transfer      uint64                 `protobuf:"varint,1,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	Seq           int32                  `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Chunk) Reset() {
+	*x = Chunk{}
+	mi := &file_control_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Chunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Chunk) ProtoMessage() {}
+
+func (x *Chunk) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
+func (*Chunk) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Chunk) GetTransfer() uint64 {
+	if x != nil {
+		return x.Transfer
+	}
+	return 0
+}
+
+func (x *Chunk) GetSeq() int32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Chunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 // Register opens a session; a task manager that reconnects (e.g. to a
 // restarted job manager) registers again with the same id.
 type Register struct {
@@ -428,7 +594,7 @@ type Register struct {
 
 func (x *Register) Reset() {
 	*x = Register{}
-	mi := &file_control_proto_msgTypes[2]
+	mi := &file_control_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -440,7 +606,7 @@ func (x *Register) String() string {
 func (*Register) ProtoMessage() {}
 
 func (x *Register) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[2]
+	mi := &file_control_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -453,7 +619,7 @@ func (x *Register) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Register.ProtoReflect.Descriptor instead.
 func (*Register) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{2}
+	return file_control_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Register) GetTaskManagerId() string {
@@ -489,7 +655,7 @@ type Registered struct {
 
 func (x *Registered) Reset() {
 	*x = Registered{}
-	mi := &file_control_proto_msgTypes[3]
+	mi := &file_control_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -501,7 +667,7 @@ func (x *Registered) String() string {
 func (*Registered) ProtoMessage() {}
 
 func (x *Registered) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[3]
+	mi := &file_control_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -514,7 +680,7 @@ func (x *Registered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Registered.ProtoReflect.Descriptor instead.
 func (*Registered) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{3}
+	return file_control_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Registered) GetSession() uint64 {
@@ -550,7 +716,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_control_proto_msgTypes[4]
+	mi := &file_control_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +728,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[4]
+	mi := &file_control_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +741,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{4}
+	return file_control_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Heartbeat) GetSentUnixMs() int64 {
@@ -607,7 +773,7 @@ type DeploymentCounts struct {
 
 func (x *DeploymentCounts) Reset() {
 	*x = DeploymentCounts{}
-	mi := &file_control_proto_msgTypes[5]
+	mi := &file_control_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -619,7 +785,7 @@ func (x *DeploymentCounts) String() string {
 func (*DeploymentCounts) ProtoMessage() {}
 
 func (x *DeploymentCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[5]
+	mi := &file_control_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -632,7 +798,7 @@ func (x *DeploymentCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentCounts.ProtoReflect.Descriptor instead.
 func (*DeploymentCounts) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{5}
+	return file_control_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeploymentCounts) GetJobId() string {
@@ -675,7 +841,7 @@ type TaskCounts struct {
 
 func (x *TaskCounts) Reset() {
 	*x = TaskCounts{}
-	mi := &file_control_proto_msgTypes[6]
+	mi := &file_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +853,7 @@ func (x *TaskCounts) String() string {
 func (*TaskCounts) ProtoMessage() {}
 
 func (x *TaskCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[6]
+	mi := &file_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +866,7 @@ func (x *TaskCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskCounts.ProtoReflect.Descriptor instead.
 func (*TaskCounts) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{6}
+	return file_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TaskCounts) GetTaskId() string {
@@ -763,13 +929,15 @@ type DeployTasks struct {
 	RestartCause    string `protobuf:"bytes,8,opt,name=restart_cause,json=restartCause,proto3" json:"restart_cause,omitempty"`
 	BatchSize       int32  `protobuf:"varint,9,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
 	ChannelCapacity int32  `protobuf:"varint,10,opt,name=channel_capacity,json=channelCapacity,proto3" json:"channel_capacity,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// restore_chunked: restore follows in chunks (see Chunked).
+	RestoreChunked *Chunked `protobuf:"bytes,11,opt,name=restore_chunked,json=restoreChunked,proto3" json:"restore_chunked,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DeployTasks) Reset() {
 	*x = DeployTasks{}
-	mi := &file_control_proto_msgTypes[7]
+	mi := &file_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +949,7 @@ func (x *DeployTasks) String() string {
 func (*DeployTasks) ProtoMessage() {}
 
 func (x *DeployTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[7]
+	mi := &file_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +962,7 @@ func (x *DeployTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployTasks.ProtoReflect.Descriptor instead.
 func (*DeployTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{7}
+	return file_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeployTasks) GetJobId() string {
@@ -867,6 +1035,13 @@ func (x *DeployTasks) GetChannelCapacity() int32 {
 	return 0
 }
 
+func (x *DeployTasks) GetRestoreChunked() *Chunked {
+	if x != nil {
+		return x.RestoreChunked
+	}
+	return nil
+}
+
 // Prepared answers DeployTasks: the tasks are built (error empty), or not;
 // then nothing of the attempt runs on the task manager and no
 // DeploymentEnded follows.
@@ -886,7 +1061,7 @@ type Prepared struct {
 
 func (x *Prepared) Reset() {
 	*x = Prepared{}
-	mi := &file_control_proto_msgTypes[8]
+	mi := &file_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1073,7 @@ func (x *Prepared) String() string {
 func (*Prepared) ProtoMessage() {}
 
 func (x *Prepared) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[8]
+	mi := &file_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1086,7 @@ func (x *Prepared) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Prepared.ProtoReflect.Descriptor instead.
 func (*Prepared) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{8}
+	return file_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Prepared) GetJobId() string {
@@ -987,7 +1162,7 @@ type OpenTasks struct {
 
 func (x *OpenTasks) Reset() {
 	*x = OpenTasks{}
-	mi := &file_control_proto_msgTypes[9]
+	mi := &file_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1174,7 @@ func (x *OpenTasks) String() string {
 func (*OpenTasks) ProtoMessage() {}
 
 func (x *OpenTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[9]
+	mi := &file_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1187,7 @@ func (x *OpenTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenTasks.ProtoReflect.Descriptor instead.
 func (*OpenTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{9}
+	return file_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *OpenTasks) GetJobId() string {
@@ -1110,7 +1285,7 @@ type Opened struct {
 
 func (x *Opened) Reset() {
 	*x = Opened{}
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1297,7 @@ func (x *Opened) String() string {
 func (*Opened) ProtoMessage() {}
 
 func (x *Opened) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1310,7 @@ func (x *Opened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Opened.ProtoReflect.Descriptor instead.
 func (*Opened) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{10}
+	return file_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Opened) GetJobId() string {
@@ -1170,7 +1345,7 @@ type StartTasks struct {
 
 func (x *StartTasks) Reset() {
 	*x = StartTasks{}
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1182,7 +1357,7 @@ func (x *StartTasks) String() string {
 func (*StartTasks) ProtoMessage() {}
 
 func (x *StartTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1195,7 +1370,7 @@ func (x *StartTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTasks.ProtoReflect.Descriptor instead.
 func (*StartTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{11}
+	return file_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StartTasks) GetJobId() string {
@@ -1229,7 +1404,7 @@ type CancelTasks struct {
 
 func (x *CancelTasks) Reset() {
 	*x = CancelTasks{}
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1416,7 @@ func (x *CancelTasks) String() string {
 func (*CancelTasks) ProtoMessage() {}
 
 func (x *CancelTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1429,7 @@ func (x *CancelTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTasks.ProtoReflect.Descriptor instead.
 func (*CancelTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{12}
+	return file_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CancelTasks) GetJobId() string {
@@ -1298,7 +1473,7 @@ type TriggerCheckpoint struct {
 
 func (x *TriggerCheckpoint) Reset() {
 	*x = TriggerCheckpoint{}
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1310,7 +1485,7 @@ func (x *TriggerCheckpoint) String() string {
 func (*TriggerCheckpoint) ProtoMessage() {}
 
 func (x *TriggerCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1323,7 +1498,7 @@ func (x *TriggerCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TriggerCheckpoint.ProtoReflect.Descriptor instead.
 func (*TriggerCheckpoint) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{13}
+	return file_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TriggerCheckpoint) GetJobId() string {
@@ -1373,7 +1548,7 @@ type NotifyCheckpoint struct {
 
 func (x *NotifyCheckpoint) Reset() {
 	*x = NotifyCheckpoint{}
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1560,7 @@ func (x *NotifyCheckpoint) String() string {
 func (*NotifyCheckpoint) ProtoMessage() {}
 
 func (x *NotifyCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1573,7 @@ func (x *NotifyCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyCheckpoint.ProtoReflect.Descriptor instead.
 func (*NotifyCheckpoint) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{14}
+	return file_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NotifyCheckpoint) GetJobId() string {
@@ -1442,7 +1617,7 @@ type DeploymentEnded struct {
 
 func (x *DeploymentEnded) Reset() {
 	*x = DeploymentEnded{}
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1629,7 @@ func (x *DeploymentEnded) String() string {
 func (*DeploymentEnded) ProtoMessage() {}
 
 func (x *DeploymentEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1642,7 @@ func (x *DeploymentEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentEnded.ProtoReflect.Descriptor instead.
 func (*DeploymentEnded) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{15}
+	return file_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeploymentEnded) GetJobId() string {
@@ -1505,7 +1680,7 @@ type TaskFailed struct {
 
 func (x *TaskFailed) Reset() {
 	*x = TaskFailed{}
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1692,7 @@ func (x *TaskFailed) String() string {
 func (*TaskFailed) ProtoMessage() {}
 
 func (x *TaskFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1705,7 @@ func (x *TaskFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskFailed.ProtoReflect.Descriptor instead.
 func (*TaskFailed) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{16}
+	return file_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TaskFailed) GetJobId() string {
@@ -1575,15 +1750,17 @@ type CheckpointAck struct {
 	TaskId       string                 `protobuf:"bytes,3,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
 	CheckpointId uint64                 `protobuf:"varint,4,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
 	// snapshot is the task's checkpoint.TaskSnapshot (JSON).
-	Snapshot      []byte `protobuf:"bytes,5,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
-	AlignmentNs   int64  `protobuf:"varint,6,opt,name=alignment_ns,json=alignmentNs,proto3" json:"alignment_ns,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Snapshot    []byte `protobuf:"bytes,5,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	AlignmentNs int64  `protobuf:"varint,6,opt,name=alignment_ns,json=alignmentNs,proto3" json:"alignment_ns,omitempty"`
+	// snapshot_chunked: snapshot follows in chunks (see Chunked).
+	SnapshotChunked *Chunked `protobuf:"bytes,7,opt,name=snapshot_chunked,json=snapshotChunked,proto3" json:"snapshot_chunked,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CheckpointAck) Reset() {
 	*x = CheckpointAck{}
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1772,7 @@ func (x *CheckpointAck) String() string {
 func (*CheckpointAck) ProtoMessage() {}
 
 func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1785,7 @@ func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointAck.ProtoReflect.Descriptor instead.
 func (*CheckpointAck) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{17}
+	return file_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CheckpointAck) GetJobId() string {
@@ -1653,6 +1830,13 @@ func (x *CheckpointAck) GetAlignmentNs() int64 {
 	return 0
 }
 
+func (x *CheckpointAck) GetSnapshotChunked() *Chunked {
+	if x != nil {
+		return x.SnapshotChunked
+	}
+	return nil
+}
+
 type CheckpointDecline struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -1666,7 +1850,7 @@ type CheckpointDecline struct {
 
 func (x *CheckpointDecline) Reset() {
 	*x = CheckpointDecline{}
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1862,7 @@ func (x *CheckpointDecline) String() string {
 func (*CheckpointDecline) ProtoMessage() {}
 
 func (x *CheckpointDecline) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1875,7 @@ func (x *CheckpointDecline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointDecline.ProtoReflect.Descriptor instead.
 func (*CheckpointDecline) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{18}
+	return file_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CheckpointDecline) GetJobId() string {
@@ -1740,7 +1924,7 @@ type SourceEnded struct {
 
 func (x *SourceEnded) Reset() {
 	*x = SourceEnded{}
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +1936,7 @@ func (x *SourceEnded) String() string {
 func (*SourceEnded) ProtoMessage() {}
 
 func (x *SourceEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +1949,7 @@ func (x *SourceEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceEnded.ProtoReflect.Descriptor instead.
 func (*SourceEnded) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{19}
+	return file_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SourceEnded) GetJobId() string {
@@ -1800,7 +1984,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1996,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +2009,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{20}
+	return file_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CheckpointRequest) GetJobId() string {
@@ -1864,7 +2048,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_control_proto_msgTypes[21]
+	mi := &file_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1876,7 +2060,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[21]
+	mi := &file_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1889,7 +2073,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{21}
+	return file_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SubmitJobRequest) GetJobType() string {
@@ -1936,7 +2120,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_control_proto_msgTypes[22]
+	mi := &file_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2132,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[22]
+	mi := &file_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2145,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{22}
+	return file_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -1979,7 +2163,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_control_proto_msgTypes[23]
+	mi := &file_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1991,7 +2175,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[23]
+	mi := &file_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2004,7 +2188,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{23}
+	return file_control_proto_rawDescGZIP(), []int{25}
 }
 
 type ListJobsResponse struct {
@@ -2016,7 +2200,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_control_proto_msgTypes[24]
+	mi := &file_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2028,7 +2212,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[24]
+	mi := &file_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2041,7 +2225,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{24}
+	return file_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListJobsResponse) GetJobs() []*JobStatus {
@@ -2060,7 +2244,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_control_proto_msgTypes[25]
+	mi := &file_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2072,7 +2256,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[25]
+	mi := &file_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2085,7 +2269,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{25}
+	return file_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -2104,7 +2288,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_control_proto_msgTypes[26]
+	mi := &file_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2300,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[26]
+	mi := &file_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2313,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{26}
+	return file_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -2166,7 +2350,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_control_proto_msgTypes[27]
+	mi := &file_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2362,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[27]
+	mi := &file_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2375,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{27}
+	return file_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *JobStatus) GetId() string {
@@ -2294,7 +2478,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_control_proto_msgTypes[28]
+	mi := &file_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2306,7 +2490,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[28]
+	mi := &file_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2319,7 +2503,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{28}
+	return file_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListCheckpointsRequest) GetJobId() string {
@@ -2338,7 +2522,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_control_proto_msgTypes[29]
+	mi := &file_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2350,7 +2534,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[29]
+	mi := &file_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2363,7 +2547,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{29}
+	return file_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointInfo {
@@ -2389,7 +2573,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_control_proto_msgTypes[30]
+	mi := &file_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2401,7 +2585,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[30]
+	mi := &file_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2414,7 +2598,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{30}
+	return file_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CheckpointInfo) GetId() uint64 {
@@ -2470,7 +2654,7 @@ var File_control_proto protoreflect.FileDescriptor
 
 const file_control_proto_rawDesc = "" +
 	"\n" +
-	"\rcontrol.proto\x12\vweir.rpc.v1\"\xd1\x04\n" +
+	"\rcontrol.proto\x12\vweir.rpc.v1\"\xfd\x04\n" +
 	"\x12TaskManagerMessage\x123\n" +
 	"\bregister\x18\x01 \x01(\v2\x15.weir.rpc.v1.RegisterH\x00R\bregister\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.weir.rpc.v1.HeartbeatH\x00R\theartbeat\x121\n" +
@@ -2482,8 +2666,9 @@ const file_control_proto_rawDesc = "" +
 	"\x06opened\x18\b \x01(\v2\x13.weir.rpc.v1.OpenedH\x00R\x06opened\x124\n" +
 	"\x05ended\x18\t \x01(\v2\x1c.weir.rpc.v1.DeploymentEndedH\x00R\x05ended\x12O\n" +
 	"\x12request_checkpoint\x18\n" +
-	" \x01(\v2\x1e.weir.rpc.v1.CheckpointRequestH\x00R\x11requestCheckpointB\x05\n" +
-	"\x03msg\"\xc9\x03\n" +
+	" \x01(\v2\x1e.weir.rpc.v1.CheckpointRequestH\x00R\x11requestCheckpoint\x12*\n" +
+	"\x05chunk\x18\v \x01(\v2\x12.weir.rpc.v1.ChunkH\x00R\x05chunkB\x05\n" +
+	"\x03msg\"\xf5\x03\n" +
 	"\x11JobManagerMessage\x129\n" +
 	"\n" +
 	"registered\x18\x01 \x01(\v2\x17.weir.rpc.v1.RegisteredH\x00R\n" +
@@ -2494,8 +2679,18 @@ const file_control_proto_rawDesc = "" +
 	"\x06notify\x18\x05 \x01(\v2\x1d.weir.rpc.v1.NotifyCheckpointH\x00R\x06notify\x122\n" +
 	"\x06cancel\x18\x06 \x01(\v2\x18.weir.rpc.v1.CancelTasksH\x00R\x06cancel\x12,\n" +
 	"\x04open\x18\a \x01(\v2\x16.weir.rpc.v1.OpenTasksH\x00R\x04open\x12/\n" +
-	"\x05start\x18\b \x01(\v2\x17.weir.rpc.v1.StartTasksH\x00R\x05startB\x05\n" +
-	"\x03msg\"e\n" +
+	"\x05start\x18\b \x01(\v2\x17.weir.rpc.v1.StartTasksH\x00R\x05start\x12*\n" +
+	"\x05chunk\x18\t \x01(\v2\x12.weir.rpc.v1.ChunkH\x00R\x05chunkB\x05\n" +
+	"\x03msg\"i\n" +
+	"\aChunked\x12\x1a\n" +
+	"\btransfer\x18\x01 \x01(\x04R\btransfer\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06chunks\x18\x03 \x01(\x05R\x06chunks\x12\x16\n" +
+	"\x06crc32c\x18\x04 \x01(\rR\x06crc32c\"I\n" +
+	"\x05Chunk\x12\x1a\n" +
+	"\btransfer\x18\x01 \x01(\x04R\btransfer\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x05R\x03seq\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"e\n" +
 	"\bRegister\x12&\n" +
 	"\x0ftask_manager_id\x18\x01 \x01(\tR\rtaskManagerId\x12\x14\n" +
 	"\x05slots\x18\x02 \x01(\x05R\x05slots\x12\x1b\n" +
@@ -2522,7 +2717,7 @@ const file_control_proto_rawDesc = "" +
 	"recordsOut\x12*\n" +
 	"\x11back_pressured_ms\x18\x04 \x01(\x03R\x0fbackPressuredMs\x12\x16\n" +
 	"\x06source\x18\x05 \x01(\bR\x06source\x12\x12\n" +
-	"\x04sink\x18\x06 \x01(\bR\x04sink\"\x9d\x03\n" +
+	"\x04sink\x18\x06 \x01(\bR\x04sink\"\xdc\x03\n" +
 	"\vDeployTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\bjob_type\x18\x02 \x01(\tR\ajobType\x12<\n" +
@@ -2535,7 +2730,8 @@ const file_control_proto_rawDesc = "" +
 	"\n" +
 	"batch_size\x18\t \x01(\x05R\tbatchSize\x12)\n" +
 	"\x10channel_capacity\x18\n" +
-	" \x01(\x05R\x0fchannelCapacity\x1a9\n" +
+	" \x01(\x05R\x0fchannelCapacity\x12=\n" +
+	"\x0frestore_chunked\x18\v \x01(\v2\x14.weir.rpc.v1.ChunkedR\x0erestoreChunked\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe9\x01\n" +
@@ -2605,14 +2801,15 @@ const file_control_proto_rawDesc = "" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
 	"\atask_id\x18\x03 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12$\n" +
-	"\runrecoverable\x18\x05 \x01(\bR\runrecoverable\"\xbd\x01\n" +
+	"\runrecoverable\x18\x05 \x01(\bR\runrecoverable\"\xfe\x01\n" +
 	"\rCheckpointAck\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
 	"\atask_id\x18\x03 \x01(\tR\x06taskId\x12#\n" +
 	"\rcheckpoint_id\x18\x04 \x01(\x04R\fcheckpointId\x12\x1a\n" +
 	"\bsnapshot\x18\x05 \x01(\fR\bsnapshot\x12!\n" +
-	"\falignment_ns\x18\x06 \x01(\x03R\valignmentNs\"\x9a\x01\n" +
+	"\falignment_ns\x18\x06 \x01(\x03R\valignmentNs\x12?\n" +
+	"\x10snapshot_chunked\x18\a \x01(\v2\x14.weir.rpc.v1.ChunkedR\x0fsnapshotChunked\"\x9a\x01\n" +
 	"\x11CheckpointDecline\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
@@ -2700,88 +2897,94 @@ func file_control_proto_rawDescGZIP() []byte {
 	return file_control_proto_rawDescData
 }
 
-var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_control_proto_goTypes = []any{
 	(*TaskManagerMessage)(nil),      // 0: weir.rpc.v1.TaskManagerMessage
 	(*JobManagerMessage)(nil),       // 1: weir.rpc.v1.JobManagerMessage
-	(*Register)(nil),                // 2: weir.rpc.v1.Register
-	(*Registered)(nil),              // 3: weir.rpc.v1.Registered
-	(*Heartbeat)(nil),               // 4: weir.rpc.v1.Heartbeat
-	(*DeploymentCounts)(nil),        // 5: weir.rpc.v1.DeploymentCounts
-	(*TaskCounts)(nil),              // 6: weir.rpc.v1.TaskCounts
-	(*DeployTasks)(nil),             // 7: weir.rpc.v1.DeployTasks
-	(*Prepared)(nil),                // 8: weir.rpc.v1.Prepared
-	(*OpenTasks)(nil),               // 9: weir.rpc.v1.OpenTasks
-	(*Opened)(nil),                  // 10: weir.rpc.v1.Opened
-	(*StartTasks)(nil),              // 11: weir.rpc.v1.StartTasks
-	(*CancelTasks)(nil),             // 12: weir.rpc.v1.CancelTasks
-	(*TriggerCheckpoint)(nil),       // 13: weir.rpc.v1.TriggerCheckpoint
-	(*NotifyCheckpoint)(nil),        // 14: weir.rpc.v1.NotifyCheckpoint
-	(*DeploymentEnded)(nil),         // 15: weir.rpc.v1.DeploymentEnded
-	(*TaskFailed)(nil),              // 16: weir.rpc.v1.TaskFailed
-	(*CheckpointAck)(nil),           // 17: weir.rpc.v1.CheckpointAck
-	(*CheckpointDecline)(nil),       // 18: weir.rpc.v1.CheckpointDecline
-	(*SourceEnded)(nil),             // 19: weir.rpc.v1.SourceEnded
-	(*CheckpointRequest)(nil),       // 20: weir.rpc.v1.CheckpointRequest
-	(*SubmitJobRequest)(nil),        // 21: weir.rpc.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 22: weir.rpc.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 23: weir.rpc.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 24: weir.rpc.v1.ListJobsResponse
-	(*GetJobRequest)(nil),           // 25: weir.rpc.v1.GetJobRequest
-	(*CancelJobRequest)(nil),        // 26: weir.rpc.v1.CancelJobRequest
-	(*JobStatus)(nil),               // 27: weir.rpc.v1.JobStatus
-	(*ListCheckpointsRequest)(nil),  // 28: weir.rpc.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 29: weir.rpc.v1.ListCheckpointsResponse
-	(*CheckpointInfo)(nil),          // 30: weir.rpc.v1.CheckpointInfo
-	nil,                             // 31: weir.rpc.v1.DeployTasks.ParamsEntry
-	nil,                             // 32: weir.rpc.v1.OpenTasks.TaskAddressesEntry
-	nil,                             // 33: weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	nil,                             // 34: weir.rpc.v1.JobStatus.ParamsEntry
+	(*Chunked)(nil),                 // 2: weir.rpc.v1.Chunked
+	(*Chunk)(nil),                   // 3: weir.rpc.v1.Chunk
+	(*Register)(nil),                // 4: weir.rpc.v1.Register
+	(*Registered)(nil),              // 5: weir.rpc.v1.Registered
+	(*Heartbeat)(nil),               // 6: weir.rpc.v1.Heartbeat
+	(*DeploymentCounts)(nil),        // 7: weir.rpc.v1.DeploymentCounts
+	(*TaskCounts)(nil),              // 8: weir.rpc.v1.TaskCounts
+	(*DeployTasks)(nil),             // 9: weir.rpc.v1.DeployTasks
+	(*Prepared)(nil),                // 10: weir.rpc.v1.Prepared
+	(*OpenTasks)(nil),               // 11: weir.rpc.v1.OpenTasks
+	(*Opened)(nil),                  // 12: weir.rpc.v1.Opened
+	(*StartTasks)(nil),              // 13: weir.rpc.v1.StartTasks
+	(*CancelTasks)(nil),             // 14: weir.rpc.v1.CancelTasks
+	(*TriggerCheckpoint)(nil),       // 15: weir.rpc.v1.TriggerCheckpoint
+	(*NotifyCheckpoint)(nil),        // 16: weir.rpc.v1.NotifyCheckpoint
+	(*DeploymentEnded)(nil),         // 17: weir.rpc.v1.DeploymentEnded
+	(*TaskFailed)(nil),              // 18: weir.rpc.v1.TaskFailed
+	(*CheckpointAck)(nil),           // 19: weir.rpc.v1.CheckpointAck
+	(*CheckpointDecline)(nil),       // 20: weir.rpc.v1.CheckpointDecline
+	(*SourceEnded)(nil),             // 21: weir.rpc.v1.SourceEnded
+	(*CheckpointRequest)(nil),       // 22: weir.rpc.v1.CheckpointRequest
+	(*SubmitJobRequest)(nil),        // 23: weir.rpc.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 24: weir.rpc.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 25: weir.rpc.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 26: weir.rpc.v1.ListJobsResponse
+	(*GetJobRequest)(nil),           // 27: weir.rpc.v1.GetJobRequest
+	(*CancelJobRequest)(nil),        // 28: weir.rpc.v1.CancelJobRequest
+	(*JobStatus)(nil),               // 29: weir.rpc.v1.JobStatus
+	(*ListCheckpointsRequest)(nil),  // 30: weir.rpc.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 31: weir.rpc.v1.ListCheckpointsResponse
+	(*CheckpointInfo)(nil),          // 32: weir.rpc.v1.CheckpointInfo
+	nil,                             // 33: weir.rpc.v1.DeployTasks.ParamsEntry
+	nil,                             // 34: weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	nil,                             // 35: weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	nil,                             // 36: weir.rpc.v1.JobStatus.ParamsEntry
 }
 var file_control_proto_depIdxs = []int32{
-	2,  // 0: weir.rpc.v1.TaskManagerMessage.register:type_name -> weir.rpc.v1.Register
-	4,  // 1: weir.rpc.v1.TaskManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
-	16, // 2: weir.rpc.v1.TaskManagerMessage.failed:type_name -> weir.rpc.v1.TaskFailed
-	17, // 3: weir.rpc.v1.TaskManagerMessage.ack:type_name -> weir.rpc.v1.CheckpointAck
-	18, // 4: weir.rpc.v1.TaskManagerMessage.decline:type_name -> weir.rpc.v1.CheckpointDecline
-	19, // 5: weir.rpc.v1.TaskManagerMessage.source_ended:type_name -> weir.rpc.v1.SourceEnded
-	8,  // 6: weir.rpc.v1.TaskManagerMessage.prepared:type_name -> weir.rpc.v1.Prepared
-	10, // 7: weir.rpc.v1.TaskManagerMessage.opened:type_name -> weir.rpc.v1.Opened
-	15, // 8: weir.rpc.v1.TaskManagerMessage.ended:type_name -> weir.rpc.v1.DeploymentEnded
-	20, // 9: weir.rpc.v1.TaskManagerMessage.request_checkpoint:type_name -> weir.rpc.v1.CheckpointRequest
-	3,  // 10: weir.rpc.v1.JobManagerMessage.registered:type_name -> weir.rpc.v1.Registered
-	4,  // 11: weir.rpc.v1.JobManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
-	7,  // 12: weir.rpc.v1.JobManagerMessage.deploy:type_name -> weir.rpc.v1.DeployTasks
-	13, // 13: weir.rpc.v1.JobManagerMessage.trigger:type_name -> weir.rpc.v1.TriggerCheckpoint
-	14, // 14: weir.rpc.v1.JobManagerMessage.notify:type_name -> weir.rpc.v1.NotifyCheckpoint
-	12, // 15: weir.rpc.v1.JobManagerMessage.cancel:type_name -> weir.rpc.v1.CancelTasks
-	9,  // 16: weir.rpc.v1.JobManagerMessage.open:type_name -> weir.rpc.v1.OpenTasks
-	11, // 17: weir.rpc.v1.JobManagerMessage.start:type_name -> weir.rpc.v1.StartTasks
-	5,  // 18: weir.rpc.v1.Heartbeat.counts:type_name -> weir.rpc.v1.DeploymentCounts
-	6,  // 19: weir.rpc.v1.DeploymentCounts.tasks:type_name -> weir.rpc.v1.TaskCounts
-	31, // 20: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
-	32, // 21: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
-	33, // 22: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	27, // 23: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
-	34, // 24: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
-	30, // 25: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
-	0,  // 26: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
-	21, // 27: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
-	23, // 28: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
-	25, // 29: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
-	26, // 30: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
-	28, // 31: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
-	1,  // 32: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
-	22, // 33: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
-	24, // 34: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
-	27, // 35: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
-	27, // 36: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
-	29, // 37: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
-	32, // [32:38] is the sub-list for method output_type
-	26, // [26:32] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	4,  // 0: weir.rpc.v1.TaskManagerMessage.register:type_name -> weir.rpc.v1.Register
+	6,  // 1: weir.rpc.v1.TaskManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
+	18, // 2: weir.rpc.v1.TaskManagerMessage.failed:type_name -> weir.rpc.v1.TaskFailed
+	19, // 3: weir.rpc.v1.TaskManagerMessage.ack:type_name -> weir.rpc.v1.CheckpointAck
+	20, // 4: weir.rpc.v1.TaskManagerMessage.decline:type_name -> weir.rpc.v1.CheckpointDecline
+	21, // 5: weir.rpc.v1.TaskManagerMessage.source_ended:type_name -> weir.rpc.v1.SourceEnded
+	10, // 6: weir.rpc.v1.TaskManagerMessage.prepared:type_name -> weir.rpc.v1.Prepared
+	12, // 7: weir.rpc.v1.TaskManagerMessage.opened:type_name -> weir.rpc.v1.Opened
+	17, // 8: weir.rpc.v1.TaskManagerMessage.ended:type_name -> weir.rpc.v1.DeploymentEnded
+	22, // 9: weir.rpc.v1.TaskManagerMessage.request_checkpoint:type_name -> weir.rpc.v1.CheckpointRequest
+	3,  // 10: weir.rpc.v1.TaskManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
+	5,  // 11: weir.rpc.v1.JobManagerMessage.registered:type_name -> weir.rpc.v1.Registered
+	6,  // 12: weir.rpc.v1.JobManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
+	9,  // 13: weir.rpc.v1.JobManagerMessage.deploy:type_name -> weir.rpc.v1.DeployTasks
+	15, // 14: weir.rpc.v1.JobManagerMessage.trigger:type_name -> weir.rpc.v1.TriggerCheckpoint
+	16, // 15: weir.rpc.v1.JobManagerMessage.notify:type_name -> weir.rpc.v1.NotifyCheckpoint
+	14, // 16: weir.rpc.v1.JobManagerMessage.cancel:type_name -> weir.rpc.v1.CancelTasks
+	11, // 17: weir.rpc.v1.JobManagerMessage.open:type_name -> weir.rpc.v1.OpenTasks
+	13, // 18: weir.rpc.v1.JobManagerMessage.start:type_name -> weir.rpc.v1.StartTasks
+	3,  // 19: weir.rpc.v1.JobManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
+	7,  // 20: weir.rpc.v1.Heartbeat.counts:type_name -> weir.rpc.v1.DeploymentCounts
+	8,  // 21: weir.rpc.v1.DeploymentCounts.tasks:type_name -> weir.rpc.v1.TaskCounts
+	33, // 22: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
+	2,  // 23: weir.rpc.v1.DeployTasks.restore_chunked:type_name -> weir.rpc.v1.Chunked
+	34, // 24: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	2,  // 25: weir.rpc.v1.CheckpointAck.snapshot_chunked:type_name -> weir.rpc.v1.Chunked
+	35, // 26: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	29, // 27: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
+	36, // 28: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
+	32, // 29: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
+	0,  // 30: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
+	23, // 31: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
+	25, // 32: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
+	27, // 33: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
+	28, // 34: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
+	30, // 35: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
+	1,  // 36: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
+	24, // 37: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
+	26, // 38: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
+	29, // 39: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
+	29, // 40: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
+	31, // 41: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
+	36, // [36:42] is the sub-list for method output_type
+	30, // [30:36] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_control_proto_init() }
@@ -2800,6 +3003,7 @@ func file_control_proto_init() {
 		(*TaskManagerMessage_Opened)(nil),
 		(*TaskManagerMessage_Ended)(nil),
 		(*TaskManagerMessage_RequestCheckpoint)(nil),
+		(*TaskManagerMessage_Chunk)(nil),
 	}
 	file_control_proto_msgTypes[1].OneofWrappers = []any{
 		(*JobManagerMessage_Registered)(nil),
@@ -2810,6 +3014,7 @@ func file_control_proto_init() {
 		(*JobManagerMessage_Cancel)(nil),
 		(*JobManagerMessage_Open)(nil),
 		(*JobManagerMessage_Start)(nil),
+		(*JobManagerMessage_Chunk)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2817,7 +3022,7 @@ func file_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_control_proto_rawDesc), len(file_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   35,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
