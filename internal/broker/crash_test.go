@@ -100,6 +100,13 @@ func groupConfig(t *testing.T, addr, group, key string) string {
 	return ""
 }
 
+// shareConsumer returns a share consumer of group on topic that fetches only
+// when polled.
+func shareConsumer(t *testing.T, addr, group, topic string) *kgo.Client {
+	return client(t, addr, kgo.ShareGroup(group), kgo.ConsumeTopics(topic),
+		kgo.ShareMaxRecords(1000), kgo.ShareMaxRecordsStrict())
+}
+
 func setGroupConfig(t *testing.T, addr, group, key, value string) {
 	t.Helper()
 	alter := kmsg.NewPtrIncrementalAlterConfigsRequest()
