@@ -115,7 +115,8 @@ func TestCLIReferenceMatchesTheCommands(t *testing.T) {
 			}
 			t.Logf("rewrote the generated part of %s", cliReference)
 		} else {
-			t.Errorf("the generated part of %s is not what the commands render; run WEIR_UPDATE_REFERENCE=1 go test -run TestCLIReferenceMatchesTheCommands ./cli\n--- want ---\n%s", cliReference, want)
+			g, w := firstDifference(strings.TrimSpace(got), strings.TrimSpace(want))
+			t.Errorf("the generated part of %s is not what the commands render (first difference: page has %q, commands render %q); run WEIR_UPDATE_REFERENCE=1 go test -run TestCLIReferenceMatchesTheCommands ./cli", cliReference, g, w)
 		}
 	}
 
@@ -141,4 +142,23 @@ func TestCLIReferenceMatchesTheCommands(t *testing.T) {
 	if len(unknown) > 0 {
 		t.Errorf("%s names flags or commands streamctl does not have: %v", cliReference, unknown)
 	}
+}
+
+// firstDifference returns the first line at which a and b differ, from
+// each ("" past the end).
+func firstDifference(a, b string) (string, string) {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := 0; i < len(al) || i < len(bl); i++ {
+		var x, y string
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y {
+			return x, y
+		}
+	}
+	return "", ""
 }
