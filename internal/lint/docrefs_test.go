@@ -37,6 +37,7 @@ func TestDocumentedTestsExist(t *testing.T) {
 		t.Fatal(err)
 	}
 	refs := 0
+	documented := markdownFiles(t, root)
 	for _, doc := range documented {
 		md, err := os.ReadFile(filepath.Join(root, doc))
 		if err != nil {

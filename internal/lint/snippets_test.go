@@ -6,6 +6,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,9 +14,29 @@ import (
 	"testing"
 )
 
-// documented lists the Markdown files whose Go snippets must be quotes of
-// compiled example tests.
-var documented = []string{"README.md", "docs/architecture.md", "docs/session.md", "docs/metrics.md"}
+// markdownFiles returns the documentation, module-relative: README.md and
+// every .md file below docs/. Their Go snippets must be quotes of compiled
+// example tests, the tests they name must exist and their relative links
+// must resolve.
+func markdownFiles(t *testing.T, root string) []string {
+	t.Helper()
+	out := []string{"README.md"}
+	err := filepath.WalkDir(filepath.Join(root, "docs"), func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".md") {
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		out = append(out, filepath.ToSlash(rel))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) < 5 {
+		t.Fatalf("found only %v: is docs/ there?", out)
+	}
+	return out
+}
 
 // exampleMarker is the comment that must come right before every ```go
 // block: the module-relative path of a _test.go file and the name of an
@@ -129,6 +150,7 @@ func checkSnippet(root string, s snippet) error {
 func TestDocumentedGoSnippetsQuoteExampleTests(t *testing.T) {
 	root := moduleRoot(t)
 	total := 0
+	documented := markdownFiles(t, root)
 	for _, doc := range documented {
 		md, err := os.ReadFile(filepath.Join(root, doc))
 		if err != nil {
