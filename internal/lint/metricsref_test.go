@@ -106,7 +106,7 @@ func isPrefixedOperatorMetric(e ast.Expr) bool {
 
 // documentedMetric is a metric name in the metrics reference; one ending
 // in "_" is a prefix ("weir_job_"), not a name.
-var documentedMetric = regexp.MustCompile("\\bweir_[A-Za-z0-9_]*")
+var documentedMetric = regexp.MustCompile(`\bweir_[A-Za-z0-9_]*`)
 
 // docs/reference/metrics.md lists every metric the module registers (the
 // job manager's, the task managers', the share-group source's and the
