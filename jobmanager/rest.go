@@ -36,7 +36,7 @@ func (s *Server) HTTPHandler() http.Handler {
 	ui := dashboard.Handler()
 	root.Handle("GET /{$}", ui)
 	root.Handle("GET /static/", ui)
-	root.Handle("/", rpc.RequireToken(s.cfg.token, s.apiHandler()))
+	root.Handle("/", rpc.RequireToken(s.cfg.token, s.apiHandler(), rpc.LogRejections(s.rejects)))
 	return root
 }
 

@@ -125,6 +125,8 @@ type Server struct {
 	// stopping is set when Serve stops: the sessions it ends then were not
 	// lost by their task managers.
 	stopping atomic.Bool
+	// rejects logs refused authentication, RPC and HTTP alike.
+	rejects *rpc.RejectLog
 }
 
 // New opens a job manager's stores (DataDir); Close closes them.
@@ -141,13 +143,18 @@ func New(opts ...Opt) (*Server, error) {
 		return nil, fmt.Errorf("jobmanager: heartbeat interval %v, timeout %v, slot timeout %v: all positive, the timeout above the interval",
 			c.interval, c.timeout, c.slotTimeout)
 	}
-	s := &Server{cfg: c, tms: map[string]*session{}, changed: make(chan struct{})}
+	s := &Server{cfg: c, tms: map[string]*session{}, changed: make(chan struct{}),
+		rejects: rpc.NewRejectLog(c.log, rejectLogInterval)}
 	s.metrics = newRegistry(s)
 	if err := s.jobs.open(c.dir, c.log); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
+
+// rejectLogInterval is how often at most a refused authentication is
+// logged per client host.
+const rejectLogInterval = time.Minute
 
 // Close closes the job manager's stores; call it after Serve returned.
 func (s *Server) Close() error { return s.jobs.close() }
@@ -156,7 +163,7 @@ func (s *Server) Close() error { return s.jobs.close() }
 // the store holds, until ctx is done; then it suspends the jobs (for the
 // next job manager on the same data directory to resume) and stops.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
-	gs := grpc.NewServer(rpc.ServerOptions(s.cfg.tls, s.cfg.token)...)
+	gs := grpc.NewServer(rpc.ServerOptions(s.cfg.tls, s.cfg.token, rpc.LogRejections(s.rejects))...)
 	weirpb.RegisterJobManagerServer(gs, s)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
