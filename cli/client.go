@@ -114,11 +114,11 @@ type jobJSON struct {
 	State                   string            `json:"state"`
 	Restarts                int32             `json:"restarts"`
 	LastCompletedCheckpoint uint64            `json:"last_completed_checkpoint"`
-	Error                   string            `json:"error,omitempty"`
+	Error                   string            `json:"error"`
 	Params                  map[string]string `json:"params"`
 	Submitted               string            `json:"submitted,omitempty"`
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
-	RestartStrategy         string            `json:"restart_strategy,omitempty"`
+	RestartStrategy         string            `json:"restart_strategy"`
 	RestoredFromCheckpoint  uint64            `json:"restored_from_checkpoint"`
 	RecordsIn               int64             `json:"records_in"`
 	RecordsOut              int64             `json:"records_out"`

@@ -34,6 +34,25 @@ import (
 // one: Flink's default for a checkpointed job (since 1.19).
 func DefaultRestartStrategy() runtime.RestartPolicy { return runtime.ExponentialDelayRestart() }
 
+// restartPolicy is the restart strategy a job submitted with spec runs
+// under: DefaultRestartStrategy when spec is empty.
+func restartPolicy(spec string) (runtime.RestartPolicy, error) {
+	if spec == "" {
+		return DefaultRestartStrategy(), nil
+	}
+	return runtime.ParseRestartStrategy(spec)
+}
+
+// restartStrategyInForce is the spec of the strategy a job submitted with
+// spec runs under, every parameter spelled out, as its status shows it.
+func restartStrategyInForce(spec string) string {
+	p, err := restartPolicy(spec)
+	if err != nil {
+		return spec // refused at submit; shown as given
+	}
+	return p.String()
+}
+
 // DefaultSlotTimeout is how long an attempt waits for free slots before it
 // fails (and the restart strategy decides), as Flink's slot.request.timeout
 // bounds a slot request.
@@ -170,12 +189,9 @@ func (s *Server) suspendAll() {
 
 // start runs the job master loop of r, whose graph is job.
 func (s *Server) start(r JobRecord, job *runtime.Job) error {
-	var err error
-	policy := DefaultRestartStrategy()
-	if r.RestartStrategy != "" {
-		if policy, err = runtime.ParseRestartStrategy(r.RestartStrategy); err != nil {
-			return err
-		}
+	policy, err := restartPolicy(r.RestartStrategy)
+	if err != nil {
+		return err
 	}
 	log := s.cfg.log.With(zap.String("job_id", r.ID))
 	d, err := newDeployer(s, r, job, log)
@@ -446,7 +462,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*
 func toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
 	return &weirpb.JobStatus{Id: r.ID, Name: r.Type, State: string(r.State), Restarts: int32(r.Restarts),
 		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
-		RestartStrategy: r.RestartStrategy, CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
+		RestartStrategy: restartStrategyInForce(r.RestartStrategy), CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
 		RecordsIn: r.Records.In, RecordsOut: r.Records.Out}
 }
 

@@ -36,7 +36,7 @@ func (s *Server) HTTPHandler() http.Handler {
 	ui := dashboard.Handler()
 	root.Handle("GET /{$}", ui)
 	root.Handle("GET /static/", ui)
-	root.Handle("/", rpc.RequireToken(s.cfg.token, s.apiHandler()))
+	root.Handle("/", rpc.RequireToken(s.cfg.token, s.apiHandler(), rpc.LogRejections(s.rejects)))
 	return root
 }
 
@@ -209,10 +209,10 @@ type jobDetails struct {
 	RestoredFromCheckpoint  uint64            `json:"restored_from_checkpoint"`
 	RecordsIn               int64             `json:"records_in"`
 	RecordsOut              int64             `json:"records_out"`
-	Error                   string            `json:"error,omitempty"`
+	Error                   string            `json:"error"`
 	Params                  map[string]string `json:"params"`
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
-	RestartStrategy         string            `json:"restart_strategy,omitempty"`
+	RestartStrategy         string            `json:"restart_strategy"`
 	Vertices                []vertexInfo      `json:"vertices"`
 	StatusCounts            map[string]int    `json:"status-counts"`
 	Plan                    jobPlan           `json:"plan"`
@@ -237,7 +237,7 @@ func (s *Server) jobDetails(ctx context.Context, id string) (jobDetails, error) 
 	d := jobDetails{ID: rec.ID, Name: rec.Type, State: string(rec.State), jobTimes: s.times(rec), Now: time.Now().UnixMilli(),
 		Restarts: rec.Restarts, LastCompletedCheckpoint: uint64(last), RestoredFromCheckpoint: uint64(rec.RestoredFrom),
 		RecordsIn: rec.Records.In, RecordsOut: rec.Records.Out, Error: rec.Error, Params: rec.Params,
-		CheckpointIntervalMs: rec.CheckpointIntervalMs, RestartStrategy: rec.RestartStrategy,
+		CheckpointIntervalMs: rec.CheckpointIntervalMs, RestartStrategy: restartStrategyInForce(rec.RestartStrategy),
 		Vertices: []vertexInfo{}, StatusCounts: map[string]int{}, Plan: jobPlan{ID: rec.ID, Name: rec.Type, Nodes: []planNode{}}}
 	graph, placed, attempt := s.graphOf(rec)
 	d.Attempt = attempt

@@ -27,6 +27,10 @@ func TestHTTPRequiresTheToken(t *testing.T) {
 		{"/metrics", "", http.StatusUnauthorized, ""},
 		{"/taskmanagers", "Bearer wrong", http.StatusUnauthorized, ""},
 		{"/jobs", "Bearer s3cret", http.StatusOK, `{"jobs":[]}`},
+		// The scheme is case-insensitive (RFC 7235); the token is not.
+		{"/jobs", "bearer s3cret", http.StatusOK, `{"jobs":[]}`},
+		{"/jobs", "BEARER s3cret", http.StatusOK, `{"jobs":[]}`},
+		{"/jobs", "bearer S3CRET", http.StatusUnauthorized, ""},
 		{"/jobs/overview", "Bearer s3cret", http.StatusOK, `{"jobs":[]}`},
 		{"/taskmanagers", "Bearer s3cret", http.StatusOK, `[]`},
 		{"/metrics", "Bearer s3cret", http.StatusOK, "weir_jobmanager_taskSlotsTotal 0"},

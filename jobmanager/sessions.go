@@ -5,14 +5,18 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
@@ -118,6 +122,11 @@ type Server struct {
 
 	jobs    jobs
 	metrics *prometheus.Registry
+	// stopping is set when Serve stops: the sessions it ends then were not
+	// lost by their task managers.
+	stopping atomic.Bool
+	// rejects logs refused authentication, RPC and HTTP alike.
+	rejects *rpc.RejectLog
 }
 
 // New opens a job manager's stores (DataDir); Close closes them.
@@ -134,13 +143,18 @@ func New(opts ...Opt) (*Server, error) {
 		return nil, fmt.Errorf("jobmanager: heartbeat interval %v, timeout %v, slot timeout %v: all positive, the timeout above the interval",
 			c.interval, c.timeout, c.slotTimeout)
 	}
-	s := &Server{cfg: c, tms: map[string]*session{}, changed: make(chan struct{})}
+	s := &Server{cfg: c, tms: map[string]*session{}, changed: make(chan struct{}),
+		rejects: rpc.NewRejectLog(c.log, rejectLogInterval)}
 	s.metrics = newRegistry(s)
 	if err := s.jobs.open(c.dir, c.log); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
+
+// rejectLogInterval is how often at most a refused authentication is
+// logged per client host.
+const rejectLogInterval = time.Minute
 
 // Close closes the job manager's stores; call it after Serve returned.
 func (s *Server) Close() error { return s.jobs.close() }
@@ -149,7 +163,7 @@ func (s *Server) Close() error { return s.jobs.close() }
 // the store holds, until ctx is done; then it suspends the jobs (for the
 // next job manager on the same data directory to resume) and stops.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
-	gs := grpc.NewServer(rpc.ServerOptions(s.cfg.tls, s.cfg.token)...)
+	gs := grpc.NewServer(rpc.ServerOptions(s.cfg.tls, s.cfg.token, rpc.LogRejections(s.rejects))...)
 	weirpb.RegisterJobManagerServer(gs, s)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
@@ -161,6 +175,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	case <-ctx.Done():
 	case err = <-served:
 	}
+	s.stopping.Store(true)
 	s.suspendAll()
 	gs.Stop()
 	s.jobs.wg.Wait()
@@ -195,6 +210,23 @@ func (s *Server) Changed() <-chan struct{} {
 func (s *Server) notifyLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// connectionEnded says why a session's stream ended with err (its Recv's
+// error, or its context's cause), keeping err wrapped. gRPC reports a peer
+// whose socket closed (a SIGKILLed process: the kernel closes it) or whose
+// network went away as a canceled stream, io.EOF or Unavailable; the task
+// manager sends no goodbye, so this is what an exit or a network loss
+// looks like, unless the job manager itself is stopping.
+func (s *Server) connectionEnded(err error) error {
+	switch {
+	case s.stopping.Load():
+		return fmt.Errorf("the job manager is stopping: %w", err)
+	case errors.Is(err, context.Canceled), errors.Is(err, io.EOF),
+		status.Code(err) == codes.Canceled, status.Code(err) == codes.Unavailable:
+		return fmt.Errorf("the task manager's connection ended without a goodbye (process exited or network lost): %w", err)
+	}
+	return fmt.Errorf("connection closed: %w", err)
 }
 
 // errSilent ends a session whose task manager stopped heartbeating.
@@ -298,12 +330,11 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	}()
 	select {
 	case err = <-recvErr:
-		err = fmt.Errorf("connection closed: %w", err)
+		err = s.connectionEnded(err)
 		cancel(err)
 	case <-ctx.Done():
-		err = context.Cause(ctx)
-		if errors.Is(err, context.Canceled) {
-			err = fmt.Errorf("connection closed: %w", err)
+		if err = context.Cause(ctx); errors.Is(err, context.Canceled) {
+			err = s.connectionEnded(err)
 		}
 	}
 	wg.Wait()

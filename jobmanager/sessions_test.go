@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,7 +13,9 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
@@ -442,4 +445,63 @@ func heartbeat(t *testing.T, st grpc.BidiStreamingClient[weirpb.TaskManagerMessa
 		}
 	}()
 	return send
+}
+
+// A task manager whose connection ends without warning (a SIGKILLed process:
+// the kernel closes its socket; or a network cut) is logged as what it is,
+// not as the job manager's own "context canceled".
+func TestALostTaskManagerConnectionIsLoggedAsSuch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cut  func(cc *grpc.ClientConn, raw net.Conn)
+	}{
+		{"socket closed under the client", func(_ *grpc.ClientConn, raw net.Conn) { raw.Close() }},
+		{"client connection closed", func(cc *grpc.ClientConn, _ net.Conn) { cc.Close() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			core, logs := observer.New(zapcore.WarnLevel)
+			s, err := jobmanager.New(jobmanager.Logger(zap.New(core)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			addr, _ := serve(t, s)
+			conns := make(chan net.Conn, 1)
+			cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+					c, err := (&net.Dialer{}).DialContext(ctx, "tcp", a)
+					if err == nil {
+						select {
+						case conns <- c:
+						default:
+						}
+					}
+					return c, err
+				}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cc.Close() })
+			st, err := weirpb.NewJobManagerClient(cc).Connect(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Register{Register: &weirpb.Register{
+				TaskManagerId: "tm-1", Slots: 1, DataHost: "127.0.0.1"}}}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, s, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
+			tc.cut(cc, <-conns)
+			waitFor(t, s, "loss of the task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 0 })
+			lost := logs.FilterMessage("task manager lost").All()
+			if len(lost) != 1 {
+				t.Fatalf("%d \"task manager lost\" entries, want 1: %v", len(lost), logs.All())
+			}
+			msg := fmt.Sprint(lost[0].ContextMap()["error"])
+			if !strings.Contains(msg, "connection ended without a goodbye (process exited or network lost)") ||
+				strings.Contains(msg, "connection closed: context canceled") {
+				t.Fatalf("task manager lost with error %q: does not say the connection ended", msg)
+			}
+		})
+	}
 }

@@ -5,11 +5,14 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
@@ -117,19 +120,44 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 	}
 	defer cc.Close()
 	client := weirpb.NewJobManagerClient(cc)
+	var authDelay time.Duration // the last pause, while the token is refused
 	for {
 		err := session(ctx, client, &c)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		c.log.Warn("job manager session lost; reconnecting", zap.String("job_manager", addr),
-			zap.Duration("delay", c.reconnect), zap.Error(err))
+		delay := reconnectDelay(authDelay, c.reconnect, err)
+		authDelay = 0
+		if status.Code(err) == codes.Unauthenticated {
+			authDelay = delay
+			c.log.Warn("job manager refused the auth token; retrying with backoff (check --auth-token-file)",
+				zap.String("job_manager", addr), zap.Duration("delay", delay), zap.Error(err))
+		} else {
+			c.log.Warn("job manager session lost; reconnecting", zap.String("job_manager", addr),
+				zap.Duration("delay", delay), zap.Error(err))
+		}
 		select {
-		case <-time.After(c.reconnect):
+		case <-time.After(delay):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+// maxAuthBackoff caps the pause between attempts the job manager refuses
+// for their token.
+const maxAuthBackoff = 30 * time.Second
+
+// reconnectDelay is the pause before the next session after one that ended
+// with err: base, except that while the job manager refuses the token
+// (retrying will not help until an operator acts) it doubles at each
+// refusal after the first, from base up to maxAuthBackoff; prev is the
+// pause after the previous refusal in a row (0: none).
+func reconnectDelay(prev, base time.Duration, err error) time.Duration {
+	if status.Code(err) != codes.Unauthenticated || prev == 0 {
+		return base
+	}
+	return min(2*prev, max(maxAuthBackoff, base))
 }
 
 // session runs one registration until it is lost.
@@ -142,6 +170,11 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 	}
 	if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Register{Register: &weirpb.Register{
 		TaskManagerId: c.id, Slots: int32(c.slots), DataHost: c.dataHost}}}); err != nil {
+		if errors.Is(err, io.EOF) { // the stream ended (a refused token, say): Recv has why
+			if _, rerr := st.Recv(); rerr != nil {
+				err = rerr
+			}
+		}
 		return fmt.Errorf("taskmanager: register: %w", err)
 	}
 	first, err := st.Recv()

@@ -11,11 +11,15 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -87,53 +91,150 @@ func ClientTLS(caFile string) (*tls.Config, error) {
 	return cfg, nil
 }
 
+// AuthOpt configures the token check of ServerOptions and RequireToken.
+type AuthOpt interface{ apply(*authCfg) }
+
+type authCfg struct{ rejects *RejectLog }
+
+type authOpt func(*authCfg)
+
+func (o authOpt) apply(c *authCfg) { o(c) }
+
+// LogRejections logs every refused request to l (default: none).
+func LogRejections(l *RejectLog) AuthOpt { return authOpt(func(c *authCfg) { c.rejects = l }) }
+
+// RejectLog logs refused authentication at warn, at most once per peer
+// host per interval: a client retrying with a bad token does not flood the
+// log, and each entry counts the refusals it stands for. It never logs a
+// token. One RejectLog may serve several listeners (RPC and HTTP).
+type RejectLog struct {
+	log   *zap.Logger
+	every time.Duration
+	now   func() time.Time
+
+	mu    sync.Mutex
+	peers map[string]*rejected
+}
+
+type rejected struct {
+	logged     time.Time
+	suppressed int
+}
+
+// NewRejectLog logs refused authentication to log, at most once per peer
+// host per every.
+func NewRejectLog(log *zap.Logger, every time.Duration) *RejectLog {
+	return &RejectLog{log: log, every: every, now: time.Now, peers: map[string]*rejected{}}
+}
+
+// Rejected records a refused request from addr (host:port) for what (an
+// RPC method or an HTTP path), refused because of reason.
+func (l *RejectLog) Rejected(addr, what, reason string) {
+	if l == nil {
+		return
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	now := l.now()
+	l.mu.Lock()
+	r := l.peers[host]
+	if r != nil && now.Sub(r.logged) < l.every {
+		r.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	for h, old := range l.peers { // forget peers quiet for an interval
+		if now.Sub(old.logged) >= l.every {
+			delete(l.peers, h)
+		}
+	}
+	suppressed := 0
+	if r != nil {
+		suppressed = r.suppressed
+	}
+	l.peers[host] = &rejected{logged: now}
+	l.mu.Unlock()
+	l.log.Warn("authentication refused", zap.String("peer", addr), zap.String("request", what),
+		zap.String("reason", reason), zap.Int("refused_since_last_logged", suppressed),
+		zap.Duration("logged_at_most_every", l.every))
+}
+
 // ServerOptions are the gRPC server options of a job manager: TLS if tlsCfg
 // is set, and a token check on every call if token is not empty.
-func ServerOptions(tlsCfg *tls.Config, token string) []grpc.ServerOption {
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize)}
+func ServerOptions(tlsCfg *tls.Config, token string, opts ...AuthOpt) []grpc.ServerOption {
+	var ac authCfg
+	for _, o := range opts {
+		o.apply(&ac)
+	}
+	sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize)}
 	if tlsCfg != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
 	if token != "" {
-		check := func(ctx context.Context) error {
+		check := func(ctx context.Context, method string) error {
 			md, _ := metadata.FromIncomingContext(ctx)
+			reason := "no authorization header"
 			for _, v := range md.Get("authorization") {
-				if validBearer(v, token) {
+				if reason = checkBearer(v, token); reason == "" {
 					return nil
 				}
 			}
+			addr := "unknown"
+			if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+				addr = p.Addr.String()
+			}
+			ac.rejects.Rejected(addr, method, reason)
 			return status.Error(codes.Unauthenticated, "rpc: missing or wrong auth token (--auth-token-file)")
 		}
-		opts = append(opts,
-			grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-				if err := check(ctx); err != nil {
+		sopts = append(sopts,
+			grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				if err := check(ctx, info.FullMethod); err != nil {
 					return nil, err
 				}
 				return h(ctx, req)
 			}),
-			grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-				if err := check(ss.Context()); err != nil {
+			grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+				if err := check(ss.Context(), info.FullMethod); err != nil {
 					return err
 				}
 				return h(srv, ss)
 			}))
 	}
-	return opts
+	return sopts
 }
 
-func validBearer(header, token string) bool {
-	got, ok := strings.CutPrefix(header, "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
+// checkBearer says why header does not carry token with the Bearer scheme
+// ("" when it does). The scheme is case-insensitive (RFC 7235, 2.1).
+func checkBearer(header, token string) string {
+	scheme, got, ok := strings.Cut(strings.TrimSpace(header), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "not a Bearer authorization"
+	}
+	if subtle.ConstantTimeCompare([]byte(strings.TrimLeft(got, " ")), []byte(token)) != 1 {
+		return "wrong token"
+	}
+	return ""
 }
 
 // RequireToken wraps an HTTP handler with the same token rule (nothing to
 // check if token is empty).
-func RequireToken(token string, h http.Handler) http.Handler {
+func RequireToken(token string, h http.Handler, opts ...AuthOpt) http.Handler {
 	if token == "" {
 		return h
 	}
+	var ac authCfg
+	for _, o := range opts {
+		o.apply(&ac)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !validBearer(r.Header.Get("Authorization"), token) {
+		reason := "no authorization header"
+		if v := r.Header.Get("Authorization"); v != "" {
+			reason = checkBearer(v, token)
+		}
+		if reason != "" {
+			ac.rejects.Rejected(r.RemoteAddr, r.Method+" "+r.URL.Path, reason)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="weir"`)
 			http.Error(w, "missing or wrong auth token", http.StatusUnauthorized)
 			return
