@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -34,6 +35,7 @@ var ErrJobManager = errors.New("job manager")
 // client is a connection to the job manager at addr.
 type client struct {
 	addr string
+	tls  bool // the connection uses TLS
 	jm   weirpb.JobManagerClient
 	cc   interface{ Close() error }
 }
@@ -47,7 +49,7 @@ func dialJobManager(addr string, access *accessFlags) (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &client{addr: addr, jm: weirpb.NewJobManagerClient(cc), cc: cc}, nil
+	return &client{addr: addr, tls: access.tlsOn(), jm: weirpb.NewJobManagerClient(cc), cc: cc}, nil
 }
 
 func (c *client) Close() { _ = c.cc.Close() }
@@ -62,10 +64,25 @@ func (c *client) explain(err error) error {
 	case codes.Unauthenticated:
 		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, st.Message())
 	case codes.Unavailable, codes.DeadlineExceeded:
-		return fmt.Errorf("%w at %s is unreachable (is `streamctl jobmanager` running there? set --jobmanager or %s): %s",
-			ErrJobManager, c.addr, envJobManager, st.Message())
+		hint := ""
+		if !c.tls && plaintextToTLS(st.Message()) {
+			hint = " (it may serve TLS: give --tls or --tls-ca)"
+		}
+		return fmt.Errorf("%w at %s is unreachable (is `streamctl jobmanager` running there? set --jobmanager or %s): %s%s",
+			ErrJobManager, c.addr, envJobManager, st.Message(), hint)
 	}
 	return fmt.Errorf("%w: %s", ErrJobManager, st.Message())
+}
+
+// plaintextToTLS reports whether msg, the message of a failed call made
+// without TLS, is what a TLS server makes a plaintext gRPC client see: the
+// server reads the client's preface as a bad TLS record and hangs up, so
+// the client reads EOF (or a reset) where the server's preface should be.
+func plaintextToTLS(msg string) bool {
+	if !strings.Contains(msg, "server preface") {
+		return false
+	}
+	return strings.Contains(msg, "EOF") || strings.Contains(msg, "connection reset")
 }
 
 func (c *client) call(ctx context.Context, fn func(ctx context.Context) error) error {

@@ -52,7 +52,8 @@ func selfSigned(t *testing.T, dir string) (cert, key string) {
 // A job manager bound beyond loopback refuses to start without a token.
 // With a token and TLS, a task manager and the client commands that give
 // both get in; a client without the token, or without TLS, is refused
-// with a clear error.
+// with a clear error, and a plaintext client is told to give --tls or
+// --tls-ca.
 func TestJobManagerBeyondLoopbackRequiresATokenAndServesTLS(t *testing.T) {
 	out, err := exec.Command(streamctlBin, "jobmanager", "--listen", "0.0.0.0:0", "--http", "127.0.0.1:0").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "needs --auth-token-file") {
@@ -99,6 +100,7 @@ func TestJobManagerBeyondLoopbackRequiresATokenAndServesTLS(t *testing.T) {
 		{"no token", []string{"--jobmanager", addr, "--tls-ca", cert}, "refused the call"},
 		{"wrong token", []string{"--jobmanager", addr, "--tls-ca", cert, "--auth-token-file", wrong}, "refused the call"},
 		{"no TLS", []string{"--jobmanager", addr, "--auth-token-file", token}, "unreachable"},
+		{"no TLS is told to give --tls", []string{"--jobmanager", addr, "--auth-token-file", token}, "it may serve TLS: give --tls or --tls-ca"},
 	} {
 		out, err := exec.Command(streamctlBin, append([]string{"list"}, tc.args...)...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), tc.want) {
