@@ -22,6 +22,9 @@ func (f *accessFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.tlsCA, "tls-ca", "", "PEM file of the CA that signed the job manager's certificate (implies --tls)")
 }
 
+// tlsOn reports whether the flags ask for TLS.
+func (f *accessFlags) tlsOn() bool { return f.tls || f.tlsCA != "" }
+
 // load reads the token ("" without --auth-token-file) and the TLS
 // configuration (nil without --tls or --tls-ca).
 func (f *accessFlags) load() (token string, cfg *tls.Config, err error) {
@@ -30,7 +33,7 @@ func (f *accessFlags) load() (token string, cfg *tls.Config, err error) {
 			return "", nil, err
 		}
 	}
-	if f.tls || f.tlsCA != "" {
+	if f.tlsOn() {
 		if cfg, err = rpc.ClientTLS(f.tlsCA); err != nil {
 			return "", nil, err
 		}

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -34,6 +36,7 @@ var ErrJobManager = errors.New("job manager")
 // client is a connection to the job manager at addr.
 type client struct {
 	addr string
+	tls  bool // the connection uses TLS
 	jm   weirpb.JobManagerClient
 	cc   interface{ Close() error }
 }
@@ -47,7 +50,7 @@ func dialJobManager(addr string, access *accessFlags) (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &client{addr: addr, jm: weirpb.NewJobManagerClient(cc), cc: cc}, nil
+	return &client{addr: addr, tls: access.tlsOn(), jm: weirpb.NewJobManagerClient(cc), cc: cc}, nil
 }
 
 func (c *client) Close() { _ = c.cc.Close() }
@@ -60,12 +63,27 @@ func (c *client) explain(err error) error {
 	}
 	switch st.Code() {
 	case codes.Unauthenticated:
-		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, st.Message())
+		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, withoutGoPackages(st.Message()))
 	case codes.Unavailable, codes.DeadlineExceeded:
-		return fmt.Errorf("%w at %s is unreachable (is `streamctl jobmanager` running there? set --jobmanager or %s): %s",
-			ErrJobManager, c.addr, envJobManager, st.Message())
+		hint := ""
+		if !c.tls && plaintextToTLS(st.Message()) {
+			hint = " (it may serve TLS: give --tls or --tls-ca)"
+		}
+		return fmt.Errorf("%w at %s is unreachable (is `streamctl jobmanager` running there? set --jobmanager or %s): %s%s",
+			ErrJobManager, c.addr, envJobManager, st.Message(), hint)
 	}
-	return fmt.Errorf("%w: %s", ErrJobManager, st.Message())
+	return fmt.Errorf("%w: %s", ErrJobManager, withoutGoPackages(st.Message()))
+}
+
+// plaintextToTLS reports whether msg, the message of a failed call made
+// without TLS, is what a TLS server makes a plaintext gRPC client see: the
+// server reads the client's preface as a bad TLS record and hangs up, so
+// the client reads EOF (or a reset) where the server's preface should be.
+func plaintextToTLS(msg string) bool {
+	if !strings.Contains(msg, "server preface") {
+		return false
+	}
+	return strings.Contains(msg, "EOF") || strings.Contains(msg, "connection reset")
 }
 
 func (c *client) call(ctx context.Context, fn func(ctx context.Context) error) error {
@@ -374,3 +392,13 @@ func newCheckpointsCmd(a *app) *cobra.Command {
 	f.flags(cmd, true)
 	return cmd
 }
+
+// withoutGoPackages is an error message of the job manager without the
+// Go package prefixes of the errors it chains ("jobmanager: ",
+// "sharegroup: ", ...): the CLI names the job manager itself.
+func withoutGoPackages(msg string) string { return goPackagePrefix.ReplaceAllString(msg, "$1") }
+
+// goPackagePrefix matches the prefix of Weir's packages whose errors say
+// their package name, at the start of a message or of a wrapped error in
+// it (after ": "). It is never modified.
+var goPackagePrefix = regexp.MustCompile(`(^|: )(?:(?:acklog|checkpoint|failpoint|jobmanager|kafka|kafkatxn|rpc|runtime|sharegroup|taskmanager|uppercase|wordcount): )+`)

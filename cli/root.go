@@ -182,8 +182,31 @@ func (a *app) withLogger(fn func(cmd *cobra.Command, log *zap.Logger) error) fun
 			return err
 		}
 		defer func() { _ = log.Sync() }()
+		if a.logFormat == "json" {
+			restore, err := redirectStdLog(log)
+			if err != nil {
+				return err
+			}
+			defer restore()
+		}
 		return fn(cmd, log)
 	}
+}
+
+// redirectStdLog sends what the standard library's log package writes
+// (net/http's "http: TLS handshake error ...", for one) through log as
+// warnings with component=stdlog, so that --log-format json writes only
+// JSON lines. The log package's output is process-wide state: it stays
+// redirected until restore is called, and two commands run at once in
+// one process with --log-format json share it (the last one redirected
+// wins until it restores). gRPC's logger needs nothing: it discards
+// everything unless GRPC_GO_LOG_SEVERITY_LEVEL is set.
+func redirectStdLog(log *zap.Logger) (restore func(), err error) {
+	restore, err = zap.RedirectStdLogAt(log.With(zap.String("component", "stdlog")), zapcore.WarnLevel)
+	if err != nil {
+		return nil, fmt.Errorf("redirect the standard library's log: %w", err)
+	}
+	return restore, nil
 }
 
 func (a *app) logger() (*zap.Logger, error) {

@@ -6,9 +6,11 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,7 +54,8 @@ func selfSigned(t *testing.T, dir string) (cert, key string) {
 // A job manager bound beyond loopback refuses to start without a token.
 // With a token and TLS, a task manager and the client commands that give
 // both get in; a client without the token, or without TLS, is refused
-// with a clear error.
+// with a clear error, and a plaintext client is told to give --tls or
+// --tls-ca.
 func TestJobManagerBeyondLoopbackRequiresATokenAndServesTLS(t *testing.T) {
 	out, err := exec.Command(streamctlBin, "jobmanager", "--listen", "0.0.0.0:0", "--http", "127.0.0.1:0").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "needs --auth-token-file") {
@@ -99,6 +102,7 @@ func TestJobManagerBeyondLoopbackRequiresATokenAndServesTLS(t *testing.T) {
 		{"no token", []string{"--jobmanager", addr, "--tls-ca", cert}, "refused the call"},
 		{"wrong token", []string{"--jobmanager", addr, "--tls-ca", cert, "--auth-token-file", wrong}, "refused the call"},
 		{"no TLS", []string{"--jobmanager", addr, "--auth-token-file", token}, "unreachable"},
+		{"no TLS is told to give --tls", []string{"--jobmanager", addr, "--auth-token-file", token}, "it may serve TLS: give --tls or --tls-ca"},
 	} {
 		out, err := exec.Command(streamctlBin, append([]string{"list"}, tc.args...)...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), tc.want) {
@@ -107,4 +111,39 @@ func TestJobManagerBeyondLoopbackRequiresATokenAndServesTLS(t *testing.T) {
 	}
 	tm.Stop(t)
 	jm.Stop(t)
+}
+
+// With --log-format json every line a job manager writes to stderr is a
+// JSON object, also what the standard library logs: a plaintext HTTP
+// request and a plaintext gRPC client against its TLS listeners make
+// net/http log a TLS handshake error, which must come through zap.
+func TestJSONLogFormatWritesOnlyJSONLinesToStderr(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := selfSigned(t, dir)
+	jm := proctest.Start(t, exec.Command(streamctlBin, "--log-format", "json", "jobmanager", "--listen", "127.0.0.1:0",
+		"--http", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "jm"), "--tls-cert", cert, "--tls-key", key))
+	addr := jm.Line(t, `^jobmanager listening on (\S+)$`)
+	httpAddr := jm.Line(t, `^jobmanager http on (\S+)$`)
+	if resp, err := http.Get("http://" + httpAddr + "/jobs"); err == nil {
+		_ = resp.Body.Close()
+	}
+	if out, err := exec.Command(streamctlBin, "list", "--jobmanager", addr).CombinedOutput(); err == nil {
+		t.Fatalf("plaintext list against a TLS job manager: %q, want an error", out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(jm.Stderr.String(), "TLS handshake error") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no TLS handshake error logged within 30s; stderr:\n%s", jm.Stderr.Tail(20))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	jm.Stop(t)
+	lines := strings.Split(strings.TrimSuffix(jm.Stderr.String(), "\n"), "\n")
+	for i, l := range lines {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(l), &obj); err != nil {
+			t.Errorf("stderr line %d is not JSON (%v): %q", i+1, err, l)
+		}
+	}
+	t.Logf("%d stderr lines checked", len(lines))
 }

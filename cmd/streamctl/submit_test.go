@@ -466,7 +466,7 @@ func TestSubmitRefusesBadInputWithAClearError(t *testing.T) {
 		{"unknown parameter", []string{"submit", "wordcount", "--set", ok, "--set", "ouput=x"}, `has no parameter "ouput"`},
 		{"bad parameter value", []string{"submit", "wordcount", "--set", ok, "--set", "guarantee=twice"}, `guarantee="twice", want one of`},
 		{"more slots than the cluster has", []string{"submit", "wordcount", "--set", ok, "--parallelism", "3"}, "needs 3 slots"},
-		{"unreachable broker", []string{"submit", "wordcount", "--set", "brokers=127.0.0.1:1"}, "brokers 127.0.0.1:1: sharegroup: brokers unreachable"},
+		{"unreachable broker", []string{"submit", "wordcount", "--set", "brokers=127.0.0.1:1"}, "brokers 127.0.0.1:1: brokers unreachable"},
 		{"bad restart strategy", []string{"submit", "wordcount", "--set", ok, "--restart-strategy", "sometimes"}, "--restart-strategy"},
 		{"bad checkpoint interval", []string{"submit", "wordcount", "--set", ok, "--checkpoint-interval", "0s"}, "--checkpoint-interval 0s must be positive"},
 		{"unknown job id", []string{"status", "0123"}, "no such job: 0123"},
