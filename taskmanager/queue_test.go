@@ -126,14 +126,27 @@ func (f *floodJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 func TestABusyDeploymentDoesNotStopTheSessionsReceiveLoop(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
+	reg, tasks := oneSourceJob(t, "stuck", func() runtime.Source[int] { return stuckSource{release} })
+	f := &floodJM{tasks: tasks, commands: 1000, result: make(chan string, 1)}
+	gs, addr := startJM(t, "127.0.0.1:0", f)
+	t.Cleanup(gs.Stop)
+	if r := runScripted(t, addr, f.result, taskmanager.Slots(2), taskmanager.Jobs(reg), taskmanager.ReconnectDelay(time.Hour)); r != "ok" {
+		t.Fatal(r)
+	}
+}
+
+// oneSourceJob registers job type name (source src into a sink that drops
+// everything) in a new registry, and returns it with the tasks of the job's
+// one slot share at parallelism 1, for a scripted job manager to deploy.
+func oneSourceJob(t *testing.T, name string, src func() runtime.Source[int]) (*runtime.Registry, []string) {
+	t.Helper()
 	build := func(runtime.Params) (*runtime.Job, error) {
-		j := runtime.NewJob("stuck")
-		runtime.SinkTo(runtime.FromSource(j, "src", func() runtime.Source[int] { return stuckSource{release} }), "sink",
-			func() runtime.Sink[int] { return dropSink{} })
+		j := runtime.NewJob(name)
+		runtime.SinkTo(runtime.FromSource(j, "src", src), "sink", func() runtime.Sink[int] { return dropSink{} })
 		return j, nil
 	}
 	reg := runtime.NewRegistry()
-	if err := reg.Register(runtime.JobType{Name: "stuck", Build: build}); err != nil {
+	if err := reg.Register(runtime.JobType{Name: name, Build: build}); err != nil {
 		t.Fatal(err)
 	}
 	job, _ := build(nil)
@@ -145,25 +158,28 @@ func TestABusyDeploymentDoesNotStopTheSessionsReceiveLoop(t *testing.T) {
 	for _, id := range shares[0] {
 		tasks = append(tasks, string(id))
 	}
-	f := &floodJM{tasks: tasks, commands: 1000, result: make(chan string, 1)}
-	gs, addr := startJM(t, "127.0.0.1:0", f)
-	t.Cleanup(gs.Stop)
+	return reg, tasks
+}
+
+// runScripted runs task manager tm-a against the scripted job manager at
+// addr until the script reports its result (at most 60 s), and returns it;
+// the task manager is stopped before it returns.
+func runScripted(t *testing.T, addr string, result <-chan string, opts ...taskmanager.Opt) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		done <- taskmanager.Run(ctx, addr, taskmanager.ID("tm-a"), taskmanager.Slots(2), taskmanager.Jobs(reg),
-			taskmanager.ReconnectDelay(time.Hour))
+		done <- taskmanager.Run(ctx, addr, append([]taskmanager.Opt{taskmanager.ID("tm-a")}, opts...)...)
 	}()
 	defer func() {
 		cancel()
 		<-done
 	}()
 	select {
-	case r := <-f.result:
-		if r != "ok" {
-			t.Fatal(r)
-		}
+	case r := <-result:
+		return r
 	case <-time.After(60 * time.Second):
 		t.Fatal("the job manager script did not finish in 60s")
+		return ""
 	}
 }

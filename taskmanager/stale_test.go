@@ -178,25 +178,7 @@ func (f *staleJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 // that made the next attempt park the records).
 func TestAResumedTaskManagerActsOnNoMessageOfItsEndedSession(t *testing.T) {
 	snaps := &snapLog{}
-	build := func(runtime.Params) (*runtime.Job, error) {
-		j := runtime.NewJob("snap")
-		runtime.SinkTo(runtime.FromSource(j, "src", func() runtime.Source[int] { return snapSource{snaps} }), "sink",
-			func() runtime.Sink[int] { return dropSink{} })
-		return j, nil
-	}
-	reg := runtime.NewRegistry()
-	if err := reg.Register(runtime.JobType{Name: "snap", Build: build}); err != nil {
-		t.Fatal(err)
-	}
-	job, _ := build(nil)
-	shares, _, err := runtime.SlotShares(job, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tasks []string
-	for _, id := range shares[0] {
-		tasks = append(tasks, string(id))
-	}
+	reg, tasks := oneSourceJob(t, "snap", func() runtime.Source[int] { return snapSource{snaps} })
 	// Silent for 4.5 s: more than the timeout (5 s) minus the interval
 	// (1 s), less than the timeout, so the task manager's own watch has not
 	// ended the session yet when the Trigger arrives. The job manager's
@@ -204,23 +186,9 @@ func TestAResumedTaskManagerActsOnNoMessageOfItsEndedSession(t *testing.T) {
 	f := &staleJM{tasks: tasks, sources: tasks[:1], silence: 4500 * time.Millisecond, result: make(chan string, 1)}
 	gs, addr := startJM(t, "127.0.0.1:0", f)
 	t.Cleanup(gs.Stop)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() {
-		done <- taskmanager.Run(ctx, addr, taskmanager.ID("tm-a"), taskmanager.Slots(1), taskmanager.Jobs(reg),
-			taskmanager.ReconnectDelay(10*time.Millisecond))
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	select {
-	case r := <-f.result:
-		if r != "session ended" {
-			t.Fatalf("the task manager, after its job manager was silent for %v: %s", f.silence, r)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the job manager script did not finish in 60s")
+	r := runScripted(t, addr, f.result, taskmanager.Slots(1), taskmanager.Jobs(reg), taskmanager.ReconnectDelay(10*time.Millisecond))
+	if r != "session ended" {
+		t.Fatalf("the task manager, after its job manager was silent for %v: %s", f.silence, r)
 	}
 	if !snaps.has(1) {
 		t.Fatal("checkpoint 1, triggered while the session was live, was not snapshotted")

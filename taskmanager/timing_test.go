@@ -77,47 +77,14 @@ func (f *openJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, w
 // transactional operator names them when it refuses its timeout).
 func TestOperatorsOnATaskManagerLearnTheRestartBudgetsTerms(t *testing.T) {
 	got := make(chan checkpoint.Timing, 1)
-	build := func(runtime.Params) (*runtime.Job, error) {
-		j := runtime.NewJob("timing")
-		runtime.SinkTo(runtime.FromSource(j, "src", func() runtime.Source[int] { return timingSource{snapSource{&snapLog{}}, got} }),
-			"sink", func() runtime.Sink[int] { return dropSink{} })
-		return j, nil
-	}
-	reg := runtime.NewRegistry()
-	if err := reg.Register(runtime.JobType{Name: "timing", Build: build}); err != nil {
-		t.Fatal(err)
-	}
-	job, _ := build(nil)
-	shares, _, err := runtime.SlotShares(job, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tasks []string
-	for _, id := range shares[0] {
-		tasks = append(tasks, string(id))
-	}
+	reg, tasks := oneSourceJob(t, "timing", func() runtime.Source[int] { return timingSource{snapSource{&snapLog{}}, got} })
 	f := &openJM{tasks: tasks, result: make(chan string, 1), open: &weirpb.OpenTasks{JobId: "job", Attempt: 1,
 		IntervalMs: 1000, TimeoutMs: 60000, MinPauseMs: 10, TolerableFailures: 3, RestartBudgetMs: 183000,
 		DetectionMs: 3000, SlotWaitMs: 60000, RestartDelayMs: 60000, RecoveryMs: 60000}}
 	gs, addr := startJM(t, "127.0.0.1:0", f)
 	t.Cleanup(gs.Stop)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() {
-		done <- taskmanager.Run(ctx, addr, taskmanager.ID("tm-a"), taskmanager.Slots(1), taskmanager.Jobs(reg),
-			taskmanager.ReconnectDelay(time.Hour))
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	select {
-	case r := <-f.result:
-		if r != "opened " {
-			t.Fatal(r)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the job manager script did not finish in 60s")
+	if r := runScripted(t, addr, f.result, taskmanager.Slots(1), taskmanager.Jobs(reg), taskmanager.ReconnectDelay(time.Hour)); r != "opened " {
+		t.Fatal(r)
 	}
 	want := checkpoint.Timing{Interval: time.Second, Timeout: time.Minute, MinPause: 10 * time.Millisecond, TolerableFailures: 3,
 		RestartBudget: 183 * time.Second, Failover: checkpoint.Failover{Detection: 3 * time.Second, SlotWait: time.Minute,
