@@ -21,10 +21,9 @@ import (
 // an aborted one of 10 lines of words found nowhere else (ghost<i>), every
 // 20 ms, from its own goroutine.
 type txnInput struct {
+	feeder
 	addr, topic string
 	n           int // committed lines written
-	stop        chan struct{}
-	ended       chan error
 }
 
 func (in *txnInput) write(ctx context.Context, lines int) error {
@@ -33,7 +32,7 @@ func (in *txnInput) write(ctx context.Context, lines int) error {
 		i := in.n
 		in.n++
 		recs = append(recs, &kgo.Record{Topic: in.topic, Key: fmt.Appendf(nil, "%d", i),
-			Value: fmt.Appendf(nil, "%s %s l%d", inputWords[i%len(inputWords)], inputWords[(i*7)%len(inputWords)], i)})
+			Value: []byte(inputLine(i))})
 	}
 	for k := range lines / 2 {
 		ghosts = append(ghosts, &kgo.Record{Topic: in.topic, Key: fmt.Appendf(nil, "%d", in.n+k),
@@ -45,31 +44,7 @@ func (in *txnInput) write(ctx context.Context, lines int) error {
 	return kafkatest.WriteTxn(ctx, []string{in.addr}, "input-aborter", false, ghosts...)
 }
 
-func (in *txnInput) run(ctx context.Context) {
-	in.stop, in.ended = make(chan struct{}), make(chan error, 1)
-	go func() {
-		for {
-			select {
-			case <-in.stop:
-				in.ended <- nil
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			if err := in.write(ctx, 20); err != nil {
-				in.ended <- err
-				return
-			}
-		}
-	}()
-}
-
-func (in *txnInput) halt(t *testing.T) {
-	t.Helper()
-	close(in.stop)
-	if err := <-in.ended; err != nil {
-		t.Fatalf("write input: %v", err)
-	}
-}
+func (in *txnInput) run(ctx context.Context) { in.feeder.run(ctx, in.write) }
 
 // runJob is one `streamctl run` process of a job on its own checkpoint dir,
 // started again on that dir after a SIGKILL.
