@@ -34,14 +34,7 @@ func TestSlowStaleMarkerAbortDoesNotStopRenewalsOfOtherLanes(t *testing.T) {
 	env.CreateTopic(t, "in", 1, nil)
 	produceN(t, env, "in", 10)
 
-	job1 := openSource(t, env, 0, nil, TransactionalIDPrefix("job1"))
-	if d := exactlyOnce(counts(t, pollFor(t, job1, 10, 10*time.Second)), 10); d != "" {
-		t.Fatalf("setup: job 1's batch: %s", d)
-	}
-	if _, err := job1.Snapshot(t.Context(), 1); err != nil {
-		t.Fatalf("setup: job 1's Snapshot(1): %v", err)
-	}
-	job1.Close() // its marker stays pre-committed, open; its records are released
+	leaveOpenMarker(t, env, "job1", 10)
 
 	// The broker answers DescribeTransactions three lock durations late,
 	// serving every other request meanwhile.
@@ -117,14 +110,7 @@ func TestStaleMarkerOfAJobWhosePrefixExtendsOursIsAborted(t *testing.T) {
 	env := kafkatest.New(t, append(lockBroker(shortLock), broker.Config("group.share.delivery.count.limit", "5"))...)
 	env.CreateTopic(t, "in", 1, nil)
 	produceN(t, env, "in", 10)
-	other := openSource(t, env, 0, nil, TransactionalIDPrefix("a-b"))
-	if d := exactlyOnce(counts(t, pollFor(t, other, 10, 10*time.Second)), 10); d != "" {
-		t.Fatalf("setup: job a-b's batch: %s", d)
-	}
-	if _, err := other.Snapshot(t.Context(), 1); err != nil {
-		t.Fatalf("setup: job a-b's Snapshot(1): %v", err)
-	}
-	other.Close() // its marker stays pre-committed, open; its records are released
+	leaveOpenMarker(t, env, "a-b", 10)
 
 	a := openSource(t, env, 0, nil, TransactionalIDPrefix("a"), OpenMarkerWait(time.Second))
 	vals := drainOneLane(t, env, a, 10)
@@ -189,4 +175,20 @@ func TestRecordsSkippedOnAPartitionNotFetchedAtOpenAreReported(t *testing.T) {
 		t.Fatalf("the share start of in[0] jumped from 0 to 10 before anything was processed; the next attempt's Open "+
 			"or Poll returned %v (emitted %v), want ErrRecordsSkipped naming in[0] offsets [0, 10)", err, c.vals)
 	}
+}
+
+// leaveOpenMarker runs a source of job prefix on partition 0 until it holds
+// all n records, pre-commits checkpoint 1 and closes it: its ack marker
+// over the n records stays pre-committed, open, and the records are
+// released for the next source.
+func leaveOpenMarker(t *testing.T, env *kafkatest.Env, prefix string, n int) {
+	t.Helper()
+	src := openSource(t, env, 0, nil, TransactionalIDPrefix(prefix))
+	if d := exactlyOnce(counts(t, pollFor(t, src, n, 10*time.Second)), n); d != "" {
+		t.Fatalf("setup: job %s's batch: %s", prefix, d)
+	}
+	if _, err := src.Snapshot(t.Context(), 1); err != nil {
+		t.Fatalf("setup: job %s's Snapshot(1): %v", prefix, err)
+	}
+	src.Close()
 }
