@@ -29,7 +29,7 @@ func Write(path string, data []byte) error {
 		err = os.Rename(tmp, path)
 	}
 	if err == nil {
-		err = syncDir(dir)
+		err = SyncDir(dir)
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
@@ -38,8 +38,8 @@ func Write(path string, data []byte) error {
 	return nil
 }
 
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
+// SyncDir makes the creations, renames and removals in dir durable.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

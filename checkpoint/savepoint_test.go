@@ -1,0 +1,253 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// savepointFixture is a checkpoint of two operators at parallelism 2: a
+// source with operator state and a transaction, a keyed counter with key
+// groups, and an empty entry and key group (which must survive as empty).
+func savepointFixture() Completed {
+	h := func(id string) TxnHandle {
+		return TxnHandle{TransactionalID: id, ProducerID: 7, Epoch: 3, Checkpoint: 12,
+			Partitions: []TxnPartition{{Topic: "counts", Partition: 1, FirstOffset: 40}}}
+	}
+	return Completed{Job: "job-1", ID: 12, Tasks: map[TaskID]TaskSnapshot{
+		"source#0": {Task: "source#0", Operators: []OperatorSnapshot{
+			{UID: "source", Subtask: 0, Parallelism: 2, State: [][]byte{[]byte("offsets-0"), {}}, Handles: []TxnHandle{h("acks-0")}},
+		}},
+		"source#1": {Task: "source#1", Operators: []OperatorSnapshot{
+			{UID: "source", Subtask: 1, Parallelism: 2, State: [][]byte{[]byte("offsets-1")}},
+		}},
+		"count#0": {Task: "count#0", Operators: []OperatorSnapshot{
+			{UID: "count", Subtask: 0, Parallelism: 2, MaxParallelism: 4, KeyGroups: map[int][]byte{0: []byte("a=1"), 1: {}}},
+			{UID: "sink", Subtask: 0, Parallelism: 2, Handles: []TxnHandle{h("sink-0")}},
+		}},
+		"count#1": {Task: "count#1", Operators: []OperatorSnapshot{
+			{UID: "count", Subtask: 1, Parallelism: 2, MaxParallelism: 4, KeyGroups: map[int][]byte{2: []byte("b=2"), 3: []byte("c=3")}},
+			{UID: "sink", Subtask: 1, Parallelism: 2},
+		}},
+	}}
+}
+
+// byOperator indexes a checkpoint's snapshots by UID and subtask, the way a
+// restore matches them.
+func byOperator(t *testing.T, c Completed) map[string]OperatorSnapshot {
+	t.Helper()
+	out := map[string]OperatorSnapshot{}
+	for _, ts := range c.Tasks {
+		for _, op := range ts.Operators {
+			k := fmt.Sprintf("%s#%d", op.UID, op.Subtask)
+			if _, dup := out[k]; dup {
+				t.Fatalf("two snapshots of %s", k)
+			}
+			out[k] = op
+		}
+	}
+	return out
+}
+
+func TestSavepointRoundTripsEveryOperatorSnapshot(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "sp")
+	want := savepointFixture()
+	if err := WriteSavepoint(dir, want, time.Unix(100, 0)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadSavepoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Job != want.Job || got.ID != want.ID {
+		t.Fatalf("read job %q checkpoint %d, want %q %d", got.Job, got.ID, want.Job, want.ID)
+	}
+	g, w := byOperator(t, got), byOperator(t, want)
+	if len(g) != len(w) {
+		t.Fatalf("read %d operator snapshots, want %d", len(g), len(w))
+	}
+	for k, ws := range w {
+		if !reflect.DeepEqual(normalize(g[k]), normalize(ws)) {
+			t.Errorf("%s: read %+v, want %+v", k, g[k], ws)
+		}
+	}
+	if !reflect.DeepEqual(handleSet(got), handleSet(want)) {
+		t.Errorf("handles: read %v, want %v", handleSet(got), handleSet(want))
+	}
+}
+
+// normalize maps nil and empty byte slices alike (JSON and files do not
+// keep the difference, and neither does a restore).
+func normalize(op OperatorSnapshot) OperatorSnapshot {
+	for i, e := range op.State {
+		if len(e) == 0 {
+			op.State[i] = []byte{}
+		}
+	}
+	for kg, b := range op.KeyGroups {
+		if len(b) == 0 {
+			op.KeyGroups[kg] = []byte{}
+		}
+	}
+	return op
+}
+
+func handleSet(c Completed) map[string]TxnHandle {
+	out := map[string]TxnHandle{}
+	for _, h := range c.Handles() {
+		out[h.TransactionalID] = h
+	}
+	return out
+}
+
+func TestSavepointReadsAfterItsDirectoryMoved(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "sp")
+	if err := WriteSavepoint(src, savepointFixture(), time.Unix(100, 0)); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "elsewhere")
+	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(src); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadSavepoint(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, w := byOperator(t, got), byOperator(t, savepointFixture()); len(g) != len(w) {
+		t.Fatalf("read %d snapshots from the copy, want %d", len(g), len(w))
+	}
+}
+
+func TestSavepointIsNeverWrittenOverAnother(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "sp")
+	if err := WriteSavepoint(dir, savepointFixture(), time.Unix(100, 0)); err != nil {
+		t.Fatal(err)
+	}
+	other := savepointFixture()
+	other.ID = 13
+	if err := WriteSavepoint(dir, other, time.Unix(200, 0)); !errors.Is(err, ErrSavepointExists) {
+		t.Fatalf("second write into %s: %v, want ErrSavepointExists", dir, err)
+	}
+	got, err := ReadSavepoint(dir)
+	if err != nil || got.ID != 12 {
+		t.Fatalf("after the refused write: checkpoint %d, %v; want 12", got.ID, err)
+	}
+}
+
+// rewriteMetadata replaces the savepoint's metadata body, with a valid
+// header, as a crafted or newer savepoint would have it.
+func rewriteMetadata(t *testing.T, dir string, version int, edit func(string) string) {
+	t.Helper()
+	file := filepath.Join(dir, SavepointMetadataFile)
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, body, _ := strings.Cut(string(raw), "\n")
+	body = edit(body)
+	header := fmt.Sprintf("%s %d crc32c=%08x length=%d\n", savepointMagic, version, crc32.Checksum([]byte(body), castagnoli), len(body))
+	if err := os.WriteFile(file, []byte(header+body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDamagedSavepointFailsWithOneErrorNamingTheFile(t *testing.T) {
+	flip := func(name string, at int64) func(t *testing.T, dir string) {
+		return func(t *testing.T, dir string) {
+			f := filepath.Join(dir, name)
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if at < 0 {
+				at += int64(len(b))
+			}
+			b[at] ^= 0x20
+			if err := os.WriteFile(f, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	truncate := func(name string, by int64) func(t *testing.T, dir string) {
+		return func(t *testing.T, dir string) {
+			f := filepath.Join(dir, name)
+			fi, err := os.Stat(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(f, fi.Size()-by); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cases := []struct {
+		name   string
+		damage func(t *testing.T, dir string)
+		want   error
+		names  string // the error must name this
+	}{
+		{"a flipped state byte", flip("state/count.bin", 1), ErrCorruptSavepoint, "state/count.bin"},
+		{"a truncated state file", truncate("state/count.bin", 2), ErrCorruptSavepoint, "state/count.bin"},
+		{"a missing state file", func(t *testing.T, dir string) {
+			if err := os.Remove(filepath.Join(dir, "state", "source.bin")); err != nil {
+				t.Fatal(err)
+			}
+		}, ErrCorruptSavepoint, "state/source.bin"},
+		{"a flipped metadata byte", flip(SavepointMetadataFile, -10), ErrCorruptSavepoint, SavepointMetadataFile},
+		{"truncated metadata", truncate(SavepointMetadataFile, 7), ErrCorruptSavepoint, SavepointMetadataFile},
+		{"a damaged header", flip(SavepointMetadataFile, 0), ErrCorruptSavepoint, SavepointMetadataFile},
+		{"no metadata: the write never finished", func(t *testing.T, dir string) {
+			if err := os.Remove(filepath.Join(dir, SavepointMetadataFile)); err != nil {
+				t.Fatal(err)
+			}
+		}, ErrNotSavepoint, SavepointMetadataFile},
+		{"a later format version", func(t *testing.T, dir string) {
+			rewriteMetadata(t, dir, SavepointVersion+1, func(s string) string { return s })
+		}, ErrSavepointVersion, "format 2"},
+		{"metadata pointing outside the directory", func(t *testing.T, dir string) {
+			// A file that would read back fine, were it opened.
+			b, err := os.ReadFile(filepath.Join(dir, "state", "count.bin"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "..", "count.bin"), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			rewriteMetadata(t, dir, SavepointVersion, func(s string) string {
+				return strings.ReplaceAll(s, `"state/count.bin"`, `"state/../../count.bin"`)
+			})
+		}, ErrCorruptSavepoint, "state/../../count.bin"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "sp")
+			if err := WriteSavepoint(dir, savepointFixture(), time.Unix(100, 0)); err != nil {
+				t.Fatal(err)
+			}
+			tc.damage(t, dir)
+			_, err := ReadSavepoint(dir)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("read: %v, want %v", err, tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.names) {
+				t.Fatalf("error %q does not name %q", err, tc.names)
+			}
+		})
+	}
+}
+
+func TestReadingAMissingDirectoryIsNotASavepoint(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "nowhere")
+	if _, err := ReadSavepoint(dir); !errors.Is(err, ErrNotSavepoint) || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("read %s: %v, want ErrNotSavepoint naming it", dir, err)
+	}
+}
