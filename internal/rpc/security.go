@@ -51,18 +51,20 @@ func CheckExposure(addr, token string) error {
 	if token != "" {
 		return nil
 	}
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return fmt.Errorf("rpc: address %q: %w", addr, err)
 	}
-	if host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+	if !BeyondLoopback(addr) {
 		return nil
 	}
 	return fmt.Errorf("%w (listening on %s)", ErrNoToken, addr)
 }
+
+// BeyondLoopback reports whether a server bound to addr (HOST:PORT, or a
+// host alone) is reachable from other machines: its host is not
+// "localhost" or a loopback address (an empty host binds every
+// interface).
+func BeyondLoopback(addr string) bool { return !isLoopbackHost(hostName(addr)) }
 
 // ServerTLS loads a server certificate and key (PEM) for the job manager.
 func ServerTLS(certFile, keyFile string) (*tls.Config, error) {
@@ -92,7 +94,7 @@ func ClientTLS(caFile string) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// AuthOpt configures the token check of ServerOptions and RequireToken.
+// AuthOpt configures ServerOptions, RequireToken and BrowserGuard.
 type AuthOpt interface{ apply(*authCfg) }
 
 type authCfg struct{ rejects *RejectLog }
@@ -104,10 +106,12 @@ func (o authOpt) apply(c *authCfg) { o(c) }
 // LogRejections logs every refused request to l (default: none).
 func LogRejections(l *RejectLog) AuthOpt { return authOpt(func(c *authCfg) { c.rejects = l }) }
 
-// RejectLog logs refused authentication at warn, at most once per peer
-// host per interval: a client retrying with a bad token does not flood the
-// log, and each entry counts the refusals it stands for. It never logs a
-// token. One RejectLog may serve several listeners (RPC and HTTP).
+// RejectLog logs refused requests (a missing or wrong token, a foreign
+// Host, a simple cross-site request) at warn, with the reason, at most once
+// per peer host per interval: a client retrying with a bad token does not
+// flood the log, and each entry counts the refusals it stands for. It
+// never logs a token. One RejectLog may serve several listeners (RPC and
+// HTTP).
 type RejectLog struct {
 	log   *zap.Logger
 	every time.Duration
@@ -122,7 +126,7 @@ type rejected struct {
 	suppressed int
 }
 
-// NewRejectLog logs refused authentication to log, at most once per peer
+// NewRejectLog logs refused requests to log, at most once per peer
 // host per every.
 func NewRejectLog(log *zap.Logger, every time.Duration) *RejectLog {
 	return &RejectLog{log: log, every: every, now: time.Now, peers: map[string]*rejected{}}
@@ -157,7 +161,7 @@ func (l *RejectLog) Rejected(addr, what, reason string) {
 	}
 	l.peers[host] = &rejected{logged: now}
 	l.mu.Unlock()
-	l.log.Warn("authentication refused", zap.String("peer", addr), zap.String("request", what),
+	l.log.Warn("request refused", zap.String("peer", addr), zap.String("request", what),
 		zap.String("reason", reason), zap.Int("refused_since_last_logged", suppressed),
 		zap.Duration("logged_at_most_every", l.every))
 }

@@ -93,7 +93,7 @@ func TestRefusedAuthenticationIsLoggedOncePerPeerWithoutTheToken(t *testing.T) {
 	}
 	e := entries[0]
 	f := e.ContextMap()
-	if e.Level != zapcore.WarnLevel || e.Message != "authentication refused" || f["reason"] != "wrong token" ||
+	if e.Level != zapcore.WarnLevel || e.Message != "request refused" || f["reason"] != "wrong token" ||
 		f["request"] != "/weir.rpc.v1.JobManager/GetJob" || !strings.HasPrefix(fmt.Sprint(f["peer"]), "127.0.0.1:") {
 		t.Fatalf("logged %s %q %v", e.Level, e.Message, f)
 	}
