@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/rpc"
 )
 
 func newBrokerCmd(a *app) *cobra.Command {
@@ -27,6 +28,9 @@ func newBrokerCmd(a *app) *cobra.Command {
 		Short: "Run the embedded Kafka broker",
 		Long: `Run Weir's embedded Kafka broker (kfake): one broker speaking the real Kafka
 protocol (share groups, transactions) on --listen, usable from any Kafka client.
+
+It has no authentication: bound beyond loopback (--listen 0.0.0.0:9092) it
+warns at startup, and anyone who reaches it can read and write every topic.
 
 It prints "broker listening on HOST:PORT" on stdout once it accepts connections,
 and stops cleanly on SIGINT or SIGTERM, persisting its state to --data-dir.
@@ -70,6 +74,7 @@ Default broker configs (override with --config key=value):
 				return err
 			}
 			reportAddrs(ctx, log, b.Bound(), b.Addr())
+			warn(log, rpc.ExposureWarnings(nil, b.Bound(), ""))
 			<-ctx.Done()
 			log.Info("stopping broker", zap.String("reason", context.Cause(ctx).Error()))
 			return b.Close()

@@ -35,6 +35,7 @@ func defaultJobManager() string {
 
 func newJobManagerCmd(a *app) *cobra.Command {
 	var listen, httpAddr, dataDir, tokenFile, certFile, keyFile string
+	var allowedHosts []string
 	cmd := &cobra.Command{
 		Use:   "jobmanager [--listen 127.0.0.1:6123] [--http 127.0.0.1:8081] [--data-dir DIR]",
 		Short: "Run a job manager: schedules submitted jobs onto task managers and coordinates their checkpoints",
@@ -56,7 +57,10 @@ job to commit or abort), not cancel them.
 --http serves the REST API (JSON, Flink's shapes: GET /jobs, /jobs/overview,
 /jobs/ID, /jobs/ID/checkpoints, /taskmanagers; POST /jobs/ID/cancel or
 PATCH /jobs/ID?mode=cancel) and Prometheus metrics (GET /metrics), with the
-same token rule as the RPC.
+same token rule as the RPC. It answers only requests whose Host header is a
+loopback name, the --http host or one of --rest-allowed-hosts (421 otherwise),
+and refuses a POST, PUT, PATCH or DELETE without Content-Type: application/json
+or an X-Weir-Request header (403): what a web page cannot send cross-site.
 
 It prints "jobmanager listening on HOST:PORT" and "jobmanager http on
 HOST:PORT" on stdout once it accepts connections, and stops cleanly on
@@ -69,6 +73,7 @@ SIGINT/SIGTERM.`,
 				if sec.token, err = rpc.ReadToken(tokenFile); err != nil {
 					return flagError(cmd, err)
 				}
+				warn(log, rpc.TokenWarnings(tokenFile, sec.token))
 			}
 			if (certFile == "") != (keyFile == "") {
 				return flagError(cmd, errors.New("--tls-cert and --tls-key go together"))
@@ -84,6 +89,10 @@ SIGINT/SIGTERM.`,
 					return flagError(cmd, err)
 				}
 			}
+			if sec.token != "" && sec.tls == nil {
+				warn(log, rpc.ExposureWarnings([]string{listen, httpAddr}, "", ""))
+			}
+			sec.httpHosts = allowedHosts
 			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil)
 		}),
 	}
@@ -93,6 +102,8 @@ SIGINT/SIGTERM.`,
 	cmd.Flags().StringVar(&tokenFile, "auth-token-file", "", "file holding the token every RPC and HTTP request must carry (required beyond loopback)")
 	cmd.Flags().StringVar(&certFile, "tls-cert", "", "PEM certificate: serve RPC and HTTP over TLS (with --tls-key)")
 	cmd.Flags().StringVar(&keyFile, "tls-key", "", "PEM private key of --tls-cert")
+	cmd.Flags().StringSliceVar(&allowedHosts, "rest-allowed-hosts", nil,
+		"host names HTTP requests may carry in their Host header besides loopback names and the --http host (comma-separated)")
 	return cmd
 }
 
@@ -100,6 +111,16 @@ SIGINT/SIGTERM.`,
 type jmSecurity struct {
 	token string
 	tls   *tls.Config
+	// httpHosts are the Host names HTTP requests may carry besides loopback
+	// names and the HTTP listen host.
+	httpHosts []string
+}
+
+// warn logs each of warnings once, at warn level.
+func warn(log *zap.Logger, warnings []string) {
+	for _, w := range warnings {
+		log.Warn(w)
+	}
 }
 
 // runJobManager serves a job manager until ctx is done: gRPC on listen,
@@ -117,7 +138,8 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 		return err
 	}
 	srv, err := jobmanager.New(jobmanager.Logger(log), jobmanager.DataDir(dataDir), jobmanager.Jobs(a.reg),
-		jobmanager.Failpoints(fp), jobmanager.AuthToken(sec.token), jobmanager.TLS(sec.tls))
+		jobmanager.Failpoints(fp), jobmanager.AuthToken(sec.token), jobmanager.TLS(sec.tls),
+		jobmanager.HTTPHosts(append([]string{httpAddr}, sec.httpHosts...)...))
 	if err != nil {
 		return err
 	}
@@ -131,7 +153,7 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 		lis.Close()
 		return fmt.Errorf("jobmanager: --http: %w", err)
 	}
-	hs := &http.Server{Handler: srv.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second, TLSConfig: sec.tls}
+	hs := rpc.NewHTTPServer(srv.HTTPHandler(), rpc.HTTPTLS(sec.tls))
 	go func() {
 		if sec.tls != nil {
 			_ = hs.ServeTLS(hl, "", "")
@@ -155,6 +177,7 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 
 func newTaskManagerCmd(a *app) *cobra.Command {
 	var jm, dataDir, id, dataHost, metricsAddr string
+	var metricsHosts []string
 	var access accessFlags
 	var slots int
 	cmd := &cobra.Command{
@@ -172,7 +195,9 @@ SIGINT/SIGTERM.
 --metrics HOST:PORT serves Prometheus metrics on GET /metrics (each task's
 records in and out and back-pressured time, and its operators' metrics); it
 prints "taskmanager metrics on HOST:PORT" once it listens. Beyond loopback it
-needs --auth-token-file, and every scrape must carry the token.`,
+needs --auth-token-file, and every scrape must carry the token. A scrape's Host
+header must be a loopback name, the --metrics host or one of
+--metrics-allowed-hosts (421 otherwise).`,
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			if slots < 1 {
@@ -197,6 +222,12 @@ needs --auth-token-file, and every scrape must carry the token.`,
 			if err != nil {
 				return err
 			}
+			if access.tokenFile != "" {
+				warn(log, rpc.TokenWarnings(access.tokenFile, token))
+			}
+			if tlsCfg == nil {
+				warn(log, rpc.ExposureWarnings(nil, "", dataHost))
+			}
 			opts = append(opts, taskmanager.AuthToken(token))
 			if tlsCfg != nil {
 				opts = append(opts, taskmanager.TLS(tlsCfg))
@@ -205,7 +236,7 @@ needs --auth-token-file, and every scrape must carry the token.`,
 				if err := rpc.CheckExposure(metricsAddr, token); err != nil {
 					return flagError(cmd, fmt.Errorf("--metrics: %w", err))
 				}
-				reg, stop, err := a.serveMetrics(cmd.Context(), metricsAddr, token)
+				reg, stop, err := a.serveMetrics(cmd.Context(), metricsAddr, token, metricsHosts)
 				if err != nil {
 					return err
 				}
@@ -224,6 +255,8 @@ needs --auth-token-file, and every scrape must carry the token.`,
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the task manager's state (created; nothing is stored in it yet)")
 	cmd.Flags().StringVar(&dataHost, "data-host", "127.0.0.1", "host the other task managers reach this one's data plane on")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "HTTP address of the Prometheus /metrics endpoint (default: none)")
+	cmd.Flags().StringSliceVar(&metricsHosts, "metrics-allowed-hosts", nil,
+		"host names scrapes may carry in their Host header besides loopback names and the --metrics host (comma-separated)")
 	access.add(cmd)
 	cmd.Flags().StringVar(&id, "id", "", "task manager id (default HOST-PID)")
 	return cmd
@@ -232,8 +265,9 @@ needs --auth-token-file, and every scrape must carry the token.`,
 // serveMetrics serves a new metrics registry (with the Go runtime's and the
 // process's metrics) on GET /metrics at addr until stop is called, and
 // prints "taskmanager metrics on HOST:PORT". Requests must carry token,
-// if set.
-func (a *app) serveMetrics(ctx context.Context, addr, token string) (*prometheus.Registry, func(), error) {
+// if set, and name addr's host, a loopback name or one of hosts in their
+// Host header (rpc.BrowserGuard).
+func (a *app) serveMetrics(ctx context.Context, addr, token string, hosts []string) (*prometheus.Registry, func(), error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	l, err := net.Listen("tcp", addr)
@@ -242,7 +276,7 @@ func (a *app) serveMetrics(ctx context.Context, addr, token string) (*prometheus
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	hs := &http.Server{Handler: rpc.RequireToken(token, mux), ReadHeaderTimeout: 5 * time.Second}
+	hs := rpc.NewHTTPServer(rpc.BrowserGuard(append([]string{addr}, hosts...), rpc.RequireToken(token, mux)))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

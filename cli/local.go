@@ -93,7 +93,7 @@ cancelled).`,
 			}
 			tmOpts := []taskmanager.Opt{taskmanager.Slots(slots), taskmanager.Jobs(a.reg), taskmanager.Failpoints(fp)}
 			if metricsAddr != "" {
-				reg, stop, err := a.serveMetrics(ctx, metricsAddr, "")
+				reg, stop, err := a.serveMetrics(ctx, metricsAddr, "", nil)
 				if err != nil {
 					return err
 				}

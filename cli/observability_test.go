@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/rpc"
 )
 
 // addr waits for local to print "PREFIX HOST:PORT" and returns the address.
@@ -29,13 +30,15 @@ func (c *localCluster) addr(t *testing.T, prefix string) string {
 	return ""
 }
 
-// httpDo makes one request and returns the status and body.
+// httpDo makes one request and returns the status and body. It is a
+// script, not a browser: it marks its requests with rpc.RequestHeader.
 func httpDo(t *testing.T, method, url string) (int, []byte) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), method, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Header.Set(rpc.RequestHeader, "1")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

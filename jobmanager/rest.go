@@ -20,7 +20,10 @@ import (
 // The REST API (docs/metrics.md, README "REST API"): JSON in the shapes of
 // Flink's REST API where a Flink user would look for them, and Prometheus'
 // /metrics, on the job manager's HTTP address. Every request carries the
-// job manager's token when it has one (rpc.RequireToken).
+// job manager's token when it has one (rpc.RequireToken). In front of
+// everything, one guard against browsers (rpc.BrowserGuard): the Host
+// header must name this job manager (HTTPHosts), and a state-changing
+// request must not be one a web page can send cross-site.
 
 // cancelTimeout bounds how long a cancel request waits for the job's tasks
 // to stop.
@@ -31,13 +34,14 @@ const cancelTimeout = time.Minute
 // /metrics; POST /jobs/{id}/cancel and PATCH /jobs/{id}?mode=cancel; and
 // the web dashboard at GET / (package dashboard). The API requires the
 // token; the dashboard's files hold no data and are served without it.
+// Every request passes rpc.BrowserGuard first.
 func (s *Server) HTTPHandler() http.Handler {
 	root := http.NewServeMux()
 	ui := dashboard.Handler()
 	root.Handle("GET /{$}", ui)
 	root.Handle("GET /static/", ui)
 	root.Handle("/", rpc.RequireToken(s.cfg.token, s.apiHandler(), rpc.LogRejections(s.rejects)))
-	return root
+	return rpc.BrowserGuard(s.cfg.hosts, root, rpc.LogRejections(s.rejects))
 }
 
 // apiHandler is the REST API and /metrics, without the token check.

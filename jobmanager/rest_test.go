@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/weirstream/weir/internal/rpc"
 )
 
 // With a token, every HTTP endpoint refuses a request without it (401)
@@ -58,5 +60,13 @@ func TestHTTPRequiresTheToken(t *testing.T) {
 		if resp.StatusCode != tc.code || !strings.Contains(string(b), tc.body) {
 			t.Errorf("GET %s (%q): %d %q, want %d with %q", tc.path, tc.auth, resp.StatusCode, b, tc.code, tc.body)
 		}
+	}
+}
+
+// A REST cancel waits up to cancelTimeout: the HTTP server's write timeout
+// must leave it time to answer.
+func TestTheHTTPWriteTimeoutOutlastsACancel(t *testing.T) {
+	if cancelTimeout >= rpc.HTTPWriteTimeout {
+		t.Fatalf("cancel waits up to %v, the HTTP server answers within %v", cancelTimeout, rpc.HTTPWriteTimeout)
 	}
 }

@@ -70,6 +70,7 @@ type cfg struct {
 	slotTimeout time.Duration
 	tls         *tls.Config
 	token       string
+	hosts       []string
 }
 
 // HeartbeatInterval sets how often the job manager heartbeats each task
@@ -102,6 +103,13 @@ func TLS(t *tls.Config) Opt { return optFunc(func(c *cfg) { c.tls = t }) }
 // AuthToken requires token on every call (default: none; a job manager
 // bound beyond loopback must have one, see rpc.CheckExposure).
 func AuthToken(token string) Opt { return optFunc(func(c *cfg) { c.token = token }) }
+
+// HTTPHosts are the names the HTTP API answers to, besides loopback names
+// (rpc.BrowserGuard): its listen host and the operator's
+// --rest-allowed-hosts. A request naming another Host is answered 421.
+func HTTPHosts(hosts ...string) Opt {
+	return optFunc(func(c *cfg) { c.hosts = append(c.hosts, hosts...) })
+}
 
 // SlotTimeout sets how long an attempt waits for enough free slots before
 // it fails (default DefaultSlotTimeout).

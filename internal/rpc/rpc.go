@@ -1,7 +1,10 @@
 // Package rpc owns the control-plane contract between the job manager, the
 // task managers and streamctl: the protocol (package weirpb, generated from
-// weirpb/control.proto), dialing, and the heartbeat rule both ends of a
-// task-manager session apply to detect a dead peer.
+// weirpb/control.proto), dialing, the heartbeat rule both ends of a
+// task-manager session apply to detect a dead peer, and the access rules of
+// Weir's servers (docs/guide/security.md): the token, TLS and limits of the
+// gRPC server (security.go), the HTTP servers' timeouts and browser guard
+// (http.go), and the warnings about risky settings (warnings.go).
 //
 // It is the only package jobmanager and taskmanager share. It must not
 // import runtime, jobmanager, taskmanager, sources or sinks: it carries ids

@@ -18,9 +18,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 )
 
 // Access to the job manager (README, "Cluster across machines"): a job
@@ -50,18 +51,20 @@ func CheckExposure(addr, token string) error {
 	if token != "" {
 		return nil
 	}
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return fmt.Errorf("rpc: address %q: %w", addr, err)
 	}
-	if host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+	if !BeyondLoopback(addr) {
 		return nil
 	}
 	return fmt.Errorf("%w (listening on %s)", ErrNoToken, addr)
 }
+
+// BeyondLoopback reports whether a server bound to addr (HOST:PORT, or a
+// host alone) is reachable from other machines: its host is not
+// "localhost" or a loopback address (an empty host binds every
+// interface).
+func BeyondLoopback(addr string) bool { return !isLoopbackHost(hostName(addr)) }
 
 // ServerTLS loads a server certificate and key (PEM) for the job manager.
 func ServerTLS(certFile, keyFile string) (*tls.Config, error) {
@@ -91,7 +94,7 @@ func ClientTLS(caFile string) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// AuthOpt configures the token check of ServerOptions and RequireToken.
+// AuthOpt configures ServerOptions, RequireToken and BrowserGuard.
 type AuthOpt interface{ apply(*authCfg) }
 
 type authCfg struct{ rejects *RejectLog }
@@ -103,10 +106,12 @@ func (o authOpt) apply(c *authCfg) { o(c) }
 // LogRejections logs every refused request to l (default: none).
 func LogRejections(l *RejectLog) AuthOpt { return authOpt(func(c *authCfg) { c.rejects = l }) }
 
-// RejectLog logs refused authentication at warn, at most once per peer
-// host per interval: a client retrying with a bad token does not flood the
-// log, and each entry counts the refusals it stands for. It never logs a
-// token. One RejectLog may serve several listeners (RPC and HTTP).
+// RejectLog logs refused requests (a missing or wrong token, a foreign
+// Host, a simple cross-site request) at warn, with the reason, at most once
+// per peer host per interval: a client retrying with a bad token does not
+// flood the log, and each entry counts the refusals it stands for. It
+// never logs a token. One RejectLog may serve several listeners (RPC and
+// HTTP).
 type RejectLog struct {
 	log   *zap.Logger
 	every time.Duration
@@ -121,7 +126,7 @@ type rejected struct {
 	suppressed int
 }
 
-// NewRejectLog logs refused authentication to log, at most once per peer
+// NewRejectLog logs refused requests to log, at most once per peer
 // host per every.
 func NewRejectLog(log *zap.Logger, every time.Duration) *RejectLog {
 	return &RejectLog{log: log, every: every, now: time.Now, peers: map[string]*rejected{}}
@@ -156,51 +161,76 @@ func (l *RejectLog) Rejected(addr, what, reason string) {
 	}
 	l.peers[host] = &rejected{logged: now}
 	l.mu.Unlock()
-	l.log.Warn("authentication refused", zap.String("peer", addr), zap.String("request", what),
+	l.log.Warn("request refused", zap.String("peer", addr), zap.String("request", what),
 		zap.String("reason", reason), zap.Int("refused_since_last_logged", suppressed),
 		zap.Duration("logged_at_most_every", l.every))
 }
 
+// Limits of the job manager's gRPC server (docs/guide/security.md). A
+// connection holds at most MaxStreamsPerConnection calls at once, so an
+// authenticated peer buffers at most that many messages of MaxMessageSize;
+// a stream's token is checked when its headers arrive, so an
+// unauthenticated one buffers nothing.
+const (
+	// MaxStreamsPerConnection bounds the concurrent calls of one
+	// connection: a task manager's session is one, a streamctl command one.
+	MaxStreamsPerConnection = 32
+	// maxHeaderListSize bounds a call's headers (read before any check).
+	maxHeaderListSize = 64 << 10
+	// connectionTimeout bounds a new connection's TLS and HTTP/2
+	// handshakes.
+	connectionTimeout = 10 * time.Second
+	// maxConnectionIdle closes a connection without a call for that long.
+	maxConnectionIdle = 5 * time.Minute
+	// keepaliveTime and keepaliveTimeout: the server pings a connection
+	// silent for keepaliveTime and closes it if the ping is not answered
+	// within keepaliveTimeout.
+	keepaliveTime    = time.Minute
+	keepaliveTimeout = 20 * time.Second
+	// minClientPingInterval: a client pinging more often is disconnected
+	// (GOAWAY "too_many_pings"); Weir's clients never ping.
+	minClientPingInterval = time.Minute
+)
+
+// errUnauthenticated is what a refused call is answered.
+var errUnauthenticated = status.Error(codes.Unauthenticated, "rpc: missing or wrong auth token (--auth-token-file)")
+
 // ServerOptions are the gRPC server options of a job manager: TLS if tlsCfg
-// is set, and a token check on every call if token is not empty.
+// is set, a token check on every call if token is not empty, and the
+// limits above. The token is checked when a call's headers arrive (a tap
+// handle), before its first message is read: a refused call is answered
+// Unauthenticated at once and its body discarded unread.
 func ServerOptions(tlsCfg *tls.Config, token string, opts ...AuthOpt) []grpc.ServerOption {
 	var ac authCfg
 	for _, o := range opts {
 		o.apply(&ac)
 	}
-	sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize)}
+	sopts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize),
+		grpc.MaxConcurrentStreams(MaxStreamsPerConnection),
+		grpc.MaxHeaderListSize(maxHeaderListSize),
+		grpc.ConnectionTimeout(connectionTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: maxConnectionIdle, Time: keepaliveTime, Timeout: keepaliveTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minClientPingInterval}),
+	}
 	if tlsCfg != nil {
 		sopts = append(sopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
 	if token != "" {
-		check := func(ctx context.Context, method string) error {
-			md, _ := metadata.FromIncomingContext(ctx)
+		sopts = append(sopts, grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
 			reason := "no authorization header"
-			for _, v := range md.Get("authorization") {
+			for _, v := range info.Header.Get("authorization") {
 				if reason = checkBearer(v, token); reason == "" {
-					return nil
+					return ctx, nil
 				}
 			}
 			addr := "unknown"
 			if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 				addr = p.Addr.String()
 			}
-			ac.rejects.Rejected(addr, method, reason)
-			return status.Error(codes.Unauthenticated, "rpc: missing or wrong auth token (--auth-token-file)")
-		}
-		sopts = append(sopts,
-			grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-				if err := check(ctx, info.FullMethod); err != nil {
-					return nil, err
-				}
-				return h(ctx, req)
-			}),
-			grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-				if err := check(ss.Context(), info.FullMethod); err != nil {
-					return err
-				}
-				return h(srv, ss)
-			}))
+			ac.rejects.Rejected(addr, info.FullMethodName, reason)
+			return ctx, errUnauthenticated
+		}))
 	}
 	return sopts
 }
