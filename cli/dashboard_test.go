@@ -88,15 +88,18 @@ func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 			Parallelism int    `json:"parallelism"`
 			Subtasks    []struct {
 				TaskID      string `json:"task_id"`
-				TaskManager string `json:"taskmanager_id"`
+				TaskManager string `json:"taskmanager-id"`
 			} `json:"subtasks"`
 		} `json:"vertices"`
 	}
 	getJSON(t, jm+"/jobs/"+id, &job)
-	var tms []struct {
-		ID string `json:"id"`
+	var list struct {
+		TaskManagers []struct {
+			ID string `json:"id"`
+		} `json:"taskmanagers"`
 	}
-	getJSON(t, jm+"/taskmanagers", &tms)
+	getJSON(t, jm+"/taskmanagers", &list)
+	tms := list.TaskManagers
 	if len(job.Vertices) == 0 || len(tms) != 2 {
 		t.Fatalf("REST shows %d vertices and %d task managers", len(job.Vertices), len(tms))
 	}

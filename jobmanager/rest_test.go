@@ -32,7 +32,7 @@ func TestHTTPRequiresTheToken(t *testing.T) {
 		{"/jobs", "BEARER s3cret", http.StatusOK, `{"jobs":[]}`},
 		{"/jobs", "bearer S3CRET", http.StatusUnauthorized, ""},
 		{"/jobs/overview", "Bearer s3cret", http.StatusOK, `{"jobs":[]}`},
-		{"/taskmanagers", "Bearer s3cret", http.StatusOK, `[]`},
+		{"/taskmanagers", "Bearer s3cret", http.StatusOK, `{"taskmanagers":[]}`},
 		{"/metrics", "Bearer s3cret", http.StatusOK, "weir_jobmanager_taskSlotsTotal 0"},
 		{"/jobs/0123456789abcdef0123456789abcdef", "Bearer s3cret", http.StatusNotFound, `{"errors":[`},
 		// The dashboard's files hold no data: served without the token
