@@ -35,12 +35,14 @@ function askToken(why) {
   return tokenPrompt;
 }
 
+// request sends one request with the token kept for the tab, if any; it
+// answers the response and the token it carried.
 async function request(path, init) {
   const headers = Object.assign({}, (init && init.headers) || {});
   const token = sessionStorage.getItem("weir-token");
   if (token) headers.Authorization = "Bearer " + token;
   try {
-    return await fetch(path, Object.assign({}, init, { headers }));
+    return { resp: await fetch(path, Object.assign({}, init, { headers })), sent: token };
   } catch (e) {
     throw new ApiError("unreachable", "job manager unreachable at " + location.host + " (" + (e.message || e) + ")");
   }
@@ -49,14 +51,16 @@ async function request(path, init) {
 // api fetches a REST path as JSON (init: fetch's, for state-changing
 // requests). A 401 asks for the token once, as above.
 async function api(path, init) {
-  let resp = await request(path, init);
+  let { resp, sent } = await request(path, init);
   if (resp.status === 401) {
-    const sent = sessionStorage.getItem("weir-token");
+    const current = sessionStorage.getItem("weir-token");
     if (tokenPrompt) {
-      if (await tokenPrompt) resp = await request(path, init);
+      if (await tokenPrompt) ({ resp } = await request(path, init));
+    } else if (current && current !== sent) {
+      ({ resp } = await request(path, init)); // a token was given since this request left
     } else if (!tokenProblem) {
-      if (sent) sessionStorage.removeItem("weir-token");
-      if (await askToken(sent ? "The job manager refused the token." : "")) resp = await request(path, init);
+      sessionStorage.removeItem("weir-token");
+      if (await askToken(sent ? "The job manager refused the token." : "")) ({ resp } = await request(path, init));
     }
     if (resp.status === 401) {
       if (!tokenProblem) {
@@ -428,10 +432,11 @@ async function refresh() {
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
     showProblem(e);
-    if (!loaded) {
-      const why = e.kind === "token" ? "token needed (see above)" : e.kind === "unreachable" ? "job manager unreachable" : "cannot load";
-      fill(document.querySelector("#jobs tbody"), [], why);
-      fill(document.querySelector("#taskmanagers tbody"), [], why);
+    // A table that shows no rows says why, not "no jobs yet".
+    const why = e.kind === "token" ? "token needed (see above)" : e.kind === "unreachable" ? "job manager unreachable" : "cannot load";
+    for (const sel of ["#jobs tbody", "#taskmanagers tbody"]) {
+      const body = document.querySelector(sel);
+      if (!loaded || body.querySelector("td[colspan]")) fill(body, [], why);
     }
   }
 }
