@@ -60,3 +60,46 @@ func TestHTTPRequiresTheToken(t *testing.T) {
 		}
 	}
 }
+
+// PATCH /jobs/{id}?mode=cancel answers as Flink's does for a job that
+// already ended: 202 again for a cancelled one, 409 with Flink's error body
+// for one that finished or failed, 404 for an unknown one.
+func TestPatchCancelOfAnEndedJob(t *testing.T) {
+	srv, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	for _, st := range []JobState{StateCanceled, StateFinished, StateFailed} {
+		if err := srv.jobs.store.Put(JobRecord{ID: "job-" + string(st), Type: "numbers", State: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hs := httptest.NewServer(srv.HTTPHandler())
+	defer hs.Close()
+	for _, tc := range []struct {
+		id   string
+		code int
+		body string
+	}{
+		{"job-CANCELED", http.StatusAccepted, "{}"},
+		{"job-FINISHED", http.StatusConflict, `{"errors":[`},
+		{"job-FAILED", http.StatusConflict, `{"errors":[`},
+		{"nosuchjob", http.StatusNotFound, `{"errors":[`},
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPatch, hs.URL+"/jobs/"+tc.id+"?mode=cancel", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hs.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.code || !strings.HasPrefix(string(b), tc.body) {
+			t.Errorf("PATCH /jobs/%s?mode=cancel: %d %s, want %d %s", tc.id, resp.StatusCode, b, tc.code, tc.body)
+		}
+	}
+}
