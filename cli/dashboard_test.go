@@ -262,6 +262,7 @@ func TestDashboardShowsLiveRatesAndCancelsAJobInRealTime(t *testing.T) {
 		stopFeeding()
 		<-fed
 	})
+	waitTaskManagers(t, jm, 2)
 	id := c.submitWordcount(t, "200ms")
 	b.navigate(jm + "/")
 	b.waitFor("the job RUNNING with non-zero rates in every box", fmt.Sprintf(`(() => {

@@ -361,6 +361,32 @@ func requireShape(t *testing.T, path string, doc any, typ reflect.Type) {
 	}
 }
 
+// waitTaskManagers waits (30 s) until the job manager at jm lists n
+// registered task managers.
+func waitTaskManagers(t *testing.T, jm string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var l struct {
+			TaskManagers []struct {
+				State string `json:"state"`
+			} `json:"taskmanagers"`
+		}
+		getJSON(t, jm+"/taskmanagers", &l)
+		registered := 0
+		for _, tm := range l.TaskManagers {
+			if tm.State == "REGISTERED" {
+				registered++
+			}
+		}
+		if registered == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d task managers registered after 30s, want %d", registered, n)
+		}
+	}
+}
+
 func trunc(v any) string {
 	b, _ := json.Marshal(v)
 	if len(b) > 200 {
@@ -378,6 +404,7 @@ func TestRESTServesFlinksShapesForEveryEndpoint(t *testing.T) {
 	c := startLocal(t, "--taskmanagers", "2", "--slots", "2")
 	jm := "http://" + c.addr(t, "jobmanager http on")
 	produceLines(t, c.broker, "lines", testLines(300, "f"))
+	waitTaskManagers(t, jm, 2)
 	id := c.submitWordcount(t, "100ms")
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if st := c.status(t, id); st.State == "RUNNING" && st.LastCompletedCheckpoint >= 3 {
