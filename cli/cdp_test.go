@@ -302,3 +302,16 @@ func (b *browser) sent(method string) []cdpRequest {
 	}
 	return out
 }
+
+// screenshot saves a PNG of the whole page to path.
+func (b *browser) screenshot(path string) {
+	b.t.Helper()
+	var shot struct {
+		Data []byte `json:"data"` // base64 in JSON
+	}
+	b.call(b.session, "Page.captureScreenshot", map[string]any{"format": "png", "captureBeyondViewport": true}, &shot)
+	if err := os.WriteFile(path, shot.Data, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Logf("dashboard screenshot saved to %s", path)
+}

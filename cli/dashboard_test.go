@@ -40,20 +40,12 @@ func chromium(t *testing.T) string {
 
 // render loads url in headless Chromium, lets the page run for budget of
 // virtual time (its refreshes included) and returns the DOM as rendered.
-// With screenshot set it also saves a PNG of the page there.
-func render(t *testing.T, url string, budget time.Duration, screenshot string) string {
+func render(t *testing.T, url string, budget time.Duration) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
 		"--user-data-dir=" + t.TempDir(), fmt.Sprintf("--virtual-time-budget=%d", budget.Milliseconds())}
-	if screenshot != "" {
-		shot := exec.CommandContext(ctx, chromium(t), append(args, "--window-size=1280,1450", "--screenshot="+screenshot, url)...)
-		if out, err := shot.CombinedOutput(); err != nil {
-			t.Fatalf("chromium --screenshot: %v\n%s", err, out)
-		}
-		t.Logf("dashboard screenshot saved to %s", screenshot)
-	}
 	cmd := exec.CommandContext(ctx, chromium(t), append(args, "--dump-dom", url)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -68,8 +60,7 @@ func render(t *testing.T, url string, budget time.Duration, screenshot string) s
 // managers, shows what the REST API says: the job RUNNING, every vertex of
 // its graph with its parallelism and live rates (computed from two
 // refreshes), completed checkpoints in the table and the chart, and both
-// task managers. Set WEIR_DASHBOARD_SCREENSHOT=docs/dashboard.png to
-// refresh the README's screenshot.
+// task managers.
 func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a cluster and a browser")
@@ -110,7 +101,7 @@ func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 		t.Fatalf("REST shows %d vertices and %d task managers", len(job.Vertices), len(tms))
 	}
 
-	dom := render(t, jm+"/", 7*time.Second, os.Getenv("WEIR_DASHBOARD_SCREENSHOT"))
+	dom := render(t, jm+"/", 7*time.Second)
 	fail := func(format string, args ...any) {
 		t.Helper()
 		t.Errorf(format+"\nrendered DOM:\n%s", append(args, dom)...)
@@ -225,7 +216,9 @@ func TestDashboardAsksForTheTokenOnceAndSaysWhyItFailed(t *testing.T) {
 // wordcount runs on its input: the graph's boxes show non-zero rates and
 // hold their text, the checkpoint chart has bars; the cancel button
 // cancels the job with a non-simple request (PATCH with a JSON body), and
-// the cancelled job keeps its final record counts.
+// the cancelled job keeps its final record counts. Set
+// WEIR_DASHBOARD_SCREENSHOT=$PWD/docs/dashboard.png to refresh the docs'
+// screenshot (taken before the cancel).
 func TestDashboardShowsLiveRatesAndCancelsAJobInRealTime(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a cluster and a browser")
@@ -280,6 +273,9 @@ func TestDashboardShowsLiveRatesAndCancelsAJobInRealTime(t *testing.T) {
 		t.Errorf("text overflows the graph's boxes: %q", overflow)
 	}
 	b.waitFor("bars in the checkpoint chart", `document.querySelectorAll("#cp-chart rect.bar.COMPLETED").length > 0`, 30*time.Second)
+	if path := os.Getenv("WEIR_DASHBOARD_SCREENSHOT"); path != "" {
+		b.screenshot(path)
+	}
 
 	b.answerDialog = func(kind, msg string) (string, bool) { return "", kind == "confirm" && strings.Contains(msg, id) }
 	b.eval(`document.getElementById("cancel").click()`, nil)

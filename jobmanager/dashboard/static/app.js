@@ -322,7 +322,7 @@ function drawCheckpoints(cps) {
     if (line) g.append(svg("path", { class: "size", d: line }));
   }
   document.getElementById("cp-span").textContent = used.length ?
-    `the last ${duration(span)}: ${hist.filter(h => h.trigger_timestamp >= from).length} checkpoints` : "";
+    `· charted: the last ${duration(span)}, ${hist.filter(h => h.trigger_timestamp >= from).length} checkpoints` : "";
   document.getElementById("cp-chart").replaceChildren(g);
   const rows = cps.history.slice().sort((a, b) => b.id - a.id).slice(0, 15).map(h =>
     el("tr", { "data-checkpoint": h.id }, el("td", {}, h.id), el("td", {}, state(h.status)),
