@@ -54,13 +54,15 @@ reconnect by themselves. Without it everything is in memory. SIGINT/SIGTERM
 suspend the running jobs (tasks stopped, transactions left for the resumed
 job to commit or abort), not cancel them.
 
---http serves the REST API (JSON, Flink's shapes: GET /jobs, /jobs/overview,
-/jobs/ID, /jobs/ID/checkpoints, /taskmanagers; POST /jobs/ID/cancel or
-PATCH /jobs/ID?mode=cancel) and Prometheus metrics (GET /metrics), with the
-same token rule as the RPC. It answers only requests whose Host header is a
-loopback name, the --http host or one of --rest-allowed-hosts (421 otherwise),
-and refuses a POST, PUT, PATCH or DELETE without Content-Type: application/json
-or an X-Weir-Request header (403): what a web page cannot send cross-site.
+--http serves the REST API (JSON in Flink's shapes: GET /overview, /jobs,
+/jobs/overview, /jobs/ID, /jobs/ID/checkpoints, /taskmanagers, ...; PATCH
+/jobs/ID?mode=cancel, or POST /jobs/ID/cancel to wait for the end; see
+docs/reference/rest.md), the web dashboard (GET /) and Prometheus metrics
+(GET /metrics), with the same token rule as the RPC. It answers only requests
+whose Host header is a loopback name, the --http host or one of
+--rest-allowed-hosts (421 otherwise), and refuses a POST, PUT, PATCH or DELETE
+without Content-Type: application/json or an X-Weir-Request header (403): what
+a web page cannot send cross-site.
 
 It prints "jobmanager listening on HOST:PORT" and "jobmanager http on
 HOST:PORT" on stdout once it accepts connections, and stops cleanly on

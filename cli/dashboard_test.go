@@ -4,12 +4,18 @@ import (
 	"context"
 	"fmt"
 	"html"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/weirstream/weir/jobmanager"
 )
 
 // chromium finds a headless-capable Chromium: $WEIR_CHROMIUM, else chromium
@@ -34,20 +40,12 @@ func chromium(t *testing.T) string {
 
 // render loads url in headless Chromium, lets the page run for budget of
 // virtual time (its refreshes included) and returns the DOM as rendered.
-// With screenshot set it also saves a PNG of the page there.
-func render(t *testing.T, url string, budget time.Duration, screenshot string) string {
+func render(t *testing.T, url string, budget time.Duration) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
 		"--user-data-dir=" + t.TempDir(), fmt.Sprintf("--virtual-time-budget=%d", budget.Milliseconds())}
-	if screenshot != "" {
-		shot := exec.CommandContext(ctx, chromium(t), append(args, "--window-size=1280,1450", "--screenshot="+screenshot, url)...)
-		if out, err := shot.CombinedOutput(); err != nil {
-			t.Fatalf("chromium --screenshot: %v\n%s", err, out)
-		}
-		t.Logf("dashboard screenshot saved to %s", screenshot)
-	}
 	cmd := exec.CommandContext(ctx, chromium(t), append(args, "--dump-dom", url)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -62,8 +60,7 @@ func render(t *testing.T, url string, budget time.Duration, screenshot string) s
 // managers, shows what the REST API says: the job RUNNING, every vertex of
 // its graph with its parallelism and live rates (computed from two
 // refreshes), completed checkpoints in the table and the chart, and both
-// task managers. Set WEIR_DASHBOARD_SCREENSHOT=docs/dashboard.png to
-// refresh the README's screenshot.
+// task managers.
 func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a cluster and a browser")
@@ -88,20 +85,23 @@ func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 			Parallelism int    `json:"parallelism"`
 			Subtasks    []struct {
 				TaskID      string `json:"task_id"`
-				TaskManager string `json:"taskmanager_id"`
+				TaskManager string `json:"taskmanager-id"`
 			} `json:"subtasks"`
 		} `json:"vertices"`
 	}
 	getJSON(t, jm+"/jobs/"+id, &job)
-	var tms []struct {
-		ID string `json:"id"`
+	var list struct {
+		TaskManagers []struct {
+			ID string `json:"id"`
+		} `json:"taskmanagers"`
 	}
-	getJSON(t, jm+"/taskmanagers", &tms)
+	getJSON(t, jm+"/taskmanagers", &list)
+	tms := list.TaskManagers
 	if len(job.Vertices) == 0 || len(tms) != 2 {
 		t.Fatalf("REST shows %d vertices and %d task managers", len(job.Vertices), len(tms))
 	}
 
-	dom := render(t, jm+"/", 7*time.Second, os.Getenv("WEIR_DASHBOARD_SCREENSHOT"))
+	dom := render(t, jm+"/", 7*time.Second)
 	fail := func(format string, args ...any) {
 		t.Helper()
 		t.Errorf(format+"\nrendered DOM:\n%s", append(args, dom)...)
@@ -152,4 +152,146 @@ func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 	if !regexp.MustCompile(`id="problem" class="problem" hidden`).MatchString(dom) {
 		fail("the page shows a problem")
 	}
+}
+
+// The dashboard of a job manager that requires a token, in a real browser
+// in real time: the token is asked for once (however many requests got
+// 401); a wrong one is reported as such and never asked again by itself,
+// only when the user clicks "enter token"; with the right one the page
+// loads; and when the job manager goes away the page says it is
+// unreachable instead of "no jobs yet".
+func TestDashboardAsksForTheTokenOnceAndSaysWhyItFailed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a browser")
+	}
+	b := startBrowser(t) // skips without Chromium
+	srv, err := jobmanager.New(jobmanager.AuthToken("s3cret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	hs := httptest.NewServer(srv.HTTPHandler())
+	t.Cleanup(hs.Close)
+	answers := []string{"wrong", "s3cret"}
+	var asked int
+	b.answerDialog = func(kind, _ string) (string, bool) {
+		if kind != "prompt" {
+			t.Errorf("the page opened a %s dialog", kind)
+			return "", false
+		}
+		a := answers[min(asked, len(answers)-1)]
+		asked++
+		return a, true
+	}
+	b.navigate(hs.URL + "/")
+	b.waitFor("the wrong token reported", `document.getElementById("problem").innerText.includes("wrong token")`, 30*time.Second)
+	// Let the page refresh (every 2 s) three more times: it must not ask again.
+	refreshes := len(b.sent(http.MethodGet))
+	for deadline := time.Now().Add(30 * time.Second); len(b.sent(http.MethodGet)) < refreshes+6; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the page stopped refreshing")
+		}
+	}
+	if n := b.dialogCount(); n != 1 {
+		t.Fatalf("the page asked for the token %d times, want once: %v", n, b.dialogs)
+	}
+	if got := b.text("#jobs tbody"); strings.Contains(got, "no jobs yet") || !strings.Contains(got, "token") {
+		t.Errorf("jobs table without the token reads %q, want why it is empty", got)
+	}
+	b.eval(`document.getElementById("enter-token").click()`, nil)
+	b.waitFor("the page loaded with the right token", `document.getElementById("problem").hidden &&
+		document.querySelector("#jobs tbody").innerText.includes("no jobs yet")`, 30*time.Second)
+	if n := b.dialogCount(); n != 2 {
+		t.Errorf("the page asked %d times, want twice (once, then on the click)", n)
+	}
+
+	hs.CloseClientConnections()
+	hs.Close()
+	b.waitFor("the job manager reported unreachable", `document.getElementById("problem").innerText.includes("unreachable") &&
+		document.getElementById("updated").innerText === "unreachable" &&
+		document.querySelector("#jobs tbody").innerText.includes("unreachable")`, 30*time.Second)
+}
+
+// The dashboard in a real browser in real time (not virtual time) while
+// wordcount runs on its input: the graph's boxes show non-zero rates and
+// hold their text, the checkpoint chart has bars; the cancel button
+// cancels the job with a non-simple request (PATCH with a JSON body), and
+// the cancelled job keeps its final record counts. Set
+// WEIR_DASHBOARD_SCREENSHOT=$PWD/docs/dashboard.png to refresh the docs'
+// screenshot (taken before the cancel).
+func TestDashboardShowsLiveRatesAndCancelsAJobInRealTime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a cluster and a browser")
+	}
+	b := startBrowser(t) // skips without Chromium
+	c := startLocal(t, "--taskmanagers", "2", "--slots", "2")
+	jm := "http://" + c.addr(t, "jobmanager http on")
+	ctx, stopFeeding := context.WithCancel(t.Context())
+	fed := make(chan struct{})
+	go func() { // input keeps coming while the page watches
+		defer close(fed)
+		cl, err := kgo.NewClient(kgo.SeedBrokers(c.broker), kgo.DefaultProduceTopic("lines"), kgo.AllowAutoTopicCreation())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer cl.Close()
+		for i := 0; ctx.Err() == nil; i++ {
+			var recs []*kgo.Record
+			for _, l := range testLines(50, fmt.Sprintf("r%d-", i)) {
+				recs = append(recs, kgo.StringRecord(l))
+			}
+			if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil && ctx.Err() == nil {
+				t.Error(err)
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		stopFeeding()
+		<-fed
+	})
+	waitTaskManagers(t, jm, 2)
+	id := c.submitWordcount(t, "200ms")
+	b.navigate(jm + "/")
+	b.waitFor("the job RUNNING with non-zero rates in every box", fmt.Sprintf(`(() => {
+		const row = document.querySelector('tr[data-job=%q]');
+		const boxes = [...document.querySelectorAll("#graph g.vertex")];
+		return !!row && row.innerText.includes("RUNNING") && boxes.length >= 2 &&
+			boxes.every(g => /RUNNING · in (?!0\/s)[0-9.]+[kM]?\/s/.test(g.textContent));
+	})()`, id), 45*time.Second)
+	var overflow []string
+	b.eval(`[...document.querySelectorAll("#graph g.vertex")].flatMap(g => {
+		const w = g.querySelector("rect").getBBox().width;
+		return [...g.querySelectorAll("text")].filter(t => t.getBBox().x + t.getComputedTextLength() > w - 4).map(t => t.textContent + " (box " + w + ")");
+	})`, &overflow)
+	if len(overflow) > 0 {
+		t.Errorf("text overflows the graph's boxes: %q", overflow)
+	}
+	b.waitFor("bars in the checkpoint chart", `document.querySelectorAll("#cp-chart rect.bar.COMPLETED").length > 0`, 30*time.Second)
+	if path := os.Getenv("WEIR_DASHBOARD_SCREENSHOT"); path != "" {
+		b.screenshot(path)
+	}
+
+	b.answerDialog = func(kind, msg string) (string, bool) { return "", kind == "confirm" && strings.Contains(msg, id) }
+	b.eval(`document.getElementById("cancel").click()`, nil)
+	b.waitFor("the job CANCELED", `document.getElementById("job-state").innerText === "CANCELED" &&
+		document.getElementById("cancel").hidden`, 60*time.Second)
+	patches := b.sent(http.MethodPatch)
+	if len(patches) != 1 || !strings.HasSuffix(patches[0].URL, "/jobs/"+id+"?mode=cancel") ||
+		patches[0].Headers["Content-Type"] != "application/json" || patches[0].Body != "{}" {
+		t.Errorf("cancel sent %+v, want one PATCH /jobs/%s?mode=cancel with Content-Type application/json and a JSON body", patches, id)
+	}
+	if n := b.dialogCount(); n != 1 {
+		t.Errorf("the page opened %d dialogs, want one (the cancel's confirmation)", n)
+	}
+	// The cancelled job keeps its final counts (not 0).
+	b.waitFor("the cancelled job's record counts", `(() => {
+		const boxes = [...document.querySelectorAll("#graph g.vertex")];
+		return boxes.length >= 2 && boxes.every(g => { const m = g.textContent.match(/(\d+) in, (\d+) out/); return m && +m[1] > 0 && +m[2] > 0; });
+	})()`, 10*time.Second)
 }

@@ -134,7 +134,7 @@ type restJob struct {
 		} `json:"metrics"`
 		Subtasks []struct {
 			TaskID      string `json:"task_id"`
-			TaskManager string `json:"taskmanager_id"`
+			TaskManager string `json:"taskmanager-id"`
 			Status      string `json:"status"`
 		} `json:"subtasks"`
 	} `json:"vertices"`
@@ -279,13 +279,15 @@ func TestMetricsAndRESTShowARunningJob(t *testing.T) {
 	if len(job.Plan.Nodes) != len(job.Vertices) || len(job.Plan.Nodes[1].Inputs) != 1 || job.Plan.Nodes[1].Inputs[0].Ship != "HASH" {
 		t.Errorf("plan %+v: want the vertices, the counter's input by HASH", job.Plan)
 	}
-	var tml []struct {
-		ID        string `json:"id"`
-		Slots     int    `json:"slots"`
-		FreeSlots int    `json:"free_slots"`
+	var tml struct {
+		TaskManagers []struct {
+			ID        string `json:"id"`
+			Slots     int    `json:"slotsNumber"`
+			FreeSlots int    `json:"freeSlots"`
+		} `json:"taskmanagers"`
 	}
 	getJSON(t, jm+"/taskmanagers", &tml)
-	if len(tml) != 2 || tml[0].Slots != 2 || tml[0].FreeSlots != 1 {
+	if tms := tml.TaskManagers; len(tms) != 2 || tms[0].Slots != 2 || tms[0].FreeSlots != 1 {
 		t.Errorf("GET /taskmanagers: %+v, want two of 2 slots, 1 free each", tml)
 	}
 

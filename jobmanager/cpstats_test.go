@@ -2,6 +2,7 @@ package jobmanager
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -33,12 +34,12 @@ func TestCheckpointStatsFollowTheHooks(t *testing.T) {
 			s.restoredFrom(1)
 		}, 1, 1, 0, 1, []string{cpFailed, cpCompleted}},
 		{"restore from nothing is no restore", func(s *cpStats) { s.restoredFrom(0) }, 0, 0, 0, 0, nil},
-		{"history keeps the last ten", func(s *cpStats) {
-			for id := checkpoint.ID(1); id <= 12; id++ {
+		{"history keeps the last historyKept", func(s *cpStats) {
+			for id := checkpoint.ID(1); id <= historyKept+2; id++ {
 				s.triggered(ev(id))
 				s.completedCheckpoint(ev(id))
 			}
-		}, 12, 0, 0, 0, []string{cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted, cpCompleted}},
+		}, historyKept + 2, 0, 0, 0, slices.Repeat([]string{cpCompleted}, historyKept)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newCPStats()
@@ -60,5 +61,28 @@ func TestCheckpointStatsFollowTheHooks(t *testing.T) {
 				t.Errorf("last completed %+v, want checkpoint %d", snap.LastCompleted, tc.completed)
 			}
 		})
+	}
+}
+
+// Each task's acknowledgement counts once; only the newest historySize
+// checkpoints keep the acknowledgements themselves (for .../details/{cid}).
+func TestCheckpointStatsCountAcknowledgements(t *testing.T) {
+	s := newCPStats()
+	t0 := time.Now()
+	for id := checkpoint.ID(1); id <= historySize+1; id++ {
+		s.triggered(runtime.CheckpointEvent{ID: id, Triggered: t0})
+		for _, task := range []checkpoint.TaskID{"a#0", "a#1", "a#0"} {
+			s.acked(runtime.CheckpointAck{ID: id, Task: task, At: t0.Add(time.Millisecond), Size: 10, Alignment: time.Duration(id) * time.Millisecond})
+		}
+		s.completedCheckpoint(runtime.CheckpointEvent{ID: id, Triggered: t0, Size: 20})
+	}
+	snap := s.snapshot()
+	for i, e := range snap.History {
+		if e.Acked != 2 || e.Alignment != time.Duration(e.ID)*time.Millisecond {
+			t.Errorf("checkpoint %d: %d acknowledgements, alignment %v; want 2 and %v", e.ID, e.Acked, e.Alignment, time.Duration(e.ID)*time.Millisecond)
+		}
+		if keeps := i < historySize; keeps != (len(e.Acks) == 2) {
+			t.Errorf("checkpoint %d (newest %d) keeps %d acknowledgements", e.ID, i+1, len(e.Acks))
+		}
 	}
 }

@@ -70,6 +70,10 @@ type share struct {
 
 	statsMu sync.Mutex
 	stats   map[checkpoint.TaskID]runtime.TaskStats // per task, as of the last heartbeat
+	statsAt time.Time                               // when the last heartbeat's stats came
+	// busy is each task's back-pressured share of the time between the
+	// last two heartbeats (Flink's backPressuredTimeMsPerSecond / 1000).
+	busy map[checkpoint.TaskID]float64
 }
 
 // Counts implements runtime.Deployed: the counts the task manager's last
@@ -95,9 +99,19 @@ func (sh *share) setStats(tasks []*weirpb.TaskCounts) {
 			RecordsOut: t.RecordsOut, BackPressured: time.Duration(t.BackPressuredMs) * time.Millisecond,
 			Source: t.Source, Sink: t.Sink}
 	}
+	now := time.Now()
 	sh.statsMu.Lock()
-	sh.stats = m
-	sh.statsMu.Unlock()
+	defer sh.statsMu.Unlock()
+	if dt := now.Sub(sh.statsAt); !sh.statsAt.IsZero() && dt > 0 {
+		busy := make(map[checkpoint.TaskID]float64, len(m))
+		for id, st := range m {
+			if prev, ok := sh.stats[id]; ok {
+				busy[id] = min(1, max(0, float64(st.BackPressured-prev.BackPressured)/float64(dt)))
+			}
+		}
+		sh.busy = busy
+	}
+	sh.stats, sh.statsAt = m, now
 }
 
 // placedTask is one task of an attempt: where it runs and its counters.
@@ -105,8 +119,13 @@ type placedTask struct {
 	taskManager string
 	stats       runtime.TaskStats
 	known       bool // stats came in a heartbeat
-	ended       bool
-	finished    bool
+	// backPressured is the share of the time between the last two
+	// heartbeats the task was back-pressured; bpKnown once two came.
+	backPressured float64
+	bpKnown       bool
+	dataHost      string
+	ended         bool
+	finished      bool
 }
 
 // tasks returns every task of the attempt by id.
@@ -114,7 +133,7 @@ func (rd *remoteDeployment) tasks() map[checkpoint.TaskID]placedTask {
 	out := map[checkpoint.TaskID]placedTask{}
 	for _, sh := range rd.shares {
 		sh.statsMu.Lock()
-		stats := sh.stats
+		stats, busy := sh.stats, sh.busy
 		sh.statsMu.Unlock()
 		ended, finished := false, false
 		select {
@@ -124,7 +143,9 @@ func (rd *remoteDeployment) tasks() map[checkpoint.TaskID]placedTask {
 		}
 		for _, t := range sh.tasks {
 			st, ok := stats[t]
-			out[t] = placedTask{taskManager: sh.ss.tm.ID, stats: st, known: ok, ended: ended, finished: finished}
+			bp, bpKnown := busy[t]
+			out[t] = placedTask{taskManager: sh.ss.tm.ID, dataHost: sh.ss.tm.DataHost, stats: st, known: ok, backPressured: bp,
+				bpKnown: bpKnown, ended: ended, finished: finished}
 		}
 	}
 	return out

@@ -77,6 +77,9 @@ type jobs struct {
 	mu      sync.Mutex
 	running map[string]*runningJob
 	stats   map[string]*cpStats // every job started here, kept after it ends
+	// final is the last attempt of every job that ended here: its tasks'
+	// placement and final metrics, kept for REST and the dashboard.
+	final   map[string]endedAttempt
 	wg      sync.WaitGroup
 	suspend context.CancelCauseFunc
 	ctx     context.Context // suspended when the job manager stops
@@ -96,6 +99,14 @@ type runningJob struct {
 	last     checkpoint.ID
 	restored checkpoint.ID     // what the current attempt restored
 	current  *remoteDeployment // the current attempt (nil before the first)
+}
+
+// endedAttempt is the last attempt of a job that stopped here.
+type endedAttempt struct {
+	graph   runtime.Graph
+	placed  map[checkpoint.TaskID]placedTask
+	attempt int
+	records runtime.RecordCounts
 }
 
 // attempt returns the current attempt (nil before the first).
@@ -136,6 +147,7 @@ func (js *jobs) open(dir string, log *zap.Logger) error {
 	}
 	js.running = map[string]*runningJob{}
 	js.stats = map[string]*cpStats{}
+	js.final = map[string]endedAttempt{}
 	js.ctx, js.suspend = context.WithCancelCause(context.Background())
 	return nil
 }
@@ -161,7 +173,7 @@ func (s *Server) resume() error {
 			err = s.start(r, job)
 		}
 		if err != nil {
-			r.State, r.Error = StateFailed, err.Error()
+			r.State, r.Error, r.ChangedUnixMs = StateFailed, err.Error(), time.Now().UnixMilli()
 			s.cfg.log.Error("job cannot resume", zap.String("job_id", r.ID), zap.Error(err))
 			if err := s.jobs.store.Put(r); err != nil {
 				return err
@@ -223,7 +235,7 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 		runtime.Failpoints(s.cfg.fp), runtime.SuspendWith(s.jobs.ctx),
 		runtime.FailoverDelays(s.cfg.timeout, s.cfg.slotTimeout),
 		runtime.OnCheckpointTriggered(stats.triggered),
-		runtime.OnCheckpointAborted(stats.abortedCheckpoint),
+		runtime.OnCheckpointAborted(stats.abortedCheckpoint), runtime.OnCheckpointAck(stats.acked),
 		runtime.OnCheckpointComplete(func(e runtime.CheckpointEvent) {
 			stats.completedCheckpoint(e)
 			rj.mu.Lock()
@@ -251,8 +263,12 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 		defer s.jobs.wg.Done()
 		defer close(rj.done)
 		defer func() {
+			rec, _ := rj.record()
+			end := endedAttempt{graph: rj.graph, records: rec.Records}
+			end.placed, end.attempt = rj.placement()
 			s.jobs.mu.Lock()
 			delete(s.jobs.running, r.ID)
+			s.jobs.final[r.ID] = end
 			s.jobs.mu.Unlock()
 		}()
 		defer cancel()
@@ -279,6 +295,7 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 func (s *Server) setState(rj *runningJob, st JobState, err error) {
 	rj.mu.Lock()
 	rj.rec.State = st
+	rj.rec.ChangedUnixMs = time.Now().UnixMilli()
 	if err != nil {
 		rj.rec.Error = err.Error()
 	}
@@ -323,6 +340,7 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	}
 	r := JobRecord{ID: id, Type: jobType, Params: maps.Clone(params), CheckpointIntervalMs: interval.Milliseconds(),
 		State: StateCreated, RestartStrategy: restart, SubmittedUnixMs: time.Now().UnixMilli()}
+	r.ChangedUnixMs = r.SubmittedUnixMs
 	if r.Params == nil {
 		r.Params = map[string]string{}
 	}
@@ -366,6 +384,30 @@ func (s *Server) Cancel(ctx context.Context, id string) (JobRecord, error) {
 	return r, nil
 }
 
+// ErrJobEnded is returned by CancelAsync for a job that already finished
+// or failed.
+var ErrJobEnded = errors.New("jobmanager: the job already ended")
+
+// CancelAsync starts cancelling job id and returns at once (Cancel waits
+// for its tasks to stop). Cancelling a cancelled job does nothing.
+func (s *Server) CancelAsync(id string) error {
+	s.jobs.mu.Lock()
+	rj := s.jobs.running[id]
+	s.jobs.mu.Unlock()
+	if rj != nil {
+		rj.cancel()
+		return nil
+	}
+	r, err := s.jobs.store.Get(id)
+	if err != nil {
+		return err
+	}
+	if r.State != StateCanceled {
+		return fmt.Errorf("%w: job %s is %s", ErrJobEnded, id, r.State)
+	}
+	return nil
+}
+
 // Job returns the status of job id.
 func (s *Server) Job(ctx context.Context, id string) (JobRecord, checkpoint.ID, error) {
 	s.jobs.mu.Lock()
@@ -381,6 +423,12 @@ func (s *Server) Job(ctx context.Context, id string) (JobRecord, checkpoint.ID, 
 	r, err := s.jobs.store.Get(id)
 	if err != nil {
 		return JobRecord{}, 0, err
+	}
+	s.jobs.mu.Lock()
+	end, ok := s.jobs.final[id]
+	s.jobs.mu.Unlock()
+	if ok {
+		r.Records = end.records
 	}
 	return r, s.latest(ctx, id), nil
 }

@@ -39,8 +39,11 @@ type JobRecord struct {
 	RestartStrategy      string            `json:"restart_strategy,omitempty"`
 	SubmittedUnixMs      int64             `json:"submitted_unix_ms,omitempty"`
 	State                JobState          `json:"state"`
-	Restarts             int               `json:"restarts"`
-	Error                string            `json:"error,omitempty"`
+	// ChangedUnixMs is when the job last changed state (Flink's
+	// last-modification); 0 in records written before it was kept.
+	ChangedUnixMs int64  `json:"changed_unix_ms,omitempty"`
+	Restarts      int    `json:"restarts"`
+	Error         string `json:"error,omitempty"`
 	// RestoredFrom is the checkpoint the running attempt restored (not
 	// stored: it is known while the job runs).
 	RestoredFrom checkpoint.ID `json:"-"`

@@ -1,12 +1,13 @@
 package jobmanager
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -17,24 +18,24 @@ import (
 	"github.com/weirstream/weir/runtime"
 )
 
-// The REST API (docs/metrics.md, README "REST API"): JSON in the shapes of
-// Flink's REST API where a Flink user would look for them, and Prometheus'
+// The REST API (docs/reference/rest.md): JSON in the shapes of Flink's
+// REST API (its field names and JSON types, so that a tool written for
+// Flink's API reads Weir's), plus Weir's own fields, and Prometheus'
 // /metrics, on the job manager's HTTP address. Every request carries the
 // job manager's token when it has one (rpc.RequireToken). In front of
 // everything, one guard against browsers (rpc.BrowserGuard): the Host
 // header must name this job manager (HTTPHosts), and a state-changing
 // request must not be one a web page can send cross-site.
 
-// cancelTimeout bounds how long a cancel request waits for the job's tasks
+// cancelTimeout bounds how long a POST cancel waits for the job's tasks
 // to stop.
 const cancelTimeout = time.Minute
 
-// HTTPHandler returns the job manager's HTTP API: GET /jobs,
-// /jobs/overview, /jobs/{id}, /jobs/{id}/checkpoints, /taskmanagers and
-// /metrics; POST /jobs/{id}/cancel and PATCH /jobs/{id}?mode=cancel; and
-// the web dashboard at GET / (package dashboard). The API requires the
-// token; the dashboard's files hold no data and are served without it.
-// Every request passes rpc.BrowserGuard first.
+// HTTPHandler returns the job manager's HTTP API (the routes of apiHandler,
+// docs/reference/rest.md) and the web dashboard at GET / (package
+// dashboard). The API requires the token; the dashboard's files hold no
+// data and are served without it. Every request passes rpc.BrowserGuard
+// first.
 func (s *Server) HTTPHandler() http.Handler {
 	root := http.NewServeMux()
 	ui := dashboard.Handler()
@@ -47,15 +48,23 @@ func (s *Server) HTTPHandler() http.Handler {
 // apiHandler is the REST API and /metrics, without the token check.
 func (s *Server) apiHandler() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /overview", s.restClusterOverview)
+	mux.HandleFunc("GET /config", s.restDashboardConfig)
 	mux.HandleFunc("GET /jobs", s.restJobs)
 	mux.HandleFunc("GET /jobs/overview", s.restOverview)
 	mux.HandleFunc("GET /jobs/{id}", s.restJob)
 	mux.HandleFunc("PATCH /jobs/{id}", s.restPatchJob)
 	mux.HandleFunc("POST /jobs/{id}/cancel", s.restCancel)
+	mux.HandleFunc("GET /jobs/{id}/config", s.restJobConfig)
+	mux.HandleFunc("GET /jobs/{id}/plan", s.restPlan)
+	mux.HandleFunc("GET /jobs/{id}/vertices/{vid}", s.restVertex)
+	mux.HandleFunc("GET /jobs/{id}/vertices/{vid}/backpressure", s.restBackPressure)
 	mux.HandleFunc("GET /jobs/{id}/checkpoints", s.restCheckpoints)
+	mux.HandleFunc("GET /jobs/{id}/checkpoints/config", s.restCheckpointConfig)
+	mux.HandleFunc("GET /jobs/{id}/checkpoints/details/{cid}", s.restCheckpointDetails)
 	mux.HandleFunc("GET /taskmanagers", s.restTaskManagers)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{ErrorLog: zapErrorLog{s}}))
-	return mux
+	return jsonErrors(mux)
 }
 
 // zapErrorLog logs promhttp's errors (a metric that failed to collect).
@@ -73,17 +82,56 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 func restError(w http.ResponseWriter, err error) {
 	code := http.StatusInternalServerError
 	switch {
-	case errors.Is(err, ErrJobNotFound):
+	case errors.Is(err, ErrJobNotFound), errors.Is(err, errNotFound):
 		code = http.StatusNotFound
 	case errors.Is(err, errBadRequest):
 		code = http.StatusBadRequest
+	case errors.Is(err, ErrJobEnded):
+		code = http.StatusConflict
 	case errors.Is(err, context.DeadlineExceeded):
 		code = http.StatusGatewayTimeout
 	}
-	writeJSON(w, code, map[string][]string{"errors": {err.Error()}})
+	writeJSON(w, code, flinkErrors{Errors: []string{err.Error()}})
 }
 
-var errBadRequest = errors.New("bad request")
+// flinkErrors is Flink's error body.
+type flinkErrors struct {
+	Errors []string `json:"errors"`
+}
+
+var (
+	errBadRequest = errors.New("bad request")
+	errNotFound   = errors.New("not found")
+)
+
+// jsonErrors answers the mux's own refusals (no such route: 404; a method
+// the route does not serve: 405, with its Allow header) with Flink's error
+// body instead of the mux's text.
+func jsonErrors(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		probe := &statusProbe{header: http.Header{}}
+		mux.ServeHTTP(probe, r)
+		if allow := probe.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		code := cmp.Or(probe.code, http.StatusNotFound)
+		writeJSON(w, code, flinkErrors{Errors: []string{fmt.Sprintf("%s %s: %s", r.Method, r.URL.Path, strings.ToLower(http.StatusText(code)))}})
+	})
+}
+
+// statusProbe records the status and headers of the mux's refusal.
+type statusProbe struct {
+	header http.Header
+	code   int
+}
+
+func (p *statusProbe) Header() http.Header         { return p.header }
+func (p *statusProbe) Write(b []byte) (int, error) { return len(b), nil }
+func (p *statusProbe) WriteHeader(code int)        { p.code = code }
 
 func (s *Server) restJobs(w http.ResponseWriter, r *http.Request) {
 	recs, err := s.Jobs(r.Context())
@@ -129,12 +177,33 @@ func (s *Server) times(rec JobRecord) jobTimes {
 	return t
 }
 
+// executionStates are Flink's task (execution) states, in its order.
+var executionStates = [...]string{"CREATED", "SCHEDULED", "DEPLOYING", "RUNNING", "FINISHED", "CANCELING", "CANCELED",
+	"FAILED", "RECONCILING", "INITIALIZING"}
+
+// jobStates are Flink's job states, in its order.
+var jobStates = [...]string{"INITIALIZING", "CREATED", "RUNNING", "FAILING", "FAILED", "CANCELLING", "CANCELED",
+	"FINISHED", "RESTARTING", "SUSPENDED", "RECONCILING"}
+
+// stateCounts counts tasks per execution state, every state present.
+func stateCounts() map[string]int {
+	m := make(map[string]int, len(executionStates))
+	for _, st := range executionStates {
+		m[st] = 0
+	}
+	return m
+}
+
+// jobOverview is Flink's JobDetails (GET /jobs/overview) and Weir's
+// restarts.
 type jobOverview struct {
 	ID    string `json:"jid"`
 	Name  string `json:"name"`
 	State string `json:"state"`
 	jobTimes
-	Restarts int `json:"restarts"`
+	LastModification int64          `json:"last-modification"`
+	Tasks            map[string]int `json:"tasks"`
+	Restarts         int            `json:"restarts"`
 }
 
 func (s *Server) restOverview(w http.ResponseWriter, r *http.Request) {
@@ -147,66 +216,113 @@ func (s *Server) restOverview(w http.ResponseWriter, r *http.Request) {
 		Jobs []jobOverview `json:"jobs"`
 	}{Jobs: []jobOverview{}}
 	for _, rec := range recs {
-		out.Jobs = append(out.Jobs, jobOverview{rec.ID, rec.Type, string(rec.State), s.times(rec), rec.Restarts})
+		d := s.details(rec, 0)
+		tasks := map[string]int{"total": 0}
+		for _, v := range d.Vertices {
+			for st, n := range v.Tasks {
+				tasks[strings.ToLower(st)] += n
+				tasks["total"] += n
+			}
+		}
+		out.Jobs = append(out.Jobs, jobOverview{ID: rec.ID, Name: rec.Type, State: string(rec.State), jobTimes: d.jobTimes,
+			LastModification: d.LastModification, Tasks: tasks, Restarts: rec.Restarts})
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
-// vertexMetrics are Flink's per-vertex (and per-subtask) record metrics:
+// ioMetrics are Flink's IOMetricsInfo: per vertex and per subtask.
 // read-records are the records a task received, or (a source) emitted;
-// write-records those it sent downstream, or (a sink) wrote.
-type vertexMetrics struct {
-	ReadRecords          int64 `json:"read-records"`
-	ReadRecordsComplete  bool  `json:"read-records-complete"`
-	WriteRecords         int64 `json:"write-records"`
-	WriteRecordsComplete bool  `json:"write-records-complete"`
-	BackPressuredMs      int64 `json:"accumulated-backpressured-time"`
+// write-records those it sent downstream, or (a sink) wrote. Weir counts no
+// bytes, idle or busy time: those are 0 (the *-complete flags false).
+type ioMetrics struct {
+	ReadBytes            int64   `json:"read-bytes"`
+	ReadBytesComplete    bool    `json:"read-bytes-complete"`
+	WriteBytes           int64   `json:"write-bytes"`
+	WriteBytesComplete   bool    `json:"write-bytes-complete"`
+	ReadRecords          int64   `json:"read-records"`
+	ReadRecordsComplete  bool    `json:"read-records-complete"`
+	WriteRecords         int64   `json:"write-records"`
+	WriteRecordsComplete bool    `json:"write-records-complete"`
+	BackPressuredMs      int64   `json:"accumulated-backpressured-time"`
+	IdleMs               int64   `json:"accumulated-idle-time"`
+	BusyMs               float64 `json:"accumulated-busy-time"`
 }
 
+// subtaskInfo is Flink's SubtaskExecutionAttemptDetailsInfo and Weir's
+// task id.
 type subtaskInfo struct {
-	Subtask     int           `json:"subtask"`
-	TaskID      string        `json:"task_id"`
-	Status      string        `json:"status"`
-	TaskManager string        `json:"taskmanager_id,omitempty"`
-	Metrics     vertexMetrics `json:"metrics"`
+	Subtask        int              `json:"subtask"`
+	TaskID         string           `json:"task_id"`
+	Status         string           `json:"status"`
+	Attempt        int              `json:"attempt"`
+	Host           string           `json:"host"`
+	Endpoint       string           `json:"endpoint"`
+	Start          int64            `json:"start-time"`
+	End            int64            `json:"end-time"`
+	Duration       int64            `json:"duration"`
+	Metrics        ioMetrics        `json:"metrics"`
+	TaskManager    string           `json:"taskmanager-id"`
+	StatusDuration map[string]int64 `json:"status-duration"`
+
+	backPressured float64 // share of the time, between the last two heartbeats
+	bpKnown       bool
 }
 
+// vertexInfo is Flink's JobVertexDetailsInfo as GET /jobs/{id} lists it,
+// and Weir's operators and subtasks.
 type vertexInfo struct {
-	ID          string         `json:"id"`
-	Name        string         `json:"name"`
-	Parallelism int            `json:"parallelism"`
-	Status      string         `json:"status"`
-	Operators   []string       `json:"operators"`
-	Tasks       map[string]int `json:"tasks"`
-	Metrics     vertexMetrics  `json:"metrics"`
-	Subtasks    []subtaskInfo  `json:"subtasks"`
+	ID             string `json:"id"`
+	Name           string `json:"name"`
+	MaxParallelism int    `json:"maxParallelism"`
+	Parallelism    int    `json:"parallelism"`
+	Status         string `json:"status"`
+	jobTimes
+	Tasks     map[string]int `json:"tasks"`
+	Metrics   ioMetrics      `json:"metrics"`
+	Operators []string       `json:"operators"`
+	Subtasks  []subtaskInfo  `json:"subtasks"`
 }
 
 type planInput struct {
 	Num          int    `json:"num"`
 	ID           string `json:"id"`
 	ShipStrategy string `json:"ship_strategy"`
+	Exchange     string `json:"exchange"`
 }
 
 type planNode struct {
-	ID          string      `json:"id"`
-	Parallelism int         `json:"parallelism"`
-	Description string      `json:"description"`
-	Inputs      []planInput `json:"inputs,omitempty"`
+	ID                  string         `json:"id"`
+	Parallelism         int            `json:"parallelism"`
+	Operator            string         `json:"operator"`
+	OperatorStrategy    string         `json:"operator_strategy"`
+	Description         string         `json:"description"`
+	Inputs              []planInput    `json:"inputs,omitempty"`
+	OptimizerProperties map[string]any `json:"optimizer_properties"`
 }
 
 type jobPlan struct {
 	ID    string     `json:"jid"`
 	Name  string     `json:"name"`
+	Type  string     `json:"type"`
 	Nodes []planNode `json:"nodes"`
 }
 
+// jobDetails is Flink's JobDetailsInfo and Weir's own fields.
 type jobDetails struct {
-	ID    string `json:"jid"`
-	Name  string `json:"name"`
-	State string `json:"state"`
+	ID          string `json:"jid"`
+	Name        string `json:"name"`
+	IsStoppable bool   `json:"isStoppable"`
+	State       string `json:"state"`
+	JobType     string `json:"job-type"`
 	jobTimes
-	Now                     int64             `json:"now"`
+	MaxParallelism   int64            `json:"maxParallelism"`
+	Now              int64            `json:"now"`
+	Timestamps       map[string]int64 `json:"timestamps"`
+	Vertices         []vertexInfo     `json:"vertices"`
+	StatusCounts     map[string]int   `json:"status-counts"`
+	Plan             jobPlan          `json:"plan"`
+	LastModification int64            `json:"-"`
+
 	Restarts                int               `json:"restarts"`
 	Attempt                 int               `json:"attempt"`
 	LastCompletedCheckpoint uint64            `json:"last_completed_checkpoint"`
@@ -217,9 +333,6 @@ type jobDetails struct {
 	Params                  map[string]string `json:"params"`
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
 	RestartStrategy         string            `json:"restart_strategy"`
-	Vertices                []vertexInfo      `json:"vertices"`
-	StatusCounts            map[string]int    `json:"status-counts"`
-	Plan                    jobPlan           `json:"plan"`
 }
 
 func (s *Server) restJob(w http.ResponseWriter, r *http.Request) {
@@ -232,29 +345,45 @@ func (s *Server) restJob(w http.ResponseWriter, r *http.Request) {
 }
 
 // jobDetails renders job id: its record, its graph and where its current
-// attempt's tasks run.
+// (or last) attempt's tasks run.
 func (s *Server) jobDetails(ctx context.Context, id string) (jobDetails, error) {
 	rec, last, err := s.Job(ctx, id)
 	if err != nil {
 		return jobDetails{}, err
 	}
-	d := jobDetails{ID: rec.ID, Name: rec.Type, State: string(rec.State), jobTimes: s.times(rec), Now: time.Now().UnixMilli(),
+	return s.details(rec, last), nil
+}
+
+// details renders rec, whose last completed checkpoint is last.
+func (s *Server) details(rec JobRecord, last checkpoint.ID) jobDetails {
+	now := time.Now().UnixMilli()
+	d := jobDetails{ID: rec.ID, Name: rec.Type, State: string(rec.State), JobType: "STREAMING", jobTimes: s.times(rec), Now: now,
 		Restarts: rec.Restarts, LastCompletedCheckpoint: uint64(last), RestoredFromCheckpoint: uint64(rec.RestoredFrom),
 		RecordsIn: rec.Records.In, RecordsOut: rec.Records.Out, Error: rec.Error, Params: rec.Params,
 		CheckpointIntervalMs: rec.CheckpointIntervalMs, RestartStrategy: restartStrategyInForce(rec.RestartStrategy),
-		Vertices: []vertexInfo{}, StatusCounts: map[string]int{}, Plan: jobPlan{ID: rec.ID, Name: rec.Type, Nodes: []planNode{}}}
+		Vertices: []vertexInfo{}, StatusCounts: stateCounts(), Plan: jobPlan{ID: rec.ID, Name: rec.Type, Type: "STREAMING", Nodes: []planNode{}},
+		Timestamps: map[string]int64{}, LastModification: cmp.Or(rec.ChangedUnixMs, rec.SubmittedUnixMs)}
+	for _, st := range jobStates {
+		d.Timestamps[st] = 0
+	}
+	d.Timestamps[string(StateCreated)] = rec.SubmittedUnixMs
+	d.Timestamps[string(rec.State)] = max(d.Timestamps[string(rec.State)], rec.ChangedUnixMs)
 	graph, placed, attempt := s.graphOf(rec)
 	d.Attempt = attempt
+	d.MaxParallelism = int64(graph.MaxParallelism)
 	for _, v := range graph.Vertices {
-		vi := vertexInfo{ID: v.ID, Name: v.Name, Parallelism: v.Parallelism, Operators: v.Operators, Tasks: map[string]int{},
-			Subtasks: []subtaskInfo{}, Metrics: vertexMetrics{ReadRecordsComplete: true, WriteRecordsComplete: true}}
+		vi := vertexInfo{ID: v.ID, Name: v.Name, MaxParallelism: graph.MaxParallelism, Parallelism: v.Parallelism, Operators: v.Operators,
+			Tasks: stateCounts(), Subtasks: []subtaskInfo{}, jobTimes: d.jobTimes,
+			Metrics: ioMetrics{ReadRecordsComplete: true, WriteRecordsComplete: true}}
 		for i, t := range v.Tasks {
-			si := subtaskInfo{Subtask: i, TaskID: string(t), Status: string(rec.State)}
+			si := subtaskInfo{Subtask: i, TaskID: string(t), Status: taskStatus(rec.State, placedTask{}, false), Attempt: attempt,
+				Start: -1, End: -1, Duration: -1, StatusDuration: map[string]int64{}}
 			if p, ok := placed[t]; ok {
-				si.TaskManager = p.taskManager
-				si.Status = taskStatus(rec.State, p)
-				si.Metrics = vertexMetrics{ReadRecords: p.stats.RecordsIn, ReadRecordsComplete: p.known,
+				si.TaskManager, si.Host, si.Endpoint = p.taskManager, p.dataHost, p.dataHost
+				si.Status = taskStatus(rec.State, p, true)
+				si.Metrics = ioMetrics{ReadRecords: p.stats.RecordsIn, ReadRecordsComplete: p.known,
 					WriteRecords: p.stats.RecordsOut, WriteRecordsComplete: p.known, BackPressuredMs: p.stats.BackPressured.Milliseconds()}
+				si.backPressured, si.bpKnown = p.backPressured, p.bpKnown
 			}
 			vi.Metrics.ReadRecords += si.Metrics.ReadRecords
 			vi.Metrics.WriteRecords += si.Metrics.WriteRecords
@@ -264,37 +393,35 @@ func (s *Server) jobDetails(ctx context.Context, id string) (jobDetails, error) 
 			vi.Tasks[si.Status]++
 			vi.Subtasks = append(vi.Subtasks, si)
 		}
-		vi.Status = vertexStatus(vi.Tasks, rec.State)
+		vi.Status = vertexStatus(vi.Tasks)
 		d.StatusCounts[vi.Status]++
 		d.Vertices = append(d.Vertices, vi)
-		d.Plan.Nodes = append(d.Plan.Nodes, planNode{ID: v.ID, Parallelism: v.Parallelism, Description: v.Name})
+		d.Plan.Nodes = append(d.Plan.Nodes, planNode{ID: v.ID, Parallelism: v.Parallelism, Operator: "", OperatorStrategy: "",
+			Description: v.Name, OptimizerProperties: map[string]any{}})
 	}
 	for _, e := range graph.Edges {
 		for i := range d.Plan.Nodes {
 			if n := &d.Plan.Nodes[i]; n.ID == e.To {
-				n.Inputs = append(n.Inputs, planInput{Num: len(n.Inputs), ID: e.From, ShipStrategy: e.Ship})
+				n.Inputs = append(n.Inputs, planInput{Num: len(n.Inputs), ID: e.From, ShipStrategy: e.Ship, Exchange: "pipelined_bounded"})
 			}
 		}
 	}
-	return d, nil
+	return d
 }
 
-// graphOf returns the job's graph and, while it runs here, where its
-// current attempt's tasks are and the attempt's number.
+// graphOf returns the job's graph and where its current (or, once it
+// ended here, its last) attempt's tasks are, and the attempt's number.
 func (s *Server) graphOf(rec JobRecord) (runtime.Graph, map[checkpoint.TaskID]placedTask, int) {
 	s.jobs.mu.Lock()
 	rj := s.jobs.running[rec.ID]
+	end, ended := s.jobs.final[rec.ID]
 	s.jobs.mu.Unlock()
 	if rj != nil {
-		var placed map[checkpoint.TaskID]placedTask
-		attempt := 0
-		if rd := rj.attempt(); rd != nil {
-			placed = rd.tasks()
-			if len(rd.shares) > 0 {
-				attempt = int(rd.shares[0].key.attempt)
-			}
-		}
+		placed, attempt := rj.placement()
 		return rj.graph, placed, attempt
+	}
+	if ended {
+		return end.graph, end.placed, end.attempt
 	}
 	job, err := s.cfg.jobs.Build(rec.Type, rec.Params)
 	if err != nil {
@@ -307,43 +434,90 @@ func (s *Server) graphOf(rec JobRecord) (runtime.Graph, map[checkpoint.TaskID]pl
 	return g, nil, 0
 }
 
-// taskStatus is a task's Flink execution state.
-func taskStatus(job JobState, p placedTask) string {
-	switch {
-	case p.finished:
-		return "FINISHED"
-	case p.ended:
-		return string(StateCanceled)
-	case job == StateRunning:
-		return "RUNNING"
-	case job == StateCreated:
-		return "DEPLOYING"
+// placement is where the current attempt's tasks are, with their metrics,
+// and the attempt's number (nil and 0 before the first).
+func (j *runningJob) placement() (map[checkpoint.TaskID]placedTask, int) {
+	rd := j.attempt()
+	if rd == nil {
+		return nil, 0
 	}
-	return string(job)
+	attempt := 0
+	if len(rd.shares) > 0 {
+		attempt = int(rd.shares[0].key.attempt)
+	}
+	return rd.tasks(), attempt
+}
+
+// taskStatus is a task's Flink execution state in a job in state job;
+// placed says whether the current attempt deployed it (p).
+func taskStatus(job JobState, p placedTask, placed bool) string {
+	switch {
+	case placed && p.finished:
+		return "FINISHED"
+	case placed && p.ended:
+		return "CANCELED"
+	}
+	switch job {
+	case StateRunning:
+		if placed {
+			return "RUNNING"
+		}
+		return "SCHEDULED"
+	case StateCreated:
+		if placed {
+			return "DEPLOYING"
+		}
+		return "CREATED"
+	case StateRestarting:
+		if placed {
+			return "CANCELING"
+		}
+		return "SCHEDULED"
+	case StateFinished:
+		return "FINISHED"
+	case StateFailed:
+		return "FAILED"
+	}
+	return "CANCELED"
 }
 
 // vertexStatus aggregates its subtasks' states as Flink does: the state
-// they share, or RUNNING while any runs.
-func vertexStatus(tasks map[string]int, job JobState) string {
-	if len(tasks) == 1 {
-		for st := range tasks {
+// they share, else the first present of failed, in-flux and running states.
+func vertexStatus(tasks map[string]int) string {
+	present := []string{}
+	for _, st := range executionStates {
+		if tasks[st] > 0 {
+			present = append(present, st)
+		}
+	}
+	if len(present) == 1 {
+		return present[0]
+	}
+	for _, st := range []string{"FAILED", "CANCELING", "RUNNING", "DEPLOYING", "SCHEDULED", "CREATED", "CANCELED", "FINISHED"} {
+		if tasks[st] > 0 {
 			return st
 		}
 	}
-	if tasks["RUNNING"] > 0 {
-		return "RUNNING"
-	}
-	return string(job)
+	return "CREATED"
 }
 
+// restPatchJob is Flink's PATCH /jobs/{id}?mode=cancel: it starts the
+// cancellation and answers 202 at once, as Flink does; GET /jobs/{id}
+// shows the job CANCELED once its tasks stopped.
 func (s *Server) restPatchJob(w http.ResponseWriter, r *http.Request) {
-	if mode := r.URL.Query().Get("mode"); mode != "cancel" {
-		restError(w, fmt.Errorf("%w: PATCH /jobs/{id} needs mode=cancel, got %q", errBadRequest, mode))
+	if mode := r.URL.Query().Get("mode"); mode != "" && !strings.EqualFold(mode, "cancel") {
+		restError(w, fmt.Errorf("%w: PATCH /jobs/{id} takes mode=cancel, got %q", errBadRequest, mode))
 		return
 	}
-	s.restCancel(w, r)
+	if err := s.CancelAsync(r.PathValue("id")); err != nil {
+		restError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, struct{}{})
 }
 
+// restCancel is Weir's POST /jobs/{id}/cancel: it waits (cancelTimeout)
+// until the job's tasks stopped and answers its final details.
 func (s *Server) restCancel(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	ctx, cancel := context.WithTimeout(r.Context(), cancelTimeout)
@@ -358,138 +532,4 @@ func (s *Server) restCancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, d)
-}
-
-// Flink's checkpoint statistics shapes.
-type (
-	cpCounts struct {
-		Restored   int `json:"restored"`
-		Total      int `json:"total"`
-		InProgress int `json:"in_progress"`
-		Completed  int `json:"completed"`
-		Failed     int `json:"failed"`
-	}
-	cpHistory struct {
-		ID                 uint64 `json:"id"`
-		Status             string `json:"status"`
-		IsSavepoint        bool   `json:"is_savepoint"`
-		TriggerTimestamp   int64  `json:"trigger_timestamp"`
-		LatestAckTimestamp int64  `json:"latest_ack_timestamp"`
-		EndToEndDuration   int64  `json:"end_to_end_duration"`
-		StateSize          int64  `json:"state_size"`
-		FailureTimestamp   int64  `json:"failure_timestamp,omitempty"`
-		FailureMessage     string `json:"failure_message,omitempty"`
-	}
-	cpRestored struct {
-		ID               uint64 `json:"id"`
-		RestoreTimestamp int64  `json:"restore_timestamp"`
-		IsSavepoint      bool   `json:"is_savepoint"`
-	}
-	cpLatest struct {
-		Completed *cpHistory  `json:"completed"`
-		Savepoint *cpHistory  `json:"savepoint"`
-		Failed    *cpHistory  `json:"failed"`
-		Restored  *cpRestored `json:"restored"`
-	}
-	cpResponse struct {
-		Counts  cpCounts    `json:"counts"`
-		Latest  cpLatest    `json:"latest"`
-		History []cpHistory `json:"history"`
-	}
-)
-
-func historyOf(e cpEntry) cpHistory {
-	h := cpHistory{ID: uint64(e.ID), Status: e.Status, TriggerTimestamp: e.Triggered.UnixMilli(), FailureMessage: e.Failure}
-	switch e.Status {
-	case cpCompleted:
-		h.LatestAckTimestamp, h.EndToEndDuration, h.StateSize = e.Ended.UnixMilli(), e.Ended.Sub(e.Triggered).Milliseconds(), e.Size
-	case cpFailed:
-		h.FailureTimestamp, h.EndToEndDuration = e.Ended.UnixMilli(), e.Ended.Sub(e.Triggered).Milliseconds()
-	default:
-		h.EndToEndDuration = time.Since(e.Triggered).Milliseconds()
-	}
-	return h
-}
-
-func (s *Server) restCheckpoints(w http.ResponseWriter, r *http.Request) {
-	out, err := s.checkpointStats(r.Context(), r.PathValue("id"))
-	if err != nil {
-		restError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-// checkpointStats renders job id's checkpoint statistics: those this job
-// manager saw, and the completed checkpoints its store retains beyond them
-// (e.g. from before it started).
-func (s *Server) checkpointStats(ctx context.Context, id string) (cpResponse, error) {
-	if _, err := s.jobs.store.Get(id); err != nil {
-		return cpResponse{}, err
-	}
-	var snap cpSnapshot
-	if st := s.statsOf(id); st != nil {
-		snap = st.snapshot()
-	}
-	out := cpResponse{History: []cpHistory{}, Counts: cpCounts{Restored: snap.Restored, InProgress: snap.InProgress,
-		Completed: snap.Completed, Failed: snap.Failed, Total: snap.Completed + snap.Failed + snap.InProgress}}
-	seen := map[uint64]bool{}
-	for _, e := range snap.History {
-		out.History = append(out.History, historyOf(e))
-		seen[uint64(e.ID)] = true
-	}
-	sums, err := s.jobs.cps.List(ctx, id)
-	if err != nil {
-		return cpResponse{}, err
-	}
-	for _, c := range sums {
-		if c.Err != nil || seen[uint64(c.ID)] {
-			continue
-		}
-		out.History = append(out.History, cpHistory{ID: uint64(c.ID), Status: cpCompleted, TriggerTimestamp: c.TriggeredAt.UnixMilli(),
-			LatestAckTimestamp: c.CompletedAt.UnixMilli(), EndToEndDuration: c.Duration.Milliseconds(), StateSize: c.Size})
-	}
-	sort.Slice(out.History, func(i, j int) bool { return out.History[i].ID > out.History[j].ID })
-	for i := range out.History {
-		if h := &out.History[i]; h.Status == cpCompleted {
-			out.Latest.Completed = h
-			break
-		}
-	}
-	if snap.LastFailed != nil {
-		f := historyOf(*snap.LastFailed)
-		out.Latest.Failed = &f
-	}
-	if snap.LastRestore != nil {
-		out.Latest.Restored = &cpRestored{ID: uint64(snap.LastRestore.ID), RestoreTimestamp: snap.LastRestore.At.UnixMilli()}
-	}
-	return out, nil
-}
-
-func (s *Server) statsOf(id string) *cpStats {
-	s.jobs.mu.Lock()
-	defer s.jobs.mu.Unlock()
-	return s.jobs.stats[id]
-}
-
-// taskManagerInfo keeps the fields GET /taskmanagers always had and adds
-// Flink's names for the slots.
-type taskManagerInfo struct {
-	ID             string `json:"id"`
-	Slots          int    `json:"slots"`
-	FreeSlots      int    `json:"free_slots"`
-	DataHost       string `json:"data_host"`
-	Session        uint64 `json:"session"`
-	HeartbeatAgeMs int64  `json:"heartbeat_age_ms"`
-	SlotsNumber    int    `json:"slotsNumber"`
-	FreeSlotsFlink int    `json:"freeSlots"`
-}
-
-func (s *Server) restTaskManagers(w http.ResponseWriter, _ *http.Request) {
-	out := []taskManagerInfo{}
-	for _, t := range s.TaskManagers() {
-		free := t.Slots - t.UsedSlots
-		out = append(out, taskManagerInfo{t.ID, t.Slots, free, t.DataHost, t.Session, t.HeartbeatAge.Milliseconds(), t.Slots, free})
-	}
-	writeJSON(w, http.StatusOK, out)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -125,6 +126,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	tms      map[string]*session
+	lost     []LostTaskManager // most recent last, at most maxLost
 	sessions uint64
 	changed  chan struct{} // closed and replaced on every change (registration, loss, slots)
 
@@ -207,6 +209,43 @@ func (s *Server) TaskManagers() []TaskManager {
 	return out
 }
 
+// LostTaskManager is a task manager whose session ended without it
+// registering again.
+type LostTaskManager struct {
+	TaskManager
+	// At is when the session ended; Reason says why.
+	At     time.Time
+	Reason string
+}
+
+// endReason says why the session ended ("" while it runs).
+func (ss *session) endReason() string {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.err == nil {
+		return ""
+	}
+	return ss.err.Error()
+}
+
+// maxLost bounds how many lost task managers the job manager remembers.
+const maxLost = 32
+
+// LostTaskManagers lists the task managers that were lost and have not
+// registered again since (the most recent maxLost), by id.
+func (s *Server) LostTaskManagers() []LostTaskManager {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := slices.Clone(s.lost)
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// forgetLostLocked drops id from the lost task managers.
+func (s *Server) forgetLostLocked(id string) {
+	s.lost = slices.DeleteFunc(s.lost, func(l LostTaskManager) bool { return l.ID == id })
+}
+
 // Changed returns a channel closed at the next registration or loss of a
 // task manager.
 func (s *Server) Changed() <-chan struct{} {
@@ -280,6 +319,7 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	s.mu.Lock()
 	old := s.tms[tm.ID]
 	s.tms[tm.ID] = ss
+	s.forgetLostLocked(tm.ID)
 	s.notifyLocked()
 	s.mu.Unlock()
 	if old != nil {
@@ -293,6 +333,15 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 		s.mu.Lock()
 		if cur, ok := s.tms[tm.ID]; ok && cur == ss {
 			delete(s.tms, tm.ID)
+			if !s.stopping.Load() {
+				lost := ss.tm
+				lost.HeartbeatAge = ss.live.Silence()
+				s.forgetLostLocked(tm.ID)
+				s.lost = append(s.lost, LostTaskManager{TaskManager: lost, At: time.Now(), Reason: ss.endReason()})
+				if len(s.lost) > maxLost {
+					s.lost = slices.Delete(s.lost, 0, len(s.lost)-maxLost)
+				}
+			}
 			s.notifyLocked()
 		}
 		s.mu.Unlock()

@@ -218,6 +218,8 @@ func (j *Job) Describe() (string, error) {
 type Graph struct {
 	Vertices []GraphVertex
 	Edges    []GraphEdge
+	// MaxParallelism is the job's max parallelism (its key groups).
+	MaxParallelism int
 }
 
 // GraphVertex is one vertex of a Graph.
@@ -248,7 +250,7 @@ func (j *Job) Graph() (Graph, error) {
 	if err != nil {
 		return Graph{}, err
 	}
-	var g Graph
+	g := Graph{MaxParallelism: j.maxParallelism}
 	for _, v := range p.vertices {
 		gv := GraphVertex{ID: v.nodes[0].uid, Name: v.name(), Parallelism: v.parallelism}
 		for i := 0; i < v.parallelism; i++ {

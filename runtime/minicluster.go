@@ -77,6 +77,7 @@ type clusterCfg struct {
 	onCheckpoint      func(CheckpointEvent)
 	onTriggered       func(CheckpointEvent)
 	onAborted         func(CheckpointEvent)
+	onAck             func(CheckpointAck)
 	restoreFromLatest bool
 	allowNonRestored  bool
 	deployer          Deployer
@@ -343,6 +344,26 @@ func OnCheckpointAborted(fn func(CheckpointEvent)) ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) { c.onAborted = fn })
 }
 
+// CheckpointAck is one task's acknowledgement of a checkpoint.
+type CheckpointAck struct {
+	ID   checkpoint.ID
+	Task checkpoint.TaskID
+	// At is when the acknowledgement reached the job master.
+	At time.Time
+	// Size is the state bytes the task snapshotted.
+	Size int64
+	// Alignment is how long the task waited for the checkpoint's barrier
+	// on its other inputs after the first one arrived (0 with one input).
+	Alignment time.Duration
+}
+
+// OnCheckpointAck calls fn for each task's acknowledgement of a checkpoint
+// (for statistics: Flink's acknowledged subtasks). fn runs on the calling
+// task's report path and must return quickly.
+func OnCheckpointAck(fn func(CheckpointAck)) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.onAck = fn })
+}
+
 // OnCheckpointComplete calls fn after each completed checkpoint was stored
 // and every task was sent its notification (for tests and metrics). fn runs
 // on the checkpoint driver's goroutine and must return quickly.
@@ -350,9 +371,13 @@ func OnCheckpointComplete(fn func(CheckpointEvent)) ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) { c.onCheckpoint = fn })
 }
 
+// DefaultCheckpointTimeout is how long a checkpoint may take before the
+// coordinator aborts it, unless CheckpointTimeout says otherwise.
+const DefaultCheckpointTimeout = time.Minute
+
 // NewMiniCluster returns an executor with the given options.
 func NewMiniCluster(opts ...ClusterOpt) *MiniCluster {
-	c := clusterCfg{interval: time.Second, timeout: time.Minute, restart: FixedDelayRestart(10, 100*time.Millisecond),
+	c := clusterCfg{interval: time.Second, timeout: DefaultCheckpointTimeout, restart: FixedDelayRestart(10, 100*time.Millisecond),
 		batchSize: defaultBatchSize, channelCap: defaultChannelCap, log: zap.NewNop(), restoreFromLatest: true}
 	for _, o := range opts {
 		o.apply(&c)
@@ -825,6 +850,9 @@ func (a *attempt) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.
 	}
 	a.sizes[id] += snap.Size()
 	a.sizeMu.Unlock()
+	if a.cfg.onAck != nil {
+		a.cfg.onAck(CheckpointAck{ID: id, Task: task, At: time.Now(), Size: snap.Size(), Alignment: alignment})
+	}
 	a.report(func(ctx context.Context) error { return a.driver.Ack(ctx, task, id, snap, alignment) })
 }
 

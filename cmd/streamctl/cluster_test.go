@@ -34,15 +34,21 @@ func taskManagerIDs(t *testing.T, httpAddr string) []string {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var tms []struct {
-		ID    string `json:"id"`
-		Slots int    `json:"slots"`
+	var list struct {
+		TaskManagers []struct {
+			ID    string `json:"id"`
+			Slots int    `json:"slots"`
+			State string `json:"state"` // LOST ones are listed too
+		} `json:"taskmanagers"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&tms); err != nil {
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
 		t.Fatal(err)
 	}
 	var ids []string
-	for _, tm := range tms {
+	for _, tm := range list.TaskManagers {
+		if tm.State == "LOST" {
+			continue
+		}
 		ids = append(ids, tm.ID)
 	}
 	return ids

@@ -109,11 +109,23 @@ func awaitTaskManagers(ctx context.Context, httpAddr string, n int) error {
 		if err != nil {
 			return err
 		}
-		var got []json.RawMessage
+		var got []struct {
+			State string `json:"state"`
+		}
 		resp, err := hc.Do(req)
 		if err == nil {
-			err = json.NewDecoder(resp.Body).Decode(&got)
+			var list struct {
+				TaskManagers []struct {
+					State string `json:"state"`
+				} `json:"taskmanagers"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&list)
 			resp.Body.Close()
+			for _, tm := range list.TaskManagers {
+				if tm.State == "REGISTERED" {
+					got = append(got, tm)
+				}
+			}
 		}
 		switch {
 		case err != nil:

@@ -203,14 +203,20 @@ func (c *Cluster) TaskManagerIDs() []string {
 		c.t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var tms []struct {
-		ID string `json:"id"`
+	var list struct {
+		TaskManagers []struct {
+			ID    string `json:"id"`
+			State string `json:"state"` // LOST ones are listed too
+		} `json:"taskmanagers"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&tms); err != nil {
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
 		c.t.Fatal(err)
 	}
 	var ids []string
-	for _, tm := range tms {
+	for _, tm := range list.TaskManagers {
+		if tm.State == "LOST" {
+			continue
+		}
 		ids = append(ids, tm.ID)
 	}
 	return ids

@@ -8,19 +8,89 @@ let selected = null;      // job id shown in the job section
 const previous = {};      // vertex id -> {at, read, write, bp}: for per-second rates
 const rates = {};         // vertex id -> {read, write, bp}
 
-// api fetches a REST path as JSON. A 401 asks for the job manager's token
-// once and keeps it for the tab (sessionStorage).
-async function api(path) {
-  const headers = {};
+// Authentication: the token is asked for once (one prompt however many
+// requests got 401 at the same time) and kept for the tab. If the job
+// manager refuses it, or the user dismisses the prompt, the page says so and
+// asks again only when the user clicks "enter token": it never loops.
+let tokenPrompt = null;    // the prompt in progress, shared by concurrent 401s
+let tokenProblem = null;   // why requests go unauthenticated, until the user acts
+
+class ApiError extends Error {
+  constructor(kind, message) { super(message); this.kind = kind; }
+}
+
+function askToken(why) {
+  if (!tokenPrompt) {
+    tokenPrompt = Promise.resolve().then(() => {
+      const t = window.prompt(why + "\nThe job manager requires its token (streamctl jobmanager --auth-token-file):");
+      if (t && t.trim()) {
+        sessionStorage.setItem("weir-token", t.trim());
+        tokenProblem = null;
+        return true;
+      }
+      tokenProblem = "no token given: the job manager requires one";
+      return false;
+    }).finally(() => { tokenPrompt = null; });
+  }
+  return tokenPrompt;
+}
+
+// request sends one request with the token kept for the tab, if any; it
+// answers the response and the token it carried.
+async function request(path, init) {
+  const headers = Object.assign({}, (init && init.headers) || {});
   const token = sessionStorage.getItem("weir-token");
   if (token) headers.Authorization = "Bearer " + token;
-  const resp = await fetch(path, { headers });
-  if (resp.status === 401) {
-    const t = window.prompt("The job manager requires its token (--auth-token-file):");
-    if (t) { sessionStorage.setItem("weir-token", t.trim()); return api(path); }
+  try {
+    return { resp: await fetch(path, Object.assign({}, init, { headers })), sent: token };
+  } catch (e) {
+    throw new ApiError("unreachable", "job manager unreachable at " + location.host + " (" + (e.message || e) + ")");
   }
-  if (!resp.ok) throw new Error(path + ": HTTP " + resp.status);
+}
+
+// api fetches a REST path as JSON (init: fetch's, for state-changing
+// requests). A 401 asks for the token once, as above.
+async function api(path, init) {
+  let { resp, sent } = await request(path, init);
+  if (resp.status === 401) {
+    const current = sessionStorage.getItem("weir-token");
+    if (tokenPrompt) {
+      if (await tokenPrompt) ({ resp } = await request(path, init));
+    } else if (current && current !== sent) {
+      ({ resp } = await request(path, init)); // a token was given since this request left
+    } else if (!tokenProblem) {
+      sessionStorage.removeItem("weir-token");
+      if (await askToken(sent ? "The job manager refused the token." : "")) ({ resp } = await request(path, init));
+    }
+    if (resp.status === 401) {
+      if (!tokenProblem) {
+        sessionStorage.removeItem("weir-token");
+        tokenProblem = "the job manager refused the token (HTTP 401): wrong token";
+      }
+      throw new ApiError("token", tokenProblem);
+    }
+  }
+  if (!resp.ok) {
+    let msg = "HTTP " + resp.status;
+    try { msg += ": " + (await resp.json()).errors.join("; "); } catch (e) { /* not Flink's error body */ }
+    throw new ApiError(resp.status === 404 ? "missing" : "http", path + ": " + msg);
+  }
   return resp.json();
+}
+
+function enterToken() {
+  tokenProblem = null;
+  sessionStorage.removeItem("weir-token");
+  askToken("").then(refresh);
+}
+
+// The graph's fonts (style.css's svg text rules) and a measure of a text's
+// width in one of them.
+const TITLE_FONT = "600 12px system-ui, sans-serif", TEXT_FONT = "12px system-ui, sans-serif", SMALL_FONT = "10px system-ui, sans-serif";
+const measure = document.createElement("canvas").getContext("2d");
+function textWidth(text, font) {
+  measure.font = font;
+  return measure.measureText(text).width;
 }
 
 function el(tag, attrs, ...children) {
@@ -86,10 +156,16 @@ function drawJobs(overview) {
       el("td", {}, j.restarts), el("td", {}, duration(j.duration)))), "no jobs yet: streamctl submit JOB");
 }
 
+// drawTaskManagers lists the registered task managers, then the lost ones
+// (until they register again), marked as such.
 function drawTaskManagers(tms) {
-  fill(document.querySelector("#taskmanagers tbody"), tms.map(t =>
-    el("tr", { "data-taskmanager": t.id }, el("td", {}, t.id), el("td", {}, t.slots), el("td", {}, t.free_slots),
-      el("td", {}, t.data_host), el("td", {}, duration(t.heartbeat_age_ms) + " ago"))), "none registered: streamctl taskmanager");
+  fill(document.querySelector("#taskmanagers tbody"), tms.map(t => t.state === "LOST" ?
+    el("tr", { "data-taskmanager": t.id, class: "lost" }, el("td", {}, t.id), el("td", {}, state("LOST")), el("td", {}, t.slotsNumber),
+      el("td", {}, "–"), el("td", {}, t.data_host),
+      el("td", { class: "wrap" }, "lost at " + new Date(t.lost_at).toLocaleTimeString() + (t.lost_reason ? ": " + t.lost_reason : ""))) :
+    el("tr", { "data-taskmanager": t.id }, el("td", {}, t.id), el("td", {}, state("REGISTERED")), el("td", {}, t.slotsNumber),
+      el("td", {}, t.freeSlots), el("td", {}, t.data_host), el("td", {}, duration(t.heartbeat_age_ms) + " ago"))),
+    "none registered: streamctl taskmanager");
 }
 
 // noteRate turns two samples of a vertex's or a task's counters into
@@ -120,7 +196,7 @@ function drawSubtasks(job) {
   for (const v of job.vertices) {
     for (const s of v.subtasks || []) {
       const r = rates["task " + s.task_id];
-      rows.push(el("tr", { "data-task": s.task_id }, el("td", {}, el("code", {}, s.task_id)), el("td", {}, s.taskmanager_id || "–"),
+      rows.push(el("tr", { "data-task": s.task_id }, el("td", {}, el("code", {}, s.task_id)), el("td", {}, s["taskmanager-id"] || "–"),
         el("td", {}, state(s.status)), el("td", {}, s.metrics["read-records"]), el("td", {}, s.metrics["write-records"]),
         el("td", {}, perSecond(r && r.read)), el("td", {}, perSecond(r && r.write)),
         el("td", {}, r ? Math.round(r.bp * 100) + "%" : "–")));
@@ -144,7 +220,19 @@ function drawGraph(job) {
   };
   const cols = [];
   for (const v of job.vertices) (cols[depthOf(v.id)] ||= []).push(v);
-  const W = 230, H = 74, GX = 70, GY = 24;
+  // Each box's three lines, measured, so the boxes are wide enough for them.
+  const lines = {};
+  let widest = 0;
+  for (const v of job.vertices) {
+    const r = rates[v.id];
+    lines[v.id] = [
+      [`${v.name} ×${v.parallelism}`, TITLE_FONT],
+      [`${v.status} · in ${perSecond(r && r.read)} · out ${perSecond(r && r.write)}`, TEXT_FONT],
+      [`back-pressured ${r ? Math.round(r.bp * 100) + "%" : "–"} · ${v.metrics["read-records"]} in, ${v.metrics["write-records"]} out`, SMALL_FONT],
+    ];
+    for (const [text, font] of lines[v.id]) widest = Math.max(widest, textWidth(text, font));
+  }
+  const W = Math.max(230, Math.ceil(widest) + 24), H = 74, GX = 70, GY = 24;
   const pos = {};
   cols.forEach((col, c) => col.forEach((v, r) => { pos[v.id] = { x: 10 + c * (W + GX), y: 10 + r * (H + GY) }; }));
   const width = 20 + cols.length * (W + GX) - GX, height = 20 + Math.max(1, ...cols.map(c => c.length)) * (H + GY) - GY;
@@ -168,63 +256,138 @@ function drawGraph(job) {
     const bp = r ? r.bp : 0;
     const box = svg("g", { class: "vertex" + (bp > 0.5 ? " bp" : ""), "data-vertex": v.name, transform: `translate(${p.x},${p.y})` });
     box.append(svg("rect", { width: W, height: H }));
-    box.append(svg("text", { x: 10, y: 20, "font-weight": 600 }, `${v.name} ×${v.parallelism}`));
-    box.append(svg("text", { x: 10, y: 38 }, `${v.status} · in ${perSecond(r && r.read)} · out ${perSecond(r && r.write)}`));
-    box.append(svg("text", { x: 10, y: 56, class: "small" },
-      `back-pressured ${r ? Math.round(bp * 100) + "%" : "–"} · ${v.metrics["read-records"]} in, ${v.metrics["write-records"]} out`));
+    const [title, rate, totals] = lines[v.id];
+    box.append(svg("text", { x: 10, y: 20, class: "title" }, title[0]));
+    box.append(svg("text", { x: 10, y: 38 }, rate[0]));
+    box.append(svg("text", { x: 10, y: 56, class: "small" }, totals[0]));
     g.append(box);
   }
   document.getElementById("graph").replaceChildren(g);
 }
 
-// drawCheckpoints charts the last 60 checkpoints: a bar per checkpoint for
-// its duration (left axis), a line for the state size (right axis).
+// CHART_MINUTES is the span of the checkpoint chart; CHART_HISTORY how many
+// checkpoints the page asks for (the job manager keeps at most 2000).
+const CHART_MINUTES = 10, CHART_HISTORY = 2000, CHART_COLUMNS = 120;
+
+// drawCheckpoints charts the checkpoints of the last CHART_MINUTES: time
+// runs left to right in CHART_COLUMNS columns, each a bar for the longest
+// checkpoint triggered in it (red if one failed; left axis), and a line for
+// the state size (right axis). The table lists the newest 15.
 function drawCheckpoints(cps) {
   const c = cps.counts;
   document.getElementById("cp-counts").textContent =
     `${c.completed} completed, ${c.failed} failed, ${c.in_progress} in progress` +
     (cps.latest.restored ? ` · restored from checkpoint ${cps.latest.restored.id}` : "");
-  const hist = cps.history.slice().sort((a, b) => a.id - b.id).slice(-60);
+  const now = Date.now();
+  const hist = cps.history.filter(h => h.trigger_timestamp > 0).sort((a, b) => a.trigger_timestamp - b.trigger_timestamp);
+  const from = Math.max(now - CHART_MINUTES * 60000, hist.length ? hist[0].trigger_timestamp : now);
+  const span = Math.max(1000, now - from);
+  const columns = [];
+  for (const h of hist) {
+    if (h.trigger_timestamp < from) continue;
+    const i = Math.min(CHART_COLUMNS - 1, Math.floor((h.trigger_timestamp - from) / span * CHART_COLUMNS));
+    const col = columns[i] ||= { n: 0, failed: false, duration: 0, size: null, first: h.id, last: h.id };
+    col.n++;
+    col.last = h.id;
+    col.duration = Math.max(col.duration, h.end_to_end_duration);
+    col.failed ||= h.status === "FAILED";
+    if (h.status === "COMPLETED") col.size = h.state_size;
+  }
   const W = 760, H = 160, L = 50, R = 60, T = 10, B = 24;
   const g = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "checkpoint durations and sizes" });
-  if (hist.length) {
-    const maxD = Math.max(1, ...hist.map(h => h.end_to_end_duration));
-    const maxS = Math.max(1, ...hist.map(h => h.state_size));
-    const bw = (W - L - R) / hist.length;
+  const used = columns.filter(Boolean);
+  if (used.length) {
+    const maxD = Math.max(1, ...used.map(col => col.duration));
+    const maxS = Math.max(1, ...used.filter(col => col.size !== null).map(col => col.size));
+    const bw = (W - L - R) / CHART_COLUMNS;
     g.append(svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
     g.append(svg("text", { class: "small", x: 2, y: T + 8 }, duration(maxD)));
     g.append(svg("text", { class: "small", x: W - R + 4, y: T + 8 }, bytes(maxS)));
-    g.append(svg("text", { class: "small", x: L, y: H - 6 }, "checkpoint " + hist[0].id));
-    g.append(svg("text", { class: "small", x: W - R - 80, y: H - 6 }, "checkpoint " + hist[hist.length - 1].id));
+    g.append(svg("text", { class: "small", x: L, y: H - 6 }, new Date(from).toLocaleTimeString()));
+    g.append(svg("text", { class: "small", x: W - R - 60, y: H - 6 }, new Date(now).toLocaleTimeString()));
     let line = "";
-    hist.forEach((h, i) => {
-      const bh = (H - T - B) * h.end_to_end_duration / maxD;
-      const bar = svg("rect", { class: "bar " + h.status, x: L + i * bw + 1, y: H - B - bh, width: Math.max(1, bw - 2), height: bh });
-      bar.append(svg("title", {}, `checkpoint ${h.id}: ${h.status}, ${duration(h.end_to_end_duration)}, ${bytes(h.state_size)}`));
+    columns.forEach((col, i) => {
+      if (!col) return;
+      const bh = Math.max(1, (H - T - B) * col.duration / maxD);
+      const status = col.failed ? "FAILED" : "COMPLETED";
+      const bar = svg("rect", { class: "bar " + status, x: L + i * bw, y: H - B - bh, width: Math.max(1, bw - 1), height: bh });
+      bar.append(svg("title", {}, `checkpoints ${col.first}–${col.last} (${col.n}): longest ${duration(col.duration)}` +
+        (col.size !== null ? `, ${bytes(col.size)}` : "") + (col.failed ? ", one failed" : "")));
       g.append(bar);
-      if (h.status === "COMPLETED") {
-        const y = H - B - (H - T - B) * h.state_size / maxS;
+      if (col.size !== null) {
+        const y = H - B - (H - T - B) * col.size / maxS;
         line += (line ? " L" : "M") + (L + i * bw + bw / 2).toFixed(1) + "," + y.toFixed(1);
       }
     });
     if (line) g.append(svg("path", { class: "size", d: line }));
   }
+  document.getElementById("cp-span").textContent = used.length ?
+    `· charted: the last ${duration(span)}, ${hist.filter(h => h.trigger_timestamp >= from).length} checkpoints` : "";
   document.getElementById("cp-chart").replaceChildren(g);
   const rows = cps.history.slice().sort((a, b) => b.id - a.id).slice(0, 15).map(h =>
     el("tr", { "data-checkpoint": h.id }, el("td", {}, h.id), el("td", {}, state(h.status)),
       el("td", {}, new Date(h.trigger_timestamp).toLocaleTimeString()), el("td", {}, duration(h.end_to_end_duration)),
-      el("td", {}, h.status === "COMPLETED" ? bytes(h.state_size) : "–"), el("td", { class: "wrap" }, h.failure_message || "")));
+      el("td", {}, `${h.num_acknowledged_subtasks}/${h.num_subtasks}`),
+      el("td", {}, h.status === "COMPLETED" ? bytes(h.state_size) : "–"), el("td", {}, duration(h.alignment_duration || 0)),
+      el("td", { class: "wrap" }, h.failure_message || "")));
   fill(document.querySelector("#checkpoints tbody"), rows, "no checkpoint yet");
 }
 
-function drawJob(job, cps) {
+// drawFailure shows the job's last failure (GET /jobs/{id}/exceptions,
+// Flink's exception history), or hides it when there is none (or the job
+// manager does not serve the route).
+function drawFailure(exc) {
+  const box = document.getElementById("job-failure");
+  const last = exc && exc.exceptionHistory && exc.exceptionHistory.entries && exc.exceptionHistory.entries[0];
+  if (!last && !(exc && exc["root-exception"])) {
+    box.hidden = true;
+    return;
+  }
+  box.hidden = false;
+  const when = (last ? last.timestamp : exc.timestamp) || 0;
+  const where = last ? [last.taskName, last.endpoint || last.location, last.taskManagerId].filter(Boolean).join(" on ") : "";
+  const text = last ? (last.stacktrace || last.exceptionName) : exc["root-exception"];
+  document.getElementById("job-failure-head").textContent =
+    `last failure${when ? " at " + new Date(when).toLocaleString() : ""}${where ? " (" + where + ")" : ""}: ` +
+    ((last && last.exceptionName) || "");
+  document.getElementById("job-failure-text").textContent = text || "";
+}
+
+const ENDED = ["FINISHED", "FAILED", "CANCELED"];
+
+// cancelJob asks the job manager to cancel the selected job (Flink's PATCH
+// /jobs/{id}?mode=cancel). The request carries a JSON body and its
+// Content-Type, so it is never a "simple" cross-site request.
+async function cancelJob() {
+  const id = selected;
+  if (!id || !window.confirm("Cancel job " + id + "? Its tasks stop, open transactions are aborted.")) return;
+  const button = document.getElementById("cancel");
+  button.disabled = true;
+  button.textContent = "cancelling…";
+  try {
+    await api("/jobs/" + id + "?mode=cancel", { method: "PATCH", headers: { "Content-Type": "application/json" }, body: "{}" });
+  } catch (e) {
+    showProblem(e);
+  }
+  refresh();
+}
+
+function drawJob(job, cps, exc) {
   document.getElementById("job").hidden = false;
   document.getElementById("job-name").textContent = job.name;
   document.getElementById("job-id").textContent = job.jid;
   document.getElementById("job-state").replaceWith(Object.assign(state(job.state), { id: "job-state" }));
+  const button = document.getElementById("cancel");
+  const ended = ENDED.includes(job.state);
+  button.hidden = ended;
+  if (ended || button.dataset.job !== job.jid) {
+    button.disabled = false;
+    button.textContent = "Cancel job";
+    button.dataset.job = job.jid;
+  }
   const facts = [
-    ["running for", duration(job.duration)], ["restarts", job.restarts],
-    ["records in / out (this attempt)", `${job.records_in} / ${job.records_out}`],
+    [ended ? "ran for" : "running for", duration(job.duration)], ["restarts", job.restarts],
+    [ended ? "records in / out (last attempt)" : "records in / out (this attempt)", `${job.records_in} / ${job.records_out}`],
     ["last completed checkpoint", job.last_completed_checkpoint || "none"],
     ["restored from checkpoint", job.restored_from_checkpoint || "none"],
     ["checkpoint interval", duration(job.checkpoint_interval_ms)],
@@ -236,27 +399,48 @@ function drawJob(job, cps) {
   drawGraph(job);
   drawSubtasks(job);
   drawCheckpoints(cps);
+  drawFailure(exc);
 }
 
-async function refresh() {
+// showProblem says in the header why the page cannot show the job
+// manager's state; a token problem offers to enter the token again.
+function showProblem(e) {
   const problem = document.getElementById("problem");
+  problem.hidden = false;
+  problem.replaceChildren(String(e.message || e));
+  if (e.kind === "token") problem.append(" ", el("button", { id: "enter-token", onclick: enterToken }, "enter token"));
+  document.getElementById("updated").textContent = e.kind === "unreachable" ? "unreachable" : "not updated";
+}
+
+let loaded = false; // the tables hold the job manager's data
+
+async function refresh() {
   try {
     const [overview, tms] = await Promise.all([api("/jobs/overview"), api("/taskmanagers")]);
     drawJobs(overview);
-    drawTaskManagers(tms);
+    drawTaskManagers(tms.taskmanagers);
+    loaded = true;
     if (selected) {
-      const [job, cps] = await Promise.all([api("/jobs/" + selected), api("/jobs/" + selected + "/checkpoints")]);
-      drawJob(job, cps);
+      const id = selected;
+      const [job, cps, exc] = await Promise.all([api("/jobs/" + id), api("/jobs/" + id + "/checkpoints?history=" + CHART_HISTORY),
+        api("/jobs/" + id + "/exceptions").catch(e => { if (e.kind === "missing") return null; throw e; })]);
+      if (id === selected) drawJob(job, cps, exc);
     } else {
       document.getElementById("job").hidden = true;
     }
-    problem.hidden = true;
+    document.getElementById("problem").hidden = true;
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
-    problem.hidden = false;
-    problem.textContent = String(e.message || e);
+    showProblem(e);
+    // A table that shows no rows says why, not "no jobs yet".
+    const why = e.kind === "token" ? "token needed (see above)" : e.kind === "unreachable" ? "job manager unreachable" : "cannot load";
+    for (const sel of ["#jobs tbody", "#taskmanagers tbody"]) {
+      const body = document.querySelector(sel);
+      if (!loaded || body.querySelector("td[colspan]")) fill(body, [], why);
+    }
   }
 }
 
+document.getElementById("cancel").addEventListener("click", cancelJob);
 refresh();
 setInterval(refresh, REFRESH_MS);
