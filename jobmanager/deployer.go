@@ -100,6 +100,17 @@ func (sh *share) setStats(tasks []*weirpb.TaskCounts) {
 	sh.statsMu.Unlock()
 }
 
+// taskFailure is a failure reported from a task manager: err (whose
+// text it keeps) with where it happened, for the job's exception history.
+type taskFailure struct {
+	task        checkpoint.TaskID // empty: the task manager's session ended
+	taskManager string
+	err         error
+}
+
+func (f *taskFailure) Error() string { return f.err.Error() }
+func (f *taskFailure) Unwrap() error { return f.err }
+
 // placedTask is one task of an attempt: where it runs and its counters.
 type placedTask struct {
 	taskManager string
@@ -307,6 +318,7 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 			if p.Unrecoverable {
 				err = runtime.Unrecoverable(err)
 			}
+			err = &taskFailure{taskManager: sh.ss.tm.ID, err: err}
 		}
 		sh.setPrepared(runtime.Prepared{Discarding: p.Discarding, RestoreCommitters: int(p.RestoreCommitters)}, p.DataAddress, err)
 		if err != nil {
@@ -344,7 +356,7 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 		if f.Unrecoverable {
 			err = runtime.Unrecoverable(err)
 		}
-		sh.rep.Failed(checkpoint.TaskID(f.TaskId), err)
+		sh.rep.Failed(checkpoint.TaskID(f.TaskId), &taskFailure{task: checkpoint.TaskID(f.TaskId), taskManager: sh.ss.tm.ID, err: err})
 	case *weirpb.TaskManagerMessage_RequestCheckpoint:
 		sh.rep.RequestCheckpoint(v.RequestCheckpoint.Reason)
 	}
@@ -372,7 +384,7 @@ func (ss *session) end(err error) {
 			continue
 		default:
 		}
-		sh.rep.Failed(sh.anyTask, err)
+		sh.rep.Failed(sh.anyTask, &taskFailure{taskManager: ss.tm.ID, err: err})
 		sh.setPrepared(runtime.Prepared{}, "", err)
 		sh.end(false)
 	}
@@ -566,8 +578,10 @@ func (s *Server) allocate(ctx context.Context, job string, n int) ([]*session, e
 		changed := s.changed
 		s.mu.Unlock()
 		if got != nil {
+			s.setWaiting(job, "")
 			return got, nil
 		}
+		s.setWaiting(job, slotWait(n, free))
 		if !waiting {
 			s.cfg.log.Info("waiting for task manager slots", zap.String("job_id", job), zap.Int("slots", n),
 				zap.Int("free", free), zap.Int("total", total), zap.Duration("timeout", s.cfg.slotTimeout))
@@ -575,12 +589,37 @@ func (s *Server) allocate(ctx context.Context, job string, n int) ([]*session, e
 		select {
 		case <-changed:
 		case <-ctx.Done():
+			s.setWaiting(job, "")
 			return nil, ctx.Err()
 		case <-timeout.C:
+			s.setWaiting(job, "")
 			return nil, fmt.Errorf("%w: job %s needs %d slots; the task managers have %d free of %d after waiting %v",
 				ErrNotEnoughSlots, job, n, free, total, s.cfg.slotTimeout)
 		}
 	}
+}
+
+// slotWait is why a job that needs n slots while free are free waits.
+func slotWait(n, free int) string {
+	unit := "slots"
+	if n == 1 {
+		unit = "slot"
+	}
+	return fmt.Sprintf("waiting for %d %s, %d free", n, unit, free)
+}
+
+// setWaiting records why job id waits ("" once it no longer does), for its
+// status.
+func (s *Server) setWaiting(id, reason string) {
+	s.jobs.mu.Lock()
+	rj := s.jobs.running[id]
+	s.jobs.mu.Unlock()
+	if rj == nil {
+		return
+	}
+	rj.mu.Lock()
+	rj.waiting = reason
+	rj.mu.Unlock()
 }
 
 // takeLocked takes n free slots, spread round-robin over the task managers

@@ -32,8 +32,11 @@ const (
 // build it again (every node runs the same binary) after a job manager
 // restart.
 type JobRecord struct {
-	ID                   string            `json:"id"`
-	Type                 string            `json:"type"`
+	ID   string `json:"id"`
+	Type string `json:"type"`
+	// Name is the name the user gave the job at submit (empty: none; the
+	// job is then shown by its type, see DisplayName).
+	Name                 string            `json:"name,omitempty"`
 	Params               map[string]string `json:"params"`
 	CheckpointIntervalMs int64             `json:"checkpoint_interval_ms"`
 	RestartStrategy      string            `json:"restart_strategy,omitempty"`
@@ -41,12 +44,72 @@ type JobRecord struct {
 	State                JobState          `json:"state"`
 	Restarts             int               `json:"restarts"`
 	Error                string            `json:"error,omitempty"`
+	// Exceptions are the job's latest failures, oldest first, at most
+	// ExceptionHistorySize of them; ExceptionsTruncated says older ones
+	// were dropped.
+	Exceptions          []JobException `json:"exceptions,omitempty"`
+	ExceptionsTruncated bool           `json:"exceptions_truncated,omitempty"`
+	// Records are what the running attempt's sources emitted and its sinks
+	// wrote, as of the task managers' last heartbeats; a job that ended
+	// keeps those of its last attempt.
+	Records runtime.RecordCounts `json:"records"`
+	// Waiting says why a CREATED or RESTARTING job is not running yet
+	// ("waiting for 2 slots, 1 free"; not stored: it is known while the
+	// job waits).
+	Waiting string `json:"-"`
 	// RestoredFrom is the checkpoint the running attempt restored (not
 	// stored: it is known while the job runs).
 	RestoredFrom checkpoint.ID `json:"-"`
-	// Records are what the running attempt's sources emitted and its sinks
-	// wrote, as of the task managers' last heartbeats (not stored).
-	Records runtime.RecordCounts `json:"-"`
+}
+
+// DisplayName is the job's name as list, status and REST show it: the
+// name given at submit, or else its type.
+func (r JobRecord) DisplayName() string {
+	if r.Name != "" {
+		return r.Name
+	}
+	return r.Type
+}
+
+// ExceptionHistorySize bounds a job's exception history, as Flink's
+// web.exception-history-size (default 16).
+const ExceptionHistorySize = 16
+
+// JobException is one failure of a job: what failed an attempt (the job
+// restarted) or the job itself.
+type JobException struct {
+	// UnixMs is when the job manager saw the failure.
+	UnixMs int64 `json:"unix_ms"`
+	// Message is the error's text.
+	Message string `json:"message"`
+	// Task names the failed subtask as Flink does ("name (2/4)"; empty
+	// when the failure is not a task's, e.g. a checkpoint failure).
+	Task string `json:"task,omitempty"`
+	// TaskManager is the task manager the failed task ran on (empty when
+	// unknown).
+	TaskManager string `json:"task_manager,omitempty"`
+	// Restarted says the job restarted after this failure; false: the
+	// failure ended the job.
+	Restarted bool `json:"restarted"`
+}
+
+// addException appends e to r's history, dropping the oldest beyond
+// ExceptionHistorySize.
+func (r *JobRecord) addException(e JobException) {
+	r.Exceptions = append(r.Exceptions, e)
+	if n := len(r.Exceptions) - ExceptionHistorySize; n > 0 {
+		r.Exceptions = append([]JobException(nil), r.Exceptions[n:]...)
+		r.ExceptionsTruncated = true
+	}
+}
+
+// LastException is the job's latest failure (nil if none).
+func (r JobRecord) LastException() *JobException {
+	if len(r.Exceptions) == 0 {
+		return nil
+	}
+	e := r.Exceptions[len(r.Exceptions)-1]
+	return &e
 }
 
 // ErrJobNotFound is returned for a job id the store does not hold.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -49,6 +50,7 @@ func (s *Server) apiHandler() http.Handler {
 	mux.HandleFunc("PATCH /jobs/{id}", s.restPatchJob)
 	mux.HandleFunc("POST /jobs/{id}/cancel", s.restCancel)
 	mux.HandleFunc("GET /jobs/{id}/checkpoints", s.restCheckpoints)
+	mux.HandleFunc("GET /jobs/{id}/exceptions", s.restExceptions)
 	mux.HandleFunc("GET /taskmanagers", s.restTaskManagers)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{ErrorLog: zapErrorLog{s}}))
 	return mux
@@ -143,7 +145,7 @@ func (s *Server) restOverview(w http.ResponseWriter, r *http.Request) {
 		Jobs []jobOverview `json:"jobs"`
 	}{Jobs: []jobOverview{}}
 	for _, rec := range recs {
-		out.Jobs = append(out.Jobs, jobOverview{rec.ID, rec.Type, string(rec.State), s.times(rec), rec.Restarts})
+		out.Jobs = append(out.Jobs, jobOverview{rec.ID, rec.DisplayName(), string(rec.State), s.times(rec), rec.Restarts})
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -210,6 +212,7 @@ type jobDetails struct {
 	RecordsIn               int64             `json:"records_in"`
 	RecordsOut              int64             `json:"records_out"`
 	Error                   string            `json:"error"`
+	Waiting                 string            `json:"waiting"`
 	Params                  map[string]string `json:"params"`
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
 	RestartStrategy         string            `json:"restart_strategy"`
@@ -234,11 +237,11 @@ func (s *Server) jobDetails(ctx context.Context, id string) (jobDetails, error) 
 	if err != nil {
 		return jobDetails{}, err
 	}
-	d := jobDetails{ID: rec.ID, Name: rec.Type, State: string(rec.State), jobTimes: s.times(rec), Now: time.Now().UnixMilli(),
+	d := jobDetails{ID: rec.ID, Name: rec.DisplayName(), Waiting: rec.Waiting, State: string(rec.State), jobTimes: s.times(rec), Now: time.Now().UnixMilli(),
 		Restarts: rec.Restarts, LastCompletedCheckpoint: uint64(last), RestoredFromCheckpoint: uint64(rec.RestoredFrom),
 		RecordsIn: rec.Records.In, RecordsOut: rec.Records.Out, Error: rec.Error, Params: rec.Params,
 		CheckpointIntervalMs: rec.CheckpointIntervalMs, RestartStrategy: restartStrategyInForce(rec.RestartStrategy),
-		Vertices: []vertexInfo{}, StatusCounts: map[string]int{}, Plan: jobPlan{ID: rec.ID, Name: rec.Type, Nodes: []planNode{}}}
+		Vertices: []vertexInfo{}, StatusCounts: map[string]int{}, Plan: jobPlan{ID: rec.ID, Name: rec.DisplayName(), Nodes: []planNode{}}}
 	graph, placed, attempt := s.graphOf(rec)
 	d.Attempt = attempt
 	for _, v := range graph.Vertices {
@@ -488,4 +491,94 @@ func (s *Server) restTaskManagers(w http.ResponseWriter, _ *http.Request) {
 		out = append(out, taskManagerInfo{t.ID, t.Slots, free, t.DataHost, t.Session, t.HeartbeatAge.Milliseconds(), t.Slots, free})
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// Flink's job exceptions shapes (JobExceptionsInfoWithHistory): the
+// deprecated root-exception fields of the latest failure, and the history.
+type (
+	exceptionInfo struct {
+		ExceptionName string            `json:"exceptionName"`
+		Stacktrace    string            `json:"stacktrace"`
+		Timestamp     int64             `json:"timestamp"`
+		TaskName      *string           `json:"taskName"`
+		Location      *string           `json:"location"`
+		Endpoint      *string           `json:"endpoint"`
+		TaskManagerID *string           `json:"taskManagerId"`
+		FailureLabels map[string]string `json:"failureLabels"`
+	}
+	rootExceptionInfo struct {
+		exceptionInfo
+		ConcurrentExceptions []exceptionInfo `json:"concurrentExceptions"`
+	}
+	executionExceptionInfo struct {
+		Exception     string `json:"exception"`
+		Task          string `json:"task"`
+		Location      string `json:"location"`
+		Timestamp     int64  `json:"timestamp"`
+		TaskManagerID string `json:"taskManagerId"`
+	}
+	exceptionHistory struct {
+		Entries   []rootExceptionInfo `json:"entries"`
+		Truncated bool                `json:"truncated"`
+	}
+	jobExceptions struct {
+		RootException    *string                  `json:"root-exception"`
+		Timestamp        *int64                   `json:"timestamp"`
+		AllExceptions    []executionExceptionInfo `json:"all-exceptions"`
+		Truncated        bool                     `json:"truncated"`
+		ExceptionHistory exceptionHistory         `json:"exceptionHistory"`
+	}
+)
+
+// orNil is s, or nil (JSON null, as Flink leaves an unknown field) if empty.
+func orNil(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// exceptionInfoOf renders e as Flink's ExceptionInfo: a Go error has no
+// class and no stack, so exceptionName is the message's first line and
+// stacktrace the whole message (with whether the job restarted).
+func exceptionInfoOf(e JobException) exceptionInfo {
+	name, _, _ := strings.Cut(e.Message, "\n")
+	trace := e.Message
+	if e.Restarted {
+		trace += "\n(the job restarted from its latest completed checkpoint)"
+	} else {
+		trace += "\n(the job failed)"
+	}
+	return exceptionInfo{ExceptionName: name, Stacktrace: trace, Timestamp: e.UnixMs, TaskName: orNil(e.Task),
+		Location: orNil(e.TaskManager), Endpoint: orNil(e.TaskManager), TaskManagerID: orNil(e.TaskManager),
+		FailureLabels: map[string]string{}}
+}
+
+// jobExceptionsOf renders r's exception history in Flink's shape, newest
+// first.
+func jobExceptionsOf(r JobRecord) jobExceptions {
+	out := jobExceptions{AllExceptions: []executionExceptionInfo{},
+		ExceptionHistory: exceptionHistory{Entries: []rootExceptionInfo{}, Truncated: r.ExceptionsTruncated}}
+	for i := len(r.Exceptions) - 1; i >= 0; i-- {
+		out.ExceptionHistory.Entries = append(out.ExceptionHistory.Entries,
+			rootExceptionInfo{exceptionInfo: exceptionInfoOf(r.Exceptions[i]), ConcurrentExceptions: []exceptionInfo{}})
+	}
+	if e := r.LastException(); e != nil {
+		info := exceptionInfoOf(*e)
+		out.RootException, out.Timestamp = &info.Stacktrace, &e.UnixMs
+		if e.Task != "" {
+			out.AllExceptions = append(out.AllExceptions, executionExceptionInfo{Exception: info.Stacktrace, Task: e.Task,
+				Location: e.TaskManager, Timestamp: e.UnixMs, TaskManagerID: e.TaskManager})
+		}
+	}
+	return out
+}
+
+func (s *Server) restExceptions(w http.ResponseWriter, r *http.Request) {
+	rec, _, err := s.Job(r.Context(), r.PathValue("id"))
+	if err != nil {
+		restError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, jobExceptionsOf(rec))
 }

@@ -683,6 +683,9 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		if errors.Is(context.Cause(ctx), ErrJobCanceled) {
 			return 0, parent.Err()
 		}
+		if cause := context.Cause(ctx); errors.Is(cause, ErrSuspended) {
+			return 0, cause // not a failure: the job manager stops
+		}
 		return 0, err
 	}
 	a.dep = dep
