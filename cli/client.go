@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -63,7 +62,7 @@ func (c *client) explain(err error) error {
 	}
 	switch st.Code() {
 	case codes.Unauthenticated:
-		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, withoutGoPackages(st.Message()))
+		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, st.Message())
 	case codes.Unavailable, codes.DeadlineExceeded:
 		hint := ""
 		if !c.tls && plaintextToTLS(st.Message()) {
@@ -72,7 +71,7 @@ func (c *client) explain(err error) error {
 		return fmt.Errorf("%w at %s is unreachable (is `streamctl jobmanager` running there? set --jobmanager or %s): %s%s",
 			ErrJobManager, c.addr, envJobManager, st.Message(), hint)
 	}
-	return fmt.Errorf("%w: %s", ErrJobManager, withoutGoPackages(st.Message()))
+	return fmt.Errorf("%w: %s", ErrJobManager, st.Message())
 }
 
 // plaintextToTLS reports whether msg, the message of a failed call made
@@ -458,13 +457,3 @@ func newCheckpointsCmd(a *app) *cobra.Command {
 	f.flags(cmd, true)
 	return cmd
 }
-
-// withoutGoPackages is an error message of the job manager without the
-// Go package prefixes of the errors it chains ("jobmanager: ",
-// "sharegroup: ", ...): the CLI names the job manager itself.
-func withoutGoPackages(msg string) string { return goPackagePrefix.ReplaceAllString(msg, "$1") }
-
-// goPackagePrefix matches the prefix of Weir's packages whose errors say
-// their package name, at the start of a message or of a wrapped error in
-// it (after ": "). It is never modified.
-var goPackagePrefix = regexp.MustCompile(`(^|: )(?:(?:acklog|checkpoint|failpoint|jobmanager|kafka|kafkatxn|rpc|runtime|sharegroup|taskmanager|uppercase|wordcount): )+`)

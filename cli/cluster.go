@@ -109,7 +109,7 @@ type jmSecurity struct {
 func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAddr, dataDir string, sec jmSecurity, ready func(addr string)) error {
 	if dataDir != "" {
 		if err := os.MkdirAll(dataDir, 0o755); err != nil {
-			return fmt.Errorf("jobmanager: --data-dir: %w", err)
+			return fmt.Errorf("--data-dir: %w", err)
 		}
 	}
 	fp, err := failpoint.FromEnv()
@@ -124,12 +124,12 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 	defer srv.Close()
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
-		return fmt.Errorf("jobmanager: --listen: %w", err)
+		return fmt.Errorf("--listen: %w", err)
 	}
 	hl, err := net.Listen("tcp", httpAddr)
 	if err != nil {
 		lis.Close()
-		return fmt.Errorf("jobmanager: --http: %w", err)
+		return fmt.Errorf("--http: %w", err)
 	}
 	hs := &http.Server{Handler: srv.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second, TLSConfig: sec.tls}
 	go func() {
@@ -180,7 +180,7 @@ needs --auth-token-file, and every scrape must carry the token.`,
 			}
 			if dataDir != "" {
 				if err := os.MkdirAll(dataDir, 0o755); err != nil {
-					return fmt.Errorf("taskmanager: --data-dir: %w", err)
+					return fmt.Errorf("--data-dir: %w", err)
 				}
 			}
 			if id == "" {
@@ -238,7 +238,7 @@ func (a *app) serveMetrics(ctx context.Context, addr, token string) (*prometheus
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("taskmanager: --metrics: %w", err)
+		return nil, nil, fmt.Errorf("--metrics: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))

@@ -30,11 +30,11 @@ import (
 
 // ErrTaskManagerLost is wrapped by the failure of an attempt that had tasks
 // on a task manager whose session ended (killed, partitioned, silent).
-var ErrTaskManagerLost = errors.New("jobmanager: task manager lost")
+var ErrTaskManagerLost = errors.New("task manager lost")
 
 // ErrNotEnoughSlots is wrapped when a job needs more slots than the task
 // managers offer.
-var ErrNotEnoughSlots = errors.New("jobmanager: not enough slots")
+var ErrNotEnoughSlots = errors.New("not enough slots")
 
 // shareKey names one job attempt on one task manager.
 type shareKey struct {
@@ -166,7 +166,7 @@ func (sh *share) Open(ctx context.Context, t checkpoint.Timing) error {
 	case err := <-sh.opened:
 		return err
 	case <-sh.ended:
-		return fmt.Errorf("jobmanager: tasks on %s ended before they opened", sh.ss.tm.ID)
+		return fmt.Errorf("tasks on %s ended before they opened", sh.ss.tm.ID)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -254,7 +254,7 @@ func (ss *session) receive(asm *rpc.Assembler, m *weirpb.TaskManagerMessage, inb
 						zap.String("task", a.TaskId), zap.Uint64("checkpoint", a.CheckpointId), zap.Error(err))
 					inbox <- &weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Decline{Decline: &weirpb.CheckpointDecline{
 						JobId: a.JobId, Attempt: a.Attempt, TaskId: a.TaskId, CheckpointId: a.CheckpointId,
-						Reason: fmt.Sprintf("jobmanager: snapshot of %s from %s: %v", a.TaskId, ss.tm.ID, err)}}}
+						Reason: fmt.Sprintf("snapshot of %s from %s: %v", a.TaskId, ss.tm.ID, err)}}}
 					return
 				}
 				a.Snapshot, a.SnapshotChunked = p, nil
@@ -341,7 +341,7 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 		var snap checkpoint.TaskSnapshot
 		if err := json.Unmarshal(a.Snapshot, &snap); err != nil {
 			sh.rep.Decline(checkpoint.TaskID(a.TaskId), checkpoint.ID(a.CheckpointId),
-				fmt.Errorf("jobmanager: snapshot of %s from %s: %w", a.TaskId, sh.ss.tm.ID, err))
+				fmt.Errorf("snapshot of %s from %s: %w", a.TaskId, sh.ss.tm.ID, err))
 			return
 		}
 		sh.rep.Ack(checkpoint.TaskID(a.TaskId), checkpoint.ID(a.CheckpointId), snap, time.Duration(a.AlignmentNs))
@@ -432,7 +432,7 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 	if spec.Restore != nil {
 		if restore, err = json.Marshal(spec.Restore); err != nil {
 			release()
-			return nil, runtime.Unrecoverable(fmt.Errorf("jobmanager: encode restore: %w", err))
+			return nil, runtime.Unrecoverable(fmt.Errorf("encode restore: %w", err))
 		}
 	}
 	key := shareKey{d.rec.ID, int32(spec.Attempt)}
@@ -526,7 +526,7 @@ func (sh *share) deploy(dt *weirpb.DeployTasks, restore []byte) {
 	switch {
 	case err == nil:
 	case errors.Is(err, rpc.ErrMessageTooLarge):
-		err = runtime.Unrecoverable(fmt.Errorf("jobmanager: deploy to %s: %w", ss.tm.ID, err))
+		err = runtime.Unrecoverable(fmt.Errorf("deploy to %s: %w", ss.tm.ID, err))
 		sh.log.Error("deployment not sent", zap.String("task_manager", ss.tm.ID), zap.Error(err))
 		sh.setPrepared(runtime.Prepared{}, "", err)
 		sh.end(false)

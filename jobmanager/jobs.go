@@ -64,7 +64,7 @@ const submitCheckTimeout = 10 * time.Second
 
 // ErrCheckFailed is wrapped by Submit's error when the job type's Check
 // refused the job (e.g. its brokers are unreachable).
-var ErrCheckFailed = errors.New("jobmanager: job refused by its check")
+var ErrCheckFailed = errors.New("job refused by its check")
 
 // suspendWait bounds how long a stopping job manager waits for its jobs'
 // tasks to stop before it closes the task managers' sessions.
@@ -169,7 +169,7 @@ func (js *jobs) open(dir string, log *zap.Logger) error {
 	}
 	if js.cps, err = checkpoint.OpenStore(cpDir, opts...); err != nil {
 		js.store.Close()
-		return fmt.Errorf("jobmanager: open checkpoint store: %w", err)
+		return fmt.Errorf("open checkpoint store: %w", err)
 	}
 	js.running = map[string]*runningJob{}
 	js.stats = map[string]*cpStats{}

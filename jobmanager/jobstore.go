@@ -113,7 +113,7 @@ func (r JobRecord) LastException() *JobException {
 }
 
 // ErrJobNotFound is returned for a job id the store does not hold.
-var ErrJobNotFound = errors.New("jobmanager: no such job")
+var ErrJobNotFound = errors.New("no such job")
 
 // JobStore keeps job records in pebble; every write is synced, so a job
 // manager restarted on the same directory finds every job it acknowledged.
@@ -132,7 +132,7 @@ func OpenJobStore(dir string) (*JobStore, error) {
 	}
 	db, err := pebble.Open(dir, opts)
 	if err != nil {
-		return nil, fmt.Errorf("jobmanager: open job store: %w", err)
+		return nil, fmt.Errorf("open job store: %w", err)
 	}
 	return &JobStore{db: db}, nil
 }
@@ -144,7 +144,7 @@ func (s *JobStore) Close() error { return s.db.Close() }
 func NewJobID() (string, error) {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("jobmanager: job id: %w", err)
+		return "", fmt.Errorf("job id: %w", err)
 	}
 	return hex.EncodeToString(b[:]), nil
 }
@@ -152,14 +152,14 @@ func NewJobID() (string, error) {
 // Put writes r durably.
 func (s *JobStore) Put(r JobRecord) error {
 	if r.ID == "" {
-		return errors.New("jobmanager: job record without an id")
+		return errors.New("job record without an id")
 	}
 	v, err := json.Marshal(r)
 	if err != nil {
-		return fmt.Errorf("jobmanager: encode job %s: %w", r.ID, err)
+		return fmt.Errorf("encode job %s: %w", r.ID, err)
 	}
 	if err := s.db.Set([]byte(jobKeyPrefix+r.ID), v, pebble.Sync); err != nil {
-		return fmt.Errorf("jobmanager: store job %s: %w", r.ID, err)
+		return fmt.Errorf("store job %s: %w", r.ID, err)
 	}
 	return nil
 }
@@ -171,12 +171,12 @@ func (s *JobStore) Get(id string) (JobRecord, error) {
 		return JobRecord{}, fmt.Errorf("%w: %s", ErrJobNotFound, id)
 	}
 	if err != nil {
-		return JobRecord{}, fmt.Errorf("jobmanager: read job %s: %w", id, err)
+		return JobRecord{}, fmt.Errorf("read job %s: %w", id, err)
 	}
 	defer closer.Close()
 	var r JobRecord
 	if err := json.Unmarshal(v, &r); err != nil {
-		return JobRecord{}, fmt.Errorf("jobmanager: decode job %s: %w", id, err)
+		return JobRecord{}, fmt.Errorf("decode job %s: %w", id, err)
 	}
 	return r, nil
 }
@@ -185,19 +185,19 @@ func (s *JobStore) Get(id string) (JobRecord, error) {
 func (s *JobStore) List() ([]JobRecord, error) {
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte(jobKeyPrefix), UpperBound: []byte("job0")})
 	if err != nil {
-		return nil, fmt.Errorf("jobmanager: list jobs: %w", err)
+		return nil, fmt.Errorf("list jobs: %w", err)
 	}
 	var out []JobRecord
 	for it.First(); it.Valid(); it.Next() {
 		var r JobRecord
 		if err := json.Unmarshal(it.Value(), &r); err != nil {
 			it.Close()
-			return nil, fmt.Errorf("jobmanager: decode job %s: %w", it.Key(), err)
+			return nil, fmt.Errorf("decode job %s: %w", it.Key(), err)
 		}
 		out = append(out, r)
 	}
 	if err := it.Close(); err != nil {
-		return nil, fmt.Errorf("jobmanager: list jobs: %w", err)
+		return nil, fmt.Errorf("list jobs: %w", err)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
