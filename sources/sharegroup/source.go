@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -84,6 +85,9 @@ type Source[T any] struct {
 	limit     int // the broker's group.share.partition.max.record.locks
 	lastGC    time.Time
 	lastCheck time.Time
+
+	pendingMu sync.Mutex
+	pending   map[acklog.TopicPartition]int64 // subtask 0's last measure of the backlog (pendingRecords)
 	stopped   bool
 	closed    bool
 	member    string
@@ -495,7 +499,8 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 // housekeep runs subtask 0's periodic work (every checkEvery): the check
 // that the group still reads committed records only, and, transactional,
 // the share start offset check and after it marker collection (at most
-// every tombstoneEvery).
+// every tombstoneEvery), and the measure of the backlog (pendingRecords)
+// from the start offsets.
 // A group found reading uncommitted records, or a start offset that skipped
 // records, is unrecoverable; other failures are retried later.
 func (s *Source[T]) housekeep(ctx context.Context) error {
@@ -507,6 +512,13 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 		return err
 	}
 	if s.cfg.mode != Transactional {
+		starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
+		if err == nil {
+			err = s.measurePending(ctx, starts)
+		}
+		if err != nil {
+			s.log.Debug("pending records not measured; retried later", zap.Error(err))
+		}
 		return nil
 	}
 	starts, err := s.checkStarts(ctx)
@@ -517,6 +529,9 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 		s.log.Warn("share start offset check failed; retried later", zap.Error(err))
 		return nil
 	}
+	if err := s.measurePending(ctx, starts); err != nil {
+		s.log.Debug("pending records not measured; retried later", zap.Error(err))
+	}
 	// Collection reuses the check's start offsets and caught-up index.
 	if time.Since(s.lastGC) >= s.cfg.tombstoneEvery {
 		s.lastGC = time.Now()
@@ -525,6 +540,65 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// measurePending measures the group's backlog on every input partition,
+// Flink's pendingRecords: the log end offset minus the share partition's
+// start offset (starts; below it every record is done), or minus the log
+// start offset for a partition the group has not fetched yet (it starts
+// there with share.auto.offset.reset=earliest; at the log end otherwise).
+// The records counted include those the group holds (acquired, not yet
+// acknowledged) and, on a transactional topic, the transaction markers'
+// offsets.
+func (s *Source[T]) measurePending(ctx context.Context, starts map[acklog.TopicPartition]int64) error {
+	adm := kadm.NewClient(s.admin)
+	ends, err := adm.ListEndOffsets(ctx, s.inputs()...)
+	if err != nil {
+		return fmt.Errorf("list end offsets: %w", err)
+	}
+	var logStarts kadm.ListedOffsets
+	pending := map[acklog.TopicPartition]int64{}
+	var errs []error
+	ends.Each(func(lo kadm.ListedOffset) {
+		tp := acklog.TopicPartition{Topic: lo.Topic, Partition: lo.Partition}
+		if lo.Err != nil {
+			errs = append(errs, fmt.Errorf("end offset of %s: %w", tp, lo.Err))
+			return
+		}
+		start, ok := starts[tp]
+		if !ok && s.cfg.resetEarliest {
+			if logStarts == nil {
+				if logStarts, err = adm.ListStartOffsets(ctx, s.inputs()...); err != nil {
+					errs = append(errs, fmt.Errorf("list log start offsets: %w", err))
+					return
+				}
+			}
+			ls, found := logStarts.Lookup(lo.Topic, lo.Partition)
+			if !found || ls.Err != nil {
+				errs = append(errs, fmt.Errorf("log start offset of %s: %v", tp, ls.Err))
+				return
+			}
+			start = ls.Offset
+		} else if !ok {
+			start = lo.Offset
+		}
+		pending[tp] = max(lo.Offset-start, 0)
+	})
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	s.pendingMu.Lock()
+	s.pending = pending
+	s.pendingMu.Unlock()
+	return nil
+}
+
+// pendingRecords is subtask 0's last measure of the backlog per input
+// partition (nil before the first, and on other subtasks).
+func (s *Source[T]) pendingRecords() map[acklog.TopicPartition]int64 {
+	s.pendingMu.Lock()
+	defer s.pendingMu.Unlock()
+	return maps.Clone(s.pending)
 }
 
 // checkIsolation fails the job (unrecoverable, wrapping ErrReadUncommitted)
