@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
-	"strconv"
-	"syscall"
 	"slices"
+	"strconv"
 	"sync"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"

@@ -93,7 +93,7 @@ func (sh *share) setStats(tasks []*weirpb.TaskCounts) {
 	for _, t := range tasks {
 		m[checkpoint.TaskID(t.TaskId)] = runtime.TaskStats{Task: checkpoint.TaskID(t.TaskId), RecordsIn: t.RecordsIn,
 			RecordsOut: t.RecordsOut, BackPressured: time.Duration(t.BackPressuredMs) * time.Millisecond,
-			Source: t.Source, Sink: t.Sink}
+			Source: t.Source, Sink: t.Sink, PendingRecords: t.PendingRecords}
 	}
 	sh.statsMu.Lock()
 	sh.stats = m

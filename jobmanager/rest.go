@@ -159,6 +159,9 @@ type vertexMetrics struct {
 	WriteRecords         int64 `json:"write-records"`
 	WriteRecordsComplete bool  `json:"write-records-complete"`
 	BackPressuredMs      int64 `json:"accumulated-backpressured-time"`
+	// PendingRecords is Flink's source metric pendingRecords (records of
+	// the input not yet done), on a source that reports it.
+	PendingRecords *int64 `json:"pendingRecords,omitempty"`
 }
 
 type subtaskInfo struct {
@@ -254,6 +257,10 @@ func (s *Server) jobDetails(ctx context.Context, id string) (jobDetails, error) 
 				si.Status = taskStatus(rec.State, p)
 				si.Metrics = vertexMetrics{ReadRecords: p.stats.RecordsIn, ReadRecordsComplete: p.known,
 					WriteRecords: p.stats.RecordsOut, WriteRecordsComplete: p.known, BackPressuredMs: p.stats.BackPressured.Milliseconds()}
+				if n := p.stats.PendingRecords; p.known && n >= 0 {
+					si.Metrics.PendingRecords = &n
+					vi.Metrics.PendingRecords = ptr(n + deref(vi.Metrics.PendingRecords))
+				}
 			}
 			vi.Metrics.ReadRecords += si.Metrics.ReadRecords
 			vi.Metrics.WriteRecords += si.Metrics.WriteRecords
@@ -581,4 +588,13 @@ func (s *Server) restExceptions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, jobExceptionsOf(rec))
+}
+
+func ptr(n int64) *int64 { return &n }
+
+func deref(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }

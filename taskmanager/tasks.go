@@ -128,7 +128,8 @@ func (ds *deployments) counts() []*weirpb.DeploymentCounts {
 		if sr, ok := b.dep.(statsReader); ok {
 			for _, t := range sr.TaskStats() {
 				dc.Tasks = append(dc.Tasks, &weirpb.TaskCounts{TaskId: string(t.Task), RecordsIn: t.RecordsIn,
-					RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds(), Source: t.Source, Sink: t.Sink})
+					RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds(), Source: t.Source, Sink: t.Sink,
+					PendingRecords: t.PendingRecords})
 			}
 		}
 		out = append(out, dc)

@@ -833,10 +833,14 @@ type TaskCounts struct {
 	BackPressuredMs int64                  `protobuf:"varint,4,opt,name=back_pressured_ms,json=backPressuredMs,proto3" json:"back_pressured_ms,omitempty"`
 	// source and sink: the task's chain starts with a source, ends with a
 	// sink.
-	Source        bool `protobuf:"varint,5,opt,name=source,proto3" json:"source,omitempty"`
-	Sink          bool `protobuf:"varint,6,opt,name=sink,proto3" json:"sink,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Source bool `protobuf:"varint,5,opt,name=source,proto3" json:"source,omitempty"`
+	Sink   bool `protobuf:"varint,6,opt,name=sink,proto3" json:"sink,omitempty"`
+	// pending_records is the sum of the pendingRecords the task's source
+	// reported (Flink's metric: its input's records not yet done), -1 when
+	// it reported none.
+	PendingRecords int64 `protobuf:"varint,7,opt,name=pending_records,json=pendingRecords,proto3" json:"pending_records,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TaskCounts) Reset() {
@@ -909,6 +913,13 @@ func (x *TaskCounts) GetSink() bool {
 		return x.Sink
 	}
 	return false
+}
+
+func (x *TaskCounts) GetPendingRecords() int64 {
+	if x != nil {
+		return x.PendingRecords
+	}
+	return 0
 }
 
 // DeployTasks builds the listed subtasks of one attempt of a job: the task
@@ -2824,7 +2835,7 @@ const file_control_proto_rawDesc = "" +
 	"\x10DeploymentCounts\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12-\n" +
-	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasksJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"\xbd\x01\n" +
+	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasksJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"\xe6\x01\n" +
 	"\n" +
 	"TaskCounts\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1d\n" +
@@ -2834,7 +2845,8 @@ const file_control_proto_rawDesc = "" +
 	"recordsOut\x12*\n" +
 	"\x11back_pressured_ms\x18\x04 \x01(\x03R\x0fbackPressuredMs\x12\x16\n" +
 	"\x06source\x18\x05 \x01(\bR\x06source\x12\x12\n" +
-	"\x04sink\x18\x06 \x01(\bR\x04sink\"\xdc\x03\n" +
+	"\x04sink\x18\x06 \x01(\bR\x04sink\x12'\n" +
+	"\x0fpending_records\x18\a \x01(\x03R\x0ependingRecords\"\xdc\x03\n" +
 	"\vDeployTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\bjob_type\x18\x02 \x01(\tR\ajobType\x12<\n" +
