@@ -54,7 +54,7 @@ suspend the running jobs (tasks stopped, transactions left for the resumed
 job to commit or abort), not cancel them.
 
 --http serves the REST API (JSON, Flink's shapes: GET /jobs, /jobs/overview,
-/jobs/ID, /jobs/ID/checkpoints, /taskmanagers; POST /jobs/ID/cancel or
+/jobs/ID, /jobs/ID/checkpoints, /jobs/ID/exceptions, /taskmanagers; POST /jobs/ID/cancel or
 PATCH /jobs/ID?mode=cancel) and Prometheus metrics (GET /metrics), with the
 same token rule as the RPC.
 

@@ -28,7 +28,8 @@ import (
 const cancelTimeout = time.Minute
 
 // HTTPHandler returns the job manager's HTTP API: GET /jobs,
-// /jobs/overview, /jobs/{id}, /jobs/{id}/checkpoints, /taskmanagers and
+// /jobs/overview, /jobs/{id}, /jobs/{id}/checkpoints, /jobs/{id}/exceptions,
+// /taskmanagers and
 // /metrics; POST /jobs/{id}/cancel and PATCH /jobs/{id}?mode=cancel; and
 // the web dashboard at GET / (package dashboard). The API requires the
 // token; the dashboard's files hold no data and are served without it.
