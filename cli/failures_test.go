@@ -94,7 +94,7 @@ func TestStatusListAndRESTShowTheLastFailureTheNameAndTheFinalCounts(t *testing.
 	c.waitStatus(t, second, "every record counted", func(j jobJSON) bool {
 		return j.RecordsIn == int64(len(lines2)) && j.RecordsOut == words(want2)
 	})
-	if out, err = c.cli(t, "cancel", second); err != nil {
+	if _, err = c.cli(t, "cancel", second); err != nil {
 		t.Fatal(err)
 	}
 	st2 := c.status(t, second)
