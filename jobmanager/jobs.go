@@ -274,11 +274,14 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 		}),
 		runtime.OnRestart(func(_ int, err error) {
 			stats.restart(err)
-			rj.mu.Lock()
-			rj.rec.Restarts++
-			rj.rec.addException(rj.exception(err, true))
-			rj.mu.Unlock()
-			s.setState(rj, StateRestarting, nil)
+			// One update: a status read between a counted restart and
+			// the state RESTARTING would show the failed attempt RUNNING
+			// with a restart (the demo then read the old attempt's
+			// restored checkpoint as the new one's).
+			s.setState(rj, StateRestarting, nil, func(r *JobRecord) {
+				r.Restarts++
+				r.addException(rj.exception(err, true))
+			})
 		}))
 	s.jobs.mu.Lock()
 	s.jobs.running[r.ID] = rj
@@ -312,11 +315,15 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 	return nil
 }
 
-// setState records a job's new state durably; a job that ends keeps the
-// record counts of its last attempt, and the failure that ended it in its
+// setState records a job's new state durably, with the changes also makes
+// to its record in the same update; a job that ends keeps the record
+// counts of its last attempt, and the failure that ended it in its
 // exception history.
-func (s *Server) setState(rj *runningJob, st JobState, err error) {
+func (s *Server) setState(rj *runningJob, st JobState, err error, also ...func(*JobRecord)) {
 	rj.mu.Lock()
+	for _, f := range also {
+		f(&rj.rec)
+	}
 	rj.rec.State = st
 	if err != nil {
 		rj.rec.Error = err.Error()
