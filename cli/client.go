@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -63,7 +62,7 @@ func (c *client) explain(err error) error {
 	}
 	switch st.Code() {
 	case codes.Unauthenticated:
-		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, withoutGoPackages(st.Message()))
+		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, st.Message())
 	case codes.Unavailable, codes.DeadlineExceeded:
 		hint := ""
 		if !c.tls && plaintextToTLS(st.Message()) {
@@ -72,7 +71,7 @@ func (c *client) explain(err error) error {
 		return fmt.Errorf("%w at %s is unreachable (is `streamctl jobmanager` running there? set --jobmanager or %s): %s%s",
 			ErrJobManager, c.addr, envJobManager, st.Message(), hint)
 	}
-	return fmt.Errorf("%w: %s", ErrJobManager, withoutGoPackages(st.Message()))
+	return fmt.Errorf("%w: %s", ErrJobManager, st.Message())
 }
 
 // plaintextToTLS reports whether msg, the message of a failed call made
@@ -140,10 +139,23 @@ type jobJSON struct {
 	RestoredFromCheckpoint  uint64            `json:"restored_from_checkpoint"`
 	RecordsIn               int64             `json:"records_in"`
 	RecordsOut              int64             `json:"records_out"`
+	JobType                 string            `json:"job_type"`
+	// Waiting says why a CREATED or RESTARTING job is not running yet.
+	Waiting     string          `json:"waiting"`
+	LastFailure *jobFailureJSON `json:"last_failure"`
+}
+
+// jobFailureJSON is a job's latest failure as --output json prints it.
+type jobFailureJSON struct {
+	Time        string `json:"time"`
+	Message     string `json:"message"`
+	Task        string `json:"task"`
+	TaskManager string `json:"task_manager"`
+	Restarted   bool   `json:"restarted"`
 }
 
 func toJobJSON(s *weirpb.JobStatus) jobJSON {
-	j := jobJSON{ID: s.Id, Name: s.Name, State: s.State, Restarts: s.Restarts, LastCompletedCheckpoint: s.LastCompletedCheckpoint,
+	j := jobJSON{ID: s.Id, Name: s.Name, State: s.State, JobType: s.JobType, Waiting: s.Waiting, Restarts: s.Restarts, LastCompletedCheckpoint: s.LastCompletedCheckpoint,
 		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, RestartStrategy: s.RestartStrategy,
 		RestoredFromCheckpoint: s.RestoredFromCheckpoint, RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut}
 	if j.Params == nil {
@@ -152,7 +164,39 @@ func toJobJSON(s *weirpb.JobStatus) jobJSON {
 	if s.SubmittedUnixMs > 0 {
 		j.Submitted = time.UnixMilli(s.SubmittedUnixMs).UTC().Format(time.RFC3339)
 	}
+	if f := s.LastFailure; f != nil {
+		j.LastFailure = &jobFailureJSON{Time: failureTime(f), Message: f.Message, Task: f.Task, TaskManager: f.TaskManager, Restarted: f.Restarted}
+	}
 	return j
+}
+
+// failureTime is when f happened, as status and list print it.
+func failureTime(f *weirpb.JobFailure) string {
+	return time.UnixMilli(f.UnixMs).UTC().Format(time.RFC3339)
+}
+
+// stateOf is a job's state as the tables print it, with why it waits.
+func stateOf(j *weirpb.JobStatus) string {
+	if j.Waiting != "" {
+		return fmt.Sprintf("%s (%s)", j.State, j.Waiting)
+	}
+	return j.State
+}
+
+// failureLine says where and when f happened and what it was.
+func failureLine(f *weirpb.JobFailure) string {
+	where := ""
+	if f.Task != "" {
+		where += " in " + f.Task
+	}
+	if f.TaskManager != "" {
+		where += " on " + f.TaskManager
+	}
+	then := "the job failed"
+	if f.Restarted {
+		then = "the job restarted"
+	}
+	return fmt.Sprintf("last failure at %s%s (%s): %s", failureTime(f), where, then, f.Message)
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -174,12 +218,23 @@ func printJobs(w io.Writer, output string, jobs []*weirpb.JobStatus, one bool) e
 		return printJSON(w, out)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tRESTARTS\tLAST CHECKPOINT\tRECORDS IN\tRECORDS OUT\tERROR")
+	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tRESTARTS\tLAST CHECKPOINT\tRECORDS IN\tRECORDS OUT\tLAST FAILURE\tERROR")
 	for _, j := range jobs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", j.Id, j.Name, j.State, j.Restarts, j.LastCompletedCheckpoint,
-			j.RecordsIn, j.RecordsOut, j.Error)
+		failed := "-"
+		if j.LastFailure != nil {
+			failed = failureTime(j.LastFailure)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", j.Id, j.Name, stateOf(j), j.Restarts, j.LastCompletedCheckpoint,
+			j.RecordsIn, j.RecordsOut, failed, j.Error)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if one && jobs[0].LastFailure != nil {
+		_, err := fmt.Fprintln(w, failureLine(jobs[0].LastFailure))
+		return err
+	}
+	return nil
 }
 
 func newSubmitCmd(a *app) *cobra.Command {
@@ -187,10 +242,11 @@ func newSubmitCmd(a *app) *cobra.Command {
 		f       clientCmd
 		jf      jobFlags
 		restart string
+		name    string
 		wait    bool
 	)
 	cmd := &cobra.Command{
-		Use:   "submit JOB [--jobmanager ADDR] [--parallelism N] [--checkpoint-interval DUR] [--set key=value]... [--restart-strategy SPEC] [--wait]",
+		Use:   "submit JOB [--jobmanager ADDR] [--parallelism N] [--checkpoint-interval DUR] [--set key=value]... [--restart-strategy SPEC] [--name NAME] [--wait]",
 		Short: "Submit a registered job to the job manager; prints its job id",
 		Long: `submit asks the job manager to run the registered job type JOB with the given
 parameters (--set key=value, repeatable; "streamctl jobs" lists them) on its
@@ -228,7 +284,7 @@ or was CANCELED.`,
 			var id string
 			err = c.call(cmd.Context(), func(ctx context.Context) error {
 				r, err := c.jm.SubmitJob(ctx, &weirpb.SubmitJobRequest{JobType: cmd.Flags().Arg(0), Params: params,
-					CheckpointIntervalMs: jf.interval.Milliseconds(), RestartStrategy: restart})
+					CheckpointIntervalMs: jf.interval.Milliseconds(), RestartStrategy: restart, Name: name})
 				if err == nil {
 					id = r.JobId
 				}
@@ -247,6 +303,7 @@ or was CANCELED.`,
 	f.flags(cmd, false)
 	jf.add(cmd)
 	cmd.Flags().StringVar(&restart, "restart-strategy", "", "restart strategy (default exponential-delay)")
+	cmd.Flags().StringVar(&name, "name", "", "the job's name, shown by list, status and REST (default: its job type)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends")
 	return cmd
 }
@@ -267,7 +324,7 @@ func (a *app) follow(ctx context.Context, c *client, id string, log *zap.Logger)
 			return err
 		}
 		pl.Update(fmt.Sprintf("job %s: %s, %d restarts, last completed checkpoint %d, records in %d, out %d (this attempt)",
-			id, st.State, st.Restarts, st.LastCompletedCheckpoint, st.RecordsIn, st.RecordsOut))
+			id, stateOf(st), st.Restarts, st.LastCompletedCheckpoint, st.RecordsIn, st.RecordsOut))
 		switch st.State {
 		case "FINISHED", "CANCELED":
 			pl.Update("")
@@ -288,8 +345,13 @@ func newListCmd(a *app) *cobra.Command {
 	var f clientCmd
 	cmd := &cobra.Command{
 		Use:   "list [--jobmanager ADDR] [--output table|json]",
-		Short: "List the job manager's jobs",
-		Args:  cobra.NoArgs,
+		Short: "List the job manager's jobs, newest first",
+		Long: `list shows every job of the job manager, newest first: its id, name, state
+(with why a CREATED or RESTARTING job waits, e.g. "waiting for 2 slots, 0
+free"), restarts, last completed checkpoint, the records its current (or, once
+it ended, its last) attempt read and wrote, when it last failed, and the error
+that failed it. "streamctl status JOB_ID" shows the last failure in full.`,
+		Args: cobra.NoArgs,
 		RunE: f.runE(a, func(ctx context.Context, _ *cobra.Command, c *client) error {
 			r, err := c.jm.ListJobs(ctx, &weirpb.ListJobsRequest{})
 			if err != nil {
@@ -309,7 +371,10 @@ func newStatusCmd(a *app) *cobra.Command {
 		Short: "Show a job's state, restarts and last completed checkpoint",
 		Long: `status shows one job: its state (CREATED, RUNNING, RESTARTING, FAILED,
 CANCELED, FINISHED), how often it restarted, its last completed checkpoint, and
-the error that failed it.`,
+the error that failed it, why it waits if it is CREATED or RESTARTING
+("waiting for 2 slots, 0 free"), and its last failure: when, in which task on
+which task manager, and what (the whole history is on the REST API at
+GET /jobs/JOB_ID/exceptions).`,
 		Args: cobra.ExactArgs(1),
 		RunE: f.runE(a, func(ctx context.Context, cmd *cobra.Command, c *client) error {
 			st, err := c.jm.GetJob(ctx, &weirpb.GetJobRequest{JobId: cmd.Flags().Arg(0)})
@@ -392,13 +457,3 @@ func newCheckpointsCmd(a *app) *cobra.Command {
 	f.flags(cmd, true)
 	return cmd
 }
-
-// withoutGoPackages is an error message of the job manager without the
-// Go package prefixes of the errors it chains ("jobmanager: ",
-// "sharegroup: ", ...): the CLI names the job manager itself.
-func withoutGoPackages(msg string) string { return goPackagePrefix.ReplaceAllString(msg, "$1") }
-
-// goPackagePrefix matches the prefix of Weir's packages whose errors say
-// their package name, at the start of a message or of a wrapped error in
-// it (after ": "). It is never modified.
-var goPackagePrefix = regexp.MustCompile(`(^|: )(?:(?:acklog|checkpoint|failpoint|jobmanager|kafka|kafkatxn|rpc|runtime|sharegroup|taskmanager|uppercase|wordcount): )+`)

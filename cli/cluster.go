@@ -55,7 +55,8 @@ suspend the running jobs (tasks stopped, transactions left for the resumed
 job to commit or abort), not cancel them.
 
 --http serves the REST API (JSON in Flink's shapes: GET /overview, /jobs,
-/jobs/overview, /jobs/ID, /jobs/ID/checkpoints, /taskmanagers, ...; PATCH
+/jobs/overview, /jobs/ID, /jobs/ID/checkpoints, /jobs/ID/exceptions,
+/taskmanagers, ...; PATCH
 /jobs/ID?mode=cancel, or POST /jobs/ID/cancel to wait for the end; see
 docs/reference/rest.md), the web dashboard (GET /) and Prometheus metrics
 (GET /metrics), with the same token rule as the RPC. It answers only requests
@@ -132,7 +133,7 @@ func warn(log *zap.Logger, warnings []string) {
 func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAddr, dataDir string, sec jmSecurity, ready func(addr string)) error {
 	if dataDir != "" {
 		if err := os.MkdirAll(dataDir, 0o755); err != nil {
-			return fmt.Errorf("jobmanager: --data-dir: %w", err)
+			return fmt.Errorf("--data-dir: %w", err)
 		}
 	}
 	fp, err := failpoint.FromEnv()
@@ -148,12 +149,12 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 	defer srv.Close()
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
-		return fmt.Errorf("jobmanager: --listen: %w", err)
+		return fmt.Errorf("--listen: %w", err)
 	}
 	hl, err := net.Listen("tcp", httpAddr)
 	if err != nil {
 		lis.Close()
-		return fmt.Errorf("jobmanager: --http: %w", err)
+		return fmt.Errorf("--http: %w", err)
 	}
 	hs := rpc.NewHTTPServer(srv.HTTPHandler(), rpc.HTTPTLS(sec.tls))
 	go func() {
@@ -207,7 +208,7 @@ header must be a loopback name, the --metrics host or one of
 			}
 			if dataDir != "" {
 				if err := os.MkdirAll(dataDir, 0o755); err != nil {
-					return fmt.Errorf("taskmanager: --data-dir: %w", err)
+					return fmt.Errorf("--data-dir: %w", err)
 				}
 			}
 			if id == "" {
@@ -274,7 +275,7 @@ func (a *app) serveMetrics(ctx context.Context, addr, token string, hosts []stri
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("taskmanager: --metrics: %w", err)
+		return nil, nil, fmt.Errorf("--metrics: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -20,10 +23,10 @@ import (
 func newLocalCmd(a *app) *cobra.Command {
 	var (
 		brokerAddr, dataDir, listen, httpAddr, metricsAddr string
-		tms, slots                                         int
+		tms, slots, brokerPort                             int
 	)
 	cmd := &cobra.Command{
-		Use:   "local [--broker embedded|HOST:PORT] [--taskmanagers 2] [--slots 2] [--data-dir DIR]",
+		Use:   "local [--broker embedded|HOST:PORT] [--broker-port 9092] [--taskmanagers 2] [--slots 2] [--data-dir DIR]",
 		Short: "Run a development cluster in one process: a broker, a job manager and task managers",
 		Long: `local runs, in this one process, an embedded broker (unless --broker names an
 external one), a job manager (control plane on --listen, HTTP on --http) and
@@ -31,9 +34,13 @@ external one), a job manager (control plane on --listen, HTTP on --http) and
 loopback exactly as separate processes do. Submit jobs to it with
 "streamctl submit JOB --jobmanager ADDR --set brokers=BROKER".
 
+The embedded broker listens on 127.0.0.1:--broker-port (default 9092, Kafka's
+port, so --set brokers=127.0.0.1:9092 reaches it; 0 takes a random port).
+
 --data-dir keeps the embedded broker's data (DIR/broker) and the job manager's
-jobs and checkpoints (DIR/jobmanager): started again on the same directory, the
-cluster resumes its jobs. --metrics serves every task manager's Prometheus
+jobs and checkpoints (DIR/jobmanager): started again on the same directory (and
+the same --broker-port: a job keeps the broker address it was submitted with),
+the cluster resumes its jobs. --metrics serves every task manager's Prometheus
 metrics on one address (GET /metrics; the job manager's are on --http). It prints "broker listening on HOST:PORT",
 "jobmanager listening on HOST:PORT" and "jobmanager http on HOST:PORT" on
 stdout, and stops on SIGINT/SIGTERM (running jobs are suspended, not
@@ -56,12 +63,19 @@ cancelled).`,
 			}
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
+			if brokerPort < 0 || brokerPort > 65535 {
+				return flagError(cmd, fmt.Errorf("--broker-port %d: want 0 (random) to 65535", brokerPort))
+			}
 			if brokerAddr == "embedded" {
-				opts := []broker.Opt{broker.Listen("127.0.0.1:0"), broker.Logger(log.Named("broker"))}
+				listenOn := net.JoinHostPort("127.0.0.1", strconv.Itoa(brokerPort))
+				opts := []broker.Opt{broker.Listen(listenOn), broker.Logger(log.Named("broker"))}
 				if dataDir != "" {
 					opts = append(opts, broker.DataDir(filepath.Join(dataDir, "broker")))
 				}
 				b, err := broker.Start(ctx, opts...)
+				if errors.Is(err, syscall.EADDRINUSE) {
+					return flagError(cmd, fmt.Errorf("the embedded broker cannot listen on %s: the port is taken (another broker or `streamctl local`?); choose another with --broker-port, or --broker-port 0 for a random one", listenOn))
+				}
 				if err != nil {
 					return err
 				}
@@ -116,6 +130,7 @@ cancelled).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&brokerAddr, "broker", "embedded", `"embedded" or the HOST:PORT of an external broker`)
+	f.IntVar(&brokerPort, "broker-port", 9092, "port of the embedded broker on 127.0.0.1 (0: a random one)")
 	f.IntVar(&tms, "taskmanagers", 2, "task managers to run")
 	f.IntVar(&slots, "slots", 2, "slots per task manager")
 	f.StringVar(&dataDir, "data-dir", "", "directory for the broker's and job manager's data (default: in memory)")

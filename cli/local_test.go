@@ -28,7 +28,7 @@ func startLocal(t *testing.T, args ...string) *localCluster {
 	done := make(chan error, 1)
 	go func() {
 		root := newRootCmd(testRegistry(t), c.out, c.errs)
-		root.SetArgs(append([]string{"local", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"}, args...))
+		root.SetArgs(append([]string{"local", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--broker-port", "0"}, args...))
 		done <- root.ExecuteContext(ctx)
 	}()
 	t.Cleanup(func() {

@@ -30,11 +30,11 @@ import (
 
 // ErrTaskManagerLost is wrapped by the failure of an attempt that had tasks
 // on a task manager whose session ended (killed, partitioned, silent).
-var ErrTaskManagerLost = errors.New("jobmanager: task manager lost")
+var ErrTaskManagerLost = errors.New("task manager lost")
 
 // ErrNotEnoughSlots is wrapped when a job needs more slots than the task
 // managers offer.
-var ErrNotEnoughSlots = errors.New("jobmanager: not enough slots")
+var ErrNotEnoughSlots = errors.New("not enough slots")
 
 // shareKey names one job attempt on one task manager.
 type shareKey struct {
@@ -97,7 +97,7 @@ func (sh *share) setStats(tasks []*weirpb.TaskCounts) {
 	for _, t := range tasks {
 		m[checkpoint.TaskID(t.TaskId)] = runtime.TaskStats{Task: checkpoint.TaskID(t.TaskId), RecordsIn: t.RecordsIn,
 			RecordsOut: t.RecordsOut, BackPressured: time.Duration(t.BackPressuredMs) * time.Millisecond,
-			Source: t.Source, Sink: t.Sink}
+			Source: t.Source, Sink: t.Sink, PendingRecords: t.PendingRecords}
 	}
 	now := time.Now()
 	sh.statsMu.Lock()
@@ -113,6 +113,17 @@ func (sh *share) setStats(tasks []*weirpb.TaskCounts) {
 	}
 	sh.stats, sh.statsAt = m, now
 }
+
+// taskFailure is a failure reported from a task manager: err (whose
+// text it keeps) with where it happened, for the job's exception history.
+type taskFailure struct {
+	task        checkpoint.TaskID // empty: the task manager's session ended
+	taskManager string
+	err         error
+}
+
+func (f *taskFailure) Error() string { return f.err.Error() }
+func (f *taskFailure) Unwrap() error { return f.err }
 
 // placedTask is one task of an attempt: where it runs and its counters.
 type placedTask struct {
@@ -176,7 +187,7 @@ func (sh *share) Open(ctx context.Context, t checkpoint.Timing) error {
 	case err := <-sh.opened:
 		return err
 	case <-sh.ended:
-		return fmt.Errorf("jobmanager: tasks on %s ended before they opened", sh.ss.tm.ID)
+		return fmt.Errorf("tasks on %s ended before they opened", sh.ss.tm.ID)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -264,7 +275,7 @@ func (ss *session) receive(asm *rpc.Assembler, m *weirpb.TaskManagerMessage, inb
 						zap.String("task", a.TaskId), zap.Uint64("checkpoint", a.CheckpointId), zap.Error(err))
 					inbox <- &weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Decline{Decline: &weirpb.CheckpointDecline{
 						JobId: a.JobId, Attempt: a.Attempt, TaskId: a.TaskId, CheckpointId: a.CheckpointId,
-						Reason: fmt.Sprintf("jobmanager: snapshot of %s from %s: %v", a.TaskId, ss.tm.ID, err)}}}
+						Reason: fmt.Sprintf("snapshot of %s from %s: %v", a.TaskId, ss.tm.ID, err)}}}
 					return
 				}
 				a.Snapshot, a.SnapshotChunked = p, nil
@@ -328,6 +339,7 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 			if p.Unrecoverable {
 				err = runtime.Unrecoverable(err)
 			}
+			err = &taskFailure{taskManager: sh.ss.tm.ID, err: err}
 		}
 		sh.setPrepared(runtime.Prepared{Discarding: p.Discarding, RestoreCommitters: int(p.RestoreCommitters)}, p.DataAddress, err)
 		if err != nil {
@@ -350,7 +362,7 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 		var snap checkpoint.TaskSnapshot
 		if err := json.Unmarshal(a.Snapshot, &snap); err != nil {
 			sh.rep.Decline(checkpoint.TaskID(a.TaskId), checkpoint.ID(a.CheckpointId),
-				fmt.Errorf("jobmanager: snapshot of %s from %s: %w", a.TaskId, sh.ss.tm.ID, err))
+				fmt.Errorf("snapshot of %s from %s: %w", a.TaskId, sh.ss.tm.ID, err))
 			return
 		}
 		sh.rep.Ack(checkpoint.TaskID(a.TaskId), checkpoint.ID(a.CheckpointId), snap, time.Duration(a.AlignmentNs))
@@ -365,7 +377,7 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 		if f.Unrecoverable {
 			err = runtime.Unrecoverable(err)
 		}
-		sh.rep.Failed(checkpoint.TaskID(f.TaskId), err)
+		sh.rep.Failed(checkpoint.TaskID(f.TaskId), &taskFailure{task: checkpoint.TaskID(f.TaskId), taskManager: sh.ss.tm.ID, err: err})
 	case *weirpb.TaskManagerMessage_RequestCheckpoint:
 		sh.rep.RequestCheckpoint(v.RequestCheckpoint.Reason)
 	}
@@ -393,7 +405,7 @@ func (ss *session) end(err error) {
 			continue
 		default:
 		}
-		sh.rep.Failed(sh.anyTask, err)
+		sh.rep.Failed(sh.anyTask, &taskFailure{taskManager: ss.tm.ID, err: err})
 		sh.setPrepared(runtime.Prepared{}, "", err)
 		sh.end(false)
 	}
@@ -441,7 +453,7 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 	if spec.Restore != nil {
 		if restore, err = json.Marshal(spec.Restore); err != nil {
 			release()
-			return nil, runtime.Unrecoverable(fmt.Errorf("jobmanager: encode restore: %w", err))
+			return nil, runtime.Unrecoverable(fmt.Errorf("encode restore: %w", err))
 		}
 	}
 	key := shareKey{d.rec.ID, int32(spec.Attempt)}
@@ -535,7 +547,7 @@ func (sh *share) deploy(dt *weirpb.DeployTasks, restore []byte) {
 	switch {
 	case err == nil:
 	case errors.Is(err, rpc.ErrMessageTooLarge):
-		err = runtime.Unrecoverable(fmt.Errorf("jobmanager: deploy to %s: %w", ss.tm.ID, err))
+		err = runtime.Unrecoverable(fmt.Errorf("deploy to %s: %w", ss.tm.ID, err))
 		sh.log.Error("deployment not sent", zap.String("task_manager", ss.tm.ID), zap.Error(err))
 		sh.setPrepared(runtime.Prepared{}, "", err)
 		sh.end(false)
@@ -587,8 +599,10 @@ func (s *Server) allocate(ctx context.Context, job string, n int) ([]*session, e
 		changed := s.changed
 		s.mu.Unlock()
 		if got != nil {
+			s.setWaiting(job, "")
 			return got, nil
 		}
+		s.setWaiting(job, slotWait(n, free))
 		if !waiting {
 			s.cfg.log.Info("waiting for task manager slots", zap.String("job_id", job), zap.Int("slots", n),
 				zap.Int("free", free), zap.Int("total", total), zap.Duration("timeout", s.cfg.slotTimeout))
@@ -596,12 +610,37 @@ func (s *Server) allocate(ctx context.Context, job string, n int) ([]*session, e
 		select {
 		case <-changed:
 		case <-ctx.Done():
+			s.setWaiting(job, "")
 			return nil, ctx.Err()
 		case <-timeout.C:
+			s.setWaiting(job, "")
 			return nil, fmt.Errorf("%w: job %s needs %d slots; the task managers have %d free of %d after waiting %v",
 				ErrNotEnoughSlots, job, n, free, total, s.cfg.slotTimeout)
 		}
 	}
+}
+
+// slotWait is why a job that needs n slots while free are free waits.
+func slotWait(n, free int) string {
+	unit := "slots"
+	if n == 1 {
+		unit = "slot"
+	}
+	return fmt.Sprintf("waiting for %d %s, %d free", n, unit, free)
+}
+
+// setWaiting records why job id waits ("" once it no longer does), for its
+// status.
+func (s *Server) setWaiting(id, reason string) {
+	s.jobs.mu.Lock()
+	rj := s.jobs.running[id]
+	s.jobs.mu.Unlock()
+	if rj == nil {
+		return
+	}
+	rj.mu.Lock()
+	rj.waiting = reason
+	rj.mu.Unlock()
 }
 
 // takeLocked takes n free slots, spread round-robin over the task managers

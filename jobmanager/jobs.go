@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -63,7 +64,7 @@ const submitCheckTimeout = 10 * time.Second
 
 // ErrCheckFailed is wrapped by Submit's error when the job type's Check
 // refused the job (e.g. its brokers are unreachable).
-var ErrCheckFailed = errors.New("jobmanager: job refused by its check")
+var ErrCheckFailed = errors.New("job refused by its check")
 
 // suspendWait bounds how long a stopping job manager waits for its jobs'
 // tasks to stop before it closes the task managers' sessions.
@@ -99,6 +100,7 @@ type runningJob struct {
 	last     checkpoint.ID
 	restored checkpoint.ID     // what the current attempt restored
 	current  *remoteDeployment // the current attempt (nil before the first)
+	waiting  string            // why the job waits for its next attempt ("": it does not)
 }
 
 // endedAttempt is the last attempt of a job that stopped here.
@@ -122,10 +124,45 @@ func (j *runningJob) record() (JobRecord, checkpoint.ID) {
 	r := j.rec
 	r.Params = maps.Clone(r.Params)
 	r.RestoredFrom = j.restored
-	if j.current != nil {
+	r.Exceptions = slices.Clone(r.Exceptions)
+	if j.current != nil && !ended(r.State) {
 		r.Records = j.current.Counts()
 	}
+	if r.State == StateCreated || r.State == StateRestarting {
+		r.Waiting = j.waiting
+	}
 	return r, j.last
+}
+
+// ended reports whether a job in state st is over.
+func ended(st JobState) bool {
+	return st == StateFinished || st == StateFailed || st == StateCanceled
+}
+
+// exception describes err, which failed an attempt of rj (restarted: the
+// job restarts) or rj itself, for its exception history.
+func (rj *runningJob) exception(err error, restarted bool) JobException {
+	e := JobException{UnixMs: time.Now().UnixMilli(), Message: err.Error(), Restarted: restarted}
+	var tf *taskFailure
+	if errors.As(err, &tf) {
+		e.TaskManager = tf.taskManager
+		e.Task = taskName(rj.graph, tf.task)
+	}
+	return e
+}
+
+// taskName names task t of g as Flink names a subtask: "name (2/4)" for
+// the second of four; t itself if g does not hold it, "" for none.
+func taskName(g runtime.Graph, t checkpoint.TaskID) string {
+	if t == "" {
+		return ""
+	}
+	for _, v := range g.Vertices {
+		if i := slices.Index(v.Tasks, t); i >= 0 {
+			return fmt.Sprintf("%s (%d/%d)", v.Name, i+1, v.Parallelism)
+		}
+	}
+	return string(t)
 }
 
 // open opens the job manager's stores in dir ("" keeps them in memory).
@@ -143,7 +180,7 @@ func (js *jobs) open(dir string, log *zap.Logger) error {
 	}
 	if js.cps, err = checkpoint.OpenStore(cpDir, opts...); err != nil {
 		js.store.Close()
-		return fmt.Errorf("jobmanager: open checkpoint store: %w", err)
+		return fmt.Errorf("open checkpoint store: %w", err)
 	}
 	js.running = map[string]*runningJob{}
 	js.stats = map[string]*cpStats{}
@@ -163,8 +200,7 @@ func (s *Server) resume() error {
 		return err
 	}
 	for _, r := range recs {
-		switch r.State {
-		case StateFinished, StateFailed, StateCanceled:
+		if ended(r.State) {
 			continue
 		}
 		s.cfg.log.Info("resuming job", zap.String("job_id", r.ID), zap.String("job", r.Type), zap.String("state", string(r.State)))
@@ -250,10 +286,14 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 		}),
 		runtime.OnRestart(func(_ int, err error) {
 			stats.restart(err)
-			rj.mu.Lock()
-			rj.rec.Restarts++
-			rj.mu.Unlock()
-			s.setState(rj, StateRestarting, nil)
+			// One update: a status read between a counted restart and
+			// the state RESTARTING would show the failed attempt RUNNING
+			// with a restart (the demo then read the old attempt's
+			// restored checkpoint as the new one's).
+			s.setState(rj, StateRestarting, nil, func(r *JobRecord) {
+				r.Restarts++
+				r.addException(rj.exception(err, true))
+			})
 		}))
 	s.jobs.mu.Lock()
 	s.jobs.running[r.ID] = rj
@@ -291,13 +331,23 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 	return nil
 }
 
-// setState records a job's new state durably.
-func (s *Server) setState(rj *runningJob, st JobState, err error) {
+// setState records a job's new state durably, with the changes also makes
+// to its record in the same update; a job that ends keeps the record
+// counts of its last attempt, and the failure that ended it in its
+// exception history.
+func (s *Server) setState(rj *runningJob, st JobState, err error, also ...func(*JobRecord)) {
 	rj.mu.Lock()
+	for _, f := range also {
+		f(&rj.rec)
+	}
 	rj.rec.State = st
 	rj.rec.ChangedUnixMs = time.Now().UnixMilli()
 	if err != nil {
 		rj.rec.Error = err.Error()
+		rj.rec.addException(rj.exception(err, false))
+	}
+	if ended(st) && rj.current != nil {
+		rj.rec.Records = rj.current.Counts()
 	}
 	r := rj.rec
 	rj.mu.Unlock()
@@ -306,8 +356,25 @@ func (s *Server) setState(rj *runningJob, st JobState, err error) {
 	}
 }
 
+// SubmitOpt is an option of Submit.
+type SubmitOpt interface{ apply(*submitCfg) }
+
+type submitCfg struct{ name string }
+
+type submitOpt func(*submitCfg)
+
+func (o submitOpt) apply(c *submitCfg) { o(c) }
+
+// JobName names the submitted job (Flink's job name); without it the job
+// is shown by its type.
+func JobName(name string) SubmitOpt { return submitOpt(func(c *submitCfg) { c.name = name }) }
+
 // Submit records and starts a job; it returns the job's new id.
-func (s *Server) Submit(ctx context.Context, jobType string, params map[string]string, interval time.Duration, restart string) (string, error) {
+func (s *Server) Submit(ctx context.Context, jobType string, params map[string]string, interval time.Duration, restart string, opts ...SubmitOpt) (string, error) {
+	var cfg submitCfg
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
 	if interval <= 0 {
 		return "", fmt.Errorf("%w: checkpoint interval %v must be positive", runtime.ErrInvalidOption, interval)
 	}
@@ -338,7 +405,7 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	if err != nil {
 		return "", err
 	}
-	r := JobRecord{ID: id, Type: jobType, Params: maps.Clone(params), CheckpointIntervalMs: interval.Milliseconds(),
+	r := JobRecord{ID: id, Type: jobType, Name: cfg.name, Params: maps.Clone(params), CheckpointIntervalMs: interval.Milliseconds(),
 		State: StateCreated, RestartStrategy: restart, SubmittedUnixMs: time.Now().UnixMilli()}
 	r.ChangedUnixMs = r.SubmittedUnixMs
 	if r.Params == nil {
@@ -451,7 +518,8 @@ func (s *Server) LatestCheckpoint(ctx context.Context, id string) (checkpoint.Co
 	return s.jobs.cps.Latest(ctx, id)
 }
 
-// Jobs lists every job the store holds, by id.
+// Jobs lists every job the store holds, newest first (as the dashboard
+// shows them).
 func (s *Server) Jobs(ctx context.Context) ([]JobRecord, error) {
 	recs, err := s.jobs.store.List()
 	if err != nil {
@@ -462,6 +530,7 @@ func (s *Server) Jobs(ctx context.Context) ([]JobRecord, error) {
 			recs[i] = rr
 		}
 	}
+	slices.SortStableFunc(recs, func(a, b JobRecord) int { return cmp.Compare(b.SubmittedUnixMs, a.SubmittedUnixMs) })
 	return recs, nil
 }
 
@@ -500,7 +569,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*
 	if req.CheckpointIntervalMs == 0 {
 		interval = time.Second
 	}
-	id, err := s.Submit(ctx, req.JobType, params, interval, req.RestartStrategy)
+	id, err := s.Submit(ctx, req.JobType, params, interval, req.RestartStrategy, JobName(req.Name))
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -508,10 +577,14 @@ func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*
 }
 
 func toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
-	return &weirpb.JobStatus{Id: r.ID, Name: r.Type, State: string(r.State), Restarts: int32(r.Restarts),
+	st := &weirpb.JobStatus{Id: r.ID, Name: r.DisplayName(), State: string(r.State), Restarts: int32(r.Restarts),
 		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
 		RestartStrategy: restartStrategyInForce(r.RestartStrategy), CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
-		RecordsIn: r.Records.In, RecordsOut: r.Records.Out}
+		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting}
+	if e := r.LastException(); e != nil {
+		st.LastFailure = &weirpb.JobFailure{UnixMs: e.UnixMs, Message: e.Message, Task: e.Task, TaskManager: e.TaskManager, Restarted: e.Restarted}
+	}
+	return st
 }
 
 // ListJobs implements weirpb.JobManagerServer.

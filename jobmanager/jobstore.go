@@ -32,8 +32,11 @@ const (
 // build it again (every node runs the same binary) after a job manager
 // restart.
 type JobRecord struct {
-	ID                   string            `json:"id"`
-	Type                 string            `json:"type"`
+	ID   string `json:"id"`
+	Type string `json:"type"`
+	// Name is the name the user gave the job at submit (empty: none; the
+	// job is then shown by its type, see DisplayName).
+	Name                 string            `json:"name,omitempty"`
 	Params               map[string]string `json:"params"`
 	CheckpointIntervalMs int64             `json:"checkpoint_interval_ms"`
 	RestartStrategy      string            `json:"restart_strategy,omitempty"`
@@ -44,16 +47,76 @@ type JobRecord struct {
 	ChangedUnixMs int64  `json:"changed_unix_ms,omitempty"`
 	Restarts      int    `json:"restarts"`
 	Error         string `json:"error,omitempty"`
+	// Exceptions are the job's latest failures, oldest first, at most
+	// ExceptionHistorySize of them; ExceptionsTruncated says older ones
+	// were dropped.
+	Exceptions          []JobException `json:"exceptions,omitempty"`
+	ExceptionsTruncated bool           `json:"exceptions_truncated,omitempty"`
+	// Records are what the running attempt's sources emitted and its sinks
+	// wrote, as of the task managers' last heartbeats; a job that ended
+	// keeps those of its last attempt.
+	Records runtime.RecordCounts `json:"records"`
+	// Waiting says why a CREATED or RESTARTING job is not running yet
+	// ("waiting for 2 slots, 1 free"; not stored: it is known while the
+	// job waits).
+	Waiting string `json:"-"`
 	// RestoredFrom is the checkpoint the running attempt restored (not
 	// stored: it is known while the job runs).
 	RestoredFrom checkpoint.ID `json:"-"`
-	// Records are what the running attempt's sources emitted and its sinks
-	// wrote, as of the task managers' last heartbeats (not stored).
-	Records runtime.RecordCounts `json:"-"`
+}
+
+// DisplayName is the job's name as list, status and REST show it: the
+// name given at submit, or else its type.
+func (r JobRecord) DisplayName() string {
+	if r.Name != "" {
+		return r.Name
+	}
+	return r.Type
+}
+
+// ExceptionHistorySize bounds a job's exception history, as Flink's
+// web.exception-history-size (default 16).
+const ExceptionHistorySize = 16
+
+// JobException is one failure of a job: what failed an attempt (the job
+// restarted) or the job itself.
+type JobException struct {
+	// UnixMs is when the job manager saw the failure.
+	UnixMs int64 `json:"unix_ms"`
+	// Message is the error's text.
+	Message string `json:"message"`
+	// Task names the failed subtask as Flink does ("name (2/4)"; empty
+	// when the failure is not a task's, e.g. a checkpoint failure).
+	Task string `json:"task,omitempty"`
+	// TaskManager is the task manager the failed task ran on (empty when
+	// unknown).
+	TaskManager string `json:"task_manager,omitempty"`
+	// Restarted says the job restarted after this failure; false: the
+	// failure ended the job.
+	Restarted bool `json:"restarted"`
+}
+
+// addException appends e to r's history, dropping the oldest beyond
+// ExceptionHistorySize.
+func (r *JobRecord) addException(e JobException) {
+	r.Exceptions = append(r.Exceptions, e)
+	if n := len(r.Exceptions) - ExceptionHistorySize; n > 0 {
+		r.Exceptions = append([]JobException(nil), r.Exceptions[n:]...)
+		r.ExceptionsTruncated = true
+	}
+}
+
+// LastException is the job's latest failure (nil if none).
+func (r JobRecord) LastException() *JobException {
+	if len(r.Exceptions) == 0 {
+		return nil
+	}
+	e := r.Exceptions[len(r.Exceptions)-1]
+	return &e
 }
 
 // ErrJobNotFound is returned for a job id the store does not hold.
-var ErrJobNotFound = errors.New("jobmanager: no such job")
+var ErrJobNotFound = errors.New("no such job")
 
 // JobStore keeps job records in pebble; every write is synced, so a job
 // manager restarted on the same directory finds every job it acknowledged.
@@ -72,7 +135,7 @@ func OpenJobStore(dir string) (*JobStore, error) {
 	}
 	db, err := pebble.Open(dir, opts)
 	if err != nil {
-		return nil, fmt.Errorf("jobmanager: open job store: %w", err)
+		return nil, fmt.Errorf("open job store: %w", err)
 	}
 	return &JobStore{db: db}, nil
 }
@@ -84,7 +147,7 @@ func (s *JobStore) Close() error { return s.db.Close() }
 func NewJobID() (string, error) {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("jobmanager: job id: %w", err)
+		return "", fmt.Errorf("job id: %w", err)
 	}
 	return hex.EncodeToString(b[:]), nil
 }
@@ -92,14 +155,14 @@ func NewJobID() (string, error) {
 // Put writes r durably.
 func (s *JobStore) Put(r JobRecord) error {
 	if r.ID == "" {
-		return errors.New("jobmanager: job record without an id")
+		return errors.New("job record without an id")
 	}
 	v, err := json.Marshal(r)
 	if err != nil {
-		return fmt.Errorf("jobmanager: encode job %s: %w", r.ID, err)
+		return fmt.Errorf("encode job %s: %w", r.ID, err)
 	}
 	if err := s.db.Set([]byte(jobKeyPrefix+r.ID), v, pebble.Sync); err != nil {
-		return fmt.Errorf("jobmanager: store job %s: %w", r.ID, err)
+		return fmt.Errorf("store job %s: %w", r.ID, err)
 	}
 	return nil
 }
@@ -111,12 +174,12 @@ func (s *JobStore) Get(id string) (JobRecord, error) {
 		return JobRecord{}, fmt.Errorf("%w: %s", ErrJobNotFound, id)
 	}
 	if err != nil {
-		return JobRecord{}, fmt.Errorf("jobmanager: read job %s: %w", id, err)
+		return JobRecord{}, fmt.Errorf("read job %s: %w", id, err)
 	}
 	defer closer.Close()
 	var r JobRecord
 	if err := json.Unmarshal(v, &r); err != nil {
-		return JobRecord{}, fmt.Errorf("jobmanager: decode job %s: %w", id, err)
+		return JobRecord{}, fmt.Errorf("decode job %s: %w", id, err)
 	}
 	return r, nil
 }
@@ -125,19 +188,19 @@ func (s *JobStore) Get(id string) (JobRecord, error) {
 func (s *JobStore) List() ([]JobRecord, error) {
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte(jobKeyPrefix), UpperBound: []byte("job0")})
 	if err != nil {
-		return nil, fmt.Errorf("jobmanager: list jobs: %w", err)
+		return nil, fmt.Errorf("list jobs: %w", err)
 	}
 	var out []JobRecord
 	for it.First(); it.Valid(); it.Next() {
 		var r JobRecord
 		if err := json.Unmarshal(it.Value(), &r); err != nil {
 			it.Close()
-			return nil, fmt.Errorf("jobmanager: decode job %s: %w", it.Key(), err)
+			return nil, fmt.Errorf("decode job %s: %w", it.Key(), err)
 		}
 		out = append(out, r)
 	}
 	if err := it.Close(); err != nil {
-		return nil, fmt.Errorf("jobmanager: list jobs: %w", err)
+		return nil, fmt.Errorf("list jobs: %w", err)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil

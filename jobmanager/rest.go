@@ -62,6 +62,7 @@ func (s *Server) apiHandler() http.Handler {
 	mux.HandleFunc("GET /jobs/{id}/checkpoints", s.restCheckpoints)
 	mux.HandleFunc("GET /jobs/{id}/checkpoints/config", s.restCheckpointConfig)
 	mux.HandleFunc("GET /jobs/{id}/checkpoints/details/{cid}", s.restCheckpointDetails)
+	mux.HandleFunc("GET /jobs/{id}/exceptions", s.restExceptions)
 	mux.HandleFunc("GET /taskmanagers", s.restTaskManagers)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{ErrorLog: zapErrorLog{s}}))
 	return jsonErrors(mux)
@@ -224,7 +225,7 @@ func (s *Server) restOverview(w http.ResponseWriter, r *http.Request) {
 				tasks["total"] += n
 			}
 		}
-		out.Jobs = append(out.Jobs, jobOverview{ID: rec.ID, Name: rec.Type, State: string(rec.State), jobTimes: d.jobTimes,
+		out.Jobs = append(out.Jobs, jobOverview{ID: rec.ID, Name: rec.DisplayName(), State: string(rec.State), jobTimes: d.jobTimes,
 			LastModification: d.LastModification, Tasks: tasks, Restarts: rec.Restarts})
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -246,6 +247,9 @@ type ioMetrics struct {
 	BackPressuredMs      int64   `json:"accumulated-backpressured-time"`
 	IdleMs               int64   `json:"accumulated-idle-time"`
 	BusyMs               float64 `json:"accumulated-busy-time"`
+	// PendingRecords is Flink's source metric pendingRecords (records of
+	// the input not yet done), on a source that reports it.
+	PendingRecords *int64 `json:"pendingRecords,omitempty"`
 }
 
 // subtaskInfo is Flink's SubtaskExecutionAttemptDetailsInfo and Weir's
@@ -330,6 +334,7 @@ type jobDetails struct {
 	RecordsIn               int64             `json:"records_in"`
 	RecordsOut              int64             `json:"records_out"`
 	Error                   string            `json:"error"`
+	Waiting                 string            `json:"waiting"`
 	Params                  map[string]string `json:"params"`
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
 	RestartStrategy         string            `json:"restart_strategy"`
@@ -357,11 +362,11 @@ func (s *Server) jobDetails(ctx context.Context, id string) (jobDetails, error) 
 // details renders rec, whose last completed checkpoint is last.
 func (s *Server) details(rec JobRecord, last checkpoint.ID) jobDetails {
 	now := time.Now().UnixMilli()
-	d := jobDetails{ID: rec.ID, Name: rec.Type, State: string(rec.State), JobType: "STREAMING", jobTimes: s.times(rec), Now: now,
+	d := jobDetails{ID: rec.ID, Name: rec.DisplayName(), Waiting: rec.Waiting, State: string(rec.State), JobType: "STREAMING", jobTimes: s.times(rec), Now: now,
 		Restarts: rec.Restarts, LastCompletedCheckpoint: uint64(last), RestoredFromCheckpoint: uint64(rec.RestoredFrom),
 		RecordsIn: rec.Records.In, RecordsOut: rec.Records.Out, Error: rec.Error, Params: rec.Params,
 		CheckpointIntervalMs: rec.CheckpointIntervalMs, RestartStrategy: restartStrategyInForce(rec.RestartStrategy),
-		Vertices: []vertexInfo{}, StatusCounts: stateCounts(), Plan: jobPlan{ID: rec.ID, Name: rec.Type, Type: "STREAMING", Nodes: []planNode{}},
+		Vertices: []vertexInfo{}, StatusCounts: stateCounts(), Plan: jobPlan{ID: rec.ID, Name: rec.DisplayName(), Type: "STREAMING", Nodes: []planNode{}},
 		Timestamps: map[string]int64{}, LastModification: cmp.Or(rec.ChangedUnixMs, rec.SubmittedUnixMs)}
 	for _, st := range jobStates {
 		d.Timestamps[st] = 0
@@ -384,6 +389,10 @@ func (s *Server) details(rec JobRecord, last checkpoint.ID) jobDetails {
 				si.Metrics = ioMetrics{ReadRecords: p.stats.RecordsIn, ReadRecordsComplete: p.known,
 					WriteRecords: p.stats.RecordsOut, WriteRecordsComplete: p.known, BackPressuredMs: p.stats.BackPressured.Milliseconds()}
 				si.backPressured, si.bpKnown = p.backPressured, p.bpKnown
+				if n := p.stats.PendingRecords; p.known && n >= 0 {
+					si.Metrics.PendingRecords = &n
+					vi.Metrics.PendingRecords = ptr(n + deref(vi.Metrics.PendingRecords))
+				}
 			}
 			vi.Metrics.ReadRecords += si.Metrics.ReadRecords
 			vi.Metrics.WriteRecords += si.Metrics.WriteRecords
@@ -532,4 +541,103 @@ func (s *Server) restCancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, d)
+}
+
+// Flink's job exceptions shapes (JobExceptionsInfoWithHistory): the
+// deprecated root-exception fields of the latest failure, and the history.
+type (
+	exceptionInfo struct {
+		ExceptionName string            `json:"exceptionName"`
+		Stacktrace    string            `json:"stacktrace"`
+		Timestamp     int64             `json:"timestamp"`
+		TaskName      *string           `json:"taskName"`
+		Location      *string           `json:"location"`
+		Endpoint      *string           `json:"endpoint"`
+		TaskManagerID *string           `json:"taskManagerId"`
+		FailureLabels map[string]string `json:"failureLabels"`
+	}
+	rootExceptionInfo struct {
+		exceptionInfo
+		ConcurrentExceptions []exceptionInfo `json:"concurrentExceptions"`
+	}
+	executionExceptionInfo struct {
+		Exception     string `json:"exception"`
+		Task          string `json:"task"`
+		Location      string `json:"location"`
+		Timestamp     int64  `json:"timestamp"`
+		TaskManagerID string `json:"taskManagerId"`
+	}
+	exceptionHistory struct {
+		Entries   []rootExceptionInfo `json:"entries"`
+		Truncated bool                `json:"truncated"`
+	}
+	jobExceptions struct {
+		RootException    *string                  `json:"root-exception"`
+		Timestamp        *int64                   `json:"timestamp"`
+		AllExceptions    []executionExceptionInfo `json:"all-exceptions"`
+		Truncated        bool                     `json:"truncated"`
+		ExceptionHistory exceptionHistory         `json:"exceptionHistory"`
+	}
+)
+
+// orNil is s, or nil (JSON null, as Flink leaves an unknown field) if empty.
+func orNil(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// exceptionInfoOf renders e as Flink's ExceptionInfo: a Go error has no
+// class and no stack, so exceptionName is the message's first line and
+// stacktrace the whole message (with whether the job restarted).
+func exceptionInfoOf(e JobException) exceptionInfo {
+	name, _, _ := strings.Cut(e.Message, "\n")
+	trace := e.Message
+	if e.Restarted {
+		trace += "\n(the job restarted from its latest completed checkpoint)"
+	} else {
+		trace += "\n(the job failed)"
+	}
+	return exceptionInfo{ExceptionName: name, Stacktrace: trace, Timestamp: e.UnixMs, TaskName: orNil(e.Task),
+		Location: orNil(e.TaskManager), Endpoint: orNil(e.TaskManager), TaskManagerID: orNil(e.TaskManager),
+		FailureLabels: map[string]string{}}
+}
+
+// jobExceptionsOf renders r's exception history in Flink's shape, newest
+// first.
+func jobExceptionsOf(r JobRecord) jobExceptions {
+	out := jobExceptions{AllExceptions: []executionExceptionInfo{},
+		ExceptionHistory: exceptionHistory{Entries: []rootExceptionInfo{}, Truncated: r.ExceptionsTruncated}}
+	for i := len(r.Exceptions) - 1; i >= 0; i-- {
+		out.ExceptionHistory.Entries = append(out.ExceptionHistory.Entries,
+			rootExceptionInfo{exceptionInfo: exceptionInfoOf(r.Exceptions[i]), ConcurrentExceptions: []exceptionInfo{}})
+	}
+	if e := r.LastException(); e != nil {
+		info := exceptionInfoOf(*e)
+		out.RootException, out.Timestamp = &info.Stacktrace, &e.UnixMs
+		if e.Task != "" {
+			out.AllExceptions = append(out.AllExceptions, executionExceptionInfo{Exception: info.Stacktrace, Task: e.Task,
+				Location: e.TaskManager, Timestamp: e.UnixMs, TaskManagerID: e.TaskManager})
+		}
+	}
+	return out
+}
+
+func (s *Server) restExceptions(w http.ResponseWriter, r *http.Request) {
+	rec, _, err := s.Job(r.Context(), r.PathValue("id"))
+	if err != nil {
+		restError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, jobExceptionsOf(rec))
+}
+
+func ptr(n int64) *int64 { return &n }
+
+func deref(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }

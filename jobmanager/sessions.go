@@ -150,7 +150,7 @@ func New(opts ...Opt) (*Server, error) {
 		c.jobs = runtime.NewRegistry()
 	}
 	if c.interval <= 0 || c.timeout <= c.interval || c.slotTimeout <= 0 {
-		return nil, fmt.Errorf("jobmanager: heartbeat interval %v, timeout %v, slot timeout %v: all positive, the timeout above the interval",
+		return nil, fmt.Errorf("heartbeat interval %v, timeout %v, slot timeout %v: all positive, the timeout above the interval",
 			c.interval, c.timeout, c.slotTimeout)
 	}
 	s := &Server{cfg: c, tms: map[string]*session{}, changed: make(chan struct{}),
@@ -190,7 +190,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	gs.Stop()
 	s.jobs.wg.Wait()
 	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-		return fmt.Errorf("jobmanager: serve: %w", err)
+		return fmt.Errorf("serve: %w", err)
 	}
 	return nil
 }
@@ -277,7 +277,7 @@ func (s *Server) connectionEnded(err error) error {
 }
 
 // errSilent ends a session whose task manager stopped heartbeating.
-var errSilent = errors.New("jobmanager: task manager silent")
+var errSilent = errors.New("task manager silent")
 
 // Connect implements weirpb.JobManagerServer: one task manager's session.
 func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, weirpb.JobManagerMessage]) error {
@@ -287,7 +287,7 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	}
 	reg := first.GetRegister()
 	if reg == nil || reg.TaskManagerId == "" || reg.Slots < 1 {
-		return fmt.Errorf("jobmanager: a session must start with a Register naming the task manager and at least one slot, got %v", first)
+		return fmt.Errorf("a session must start with a Register naming the task manager and at least one slot, got %v", first)
 	}
 	ctx, cancel := context.WithCancelCause(st.Context())
 	defer cancel(nil)

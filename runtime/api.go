@@ -19,7 +19,7 @@ import (
 var ErrEndOfInput = io.EOF
 
 // ErrInvalidJob is wrapped by every error about a job graph that cannot run.
-var ErrInvalidJob = errors.New("runtime: invalid job")
+var ErrInvalidJob = errors.New("invalid job")
 
 // Collector receives the records an operator emits.
 type Collector[T any] interface {

@@ -23,7 +23,7 @@ type Codec[T any] interface {
 
 // ErrDecode is wrapped by every error a built-in codec returns for bytes it
 // cannot decode.
-var ErrDecode = errors.New("runtime: cannot decode")
+var ErrDecode = errors.New("cannot decode")
 
 type stringCodec struct{}
 
@@ -126,7 +126,7 @@ func Float64Codec() Codec[float64] { return float64Codec{} }
 // holds a type encoding/json cannot encode (a channel, a function, a
 // complex number, an unsafe pointer, or a map whose keys are none of
 // string, integer or encoding.TextMarshaler).
-var ErrUnsupportedType = errors.New("runtime: type not supported by the default codec")
+var ErrUnsupportedType = errors.New("type not supported by the default codec")
 
 // CheckDefaultCodec reports whether DefaultCodec[T] can encode every value
 // of T. KeyBy, Reduce, NewValueState and NewMapState call it when they are

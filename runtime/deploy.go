@@ -128,7 +128,7 @@ type DeploySpec struct {
 
 // ErrRemoteEdge is wrapped by Deploy's error when records of a type that
 // cannot be encoded would have to cross a process boundary.
-var ErrRemoteEdge = errors.New("runtime: records cannot cross processes")
+var ErrRemoteEdge = errors.New("records cannot cross processes")
 
 // Deploy builds the tasks spec names from job, connects them with each other
 // in process and with the attempt's other tasks through ex (nil when every
@@ -145,7 +145,7 @@ func Deploy(ctx context.Context, job *Job, spec DeploySpec, ex Exchange, rep Tas
 
 // errAttemptCanceled is the cause with which a deployment's tasks are
 // cancelled by Cancel(false): the attempt ends, the job restarts.
-var errAttemptCanceled = errors.New("runtime: attempt cancelled")
+var errAttemptCanceled = errors.New("attempt cancelled")
 
 // localDeployment is the tasks of one attempt that run in this process.
 type localDeployment struct {
@@ -254,7 +254,7 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 						continue
 					}
 					if ex == nil {
-						return fmt.Errorf("runtime: task %s runs elsewhere and the deployment has no exchange", dst)
+						return fmt.Errorf("task %s runs elsewhere and the deployment has no exchange", dst)
 					}
 					if e.codecErr != nil {
 						return fmt.Errorf("%w: %s -> %s: %w", ErrRemoteEdge, e.from.name, e.to.name, e.codecErr)
@@ -337,7 +337,7 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				}
 				inst, err := n.newInstance(oc, out)
 				if err != nil {
-					return fmt.Errorf("runtime: operator %q: %w", n.name, err)
+					return fmt.Errorf("operator %q: %w", n.name, err)
 				}
 				t.ops[i] = inst
 				if p, ok := inst.(recordPublisher); ok {
@@ -396,7 +396,7 @@ func (d *localDeployment) sendPump(ex Exchange, e *edge, from, to checkpoint.Tas
 		case env.batch != nil:
 			var err error
 			if buf, err = encodeBatch(e, buf[:0], env.batch); err != nil {
-				d.rep.Failed(from, fmt.Errorf("runtime: send %s -> %s: %w", e.from.name, e.to.name, err))
+				d.rep.Failed(from, fmt.Errorf("send %s -> %s: %w", e.from.name, e.to.name, err))
 				return
 			}
 			env.batch.release() // encoded: the writer may refill it
@@ -407,7 +407,7 @@ func (d *localDeployment) sendPump(ex Exchange, e *edge, from, to checkpoint.Tas
 		}
 		if err := ex.Send(d.ctx, to, id, buf); err != nil {
 			if d.ctx.Err() == nil {
-				d.rep.Failed(from, fmt.Errorf("runtime: send to %s: %w", to, err))
+				d.rep.Failed(from, fmt.Errorf("send to %s: %w", to, err))
 			}
 			return
 		}
@@ -431,13 +431,13 @@ func (d *localDeployment) recvPump(ex Exchange, e *edge, to checkpoint.TaskID, i
 		msg, err := ex.Recv(d.ctx, id)
 		if err != nil {
 			if d.ctx.Err() == nil {
-				d.rep.Failed(to, fmt.Errorf("runtime: receive %s -> %s: %w", e.from.name, e.to.name, err))
+				d.rep.Failed(to, fmt.Errorf("receive %s -> %s: %w", e.from.name, e.to.name, err))
 			}
 			return
 		}
 		env, err := decodeEnvelope(e, msg)
 		if err != nil {
-			d.rep.Failed(to, fmt.Errorf("runtime: receive %s -> %s: %w", e.from.name, e.to.name, err))
+			d.rep.Failed(to, fmt.Errorf("receive %s -> %s: %w", e.from.name, e.to.name, err))
 			return
 		}
 		select {

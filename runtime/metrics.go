@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,18 @@ func TransactionMetrics(m Metrics, pending func() int, lost func() int64) {
 		func() float64 { return float64(pending()) })
 	m.Counter("lostTransactions_total", "Transactions of the operator subtask found lost (aborted by the broker, e.g. at its transaction timeout, before they could commit).",
 		func() float64 { return float64(lost()) })
+}
+
+// PendingRecords is the name of Flink's standard source metric
+// pendingRecords (records of the source's input not yet done), which a
+// task's stats carry to the job manager (TaskStats.PendingRecords).
+const PendingRecords = "pendingRecords"
+
+// PendingRecordsMetric registers a source's pendingRecords with m, by
+// label (e.g. partition); read returns nil while the source has not
+// measured them (the task then reports none).
+func PendingRecordsMetric(m Metrics, help, label string, read func() map[string]float64) {
+	m.Gauges("pendingRecords", help, label, read) // PendingRecords, spelled out for the metrics reference's lint
 }
 
 // MetricKind says how an operator metric behaves.
@@ -89,6 +102,9 @@ type TaskStats struct {
 	// Source and Sink say whether the task's chain starts with a source or
 	// ends with a sink (CountRecords).
 	Source, Sink bool
+	// PendingRecords is the sum of the pendingRecords its operators
+	// reported (PendingRecordsMetric), -1 when none did.
+	PendingRecords int64
 }
 
 // CountRecords sums the records that entered the job (the source tasks'
@@ -155,11 +171,30 @@ func (m *operatorMetrics) Gauges(name, help, label string, read func() map[strin
 
 // TaskStats returns the counters of the deployment's tasks, in task order.
 func (d *localDeployment) TaskStats() []TaskStats {
+	pending := map[string]int64{} // by operator name and subtask
+	d.metrics.mu.Lock()
+	for _, m := range d.metrics.metrics {
+		if m.Name != PendingRecords {
+			continue
+		}
+		if vals := m.Read(); vals != nil {
+			k := m.Operator + "\x00" + strconv.Itoa(m.Subtask)
+			for _, v := range vals {
+				pending[k] += int64(v)
+			}
+		}
+	}
+	d.metrics.mu.Unlock()
 	out := make([]TaskStats, len(d.tasks))
 	for i, t := range d.tasks {
 		out[i] = TaskStats{Task: t.id, Vertex: t.v.name(), Subtask: t.subtask, RecordsIn: t.stats.in.Load(),
 			RecordsOut: t.stats.out.Load(), BackPressured: time.Duration(t.stats.backPressuredNs.Load()),
-			Source: t.v.isSource(), Sink: t.v.isSink()}
+			Source: t.v.isSource(), Sink: t.v.isSink(), PendingRecords: -1}
+		for _, n := range t.v.nodes {
+			if p, ok := pending[n.name+"\x00"+strconv.Itoa(t.subtask)]; ok {
+				out[i].PendingRecords = max(out[i].PendingRecords, 0) + p
+			}
+		}
 	}
 	return out
 }

@@ -16,7 +16,7 @@ import (
 )
 
 // ErrJobFailed is wrapped by the error of a job that exhausted its restarts.
-var ErrJobFailed = errors.New("runtime: job failed")
+var ErrJobFailed = errors.New("job failed")
 
 // cancelDriverWait bounds how long a job cancel waits for the coordinator
 // to stop before it cancels the tasks.
@@ -30,7 +30,7 @@ const cancelEndTimeout = time.Minute
 // deployment is cancelled when the job is cancelled for good (not failed,
 // not restarting): a Deployer whose context ends with it cancels its tasks
 // for good (Deployed.Cancel(true)).
-var ErrJobCanceled = errors.New("runtime: job cancelled")
+var ErrJobCanceled = errors.New("job cancelled")
 
 // ErrUnrecoverable marks a task failure that a restart cannot fix (e.g. a
 // configuration the broker refuses): wrap it (Unrecoverable) and the job
@@ -96,7 +96,7 @@ const (
 
 // ErrInvalidOption is wrapped by the error of Run when an executor option
 // cannot work; the job does not start (and is never restarted).
-var ErrInvalidOption = errors.New("runtime: invalid option")
+var ErrInvalidOption = errors.New("invalid option")
 
 // validate refuses options that cannot work, naming every bad one.
 func (c *clusterCfg) validate() error {
@@ -279,7 +279,7 @@ func FailoverDelays(detection, slotWait time.Duration) ClusterOpt {
 // context given to SuspendWith was done: its tasks stopped as in a
 // failover, and its checkpoints and pending transactions stay for a later
 // Run of the same job id to resume from (Flink's SUSPENDED).
-var ErrSuspended = errors.New("runtime: job suspended")
+var ErrSuspended = errors.New("job suspended")
 
 // SuspendWith stops the job when ctx is done without cancelling it: the
 // running attempt fails over (no checkpoint completes after that, tasks are
@@ -423,7 +423,7 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		}
 		owned, err := checkpoint.OpenStore(dir, opts...)
 		if err != nil {
-			return Result{}, fmt.Errorf("runtime: open checkpoint store: %w", err)
+			return Result{}, fmt.Errorf("open checkpoint store: %w", err)
 		}
 		defer owned.Close()
 		store = owned
@@ -585,7 +585,7 @@ func (m *MiniCluster) loadRestore(ctx context.Context, store CheckpointStorage, 
 		return &StateAssignment{Subtasks: map[OperatorSubtask]*SubtaskState{}}, nil
 	}
 	if err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
-		return nil, fmt.Errorf("runtime: restore job %q: %w", job, err)
+		return nil, fmt.Errorf("restore job %q: %w", job, err)
 	}
 	for _, s := range skipped {
 		if !s.HandlesOK {
@@ -601,7 +601,7 @@ func (m *MiniCluster) loadRestore(ctx context.Context, store CheckpointStorage, 
 	as, err := AssignState(p.layout(), RestoreInput{Checkpoint: c, Skipped: skipped, Abort: pending.after(c.ID),
 		AllowNonRestoredState: m.cfg.allowNonRestored})
 	if err != nil {
-		return nil, fmt.Errorf("runtime: restore job %q: %w", job, err)
+		return nil, fmt.Errorf("restore job %q: %w", job, err)
 	}
 	if len(as.NonRestored) > 0 {
 		m.cfg.log.Warn("restoring without the state of operators no longer in the job (AllowNonRestoredState); their transactions are committed",
@@ -708,6 +708,9 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		if errors.Is(context.Cause(ctx), ErrJobCanceled) {
 			return 0, parent.Err()
 		}
+		if cause := context.Cause(ctx); errors.Is(cause, ErrSuspended) {
+			return 0, cause // not a failure: the job manager stops
+		}
 		return 0, err
 	}
 	a.dep = dep
@@ -736,7 +739,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		TolerableFailures: tolerable, Tasks: ids, Sources: srcIDs,
 	}, a, a.store, dopts...)
 	if err != nil {
-		return abandon(Unrecoverable(fmt.Errorf("runtime: %w", err)))
+		return abandon(Unrecoverable(fmt.Errorf("%w", err)))
 	}
 
 	driverDone := make(chan error, 1)
@@ -761,9 +764,9 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		if err != nil && driverCtx.Err() == nil {
 			// The coordinator stopped (e.g. a failpoint after persisting a
 			// checkpoint): the job manager is gone, the attempt fails.
-			a.fail(fmt.Errorf("runtime: checkpoint coordinator stopped: %w", err))
+			a.fail(fmt.Errorf("checkpoint coordinator stopped: %w", err))
 		} else if err == nil && driverCtx.Err() == nil {
-			a.fail(errors.New("runtime: checkpoint coordinator stopped"))
+			a.fail(errors.New("checkpoint coordinator stopped"))
 		}
 		driverDone <- err
 	}()
@@ -772,7 +775,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	if err := dep.Open(ctx, a.timing(tolerable)); err == nil && ctx.Err() == nil {
 		opened = true
 		if err := dep.Start(ctx); err != nil && ctx.Err() == nil {
-			a.fail(fmt.Errorf("runtime: start tasks: %w", err))
+			a.fail(fmt.Errorf("start tasks: %w", err))
 		}
 	}
 	finished := dep.Wait()
@@ -924,5 +927,5 @@ func (a *attempt) NotifyAborted(ctx context.Context, id checkpoint.ID, reason er
 
 // FailJob implements checkpoint.Executor.
 func (a *attempt) FailJob(_ context.Context, err error) {
-	a.fail(fmt.Errorf("runtime: checkpointing failed: %w", err))
+	a.fail(fmt.Errorf("checkpointing failed: %w", err))
 }

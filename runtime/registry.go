@@ -11,10 +11,10 @@ import (
 )
 
 // ErrUnknownJob is returned for a job type name nobody registered.
-var ErrUnknownJob = errors.New("runtime: unknown job type")
+var ErrUnknownJob = errors.New("unknown job type")
 
 // ErrBadParam is wrapped by errors about job parameters.
-var ErrBadParam = errors.New("runtime: bad job parameter")
+var ErrBadParam = errors.New("bad job parameter")
 
 // ParamSpec documents one parameter of a job type.
 type ParamSpec struct {
@@ -107,10 +107,10 @@ func NewRegistry() *Registry { return &Registry{types: map[string]JobType{}} }
 // Register adds a job type; names are unique.
 func (r *Registry) Register(t JobType) error {
 	if t.Name == "" || t.Build == nil {
-		return fmt.Errorf("runtime: job type needs a name and a Build function")
+		return fmt.Errorf("job type needs a name and a Build function")
 	}
 	if _, dup := r.types[t.Name]; dup {
-		return fmt.Errorf("runtime: job type %q registered twice", t.Name)
+		return fmt.Errorf("job type %q registered twice", t.Name)
 	}
 	r.types[t.Name] = t
 	return nil

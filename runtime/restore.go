@@ -23,7 +23,7 @@ import (
 // cannot restore from: keyed state split into another number of key groups
 // (max parallelism), state of operators no longer in the job, or state an
 // operator cannot redistribute. A restart cannot fix it: the job fails.
-var ErrIncompatibleState = errors.New("runtime: checkpoint incompatible with the job")
+var ErrIncompatibleState = errors.New("checkpoint incompatible with the job")
 
 // OperatorSubtask names one parallel instance of an operator.
 type OperatorSubtask struct {

@@ -330,7 +330,7 @@ func newKeyedBackend[K comparable](kc Codec[K], maxPar int) *keyedBackend[K] {
 func (b *keyedBackend[K]) register(s stateSnapshotter) error {
 	for _, o := range b.states {
 		if o.name() == s.name() {
-			return fmt.Errorf("runtime: state %q registered twice", s.name())
+			return fmt.Errorf("state %q registered twice", s.name())
 		}
 	}
 	b.states = append(b.states, s)

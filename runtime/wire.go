@@ -42,13 +42,13 @@ func (a *StateAssignment) MarshalJSON() ([]byte, error) {
 func (a *StateAssignment) UnmarshalJSON(b []byte) error {
 	var w wireAssignment
 	if err := json.Unmarshal(b, &w); err != nil {
-		return fmt.Errorf("runtime: decode state assignment: %w", err)
+		return fmt.Errorf("decode state assignment: %w", err)
 	}
 	*a = StateAssignment{From: w.From, Subtasks: make(map[OperatorSubtask]*SubtaskState, len(w.Subtasks)),
 		Orphans: w.Orphans, NonRestored: w.NonRestored}
 	for _, s := range w.Subtasks {
 		if s.State == nil {
-			return fmt.Errorf("runtime: decode state assignment: no state for %s/%d", s.UID, s.Subtask)
+			return fmt.Errorf("decode state assignment: no state for %s/%d", s.UID, s.Subtask)
 		}
 		a.Subtasks[OperatorSubtask{s.UID, s.Subtask}] = s.State
 	}

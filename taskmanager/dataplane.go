@@ -30,11 +30,11 @@ func (a AttemptID) String() string { return fmt.Sprintf("%s/%d", a.Job, a.Attemp
 
 // ErrWrongAttempt is returned by a receiver's connection whose sender
 // announced another attempt, or announced none.
-var ErrWrongAttempt = errors.New("taskmanager: data-plane sender of another attempt")
+var ErrWrongAttempt = errors.New("data-plane sender of another attempt")
 
 // ErrConnectionLost is returned by Receiver.Recv for a channel whose
 // connection broke (closed or dead) before the receiver stopped.
-var ErrConnectionLost = errors.New("taskmanager: data-plane connection lost")
+var ErrConnectionLost = errors.New("data-plane connection lost")
 
 // dataKeepAlive probes an idle data-plane connection, so that a peer whose
 // host died or was cut off is seen within about 20 s (5 s idle + 3 probes
@@ -79,7 +79,7 @@ type Frame struct {
 
 // ErrProtocol is returned when a peer breaks the data-plane protocol (e.g.
 // sends beyond its credit).
-var ErrProtocol = errors.New("taskmanager: data-plane protocol violation")
+var ErrProtocol = errors.New("data-plane protocol violation")
 
 const headerLen = 9 // kind u8, channel u32, length u32
 
@@ -138,7 +138,7 @@ func DialData(ctx context.Context, addr string, id AttemptID) (*Sender, error) {
 	d := net.Dialer{KeepAliveConfig: dataKeepAlive()}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("taskmanager: dial data plane %s: %w", addr, err)
+		return nil, fmt.Errorf("dial data plane %s: %w", addr, err)
 	}
 	s := &Sender{conn: conn, w: bufio.NewWriter(conn), credits: map[uint32]chan struct{}{}, done: make(chan struct{})}
 	hello := binary.BigEndian.AppendUint32(nil, uint32(id.Attempt))
@@ -200,7 +200,7 @@ func (s *Sender) write(kind FrameKind, ch uint32, n uint32, payload []byte) erro
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if err := writeFrame(s.w, kind, ch, n, payload); err != nil {
-		return fmt.Errorf("taskmanager: data plane send: %w", err)
+		return fmt.Errorf("data plane send: %w", err)
 	}
 	return nil
 }
@@ -223,7 +223,7 @@ func (s *Sender) Send(ctx context.Context, ch uint32, f Frame) error {
 		s.mu.Lock()
 		err := s.err
 		s.mu.Unlock()
-		return fmt.Errorf("taskmanager: data plane connection lost: %w", err)
+		return fmt.Errorf("data plane connection lost: %w", err)
 	}
 	return s.write(f.Kind, ch, uint32(len(f.Payload)), f.Payload)
 }
@@ -327,7 +327,7 @@ func (r *Receiver) Serve(ctx context.Context, lis net.Listener) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("taskmanager: data plane accept: %w", err)
+			return fmt.Errorf("data plane accept: %w", err)
 		}
 		if tc, ok := conn.(*net.TCPConn); ok {
 			_ = tc.SetKeepAliveConfig(dataKeepAlive())

@@ -43,7 +43,7 @@ type Exchange struct {
 func ListenExchange(ctx context.Context, host string, window int, id AttemptID, opts ...DataOpt) (*Exchange, error) {
 	lis, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
-		return nil, fmt.Errorf("taskmanager: data plane listen: %w", err)
+		return nil, fmt.Errorf("data plane listen: %w", err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	x := &Exchange{id: id, recv: NewReceiver(window, id, opts...), lis: lis, cancel: cancel, served: make(chan error, 1),
@@ -63,7 +63,7 @@ func (x *Exchange) SetPeers(addrs map[checkpoint.TaskID]string) {
 }
 
 // errUnknownTask is returned by Send for a task SetPeers did not name.
-var errUnknownTask = errors.New("taskmanager: no data address for task")
+var errUnknownTask = errors.New("no data address for task")
 
 func (x *Exchange) sender(ctx context.Context, to checkpoint.TaskID, ch uint32) (*Sender, error) {
 	x.mu.Lock()

@@ -99,10 +99,10 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 		o.apply(&c)
 	}
 	if c.slots < 1 {
-		return fmt.Errorf("taskmanager: --slots %d must be at least 1", c.slots)
+		return fmt.Errorf("--slots %d must be at least 1", c.slots)
 	}
 	if c.window < 1 {
-		return fmt.Errorf("taskmanager: credit window %d must be at least 1", c.window)
+		return fmt.Errorf("credit window %d must be at least 1", c.window)
 	}
 	if c.jobs == nil {
 		c.jobs = runtime.NewRegistry()
@@ -110,13 +110,13 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 	if c.metrics != nil {
 		col := newCollector(&c, c.cur)
 		if err := c.metrics.Register(col); err != nil {
-			return fmt.Errorf("taskmanager: metrics: %w", err)
+			return fmt.Errorf("metrics: %w", err)
 		}
 		defer c.metrics.Unregister(col)
 	}
 	cc, err := rpc.Dial(addr, c.dial...)
 	if err != nil {
-		return fmt.Errorf("taskmanager: %w", err)
+		return fmt.Errorf("%w", err)
 	}
 	defer cc.Close()
 	client := weirpb.NewJobManagerClient(cc)
@@ -175,20 +175,20 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 				err = rerr
 			}
 		}
-		return fmt.Errorf("taskmanager: register: %w", err)
+		return fmt.Errorf("register: %w", err)
 	}
 	first, err := st.Recv()
 	if err != nil {
-		return fmt.Errorf("taskmanager: register: %w", err)
+		return fmt.Errorf("register: %w", err)
 	}
 	reg := first.GetRegistered()
 	if reg == nil {
-		return fmt.Errorf("taskmanager: the job manager answered the registration with %v", first)
+		return fmt.Errorf("the job manager answered the registration with %v", first)
 	}
 	interval := time.Duration(reg.HeartbeatIntervalMs) * time.Millisecond
 	timeout := time.Duration(reg.HeartbeatTimeoutMs) * time.Millisecond
 	if interval <= 0 || timeout <= interval {
-		return fmt.Errorf("taskmanager: the job manager announced heartbeat interval %v, timeout %v", interval, timeout)
+		return fmt.Errorf("the job manager announced heartbeat interval %v, timeout %v", interval, timeout)
 	}
 	c.log.Info("registered with the job manager", zap.String("task_manager", c.id), zap.Uint64("session", reg.Session))
 	if c.onRegistered != nil {

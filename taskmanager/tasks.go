@@ -82,7 +82,7 @@ func (ds *deployments) receive(asm *rpc.Assembler, m *weirpb.JobManagerMessage) 
 		if h := dt.RestoreChunked; h != nil {
 			asm.Expect(h, func(p []byte, err error) {
 				if err != nil {
-					err = fmt.Errorf("taskmanager: restored state: %w", err)
+					err = fmt.Errorf("restored state: %w", err)
 					ds.c.log.Warn("deploying tasks failed", zap.String("job", dt.JobId), zap.Int32("attempt", dt.Attempt), zap.Error(err))
 					if err := ds.send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{
 						JobId: dt.JobId, Attempt: dt.Attempt, Error: err.Error()}}}); err != nil {
@@ -128,7 +128,8 @@ func (ds *deployments) counts() []*weirpb.DeploymentCounts {
 		if sr, ok := b.dep.(statsReader); ok {
 			for _, t := range sr.TaskStats() {
 				dc.Tasks = append(dc.Tasks, &weirpb.TaskCounts{TaskId: string(t.Task), RecordsIn: t.RecordsIn,
-					RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds(), Source: t.Source, Sink: t.Sink})
+					RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds(), Source: t.Source, Sink: t.Sink,
+					PendingRecords: t.PendingRecords})
 			}
 		}
 		out = append(out, dc)
@@ -385,7 +386,7 @@ func (d *deployment) build(m *weirpb.DeployTasks) (runtime.Deployed, *Exchange, 
 	if len(m.Restore) > 0 {
 		if err := json.Unmarshal(m.Restore, restore); err != nil {
 			// The job manager sends the same bytes on every restart.
-			return nil, nil, runtime.Unrecoverable(fmt.Errorf("taskmanager: restored state: %w", err))
+			return nil, nil, runtime.Unrecoverable(fmt.Errorf("restored state: %w", err))
 		}
 	} else {
 		restore = nil
@@ -395,7 +396,7 @@ func (d *deployment) build(m *weirpb.DeployTasks) (runtime.Deployed, *Exchange, 
 		tasks[i] = checkpoint.TaskID(t)
 	}
 	if len(tasks) == 0 {
-		return nil, nil, errors.New("taskmanager: a deployment without tasks")
+		return nil, nil, errors.New("a deployment without tasks")
 	}
 	x, err := ListenExchange(d.ctx, c.dataHost, c.window, AttemptID{Job: m.JobId, Attempt: m.Attempt}, DataLogger(d.log()))
 	if err != nil {
@@ -432,7 +433,7 @@ type reporter struct{ d *deployment }
 func (r *reporter) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
 	b, err := json.Marshal(snap)
 	if err != nil {
-		r.Decline(task, id, fmt.Errorf("taskmanager: encode snapshot: %w", err))
+		r.Decline(task, id, fmt.Errorf("encode snapshot: %w", err))
 		return
 	}
 	ds := r.d.ds
@@ -451,7 +452,7 @@ func (r *reporter) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint
 	case err == nil:
 	case errors.Is(err, rpc.ErrMessageTooLarge):
 		r.d.log().Error("checkpoint ack not sent", zap.String("task", string(task)), zap.Uint64("checkpoint", uint64(id)), zap.Error(err))
-		r.Decline(task, id, fmt.Errorf("taskmanager: ack: %w", err))
+		r.Decline(task, id, fmt.Errorf("ack: %w", err))
 	default:
 		r.d.log().Debug("report not sent: session lost", zap.Error(err))
 	}

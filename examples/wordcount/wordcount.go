@@ -161,7 +161,7 @@ func (s *topicSink[T]) Open(ctx context.Context, oc *runtime.OperatorContext) er
 		err = resp.Err
 	}
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("wordcount: create output topic %q: %w", s.topic, err)
+		return fmt.Errorf("create output topic %q: %w", s.topic, err)
 	}
 	return s.Sink.Open(ctx, oc)
 }

@@ -194,7 +194,7 @@ func weirEOSWordcount(ctx context.Context, kb *kafkaBroker, run int, want map[st
 		}
 		cancel()
 		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			return 0, fmt.Errorf("wordcount: %w", err)
+			return 0, fmt.Errorf("%w", err)
 		}
 		if rep := wordcount.Check(recs, want); !rep.OK() {
 			return 0, fmt.Errorf("weir output %s: %v", out, rep)

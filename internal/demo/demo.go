@@ -378,9 +378,16 @@ func Run(ctx context.Context, w io.Writer, cfg Config) error {
 				progress("")
 				tms[0].kill()
 				killed, before = true, len(recs)
+				// The status read above is older than the read of the
+				// output: checkpoints completed meanwhile. The latest
+				// completed at the kill is known only after it.
+				at, err := jmc.GetJob(ctx, &weirpb.GetJobRequest{JobId: id})
+				if err != nil {
+					return fmt.Errorf("demo: job status: %w", err)
+				}
 				fmt.Fprintf(w, "SIGKILLed task manager demo-tm-1 with %d of %d output records already committed (checkpoint %d completed)\n",
-					before, total, st.LastCompletedCheckpoint)
-				if err := awaitRestart(ctx, jmc, id, w); err != nil {
+					before, total, at.LastCompletedCheckpoint)
+				if err := awaitRestart(ctx, jmc, id, at.LastCompletedCheckpoint, w); err != nil {
 					return err
 				}
 			}
@@ -447,8 +454,9 @@ func submit(ctx context.Context, jmc weirpb.JobManagerClient, brokers string) (s
 }
 
 // awaitRestart waits until the job runs again after the kill and says
-// where it restored from.
-func awaitRestart(ctx context.Context, jmc weirpb.JobManagerClient, id string, w io.Writer) error {
+// where it restored from; completed is the latest completed checkpoint
+// the job manager knew right after the kill.
+func awaitRestart(ctx context.Context, jmc weirpb.JobManagerClient, id string, completed uint64, w io.Writer) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		st, err := jmc.GetJob(ctx, &weirpb.GetJobRequest{JobId: id})
@@ -456,7 +464,13 @@ func awaitRestart(ctx context.Context, jmc weirpb.JobManagerClient, id string, w
 			return fmt.Errorf("demo: job status: %w", err)
 		}
 		if st.Restarts > 0 && st.State == "RUNNING" {
-			fmt.Fprintf(w, "the job manager noticed, and restarted the job on demo-tm-2 from checkpoint %d\n", st.RestoredFromCheckpoint)
+			note := ""
+			if st.RestoredFromCheckpoint > completed {
+				// Every task had acknowledged it, demo-tm-1's before it
+				// died: the job manager completed it after the kill.
+				note = " (it completed just after the kill: demo-tm-1 had acknowledged it)"
+			}
+			fmt.Fprintf(w, "the job manager noticed, and restarted the job on demo-tm-2 from checkpoint %d%s\n", st.RestoredFromCheckpoint, note)
 			return nil
 		}
 		if st.State == "FAILED" || time.Now().After(deadline) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -64,6 +65,23 @@ func TestDemoVerifiesExactlyOnceAfterATaskManagerIsKilled(t *testing.T) {
 	m := regexp.MustCompile(`with (\d+) of (\d+) output records already committed`).FindStringSubmatch(s)
 	if m == nil || m[1] == "0" || m[1] == m[2] {
 		t.Fatalf("the kill came with %v output records committed: want some, not all:\n%s", m, s)
+	}
+	// The two checkpoint numbers tell one story: the job restored the
+	// checkpoint that was the latest completed when the task manager died,
+	// or one the dead task manager had acknowledged that completed just
+	// after, and then says so.
+	killedAt := regexp.MustCompile(`already committed \(checkpoint (\d+) completed\)`).FindStringSubmatch(s)
+	restored := regexp.MustCompile(`restarted the job on demo-tm-2 from checkpoint (\d+)(.*)`).FindStringSubmatch(s)
+	if killedAt == nil || restored == nil {
+		t.Fatalf("the demo does not say which checkpoint completed before the kill and which one the job restored:\n%s", s)
+	}
+	k, _ := strconv.Atoi(killedAt[1])
+	r, _ := strconv.Atoi(restored[1])
+	switch {
+	case r == k:
+	case r > k && strings.Contains(restored[2], "completed just after the kill"):
+	default:
+		t.Fatalf("the demo says checkpoint %d completed before the kill and the job restored checkpoint %d:\n%s", k, r, s)
 	}
 	mu.Lock()
 	defer mu.Unlock()

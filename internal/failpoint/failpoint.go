@@ -95,10 +95,10 @@ func knownName(name string) error {
 const EnvVar = "WEIR_FAILPOINTS"
 
 // ErrInjected is wrapped by every error an "error" action returns.
-var ErrInjected = errors.New("failpoint: injected error")
+var ErrInjected = errors.New("injected error")
 
 // ErrBadSpec is wrapped by Parse errors.
-var ErrBadSpec = errors.New("failpoint: bad spec")
+var ErrBadSpec = errors.New("bad spec")
 
 type kind uint8
 

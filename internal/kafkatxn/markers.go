@@ -89,7 +89,7 @@ var errNotLostState = errors.New("not lost by the broker")
 // commit found copies missing. Nothing is reported lost: the job restarts
 // and the next recovery copies exactly the records that still have no
 // committed copy.
-var ErrRecommitIncomplete = errors.New("kafkatxn: broker-lost transaction not completely re-committed")
+var ErrRecommitIncomplete = errors.New("broker-lost transaction not completely re-committed")
 
 // ErrLostStateUnknown is wrapped by Recover and CommitRestored errors when
 // EndTxn could no longer commit a restored transaction and the
@@ -101,7 +101,7 @@ var ErrRecommitIncomplete = errors.New("kafkatxn: broker-lost transaction not co
 // Nothing is reported lost or assumed committed: the job restarts and the
 // next recovery asks again. Against Apache Kafka this only turns a failed
 // read into a retry.
-var ErrLostStateUnknown = errors.New("kafkatxn: cannot tell whether the broker lost a restored transaction")
+var ErrLostStateUnknown = errors.New("cannot tell whether the broker lost a restored transaction")
 
 // ErrTxnTopicGone is wrapped, next to ErrTxnLost, by Recover and
 // CommitRestored errors when a restored transaction the broker could no
@@ -110,7 +110,7 @@ var ErrLostStateUnknown = errors.New("kafkatxn: cannot tell whether the broker l
 // partitions): no recovery can read or re-commit those records, so asking
 // again (ErrLostStateUnknown) would only restart the job forever. Connectors
 // fail the job for good with it.
-var ErrTxnTopicGone = errors.New("kafkatxn: a restored transaction's topic or partition no longer exists")
+var ErrTxnTopicGone = errors.New("a restored transaction's topic or partition no longer exists")
 
 // recommitVerifyWait bounds the read_committed verification of one
 // partition after a re-commit: a transaction of another producer that is
@@ -467,14 +467,14 @@ func (w *TxnWriter) scanLost(ctx context.Context, h checkpoint.TxnHandle, p chec
 func (w *TxnWriter) endOffset(ctx context.Context, h checkpoint.TxnHandle, p checkpoint.TxnPartition) (int64, error) {
 	ends, err := kadm.NewClient(w.admin).ListEndOffsets(ctx, p.Topic)
 	if err != nil {
-		return 0, fmt.Errorf("kafkatxn: re-commit %s: end offsets of %s: %w", h.TransactionalID, p.Topic, err)
+		return 0, fmt.Errorf("re-commit %s: end offsets of %s: %w", h.TransactionalID, p.Topic, err)
 	}
 	end, ok := ends.Lookup(p.Topic, p.Partition)
 	if !ok {
-		return 0, fmt.Errorf("kafkatxn: re-commit %s: no end offset of %s/%d", h.TransactionalID, p.Topic, p.Partition)
+		return 0, fmt.Errorf("re-commit %s: no end offset of %s/%d", h.TransactionalID, p.Topic, p.Partition)
 	}
 	if end.Err != nil {
-		return 0, fmt.Errorf("kafkatxn: re-commit %s: end offset of %s/%d: %w", h.TransactionalID, p.Topic, p.Partition, end.Err)
+		return 0, fmt.Errorf("re-commit %s: end offset of %s/%d: %w", h.TransactionalID, p.Topic, p.Partition, end.Err)
 	}
 	return end.Offset, nil
 }
@@ -492,17 +492,17 @@ func (w *TxnWriter) readPartition(ctx context.Context, h checkpoint.TxnHandle, p
 	)
 	cons, err := kgo.NewClient(opts...)
 	if err != nil {
-		return fmt.Errorf("kafkatxn: re-commit %s: read %s/%d: %w", h.TransactionalID, p.Topic, p.Partition, err)
+		return fmt.Errorf("re-commit %s: read %s/%d: %w", h.TransactionalID, p.Topic, p.Partition, err)
 	}
 	defer cons.Close()
 	pos, more := p.FirstOffset, true
 	for pos < end && more {
 		fs := cons.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("kafkatxn: re-commit %s: read %s/%d at %d of %d: %w", h.TransactionalID, p.Topic, p.Partition, pos, end, err)
+			return fmt.Errorf("re-commit %s: read %s/%d at %d of %d: %w", h.TransactionalID, p.Topic, p.Partition, pos, end, err)
 		}
 		for _, fe := range fs.Errors() {
-			return fmt.Errorf("kafkatxn: re-commit %s: read %s/%d: %w", h.TransactionalID, p.Topic, p.Partition, fe.Err)
+			return fmt.Errorf("re-commit %s: read %s/%d: %w", h.TransactionalID, p.Topic, p.Partition, fe.Err)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			if r.Offset < pos || !more {
@@ -520,11 +520,11 @@ func (w *TxnWriter) readPartition(ctx context.Context, h checkpoint.TxnHandle, p
 func decodeMarker(r *kgo.Record) (commit bool, coordinatorEpoch int32, err error) {
 	var k kmsg.ControlRecordKey
 	if err := k.ReadFrom(r.Key); err != nil {
-		return false, 0, fmt.Errorf("kafkatxn: control record at %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+		return false, 0, fmt.Errorf("control record at %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
 	}
 	var v kmsg.EndTxnMarker
 	if err := v.ReadFrom(r.Value); err != nil {
-		return false, 0, fmt.Errorf("kafkatxn: control record at %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+		return false, 0, fmt.Errorf("control record at %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
 	}
 	return k.Type == kmsg.ControlRecordKeyTypeCommit, v.CoordinatorEpoch, nil
 }

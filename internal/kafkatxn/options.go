@@ -79,7 +79,7 @@ const (
 
 // ErrInvalidConfig is wrapped by errors about a configuration that cannot
 // work (bad options, transaction timeout shorter than recovery, ...).
-var ErrInvalidConfig = errors.New("kafkatxn: invalid configuration")
+var ErrInvalidConfig = errors.New("invalid configuration")
 
 type cfg struct {
 	brokers     []string

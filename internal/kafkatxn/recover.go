@@ -98,7 +98,7 @@ func (w *TxnWriter) Recover(ctx context.Context, handles []checkpoint.TxnHandle)
 		return ErrClosed
 	}
 	if w.cfg.guarantee == ExactlyOnce && w.recovered {
-		return errors.New("kafkatxn: Recover called twice")
+		return errors.New("Recover called twice")
 	}
 	lost, err := w.commitHandles(ctx, handles)
 	if err != nil {
@@ -331,7 +331,7 @@ func (w *TxnWriter) missingPartition(ctx context.Context, h checkpoint.TxnHandle
 	}
 	tds, err := kadm.NewClient(w.admin).ListTopics(ctx, topics...)
 	if err != nil {
-		return "", fmt.Errorf("kafkatxn: metadata of %v: %w", topics, err)
+		return "", fmt.Errorf("metadata of %v: %w", topics, err)
 	}
 	for _, p := range h.Partitions {
 		td, ok := tds[p.Topic]
@@ -339,7 +339,7 @@ func (w *TxnWriter) missingPartition(ctx context.Context, h checkpoint.TxnHandle
 		case !ok || errors.Is(td.Err, kerr.UnknownTopicOrPartition) || errors.Is(td.Err, kerr.UnknownTopicID):
 			return fmt.Sprintf("topic %q no longer exists", p.Topic), nil
 		case td.Err != nil:
-			return "", fmt.Errorf("kafkatxn: metadata of %s: %w", p.Topic, td.Err)
+			return "", fmt.Errorf("metadata of %s: %w", p.Topic, td.Err)
 		}
 		if _, ok := td.Partitions[p.Partition]; !ok {
 			return fmt.Sprintf("partition %d of topic %q no longer exists (the topic has %d partitions)", p.Partition, p.Topic, len(td.Partitions)), nil
@@ -384,7 +384,7 @@ func EndTxn(ctx context.Context, cl *kgo.Client, h checkpoint.TxnHandle, commit 
 		req.Commit = commit
 		resp, err := req.RequestWith(ctx, cl)
 		if err != nil {
-			return fmt.Errorf("kafka: %s %s of checkpoint %d: %w", what, h.TransactionalID, h.Checkpoint, err)
+			return fmt.Errorf("%s %s of checkpoint %d: %w", what, h.TransactionalID, h.Checkpoint, err)
 		}
 		err = kerr.ErrorForCode(resp.ErrorCode)
 		switch {
@@ -392,7 +392,7 @@ func EndTxn(ctx context.Context, cl *kgo.Client, h checkpoint.TxnHandle, commit 
 			return nil
 		case errors.Is(err, kerr.ConcurrentTransactions):
 			if err := sleep(ctx, backoff); err != nil {
-				return fmt.Errorf("kafka: %s %s: %w", what, h.TransactionalID, err)
+				return fmt.Errorf("%s %s: %w", what, h.TransactionalID, err)
 			}
 		case commit && (errors.Is(err, kerr.InvalidTxnState) || errors.Is(err, kerr.ProducerFenced) ||
 			errors.Is(err, kerr.InvalidProducerEpoch) || errors.Is(err, kerr.InvalidProducerIDMapping)):
@@ -400,7 +400,7 @@ func EndTxn(ctx context.Context, cl *kgo.Client, h checkpoint.TxnHandle, commit 
 			// or its id expired: the broker can no longer commit it.
 			return &LostTxnError{Handle: h, Err: err}
 		default:
-			return fmt.Errorf("kafka: %s %s of checkpoint %d: %w", what, h.TransactionalID, h.Checkpoint, err)
+			return fmt.Errorf("%s %s of checkpoint %d: %w", what, h.TransactionalID, h.Checkpoint, err)
 		}
 	}
 }
@@ -410,7 +410,7 @@ func EndTxn(ctx context.Context, cl *kgo.Client, h checkpoint.TxnHandle, commit 
 func (w *TxnWriter) abortLingering(ctx context.Context) error {
 	listed, err := kadm.NewClient(w.admin).ListTransactions(ctx, nil, []string{"Ongoing"})
 	if err != nil {
-		return fmt.Errorf("kafkatxn: recover: list transactions: %w", err)
+		return fmt.Errorf("recover: list transactions: %w", err)
 	}
 	for _, t := range listed.Sorted() {
 		if !w.owns(t.TxnID) || t.State != "Ongoing" {
@@ -442,10 +442,10 @@ func (w *TxnWriter) fence(ctx context.Context, txnID string) error {
 		case errors.Is(err, kerr.ConcurrentTransactions):
 			// A real broker answers this while it aborts; ask again.
 			if err := sleep(ctx, backoff); err != nil {
-				return fmt.Errorf("kafkatxn: recover: abort lingering %s: %w", txnID, err)
+				return fmt.Errorf("recover: abort lingering %s: %w", txnID, err)
 			}
 		default:
-			return fmt.Errorf("kafkatxn: recover: abort lingering %s: %w", txnID, err)
+			return fmt.Errorf("recover: abort lingering %s: %w", txnID, err)
 		}
 	}
 }

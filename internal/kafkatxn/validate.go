@@ -18,16 +18,16 @@ func BrokerMaxTransactionTimeout(ctx context.Context, admin *kadm.Client) (time.
 	const key = "transaction.max.timeout.ms"
 	brokers, err := admin.ListBrokers(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("kafkatxn: list brokers: %w", err)
+		return 0, fmt.Errorf("list brokers: %w", err)
 	}
 	rcs, err := admin.DescribeBrokerConfigs(ctx, brokers.NodeIDs()...)
 	if err != nil {
-		return 0, fmt.Errorf("kafkatxn: describe broker configs: %w", err)
+		return 0, fmt.Errorf("describe broker configs: %w", err)
 	}
 	var least time.Duration
 	for _, rc := range rcs {
 		if rc.Err != nil {
-			return 0, fmt.Errorf("kafkatxn: describe config of broker %s: %w", rc.Name, rc.Err)
+			return 0, fmt.Errorf("describe config of broker %s: %w", rc.Name, rc.Err)
 		}
 		for _, c := range rc.Configs {
 			if c.Key != key || c.Value == nil {
@@ -35,7 +35,7 @@ func BrokerMaxTransactionTimeout(ctx context.Context, admin *kadm.Client) (time.
 			}
 			ms, err := strconv.ParseInt(*c.Value, 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("kafkatxn: broker %s: %s=%q: %w", rc.Name, key, *c.Value, err)
+				return 0, fmt.Errorf("broker %s: %s=%q: %w", rc.Name, key, *c.Value, err)
 			}
 			if d := time.Duration(ms) * time.Millisecond; least == 0 || d < least {
 				least = d
@@ -43,7 +43,7 @@ func BrokerMaxTransactionTimeout(ctx context.Context, admin *kadm.Client) (time.
 		}
 	}
 	if least == 0 {
-		return 0, fmt.Errorf("kafkatxn: no broker reports %s", key)
+		return 0, fmt.Errorf("no broker reports %s", key)
 	}
 	return least, nil
 }

@@ -26,19 +26,19 @@ var (
 	// transactions of a completed checkpoint that can no longer be
 	// committed (timed out or aborted at the broker): their records are
 	// lost. Callers fail the job unless the user opted out.
-	ErrTxnLost = errors.New("kafkatxn: pre-committed transaction lost")
+	ErrTxnLost = errors.New("pre-committed transaction lost")
 	// ErrPoolExhausted is returned by Write when every transactional id of
 	// the subtask's pool is open, pre-committed, or still named by the
 	// latest completed checkpoint, and by PreCommit (also wrapping
 	// checkpoint.ErrDeclined) when all but one id await their commit:
 	// notifications lag too far behind. The job restarts from its latest
 	// completed checkpoint, which always leaves an id free.
-	ErrPoolExhausted = errors.New("kafkatxn: transactional id pool exhausted")
+	ErrPoolExhausted = errors.New("transactional id pool exhausted")
 	// ErrNotRecovered is returned by Write and PreCommit of an exactly-once
 	// writer before Recover succeeded.
-	ErrNotRecovered = errors.New("kafkatxn: Recover must be called before writing")
+	ErrNotRecovered = errors.New("Recover must be called before writing")
 	// ErrClosed is returned by every method after Close.
-	ErrClosed = errors.New("kafkatxn: writer closed")
+	ErrClosed = errors.New("writer closed")
 )
 
 // LostTxnError describes one transaction Recover could not commit. It
@@ -49,7 +49,7 @@ type LostTxnError struct {
 }
 
 func (e *LostTxnError) Error() string {
-	return fmt.Sprintf("kafkatxn: transaction %s (producer %d, epoch %d) of checkpoint %d lost: %v",
+	return fmt.Sprintf("transaction %s (producer %d, epoch %d) of checkpoint %d lost: %v",
 		e.Handle.TransactionalID, e.Handle.ProducerID, e.Handle.Epoch, e.Handle.Checkpoint, e.Err)
 }
 
@@ -179,7 +179,7 @@ func NewTxnWriter(ctx context.Context, opts ...Opt) (*TxnWriter, error) {
 	}
 	if err := admin.Ping(ctx); err != nil {
 		admin.Close()
-		return nil, fmt.Errorf("kafkatxn: connect to %v: %w", c.brokers, err)
+		return nil, fmt.Errorf("connect to %v: %w", c.brokers, err)
 	}
 	w := &TxnWriter{cfg: c, admin: admin}
 	w.produced = w.onProduced
@@ -228,7 +228,7 @@ func (w *TxnWriter) onProduced(r *kgo.Record, err error) {
 	if err == nil {
 		return
 	}
-	err = fmt.Errorf("kafkatxn: produce to %s[%d]: %w", r.Topic, r.Partition, err)
+	err = fmt.Errorf("produce to %s[%d]: %w", r.Topic, r.Partition, err)
 	w.asyncErr.CompareAndSwap(nil, &err)
 }
 
@@ -299,7 +299,7 @@ func (w *TxnWriter) Current(ctx context.Context) (checkpoint.TxnHandle, error) {
 	}
 	pid, epoch, err := w.cur.cl.ProducerID(ctx)
 	if err != nil {
-		return checkpoint.TxnHandle{}, fmt.Errorf("kafkatxn: producer id of %s: %w", w.cur.txnID, err)
+		return checkpoint.TxnHandle{}, fmt.Errorf("producer id of %s: %w", w.cur.txnID, err)
 	}
 	return checkpoint.TxnHandle{TransactionalID: w.cur.txnID, ProducerID: pid, Epoch: epoch}, nil
 }
@@ -529,7 +529,7 @@ func (w *TxnWriter) Flush(ctx context.Context) error {
 		cl = w.cur.cl
 	}
 	if err := cl.Flush(ctx); err != nil {
-		return fmt.Errorf("kafkatxn: flush: %w", err)
+		return fmt.Errorf("flush: %w", err)
 	}
 	return w.produceErr()
 }
@@ -563,12 +563,12 @@ func (w *TxnWriter) begin(ctx context.Context) (*slot, error) {
 		// missing ACL fails this Write rather than a later flush.
 		if _, _, err := cl.ProducerID(ctx); err != nil {
 			cl.Close()
-			return nil, fmt.Errorf("kafkatxn: init producer %s: %w", s.txnID, err)
+			return nil, fmt.Errorf("init producer %s: %w", s.txnID, err)
 		}
 		s.cl = cl
 	}
 	if err := s.cl.BeginTransaction(); err != nil {
-		return nil, w.fail(fmt.Errorf("kafkatxn: begin transaction on %s: %w", s.txnID, err))
+		return nil, w.fail(fmt.Errorf("begin transaction on %s: %w", s.txnID, err))
 	}
 	s.state, s.records = slotOpen, 0
 	s.firsts.take() // forget a previous transaction's partitions
@@ -608,7 +608,7 @@ func (w *TxnWriter) PreCommit(ctx context.Context, id checkpoint.ID) (checkpoint
 		return checkpoint.TxnHandle{}, false, err
 	}
 	if id <= w.lastPrecommit {
-		return checkpoint.TxnHandle{}, false, fmt.Errorf("kafkatxn: pre-commit of checkpoint %d after %d: ids must increase", id, w.lastPrecommit)
+		return checkpoint.TxnHandle{}, false, fmt.Errorf("pre-commit of checkpoint %d after %d: ids must increase", id, w.lastPrecommit)
 	}
 	var (
 		h  checkpoint.TxnHandle
@@ -617,7 +617,7 @@ func (w *TxnWriter) PreCommit(ctx context.Context, id checkpoint.ID) (checkpoint
 	switch {
 	case w.cfg.guarantee == AtLeastOnce:
 		if err := w.admin.Flush(ctx); err != nil {
-			return h, false, fmt.Errorf("kafkatxn: flush at checkpoint %d: %w", id, err)
+			return h, false, fmt.Errorf("flush at checkpoint %d: %w", id, err)
 		}
 		if err := w.produceErr(); err != nil {
 			return h, false, err
@@ -628,18 +628,18 @@ func (w *TxnWriter) PreCommit(ctx context.Context, id checkpoint.ID) (checkpoint
 		// restore from it (which keeps the named ids out of the pool) leaves
 		// an id to write with.
 		if len(w.pending) >= len(w.slots)-1 {
-			return h, false, fmt.Errorf("kafkatxn: checkpoint %d: %w: %w: %d transactions already await their commit notification",
+			return h, false, fmt.Errorf("checkpoint %d: %w: %w: %d transactions already await their commit notification",
 				id, checkpoint.ErrDeclined, ErrPoolExhausted, len(w.pending))
 		}
 		if err := s.cl.Flush(ctx); err != nil {
-			return h, false, fmt.Errorf("kafkatxn: flush %s at checkpoint %d: %w", s.txnID, id, err)
+			return h, false, fmt.Errorf("flush %s at checkpoint %d: %w", s.txnID, id, err)
 		}
 		if err := w.produceErr(); err != nil {
 			return h, false, err
 		}
 		pid, epoch, err := s.cl.ProducerID(ctx)
 		if err != nil {
-			return h, false, w.fail(fmt.Errorf("kafkatxn: producer id of %s: %w", s.txnID, err))
+			return h, false, w.fail(fmt.Errorf("producer id of %s: %w", s.txnID, err))
 		}
 		h = checkpoint.TxnHandle{TransactionalID: s.txnID, ProducerID: pid, Epoch: epoch, Checkpoint: id, Partitions: s.firsts.take()}
 		s.state, s.handle = slotPrecommitted, h

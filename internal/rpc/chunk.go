@@ -35,13 +35,13 @@ const MaxMessageSize = 4 << 20
 
 // ErrMessageTooLarge is wrapped by CheckSize's error: the message exceeds
 // MaxMessageSize. Sending it again cannot succeed.
-var ErrMessageTooLarge = errors.New("rpc: message larger than the limit")
+var ErrMessageTooLarge = errors.New("message larger than the limit")
 
 // ErrBadTransfer is wrapped by the errors of a chunked payload that cannot
 // be assembled: a chunk missing or out of order, more data than announced,
 // a checksum mismatch, a chunk of no announced payload, or a header that
 // cannot be right.
-var ErrBadTransfer = errors.New("rpc: chunked payload cannot be assembled")
+var ErrBadTransfer = errors.New("chunked payload cannot be assembled")
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 

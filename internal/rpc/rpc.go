@@ -34,10 +34,10 @@ const (
 
 // ErrPeerDead is returned by Liveness.Watch when the peer sent nothing for
 // the heartbeat timeout.
-var ErrPeerDead = errors.New("rpc: peer sent no heartbeat in time")
+var ErrPeerDead = errors.New("peer sent no heartbeat in time")
 
 // ErrUnreachable wraps a failure to reach the job manager.
-var ErrUnreachable = errors.New("rpc: job manager unreachable")
+var ErrUnreachable = errors.New("job manager unreachable")
 
 // DialOpt configures Dial.
 type DialOpt interface{ apply(*dialCfg) }
@@ -113,7 +113,7 @@ func (l *Liveness) Silence() time.Duration {
 // times per timeout.
 func (l *Liveness) Watch(ctx context.Context, timeout time.Duration) error {
 	if timeout <= 0 {
-		return fmt.Errorf("rpc: heartbeat timeout %v must be positive", timeout)
+		return fmt.Errorf("heartbeat timeout %v must be positive", timeout)
 	}
 	t := time.NewTicker(timeout / 4)
 	defer t.Stop()
@@ -133,7 +133,7 @@ func (l *Liveness) Watch(ctx context.Context, timeout time.Duration) error {
 // returns send's error, or ctx's.
 func Every(ctx context.Context, interval time.Duration, send func() error) error {
 	if interval <= 0 {
-		return fmt.Errorf("rpc: heartbeat interval %v must be positive", interval)
+		return fmt.Errorf("heartbeat interval %v must be positive", interval)
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()

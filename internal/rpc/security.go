@@ -31,17 +31,17 @@ import (
 
 // ErrNoToken is returned by CheckExposure for a job manager listening
 // beyond loopback without a token.
-var ErrNoToken = errors.New("rpc: a job manager listening beyond loopback needs --auth-token-file")
+var ErrNoToken = errors.New("a job manager listening beyond loopback needs --auth-token-file")
 
 // ReadToken reads a token file: its content, trimmed, must not be empty.
 func ReadToken(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("rpc: auth token: %w", err)
+		return "", fmt.Errorf("auth token: %w", err)
 	}
 	t := strings.TrimSpace(string(b))
 	if t == "" || strings.ContainsAny(t, " \t\r\n") {
-		return "", fmt.Errorf("rpc: auth token file %s must hold one token (no spaces)", path)
+		return "", fmt.Errorf("auth token file %s must hold one token (no spaces)", path)
 	}
 	return t, nil
 }
@@ -52,7 +52,7 @@ func CheckExposure(addr, token string) error {
 		return nil
 	}
 	if _, _, err := net.SplitHostPort(addr); err != nil {
-		return fmt.Errorf("rpc: address %q: %w", addr, err)
+		return fmt.Errorf("address %q: %w", addr, err)
 	}
 	if !BeyondLoopback(addr) {
 		return nil
@@ -70,7 +70,7 @@ func BeyondLoopback(addr string) bool { return !isLoopbackHost(hostName(addr)) }
 func ServerTLS(certFile, keyFile string) (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
-		return nil, fmt.Errorf("rpc: TLS certificate: %w", err)
+		return nil, fmt.Errorf("TLS certificate: %w", err)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
@@ -84,11 +84,11 @@ func ClientTLS(caFile string) (*tls.Config, error) {
 	}
 	pem, err := os.ReadFile(caFile)
 	if err != nil {
-		return nil, fmt.Errorf("rpc: TLS CA: %w", err)
+		return nil, fmt.Errorf("TLS CA: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("rpc: TLS CA %s holds no PEM certificate", caFile)
+		return nil, fmt.Errorf("TLS CA %s holds no PEM certificate", caFile)
 	}
 	cfg.RootCAs = pool
 	return cfg, nil
@@ -193,7 +193,7 @@ const (
 )
 
 // errUnauthenticated is what a refused call is answered.
-var errUnauthenticated = status.Error(codes.Unauthenticated, "rpc: missing or wrong auth token (--auth-token-file)")
+var errUnauthenticated = status.Error(codes.Unauthenticated, "missing or wrong auth token (--auth-token-file)")
 
 // ServerOptions are the gRPC server options of a job manager: TLS if tlsCfg
 // is set, a token check on every call if token is not empty, and the

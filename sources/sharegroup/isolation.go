@@ -29,7 +29,7 @@ const (
 // handed records of open and aborted transactions (an upstream Weir job's
 // aborted checkpoints, re-queue copies that lost their race), and every one
 // of them would be processed. The error names the group and the config.
-var ErrReadUncommitted = errors.New("sharegroup: the share group does not read committed records only")
+var ErrReadUncommitted = errors.New("the share group does not read committed records only")
 
 // prepareGroup sets the group configs a Source or Session needs before the
 // group reads (IncrementalAlterConfigs, resource type GROUP):
@@ -61,11 +61,11 @@ func checkIsolation(ctx context.Context, cl *kgo.Client, group string) error {
 	req.Resources = append(req.Resources, res)
 	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
-		return fmt.Errorf("sharegroup: describe the configs of group %q: %w", group, err)
+		return fmt.Errorf("describe the configs of group %q: %w", group, err)
 	}
 	for _, r := range resp.Resources {
 		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
-			return fmt.Errorf("sharegroup: describe the configs of group %q: %w", group, err)
+			return fmt.Errorf("describe the configs of group %q: %w", group, err)
 		}
 		for _, c := range r.Configs {
 			if c.Name != IsolationLevelConfig {

@@ -29,6 +29,18 @@ func (s *Source[T]) registerMetrics(m runtime.Metrics) {
 			}
 			return out
 		})
+	runtime.PendingRecordsMetric(m, "Flink's pendingRecords: records of the share group not yet done per topic-partition (log end offset minus the share partition's start offset), measured by the source's subtask 0 every 5s; the other subtasks report none.",
+		"partition", func() map[string]float64 {
+			pending := s.pendingRecords()
+			if pending == nil {
+				return nil
+			}
+			out := map[string]float64{}
+			for tp, n := range pending {
+				out[tp.Topic+"-"+strconv.Itoa(int(tp.Partition))] = float64(n)
+			}
+			return out
+		})
 	limit := float64(s.limit)
 	m.Gauge("sharegroup_heldRecordsLimit", "The broker's cap on held records per share partition (group.share.partition.max.record.locks).",
 		func() float64 { return limit })

@@ -59,24 +59,24 @@ func ParseAckMode(s string) (AckMode, error) {
 
 // ErrInvalidConfig is wrapped by errors about the options of a Source or a
 // Session.
-var ErrInvalidConfig = errors.New("sharegroup: invalid configuration")
+var ErrInvalidConfig = errors.New("invalid configuration")
 
 // ErrNoShareGroups is returned when the broker does not speak the share-group
 // APIs (KIP-932).
-var ErrNoShareGroups = errors.New("sharegroup: broker does not support share groups (KIP-932, Apache Kafka 4.2+)")
+var ErrNoShareGroups = errors.New("broker does not support share groups (KIP-932, Apache Kafka 4.2+)")
 
 // ErrRolledBack is wrapped by the error with which the source fails its task
 // when a checkpoint covering records it holds was aborted: in transactional
 // mode the job must roll back to the last completed checkpoint, as those
 // records are already reflected in downstream state.
-var ErrRolledBack = errors.New("sharegroup: checkpoint aborted while holding its records; rolling back")
+var ErrRolledBack = errors.New("checkpoint aborted while holding its records; rolling back")
 
 // ErrRecordsSkipped is wrapped by the (unrecoverable) error with which the
 // transactional source fails its job when the group's share start offset
 // moved past records that no committed ack marker covers: the broker lost or
 // reset the share-group state, or archived records, and those records were
 // never processed. It names the group, the partitions and the offsets.
-var ErrRecordsSkipped = errors.New("sharegroup: records skipped by the share group")
+var ErrRecordsSkipped = errors.New("records skipped by the share group")
 
 // cfg is the configuration of a Source or a Session: the options they
 // share, then each one's own.

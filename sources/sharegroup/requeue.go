@@ -100,14 +100,14 @@ func (s *Source[T]) repairRequeue(ctx context.Context, l *lane, h checkpoint.Txn
 		case errors.Is(err, kafkatxn.ErrTxnLost):
 			// Aborted by a broker that knew it (timeout, a stale-marker
 			// abort): on every partition, so the originals come back.
-			return fmt.Errorf("sharegroup: commit the re-queue transaction: %w (its recovery: %w)", cerr, err)
+			return fmt.Errorf("commit the re-queue transaction: %w (its recovery: %w)", cerr, err)
 		}
 		s.log.Debug("re-queue transaction not recovered yet; retrying", zap.String("txn", h.TransactionalID), zap.Error(err))
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("sharegroup: commit the re-queue transaction: %w (its recovery did not finish in %v: %w)", cerr, requeueRepairWait, err)
+			return fmt.Errorf("commit the re-queue transaction: %w (its recovery did not finish in %v: %w)", cerr, requeueRepairWait, err)
 		case <-t.C:
 		}
 	}
@@ -148,12 +148,12 @@ func (s *Source[T]) requeue(ctx context.Context, l *lane, recs []*kgo.Record) ([
 	id := rq.n
 	cur, err := rq.w.Current(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("sharegroup: re-queue transaction: %w", err)
+		return nil, fmt.Errorf("re-queue transaction: %w", err)
 	}
 	offsets := map[acklog.TopicPartition][]int64{}
 	for _, r := range recs {
 		if err := rq.w.Write(ctx, requeueRecord(r, s.cfg.requeueTopic)); err != nil {
-			return nil, fmt.Errorf("sharegroup: re-queue: %w", err)
+			return nil, fmt.Errorf("re-queue: %w", err)
 		}
 		tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
 		offsets[tp] = append(offsets[tp], r.Offset)
@@ -162,24 +162,24 @@ func (s *Source[T]) requeue(ctx context.Context, l *lane, recs []*kgo.Record) ([
 		ProducerID: cur.ProducerID, Ranges: acklog.RangesOf(offsets), CreatedAt: time.Now()}
 	rec := m.Record(s.cfg.ackLogTopic)
 	if err := rq.w.Write(ctx, rec); err != nil {
-		return nil, fmt.Errorf("sharegroup: re-queue marker: %w", err)
+		return nil, fmt.Errorf("re-queue marker: %w", err)
 	}
 	if err := rq.w.Flush(ctx); err != nil {
-		return nil, fmt.Errorf("sharegroup: re-queue: %w", err)
+		return nil, fmt.Errorf("re-queue: %w", err)
 	}
 	if err := s.ix.CatchUp(ctx, rec.Offset+1); err != nil {
-		return nil, fmt.Errorf("sharegroup: ack-log: %w", err)
+		return nil, fmt.Errorf("ack-log: %w", err)
 	}
 	h, _, err := rq.w.PreCommit(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("sharegroup: re-queue: %w", err)
+		return nil, fmt.Errorf("re-queue: %w", err)
 	}
 	own := acklog.Entry{Marker: m, Offset: rec.Offset, Status: acklog.Open, ProducerEpoch: rec.ProducerEpoch}
 	if cs := s.ix.Conflicts(own); len(cs) > 0 {
 		s.log.Info("re-queue aborted: an earlier ack marker covers the records now; they wait for it",
 			zap.String("lane", l.name), zap.Int64("marker", cs[0].Offset))
 		if err := rq.w.Abort(ctx, id); err != nil {
-			return nil, fmt.Errorf("sharegroup: abort the re-queue transaction: %w", err)
+			return nil, fmt.Errorf("abort the re-queue transaction: %w", err)
 		}
 		aside := make([]asideRec, 0, len(recs))
 		for _, r := range recs {

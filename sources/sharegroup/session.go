@@ -30,27 +30,27 @@ var (
 	// (nothing of it becomes visible) and its records were released.
 	// Retry with a new Poll: records already processed elsewhere are then
 	// recognised and skipped. Use errors.As with *ConflictError for details.
-	ErrConflict = errors.New("sharegroup: session: records of the batch were processed by another transaction")
+	ErrConflict = errors.New("session: records of the batch were processed by another transaction")
 	// ErrAborted is wrapped by Commit's error when the session's
 	// transaction was aborted: none of its outputs, dead letters or its ack
 	// marker ever become visible, and its records were released for
 	// redelivery. ErrConflict errors wrap it too.
-	ErrAborted = errors.New("sharegroup: session: transaction aborted")
+	ErrAborted = errors.New("session: transaction aborted")
 	// ErrOutcomeUnknown is wrapped by Commit's error when the commit request
 	// failed and the session could not learn whether the transaction
 	// committed. Its records were released: if it did commit, their
 	// redelivery is recognised through the ack marker and not processed
 	// again; if it did not, they are processed again. Exactly once holds
 	// either way; only the caller does not know which one happened.
-	ErrOutcomeUnknown = errors.New("sharegroup: session: transaction outcome unknown")
+	ErrOutcomeUnknown = errors.New("session: transaction outcome unknown")
 	// ErrBatchOpen is returned by Poll while the previous batch is neither
 	// committed nor aborted: polling again would make the client accept it.
-	ErrBatchOpen = errors.New("sharegroup: session: the polled batch is still open; Commit or Abort it first")
+	ErrBatchOpen = errors.New("session: the polled batch is still open; Commit or Abort it first")
 	// ErrNotInBatch is returned by Reject for a record that is not one of
 	// the open batch's records.
-	ErrNotInBatch = errors.New("sharegroup: session: record is not in the open batch")
+	ErrNotInBatch = errors.New("session: record is not in the open batch")
 	// ErrSessionClosed is returned by every method after Close.
-	ErrSessionClosed = errors.New("sharegroup: session closed")
+	ErrSessionClosed = errors.New("session closed")
 )
 
 // ConflictError details an ErrConflict. It unwraps to ErrConflict and
@@ -75,13 +75,13 @@ type ConflictError struct {
 func (e *ConflictError) Error() string {
 	switch {
 	case e.Lapsed:
-		return "sharegroup: session: conflict: the batch's record locks may have expired (no successful renewal in time); aborted"
+		return "session: conflict: the batch's record locks may have expired (no successful renewal in time); aborted"
 	case e.Unresolved:
-		return fmt.Sprintf("sharegroup: session: conflict: ack marker at %d overlaps the earlier marker at %d (producer %d, %q) "+
+		return fmt.Sprintf("session: conflict: ack marker at %d overlaps the earlier marker at %d (producer %d, %q) "+
 			"which stayed open past the wait bound and could not be aborted; aborted",
 			e.Marker, e.Earlier.Offset, e.Earlier.Marker.ProducerID, e.Earlier.Marker.TransactionalID)
 	}
-	return fmt.Sprintf("sharegroup: session: conflict: ack marker at %d overlaps the earlier %s marker at %d (producer %d, %q): "+
+	return fmt.Sprintf("session: conflict: ack marker at %d overlaps the earlier %s marker at %d (producer %d, %q): "+
 		"these records were processed there (a lock expired); aborted",
 		e.Marker, e.Earlier.Status, e.Earlier.Offset, e.Earlier.Marker.ProducerID, e.Earlier.Marker.TransactionalID)
 }
@@ -122,7 +122,7 @@ const (
 )
 
 // errSessCrashed is returned by Commit when a test hook crashed the session.
-var errSessCrashed = errors.New("sharegroup: session crashed (test hook)")
+var errSessCrashed = errors.New("session crashed (test hook)")
 
 // Session is a transactional share-group session for plain Go programs:
 // poll a batch of records from a share group, produce outputs into a Kafka
@@ -239,14 +239,14 @@ func NewSession(ctx context.Context, opts ...Opt) (*Session, error) {
 		return nil, err
 	}
 	if err := acklog.EnsureTopic(ctx, s.adm, c.ackLogTopic); err != nil {
-		return nil, fmt.Errorf("sharegroup: session: ack-log: %w", err)
+		return nil, fmt.Errorf("session: ack-log: %w", err)
 	}
 	if err := prepareGroup(ctx, s.admin, s.cfg.group, c.resetEarliest); err != nil {
 		return nil, err
 	}
 	s.lastCheck = time.Now()
 	if s.ix, err = acklog.NewIndex(ctx, c.brokers, c.ackLogTopic, c.clientOpts...); err != nil {
-		return nil, fmt.Errorf("sharegroup: session: ack-log index: %w", err)
+		return nil, fmt.Errorf("session: ack-log index: %w", err)
 	}
 	if _, err := s.producer(ctx); err != nil {
 		return nil, err
@@ -294,7 +294,7 @@ func (s *Session) producer(ctx context.Context) (*kgo.Client, error) {
 	}
 	if _, _, err := cl.ProducerID(ctx); err != nil {
 		cl.Close()
-		return nil, fmt.Errorf("sharegroup: session: init producer %q: %w", s.cfg.txnID, err)
+		return nil, fmt.Errorf("session: init producer %q: %w", s.cfg.txnID, err)
 	}
 	s.prod = cl
 	return cl, nil
@@ -316,7 +316,7 @@ func (s *Session) onProduced(r *kgo.Record, err error) {
 	}
 	s.pmu.Lock()
 	if s.perr == nil {
-		s.perr = fmt.Errorf("sharegroup: session: produce to %s[%d]: %w", r.Topic, r.Partition, err)
+		s.perr = fmt.Errorf("session: produce to %s[%d]: %w", r.Topic, r.Partition, err)
 	}
 	s.pmu.Unlock()
 }
@@ -384,13 +384,13 @@ func (s *Session) Poll(ctx context.Context) ([]*kgo.Record, error) {
 		var ferr error
 		fs.EachError(func(t string, p int32, err error) {
 			if ferr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-				ferr = fmt.Errorf("sharegroup: session: fetch %s[%d]: %w", t, p, err)
+				ferr = fmt.Errorf("session: fetch %s[%d]: %w", t, p, err)
 			}
 		})
 		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
 		if len(recs) == 0 {
 			if err := ctx.Err(); err != nil {
-				return nil, fmt.Errorf("sharegroup: session: poll: %w", err)
+				return nil, fmt.Errorf("session: poll: %w", err)
 			}
 			if ferr != nil {
 				return nil, ferr
@@ -430,7 +430,7 @@ func (s *Session) admit(ctx context.Context, recs []*kgo.Record) (*sessBatch, er
 	// at count 1.
 	if err := s.ix.CatchUpToEnd(ctx); err != nil {
 		s.ackNow(ctx, kgo.AckRelease, recs)
-		return nil, fmt.Errorf("sharegroup: session: ack-log: %w", err)
+		return nil, fmt.Errorf("session: ack-log: %w", err)
 	}
 	var accept, release []*kgo.Record
 	for _, r := range recs {
@@ -509,7 +509,7 @@ func (s *Session) begin(ctx context.Context) error {
 	}
 	if err := cl.BeginTransaction(); err != nil {
 		s.dropProducer()
-		return fmt.Errorf("sharegroup: session: begin transaction: %w", err)
+		return fmt.Errorf("session: begin transaction: %w", err)
 	}
 	s.pmu.Lock()
 	s.perr = nil
@@ -1120,15 +1120,15 @@ func (s *Session) renew() {
 func (s *Session) checkTopics(ctx context.Context) error {
 	tds, err := s.adm.ListTopics(ctx, s.cfg.topics...)
 	if err != nil {
-		return fmt.Errorf("sharegroup: session: describe input topics: %w", err)
+		return fmt.Errorf("session: describe input topics: %w", err)
 	}
 	for _, t := range s.cfg.topics {
 		td, ok := tds[t]
 		switch {
 		case !ok:
-			return fmt.Errorf("sharegroup: session: input topic %q: %w", t, kerr.UnknownTopicOrPartition)
+			return fmt.Errorf("session: input topic %q: %w", t, kerr.UnknownTopicOrPartition)
 		case td.Err != nil:
-			return fmt.Errorf("sharegroup: session: input topic %q: %w", t, td.Err)
+			return fmt.Errorf("session: input topic %q: %w", t, td.Err)
 		}
 	}
 	return nil

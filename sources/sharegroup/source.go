@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -84,6 +85,9 @@ type Source[T any] struct {
 	limit     int // the broker's group.share.partition.max.record.locks
 	lastGC    time.Time
 	lastCheck time.Time
+
+	pendingMu sync.Mutex
+	pending   map[acklog.TopicPartition]int64 // subtask 0's last measure of the backlog (pendingRecords)
 	stopped   bool
 	closed    bool
 	member    string
@@ -144,7 +148,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	base := append([]kgo.Opt{kgo.SeedBrokers(s.cfg.brokers...)}, s.cfg.clientOpts...)
 	var err error
 	if s.admin, err = kgo.NewClient(base...); err != nil {
-		return fmt.Errorf("sharegroup: %w", err)
+		return fmt.Errorf("%w", err)
 	}
 	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -184,7 +188,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		kafkatxn.ClientOpts(s.cfg.clientOpts...), kafkatxn.Logger(s.log)}
 	if s.cfg.mode == Transactional {
 		if err := acklog.EnsureTopic(sctx, adm, s.cfg.ackLogTopic); err != nil {
-			return fmt.Errorf("sharegroup: ack-log: %w", err)
+			return fmt.Errorf("ack-log: %w", err)
 		}
 		if err := ensureTopic(sctx, adm, s.cfg.requeueTopic, 1); err != nil {
 			return err
@@ -194,7 +198,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		wopts = append(wopts, kafkatxn.Guarantee(kafkatxn.AtLeastOnce))
 	}
 	if s.txn, err = kafkatxn.NewTxnWriter(ctx, wopts...); err != nil {
-		return fmt.Errorf("sharegroup: %w", err)
+		return fmt.Errorf("%w", err)
 	}
 	if s.cfg.mode == Transactional {
 		// A marker transaction must outlive the job's worst checkpoint
@@ -202,7 +206,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		err := kafkatxn.CheckTransactionTimeout(sctx, s.txn.Admin(), s.cfg.txnTimeout, oc.Checkpointing)
 		switch {
 		case errors.Is(err, kafkatxn.ErrInvalidConfig):
-			return runtime.Unrecoverable(fmt.Errorf("sharegroup: ack-marker transactions: %w", err))
+			return runtime.Unrecoverable(fmt.Errorf("ack-marker transactions: %w", err))
 		case err != nil:
 			s.log.Warn("cannot read the brokers' transaction.max.timeout.ms; not checked", zap.Error(err))
 		}
@@ -212,7 +216,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	// recovered markers committed. (Without transactions this only readies
 	// the dead-letter writer.)
 	if err := s.txn.Recover(ctx, oc.CommitHandles); err != nil {
-		err = fmt.Errorf("sharegroup: recover ack-marker transactions: %w", err)
+		err = fmt.Errorf("recover ack-marker transactions: %w", err)
 		if errors.Is(err, kafkatxn.ErrTxnLost) {
 			// A completed checkpoint's acknowledgements are lost (the
 			// broker aborted their transaction, or the ack-log lost its
@@ -225,15 +229,15 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	if s.cfg.mode == Transactional {
 		rqOpts := append(slices.Clone(wopts), kafkatxn.TransactionalIDPrefix(s.prefix+requeuePrefixSuffix))
 		if s.rq.w, err = kafkatxn.NewTxnWriter(ctx, rqOpts...); err != nil {
-			return fmt.Errorf("sharegroup: %w", err)
+			return fmt.Errorf("%w", err)
 		}
 		// Abort a re-queue transaction a crash left open: its originals
 		// come back and are judged again.
 		if err := s.rq.w.Recover(ctx, nil); err != nil {
-			return fmt.Errorf("sharegroup: recover re-queue transactions: %w", err)
+			return fmt.Errorf("recover re-queue transactions: %w", err)
 		}
 		if s.ix, err = acklog.NewIndex(ctx, s.cfg.brokers, s.cfg.ackLogTopic, s.cfg.clientOpts...); err != nil {
-			return fmt.Errorf("sharegroup: ack-log index: %w", err)
+			return fmt.Errorf("ack-log index: %w", err)
 		}
 		if oc.Subtask == 0 {
 			if _, err := s.checkStarts(sctx); err != nil {
@@ -276,7 +280,7 @@ func (s *Source[T]) newLaneClient(l *lane) error {
 	cl, err := kgo.NewClient(append(slices.Clone(s.laneOpts), kgo.ShareAckCallback(l.ack.callback), kgo.ClientID(l.name),
 		kgo.WithHooks(&l.fetches))...)
 	if err != nil {
-		return fmt.Errorf("sharegroup: lane %d: %w", l.id, err)
+		return fmt.Errorf("lane %d: %w", l.id, err)
 	}
 	l.cl, l.ack.cl = cl, cl
 	return nil
@@ -495,7 +499,8 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 // housekeep runs subtask 0's periodic work (every checkEvery): the check
 // that the group still reads committed records only, and, transactional,
 // the share start offset check and after it marker collection (at most
-// every tombstoneEvery).
+// every tombstoneEvery), and the measure of the backlog (pendingRecords)
+// from the start offsets.
 // A group found reading uncommitted records, or a start offset that skipped
 // records, is unrecoverable; other failures are retried later.
 func (s *Source[T]) housekeep(ctx context.Context) error {
@@ -507,6 +512,13 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 		return err
 	}
 	if s.cfg.mode != Transactional {
+		starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
+		if err == nil {
+			err = s.measurePending(ctx, starts)
+		}
+		if err != nil {
+			s.log.Debug("pending records not measured; retried later", zap.Error(err))
+		}
 		return nil
 	}
 	starts, err := s.checkStarts(ctx)
@@ -517,6 +529,9 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 		s.log.Warn("share start offset check failed; retried later", zap.Error(err))
 		return nil
 	}
+	if err := s.measurePending(ctx, starts); err != nil {
+		s.log.Debug("pending records not measured; retried later", zap.Error(err))
+	}
 	// Collection reuses the check's start offsets and caught-up index.
 	if time.Since(s.lastGC) >= s.cfg.tombstoneEvery {
 		s.lastGC = time.Now()
@@ -525,6 +540,65 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// measurePending measures the group's backlog on every input partition,
+// Flink's pendingRecords: the log end offset minus the share partition's
+// start offset (starts; below it every record is done), or minus the log
+// start offset for a partition the group has not fetched yet (it starts
+// there with share.auto.offset.reset=earliest; at the log end otherwise).
+// The records counted include those the group holds (acquired, not yet
+// acknowledged) and, on a transactional topic, the transaction markers'
+// offsets.
+func (s *Source[T]) measurePending(ctx context.Context, starts map[acklog.TopicPartition]int64) error {
+	adm := kadm.NewClient(s.admin)
+	ends, err := adm.ListEndOffsets(ctx, s.inputs()...)
+	if err != nil {
+		return fmt.Errorf("list end offsets: %w", err)
+	}
+	var logStarts kadm.ListedOffsets
+	pending := map[acklog.TopicPartition]int64{}
+	var errs []error
+	ends.Each(func(lo kadm.ListedOffset) {
+		tp := acklog.TopicPartition{Topic: lo.Topic, Partition: lo.Partition}
+		if lo.Err != nil {
+			errs = append(errs, fmt.Errorf("end offset of %s: %w", tp, lo.Err))
+			return
+		}
+		start, ok := starts[tp]
+		if !ok && s.cfg.resetEarliest {
+			if logStarts == nil {
+				if logStarts, err = adm.ListStartOffsets(ctx, s.inputs()...); err != nil {
+					errs = append(errs, fmt.Errorf("list log start offsets: %w", err))
+					return
+				}
+			}
+			ls, found := logStarts.Lookup(lo.Topic, lo.Partition)
+			if !found || ls.Err != nil {
+				errs = append(errs, fmt.Errorf("log start offset of %s: %v", tp, ls.Err))
+				return
+			}
+			start = ls.Offset
+		} else if !ok {
+			start = lo.Offset
+		}
+		pending[tp] = max(lo.Offset-start, 0)
+	})
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	s.pendingMu.Lock()
+	s.pending = pending
+	s.pendingMu.Unlock()
+	return nil
+}
+
+// pendingRecords is subtask 0's last measure of the backlog per input
+// partition (nil before the first, and on other subtasks).
+func (s *Source[T]) pendingRecords() map[acklog.TopicPartition]int64 {
+	s.pendingMu.Lock()
+	defer s.pendingMu.Unlock()
+	return maps.Clone(s.pending)
 }
 
 // checkIsolation fails the job (unrecoverable, wrapping ErrReadUncommitted)
@@ -675,7 +749,7 @@ func (s *Source[T]) deliverable(ctx context.Context, tp acklog.TopicPartition, g
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{tp.Topic: {tp.Partition: kgo.NewOffset().At(gaps[0].Start)}})},
 		s.cfg.clientOpts...)...)
 	if err != nil {
-		return nil, fmt.Errorf("sharegroup: read skipped offsets: %w", err)
+		return nil, fmt.Errorf("read skipped offsets: %w", err)
 	}
 	defer cl.Close()
 	last := gaps[len(gaps)-1].End - 1
@@ -685,10 +759,10 @@ func (s *Source[T]) deliverable(ctx context.Context, tp acklog.TopicPartition, g
 	for seen := false; !seen; {
 		fs := cl.PollFetches(rctx)
 		if err := rctx.Err(); err != nil {
-			return nil, fmt.Errorf("sharegroup: read skipped offsets of %s up to %d: %w", tp, last, err)
+			return nil, fmt.Errorf("read skipped offsets of %s up to %d: %w", tp, last, err)
 		}
 		if err := fs.Err0(); err != nil {
-			return nil, fmt.Errorf("sharegroup: read skipped offsets of %s: %w", tp, err)
+			return nil, fmt.Errorf("read skipped offsets of %s: %w", tp, err)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			if r.Offset >= last {
@@ -867,7 +941,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	l.mu.Unlock()
 	if s.cfg.mode == Transactional && len(batch) > 0 {
 		if err := s.ix.CatchUpToEnd(ctx); err != nil {
-			return false, fmt.Errorf("sharegroup: ack-log: %w", err)
+			return false, fmt.Errorf("ack-log: %w", err)
 		}
 	}
 	now := time.Now()
@@ -1060,7 +1134,7 @@ func (s *Source[T]) deadLetter(ctx context.Context, r *kgo.Record, cause error) 
 	s.log.Warn("record sent to the dead-letter topic", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
 		zap.Int64("offset", r.Offset), zap.String("dlq", s.cfg.dlqTopic), zap.String("reason", reason))
 	if err := s.txn.Write(ctx, d); err != nil {
-		return fmt.Errorf("sharegroup: dead letter: %w", err)
+		return fmt.Errorf("dead letter: %w", err)
 	}
 	s.counters.deadLetters.Add(1)
 	return nil
@@ -1088,7 +1162,7 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 	}
 	if s.cfg.mode != Transactional {
 		if err := s.txn.Flush(ctx); err != nil {
-			return runtime.OperatorState{}, fmt.Errorf("sharegroup: flush dead letters: %w", err)
+			return runtime.OperatorState{}, fmt.Errorf("flush dead letters: %w", err)
 		}
 		return runtime.OperatorState{}, nil
 	}
@@ -1112,19 +1186,19 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 	if len(offsets) > 0 {
 		cur, err := s.txn.Current(ctx)
 		if err != nil {
-			return runtime.OperatorState{}, fmt.Errorf("sharegroup: ack-marker transaction: %w", err)
+			return runtime.OperatorState{}, fmt.Errorf("ack-marker transaction: %w", err)
 		}
 		m := acklog.Marker{Group: s.cfg.group, Member: s.member, Checkpoint: uint64(id), TransactionalID: cur.TransactionalID,
 			ProducerID: cur.ProducerID, Ranges: acklog.RangesOf(offsets), CreatedAt: now}
 		rec := m.Record(s.cfg.ackLogTopic)
 		if err := s.txn.Write(ctx, rec); err != nil {
-			return runtime.OperatorState{}, fmt.Errorf("sharegroup: write ack marker: %w", err)
+			return runtime.OperatorState{}, fmt.Errorf("write ack marker: %w", err)
 		}
 		if err := s.txn.Flush(ctx); err != nil {
-			return runtime.OperatorState{}, fmt.Errorf("sharegroup: flush ack marker: %w", err)
+			return runtime.OperatorState{}, fmt.Errorf("flush ack marker: %w", err)
 		}
 		if err := s.ix.CatchUp(ctx, rec.Offset+1); err != nil {
-			return runtime.OperatorState{}, fmt.Errorf("sharegroup: ack-log: %w", err)
+			return runtime.OperatorState{}, fmt.Errorf("ack-log: %w", err)
 		}
 		own := acklog.Entry{Marker: m, Offset: rec.Offset, Status: acklog.Open, ProducerEpoch: rec.ProducerEpoch}
 		if cs := s.ix.Conflicts(own); len(cs) > 0 {
@@ -1135,7 +1209,7 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 		}
 	}
 	if _, _, err := s.txn.PreCommit(ctx, id); err != nil {
-		return runtime.OperatorState{}, fmt.Errorf("sharegroup: pre-commit: %w", err)
+		return runtime.OperatorState{}, fmt.Errorf("pre-commit: %w", err)
 	}
 	if err := s.oc.Inject(FailpointAfterAckPrecommit); err != nil {
 		return runtime.OperatorState{}, err
@@ -1156,7 +1230,7 @@ func (s *Source[T]) abortDeclined(ctx context.Context, id checkpoint.ID) {
 		s.log.Warn("aborting a declined ack marker's transaction failed; the task fails and recovery aborts it",
 			zap.Uint64("checkpoint", uint64(id)), zap.Error(err))
 		select {
-		case s.fatal <- fmt.Errorf("sharegroup: abort the declined marker of checkpoint %d: %w", id, err):
+		case s.fatal <- fmt.Errorf("abort the declined marker of checkpoint %d: %w", id, err):
 		default:
 		}
 	}
@@ -1186,7 +1260,7 @@ func twice(offsets map[acklog.TopicPartition][]int64) string {
 func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.ID) error {
 	if s.cfg.mode == Transactional {
 		if err := s.txn.Commit(ctx, id); err != nil {
-			return fmt.Errorf("sharegroup: commit ack markers of checkpoint %d: %w", id, err)
+			return fmt.Errorf("commit ack markers of checkpoint %d: %w", id, err)
 		}
 		if err := s.oc.Inject(FailpointAfterAckCommit); err != nil {
 			return err
@@ -1236,7 +1310,7 @@ func (s *Source[T]) NotifyCheckpointAborted(ctx context.Context, id checkpoint.I
 		// Abort the epoch's marker at once, so a redelivery of its records
 		// is not set aside behind it.
 		if err := s.txn.Abort(ctx, id); err != nil {
-			return fmt.Errorf("sharegroup: abort ack markers of checkpoint %d: %w", id, err)
+			return fmt.Errorf("abort ack markers of checkpoint %d: %w", id, err)
 		}
 	}
 	// An epoch a completed checkpoint covers is not rolled back (its lane
@@ -1369,7 +1443,7 @@ func (s *Source[T]) NotifyJobCanceled(ctx context.Context, lastCompleted checkpo
 	}
 	s.stopLanes()
 	if err != nil {
-		return fmt.Errorf("sharegroup: cancel: %w", err)
+		return fmt.Errorf("cancel: %w", err)
 	}
 	return nil
 }
@@ -1526,7 +1600,7 @@ var minShareAPIs = []struct {
 func checkShareAPIs(ctx context.Context, cl *kgo.Client, log *zap.Logger) error {
 	vs, err := kadm.NewClient(cl).ApiVersions(ctx)
 	if err != nil {
-		return fmt.Errorf("sharegroup: brokers unreachable: %w", err)
+		return fmt.Errorf("brokers unreachable: %w", err)
 	}
 	var lacking, unreachable []string
 	for _, v := range vs.Sorted() {
@@ -1542,9 +1616,9 @@ func checkShareAPIs(ctx context.Context, cl *kgo.Client, log *zap.Logger) error 
 	case len(lacking) > 0:
 		return runtime.Unrecoverable(fmt.Errorf("%w: %s (of %d brokers)", ErrNoShareGroups, strings.Join(lacking, "; "), len(vs)))
 	case len(unreachable) > 0:
-		return fmt.Errorf("sharegroup: cannot check the share-group APIs of every broker: %s", strings.Join(unreachable, "; "))
+		return fmt.Errorf("cannot check the share-group APIs of every broker: %s", strings.Join(unreachable, "; "))
 	case len(vs) == 0:
-		return errors.New("sharegroup: the cluster's metadata lists no broker")
+		return errors.New("the cluster's metadata lists no broker")
 	}
 	return nil
 }
@@ -1577,7 +1651,7 @@ func lacksShareAPIs(v kadm.BrokerApiVersions, log *zap.Logger) string {
 func CheckBrokers(ctx context.Context, brokers []string, opts ...kgo.Opt) error {
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DisableClientMetrics()}, opts...)...)
 	if err != nil {
-		return fmt.Errorf("sharegroup: brokers %v: %w", brokers, err)
+		return fmt.Errorf("brokers %v: %w", brokers, err)
 	}
 	defer cl.Close()
 	if err := checkShareAPIs(ctx, cl, zap.NewNop()); err != nil {
@@ -1589,13 +1663,13 @@ func CheckBrokers(ctx context.Context, brokers []string, opts ...kgo.Opt) error 
 func (s *Source[T]) partitions(ctx context.Context) (int, error) {
 	md, err := kadm.NewClient(s.admin).Metadata(ctx, s.cfg.topics...)
 	if err != nil {
-		return 0, fmt.Errorf("sharegroup: metadata: %w", err)
+		return 0, fmt.Errorf("metadata: %w", err)
 	}
 	n := 0
 	for _, t := range s.cfg.topics {
 		td, ok := md.Topics[t]
 		if !ok || td.Err != nil {
-			return 0, fmt.Errorf("sharegroup: input topic %q does not exist: %v", t, td.Err)
+			return 0, fmt.Errorf("input topic %q does not exist: %v", t, td.Err)
 		}
 		n += len(td.Partitions)
 	}
@@ -1628,10 +1702,10 @@ func brokerIntConfig(ctx context.Context, adm *kadm.Client, key string, def int)
 func ensureTopic(ctx context.Context, adm *kadm.Client, topic string, partitions int32) error {
 	resp, err := adm.CreateTopic(ctx, partitions, -1, nil, topic)
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("sharegroup: create topic %q: %w", topic, err)
+		return fmt.Errorf("create topic %q: %w", topic, err)
 	}
 	if resp.Err != nil && !errors.Is(resp.Err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("sharegroup: create topic %q: %w", topic, resp.Err)
+		return fmt.Errorf("create topic %q: %w", topic, resp.Err)
 	}
 	return nil
 }
@@ -1650,11 +1724,11 @@ func SetGroupConfig(ctx context.Context, cl *kgo.Client, group, key, value strin
 	req.Resources = append(req.Resources, res)
 	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
-		return fmt.Errorf("sharegroup: set %s on group %q: %w", key, group, err)
+		return fmt.Errorf("set %s on group %q: %w", key, group, err)
 	}
 	for _, r := range resp.Resources {
 		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
-			return fmt.Errorf("sharegroup: set %s on group %q: %w", key, group, err)
+			return fmt.Errorf("set %s on group %q: %w", key, group, err)
 		}
 	}
 	return nil

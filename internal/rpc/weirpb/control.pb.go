@@ -833,10 +833,14 @@ type TaskCounts struct {
 	BackPressuredMs int64                  `protobuf:"varint,4,opt,name=back_pressured_ms,json=backPressuredMs,proto3" json:"back_pressured_ms,omitempty"`
 	// source and sink: the task's chain starts with a source, ends with a
 	// sink.
-	Source        bool `protobuf:"varint,5,opt,name=source,proto3" json:"source,omitempty"`
-	Sink          bool `protobuf:"varint,6,opt,name=sink,proto3" json:"sink,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Source bool `protobuf:"varint,5,opt,name=source,proto3" json:"source,omitempty"`
+	Sink   bool `protobuf:"varint,6,opt,name=sink,proto3" json:"sink,omitempty"`
+	// pending_records is the sum of the pendingRecords the task's source
+	// reported (Flink's metric: its input's records not yet done), -1 when
+	// it reported none.
+	PendingRecords int64 `protobuf:"varint,7,opt,name=pending_records,json=pendingRecords,proto3" json:"pending_records,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TaskCounts) Reset() {
@@ -909,6 +913,13 @@ func (x *TaskCounts) GetSink() bool {
 		return x.Sink
 	}
 	return false
+}
+
+func (x *TaskCounts) GetPendingRecords() int64 {
+	if x != nil {
+		return x.PendingRecords
+	}
+	return 0
 }
 
 // DeployTasks builds the listed subtasks of one attempt of a job: the task
@@ -2042,8 +2053,10 @@ type SubmitJobRequest struct {
 	// restart_strategy is runtime.ParseRestartStrategy's syntax (empty: the
 	// job manager's default).
 	RestartStrategy string `protobuf:"bytes,5,opt,name=restart_strategy,json=restartStrategy,proto3" json:"restart_strategy,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// name is the job's name (Flink's job name; empty: its type).
+	Name          string `protobuf:"bytes,6,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SubmitJobRequest) Reset() {
@@ -2107,6 +2120,13 @@ func (x *SubmitJobRequest) GetCheckpointIntervalMs() int64 {
 func (x *SubmitJobRequest) GetRestartStrategy() string {
 	if x != nil {
 		return x.RestartStrategy
+	}
+	return ""
+}
+
+func (x *SubmitJobRequest) GetName() string {
+	if x != nil {
+		return x.Name
 	}
 	return ""
 }
@@ -2342,8 +2362,16 @@ type JobStatus struct {
 	RestoredFromCheckpoint uint64 `protobuf:"varint,11,opt,name=restored_from_checkpoint,json=restoredFromCheckpoint,proto3" json:"restored_from_checkpoint,omitempty"`
 	// records_in and records_out are what the current attempt's sources
 	// emitted and its sinks wrote, as of the task managers' last heartbeats.
-	RecordsIn     int64 `protobuf:"varint,12,opt,name=records_in,json=recordsIn,proto3" json:"records_in,omitempty"`
-	RecordsOut    int64 `protobuf:"varint,13,opt,name=records_out,json=recordsOut,proto3" json:"records_out,omitempty"`
+	RecordsIn  int64 `protobuf:"varint,12,opt,name=records_in,json=recordsIn,proto3" json:"records_in,omitempty"`
+	RecordsOut int64 `protobuf:"varint,13,opt,name=records_out,json=recordsOut,proto3" json:"records_out,omitempty"`
+	// job_type is the registered job type; name is the name given at submit,
+	// or the type when none was.
+	JobType string `protobuf:"bytes,14,opt,name=job_type,json=jobType,proto3" json:"job_type,omitempty"`
+	// waiting says why a CREATED or RESTARTING job is not running yet
+	// ("waiting for 2 slots, 1 free"; empty otherwise).
+	Waiting string `protobuf:"bytes,15,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// last_failure is the job's latest failure (unset: none).
+	LastFailure   *JobFailure `protobuf:"bytes,16,opt,name=last_failure,json=lastFailure,proto3" json:"last_failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2469,6 +2497,106 @@ func (x *JobStatus) GetRecordsOut() int64 {
 	return 0
 }
 
+func (x *JobStatus) GetJobType() string {
+	if x != nil {
+		return x.JobType
+	}
+	return ""
+}
+
+func (x *JobStatus) GetWaiting() string {
+	if x != nil {
+		return x.Waiting
+	}
+	return ""
+}
+
+func (x *JobStatus) GetLastFailure() *JobFailure {
+	if x != nil {
+		return x.LastFailure
+	}
+	return nil
+}
+
+// JobFailure is one failure of a job, from its exception history.
+type JobFailure struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	UnixMs  int64                  `protobuf:"varint,1,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"`
+	Message string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// task is the failed subtask ("name (2/4)"; empty: not a task's failure).
+	Task        string `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	TaskManager string `protobuf:"bytes,4,opt,name=task_manager,json=taskManager,proto3" json:"task_manager,omitempty"`
+	// restarted: the job restarted after it; false: it ended the job.
+	Restarted     bool `protobuf:"varint,5,opt,name=restarted,proto3" json:"restarted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobFailure) Reset() {
+	*x = JobFailure{}
+	mi := &file_control_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobFailure) ProtoMessage() {}
+
+func (x *JobFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobFailure.ProtoReflect.Descriptor instead.
+func (*JobFailure) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *JobFailure) GetUnixMs() int64 {
+	if x != nil {
+		return x.UnixMs
+	}
+	return 0
+}
+
+func (x *JobFailure) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *JobFailure) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *JobFailure) GetTaskManager() string {
+	if x != nil {
+		return x.TaskManager
+	}
+	return ""
+}
+
+func (x *JobFailure) GetRestarted() bool {
+	if x != nil {
+		return x.Restarted
+	}
+	return false
+}
+
 type ListCheckpointsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -2478,7 +2606,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_control_proto_msgTypes[30]
+	mi := &file_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2490,7 +2618,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[30]
+	mi := &file_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2503,7 +2631,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{30}
+	return file_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListCheckpointsRequest) GetJobId() string {
@@ -2522,7 +2650,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_control_proto_msgTypes[31]
+	mi := &file_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2534,7 +2662,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[31]
+	mi := &file_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2547,7 +2675,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{31}
+	return file_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointInfo {
@@ -2573,7 +2701,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_control_proto_msgTypes[32]
+	mi := &file_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2585,7 +2713,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[32]
+	mi := &file_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2598,7 +2726,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{32}
+	return file_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CheckpointInfo) GetId() uint64 {
@@ -2707,7 +2835,7 @@ const file_control_proto_rawDesc = "" +
 	"\x10DeploymentCounts\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12-\n" +
-	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasksJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"\xbd\x01\n" +
+	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasksJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"\xe6\x01\n" +
 	"\n" +
 	"TaskCounts\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1d\n" +
@@ -2717,7 +2845,8 @@ const file_control_proto_rawDesc = "" +
 	"recordsOut\x12*\n" +
 	"\x11back_pressured_ms\x18\x04 \x01(\x03R\x0fbackPressuredMs\x12\x16\n" +
 	"\x06source\x18\x05 \x01(\bR\x06source\x12\x12\n" +
-	"\x04sink\x18\x06 \x01(\bR\x04sink\"\xdc\x03\n" +
+	"\x04sink\x18\x06 \x01(\bR\x04sink\x12'\n" +
+	"\x0fpending_records\x18\a \x01(\x03R\x0ependingRecords\"\xdc\x03\n" +
 	"\vDeployTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\bjob_type\x18\x02 \x01(\tR\ajobType\x12<\n" +
@@ -2823,13 +2952,14 @@ const file_control_proto_rawDesc = "" +
 	"\x11CheckpointRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xae\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xc2\x02\n" +
 	"\x10SubmitJobRequest\x12\x19\n" +
 	"\bjob_type\x18\x01 \x01(\tR\ajobType\x12A\n" +
 	"\x06params\x18\x02 \x03(\v2).weir.rpc.v1.SubmitJobRequest.ParamsEntryR\x06params\x12 \n" +
 	"\vparallelism\x18\x03 \x01(\x05R\vparallelism\x124\n" +
 	"\x16checkpoint_interval_ms\x18\x04 \x01(\x03R\x14checkpointIntervalMs\x12)\n" +
-	"\x10restart_strategy\x18\x05 \x01(\tR\x0frestartStrategy\x1a9\n" +
+	"\x10restart_strategy\x18\x05 \x01(\tR\x0frestartStrategy\x12\x12\n" +
+	"\x04name\x18\x06 \x01(\tR\x04name\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"*\n" +
@@ -2841,7 +2971,7 @@ const file_control_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\")\n" +
 	"\x10CancelJobRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xb1\x04\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xa2\x05\n" +
 	"\tJobStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -2858,10 +2988,20 @@ const file_control_proto_rawDesc = "" +
 	"\n" +
 	"records_in\x18\f \x01(\x03R\trecordsIn\x12\x1f\n" +
 	"\vrecords_out\x18\r \x01(\x03R\n" +
-	"recordsOut\x1a9\n" +
+	"recordsOut\x12\x19\n" +
+	"\bjob_type\x18\x0e \x01(\tR\ajobType\x12\x18\n" +
+	"\awaiting\x18\x0f \x01(\tR\awaiting\x12:\n" +
+	"\flast_failure\x18\x10 \x01(\v2\x17.weir.rpc.v1.JobFailureR\vlastFailure\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"/\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x01\n" +
+	"\n" +
+	"JobFailure\x12\x17\n" +
+	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x12\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\x12!\n" +
+	"\ftask_manager\x18\x04 \x01(\tR\vtaskManager\x12\x1c\n" +
+	"\trestarted\x18\x05 \x01(\bR\trestarted\"/\n" +
 	"\x16ListCheckpointsRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"X\n" +
 	"\x17ListCheckpointsResponse\x12=\n" +
@@ -2897,7 +3037,7 @@ func file_control_proto_rawDescGZIP() []byte {
 	return file_control_proto_rawDescData
 }
 
-var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_control_proto_goTypes = []any{
 	(*TaskManagerMessage)(nil),      // 0: weir.rpc.v1.TaskManagerMessage
 	(*JobManagerMessage)(nil),       // 1: weir.rpc.v1.JobManagerMessage
@@ -2929,13 +3069,14 @@ var file_control_proto_goTypes = []any{
 	(*GetJobRequest)(nil),           // 27: weir.rpc.v1.GetJobRequest
 	(*CancelJobRequest)(nil),        // 28: weir.rpc.v1.CancelJobRequest
 	(*JobStatus)(nil),               // 29: weir.rpc.v1.JobStatus
-	(*ListCheckpointsRequest)(nil),  // 30: weir.rpc.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 31: weir.rpc.v1.ListCheckpointsResponse
-	(*CheckpointInfo)(nil),          // 32: weir.rpc.v1.CheckpointInfo
-	nil,                             // 33: weir.rpc.v1.DeployTasks.ParamsEntry
-	nil,                             // 34: weir.rpc.v1.OpenTasks.TaskAddressesEntry
-	nil,                             // 35: weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	nil,                             // 36: weir.rpc.v1.JobStatus.ParamsEntry
+	(*JobFailure)(nil),              // 30: weir.rpc.v1.JobFailure
+	(*ListCheckpointsRequest)(nil),  // 31: weir.rpc.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 32: weir.rpc.v1.ListCheckpointsResponse
+	(*CheckpointInfo)(nil),          // 33: weir.rpc.v1.CheckpointInfo
+	nil,                             // 34: weir.rpc.v1.DeployTasks.ParamsEntry
+	nil,                             // 35: weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	nil,                             // 36: weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	nil,                             // 37: weir.rpc.v1.JobStatus.ParamsEntry
 }
 var file_control_proto_depIdxs = []int32{
 	4,  // 0: weir.rpc.v1.TaskManagerMessage.register:type_name -> weir.rpc.v1.Register
@@ -2960,31 +3101,32 @@ var file_control_proto_depIdxs = []int32{
 	3,  // 19: weir.rpc.v1.JobManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
 	7,  // 20: weir.rpc.v1.Heartbeat.counts:type_name -> weir.rpc.v1.DeploymentCounts
 	8,  // 21: weir.rpc.v1.DeploymentCounts.tasks:type_name -> weir.rpc.v1.TaskCounts
-	33, // 22: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
+	34, // 22: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
 	2,  // 23: weir.rpc.v1.DeployTasks.restore_chunked:type_name -> weir.rpc.v1.Chunked
-	34, // 24: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	35, // 24: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
 	2,  // 25: weir.rpc.v1.CheckpointAck.snapshot_chunked:type_name -> weir.rpc.v1.Chunked
-	35, // 26: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	36, // 26: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
 	29, // 27: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
-	36, // 28: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
-	32, // 29: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
-	0,  // 30: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
-	23, // 31: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
-	25, // 32: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
-	27, // 33: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
-	28, // 34: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
-	30, // 35: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
-	1,  // 36: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
-	24, // 37: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
-	26, // 38: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
-	29, // 39: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
-	29, // 40: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
-	31, // 41: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
-	36, // [36:42] is the sub-list for method output_type
-	30, // [30:36] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	37, // 28: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
+	30, // 29: weir.rpc.v1.JobStatus.last_failure:type_name -> weir.rpc.v1.JobFailure
+	33, // 30: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
+	0,  // 31: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
+	23, // 32: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
+	25, // 33: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
+	27, // 34: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
+	28, // 35: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
+	31, // 36: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
+	1,  // 37: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
+	24, // 38: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
+	26, // 39: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
+	29, // 40: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
+	29, // 41: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
+	32, // 42: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
+	37, // [37:43] is the sub-list for method output_type
+	31, // [31:37] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_control_proto_init() }
@@ -3022,7 +3164,7 @@ func file_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_control_proto_rawDesc), len(file_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   37,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -16,7 +16,7 @@ import (
 )
 
 // ErrClosed is returned by the catch-up methods of a closed Index.
-var ErrClosed = errors.New("acklog: index closed")
+var ErrClosed = errors.New("index closed")
 
 // Status is the state of a marker's transaction as the Index has read it.
 type Status int
@@ -180,7 +180,7 @@ func NewIndex(ctx context.Context, seeds []string, topic string, opts ...kgo.Opt
 	)
 	cl, err := kgo.NewClient(all...)
 	if err != nil {
-		return nil, fmt.Errorf("acklog: new index client: %w", err)
+		return nil, fmt.Errorf("new index client: %w", err)
 	}
 	adm := kadm.NewClient(cl)
 	n, err := partitionCount(ctx, adm, topic)
@@ -252,7 +252,7 @@ func (ix *Index) CatchUp(ctx context.Context, offset int64) error {
 	select {
 	case ix.reader <- struct{}{}:
 	case <-ctx.Done():
-		return fmt.Errorf("acklog: catch up to %d: %w", offset, ctx.Err())
+		return fmt.Errorf("catch up to %d: %w", offset, ctx.Err())
 	}
 	defer func() { <-ix.reader }()
 	for {
@@ -260,7 +260,7 @@ func (ix *Index) CatchUp(ctx context.Context, offset int64) error {
 			return err
 		}
 		if err := ix.poll(ctx); err != nil {
-			return fmt.Errorf("acklog: catch up to %d: %w", offset, err)
+			return fmt.Errorf("catch up to %d: %w", offset, err)
 		}
 	}
 }
@@ -271,7 +271,7 @@ func (ix *Index) CatchUp(ctx context.Context, offset int64) error {
 func (ix *Index) CatchUpToEnd(ctx context.Context) error {
 	end, err := ix.listOffset(ctx, ix.adm.ListEndOffsets)
 	if err != nil {
-		return fmt.Errorf("acklog: list end offset of %q: %w", ix.topic, err)
+		return fmt.Errorf("list end offset of %q: %w", ix.topic, err)
 	}
 	if done, err := ix.reached(end); done || err != nil {
 		return err
@@ -279,7 +279,7 @@ func (ix *Index) CatchUpToEnd(ctx context.Context) error {
 	// Records below the log start offset will never be read.
 	start, err := ix.listOffset(ctx, ix.adm.ListStartOffsets)
 	if err != nil {
-		return fmt.Errorf("acklog: list start offset of %q: %w", ix.topic, err)
+		return fmt.Errorf("list start offset of %q: %w", ix.topic, err)
 	}
 	ix.mu.Lock()
 	ix.next = max(ix.next, start)

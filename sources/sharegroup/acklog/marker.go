@@ -18,11 +18,11 @@ import (
 // ErrBadMarker is wrapped by every error Decode returns: the record is not a
 // marker this package can read (malformed, truncated, foreign, a tombstone, a
 // control record, or an unsupported version).
-var ErrBadMarker = errors.New("acklog: bad marker")
+var ErrBadMarker = errors.New("bad marker")
 
 // ErrTombstone is wrapped, together with ErrBadMarker, by Decode's error for
 // a tombstone (a record with a nil value).
-var ErrTombstone = errors.New("acklog: tombstone")
+var ErrTombstone = errors.New("tombstone")
 
 // Range is a half-open offset range [Start, End).
 type Range struct{ Start, End int64 }

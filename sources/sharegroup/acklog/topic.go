@@ -16,7 +16,7 @@ import (
 // serve: an illegal name, a missing topic, or more than one partition (the
 // total order of markers, on which the conflict check rests, needs exactly
 // one).
-var ErrBadTopic = errors.New("acklog: bad ack-log topic")
+var ErrBadTopic = errors.New("bad ack-log topic")
 
 // TopicPrefix starts every topic name TopicFor returns.
 const TopicPrefix = "__weir-acklog-"
@@ -97,14 +97,14 @@ func EnsureTopic(ctx context.Context, adm *kadm.Client, topic string) error {
 		// Created concurrently: check what was created.
 		exists, err := checkTopic(ctx, adm, topic)
 		if err == nil && !exists {
-			err = fmt.Errorf("acklog: topic %q reported as existing but not in metadata", topic)
+			err = fmt.Errorf("topic %q reported as existing but not in metadata", topic)
 		}
 		return err
 	default:
 		if resp.ErrMessage != "" {
-			return fmt.Errorf("acklog: create topic %q: %w (%s)", topic, err, resp.ErrMessage)
+			return fmt.Errorf("create topic %q: %w (%s)", topic, err, resp.ErrMessage)
 		}
-		return fmt.Errorf("acklog: create topic %q: %w", topic, err)
+		return fmt.Errorf("create topic %q: %w", topic, err)
 	}
 }
 
@@ -130,14 +130,14 @@ func checkTopic(ctx context.Context, adm *kadm.Client, topic string) (bool, erro
 func partitionCount(ctx context.Context, adm *kadm.Client, topic string) (int, error) {
 	tds, err := adm.ListTopics(kadm.WithAuthorizedOps(ctx), topic)
 	if err != nil {
-		return 0, fmt.Errorf("acklog: describe topic %q: %w", topic, err)
+		return 0, fmt.Errorf("describe topic %q: %w", topic, err)
 	}
 	td, ok := tds[topic]
 	if !ok {
-		return 0, fmt.Errorf("acklog: describe topic %q: %w", topic, kerr.UnknownTopicOrPartition)
+		return 0, fmt.Errorf("describe topic %q: %w", topic, kerr.UnknownTopicOrPartition)
 	}
 	if td.Err != nil {
-		return 0, fmt.Errorf("acklog: describe topic %q: %w", topic, td.Err)
+		return 0, fmt.Errorf("describe topic %q: %w", topic, td.Err)
 	}
 	return len(td.Partitions), nil
 }
