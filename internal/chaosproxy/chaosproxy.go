@@ -76,6 +76,7 @@ type Proxy struct {
 	open   chan struct{} // closed while the mode is Forward
 	conns  map[net.Conn]struct{}
 	closed bool
+	served int // connections accepted
 }
 
 // New listens and forwards every accepted connection to target until
@@ -103,6 +104,14 @@ func (p *Proxy) Addr() string { return p.lis.Addr().String() }
 
 // Target is the address the Proxy forwards to.
 func (p *Proxy) Target() string { return p.target }
+
+// Accepted returns how many connections the Proxy has accepted: a test can
+// check that its clients really go through it.
+func (p *Proxy) Accepted() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.served
+}
 
 // Mode returns the current mode.
 func (p *Proxy) Mode() Mode {
@@ -219,6 +228,9 @@ func (p *Proxy) accept() {
 			c.Close()
 			return
 		}
+		p.mu.Lock()
+		p.served++
+		p.mu.Unlock()
 		if mode, _ := p.gate(); mode == Drop {
 			p.untrack(c)
 			reset(c)

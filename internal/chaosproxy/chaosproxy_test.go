@@ -109,6 +109,10 @@ func TestProxyForwardsBothWays(t *testing.T) {
 	for _, l := range []string{"a", "bb", string(make([]byte, 100<<10))} {
 		mustEcho(t, c, l)
 	}
+	mustEcho(t, dial(t, p.Addr()), "second")
+	if n := p.Accepted(); n != 2 {
+		t.Fatalf("Accepted() = %d, want 2", n)
+	}
 }
 
 // Drop resets the open connections at once and every new one, until Heal.

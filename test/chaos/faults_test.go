@@ -166,6 +166,13 @@ func partition(rng *rand.Rand, link string) fault {
 	return fault{kind: "partition", name: fmt.Sprintf("partition %s %v for %v (%s)", link, mode, d, why),
 		inject: func(w *world) (time.Time, error) {
 			ps := w.proxies(link)
+			used := 0
+			for _, p := range ps {
+				used += p.Accepted()
+			}
+			if used == 0 {
+				return time.Time{}, fmt.Errorf("no connection went through the %s proxies: the partition would cut nothing", link)
+			}
 			start := time.Now()
 			for _, p := range ps {
 				p.Set(mode)
