@@ -109,22 +109,34 @@ func TestChaosRoundsKeepEveryJobExactlyOnce(t *testing.T) {
 		if r.recovery > 0 {
 			recoveries = append(recoveries, r.recovery)
 		}
+		// Written after every round, so a long run stopped early still
+		// leaves the numbers so far.
+		b := sum.write(t, recoveries)
+		if i == len(faults)-1 {
+			t.Logf("chaos summary: %s", b)
+		}
 	}
+}
+
+// write fills in the recovery times and writes the summary to the file
+// named by WEIR_CHAOS_SUMMARY, if any; it returns the JSON.
+func (sum *Summary) write(t *testing.T, recoveries []time.Duration) []byte {
+	t.Helper()
 	if len(recoveries) > 0 {
-		slices.Sort(recoveries)
-		sum.RecoveryWorstMs = recoveries[len(recoveries)-1].Milliseconds()
-		sum.RecoveryMedianMs = recoveries[len(recoveries)/2].Milliseconds()
+		sorted := slices.Sorted(slices.Values(recoveries))
+		sum.RecoveryWorstMs = sorted[len(sorted)-1].Milliseconds()
+		sum.RecoveryMedianMs = sorted[len(sorted)/2].Milliseconds()
 	}
 	b, err := json.Marshal(sum)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("chaos summary: %s", b)
 	if path := os.Getenv("WEIR_CHAOS_SUMMARY"); path != "" {
 		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 			t.Errorf("WEIR_CHAOS_SUMMARY: %v", err)
 		}
 	}
+	return b
 }
 
 // round runs the three jobs on topics of their own, injects f while input

@@ -8,6 +8,7 @@ import (
 
 	"github.com/weirstream/weir/internal/chaosproxy"
 	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/internal/proctest"
 )
 
 // fault is one fault a round injects.
@@ -80,20 +81,27 @@ func failpointCrash(rng *rand.Rand, name string) fault {
 	env := []string{fmt.Sprintf("WEIR_FAILPOINTS=%s=crash@%d", name, n)}
 	onJM := name == failpoint.JMAfterCheckpointPersisted
 	f := fault{kind: "failpoint", name: fmt.Sprintf("failpoint %s=crash@%d", name, n)}
+	// crashed receives when the process with the failpoint exited: the
+	// crash may come before the round's output does.
+	crashed := make(chan time.Time, 1)
 	f.before = func(w *world) {
+		var p *proctest.Proc
 		if onJM {
 			w.restartJM(env)
+			p = w.cl.JM
 		} else {
 			w.restartTM("tm-a", env)
+			p = w.cl.TMs["tm-a"]
 		}
+		go func() {
+			<-p.Done
+			crashed <- time.Now()
+		}()
 	}
 	f.inject = func(w *world) (time.Time, error) {
-		p := w.cl.TMs["tm-a"]
-		if onJM {
-			p = w.cl.JM
-		}
+		var start time.Time
 		select {
-		case <-p.Done:
+		case start = <-crashed:
 		case <-time.After(90 * time.Second):
 			// Not hit: take the failpoint out for the next rounds.
 			if onJM {
@@ -103,7 +111,6 @@ func failpointCrash(rng *rand.Rand, name string) fault {
 			}
 			return time.Time{}, fmt.Errorf("failpoint %s not hit %d times within 90s", name, n)
 		}
-		start := time.Now()
 		if onJM {
 			w.cl.StartJM()
 		} else {
