@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -336,9 +337,13 @@ func (w *world) waitCommitted(ctx context.Context, topic string, n int, jobs []s
 	}
 }
 
+// lostTxn matches the errors of kafkatxn.ErrTxnLost as a job's status
+// carries them (a string): "pre-committed transaction lost", or
+// "kafkatxn: transaction ID (producer P, epoch E) of checkpoint N lost".
+var lostTxn = regexp.MustCompile(`pre-committed transaction lost|kafkatxn: transaction \S+ .*of checkpoint \d+ lost`)
+
 // brokerLost returns the error of a job that failed because the embedded
-// broker lost a transaction by design (kafkatxn.ErrTxnLost, matched by its
-// text: the status carries the error as a string), or "".
+// broker lost a transaction (kafkatxn.ErrTxnLost), or "".
 func (w *world) brokerLost(jobs []string) string {
 	for _, id := range jobs {
 		out, err := w.cl.Run("status", id, "--output", "json")
@@ -346,7 +351,7 @@ func (w *world) brokerLost(jobs []string) string {
 			continue
 		}
 		var st proctest.JobStatus
-		if json.Unmarshal([]byte(out), &st) == nil && st.State == "FAILED" && strings.Contains(st.Error, "pre-committed transaction lost") {
+		if json.Unmarshal([]byte(out), &st) == nil && st.State == "FAILED" && lostTxn.MatchString(st.Error) {
 			return fmt.Sprintf("job %s failed: %s", id, st.Error)
 		}
 	}
