@@ -235,7 +235,11 @@ func (w *world) round(i int, f fault, rng *rand.Rand) (res roundResult) {
 			res.brokerStateLost, res.problem = true, lost
 			return res
 		}
-		res.problem, res.logs = fmt.Sprintf("output did not resume after the fault (a hang): %v; statuses %s", err, w.statuses(jobs)), w.logs(40)
+		what := "a hang"
+		if failed := w.failedJobs(jobs); failed != "" {
+			what = "a job failed: " + failed
+		}
+		res.problem, res.logs = fmt.Sprintf("output did not resume after the fault (%s): %v", what, err), w.logs(40)+"\nstatuses: "+w.statuses(jobs)
 		return res
 	}
 	res.recovery = mon.resumed(ended).Sub(start)
@@ -270,7 +274,10 @@ func (w *world) round(i int, f fault, rng *rand.Rand) (res roundResult) {
 				res.brokerStateLost, res.problem = true, lost
 				return res
 			}
-			res.problem = fmt.Sprintf("%s: %v; statuses %s", out.topic, err, w.statuses(jobs))
+			res.problem = fmt.Sprintf("%s: %v;", out.topic, err)
+			if failed := w.failedJobs(jobs); failed != "" {
+				res.problem += " a job failed: " + failed + ";"
+			}
 		}
 		res.records += len(recs)
 		if out.topic == up {
@@ -356,6 +363,22 @@ func (w *world) brokerLost(jobs []string) string {
 		}
 	}
 	return ""
+}
+
+// failedJobs describes the jobs that FAILED, with their errors, or "".
+func (w *world) failedJobs(jobs []string) string {
+	var b strings.Builder
+	for _, id := range jobs {
+		out, err := w.cl.Run("status", id, "--output", "json")
+		if err != nil {
+			continue
+		}
+		var st proctest.JobStatus
+		if json.Unmarshal([]byte(out), &st) == nil && st.State == "FAILED" {
+			fmt.Fprintf(&b, "%s %s (%s); ", st.Name, id, st.Error)
+		}
+	}
+	return b.String()
 }
 
 // statuses describes each job's status, for a failure message.
