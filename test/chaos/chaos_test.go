@@ -405,9 +405,11 @@ type monitor struct {
 }
 
 func (w *world) monitor(ctx context.Context, topics ...string) *monitor {
+	// The jobs create their output topics: the monitor must not
+	// (auto-creation), it looks for them often until they exist.
 	cl, err := kgo.NewClient(append(w.kafkaOpts(), kgo.ConsumeTopics(topics...),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.AllowAutoTopicCreation())...)
+		kgo.MetadataMinAge(100*time.Millisecond), kgo.MetadataMaxAge(time.Second))...)
 	if err != nil {
 		w.t.Fatal(err)
 	}
