@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -179,7 +181,7 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 }
 
 func newTaskManagerCmd(a *app) *cobra.Command {
-	var jm, dataDir, id, dataHost, metricsAddr string
+	var jm, dataDir, id, dataHost, dataAdvertise, dataPorts, metricsAddr string
 	var metricsHosts []string
 	var access accessFlags
 	var slots int
@@ -194,6 +196,10 @@ job from its registered type (every node runs the same binary), and exchanges
 records with the other task managers on --data-host (one port per deployment,
 credit-based flow control). A lost session cancels its tasks. Stops cleanly on
 SIGINT/SIGTERM.
+
+Behind a firewall, NAT or proxy: --data-ports LO-HI listens only on those ports
+(the first free one per deployment), and --data-advertise HOST tells the other
+task managers to dial HOST with the same port instead of --data-host.
 
 --metrics HOST:PORT serves Prometheus metrics on GET /metrics (each task's
 records in and out and back-pressured time, and its operators' metrics); it
@@ -221,6 +227,16 @@ header must be a loopback name, the --metrics host or one of
 			}
 			opts := []taskmanager.Opt{taskmanager.ID(id), taskmanager.Slots(slots), taskmanager.Logger(log),
 				taskmanager.Jobs(a.reg), taskmanager.DataHost(dataHost), taskmanager.Failpoints(fp)}
+			if dataPorts != "" {
+				lo, hi, err := parsePortRange(dataPorts)
+				if err != nil {
+					return flagError(cmd, fmt.Errorf("--data-ports: %w", err))
+				}
+				opts = append(opts, taskmanager.DataPorts(lo, hi))
+			}
+			if dataAdvertise != "" {
+				opts = append(opts, taskmanager.DataAdvertise(dataAdvertise))
+			}
 			token, tlsCfg, err := access.load()
 			if err != nil {
 				return err
@@ -257,12 +273,29 @@ header must be a loopback name, the --metrics host or one of
 	cmd.Flags().IntVar(&slots, "slots", 2, "slots offered to the job manager")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the task manager's state (created; nothing is stored in it yet)")
 	cmd.Flags().StringVar(&dataHost, "data-host", "127.0.0.1", "host the other task managers reach this one's data plane on")
+	cmd.Flags().StringVar(&dataPorts, "data-ports", "", "data-plane port range LO-HI, the first free one per deployment (default: any free port)")
+	cmd.Flags().StringVar(&dataAdvertise, "data-advertise", "", "host the other task managers dial for this one's data plane, same port (default: --data-host)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "HTTP address of the Prometheus /metrics endpoint (default: none)")
 	cmd.Flags().StringSliceVar(&metricsHosts, "metrics-allowed-hosts", nil,
 		"host names scrapes may carry in their Host header besides loopback names and the --metrics host (comma-separated)")
 	access.add(cmd)
 	cmd.Flags().StringVar(&id, "id", "", "task manager id (default HOST-PID)")
 	return cmd
+}
+
+// parsePortRange parses "LO-HI" (1 <= LO <= HI <= 65535).
+func parsePortRange(s string) (lo, hi int, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	if ok {
+		lo, err = strconv.Atoi(a)
+		if err == nil {
+			hi, err = strconv.Atoi(b)
+		}
+	}
+	if !ok || err != nil || lo < 1 || hi < lo || hi > 65535 {
+		return 0, 0, fmt.Errorf("%q is not a port range LO-HI", s)
+	}
+	return lo, hi, nil
 }
 
 // serveMetrics serves a new metrics registry (with the Go runtime's and the

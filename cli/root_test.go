@@ -95,6 +95,10 @@ func TestCLIRejectsBadInvocations(t *testing.T) {
 			"--checkpoint-interval 500µs: want a whole number of milliseconds"},
 		{"fractional millisecond interval (submit)", []string{"submit", "wordcount", "--jobmanager", "127.0.0.1:1", "--checkpoint-interval", "1500us"},
 			"--checkpoint-interval 1.5ms: want a whole number of milliseconds"},
+		{"data ports not a range", []string{"taskmanager", "--jobmanager", "127.0.0.1:1", "--data-ports", "7000"},
+			`--data-ports: "7000" is not a port range LO-HI`},
+		{"data ports reversed", []string{"taskmanager", "--jobmanager", "127.0.0.1:1", "--data-ports", "7001-7000"},
+			`--data-ports: "7001-7000" is not a port range LO-HI`},
 		{"sub-millisecond interval (run)", []string{"run", "wordcount", "--checkpoint-interval", "500us"},
 			"--checkpoint-interval 500µs: want a whole number of milliseconds"},
 	}

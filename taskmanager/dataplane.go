@@ -47,7 +47,11 @@ func dataKeepAlive() net.KeepAliveConfig {
 // DataOpt configures a Receiver.
 type DataOpt interface{ apply(*dataCfg) }
 
-type dataCfg struct{ log *zap.Logger }
+type dataCfg struct {
+	log       *zap.Logger
+	ports     [2]int // ListenPorts: lo, hi; zero: any free port
+	advertise string // AdvertiseHost
+}
 
 type dataOpt func(*dataCfg)
 
@@ -56,6 +60,16 @@ func (o dataOpt) apply(c *dataCfg) { o(c) }
 // DataLogger sets the logger a Receiver reports refused and lost
 // connections to (default: none).
 func DataLogger(l *zap.Logger) DataOpt { return dataOpt(func(c *dataCfg) { c.log = l }) }
+
+// ListenPorts makes ListenExchange listen on the first free port from lo to
+// hi (inclusive) instead of any free port: for a firewall that opens a
+// range, or a proxy in front of each port.
+func ListenPorts(lo, hi int) DataOpt { return dataOpt(func(c *dataCfg) { c.ports = [2]int{lo, hi} }) }
+
+// AdvertiseHost makes an Exchange announce host (with the port it listens
+// on) as its address instead of the host it listens on: for a NAT or a
+// proxy between the task managers that forwards the same port.
+func AdvertiseHost(host string) DataOpt { return dataOpt(func(c *dataCfg) { c.advertise = host }) }
 
 // FrameKind says what a data-plane frame carries.
 type FrameKind byte

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -22,6 +23,7 @@ type Exchange struct {
 	id     AttemptID
 	recv   *Receiver
 	lis    net.Listener
+	addr   string // advertised
 	cancel context.CancelFunc
 	served chan error
 	sent   atomic.Int64
@@ -35,25 +37,60 @@ type Exchange struct {
 	opened  map[uint32]bool
 }
 
-// ListenExchange starts an Exchange of attempt id receiving on host:0 with
-// window credits per channel. Addr is what the other task managers dial;
+// ListenExchange starts an Exchange of attempt id receiving on host:0 (a
+// port of ListenPorts if given) with window credits per channel. Addr is
+// what the other task managers dial (on AdvertiseHost if given);
 // SetPeers tells it where every task of the attempt runs. It sends and
 // receives only within attempt id: a connection from a sender of another
 // attempt is refused.
 func ListenExchange(ctx context.Context, host string, window int, id AttemptID, opts ...DataOpt) (*Exchange, error) {
-	lis, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	var c dataCfg
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	lis, err := listenData(host, c.ports)
 	if err != nil {
-		return nil, fmt.Errorf("data plane listen: %w", err)
+		return nil, err
+	}
+	addr := lis.Addr().String()
+	if c.advertise != "" {
+		_, port, _ := net.SplitHostPort(addr)
+		addr = net.JoinHostPort(c.advertise, port)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	x := &Exchange{id: id, recv: NewReceiver(window, id, opts...), lis: lis, cancel: cancel, served: make(chan error, 1),
+	x := &Exchange{id: id, recv: NewReceiver(window, id, opts...), lis: lis, addr: addr, cancel: cancel, served: make(chan error, 1),
 		senders: map[string]*Sender{}, opened: map[uint32]bool{}}
 	go func() { x.served <- x.recv.Serve(ctx, lis) }()
 	return x, nil
 }
 
-// Addr is the address the Exchange receives on.
-func (x *Exchange) Addr() string { return x.lis.Addr().String() }
+// ErrNoDataPort is wrapped when every port of ListenPorts is taken.
+var ErrNoDataPort = errors.New("no free data-plane port")
+
+// listenData listens on host at a free port: any (ports zero) or the first
+// free one of ports[0]..ports[1].
+func listenData(host string, ports [2]int) (net.Listener, error) {
+	if ports == [2]int{} {
+		lis, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return nil, fmt.Errorf("data plane listen: %w", err)
+		}
+		return lis, nil
+	}
+	var last error
+	for p := ports[0]; p <= ports[1]; p++ {
+		lis, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err == nil {
+			return lis, nil
+		}
+		last = err
+	}
+	return nil, fmt.Errorf("%w in %d-%d on %s (last: %w)", ErrNoDataPort, ports[0], ports[1], host, last)
+}
+
+// Addr is the address the other task managers dial to reach the Exchange:
+// where it listens, on AdvertiseHost if given.
+func (x *Exchange) Addr() string { return x.addr }
 
 // SetPeers sets the data address of every task of the attempt.
 func (x *Exchange) SetPeers(addrs map[checkpoint.TaskID]string) {

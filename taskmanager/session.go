@@ -30,6 +30,8 @@ type cfg struct {
 	id           string
 	slots        int
 	dataHost     string
+	dataOpts     []DataOpt // ports, advertised host
+	advertise    string
 	window       int
 	reconnect    time.Duration
 	log          *zap.Logger
@@ -52,6 +54,22 @@ func Slots(n int) Opt { return optFunc(func(c *cfg) { c.slots = n }) }
 // manager (default 127.0.0.1). Each deployment listens on a port of its own
 // there.
 func DataHost(h string) Opt { return optFunc(func(c *cfg) { c.dataHost = h }) }
+
+// DataPorts makes each deployment listen on the first free port from lo to
+// hi (inclusive) of DataHost instead of any free port (see ListenPorts).
+func DataPorts(lo, hi int) Opt {
+	return optFunc(func(c *cfg) { c.dataOpts = append(c.dataOpts, ListenPorts(lo, hi)) })
+}
+
+// DataAdvertise makes the task manager announce host, instead of DataHost,
+// as where its deployments receive records, with the port each listens on
+// (see AdvertiseHost): for a NAT or a proxy that forwards the same ports.
+func DataAdvertise(host string) Opt {
+	return optFunc(func(c *cfg) {
+		c.advertise = host
+		c.dataOpts = append(c.dataOpts, AdvertiseHost(host))
+	})
+}
 
 // CreditWindow sets how many data frames a sender may have in flight per
 // channel before the receiver returns credit (default 16).
@@ -87,6 +105,14 @@ func Logger(l *zap.Logger) Opt { return optFunc(func(c *cfg) { c.log = l }) }
 // OnRegistered calls fn after each successful registration (for tests and
 // readiness output).
 func OnRegistered(fn func(session uint64)) Opt { return optFunc(func(c *cfg) { c.onRegistered = fn }) }
+
+// announcedHost is the data host the job manager is told.
+func (c *cfg) announcedHost() string {
+	if c.advertise != "" {
+		return c.advertise
+	}
+	return c.dataHost
+}
 
 // Run keeps a session with the job manager at addr until ctx is done: it
 // registers, heartbeats, and when the session is lost (the job manager is
@@ -169,7 +195,7 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 		return fmt.Errorf("%w: %w", rpc.ErrUnreachable, err)
 	}
 	if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Register{Register: &weirpb.Register{
-		TaskManagerId: c.id, Slots: int32(c.slots), DataHost: c.dataHost}}}); err != nil {
+		TaskManagerId: c.id, Slots: int32(c.slots), DataHost: c.announcedHost()}}}); err != nil {
 		if errors.Is(err, io.EOF) { // the stream ended (a refused token, say): Recv has why
 			if _, rerr := st.Recv(); rerr != nil {
 				err = rerr

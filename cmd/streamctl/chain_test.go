@@ -21,7 +21,7 @@ import (
 // an aborted one of 10 lines of words found nowhere else (ghost<i>), every
 // 20 ms, from its own goroutine.
 type txnInput struct {
-	feeder
+	kafkatest.Feeder
 	addr, topic string
 	n           int // committed lines written
 }
@@ -32,7 +32,7 @@ func (in *txnInput) write(ctx context.Context, lines int) error {
 		i := in.n
 		in.n++
 		recs = append(recs, &kgo.Record{Topic: in.topic, Key: fmt.Appendf(nil, "%d", i),
-			Value: []byte(inputLine(i))})
+			Value: []byte(kafkatest.InputLine(i))})
 	}
 	for k := range lines / 2 {
 		ghosts = append(ghosts, &kgo.Record{Topic: in.topic, Key: fmt.Appendf(nil, "%d", in.n+k),
@@ -44,7 +44,7 @@ func (in *txnInput) write(ctx context.Context, lines int) error {
 	return kafkatest.WriteTxn(ctx, []string{in.addr}, "input-aborter", false, ghosts...)
 }
 
-func (in *txnInput) run(ctx context.Context) { in.feeder.run(ctx, in.write) }
+func (in *txnInput) run(ctx context.Context) { in.Run(ctx, in.write) }
 
 // runJob is one `streamctl run` process of a job on its own checkpoint dir,
 // started again on that dir after a SIGKILL.
@@ -153,7 +153,7 @@ func TestChainedExactlyOnceJobsSurviveSIGKILLsOfEither(t *testing.T) {
 	before := len(atLeast(t, ctx, env.Addr, "counts", 800, up, wc))
 	wc.kill()
 	atLeast(t, ctx, env.Addr, "counts", before+300, up, wc)
-	in.halt(t)
+	in.Halt(t)
 
 	lines := env.ReadCommitted(t, "lines")
 	if len(lines) != in.n {

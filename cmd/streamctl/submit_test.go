@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -44,7 +43,7 @@ func (c *procCluster) twoTMs() {
 // input produces lines to a topic; each line holds the unique word l<i>,
 // so the committed output tells which lines were processed.
 type input struct {
-	feeder
+	kafkatest.Feeder
 	t  *testing.T
 	cl *kgo.Client
 	n  int
@@ -67,61 +66,20 @@ func newInput(t *testing.T, ctx context.Context, addr, topic string, first int) 
 	return in
 }
 
-var inputWords = strings.Fields("the quick brown fox jumps over the lazy dog")
-
-// inputLine is line i of every test's input: two common words and the
-// line's own word l<i>.
-func inputLine(i int) string {
-	return fmt.Sprintf("%s %s l%d", inputWords[i%len(inputWords)], inputWords[(i*7)%len(inputWords)], i)
-}
-
 func (in *input) produce(ctx context.Context, n int) error {
 	recs := make([]*kgo.Record, n)
 	for k := range recs {
 		i := in.n
 		in.n++
-		recs[k] = kgo.StringRecord(inputLine(i))
+		recs[k] = kgo.StringRecord(kafkatest.InputLine(i))
 	}
 	return in.cl.ProduceSync(ctx, recs...).FirstErr()
 }
 
 // run produces 20 lines every 20ms until halt.
-func (in *input) run(ctx context.Context) { in.feeder.run(ctx, in.produce) }
+func (in *input) run(ctx context.Context) { in.Run(ctx, in.produce) }
 
-func (in *input) halt() { in.feeder.halt(in.t) }
-
-// feeder writes a batch of 20 input lines every 20 ms from its own
-// goroutine until halt, which fails the test if a write failed.
-type feeder struct {
-	stop  chan struct{}
-	ended chan error
-}
-
-func (f *feeder) run(ctx context.Context, write func(ctx context.Context, lines int) error) {
-	f.stop, f.ended = make(chan struct{}), make(chan error, 1)
-	go func() {
-		for {
-			select {
-			case <-f.stop:
-				f.ended <- nil
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			if err := write(ctx, 20); err != nil {
-				f.ended <- err
-				return
-			}
-		}
-	}()
-}
-
-func (f *feeder) halt(t *testing.T) {
-	t.Helper()
-	close(f.stop)
-	if err := <-f.ended; err != nil {
-		t.Fatalf("write input: %v", err)
-	}
-}
+func (in *input) halt() { in.Halt(in.t) }
 
 // committed reads topic read_committed.
 func committed(t *testing.T, ctx context.Context, addr, topic string) []*kgo.Record {

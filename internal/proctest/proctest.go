@@ -165,7 +165,18 @@ func NewCluster(t testing.TB, bin string) *Cluster {
 // StartJM starts (again) the job manager.
 func (c *Cluster) StartJM() {
 	c.t.Helper()
-	c.JM = Start(c.t, exec.Command(c.Bin, "jobmanager", "--listen", c.JMAddr, "--http", "127.0.0.1:0", "--data-dir", c.DataDir, "--log-format", "json"))
+	c.StartJMEnv(nil)
+}
+
+// StartJMEnv starts (again) the job manager with env added to the
+// environment (e.g. WEIR_FAILPOINTS=...).
+func (c *Cluster) StartJMEnv(env []string) {
+	c.t.Helper()
+	cmd := exec.Command(c.Bin, "jobmanager", "--listen", c.JMAddr, "--http", "127.0.0.1:0", "--data-dir", c.DataDir, "--log-format", "json")
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	c.JM = Start(c.t, cmd)
 	c.JMAddr = c.JM.Line(c.t, `^jobmanager listening on (\S+)$`)
 	c.HTTPAddr = c.JM.Line(c.t, `^jobmanager http on (\S+)$`)
 }
@@ -189,7 +200,20 @@ func (c *Cluster) Logs(n int) string {
 // StartTM starts a task manager with the given id and slots.
 func (c *Cluster) StartTM(id string, slots int) *Proc {
 	c.t.Helper()
-	p := Start(c.t, exec.Command(c.Bin, "taskmanager", "--jobmanager", c.JMAddr, "--slots", fmt.Sprint(slots), "--id", id, "--log-format", "json"))
+	return c.StartTMWith(id, slots, nil)
+}
+
+// StartTMWith starts a task manager with the given id and slots, env added
+// to its environment and extra flags after the others (a flag given again
+// there, e.g. --jobmanager PROXY, overrides).
+func (c *Cluster) StartTMWith(id string, slots int, env []string, extra ...string) *Proc {
+	c.t.Helper()
+	args := append([]string{"taskmanager", "--jobmanager", c.JMAddr, "--slots", fmt.Sprint(slots), "--id", id, "--log-format", "json"}, extra...)
+	cmd := exec.Command(c.Bin, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	p := Start(c.t, cmd)
 	c.TMs[id] = p
 	return p
 }
