@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -20,6 +21,8 @@ import (
 // message by the data address of the task they run.
 type Exchange struct {
 	id     AttemptID
+	secret []byte
+	opts   []DataOpt
 	recv   *Receiver
 	lis    net.Listener
 	cancel context.CancelFunc
@@ -38,15 +41,21 @@ type Exchange struct {
 // ListenExchange starts an Exchange of attempt id receiving on host:0 with
 // window credits per channel. Addr is what the other task managers dial;
 // SetPeers tells it where every task of the attempt runs. It sends and
-// receives only within attempt id: a connection from a sender of another
-// attempt is refused.
-func ListenExchange(ctx context.Context, host string, window int, id AttemptID, opts ...DataOpt) (*Exchange, error) {
+// receives only within attempt id, with the attempt's secret (the job
+// manager's, the same on every task manager of the attempt): a connection
+// from a sender of another attempt, or of no attempt, is refused, and it
+// receives only on the channels the deployment declares (DeclareInputs).
+func ListenExchange(ctx context.Context, host string, window int, id AttemptID, secret []byte, opts ...DataOpt) (*Exchange, error) {
+	rcv, err := NewReceiver(window, id, secret, opts...)
+	if err != nil {
+		return nil, err
+	}
 	lis, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, fmt.Errorf("taskmanager: data plane listen: %w", err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	x := &Exchange{id: id, recv: NewReceiver(window, id, opts...), lis: lis, cancel: cancel, served: make(chan error, 1),
+	x := &Exchange{id: id, secret: slices.Clone(secret), opts: opts, recv: rcv, lis: lis, cancel: cancel, served: make(chan error, 1),
 		senders: map[string]*Sender{}, opened: map[uint32]bool{}}
 	go func() { x.served <- x.recv.Serve(ctx, lis) }()
 	return x, nil
@@ -54,6 +63,14 @@ func ListenExchange(ctx context.Context, host string, window int, id AttemptID, 
 
 // Addr is the address the Exchange receives on.
 func (x *Exchange) Addr() string { return x.lis.Addr().String() }
+
+// DeclareInputs implements runtime.InputDeclarer: the Exchange receives
+// on these channels only, each from one sender.
+func (x *Exchange) DeclareInputs(from map[uint32]checkpoint.TaskID) {
+	for ch := range from {
+		x.recv.Expect(ch)
+	}
+}
 
 // SetPeers sets the data address of every task of the attempt.
 func (x *Exchange) SetPeers(addrs map[checkpoint.TaskID]string) {
@@ -75,7 +92,7 @@ func (x *Exchange) sender(ctx context.Context, to checkpoint.TaskID, ch uint32) 
 	s := x.senders[addr]
 	if s == nil {
 		var err error
-		if s, err = DialData(ctx, addr, x.id); err != nil {
+		if s, err = DialData(ctx, addr, x.id, x.secret, x.opts...); err != nil {
 			return nil, err
 		}
 		x.senders[addr] = s
