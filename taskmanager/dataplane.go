@@ -29,9 +29,9 @@ import (
 
 // The data plane between task managers (docs/architecture.md, "Data
 // plane"). Every connection is bound to one attempt of one job by a
-// handshake before it carries anything: the receiver sends a fresh nonce,
-// the sender answers with the attempt, a nonce of its own and an HMAC-SHA256
-// over both nonces, the attempt and (over TLS) the session's exported
+// handshake before it carries anything: the sender sends a fresh nonce, the
+// receiver one of its own, the sender answers with the attempt and an
+// HMAC-SHA256 over both nonces, the attempt and (over TLS) the session's exported
 // keying material, keyed with the attempt's secret that the job manager
 // gave every task manager of the attempt with its deployment; the receiver
 // answers with its own MAC, so each side knows the other holds the secret.
@@ -189,9 +189,10 @@ const (
 	FrameEOS       FrameKind = 3 // end of the stream
 	frameOpen      FrameKind = 4 // sender -> receiver: a channel starts on this connection
 	frameCredit    FrameKind = 5 // receiver -> sender: payload-less, n in the length field
-	frameHello     FrameKind = 6 // sender -> receiver: attempt u32, nonce, MAC, then the job id
-	frameChallenge FrameKind = 7 // receiver -> sender, first on a connection: nonce
+	frameHello     FrameKind = 6 // sender -> receiver: attempt u32, MAC, then the job id
+	frameChallenge FrameKind = 7 // receiver -> sender, its first frame: nonce
 	frameWelcome   FrameKind = 8 // receiver -> sender: the receiver's MAC
+	frameBegin     FrameKind = 9 // sender -> receiver, first on a connection: nonce
 )
 
 // Frame is one message of a data-plane channel.
@@ -368,17 +369,19 @@ func senderHandshake(ctx context.Context, conn net.Conn, c dataCfg, id AttemptID
 		return conn, err
 	}
 	rd, w := bufio.NewReader(conn), bufio.NewWriter(conn)
+	nonceS := make([]byte, nonceLen)
+	_, _ = rand.Read(nonceS)
+	if err := writeFrame(w, frameBegin, 0, nonceLen, nonceS); err != nil {
+		return conn, err
+	}
 	kind, _, nonceR, _, err := readFrame(rd, maxHandshakeFrame)
 	switch {
 	case err != nil:
-		return conn, fmt.Errorf("%w: reading the receiver's challenge: %w", ErrNotAuthenticated, err)
+		return conn, fmt.Errorf("%w: refused by the receiver (%w)", ErrNotAuthenticated, err)
 	case kind != frameChallenge || len(nonceR) != nonceLen:
 		return conn, fmt.Errorf("%w: the receiver's first frame is of kind %d, want a challenge", ErrProtocol, kind)
 	}
-	nonceS := make([]byte, nonceLen)
-	_, _ = rand.Read(nonceS)
 	hello := binary.BigEndian.AppendUint32(nil, uint32(id.Attempt))
-	hello = append(hello, nonceS...)
 	hello = append(hello, handshakeMAC(secret, "sender", id, nonceR, nonceS, binding)...)
 	hello = append(hello, id.Job...)
 	if err := writeFrame(w, frameHello, 0, uint32(len(hello)), hello); err != nil {
@@ -725,8 +728,8 @@ func (r *Receiver) serveConn(conn net.Conn) (err error) {
 }
 
 // handshake runs the receiver's side of the handshake on conn (over TLS
-// if configured): challenge, the sender's proof of this attempt's secret,
-// then the receiver's own proof.
+// if configured): the sender's nonce, the receiver's, the sender's proof
+// of this attempt's secret, then the receiver's own proof.
 func (r *Receiver) handshake(conn net.Conn) (net.Conn, *bufio.Reader, *bufio.Writer, error) {
 	if r.c.tlsCert != nil {
 		tc := tls.Server(conn, &tls.Config{Certificates: []tls.Certificate{*r.c.tlsCert}, MinVersion: tls.VersionTLS13})
@@ -740,21 +743,28 @@ func (r *Receiver) handshake(conn net.Conn) (net.Conn, *bufio.Reader, *bufio.Wri
 		return conn, nil, nil, err
 	}
 	rd, w := bufio.NewReader(conn), bufio.NewWriter(conn)
+	kind, _, nonceS, _, err := readFrame(rd, maxHandshakeFrame)
+	switch {
+	case err != nil:
+		return conn, nil, nil, fmt.Errorf("%w: %w", ErrNotAuthenticated, err)
+	case kind != frameBegin || len(nonceS) != nonceLen:
+		return conn, nil, nil, fmt.Errorf("%w: %w: first frame of kind %d (%d bytes), want the sender's nonce", ErrNotAuthenticated, ErrWrongAttempt, kind, len(nonceS))
+	}
 	nonceR := make([]byte, nonceLen)
 	_, _ = rand.Read(nonceR)
 	if err := writeFrame(w, frameChallenge, 0, nonceLen, nonceR); err != nil {
 		return conn, nil, nil, err
 	}
 	kind, _, p, _, err := readFrame(rd, maxHandshakeFrame)
-	const fixed = 4 + nonceLen + macLen
+	const fixed = 4 + macLen
 	switch {
 	case err != nil:
 		return conn, nil, nil, fmt.Errorf("%w: %w", ErrNotAuthenticated, err)
 	case kind != frameHello || len(p) < fixed:
-		return conn, nil, nil, fmt.Errorf("%w: %w: first frame of kind %d (%d bytes), want the sender's proof", ErrNotAuthenticated, ErrWrongAttempt, kind, len(p))
+		return conn, nil, nil, fmt.Errorf("%w: %w: frame of kind %d (%d bytes), want the sender's proof", ErrNotAuthenticated, ErrWrongAttempt, kind, len(p))
 	}
 	got := AttemptID{Job: string(p[fixed:]), Attempt: int32(binary.BigEndian.Uint32(p[:4]))}
-	nonceS, mac := p[4:4+nonceLen], p[4+nonceLen:fixed]
+	mac := p[4:fixed]
 	if got != r.id {
 		return conn, nil, nil, fmt.Errorf("%w: sender of %s, receiver of %s", ErrWrongAttempt, got, r.id)
 	}
