@@ -6,10 +6,13 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/internal/proctest"
 )
 
@@ -78,10 +81,53 @@ func dataFrame(ch uint32, msg []byte) []byte { return rawFrame(1, ch, uint32(len
 // Nothing of it is committed (every word of the input counted exactly
 // 1..n read_committed, no other word), and the job does not restart.
 func TestDataPlaneRefusesStrangersWithoutDisturbingARunningJob(t *testing.T) {
+	for _, tls := range []bool{false, true} {
+		name := "plaintext"
+		if tls {
+			name = "TLS and token" // the data plane runs over TLS too
+		}
+		t.Run(name, func(t *testing.T) { attackDataPlane(t, tls) })
+	}
+}
+
+// tlsCluster is a cluster whose job manager serves TLS and requires a
+// token, its task managers and clients giving both.
+func tlsCluster(t *testing.T) *procCluster {
+	t.Helper()
+	dir := t.TempDir()
+	cert, key := selfSigned(t, dir)
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte("a-token-for-the-data-plane-test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := &procCluster{Cluster: proctest.NewStoppedCluster(t, streamctlBin), t: t, env: kafkatest.New(t)}
+	c.JMArgs = []string{"--tls-cert", cert, "--tls-key", key, "--auth-token-file", token}
+	c.ClientArgs = []string{"--tls-ca", cert, "--auth-token-file", token}
+	c.StartJM()
+	c.StartTM("tm-a", 2)
+	c.StartTM("tm-b", 2)
+	deadline := time.Now().Add(60 * time.Second)
+	for _, tm := range []string{"tm-a", "tm-b"} {
+		for !strings.Contains(c.TMs[tm].Stderr.String(), "registered with the job manager") {
+			if time.Now().After(deadline) {
+				t.Fatalf("task manager %s did not register within 60s; %s", tm, c.Logs(20))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return c
+}
+
+func attackDataPlane(t *testing.T, tls bool) {
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
-	c := newProcCluster(t, streamctlBin)
-	c.twoTMs()
+	var c *procCluster
+	if tls {
+		c = tlsCluster(t)
+	} else {
+		c = newProcCluster(t, streamctlBin)
+		c.twoTMs()
+	}
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
 	id := c.Submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
@@ -169,8 +215,12 @@ func TestDataPlaneRefusesStrangersWithoutDisturbingARunningJob(t *testing.T) {
 		t.Fatalf("the job restarted after the attack: before %+v, after %+v; %s", before, after, c.Logs(60))
 	}
 	for _, tm := range []string{"tm-a", "tm-b"} {
-		if log := c.TMs[tm].Stderr.String(); !strings.Contains(log, "data-plane connection refused") {
+		log := c.TMs[tm].Stderr.String()
+		if !strings.Contains(log, "data-plane connection refused") {
 			t.Errorf("task manager %s logged no refused data-plane connection:\n%s", tm, c.TMs[tm].Stderr.Tail(40))
+		}
+		if tls && !strings.Contains(log, "does not look like a TLS handshake") { // the plaintext attacker met TLS
+			t.Errorf("task manager %s: the data plane did not run TLS:\n%s", tm, c.TMs[tm].Stderr.Tail(40))
 		}
 	}
 	t.Logf("%d lines, %d output records, restarts %d", in.n, total, after.Restarts)

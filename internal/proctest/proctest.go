@@ -152,20 +152,30 @@ type Cluster struct {
 	// first start, so a restarted job manager listens there again.
 	JMAddr, HTTPAddr string
 	TMs              map[string]*Proc
+	// JMArgs are added to the job manager's command line (e.g. TLS);
+	// ClientArgs to every task manager's and client command's (e.g. the
+	// token and the CA). Set them before StartJM.
+	JMArgs, ClientArgs []string
 }
 
 // NewCluster starts a job manager of bin on a data directory of its own.
 func NewCluster(t testing.TB, bin string) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, Bin: bin, DataDir: t.TempDir(), JMAddr: "127.0.0.1:0", TMs: map[string]*Proc{}}
+	c := NewStoppedCluster(t, bin)
 	c.StartJM()
 	return c
+}
+
+// NewStoppedCluster is NewCluster without starting the job manager: set
+// JMArgs and ClientArgs, then StartJM.
+func NewStoppedCluster(t testing.TB, bin string) *Cluster {
+	return &Cluster{t: t, Bin: bin, DataDir: t.TempDir(), JMAddr: "127.0.0.1:0", TMs: map[string]*Proc{}}
 }
 
 // StartJM starts (again) the job manager.
 func (c *Cluster) StartJM() {
 	c.t.Helper()
-	c.JM = Start(c.t, exec.Command(c.Bin, "jobmanager", "--listen", c.JMAddr, "--http", "127.0.0.1:0", "--data-dir", c.DataDir, "--log-format", "json"))
+	c.JM = Start(c.t, exec.Command(c.Bin, append([]string{"jobmanager", "--listen", c.JMAddr, "--http", "127.0.0.1:0", "--data-dir", c.DataDir, "--log-format", "json"}, c.JMArgs...)...))
 	c.JMAddr = c.JM.Line(c.t, `^jobmanager listening on (\S+)$`)
 	c.HTTPAddr = c.JM.Line(c.t, `^jobmanager http on (\S+)$`)
 }
@@ -189,7 +199,7 @@ func (c *Cluster) Logs(n int) string {
 // StartTM starts a task manager with the given id and slots.
 func (c *Cluster) StartTM(id string, slots int) *Proc {
 	c.t.Helper()
-	p := Start(c.t, exec.Command(c.Bin, "taskmanager", "--jobmanager", c.JMAddr, "--slots", fmt.Sprint(slots), "--id", id, "--log-format", "json"))
+	p := Start(c.t, exec.Command(c.Bin, append([]string{"taskmanager", "--jobmanager", c.JMAddr, "--slots", fmt.Sprint(slots), "--id", id, "--log-format", "json"}, c.ClientArgs...)...))
 	c.TMs[id] = p
 	return p
 }
@@ -237,7 +247,7 @@ func (c *Cluster) WaitTMs(ids string) {
 // returns its stdout.
 func (c *Cluster) Run(args ...string) (string, error) {
 	c.t.Helper()
-	cmd := exec.Command(c.Bin, append(args, "--jobmanager", c.JMAddr)...)
+	cmd := exec.Command(c.Bin, append(append(args, "--jobmanager", c.JMAddr), c.ClientArgs...)...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
