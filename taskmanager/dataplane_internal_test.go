@@ -70,3 +70,17 @@ func TestSenderStopsAtTheFirstCreditBeyondItsWindow(t *testing.T) {
 		t.Fatalf("%d credits granted from the violating frame, want 0", n)
 	}
 }
+
+// A message beyond MaxFrameSize is refused by the sender itself, with an
+// error saying so, before it waits for a credit or writes anything.
+func TestSenderRefusesAMessageBeyondTheFrameLimit(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	s := &Sender{conn: a, w: bufio.NewWriter(a), credits: map[uint32]chan struct{}{}, done: make(chan struct{})}
+	go s.readCredits(bufio.NewReader(a))
+	defer s.Close()
+	err := s.Send(t.Context(), 1, Frame{Kind: FrameData, Payload: make([]byte, MaxFrameSize+1)})
+	if !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("Send of %d bytes: %v, want ErrFrameTooLarge", MaxFrameSize+1, err)
+	}
+}

@@ -64,6 +64,8 @@ func ListenExchange(ctx context.Context, host string, window int, id AttemptID, 
 // Addr is the address the Exchange receives on.
 func (x *Exchange) Addr() string { return x.lis.Addr().String() }
 
+var _ runtime.InputDeclarer = (*Exchange)(nil)
+
 // DeclareInputs implements runtime.InputDeclarer: the Exchange receives
 // on these channels only, each from one sender.
 func (x *Exchange) DeclareInputs(from map[uint32]checkpoint.TaskID) {
