@@ -2,6 +2,7 @@ package jobmanager
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -457,6 +458,14 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 		}
 	}
 	key := shareKey{d.rec.ID, int32(spec.Attempt)}
+	// One secret per attempt binds the attempt's data-plane connections to
+	// it: a stranger, or a task manager of another attempt, cannot prove
+	// it (docs/architecture.md, "Data plane").
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		release()
+		return nil, fmt.Errorf("jobmanager: data-plane secret: %w", err)
+	}
 	shares := make([]*share, 0, len(order))
 	var sending sync.WaitGroup
 	var placed []string
@@ -489,7 +498,7 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 			sh.deploy(&weirpb.DeployTasks{
 				JobId: d.rec.ID, JobType: d.rec.Type, Params: d.rec.Params, Attempt: key.attempt, TaskIds: ids,
 				LastCompleted: uint64(spec.LastCompleted), RestartCause: spec.RestartCause,
-				BatchSize: int32(spec.BatchSize), ChannelCapacity: int32(spec.ChannelCapacity)}, restore)
+				BatchSize: int32(spec.BatchSize), ChannelCapacity: int32(spec.ChannelCapacity), DataSecret: secret}, restore)
 		}()
 	}
 	sending.Wait()

@@ -102,6 +102,14 @@ type Exchange interface {
 	Recv(ctx context.Context, ch uint32) ([]byte, error)
 }
 
+// InputDeclarer is an Exchange that accepts messages only on the channels
+// a deployment declared (a task manager's data plane: anything else is a
+// stranger's). Deploy calls DeclareInputs once, before the first Recv, with
+// every channel it will receive on and the remote task sending on each.
+type InputDeclarer interface {
+	DeclareInputs(from map[uint32]checkpoint.TaskID)
+}
+
 // DeploySpec says which tasks of which attempt a deployment runs, and what
 // they restore.
 type DeploySpec struct {
@@ -232,6 +240,9 @@ func channelIDs(p *plan) map[*edge]uint32 {
 // local tasks, through the Exchange to and from remote ones.
 func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange) error {
 	bases := channelIDs(d.p)
+	// The receive pumps start once the Exchange knows every input channel.
+	inputs := map[uint32]checkpoint.TaskID{}
+	var recvPumps []func()
 	// chans[edge][from subtask][to subtask]
 	chans := map[*edge][][]chan envelope{}
 	for _, v := range d.p.vertices {
@@ -260,16 +271,24 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 						return fmt.Errorf("%w: %s -> %s: %w", ErrRemoteEdge, e.from.name, e.to.name, e.codecErr)
 					}
 					id := bases[e] + uint32(i*v.parallelism+j)
-					d.pumps.Add(1)
 					if local(src) {
+						d.pumps.Add(1)
 						go d.sendPump(ex, e, src, dst, id, ch)
 					} else {
-						go d.recvPump(ex, e, dst, id, ch)
+						inputs[id] = src
+						recvPumps = append(recvPumps, func() { d.recvPump(ex, e, dst, id, ch) })
 					}
 				}
 			}
 			chans[e] = m
 		}
+	}
+	if dx, ok := ex.(InputDeclarer); ok && len(inputs) > 0 {
+		dx.DeclareInputs(inputs)
+	}
+	for _, run := range recvPumps {
+		d.pumps.Add(1)
+		go run()
 	}
 	tw := &taskWiring{ctx: d.ctx, batchSize: d.spec.BatchSize, maxPar: d.p.job.maxParallelism}
 	restore := d.spec.Restore

@@ -26,7 +26,12 @@ func TestDataPlaneCreditsBoundInFlightFramesAndKeepBarriersInBand(t *testing.T) 
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
-	rcv := taskmanager.NewReceiver(window, taskmanager.AttemptID{Job: "job", Attempt: 1})
+	rcv, err := taskmanager.NewReceiver(window, taskmanager.AttemptID{Job: "job", Attempt: 1}, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ch = 7
+	rcv.Expect(ch)
 	served := make(chan error, 1)
 	go func() { served <- rcv.Serve(ctx, lis) }()
 	defer func() {
@@ -35,12 +40,11 @@ func TestDataPlaneCreditsBoundInFlightFramesAndKeepBarriersInBand(t *testing.T) 
 			t.Error(err)
 		}
 	}()
-	snd, err := taskmanager.DialData(ctx, lis.Addr().String(), taskmanager.AttemptID{Job: "job", Attempt: 1})
+	snd, err := taskmanager.DialData(ctx, lis.Addr().String(), taskmanager.AttemptID{Job: "job", Attempt: 1}, secret)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer snd.Close()
-	const ch = 7
 	if err := snd.Open(ch); err != nil {
 		t.Fatal(err)
 	}
@@ -81,16 +85,29 @@ func TestDataPlaneCreditsBoundInFlightFramesAndKeepBarriersInBand(t *testing.T) 
 	}
 }
 
-// serveReceiver serves a receiver of attempt id on a new local port until
-// the test ends, logging to log.
-func serveReceiver(t *testing.T, window int, id taskmanager.AttemptID, log *zap.Logger) (*taskmanager.Receiver, string) {
+// secret is the attempt secret of the tests' data planes.
+var secret = []byte("0123456789abcdef0123456789abcdef")
+
+// serveReceiver serves a receiver of attempt id with secret on a new local
+// port until the test ends, logging to log, expecting channels chs.
+func serveReceiver(t *testing.T, window int, id taskmanager.AttemptID, log *zap.Logger, chs ...uint32) (*taskmanager.Receiver, string) {
+	t.Helper()
+	return serveReceiverWith(t, window, id, chs, taskmanager.DataLogger(log))
+}
+
+// serveReceiverWith is serveReceiver with any options.
+func serveReceiverWith(t *testing.T, window int, id taskmanager.AttemptID, chs []uint32, opts ...taskmanager.DataOpt) (*taskmanager.Receiver, string) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
-	rcv := taskmanager.NewReceiver(window, id, taskmanager.DataLogger(log))
+	rcv, err := taskmanager.NewReceiver(window, id, secret, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcv.Expect(chs...)
 	served := make(chan error, 1)
 	go func() { served <- rcv.Serve(ctx, lis) }()
 	t.Cleanup(func() {
@@ -112,32 +129,18 @@ func TestADataPlaneSenderOfAnotherAttemptIsRefused(t *testing.T) {
 			const ch, n = 3, 20
 			current := taskmanager.AttemptID{Job: "job", Attempt: 2}
 			core, logs := observer.New(zap.WarnLevel)
-			rcv, addr := serveReceiver(t, 4, current, zap.New(core))
+			rcv, addr := serveReceiver(t, 4, current, zap.New(core), ch)
 			ctx := t.Context()
 
-			old, err := taskmanager.DialData(ctx, addr, stale)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer old.Close()
-			if err := old.Open(ch); err != nil {
-				t.Fatal(err)
-			}
-			// Refused, the stale sender gets no credit: its first send fails
-			// when the receiver closes the connection.
-			sctx, scancel := context.WithTimeout(ctx, 30*time.Second) // bounds a failure, never a success
-			defer scancel()
-			staleSent, staleErr := 0, error(nil)
-			for ; staleSent < n; staleSent++ {
-				if staleErr = old.Send(sctx, ch, taskmanager.Frame{Kind: taskmanager.FrameData, Payload: []byte("stale-" + strconv.Itoa(staleSent))}); staleErr != nil {
-					break
+			// Refused, the stale sender never gets a connection.
+			if old, err := taskmanager.DialData(ctx, addr, stale, secret); !errors.Is(err, taskmanager.ErrNotAuthenticated) {
+				if err == nil {
+					old.Close()
 				}
-			}
-			if staleSent != 0 || errors.Is(staleErr, context.DeadlineExceeded) {
-				t.Errorf("the stale sender of %s sent %d records to attempt %s, then: %v", stale, staleSent, current, staleErr)
+				t.Fatalf("the stale sender of %s dialled attempt %s: %v, want ErrNotAuthenticated", stale, current, err)
 			}
 
-			cur, err := taskmanager.DialData(ctx, addr, current)
+			cur, err := taskmanager.DialData(ctx, addr, current, secret)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -172,11 +175,11 @@ func TestADataPlaneSenderOfAnotherAttemptIsRefused(t *testing.T) {
 			if err := <-sent; err != nil {
 				t.Fatal(err)
 			}
-			refused := logs.FilterMessage("data-plane connection refused").All()
+			refused := logs.FilterMessage("request refused").All()
 			if len(refused) != 1 {
 				t.Fatalf("%d refusals logged, want 1: %v", len(refused), logs.All())
 			}
-			if msg := refused[0].ContextMap()["error"]; !strings.Contains(fmt.Sprint(msg), stale.String()) {
+			if msg := refused[0].ContextMap()["reason"]; !strings.Contains(fmt.Sprint(msg), stale.String()) {
 				t.Fatalf("the refusal does not name the stale attempt %s: %v", stale, msg)
 			}
 		})
@@ -190,9 +193,9 @@ func TestADataPlaneSenderOfAnotherAttemptIsRefused(t *testing.T) {
 func TestARecvSeesTheLossOfItsChannelsConnection(t *testing.T) {
 	const ch = 5
 	id := taskmanager.AttemptID{Job: "job", Attempt: 1}
-	rcv, addr := serveReceiver(t, 8, id, zap.NewNop())
+	rcv, addr := serveReceiver(t, 8, id, zap.NewNop(), ch)
 	ctx := t.Context()
-	snd, err := taskmanager.DialData(ctx, addr, id)
+	snd, err := taskmanager.DialData(ctx, addr, id, secret)
 	if err != nil {
 		t.Fatal(err)
 	}

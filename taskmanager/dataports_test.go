@@ -39,7 +39,7 @@ func TestExchangeListensInItsPortRangeAndAnnouncesTheAdvertisedHost(t *testing.T
 	opts := []taskmanager.DataOpt{taskmanager.ListenPorts(p, p+1), taskmanager.AdvertiseHost("127.0.0.2")}
 	id := taskmanager.AttemptID{Job: "j", Attempt: 1}
 	for i := range 2 {
-		x, err := taskmanager.ListenExchange(t.Context(), "127.0.0.1", 8, id, opts...)
+		x, err := taskmanager.ListenExchange(t.Context(), "127.0.0.1", 8, id, []byte("an attempt secret of 32 bytes..."), opts...)
 		if err != nil {
 			t.Fatalf("exchange %d: %v", i, err)
 		}
@@ -53,7 +53,7 @@ func TestExchangeListensInItsPortRangeAndAnnouncesTheAdvertisedHost(t *testing.T
 		}
 		c.Close()
 	}
-	if x, err := taskmanager.ListenExchange(t.Context(), "127.0.0.1", 8, id, opts...); !errors.Is(err, taskmanager.ErrNoDataPort) {
+	if x, err := taskmanager.ListenExchange(t.Context(), "127.0.0.1", 8, id, []byte("an attempt secret of 32 bytes..."), opts...); !errors.Is(err, taskmanager.ErrNoDataPort) {
 		if x != nil {
 			x.Close()
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,8 @@ import (
 // message by the data address of the task they run.
 type Exchange struct {
 	id     AttemptID
+	secret []byte
+	opts   []DataOpt
 	recv   *Receiver
 	lis    net.Listener
 	addr   string // advertised
@@ -41,9 +44,15 @@ type Exchange struct {
 // port of ListenPorts if given) with window credits per channel. Addr is
 // what the other task managers dial (on AdvertiseHost if given);
 // SetPeers tells it where every task of the attempt runs. It sends and
-// receives only within attempt id: a connection from a sender of another
-// attempt is refused.
-func ListenExchange(ctx context.Context, host string, window int, id AttemptID, opts ...DataOpt) (*Exchange, error) {
+// receives only within attempt id, with the attempt's secret (the job
+// manager's, the same on every task manager of the attempt): a connection
+// from a sender of another attempt, or of no attempt, is refused, and it
+// receives only on the channels the deployment declares (DeclareInputs).
+func ListenExchange(ctx context.Context, host string, window int, id AttemptID, secret []byte, opts ...DataOpt) (*Exchange, error) {
+	rcv, err := NewReceiver(window, id, secret, opts...)
+	if err != nil {
+		return nil, err
+	}
 	var c dataCfg
 	for _, o := range opts {
 		o.apply(&c)
@@ -58,7 +67,7 @@ func ListenExchange(ctx context.Context, host string, window int, id AttemptID, 
 		addr = net.JoinHostPort(c.advertise, port)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	x := &Exchange{id: id, recv: NewReceiver(window, id, opts...), lis: lis, addr: addr, cancel: cancel, served: make(chan error, 1),
+	x := &Exchange{id: id, secret: slices.Clone(secret), opts: opts, recv: rcv, lis: lis, addr: addr, cancel: cancel, served: make(chan error, 1),
 		senders: map[string]*Sender{}, opened: map[uint32]bool{}}
 	go func() { x.served <- x.recv.Serve(ctx, lis) }()
 	return x, nil
@@ -92,6 +101,16 @@ func listenData(host string, ports [2]int) (net.Listener, error) {
 // where it listens, on AdvertiseHost if given.
 func (x *Exchange) Addr() string { return x.addr }
 
+var _ runtime.InputDeclarer = (*Exchange)(nil)
+
+// DeclareInputs implements runtime.InputDeclarer: the Exchange receives
+// on these channels only, each from one sender.
+func (x *Exchange) DeclareInputs(from map[uint32]checkpoint.TaskID) {
+	for ch := range from {
+		x.recv.Expect(ch)
+	}
+}
+
 // SetPeers sets the data address of every task of the attempt.
 func (x *Exchange) SetPeers(addrs map[checkpoint.TaskID]string) {
 	x.mu.Lock()
@@ -112,7 +131,7 @@ func (x *Exchange) sender(ctx context.Context, to checkpoint.TaskID, ch uint32) 
 	s := x.senders[addr]
 	if s == nil {
 		var err error
-		if s, err = DialData(ctx, addr, x.id); err != nil {
+		if s, err = DialData(ctx, addr, x.id, x.secret, x.opts...); err != nil {
 			return nil, err
 		}
 		x.senders[addr] = s

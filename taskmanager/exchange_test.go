@@ -28,7 +28,7 @@ func (n netDeployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep ru
 	xs := make([]*taskmanager.Exchange, len(shares))
 	addrs := map[checkpoint.TaskID]string{}
 	for i, share := range shares {
-		if xs[i], err = taskmanager.ListenExchange(ctx, "127.0.0.1", 8, taskmanager.AttemptID{Job: spec.JobID, Attempt: int32(spec.Attempt)}); err != nil {
+		if xs[i], err = taskmanager.ListenExchange(ctx, "127.0.0.1", 8, taskmanager.AttemptID{Job: spec.JobID, Attempt: int32(spec.Attempt)}, secret); err != nil {
 			for _, x := range xs[:i] {
 				_ = x.Close()
 			}

@@ -86,7 +86,7 @@ func (f *floodJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	send := func(m *weirpb.JobManagerMessage) error { return s.Send(m) }
 	deploy := func(attempt int32) *weirpb.JobManagerMessage {
 		return &weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: &weirpb.DeployTasks{
-			JobId: "job", JobType: "stuck", Attempt: attempt, TaskIds: f.tasks}}}
+			JobId: "job", JobType: "stuck", Attempt: attempt, TaskIds: f.tasks, DataSecret: secret}}}
 	}
 	if err := send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Registered{Registered: &weirpb.Registered{
 		Session: 1, HeartbeatIntervalMs: 50, HeartbeatTimeoutMs: 2000}}}); err != nil {

@@ -34,7 +34,7 @@ func (f *deployJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage,
 		Session: 1, HeartbeatIntervalMs: 50, HeartbeatTimeoutMs: 30_000}}}); err != nil {
 		return err
 	}
-	dt := &weirpb.DeployTasks{JobId: "j", JobType: "numbers", Attempt: 1, TaskIds: []string{"numbers#0"}}
+	dt := &weirpb.DeployTasks{JobId: "j", JobType: "numbers", Attempt: 1, TaskIds: []string{"numbers#0"}, DataSecret: secret}
 	hdr, chunks := rpc.NewChunker(rpc.DefaultChunkSize).Split(f.restore)
 	if hdr == nil {
 		dt.Restore = f.restore

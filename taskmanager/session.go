@@ -30,7 +30,7 @@ type cfg struct {
 	id           string
 	slots        int
 	dataHost     string
-	dataOpts     []DataOpt // ports, advertised host
+	dataOpts     []DataOpt // ports, advertised host; TLS, added by Run from dataTLS
 	advertise    string
 	window       int
 	reconnect    time.Duration
@@ -39,6 +39,8 @@ type cfg struct {
 	jobs         *runtime.Registry
 	fp           runtime.Failpointer
 	dial         []rpc.DialOpt
+	dataTLS      bool           // the data plane runs over TLS (as the control plane)
+	dataRejects  *rpc.RejectLog // refused data-plane connections, for every deployment
 	metrics      prometheus.Registerer
 	cur          *current // the running session's deployments, for metrics
 }
@@ -80,9 +82,11 @@ func CreditWindow(n int) Opt { return optFunc(func(c *cfg) { c.window = n }) }
 // same types (run the same binary).
 func Jobs(r *runtime.Registry) Opt { return optFunc(func(c *cfg) { c.jobs = r }) }
 
-// TLS dials the job manager over TLS with t (default: plaintext).
+// TLS dials the job manager over TLS with t (default: plaintext). The data
+// plane between task managers then runs over TLS too (DataTLS, with a
+// certificate the task manager makes itself at start).
 func TLS(t *tls.Config) Opt {
-	return optFunc(func(c *cfg) { c.dial = append(c.dial, rpc.WithTLS(t)) })
+	return optFunc(func(c *cfg) { c.dial = append(c.dial, rpc.WithTLS(t)); c.dataTLS = true })
 }
 
 // AuthToken sends token with every call to the job manager (its
@@ -132,6 +136,14 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 	}
 	if c.jobs == nil {
 		c.jobs = runtime.NewRegistry()
+	}
+	c.dataRejects = rpc.NewRejectLog(c.log, refusalLogInterval)
+	if c.dataTLS {
+		cert, err := NewDataCertificate()
+		if err != nil {
+			return err
+		}
+		c.dataOpts = append(c.dataOpts, DataTLS(cert))
 	}
 	if c.metrics != nil {
 		col := newCollector(&c, c.cur)

@@ -109,7 +109,7 @@ func (f *staleJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 		{&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Registered{Registered: &weirpb.Registered{
 			Session: 1, HeartbeatIntervalMs: 1000, HeartbeatTimeoutMs: 5000}}}, nil},
 		{&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: &weirpb.DeployTasks{
-			JobId: "job", JobType: "snap", Attempt: 1, TaskIds: f.tasks}}},
+			JobId: "job", JobType: "snap", Attempt: 1, TaskIds: f.tasks, DataSecret: secret}}},
 			func(m *weirpb.TaskManagerMessage) bool { return m.GetPrepared() != nil }},
 		{&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Open{Open: &weirpb.OpenTasks{
 			JobId: "job", Attempt: 1, IntervalMs: 1000, TimeoutMs: 60000}}},

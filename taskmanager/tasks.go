@@ -398,8 +398,8 @@ func (d *deployment) build(m *weirpb.DeployTasks) (runtime.Deployed, *Exchange, 
 	if len(tasks) == 0 {
 		return nil, nil, errors.New("a deployment without tasks")
 	}
-	x, err := ListenExchange(d.ctx, c.dataHost, c.window, AttemptID{Job: m.JobId, Attempt: m.Attempt},
-		append([]DataOpt{DataLogger(d.log())}, c.dataOpts...)...)
+	x, err := ListenExchange(d.ctx, c.dataHost, c.window, AttemptID{Job: m.JobId, Attempt: m.Attempt}, m.DataSecret,
+		append([]DataOpt{DataLogger(d.log()), DataRejections(c.dataRejects)}, c.dataOpts...)...)
 	if err != nil {
 		return nil, nil, err
 	}

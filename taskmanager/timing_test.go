@@ -47,7 +47,7 @@ func (f *openJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, w
 	}
 	for _, m := range []*weirpb.JobManagerMessage{
 		{Msg: &weirpb.JobManagerMessage_Registered{Registered: &weirpb.Registered{Session: 1, HeartbeatIntervalMs: 500, HeartbeatTimeoutMs: 30000}}},
-		{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: &weirpb.DeployTasks{JobId: "job", JobType: "timing", Attempt: 1, TaskIds: f.tasks}}},
+		{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: &weirpb.DeployTasks{JobId: "job", JobType: "timing", Attempt: 1, TaskIds: f.tasks, DataSecret: secret}}},
 	} {
 		if err := s.Send(m); err != nil {
 			return err

@@ -152,14 +152,24 @@ type Cluster struct {
 	// first start, so a restarted job manager listens there again.
 	JMAddr, HTTPAddr string
 	TMs              map[string]*Proc
+	// JMArgs are added to the job manager's command line (e.g. TLS);
+	// ClientArgs to every task manager's and client command's (e.g. the
+	// token and the CA). Set them before StartJM.
+	JMArgs, ClientArgs []string
 }
 
 // NewCluster starts a job manager of bin on a data directory of its own.
 func NewCluster(t testing.TB, bin string) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, Bin: bin, DataDir: t.TempDir(), JMAddr: "127.0.0.1:0", TMs: map[string]*Proc{}}
+	c := NewStoppedCluster(t, bin)
 	c.StartJM()
 	return c
+}
+
+// NewStoppedCluster is NewCluster without starting the job manager: set
+// JMArgs and ClientArgs, then StartJM.
+func NewStoppedCluster(t testing.TB, bin string) *Cluster {
+	return &Cluster{t: t, Bin: bin, DataDir: t.TempDir(), JMAddr: "127.0.0.1:0", TMs: map[string]*Proc{}}
 }
 
 // StartJM starts (again) the job manager.
@@ -172,7 +182,7 @@ func (c *Cluster) StartJM() {
 // environment (e.g. WEIR_FAILPOINTS=...).
 func (c *Cluster) StartJMEnv(env []string) {
 	c.t.Helper()
-	cmd := exec.Command(c.Bin, "jobmanager", "--listen", c.JMAddr, "--http", "127.0.0.1:0", "--data-dir", c.DataDir, "--log-format", "json")
+	cmd := exec.Command(c.Bin, append([]string{"jobmanager", "--listen", c.JMAddr, "--http", "127.0.0.1:0", "--data-dir", c.DataDir, "--log-format", "json"}, c.JMArgs...)...)
 	if len(env) > 0 {
 		cmd.Env = append(os.Environ(), env...)
 	}
@@ -208,7 +218,8 @@ func (c *Cluster) StartTM(id string, slots int) *Proc {
 // there, e.g. --jobmanager PROXY, overrides).
 func (c *Cluster) StartTMWith(id string, slots int, env []string, extra ...string) *Proc {
 	c.t.Helper()
-	args := append([]string{"taskmanager", "--jobmanager", c.JMAddr, "--slots", fmt.Sprint(slots), "--id", id, "--log-format", "json"}, extra...)
+	args := append([]string{"taskmanager", "--jobmanager", c.JMAddr, "--slots", fmt.Sprint(slots), "--id", id, "--log-format", "json"}, c.ClientArgs...)
+	args = append(args, extra...)
 	cmd := exec.Command(c.Bin, args...)
 	if len(env) > 0 {
 		cmd.Env = append(os.Environ(), env...)
@@ -267,7 +278,7 @@ func (c *Cluster) WaitTMs(ids string) {
 // returns its stdout.
 func (c *Cluster) Run(args ...string) (string, error) {
 	c.t.Helper()
-	cmd := exec.Command(c.Bin, append(args, "--jobmanager", c.JMAddr)...)
+	cmd := exec.Command(c.Bin, append(append(args, "--jobmanager", c.JMAddr), c.ClientArgs...)...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {

@@ -942,8 +942,14 @@ type DeployTasks struct {
 	ChannelCapacity int32  `protobuf:"varint,10,opt,name=channel_capacity,json=channelCapacity,proto3" json:"channel_capacity,omitempty"`
 	// restore_chunked: restore follows in chunks (see Chunked).
 	RestoreChunked *Chunked `protobuf:"bytes,11,opt,name=restore_chunked,json=restoreChunked,proto3" json:"restore_chunked,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// data_secret is the attempt's data-plane secret (32 random bytes, the
+	// same for every task manager of the attempt, new for every attempt): a
+	// data-plane connection is accepted only from a sender that proves it
+	// knows it (taskmanager's handshake), so only this attempt's task
+	// managers exchange records with each other.
+	DataSecret    []byte `protobuf:"bytes,12,opt,name=data_secret,json=dataSecret,proto3" json:"data_secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeployTasks) Reset() {
@@ -1049,6 +1055,13 @@ func (x *DeployTasks) GetChannelCapacity() int32 {
 func (x *DeployTasks) GetRestoreChunked() *Chunked {
 	if x != nil {
 		return x.RestoreChunked
+	}
+	return nil
+}
+
+func (x *DeployTasks) GetDataSecret() []byte {
+	if x != nil {
+		return x.DataSecret
 	}
 	return nil
 }
@@ -2846,7 +2859,7 @@ const file_control_proto_rawDesc = "" +
 	"\x11back_pressured_ms\x18\x04 \x01(\x03R\x0fbackPressuredMs\x12\x16\n" +
 	"\x06source\x18\x05 \x01(\bR\x06source\x12\x12\n" +
 	"\x04sink\x18\x06 \x01(\bR\x04sink\x12'\n" +
-	"\x0fpending_records\x18\a \x01(\x03R\x0ependingRecords\"\xdc\x03\n" +
+	"\x0fpending_records\x18\a \x01(\x03R\x0ependingRecords\"\xfd\x03\n" +
 	"\vDeployTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\bjob_type\x18\x02 \x01(\tR\ajobType\x12<\n" +
@@ -2860,7 +2873,9 @@ const file_control_proto_rawDesc = "" +
 	"batch_size\x18\t \x01(\x05R\tbatchSize\x12)\n" +
 	"\x10channel_capacity\x18\n" +
 	" \x01(\x05R\x0fchannelCapacity\x12=\n" +
-	"\x0frestore_chunked\x18\v \x01(\v2\x14.weir.rpc.v1.ChunkedR\x0erestoreChunked\x1a9\n" +
+	"\x0frestore_chunked\x18\v \x01(\v2\x14.weir.rpc.v1.ChunkedR\x0erestoreChunked\x12\x1f\n" +
+	"\vdata_secret\x18\f \x01(\fR\n" +
+	"dataSecret\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe9\x01\n" +
