@@ -37,8 +37,9 @@ import (
 // plus the allowed lateness (the cleanup timer). A record whose windows are
 // all past that point is late: it goes to the late output and is counted,
 // never dropped silently. Processing time: a window fires once, when the
-// clock reaches its MaxTimestamp, and its state goes with it; no record is
-// late.
+// clock reaches its End (Flink: MaxTimestamp, which lets a record processed
+// in that last millisecond reopen the window and fire it twice), and its
+// state goes with it; no record is late.
 //
 // Timers are the runtime's timers per key and timestamp (one per key and
 // timestamp, whatever window asked for it): when one fires, the operator
@@ -248,10 +249,22 @@ func newWindowOperator[K comparable, IN, ACC, OUT any](r *StateRegistry[K], asg 
 	return op, nil
 }
 
-// cleanupTime is when w's state goes: its end plus the allowed lateness in
-// event time, its end in processing time.
+// fireTime is when w fires: when the watermark reaches its last
+// millisecond in event time (Flink's trigger); in processing time when the
+// clock reaches its end, so that no record can arrive in a window after it
+// fired (the clock at w.MaxTimestamp still assigns records to w; Flink's
+// processing-time trigger, firing at MaxTimestamp, then fires w twice).
+func (op *windowOperator[K, IN, ACC, OUT]) fireTime(w TimeWindow) int64 {
+	if op.asg.eventTime {
+		return w.MaxTimestamp()
+	}
+	return w.End
+}
+
+// cleanupTime is when w's state goes: its fire time plus the allowed
+// lateness (which is 0 in processing time).
 func (op *windowOperator[K, IN, ACC, OUT]) cleanupTime(w TimeWindow) int64 {
-	return addSat(w.MaxTimestamp(), op.lateness)
+	return addSat(op.fireTime(w), op.lateness)
 }
 
 // isLate reports whether w's state is gone already (or would be): an
@@ -282,7 +295,7 @@ func (op *windowOperator[K, IN, ACC, OUT]) registerFireTimer(w TimeWindow) {
 	if op.asg.eventTime && w.MaxTimestamp() <= op.timers.currentWatermark() {
 		return
 	}
-	op.registerTimer(w.MaxTimestamp())
+	op.registerTimer(op.fireTime(w))
 }
 
 // processElement adds v, of key key and event timestamp ts (ignored in
@@ -431,7 +444,11 @@ func (op *windowOperator[K, IN, ACC, OUT]) onTimer(key K, ts int64, eventTime bo
 	if op.asg.kind == windowSession {
 		return op.onSessionTimer(key, ts)
 	}
-	w := TimeWindow{Start: addSat(ts, 1) - op.asg.size, End: addSat(ts, 1)}
+	end := ts // processing time: the window ending at ts
+	if op.asg.eventTime {
+		end = addSat(ts, 1) // event time: the window whose last millisecond is ts
+	}
+	w := TimeWindow{Start: end - op.asg.size, End: end}
 	if windowStart(w.Start, op.asg.offset, op.asg.slide) == w.Start {
 		if err := op.fireAligned(key, w, false); err != nil {
 			return err
@@ -517,12 +534,12 @@ func (op *windowOperator[K, IN, ACC, OUT]) mergeSessions(cover TimeWindow, merge
 	}
 	// Timers are per key and time: keep those another session (or the
 	// cover) still needs.
-	need := map[int64]bool{cover.MaxTimestamp(): true, op.cleanupTime(cover): true}
+	need := map[int64]bool{op.fireTime(cover): true, op.cleanupTime(cover): true}
 	for _, w := range op.sessions() {
-		need[w.MaxTimestamp()], need[op.cleanupTime(w)] = true, true
+		need[op.fireTime(w)], need[op.cleanupTime(w)] = true, true
 	}
 	for _, w := range merged {
-		for _, ts := range []int64{w.MaxTimestamp(), op.cleanupTime(w)} {
+		for _, ts := range []int64{op.fireTime(w), op.cleanupTime(w)} {
 			if !need[ts] {
 				op.deleteTimer(ts)
 				need[ts] = true // deleted once
@@ -536,7 +553,7 @@ func (op *windowOperator[K, IN, ACC, OUT]) mergeSessions(cover TimeWindow, merge
 
 func (op *windowOperator[K, IN, ACC, OUT]) onSessionTimer(key K, ts int64) error {
 	for _, w := range op.sessions() {
-		if w.MaxTimestamp() == ts {
+		if op.fireTime(w) == ts {
 			acc, _ := op.state.Get(w)
 			if err := op.fire(key, w, acc, false); err != nil {
 				return err

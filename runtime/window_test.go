@@ -40,7 +40,7 @@ func TestWindowTranscripts(t *testing.T) {
 			var err error
 			switch td.Cmd {
 			case "init":
-				h, err = newWindowHarness(t, td)
+				h, err = newWindowHarness(t, parseWindowHarnessConfig(t, td))
 				if err != nil {
 					return "error: " + err.Error()
 				}
@@ -210,22 +210,35 @@ func (c countingSum) Merge(a, b sumAcc) sumAcc {
 	return sumAcc{Sum: a.Sum + b.Sum, N: a.N + b.N}
 }
 
-func newWindowHarness(t *testing.T, td *datadriven.TestData) (*windowHarness, error) {
-	var kind, tm, fn string
-	var size, slide, gap, offset, lateness int64
-	late := "side"
-	par, maxPar := 1, 8
-	td.ScanArgs(t, "kind", &kind)
-	td.ScanArgs(t, "time", &tm)
-	td.ScanArgs(t, "fn", &fn)
-	td.MaybeScanArgs(t, "size", &size)
-	td.MaybeScanArgs(t, "slide", &slide)
-	td.MaybeScanArgs(t, "gap", &gap)
-	td.MaybeScanArgs(t, "offset", &offset)
-	td.MaybeScanArgs(t, "lateness", &lateness)
-	td.MaybeScanArgs(t, "late", &late)
-	td.MaybeScanArgs(t, "parallelism", &par)
-	td.MaybeScanArgs(t, "maxpar", &maxPar)
+// windowHarnessConfig is a window operator's configuration in the
+// harness: kind tumbling|sliding|session, time event|processing, durations
+// in ms, fn sum|max|list, late side|drop.
+type windowHarnessConfig struct {
+	kind, time, fn, late               string
+	size, slide, gap, offset, lateness int64
+	parallelism, maxPar                int
+}
+
+func parseWindowHarnessConfig(t *testing.T, td *datadriven.TestData) windowHarnessConfig {
+	c := windowHarnessConfig{late: "side", parallelism: 1, maxPar: 8}
+	td.ScanArgs(t, "kind", &c.kind)
+	td.ScanArgs(t, "time", &c.time)
+	td.ScanArgs(t, "fn", &c.fn)
+	td.MaybeScanArgs(t, "size", &c.size)
+	td.MaybeScanArgs(t, "slide", &c.slide)
+	td.MaybeScanArgs(t, "gap", &c.gap)
+	td.MaybeScanArgs(t, "offset", &c.offset)
+	td.MaybeScanArgs(t, "lateness", &c.lateness)
+	td.MaybeScanArgs(t, "late", &c.late)
+	td.MaybeScanArgs(t, "parallelism", &c.parallelism)
+	td.MaybeScanArgs(t, "maxpar", &c.maxPar)
+	return c
+}
+
+func newWindowHarness(t *testing.T, c windowHarnessConfig) (*windowHarness, error) {
+	kind, tm, fn, late := c.kind, c.time, c.fn, c.late
+	size, slide, gap, offset, lateness := c.size, c.slide, c.gap, c.offset, c.lateness
+	par, maxPar := c.parallelism, c.maxPar
 	ms := func(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
 	var asg WindowAssigner
 	event := tm == "event"
@@ -243,7 +256,7 @@ func newWindowHarness(t *testing.T, td *datadriven.TestData) (*windowHarness, er
 	case kind == "session":
 		asg = ProcessingTimeSessionWindows(ms(gap))
 	default:
-		t.Fatalf("%s: kind %q time %q", td.Pos, kind, tm)
+		t.Fatalf("kind %q time %q", kind, tm)
 	}
 	h := &windowHarness{t: t, maxPar: maxPar, keys: map[string]bool{}}
 	h.newOp = func(st *harnessSubtask) (windowMachine, error) {
@@ -289,7 +302,7 @@ func newWindowHarness(t *testing.T, td *datadriven.TestData) (*windowHarness, er
 			})
 			return newWindowOperator(r, asg, lateness, processWindowFunc[string, int64, string](pf, Int64Codec()), st.timers, emit, lateFn)
 		}
-		t.Fatalf("%s: fn %q", td.Pos, fn)
+		t.Fatalf("fn %q", fn)
 		return nil, nil
 	}
 	if err := h.buildAt(par, nil, nil, nil, math.MinInt64, 0); err != nil {

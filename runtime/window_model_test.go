@@ -1,0 +1,187 @@
+package runtime
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// windowInput is one record of the model tests.
+type windowInput struct {
+	key   string
+	ts, v int64
+}
+
+// outOfOrderInput returns n records over keys, their timestamps rising by
+// 0-4 ms a record and each out of order by up to bound ms.
+func outOfOrderInput(seed uint64, n int, keys []string, bound int64) []windowInput {
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	in := make([]windowInput, n)
+	base := int64(1000)
+	for i := range in {
+		base += r.Int64N(5)
+		in[i] = windowInput{key: keys[r.IntN(len(keys))], ts: base - r.Int64N(bound+1), v: int64(i + 1)}
+	}
+	return in
+}
+
+// referenceWindows computes what windows of records that are never late
+// hold, straight from the definitions: every aligned window holding a
+// record's timestamp; sessions as the runs of a key's sorted timestamps
+// less than gap apart. Lines as the harness prints them (fn=sum).
+func referenceWindows(c windowHarnessConfig, in []windowInput) []string {
+	type kw struct {
+		key string
+		w   TimeWindow
+	}
+	acc := map[kw]sumAcc{}
+	add := func(k kw, v int64) {
+		a := acc[k]
+		acc[k] = sumAcc{Sum: a.Sum + v, N: a.N + 1}
+	}
+	if c.kind == "session" {
+		byKey := map[string][]windowInput{}
+		for _, r := range in {
+			byKey[r.key] = append(byKey[r.key], r)
+		}
+		for key, rs := range byKey {
+			slices.SortStableFunc(rs, func(a, b windowInput) int { return cmpInt64(a.ts, b.ts) })
+			start := 0
+			for i := range rs {
+				if i+1 == len(rs) || rs[i+1].ts >= rs[i].ts+c.gap {
+					w := TimeWindow{Start: rs[start].ts, End: rs[i].ts + c.gap}
+					for _, r := range rs[start : i+1] {
+						add(kw{key, w}, r.v)
+					}
+					start = i + 1
+				}
+			}
+		}
+	} else {
+		slide := c.slide
+		if c.kind == "tumbling" {
+			slide = c.size
+		}
+		for _, r := range in {
+			for s := windowStart(r.ts, c.offset, slide); s > r.ts-c.size; s -= slide {
+				add(kw{r.key, TimeWindow{Start: s, End: s + c.size}}, r.v)
+			}
+		}
+	}
+	var out []string
+	for k, a := range acc {
+		out = append(out, fmt.Sprintf("fire %s %v sum=%d n=%d", k.key, k.w, a.Sum, a.N))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Every window type, in event time (out-of-order records, a bounded
+// out-of-orderness watermark) and in processing time (the clock at each
+// record's timestamp), with and without rescaling the operator in the
+// middle of its windows (1 -> 3 -> 2 subtasks, state and timers restored by
+// key group): every window fires once with exactly the records the
+// definitions put in it, record by record, and each record costs one Add
+// whatever the number of windows holding it.
+func TestWindowsMatchTheirDefinitionRecordByRecord(t *testing.T) {
+	const n, bound = 3000, 20
+	keys := []string{"ann", "bob", "cyd", "dee", "eve"}
+	cases := []windowHarnessConfig{
+		{kind: "tumbling", size: 10},
+		{kind: "tumbling", size: 50, offset: 7},
+		{kind: "sliding", size: 30, slide: 10},
+		{kind: "sliding", size: 25, slide: 10, offset: 3},
+		{kind: "sliding", size: 60, slide: 1},
+		{kind: "session", gap: 12},
+		{kind: "session", gap: 40},
+	}
+	for _, c := range cases {
+		for _, tm := range []string{"event", "processing"} {
+			for _, rescale := range []bool{false, true} {
+				c := c
+				c.time, c.fn, c.late, c.parallelism, c.maxPar = tm, "sum", "side", 1, 16
+				name := fmt.Sprintf("%s/size=%d,slide=%d,gap=%d,offset=%d/%s/rescale=%v", c.kind, c.size, c.slide, c.gap, c.offset, tm, rescale)
+				t.Run(name, func(t *testing.T) {
+					in := outOfOrderInput(uint64(len(name)), n, keys, bound)
+					if tm == "processing" {
+						// The clock is monotonic: records come at their ts.
+						slices.SortStableFunc(in, func(a, b windowInput) int { return cmpInt64(a.ts, b.ts) })
+					}
+					h, err := newWindowHarness(t, c)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var got []string
+					take := func() {
+						for _, l := range strings.Split(strings.TrimSpace(h.out.String()), "\n") {
+							if l != "" {
+								got = append(got, l)
+							}
+						}
+						h.out.Reset()
+					}
+					maxTs := int64(math.MinInt64)
+					for i, r := range in {
+						if rescale && (i == n/3 || i == 2*n/3) {
+							if err := h.rescale(map[bool]int{true: 3, false: 2}[i == n/3]); err != nil {
+								t.Fatal(err)
+							}
+						}
+						if tm == "processing" {
+							if err := h.advance(false, r.ts); err != nil {
+								t.Fatal(err)
+							}
+						}
+						if err := h.add(r.key, r.ts, r.v); err != nil {
+							t.Fatal(err)
+						}
+						maxTs = max(maxTs, r.ts)
+						if tm == "event" && i%7 == 0 {
+							if err := h.advance(true, maxTs-bound-1); err != nil {
+								t.Fatal(err)
+							}
+						}
+						take()
+					}
+					if err := h.advance(tm == "event", math.MaxInt64); err != nil {
+						t.Fatal(err)
+					}
+					take()
+					for _, l := range got {
+						if strings.HasPrefix(l, "late") {
+							t.Fatalf("record late within the out-of-orderness bound: %s", l)
+						}
+					}
+					slices.Sort(got)
+					want := referenceWindows(c, in)
+					if !slices.Equal(got, want) {
+						t.Fatalf("%d firings, want %d; first difference:\n%s", len(got), len(want), firstDiff(got, want))
+					}
+					if h.adds != n {
+						t.Fatalf("Add called %d times for %d records", h.adds, n)
+					}
+				})
+			}
+		}
+	}
+}
+
+// firstDiff describes the first line where got and want differ.
+func firstDiff(got, want []string) string {
+	for i := 0; i < max(len(got), len(want)); i++ {
+		var g, w string
+		if i < len(got) {
+			g = got[i]
+		}
+		if i < len(want) {
+			w = want[i]
+		}
+		if g != w {
+			return fmt.Sprintf("got  %q\nwant %q", g, w)
+		}
+	}
+	return ""
+}
