@@ -185,3 +185,160 @@ func firstDiff(got, want []string) string {
 	}
 	return ""
 }
+
+// flinkAlignedWindows is Flink's WindowOperator for tumbling and sliding
+// event-time windows with the default trigger, written plainly: every
+// record copied into each of its windows that is not past its cleanup
+// time, a late firing for each such window whose end the watermark passed,
+// the record to the late output when it went into none. The window
+// operator's panes must give the same results.
+type flinkAlignedWindows struct {
+	c        windowHarnessConfig
+	wm       int64
+	contents map[string]map[TimeWindow]sumAcc
+	out      []string
+	adds     int // records copied into windows
+}
+
+func (f *flinkAlignedWindows) cleanup(w TimeWindow) int64 { return addSat(w.MaxTimestamp(), f.c.lateness) }
+
+func (f *flinkAlignedWindows) add(key string, ts, v int64) {
+	slide := f.c.slide
+	if f.c.kind == "tumbling" {
+		slide = f.c.size
+	}
+	skipped := true
+	for s := windowStart(ts, f.c.offset, slide); s > ts-f.c.size; s -= slide {
+		w := TimeWindow{Start: s, End: s + f.c.size}
+		if f.cleanup(w) <= f.wm {
+			continue
+		}
+		skipped = false
+		if f.contents[key] == nil {
+			f.contents[key] = map[TimeWindow]sumAcc{}
+		}
+		a := f.contents[key][w]
+		a = sumAcc{Sum: a.Sum + v, N: a.N + 1}
+		f.adds++
+		f.contents[key][w] = a
+		if w.MaxTimestamp() <= f.wm {
+			f.out = append(f.out, fmt.Sprintf("fire %s %v sum=%d n=%d", key, w, a.Sum, a.N))
+		}
+	}
+	if skipped {
+		f.out = append(f.out, fmt.Sprintf("late %s %d", key, v))
+	}
+}
+
+func (f *flinkAlignedWindows) watermark(wm int64) {
+	if wm <= f.wm {
+		return
+	}
+	for key, ws := range f.contents {
+		for w, a := range ws {
+			if w.MaxTimestamp() > f.wm && w.MaxTimestamp() <= wm {
+				f.out = append(f.out, fmt.Sprintf("fire %s %v sum=%d n=%d", key, w, a.Sum, a.N))
+			}
+			if f.cleanup(w) <= wm {
+				delete(ws, w)
+			}
+		}
+	}
+	f.wm = wm
+}
+
+// With records later than the watermark (some within the allowed
+// lateness, some beyond it), tumbling and sliding event-time windows give,
+// record by record, what Flink's copy-per-window operator gives: the same
+// firings, the same late firings with the updated results, the same
+// records on the late output; with one Add per record that is not late
+// instead of one per window.
+func TestAlignedWindowsWithLatenessEqualCopyingEachRecordIntoEveryWindow(t *testing.T) {
+	const n, bound = 4000, 10
+	keys := []string{"ann", "bob", "cyd"}
+	cases := []windowHarnessConfig{
+		{kind: "tumbling", size: 10, lateness: 15},
+		{kind: "tumbling", size: 20, offset: 5, lateness: 0},
+		{kind: "sliding", size: 30, slide: 10, lateness: 20},
+		{kind: "sliding", size: 24, slide: 9, offset: 4, lateness: 7},
+		{kind: "sliding", size: 60, slide: 1, lateness: 5},
+	}
+	for _, c := range cases {
+		for _, rescale := range []bool{false, true} {
+			c := c
+			c.time, c.fn, c.late, c.parallelism, c.maxPar = "event", "sum", "side", 2, 16
+			name := fmt.Sprintf("%s/size=%d,slide=%d,offset=%d,lateness=%d/rescale=%v", c.kind, c.size, c.slide, c.offset, c.lateness, rescale)
+			t.Run(name, func(t *testing.T) {
+				r := rand.New(rand.NewPCG(7, uint64(len(name))))
+				in := outOfOrderInput(uint64(len(name)), n, keys, bound)
+				for i := range in {
+					if r.IntN(8) == 0 { // later than the watermark, by up to 12x the bound
+						in[i].ts -= r.Int64N(12 * bound)
+					}
+				}
+				h, err := newWindowHarness(t, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ref := &flinkAlignedWindows{c: c, wm: math.MinInt64, contents: map[string]map[TimeWindow]sumAcc{}}
+				var got []string
+				take := func() {
+					for _, l := range strings.Split(strings.TrimSpace(h.out.String()), "\n") {
+						if l != "" {
+							got = append(got, l)
+						}
+					}
+					h.out.Reset()
+				}
+				maxTs, accepted := int64(math.MinInt64), 0
+				for i, rec := range in {
+					if rescale && i%1000 == 500 {
+						if err := h.rescale(1 + i%3); err != nil {
+							t.Fatal(err)
+						}
+					}
+					lateBefore := h.late()
+					if err := h.add(rec.key, rec.ts, rec.v); err != nil {
+						t.Fatal(err)
+					}
+					if h.late() == lateBefore {
+						accepted++
+					}
+					ref.add(rec.key, rec.ts, rec.v)
+					maxTs = max(maxTs, rec.ts)
+					if i%5 == 0 {
+						if err := h.advance(true, maxTs-bound-1); err != nil {
+							t.Fatal(err)
+						}
+						ref.watermark(maxTs - bound - 1)
+					}
+					take()
+				}
+				if err := h.advance(true, math.MaxInt64); err != nil {
+					t.Fatal(err)
+				}
+				ref.watermark(math.MaxInt64)
+				take()
+				slices.Sort(got)
+				slices.Sort(ref.out)
+				if !slices.Equal(got, ref.out) {
+					t.Fatalf("%d outputs, Flink's operator %d; first difference:\n%s", len(got), len(ref.out), firstDiff(got, ref.out))
+				}
+				lates := 0
+				for _, l := range got {
+					if strings.HasPrefix(l, "late ") {
+						lates++
+					}
+				}
+				if lates == 0 || int64(lates) != h.late() {
+					t.Fatalf("%d late records out, %d counted (the input must have some)", lates, h.late())
+				}
+				if h.adds != accepted {
+					t.Fatalf("Add called %d times for %d records not late", h.adds, accepted)
+				}
+				t.Logf("%d records (%d late): %d Add calls, %d Merge calls; copying into every window: %d Add calls",
+					n, lates, h.adds, h.merges, ref.adds)
+			})
+		}
+	}
+}
