@@ -200,7 +200,9 @@ type flinkAlignedWindows struct {
 	adds     int // records copied into windows
 }
 
-func (f *flinkAlignedWindows) cleanup(w TimeWindow) int64 { return addSat(w.MaxTimestamp(), f.c.lateness) }
+func (f *flinkAlignedWindows) cleanup(w TimeWindow) int64 {
+	return addSat(w.MaxTimestamp(), f.c.lateness)
+}
 
 func (f *flinkAlignedWindows) add(key string, ts, v int64) {
 	slide := f.c.slide
