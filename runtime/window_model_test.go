@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -342,5 +343,70 @@ func TestAlignedWindowsWithLatenessEqualCopyingEachRecordIntoEveryWindow(t *test
 					n, lates, h.adds, h.merges, ref.adds)
 			})
 		}
+	}
+}
+
+// A checkpoint's window state is what the windows held when it was taken,
+// although it is encoded later while records keep coming into the same
+// windows (lists appended to, sessions merged, panes cleaned up), as the
+// asynchronous part of a checkpoint does.
+func TestWindowSnapshotIsTheStateWhenTakenWhateverChangesAfter(t *testing.T) {
+	for _, c := range []windowHarnessConfig{
+		{kind: "sliding", size: 30, slide: 10, lateness: 5},
+		{kind: "session", gap: 15, lateness: 5},
+	} {
+		c.time, c.fn, c.late, c.parallelism, c.maxPar = "event", "list", "side", 1, 8
+		t.Run(c.kind, func(t *testing.T) {
+			in := outOfOrderInput(3, 2000, []string{"ann", "bob", "cyd"}, 10)
+			h, err := newWindowHarness(t, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dump := func(h *windowHarness) string {
+				h.printState()
+				s := h.out.String()
+				h.out.Reset()
+				return s
+			}
+			maxTs := int64(math.MinInt64)
+			for i, r := range in {
+				if i%400 == 200 {
+					enc := h.subtasks[0].b.snapshot()
+					event := maps.Clone(h.subtasks[0].timers.event)
+					wm := h.subtasks[0].timers.wm
+					want := dump(h)
+					for _, r := range in[i : i+150] { // the same windows change
+						if err := h.add(r.key, r.ts, r.v); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if err := h.advance(true, maxTs); err != nil {
+						t.Fatal(err)
+					}
+					h.out.Reset()
+					restored, err := newWindowHarness(t, c)
+					if err != nil {
+						t.Fatal(err)
+					}
+					restored.keys = h.keys
+					if err := restored.buildAt(1, enc(), event, nil, wm, 0); err != nil {
+						t.Fatal(err)
+					}
+					if got := dump(restored); got != want {
+						t.Fatalf("snapshot taken at record %d restores\n%s\nwant\n%s", i, got, want)
+					}
+				}
+				if err := h.add(r.key, r.ts, r.v); err != nil {
+					t.Fatal(err)
+				}
+				maxTs = max(maxTs, r.ts)
+				if i%5 == 0 {
+					if err := h.advance(true, maxTs-11); err != nil {
+						t.Fatal(err)
+					}
+				}
+				h.out.Reset()
+			}
+		})
 	}
 }
