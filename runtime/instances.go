@@ -60,7 +60,7 @@ func notifyListener(ctx context.Context, x any, id checkpoint.ID, complete bool)
 type sourceInstance[T any] struct {
 	src     Source[T]
 	out     pushFn[T]
-	c       *collector[T]
+	c       *sourceCollector[T]
 	oc      *OperatorContext
 	records *atomic.Int64 // c.n, published
 }
@@ -93,7 +93,7 @@ func (s *sourceInstance[T]) commitRestored(ctx context.Context) error {
 }
 
 func (s *sourceInstance[T]) open(ctx context.Context) error {
-	s.c = &collector[T]{push: s.out}
+	s.c = &sourceCollector[T]{collector: collector[T]{push: s.out}, now: s.oc.recordTime()}
 	return s.src.Open(ctx, s.oc)
 }
 
@@ -103,6 +103,22 @@ func (s *sourceInstance[T]) notify(ctx context.Context, id checkpoint.ID, comple
 
 func (s *sourceInstance[T]) close() error { return s.src.Close() }
 func (s *sourceInstance[T]) user() any    { return s.src }
+
+// sourceCollector is the TimestampCollector of a source: it sets the
+// task's record timestamp before it pushes.
+type sourceCollector[T any] struct {
+	collector[T]
+	now *recordTime
+}
+
+// Collect implements Collector: a record without a timestamp.
+func (c *sourceCollector[T]) Collect(v T) { c.CollectWithTimestamp(v, NoTimestamp) }
+
+// CollectWithTimestamp implements TimestampCollector.
+func (c *sourceCollector[T]) CollectWithTimestamp(v T, ts int64) {
+	c.now.ts = ts
+	c.collector.Collect(v)
+}
 
 // sinkInstance runs a user Sink.
 type sinkInstance[T any] struct {

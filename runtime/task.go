@@ -66,6 +66,9 @@ type task struct {
 	rep       reporter
 	log       *zap.Logger
 	stats     *taskStats
+	// now is the event timestamp of the record being processed, shared by
+	// the chain and the output writers.
+	now *recordTime
 	// publishers are the chain's instances that count records in a plain
 	// field; publishRecords hands their counts to stats.
 	publishers []recordPublisher
