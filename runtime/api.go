@@ -306,12 +306,27 @@ func KeyBy[T any, K comparable](s *Stream[T], key func(T) K, kc Codec[K]) *Keyed
 }
 
 // FromSource adds a source to the job. newSource is called once per subtask
-// and attempt: every subtask owns its Source.
+// and attempt: every subtask owns its Source. With the Watermarks option
+// the source assigns event timestamps and emits watermarks; without it its
+// records keep the timestamps it emitted them with and it emits only the
+// final watermark, when a bounded source ends.
 func FromSource[T any](j *Job, name string, newSource func() Source[T], opts ...OpOpt) *Stream[T] {
 	n := j.addNode(name, opts)
 	n.kind = kindSource
+	var ws *WatermarkStrategy[T]
+	if n.watermarks != nil {
+		s, ok := n.watermarks.(WatermarkStrategy[T])
+		switch {
+		case !ok:
+			j.fail(fmt.Errorf("%w: source %q: watermark strategy %T is not a WatermarkStrategy[%T]", ErrInvalidJob, name, n.watermarks, *new(T)))
+		case s.err != nil:
+			j.fail(fmt.Errorf("%w: source %q: %w", ErrInvalidJob, name, s.err))
+		}
+		ws = &s
+	}
 	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
-		return &sourceInstance[T]{src: newSource(), out: out.(pushFn[T]), oc: oc, records: oc.countRecords()}, nil
+		return &sourceInstance[T]{src: newSource(), out: out.(pushFn[T]), oc: oc, records: oc.countRecords(),
+			wms: newSourceWatermarks(ws)}, nil
 	}
 	setOutputType[T](n)
 	return &Stream[T]{job: j, node: n}

@@ -8,11 +8,15 @@ import (
 )
 
 // envelope is what travels on a channel between two subtasks: a batch of
-// records, a checkpoint barrier, or the end of the stream.
+// records, a checkpoint barrier, a watermark or a status (idle, active), or
+// the end of the stream. All travel in band, in order: a watermark behind a
+// barrier on a channel blocked for alignment is delivered after it.
 type envelope struct {
 	batch   batcher       // a *batch[T]
 	barrier checkpoint.ID // a barrier when non-zero
 	eos     bool
+	mark    markKind // a watermark (wm) or status when non-zero
+	wm      int64
 }
 
 // batcher is the untyped face of a *batch[T].

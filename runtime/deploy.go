@@ -279,7 +279,7 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				continue
 			}
 			t := &task{id: v.taskID(sub), v: v, subtask: sub, ctrl: make(chan control, 1024), rep: d, log: d.log,
-				stats: &taskStats{}, now: &recordTime{ts: NoTimestamp}}
+				stats: newTaskStats(), now: &recordTime{ts: NoTimestamp}}
 			if v.nodes[0].kind == kindSource {
 				t.interrupt = make(chan struct{}, 1) // only a source's Poll waits on it
 			}
@@ -379,6 +379,7 @@ const (
 	msgBarrier byte = 2
 	msgEOS     byte = 3
 	msgBatchTS byte = 4 // records, each after its timestamp (a varint)
+	msgMark    byte = 5 // a watermark (kind, varint) or a status (kind)
 )
 
 // sendPump forwards what the local task from writes on ch to the remote
@@ -405,6 +406,11 @@ func (d *localDeployment) sendPump(ex Exchange, e *edge, from, to checkpoint.Tas
 			buf = binary.AppendUvarint(append(buf[:0], msgBarrier), uint64(env.barrier))
 		case env.eos:
 			buf = append(buf[:0], msgEOS)
+		case env.mark != 0:
+			buf = append(buf[:0], msgMark, byte(env.mark))
+			if env.mark == markWatermark {
+				buf = binary.AppendVarint(buf, env.wm)
+			}
 		}
 		if err := ex.Send(d.ctx, to, id, buf); err != nil {
 			if d.ctx.Err() == nil {
@@ -472,6 +478,21 @@ func decodeEnvelope(e *edge, msg []byte) (_ envelope, err error) {
 		return envelope{barrier: checkpoint.ID(id)}, nil
 	case msgEOS:
 		return envelope{eos: true}, nil
+	case msgMark:
+		if len(msg) < 2 {
+			return envelope{}, fmt.Errorf("%w: mark", ErrDecode)
+		}
+		switch k := markKind(msg[1]); k {
+		case markIdle, markActive:
+			return envelope{mark: k}, nil
+		case markWatermark:
+			wm, n := binary.Varint(msg[2:])
+			if n <= 0 {
+				return envelope{}, fmt.Errorf("%w: watermark", ErrDecode)
+			}
+			return envelope{mark: k, wm: wm}, nil
+		}
+		return envelope{}, fmt.Errorf("%w: mark kind %d", ErrDecode, msg[1])
 	}
 	return envelope{}, fmt.Errorf("%w: message kind %d", ErrDecode, msg[0])
 }

@@ -47,6 +47,8 @@ type node struct {
 	newInstance func(oc *OperatorContext, out any) (instance, error)
 	fanout      func(pushes []any) any
 	discard     func() any
+	// watermarks is a source's WatermarkStrategy[T] (Watermarks), nil if none.
+	watermarks any
 }
 
 // edge connects two operators. Its closures carry the record type.

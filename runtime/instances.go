@@ -2,8 +2,10 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/weirstream/weir/checkpoint"
 )
@@ -61,6 +63,7 @@ type sourceInstance[T any] struct {
 	src     Source[T]
 	out     pushFn[T]
 	c       *sourceCollector[T]
+	wms     *sourceWatermarks[T]
 	oc      *OperatorContext
 	records *atomic.Int64 // c.n, published
 }
@@ -69,14 +72,35 @@ func (s *sourceInstance[T]) input() any { return nil }
 
 func (s *sourceInstance[T]) publishRecords() { s.records.Store(s.c.n) }
 
+// setMarkEmitter gives the source's watermark machinery the way to send
+// watermarks and status through the chain and the outputs.
+func (s *sourceInstance[T]) setMarkEmitter(emit func(envelope) error) { s.wms.emit = emit }
+
+// poll runs one Poll, then the watermark machinery: the periodic watermark
+// and idleness after a Poll, the final watermark at the end of the input.
 func (s *sourceInstance[T]) poll(ctx context.Context) error {
-	if err := s.src.Poll(ctx, s.c); err != nil {
-		if perr := s.c.take(); perr != nil {
-			return perr
+	before, start := s.c.n, time.Now()
+	err := s.src.Poll(ctx, s.c)
+	if perr := s.c.take(); perr != nil {
+		return perr
+	}
+	if werr := s.wms.take(); werr != nil {
+		return werr
+	}
+	if errors.Is(err, ErrEndOfInput) {
+		if werr := s.wms.end(); werr != nil {
+			return werr
 		}
 		return err
 	}
-	return s.c.take()
+	if err != nil {
+		return err
+	}
+	if s.wms.strategy {
+		now := time.Now()
+		return s.wms.afterPoll(now, now.Sub(start), s.c.n-before)
+	}
+	return nil
 }
 
 func (s *sourceInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
@@ -94,6 +118,9 @@ func (s *sourceInstance[T]) commitRestored(ctx context.Context) error {
 
 func (s *sourceInstance[T]) open(ctx context.Context) error {
 	s.c = &sourceCollector[T]{collector: collector[T]{push: s.out}, now: s.oc.recordTime()}
+	if s.wms.strategy {
+		s.c.wms = s.wms
+	}
 	return s.src.Open(ctx, s.oc)
 }
 
@@ -109,6 +136,7 @@ func (s *sourceInstance[T]) user() any    { return s.src }
 type sourceCollector[T any] struct {
 	collector[T]
 	now *recordTime
+	wms *sourceWatermarks[T] // nil: no WatermarkStrategy
 }
 
 // Collect implements Collector: a record without a timestamp.
@@ -116,6 +144,9 @@ func (c *sourceCollector[T]) Collect(v T) { c.CollectWithTimestamp(v, NoTimestam
 
 // CollectWithTimestamp implements TimestampCollector.
 func (c *sourceCollector[T]) CollectWithTimestamp(v T, ts int64) {
+	if c.wms != nil {
+		ts = c.wms.onRecord(v, ts)
+	}
 	c.now.ts = ts
 	c.collector.Collect(v)
 }

@@ -73,7 +73,8 @@ type task struct {
 	// field; publishRecords hands their counts to stats.
 	publishers []recordPublisher
 
-	aligner    *aligner  // barrier alignment (pure state machine)
+	aligner    *aligner        // barrier alignment (pure state machine)
+	valve      *watermarkValve // input watermark and status (pure state machine)
 	seq        sequencer // per-task checkpoint logic (pure state machine)
 	alignStart time.Time
 	async      sync.WaitGroup
@@ -170,6 +171,14 @@ func (t *task) run(ctx context.Context, restore []*SubtaskState, ready func(), s
 		case <-start:
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+		if m, ok := t.ops[0].(interface{ setMarkEmitter(func(envelope) error) }); ok {
+			m.setMarkEmitter(func(e envelope) error {
+				if e.mark == markWatermark {
+					return t.advanceWatermark(ctx, e.wm)
+				}
+				return t.event(ctx, e)
+			})
 		}
 		err = t.runSource(ctx)
 	} else {
@@ -293,6 +302,7 @@ func (t *task) execute(ctx context.Context, acts []seqAction, alignment time.Dur
 
 func (t *task) runInputs(ctx context.Context) error {
 	t.aligner = newAligner(len(t.inputs))
+	t.valve = newWatermarkValve(len(t.inputs))
 	sel := newSelector(t)
 	for t.aligner.live() > 0 {
 		idx, e, c, err := sel.next(ctx)
@@ -317,7 +327,23 @@ func (t *task) runInputs(ctx context.Context) error {
 			if err := t.align(ctx, t.aligner.onBarrier(idx, e.barrier)); err != nil {
 				return err
 			}
+		case e.mark != 0:
+			var acts []valveAction
+			switch e.mark {
+			case markWatermark:
+				acts = t.valve.watermark(idx, e.wm)
+			case markIdle:
+				acts = t.valve.idleChannel(idx)
+			case markActive:
+				acts = t.valve.active(idx)
+			}
+			if err := t.forwardMarks(ctx, acts); err != nil {
+				return err
+			}
 		case e.eos:
+			if err := t.forwardMarks(ctx, t.valve.ended(idx)); err != nil {
+				return err
+			}
 			if err := t.align(ctx, t.aligner.onEnd(idx)); err != nil {
 				return err
 			}
@@ -335,6 +361,45 @@ func (t *task) runInputs(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+// watermarkHandler is an instance that acts when its input watermark
+// advances (a keyed operator fires its event-time timers). It runs on the
+// task goroutine; what it emits reaches the rest of the chain before the
+// watermark does.
+type watermarkHandler interface {
+	advanceWatermark(ctx context.Context, wm int64) error
+}
+
+// forwardMarks carries out the valve's actions.
+func (t *task) forwardMarks(ctx context.Context, acts []valveAction) error {
+	for _, a := range acts {
+		var err error
+		if a.Kind == markWatermark {
+			err = t.advanceWatermark(ctx, a.TS)
+		} else {
+			err = t.event(ctx, envelope{mark: a.Kind})
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// advanceWatermark hands watermark wm to the chain's operators, head first,
+// then sends it on every output.
+func (t *task) advanceWatermark(ctx context.Context, wm int64) error {
+	t.stats.inputWatermark.Store(wm)
+	for i, op := range t.ops {
+		if h, ok := op.(watermarkHandler); ok {
+			if err := h.advanceWatermark(ctx, wm); err != nil {
+				return fmt.Errorf("%s: watermark %d: %w", t.v.nodes[i].name, wm, err)
+			}
+		}
+	}
+	t.stats.outputWatermark.Store(wm)
+	return t.event(ctx, envelope{mark: markWatermark, wm: wm})
 }
 
 func (t *task) align(ctx context.Context, acts []alignAction) error {
