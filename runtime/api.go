@@ -383,8 +383,14 @@ func Filter[T any](s *Stream[T], name string, keep func(T) bool, opts ...OpOpt) 
 }
 
 // Process runs a keyed process function with keyed state. newFn is called
-// once per subtask and attempt.
+// once per subtask and attempt. For event time and timers, see
+// ProcessKeyed.
 func Process[K comparable, T, U any](ks *KeyedStream[K, T], name string, newFn func() KeyedProcessFunction[K, T, U], opts ...OpOpt) *Stream[U] {
+	return process(ks, name, func() keyedFunction[K, T, U] { return keyedFunction[K, T, U]{fn: newFn()} }, opts)
+}
+
+// process adds a keyed operator running the functions newFn makes.
+func process[K comparable, T, U any](ks *KeyedStream[K, T], name string, newFn func() keyedFunction[K, T, U], opts []OpOpt) *Stream[U] {
 	hashed := &Stream[T]{job: ks.s.job, node: ks.s.node, part: edgeHash}
 	n := connect(hashed, name, opts)
 	n.keyed = true

@@ -75,9 +75,60 @@ type task struct {
 
 	aligner    *aligner        // barrier alignment (pure state machine)
 	valve      *watermarkValve // input watermark and status (pure state machine)
-	seq        sequencer // per-task checkpoint logic (pure state machine)
+	seq        sequencer       // per-task checkpoint logic (pure state machine)
 	alignStart time.Time
 	async      sync.WaitGroup
+
+	// Processing-time timers of the chain's keyed operators: wake fires at
+	// the earliest (wakeAt, epoch ms); nil when the chain has none.
+	timed  []processingTimeHandler
+	wake   *time.Timer
+	wakeC  <-chan time.Time
+	wakeAt int64
+	armed  bool
+}
+
+// processingTimeHandler is an instance with processing-time timers.
+type processingTimeHandler interface {
+	hasTimers() bool
+	// nextProcessingTime is the earliest timer; changed: one was
+	// registered or restored since the last call.
+	nextProcessingTime() (ts int64, ok, changed bool)
+	fireProcessingTime(now int64) error
+}
+
+// armProcessingTime sets the wake-up to the chain's earliest
+// processing-time timer.
+func (t *task) armProcessingTime() {
+	if len(t.timed) == 0 {
+		return
+	}
+	next, any, changed := int64(0), false, false
+	for _, h := range t.timed {
+		ts, ok, c := h.nextProcessingTime()
+		changed = changed || c
+		if ok && (!any || ts < next) {
+			next, any = ts, true
+		}
+	}
+	if !any || (t.armed && next == t.wakeAt && !changed) {
+		return
+	}
+	t.wakeAt, t.armed = next, true
+	t.wake.Reset(time.Until(time.UnixMilli(next)))
+}
+
+// fireProcessingTime fires the chain's due processing-time timers.
+func (t *task) fireProcessingTime() error {
+	t.armed = false
+	now := time.Now().UnixMilli()
+	for _, h := range t.timed {
+		if err := h.fireProcessingTime(now); err != nil {
+			return err
+		}
+	}
+	t.armProcessingTime()
+	return nil
 }
 
 // panicError is a task's recovered panic with its stack.
@@ -303,11 +354,29 @@ func (t *task) execute(ctx context.Context, acts []seqAction, alignment time.Dur
 func (t *task) runInputs(ctx context.Context) error {
 	t.aligner = newAligner(len(t.inputs))
 	t.valve = newWatermarkValve(len(t.inputs))
+	for _, op := range t.ops {
+		if h, ok := op.(processingTimeHandler); ok && h.hasTimers() {
+			t.timed = append(t.timed, h)
+		}
+	}
+	if len(t.timed) > 0 {
+		t.wake = time.NewTimer(time.Hour)
+		t.wake.Stop()
+		t.wakeC = t.wake.C
+		defer t.wake.Stop()
+		t.armProcessingTime()
+	}
 	sel := newSelector(t)
 	for t.aligner.live() > 0 {
 		idx, e, c, err := sel.next(ctx)
 		if err != nil {
 			return err
+		}
+		if idx == wakeInput {
+			if err := t.fireProcessingTime(); err != nil {
+				return err
+			}
+			continue
 		}
 		if idx < 0 {
 			if _, err := t.handleControl(ctx, c); err != nil {
@@ -323,6 +392,7 @@ func (t *task) runInputs(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			t.armProcessingTime()
 		case e.barrier != 0:
 			if err := t.align(ctx, t.aligner.onBarrier(idx, e.barrier)); err != nil {
 				return err
@@ -340,6 +410,7 @@ func (t *task) runInputs(ctx context.Context) error {
 			if err := t.forwardMarks(ctx, acts); err != nil {
 				return err
 			}
+			t.armProcessingTime()
 		case e.eos:
 			if err := t.forwardMarks(ctx, t.valve.ended(idx)); err != nil {
 				return err
@@ -541,13 +612,16 @@ func (t *task) event(ctx context.Context, e envelope) error {
 	return nil
 }
 
+// wakeInput is the selector's index for the processing-time wake-up.
+const wakeInput = -4
+
 // selector receives from the task's unblocked inputs and its control
 // channel. Before blocking it flushes the task's outputs: records wait in a
 // batch only while more input is ready.
 type selector struct {
 	t     *task
 	cases []reflect.SelectCase
-	idx   []int // case -> input index; -1 control, -2 ctx, -3 default
+	idx   []int // case -> input index; wakeInput, -1 control, -2 ctx, -3 default
 	stale bool
 }
 
@@ -570,10 +644,11 @@ func (s *selector) rebuild(ctx context.Context) {
 		s.idx = append(s.idx, i)
 	}
 	s.cases = append(s.cases,
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.t.wakeC)},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.t.ctrl)},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
 		reflect.SelectCase{Dir: reflect.SelectDefault})
-	s.idx = append(s.idx, -1, -2, -3)
+	s.idx = append(s.idx, wakeInput, -1, -2, -3)
 	s.stale = false
 }
 
@@ -592,6 +667,8 @@ func (s *selector) next(ctx context.Context) (int, envelope, control, error) {
 		chosen, v, _ = reflect.Select(s.cases[:len(s.cases)-1])
 	}
 	switch s.idx[chosen] {
+	case wakeInput:
+		return wakeInput, envelope{}, control{}, nil
 	case -1:
 		return -1, envelope{}, v.Interface().(control), nil
 	case -2:
@@ -607,6 +684,8 @@ func (s *selector) nextSingle(ctx context.Context) (int, envelope, control, erro
 		return 0, e, control{}, nil
 	case c := <-s.t.ctrl:
 		return -1, envelope{}, c, nil
+	case <-s.t.wakeC:
+		return wakeInput, envelope{}, control{}, nil
 	default:
 	}
 	if err := s.t.flush(ctx); err != nil {
@@ -617,6 +696,8 @@ func (s *selector) nextSingle(ctx context.Context) (int, envelope, control, erro
 		return 0, e, control{}, nil
 	case c := <-s.t.ctrl:
 		return -1, envelope{}, c, nil
+	case <-s.t.wakeC:
+		return wakeInput, envelope{}, control{}, nil
 	case <-ctx.Done():
 		return 0, envelope{}, control{}, ctx.Err()
 	}
