@@ -47,6 +47,8 @@ type node struct {
 	newInstance func(oc *OperatorContext, out any) (instance, error)
 	fanout      func(pushes []any) any
 	discard     func() any
+	// watermarks is a source's WatermarkStrategy[T] (Watermarks), nil if none.
+	watermarks any
 }
 
 // edge connects two operators. Its closures carry the record type.
@@ -60,14 +62,17 @@ type edge struct {
 	// downstream head: its pushFn[T], or keyed (a func(T, int) error taking
 	// the key group, nil if the head has none) for a batch that carries key
 	// groups. Delivery returns how many records it pushed, and releases the
-	// batch once it pushed them all.
-	bind func(head, keyed any) func(batcher) (int, error)
+	// batch once it pushed them all. Before it pushes a record it sets now
+	// to the record's timestamp.
+	bind func(head, keyed any, now *recordTime) func(batcher) (int, error)
 	// codecErr is why records of the edge's type cannot cross a process
 	// boundary (CheckDefaultCodec), nil if they can; encode and decode
-	// carry a batch (*batch[T]) across one with DefaultCodec.
+	// carry a batch (*batch[T]) across one with DefaultCodec: encode
+	// appends a message (its kind byte, msgBatch or msgBatchTS, first),
+	// decode reads the body of one of that kind.
 	codecErr error
 	encode   func(dst []byte, b batcher) []byte
-	decode   func(b []byte) (batcher, error)
+	decode   func(kind byte, b []byte) (batcher, error)
 }
 
 // instance is one operator of one subtask, types erased.

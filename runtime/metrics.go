@@ -86,6 +86,13 @@ type TaskStats struct {
 	// BackPressured is the time the task spent blocked sending downstream
 	// because a channel was full.
 	BackPressured time.Duration
+	// InputWatermark is the task's current input watermark: the minimum
+	// over its active inputs (its source's own, for a source task);
+	// MinWatermark until the first one (Flink's currentInputWatermark).
+	InputWatermark int64
+	// OutputWatermark is the last watermark the task emitted
+	// (currentOutputWatermark).
+	OutputWatermark int64
 	// Source and Sink say whether the task's chain starts with a source or
 	// ends with a sink (CountRecords).
 	Source, Sink bool
@@ -111,6 +118,16 @@ func CountRecords(stats []TaskStats) RecordCounts {
 type taskStats struct {
 	in, out         atomic.Int64
 	backPressuredNs atomic.Int64
+	// inputWatermark and outputWatermark are the task's current watermarks
+	// (MinWatermark until the first one); set by the task goroutine.
+	inputWatermark, outputWatermark atomic.Int64
+}
+
+func newTaskStats() *taskStats {
+	s := &taskStats{}
+	s.inputWatermark.Store(MinWatermark)
+	s.outputWatermark.Store(MinWatermark)
+	return s
 }
 
 // operatorMetrics is the Metrics of one operator subtask: it records the
@@ -159,6 +176,7 @@ func (d *localDeployment) TaskStats() []TaskStats {
 	for i, t := range d.tasks {
 		out[i] = TaskStats{Task: t.id, Vertex: t.v.name(), Subtask: t.subtask, RecordsIn: t.stats.in.Load(),
 			RecordsOut: t.stats.out.Load(), BackPressured: time.Duration(t.stats.backPressuredNs.Load()),
+			InputWatermark: t.stats.inputWatermark.Load(), OutputWatermark: t.stats.outputWatermark.Load(),
 			Source: t.v.isSource(), Sink: t.v.isSink()}
 	}
 	return out
