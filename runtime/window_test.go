@@ -235,29 +235,31 @@ func parseWindowHarnessConfig(t *testing.T, td *datadriven.TestData) windowHarne
 	return c
 }
 
-func newWindowHarness(t *testing.T, c windowHarnessConfig) (*windowHarness, error) {
-	kind, tm, fn, late := c.kind, c.time, c.fn, c.late
-	size, slide, gap, offset, lateness := c.size, c.slide, c.gap, c.offset, c.lateness
-	par, maxPar := c.parallelism, c.maxPar
+// assigner is the configuration's WindowAssigner.
+func (c windowHarnessConfig) assigner(t *testing.T) WindowAssigner {
 	ms := func(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
-	var asg WindowAssigner
-	event := tm == "event"
+	event := c.time == "event"
 	switch {
-	case kind == "tumbling" && event:
-		asg = TumblingEventTimeWindows(ms(size), WindowOffset(ms(offset)))
-	case kind == "tumbling":
-		asg = TumblingProcessingTimeWindows(ms(size), WindowOffset(ms(offset)))
-	case kind == "sliding" && event:
-		asg = SlidingEventTimeWindows(ms(size), ms(slide), WindowOffset(ms(offset)))
-	case kind == "sliding":
-		asg = SlidingProcessingTimeWindows(ms(size), ms(slide), WindowOffset(ms(offset)))
-	case kind == "session" && event:
-		asg = EventTimeSessionWindows(ms(gap))
-	case kind == "session":
-		asg = ProcessingTimeSessionWindows(ms(gap))
-	default:
-		t.Fatalf("kind %q time %q", kind, tm)
+	case c.kind == "tumbling" && event:
+		return TumblingEventTimeWindows(ms(c.size), WindowOffset(ms(c.offset)))
+	case c.kind == "tumbling":
+		return TumblingProcessingTimeWindows(ms(c.size), WindowOffset(ms(c.offset)))
+	case c.kind == "sliding" && event:
+		return SlidingEventTimeWindows(ms(c.size), ms(c.slide), WindowOffset(ms(c.offset)))
+	case c.kind == "sliding":
+		return SlidingProcessingTimeWindows(ms(c.size), ms(c.slide), WindowOffset(ms(c.offset)))
+	case c.kind == "session" && event:
+		return EventTimeSessionWindows(ms(c.gap))
+	case c.kind == "session":
+		return ProcessingTimeSessionWindows(ms(c.gap))
 	}
+	t.Fatalf("kind %q time %q", c.kind, c.time)
+	return WindowAssigner{}
+}
+
+func newWindowHarness(t *testing.T, c windowHarnessConfig) (*windowHarness, error) {
+	fn, late, lateness, par, maxPar := c.fn, c.late, c.lateness, c.parallelism, c.maxPar
+	asg := c.assigner(t)
 	h := &windowHarness{t: t, maxPar: maxPar, keys: map[string]bool{}}
 	h.newOp = func(st *harnessSubtask) (windowMachine, error) {
 		r := &StateRegistry[string]{b: st.b}
