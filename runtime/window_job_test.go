@@ -261,3 +261,111 @@ func TestWindowJobsRestoredAtAnotherParallelismEqualARunWithoutFailure(t *testin
 		}
 	}
 }
+
+// lingeringSource ends only once done says so after its input ended: a
+// bounded input whose processing-time windows must fire before the job
+// ends (pending processing-time timers do not fire at the end of input).
+type lingeringSource[T any] struct {
+	Source[T]
+	done  func() bool
+	ended bool
+}
+
+func (s *lingeringSource[T]) Poll(ctx context.Context, out Collector[T]) error {
+	if !s.ended {
+		err := s.Source.Poll(ctx, out)
+		if !errors.Is(err, ErrEndOfInput) {
+			return err
+		}
+		s.ended = true
+	}
+	if s.done() {
+		return ErrEndOfInput
+	}
+	time.Sleep(time.Millisecond)
+	return nil
+}
+
+// Processing-time windows of every type as a job, with assertions that
+// hold whatever the timing: every record in exactly one tumbling window
+// and one session, in exactly size/slide sliding windows; windows aligned
+// to their slide; a key's sessions disjoint and at least gap long.
+func TestProcessingTimeWindowJobsPutEveryRecordInItsWindows(t *testing.T) {
+	const n = 600
+	for _, c := range []windowHarnessConfig{
+		{kind: "tumbling", size: 20},
+		{kind: "sliding", size: 30, slide: 10},
+		{kind: "session", gap: 15},
+	} {
+		c.time = "processing"
+		t.Run(c.kind, func(t *testing.T) {
+			copies := int64(1)
+			if c.kind == "sliding" {
+				copies = c.size / c.slide
+			}
+			cs := windowClicks(9, n, 20, false)
+			var emitted atomic.Int64
+			txns := newMemTxns()
+			j := NewJob("windows", DefaultParallelism(2), MaxParallelism(32))
+			events := FromSource(j, "clicks", func() Source[click] {
+				return &lingeringSource[click]{Source: SliceSource(cs, 1)(), done: func() bool { return emitted.Load() >= n*copies }}
+			}, Parallelism(1))
+			ws := Window(KeyBy(events, func(c click) string { return c.Key }, nil), c.assigner(t))
+			out := ProcessWindow(ws, "windows", ProcessWindowFunc[string, click, seqRec](func(ctx *WindowContext[string], cs []click, out Collector[seqRec]) error {
+				for _, c := range cs {
+					out.Collect(seqRec{Key: fmt.Sprintf("%s %d %d", ctx.Key, ctx.Window.Start, ctx.Window.End), Seq: int64(c.ID)})
+				}
+				emitted.Add(int64(len(cs)))
+				return nil
+			}), nil)
+			SinkTo(out, "sink", func() Sink[seqRec] { return &txnSink{txns: txns} })
+			if _, err := NewMiniCluster(CheckpointInterval(10*time.Millisecond)).Run(t.Context(), j); err != nil {
+				t.Fatal(err)
+			}
+			times := map[int64]int64{}
+			sessions := map[string][]TimeWindow{}
+			for _, r := range txns.output() {
+				var key string
+				var w TimeWindow
+				if _, err := fmt.Sscanf(r.Key, "%s %d %d", &key, &w.Start, &w.End); err != nil {
+					t.Fatal(err)
+				}
+				if cs[r.Seq].Key != key {
+					t.Fatalf("record %d of key %s in a window of %s", r.Seq, cs[r.Seq].Key, key)
+				}
+				times[r.Seq]++
+				switch c.kind {
+				case "session":
+					if !slices.Contains(sessions[key], w) {
+						sessions[key] = append(sessions[key], w)
+					}
+				default:
+					slide := c.slide
+					if c.kind == "tumbling" {
+						slide = c.size
+					}
+					if w.End-w.Start != c.size || windowStart(w.Start, 0, slide) != w.Start {
+						t.Fatalf("window %v is no %s window of %d ms every %d ms", w, c.kind, c.size, slide)
+					}
+				}
+			}
+			for i := range cs {
+				if times[int64(i)] != copies {
+					t.Fatalf("record %d in %d windows, want %d", i, times[int64(i)], copies)
+				}
+			}
+			for key, ss := range sessions {
+				for i, a := range ss {
+					if a.End-a.Start < c.gap {
+						t.Fatalf("session %v of %s shorter than the gap", a, key)
+					}
+					for _, b := range ss[i+1:] {
+						if a.overlaps(b) {
+							t.Fatalf("sessions %v and %v of %s overlap", a, b, key)
+						}
+					}
+				}
+			}
+		})
+	}
+}
