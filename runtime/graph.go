@@ -58,7 +58,7 @@ type edge struct {
 	from, to *node
 	kind     edgeKind
 	tag      string // the side output it carries ("": the main output)
-	keyGroup any // func(T) int for hash edges
+	keyGroup any    // func(T) int for hash edges
 	// newWriter creates the typed output writer of one upstream subtask.
 	newWriter func(tw *taskWiring, chans []chan envelope, subtask int) (any, outputGate)
 	// bind returns the delivery of the edge's batches (*batch[T]) into the
