@@ -90,6 +90,10 @@ type OperatorContext struct {
 	// in a deployment it is the task's records in (source) or out (sink).
 	records *atomic.Int64
 
+	// sides are the pushes (pushFn[T]) of the operator's side outputs
+	// that something reads, by tag id.
+	sides map[string]any
+
 	// now is the task's current record timestamp (recordTime); nil
 	// outside a deployment (recordTime gives a private one).
 	now *recordTime
@@ -272,17 +276,18 @@ type Stream[T any] struct {
 	job  *Job
 	node *node
 	part edgeKind // how the next operator connects
+	side string   // the side output's tag id read from node ("": its main output)
 }
 
 // Rebalance distributes the stream's records round-robin over the next
 // operator's subtasks.
 func Rebalance[T any](s *Stream[T]) *Stream[T] {
-	return &Stream[T]{job: s.job, node: s.node, part: edgeRebalance}
+	return &Stream[T]{job: s.job, node: s.node, part: edgeRebalance, side: s.side}
 }
 
 // Broadcast sends every record to every subtask of the next operator.
 func Broadcast[T any](s *Stream[T]) *Stream[T] {
-	return &Stream[T]{job: s.job, node: s.node, part: edgeBroadcast}
+	return &Stream[T]{job: s.job, node: s.node, part: edgeBroadcast, side: s.side}
 }
 
 // KeyedStream is a stream partitioned by key: all records of one key reach
@@ -391,7 +396,7 @@ func Process[K comparable, T, U any](ks *KeyedStream[K, T], name string, newFn f
 
 // process adds a keyed operator running the functions newFn makes.
 func process[K comparable, T, U any](ks *KeyedStream[K, T], name string, newFn func() keyedFunction[K, T, U], opts []OpOpt) *Stream[U] {
-	hashed := &Stream[T]{job: ks.s.job, node: ks.s.node, part: edgeHash}
+	hashed := &Stream[T]{job: ks.s.job, node: ks.s.node, part: edgeHash, side: ks.s.side}
 	n := connect(hashed, name, opts)
 	n.keyed = true
 	hash := keyHasher(ks.codec)
@@ -481,7 +486,7 @@ func connect[T any](s *Stream[T], name string, opts []OpOpt) *node {
 	if kind == edgeForward && s.node.parallelism != n.parallelism {
 		kind = edgeRebalance
 	}
-	e := &edge{from: s.node, to: n, kind: kind}
+	e := &edge{from: s.node, to: n, kind: kind, tag: s.side}
 	e.newWriter = func(tw *taskWiring, chans []chan envelope, subtask int) (any, outputGate) {
 		w := newOutWriter[T](tw, chans, e, subtask)
 		return pushFn[T](w.push), w

@@ -287,6 +287,7 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 			ttw.stats, ttw.now = t.stats, t.now
 			// Output writers of the tail.
 			var pushes []any
+			sidePushes := map[string][]any{}
 			for _, e := range v.outputs {
 				var targets []chan envelope
 				if e.kind == edgeForward {
@@ -295,11 +296,19 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 					targets = chans[e][sub]
 				}
 				push, gate := e.newWriter(&ttw, targets, sub)
-				pushes = append(pushes, push)
+				if e.tag != "" {
+					sidePushes[e.tag] = append(sidePushes[e.tag], push)
+				} else {
+					pushes = append(pushes, push)
+				}
 				t.outs = append(t.outs, gate)
 			}
 			var out any
 			tail := v.nodes[len(v.nodes)-1]
+			sides := map[string]any{}
+			for tag, ps := range sidePushes {
+				sides[tag] = tail.sides[tag].fanout(ps)
+			}
 			switch {
 			case tail.kind == kindSink:
 			case len(pushes) == 0:
@@ -318,6 +327,9 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 					Parallelism: n.parallelism, Attempt: d.spec.Attempt, Logger: d.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
 					Failpoints: d.spec.Failpoints, RequestCheckpoint: d.rep.RequestCheckpoint, RestartCause: d.spec.RestartCause,
 					metrics: &operatorMetrics{reg: &d.metrics, operator: n.name, subtask: sub}, now: t.now}
+				if n == tail {
+					oc.sides = sides
+				}
 				if r := restore.Subtasks[OperatorSubtask{n.uid, sub}]; r != nil {
 					rs[i] = r
 					oc.RestoredFrom, oc.Restored = r.From, r.Entries

@@ -49,13 +49,16 @@ type node struct {
 	discard     func() any
 	// watermarks is a source's WatermarkStrategy[T] (Watermarks), nil if none.
 	watermarks any
+	// sides are the node's side outputs read by SideOutput, by tag id.
+	sides map[string]*sideOutput
 }
 
 // edge connects two operators. Its closures carry the record type.
 type edge struct {
 	from, to *node
 	kind     edgeKind
-	keyGroup any // func(T) int for hash edges
+	tag      string // the side output it carries ("": the main output)
+	keyGroup any    // func(T) int for hash edges
 	// newWriter creates the typed output writer of one upstream subtask.
 	newWriter func(tw *taskWiring, chans []chan envelope, subtask int) (any, outputGate)
 	// bind returns the delivery of the edge's batches (*batch[T]) into the
@@ -133,7 +136,7 @@ type plan struct {
 
 // chainable reports whether e is a forward edge inside one chain.
 func chainable(e *edge) bool {
-	return e.kind == edgeForward && len(e.from.outputs) == 1 && len(e.to.inputs) == 1 &&
+	return e.kind == edgeForward && e.tag == "" && len(e.from.outputs) == 1 && len(e.to.inputs) == 1 &&
 		e.from.parallelism == e.to.parallelism
 }
 

@@ -144,11 +144,15 @@ func (c *sourceCollector[T]) Collect(v T) { c.CollectWithTimestamp(v, NoTimestam
 
 // CollectWithTimestamp implements TimestampCollector.
 func (c *sourceCollector[T]) CollectWithTimestamp(v T, ts int64) {
-	if c.wms != nil {
-		ts = c.wms.onRecord(v, ts)
+	if c.wms == nil {
+		c.now.ts = ts
+		c.collector.Collect(v)
+		return
 	}
+	ts = c.wms.assign(v, ts)
 	c.now.ts = ts
 	c.collector.Collect(v)
+	c.wms.observe(v, ts)
 }
 
 // sinkInstance runs a user Sink.
@@ -233,7 +237,7 @@ func newKeyedInstance[K comparable, T, U any](name string, ks *KeyedStream[K, T]
 	}
 	k := &keyedInstance[K, T, U]{name: name, ks: ks, fn: fn, hash: hash, maxPar: maxPar,
 		backend: newKeyedBackend[K](ks.codec, maxPar), c: &collector[U]{push: out}, oc: oc, owned: owned, now: oc.recordTime()}
-	k.kctx = &KeyedContext[K]{host: k.backend.timers, now: k.now}
+	k.kctx = &KeyedContext[K]{host: k.backend.timers, now: k.now, side: sideOutputs{pushes: oc.sides}}
 	if fn.proc != nil {
 		k.backend.timers.onTimer = k.onTimer
 	}
@@ -276,6 +280,9 @@ func (k *keyedInstance[K, T, U]) process(key K, v T, kg int) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", k.name, err)
 	}
+	if err := k.kctx.side.take(); err != nil {
+		return fmt.Errorf("%s: %w", k.name, err)
+	}
 	return k.c.take()
 }
 
@@ -291,6 +298,9 @@ func (k *keyedInstance[K, T, U]) onTimer(f *firingTimer) error {
 	}
 	if err := k.fn.proc.OnTimer(k.kctx, f.ts, k.c); err != nil {
 		return fmt.Errorf("%s: %s timer %d: %w", k.name, f.domain, f.ts, err)
+	}
+	if err := k.kctx.side.take(); err != nil {
+		return fmt.Errorf("%s: %w", k.name, err)
 	}
 	return k.c.take()
 }

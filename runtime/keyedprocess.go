@@ -24,6 +24,7 @@ type KeyedContext[K comparable] struct {
 	host    *timerHost[K]
 	now     *recordTime
 	service TimerService
+	side    sideOutputs
 }
 
 // Key is the current key: the record's, or the firing timer's.

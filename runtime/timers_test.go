@@ -271,3 +271,112 @@ func perKey(out []seqRec) []string {
 	}
 	return flat
 }
+
+// reminder registers, per key, one processing-time timer at deadline and
+// emits the key when it fires.
+type reminder struct {
+	deadline   int64
+	registered *atomic.Int64
+	fired      *atomic.Int64
+	seen       *ValueState[bool]
+}
+
+func (r *reminder) Open(_ context.Context, st *StateRegistry[string]) error {
+	var err error
+	r.seen, err = NewValueState[bool](st, "seen", nil)
+	return err
+}
+
+func (r *reminder) ProcessElement(ctx *KeyedContext[string], _ seqRec, _ Collector[seqRec]) error {
+	if _, ok := r.seen.Value(); ok {
+		return nil
+	}
+	r.seen.Update(true)
+	ctx.TimerService().RegisterProcessingTimeTimer(r.deadline)
+	ctx.TimerService().RegisterProcessingTimeTimer(r.deadline) // one timer per key and timestamp
+	r.registered.Add(1)
+	return nil
+}
+
+func (r *reminder) OnTimer(ctx *KeyedContext[string], ts int64, out Collector[seqRec]) error {
+	if ctx.TimeDomain() != ProcessingTime || ts != r.deadline {
+		return fmt.Errorf("timer %d in %s, want processing time %d", ts, ctx.TimeDomain(), r.deadline)
+	}
+	r.fired.Add(1)
+	out.Collect(seqRec{Key: ctx.Key(), Seq: ts})
+	return nil
+}
+
+// A processing-time timer that came due while the job was down fires right
+// after the restore, once per key, with nothing else to trigger it (the
+// source is idle).
+func TestProcessingTimeTimerDueDuringDowntimeFiresAfterRestore(t *testing.T) {
+	const keys = 6
+	store, err := checkpoint.OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	deadline := time.Now().Add(5 * time.Second).UnixMilli()
+	txns := newMemTxns()
+	job := func(fired, registered *atomic.Int64, par int) *Job {
+		j := NewJob("remind", DefaultParallelism(par), MaxParallelism(16))
+		src := FromSource(j, "source", seqSourceOf(seqSource{keys: keys, splits: 2, n: 5, perPoll: 1, stallAt: 1, pollDelay: time.Millisecond}), Parallelism(2))
+		out := ProcessKeyed(KeyBy(src, func(r seqRec) string { return r.Key }, nil), "remind",
+			func() KeyedProcessor[string, seqRec, seqRec] {
+				return &reminder{deadline: deadline, registered: registered, fired: fired}
+			})
+		SinkTo(out, "sink", func() Sink[seqRec] { return &txnSink{txns: txns} })
+		return j
+	}
+	// Run 1: every key registers its timer; stop after checkpoints that
+	// hold them, before the deadline.
+	var fired1, registered1 atomic.Int64
+	ctx, cancel := context.WithCancel(t.Context())
+	var after int
+	mc := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond),
+		OnCheckpointComplete(func(CheckpointEvent) {
+			if registered1.Load() == keys {
+				if after++; after == 3 {
+					cancel()
+				}
+			}
+		}))
+	if _, err := mc.Run(ctx, job(&fired1, &registered1, 2)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("run 1: %v", err)
+	}
+	cancel()
+	if fired1.Load() != 0 {
+		t.Fatalf("run 1 fired %d timers: it ran past the deadline (machine too slow for a 5 s margin)", fired1.Load())
+	}
+	// The job is down past the deadline.
+	time.Sleep(time.Until(time.UnixMilli(deadline + 1)))
+	// Run 2, at another parallelism: the timers fire after the restore.
+	var fired2, registered2 atomic.Int64
+	ctx, cancel = context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	mc = NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond),
+		OnCheckpointComplete(func(CheckpointEvent) {
+			if len(txns.output()) >= keys {
+				cancel()
+			}
+		}))
+	if _, err := mc.Run(ctx, job(&fired2, &registered2, 3)); !errors.Is(err, context.Canceled) {
+		t.Errorf("run 2 (stopped once every key's timer output committed): %v", err)
+	}
+	if registered2.Load() != 0 {
+		t.Errorf("run 2 registered %d timers: the source should be idle", registered2.Load())
+	}
+	got := map[string]int{}
+	for _, r := range txns.output() {
+		got[r.Key]++
+		if r.Seq != deadline {
+			t.Errorf("key %s: timer %d, want %d", r.Key, r.Seq, deadline)
+		}
+	}
+	for k := range keys {
+		if key := fmt.Sprintf("k%03d", k); got[key] != 1 {
+			t.Errorf("key %s: timer fired %d times after the restore, want 1", key, got[key])
+		}
+	}
+}

@@ -224,18 +224,23 @@ func (w *sourceWatermarks[T]) MarkActive() {
 	w.err = w.emit(envelope{mark: markActive})
 }
 
-// onRecord assigns v's timestamp and shows it to the generator; an idle
-// source turns active before its record goes out.
-func (w *sourceWatermarks[T]) onRecord(v T, ts int64) int64 {
+// assign returns v's event timestamp; an idle source turns active before
+// its record goes out.
+func (w *sourceWatermarks[T]) assign(v T, ts int64) int64 {
 	if w.assigner != nil {
 		ts = w.assigner(v, ts)
 	}
 	w.readingIdle = 0
 	w.MarkActive()
+	return ts
+}
+
+// observe shows the generator a record that went out (as Flink, after the
+// record: a watermark it emits follows the record).
+func (w *sourceWatermarks[T]) observe(v T, ts int64) {
 	if w.gen != nil {
 		w.gen.OnEvent(v, ts, w)
 	}
-	return ts
 }
 
 // afterPoll runs after each Poll: took is how long it ran, emitted how many
