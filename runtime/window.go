@@ -270,6 +270,8 @@ type WindowContext[K comparable] struct {
 	// because a record arrived after the watermark passed its end, within
 	// the allowed lateness.
 	Late bool
+
+	kctx *KeyedContext[K] // of the firing, for WindowOutput
 }
 
 // ProcessWindowFunction sees all the records of a window when it fires, with

@@ -18,6 +18,7 @@ type WindowedStream[K comparable, T any] struct {
 // windowCfg is what the WindowOpts set.
 type windowCfg struct {
 	lateness int64 // ms
+	lateTag  any   // an OutputTag[T] of the stream's record type, or nil
 	err      error
 }
 
@@ -43,6 +44,13 @@ func AllowedLateness(d time.Duration) WindowOpt {
 	})
 }
 
+// LateOutput sends the window operator's late records (see Window) to the
+// side output tag, which SideOutput reads from the operator's result
+// stream. tag's type must be the windowed stream's record type.
+func LateOutput[T any](tag OutputTag[T]) WindowOpt {
+	return windowOpt(func(c *windowCfg) { c.lateTag = tag })
+}
+
 // Window cuts the keyed stream ks into the windows of asg.
 //
 // Records of an event-time window must carry event timestamps (a source
@@ -51,13 +59,17 @@ func AllowedLateness(d time.Duration) WindowOpt {
 // bounded input's final watermark fires every window.
 //
 // A record whose windows have all been cleaned up (the watermark passed
-// their end plus the allowed lateness) is late: it is counted in the
-// operator's numLateRecords_total metric (with every record at or below
-// the watermark) and not added to any window.
+// their end plus the allowed lateness) is late: it goes into no window, is
+// counted in the operator's numLateRecords_total metric (with every record
+// at or below the watermark), and goes to the LateOutput side output if
+// there is one (Flink drops it without one, and so does Weir).
 func Window[K comparable, T any](ks *KeyedStream[K, T], asg WindowAssigner, opts ...WindowOpt) *WindowedStream[K, T] {
 	ws := &WindowedStream[K, T]{ks: ks, asg: asg}
 	for _, o := range opts {
 		o.apply(&ws.cfg)
+	}
+	if _, ok := ws.cfg.lateTag.(OutputTag[T]); ws.cfg.lateTag != nil && !ok && ws.cfg.err == nil {
+		ws.cfg.err = fmt.Errorf("late output %T is not an OutputTag[%T]", ws.cfg.lateTag, *new(T))
 	}
 	if err := asg.validate(); err != nil {
 		ks.s.job.fail(err)
@@ -131,7 +143,14 @@ func windowStateCodec[K comparable, T, V any](ws *WindowedStream[K, T], name, wh
 // windowed adds the window operator to the job.
 func windowed[K comparable, T, ACC, OUT any](ws *WindowedStream[K, T], name string, fn windowFunc[K, T, ACC, OUT], opts []OpOpt) *Stream[OUT] {
 	return ProcessKeyed(ws.ks, name, func() KeyedProcessor[K, T, OUT] {
-		return &windowProcessor[K, T, ACC, OUT]{name: name, asg: ws.asg, lateness: ws.cfg.lateness, fn: fn}
+		p := &windowProcessor[K, T, ACC, OUT]{name: name, asg: ws.asg, lateness: ws.cfg.lateness, fn: fn}
+		if tag, ok := ws.cfg.lateTag.(OutputTag[T]); ok {
+			p.late = func(v T) error {
+				Output(p.ctx, tag, v)
+				return nil
+			}
+		}
+		return p
 	}, opts...)
 }
 
@@ -142,6 +161,7 @@ type windowProcessor[K comparable, T, ACC, OUT any] struct {
 	asg      WindowAssigner
 	lateness int64
 	fn       windowFunc[K, T, ACC, OUT]
+	late     func(T) error // nil: late records are dropped (and counted)
 	op       *windowOperator[K, T, ACC, OUT]
 	// ctx and out are those of the call in progress.
 	ctx *KeyedContext[K]
@@ -152,8 +172,12 @@ type windowProcessor[K comparable, T, ACC, OUT any] struct {
 func (p *windowProcessor[K, T, ACC, OUT]) Open(_ context.Context, st *StateRegistry[K]) error {
 	var err error
 	p.op, err = newWindowOperator(st, p.asg, p.lateness, p.fn, ctxTimers[K, T, ACC, OUT]{p},
-		func(_ TimeWindow, v OUT) error { p.out.Collect(v); return nil }, nil)
-	return err
+		func(_ TimeWindow, v OUT) error { p.out.Collect(v); return nil }, p.late)
+	if err != nil {
+		return err
+	}
+	p.op.ctxHook = func(wc *WindowContext[K]) { wc.kctx = p.ctx }
+	return nil
 }
 
 // ProcessElement implements KeyedProcessor.
@@ -192,4 +216,13 @@ func (c ctxTimers[K, T, ACC, OUT]) registerProcessingTimeTimer(ts int64) {
 }
 func (c ctxTimers[K, T, ACC, OUT]) deleteProcessingTimeTimer(ts int64) {
 	c.p.ctx.TimerService().DeleteProcessingTimeTimer(ts)
+}
+
+// WindowOutput emits v to the side output tag from a ProcessWindowFunction
+// (a window's records that need another stream). It carries the timestamp
+// of the window's result.
+func WindowOutput[T any, K comparable](ctx *WindowContext[K], tag OutputTag[T], v T) {
+	if ctx.kctx != nil {
+		Output(ctx.kctx, tag, v)
+	}
 }

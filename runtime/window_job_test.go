@@ -75,6 +75,14 @@ func windowLine(key string, w TimeWindow, a sumAcc) seqRec {
 // the window's bounds from the reduced click).
 func windowJob(t *testing.T, cs []click, c windowHarnessConfig, fn string, srcPar, par int, txns *memTxns,
 	wrap func(func() Source[click]) func() Source[click]) *Job {
+	return windowJobWithSides(t, cs, c, fn, srcPar, par, txns, nil, nil, wrap)
+}
+
+// windowJobWithSides is windowJob whose late records go to lates (as the
+// harness prints them), and whose "process" function also emits each
+// result to a side output committed to copies.
+func windowJobWithSides(t *testing.T, cs []click, c windowHarnessConfig, fn string, srcPar, par int, txns, lates, copies *memTxns,
+	wrap func(func() Source[click]) func() Source[click]) *Job {
 	j := NewJob("windows", DefaultParallelism(par), MaxParallelism(32))
 	src := SliceSource(cs, 1)
 	if wrap != nil {
@@ -87,10 +95,23 @@ func windowJob(t *testing.T, cs []click, c windowHarnessConfig, fn string, srcPa
 			WithTimestampAssigner(func(c click, _ int64) int64 { return c.TS }))))
 	}
 	events := FromSource(j, "clicks", src, opts...)
-	ws := Window(KeyBy(events, func(c click) string { return c.Key }, nil), c.assigner(t),
-		AllowedLateness(time.Duration(c.lateness)*time.Millisecond))
+	lateTag, copyTag := NewOutputTag[click]("late"), NewOutputTag[seqRec]("copies")
+	wopts := []WindowOpt{AllowedLateness(time.Duration(c.lateness) * time.Millisecond)}
+	if lates != nil {
+		wopts = append(wopts, LateOutput(lateTag))
+	}
+	ws := Window(KeyBy(events, func(c click) string { return c.Key }, nil), c.assigner(t), wopts...)
 	var out *Stream[seqRec]
+	var lateStream *Stream[click]
 	switch fn {
+	case "reduce":
+		red := ReduceWindow(ws, "windows", func(a, b click) (click, error) {
+			return click{Key: a.Key, TS: max(a.TS, b.TS), ID: a.ID + b.ID + 1}, nil // sums ID+1
+		}, nil)
+		lateStream = SideOutput(red, lateTag)
+		out = Map(red, "lines", func(c click) (seqRec, error) {
+			return seqRec{Key: fmt.Sprintf("reduce %s sum=%d", c.Key, c.ID+1)}, nil
+		})
 	case "aggregate":
 		out = AggregateProcess(ws, "windows", AggregateFunction[click, sumAcc, sumAcc](clickSum{}),
 			ProcessWindowFunc[string, sumAcc, seqRec](func(ctx *WindowContext[string], rs []sumAcc, out Collector[seqRec]) error {
@@ -104,12 +125,25 @@ func windowJob(t *testing.T, cs []click, c windowHarnessConfig, fn string, srcPa
 				a = clickSum{}.Add(c, a)
 			}
 			out.Collect(windowLine(ctx.Key, ctx.Window, a))
+			WindowOutput(ctx, copyTag, windowLine(ctx.Key, ctx.Window, a))
 			return nil
 		}), nil)
 	default:
 		t.Fatalf("fn %q", fn)
 	}
 	SinkTo(out, "sink", func() Sink[seqRec] { return &txnSink{txns: txns} })
+	if lates != nil {
+		if lateStream == nil {
+			lateStream = SideOutput(out, lateTag)
+		}
+		late := Map(lateStream, "late-lines", func(c click) (seqRec, error) {
+			return seqRec{Key: fmt.Sprintf("late %s %d", c.Key, c.ID+1)}, nil
+		})
+		SinkTo(late, "late-sink", func() Sink[seqRec] { return &txnSink{txns: lates} })
+	}
+	if copies != nil {
+		SinkTo(SideOutput(out, copyTag), "copies-sink", func() Sink[seqRec] { return &txnSink{txns: copies} })
+	}
 	return j
 }
 
@@ -143,6 +177,7 @@ func harnessWindows(t *testing.T, c windowHarnessConfig, cs []click) (fires, lat
 		}
 	}
 	slices.Sort(fires)
+	slices.Sort(lates)
 	return fires, lates
 }
 
@@ -160,7 +195,9 @@ func sortedLines(out []seqRec) []string {
 // an exchange of the data plane: every window result committed exactly
 // once, record by record equal to the window state machine's (itself
 // equal to the definitions and to Flink's operator): the firings, the late
-// firings with the updated results, and no late record in any window.
+// firings with the updated results, no late record in any window, and
+// every late record on the late side output, once. A ProcessWindowFunction's
+// side output gets what it emits.
 func TestEventTimeWindowJobsEmitEveryWindowOnceRecordByRecord(t *testing.T) {
 	cases := []windowHarnessConfig{
 		{kind: "tumbling", size: 50, lateness: 30},
@@ -170,17 +207,28 @@ func TestEventTimeWindowJobsEmitEveryWindowOnceRecordByRecord(t *testing.T) {
 	}
 	for _, c := range cases {
 		c.time = "event"
-		for _, fn := range []string{"aggregate", "process"} {
+		for _, fn := range []string{"aggregate", "reduce", "process"} {
 			for _, split := range []bool{false, true} {
 				name := fmt.Sprintf("%s-size=%d,slide=%d,gap=%d,lateness=%d/%s/across-an-exchange=%v", c.kind, c.size, c.slide, c.gap, c.lateness, fn, split)
 				t.Run(name, func(t *testing.T) {
 					cs := windowClicks(11, 1500, 20, true)
 					want, lates := harnessWindows(t, c, cs)
+					if fn == "reduce" { // no window bounds, no count
+						for i, l := range want {
+							var key, w string
+							var sum, n int64
+							if _, err := fmt.Sscanf(l, "fire %s %s sum=%d n=%d", &key, &w, &sum, &n); err != nil {
+								t.Fatal(err)
+							}
+							want[i] = fmt.Sprintf("reduce %s sum=%d", key, sum)
+						}
+						slices.Sort(want)
+					}
 					if len(lates) == 0 {
 						t.Fatal("the input has no late record")
 					}
-					txns := newMemTxns()
-					j := windowJob(t, cs, c, fn, 1, 3, txns, nil)
+					txns, lateTxns, copyTxns := newMemTxns(), newMemTxns(), newMemTxns()
+					j := windowJobWithSides(t, cs, c, fn, 1, 3, txns, lateTxns, copyTxns, nil)
 					opts := []ClusterOpt{CheckpointInterval(10 * time.Millisecond)}
 					if split {
 						opts = append(opts, Deployment(splitDeployer{job: j, parts: 2, sent: new(atomic.Int64)}))
@@ -190,6 +238,14 @@ func TestEventTimeWindowJobsEmitEveryWindowOnceRecordByRecord(t *testing.T) {
 					}
 					if got := sortedLines(txns.output()); !slices.Equal(got, want) {
 						t.Fatalf("%d window results, want %d; first difference:\n%s", len(got), len(want), firstDiff(got, want))
+					}
+					if got := sortedLines(lateTxns.output()); !slices.Equal(got, lates) {
+						t.Fatalf("%d late records, want %d; first difference:\n%s", len(got), len(lates), firstDiff(got, lates))
+					}
+					if fn == "process" {
+						if got := sortedLines(copyTxns.output()); !slices.Equal(got, want) {
+							t.Fatalf("side output of the window function: %d records, want %d", len(got), len(want))
+						}
 					}
 				})
 			}

@@ -216,6 +216,9 @@ type windowOperator[K comparable, IN, ACC, OUT any] struct {
 
 	col  windowCollector[OUT]
 	wctx WindowContext[K]
+	// ctxHook completes the context of a firing (the keyed context, for side
+	// outputs); nil in the transcripts.
+	ctxHook func(*WindowContext[K])
 }
 
 // windowCollector hands a firing's results to emit, keeping the first error.
@@ -427,6 +430,9 @@ func (op *windowOperator[K, IN, ACC, OUT]) fire(key K, w TimeWindow, acc ACC, la
 		wm = op.timers.currentWatermark()
 	}
 	op.wctx = WindowContext[K]{Key: key, Window: w, Watermark: wm, Late: late}
+	if op.ctxHook != nil {
+		op.ctxHook(&op.wctx)
+	}
 	op.col.w, op.col.err = w, nil
 	if err := op.fn.result(&op.wctx, acc, &op.col); err != nil {
 		return err
