@@ -230,11 +230,15 @@ func TestEventTimeWindowJobsEmitEveryWindowOnceRecordByRecord(t *testing.T) {
 					txns, lateTxns, copyTxns := newMemTxns(), newMemTxns(), newMemTxns()
 					j := windowJobWithSides(t, cs, c, fn, 1, 3, txns, lateTxns, copyTxns, nil)
 					opts := []ClusterOpt{CheckpointInterval(10 * time.Millisecond)}
+					var sent atomic.Int64
 					if split {
-						opts = append(opts, Deployment(splitDeployer{job: j, parts: 2, sent: new(atomic.Int64)}))
+						opts = append(opts, Deployment(splitDeployer{job: j, parts: 2, sent: &sent}))
 					}
 					if _, err := NewMiniCluster(opts...).Run(t.Context(), j); err != nil {
 						t.Fatal(err)
+					}
+					if split && sent.Load() == 0 {
+						t.Fatal("nothing crossed the exchange")
 					}
 					if got := sortedLines(txns.output()); !slices.Equal(got, want) {
 						t.Fatalf("%d window results, want %d; first difference:\n%s", len(got), len(want), firstDiff(got, want))
