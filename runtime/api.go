@@ -2,10 +2,12 @@ package runtime
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"sync/atomic"
 
 	"go.uber.org/zap"
@@ -88,6 +90,14 @@ type OperatorContext struct {
 	// in a deployment it is the task's records in (source) or out (sink).
 	records *atomic.Int64
 
+	// sides are the pushes (pushFn[T]) of the operator's side outputs
+	// that something reads, by tag id.
+	sides map[string]any
+
+	// now is the task's current record timestamp (recordTime); nil
+	// outside a deployment (recordTime gives a private one).
+	now *recordTime
+
 	// interrupt is the task's signal of a waiting control message
 	// (Interrupt); nil outside a deployment.
 	interrupt chan struct{}
@@ -106,6 +116,19 @@ func (oc *OperatorContext) Interrupt() <-chan struct{} {
 	}
 	return oc.interrupt
 }
+
+// recordTime returns the task's current record timestamp.
+func (oc *OperatorContext) recordTime() *recordTime {
+	if oc.now == nil {
+		oc.now = &recordTime{ts: NoTimestamp}
+	}
+	return oc.now
+}
+
+// RecordTimestamp is the event timestamp (epoch ms) of the record being
+// processed by the operator's task, NoTimestamp if it has none: a Sink
+// reads it in Write (as Flink's SinkWriter.Context.timestamp).
+func (oc *OperatorContext) RecordTimestamp() int64 { return oc.recordTime().ts }
 
 // countRecords returns the operator's record counter (a discarded one when
 // the operator was made outside a deployment).
@@ -253,17 +276,18 @@ type Stream[T any] struct {
 	job  *Job
 	node *node
 	part edgeKind // how the next operator connects
+	side string   // the side output's tag id read from node ("": its main output)
 }
 
 // Rebalance distributes the stream's records round-robin over the next
 // operator's subtasks.
 func Rebalance[T any](s *Stream[T]) *Stream[T] {
-	return &Stream[T]{job: s.job, node: s.node, part: edgeRebalance}
+	return &Stream[T]{job: s.job, node: s.node, part: edgeRebalance, side: s.side}
 }
 
 // Broadcast sends every record to every subtask of the next operator.
 func Broadcast[T any](s *Stream[T]) *Stream[T] {
-	return &Stream[T]{job: s.job, node: s.node, part: edgeBroadcast}
+	return &Stream[T]{job: s.job, node: s.node, part: edgeBroadcast, side: s.side}
 }
 
 // KeyedStream is a stream partitioned by key: all records of one key reach
@@ -287,12 +311,27 @@ func KeyBy[T any, K comparable](s *Stream[T], key func(T) K, kc Codec[K]) *Keyed
 }
 
 // FromSource adds a source to the job. newSource is called once per subtask
-// and attempt: every subtask owns its Source.
+// and attempt: every subtask owns its Source. With the Watermarks option
+// the source assigns event timestamps and emits watermarks; without it its
+// records keep the timestamps it emitted them with and it emits only the
+// final watermark, when a bounded source ends.
 func FromSource[T any](j *Job, name string, newSource func() Source[T], opts ...OpOpt) *Stream[T] {
 	n := j.addNode(name, opts)
 	n.kind = kindSource
+	var ws *WatermarkStrategy[T]
+	if n.watermarks != nil {
+		s, ok := n.watermarks.(WatermarkStrategy[T])
+		switch {
+		case !ok:
+			j.fail(fmt.Errorf("%w: source %q: watermark strategy %T is not a WatermarkStrategy[%T]", ErrInvalidJob, name, n.watermarks, *new(T)))
+		case s.err != nil:
+			j.fail(fmt.Errorf("%w: source %q: %w", ErrInvalidJob, name, s.err))
+		}
+		ws = &s
+	}
 	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
-		return &sourceInstance[T]{src: newSource(), out: out.(pushFn[T]), oc: oc, records: oc.countRecords()}, nil
+		return &sourceInstance[T]{src: newSource(), out: out.(pushFn[T]), oc: oc, records: oc.countRecords(),
+			wms: newSourceWatermarks(ws)}, nil
 	}
 	setOutputType[T](n)
 	return &Stream[T]{job: j, node: n}
@@ -349,9 +388,15 @@ func Filter[T any](s *Stream[T], name string, keep func(T) bool, opts ...OpOpt) 
 }
 
 // Process runs a keyed process function with keyed state. newFn is called
-// once per subtask and attempt.
+// once per subtask and attempt. For event time and timers, see
+// ProcessKeyed.
 func Process[K comparable, T, U any](ks *KeyedStream[K, T], name string, newFn func() KeyedProcessFunction[K, T, U], opts ...OpOpt) *Stream[U] {
-	hashed := &Stream[T]{job: ks.s.job, node: ks.s.node, part: edgeHash}
+	return process(ks, name, func() keyedFunction[K, T, U] { return keyedFunction[K, T, U]{fn: newFn()} }, opts)
+}
+
+// process adds a keyed operator running the functions newFn makes.
+func process[K comparable, T, U any](ks *KeyedStream[K, T], name string, newFn func() keyedFunction[K, T, U], opts []OpOpt) *Stream[U] {
+	hashed := &Stream[T]{job: ks.s.job, node: ks.s.node, part: edgeHash, side: ks.s.side}
 	n := connect(hashed, name, opts)
 	n.keyed = true
 	hash := keyHasher(ks.codec)
@@ -441,12 +486,12 @@ func connect[T any](s *Stream[T], name string, opts []OpOpt) *node {
 	if kind == edgeForward && s.node.parallelism != n.parallelism {
 		kind = edgeRebalance
 	}
-	e := &edge{from: s.node, to: n, kind: kind}
+	e := &edge{from: s.node, to: n, kind: kind, tag: s.side}
 	e.newWriter = func(tw *taskWiring, chans []chan envelope, subtask int) (any, outputGate) {
 		w := newOutWriter[T](tw, chans, e, subtask)
 		return pushFn[T](w.push), w
 	}
-	e.bind = func(head, keyed any) func(batcher) (int, error) {
+	e.bind = func(head, keyed any, now *recordTime) func(batcher) (int, error) {
 		push := head.(pushFn[T])
 		pushKG, _ := keyed.(func(T, int) error)
 		return func(bt batcher) (int, error) {
@@ -454,12 +499,14 @@ func connect[T any](s *Stream[T], name string, opts []OpOpt) *node {
 			n := len(b.vs)
 			if pushKG != nil && len(b.kgs) == n {
 				for i, v := range b.vs {
+					now.ts = b.ts[i]
 					if err := pushKG(v, int(b.kgs[i])); err != nil {
 						return i, err
 					}
 				}
 			} else {
 				for i, v := range b.vs {
+					now.ts = b.ts[i]
 					if err := push(v); err != nil {
 						return i, err
 					}
@@ -472,16 +519,34 @@ func connect[T any](s *Stream[T], name string, opts []OpOpt) *node {
 	if e.codecErr = CheckDefaultCodec[T](); e.codecErr == nil {
 		codec := DefaultCodec[T]()
 		e.encode = func(dst []byte, bt batcher) []byte {
+			b := bt.(*batch[T])
+			withTS := slices.ContainsFunc(b.ts, func(ts int64) bool { return ts != NoTimestamp })
+			if !withTS {
+				dst = append(dst, msgBatch)
+			} else {
+				dst = append(dst, msgBatchTS)
+			}
 			var buf []byte
-			for _, v := range bt.(*batch[T]).vs {
+			for i, v := range b.vs {
+				if withTS {
+					dst = binary.AppendVarint(dst, b.ts[i])
+				}
 				buf = codec.Append(buf[:0], v)
 				dst = appendFrame(dst, buf)
 			}
 			return dst
 		}
-		e.decode = func(b []byte) (batcher, error) {
-			var out []T
+		e.decode = func(kind byte, b []byte) (batcher, error) {
+			out := &batch[T]{}
 			for len(b) > 0 {
+				ts := NoTimestamp
+				if kind == msgBatchTS {
+					var n int
+					if ts, n = binary.Varint(b); n <= 0 {
+						return nil, fmt.Errorf("%w: record timestamp", ErrDecode)
+					}
+					b = b[n:]
+				}
 				f, rest, err := readFrame(b)
 				if err != nil {
 					return nil, err
@@ -490,9 +555,9 @@ func connect[T any](s *Stream[T], name string, opts []OpOpt) *node {
 				if err != nil {
 					return nil, err
 				}
-				out, b = append(out, v), rest
+				out.vs, out.ts, b = append(out.vs, v), append(out.ts, ts), rest
 			}
-			return &batch[T]{vs: out}, nil
+			return out, nil
 		}
 	}
 	s.node.outputs = append(s.node.outputs, e)

@@ -8,11 +8,15 @@ import (
 )
 
 // envelope is what travels on a channel between two subtasks: a batch of
-// records, a checkpoint barrier, or the end of the stream.
+// records, a checkpoint barrier, a watermark or a status (idle, active), or
+// the end of the stream. All travel in band, in order: a watermark behind a
+// barrier on a channel blocked for alignment is delivered after it.
 type envelope struct {
 	batch   batcher       // a *batch[T]
 	barrier checkpoint.ID // a barrier when non-zero
 	eos     bool
+	mark    markKind // a watermark (wm) or status when non-zero
+	wm      int64
 }
 
 // batcher is the untyped face of a *batch[T].
@@ -34,7 +38,10 @@ type batch[T any] struct {
 	// kgs are the records' key groups on a hash edge (kgs[i] is vs[i]'s),
 	// so that the keyed receiver does not hash the key again; nil on other
 	// edges and on batches decoded from an Exchange.
-	kgs  []int32
+	kgs []int32
+	// ts are the records' event timestamps (ts[i] is vs[i]'s), NoTimestamp
+	// for a record without one.
+	ts   []int64
 	free chan *batch[T] // nil: not recycled
 }
 
@@ -61,7 +68,8 @@ type taskWiring struct {
 	ctx       context.Context
 	batchSize int
 	maxPar    int
-	stats     *taskStats // the task's counters
+	stats     *taskStats  // the task's counters
+	now       *recordTime // the task's current record timestamp
 }
 
 // outWriter buffers records per downstream channel and sends them in batches:
@@ -81,6 +89,7 @@ type outWriter[T any] struct {
 	kind     edgeKind
 	par      int // parallelism of the downstream vertex
 	stats    *taskStats
+	now      *recordTime // the timestamp of the record being pushed
 	// pushed counts records pushed since the last batch went out; they are
 	// added to stats.out when one does (one atomic add per batch).
 	pushed int64
@@ -88,7 +97,10 @@ type outWriter[T any] struct {
 
 func newOutWriter[T any](tw *taskWiring, chans []chan envelope, e *edge, subtask int) *outWriter[T] {
 	w := &outWriter[T]{ctx: tw.ctx, chans: chans, bufs: make([]*batch[T], len(chans)), free: make([]chan *batch[T], len(chans)),
-		size: tw.batchSize, maxPar: tw.maxPar, kind: e.kind, par: len(chans), next: subtask % len(chans), stats: tw.stats}
+		size: tw.batchSize, maxPar: tw.maxPar, kind: e.kind, par: len(chans), next: subtask % len(chans), stats: tw.stats, now: tw.now}
+	if w.now == nil {
+		w.now = &recordTime{ts: NoTimestamp}
+	}
 	for i, ch := range chans {
 		// In flight at most: the channel's capacity, one being delivered,
 		// one being filled.
@@ -113,7 +125,7 @@ func newOutWriter[T any](tw *taskWiring, chans []chan envelope, e *edge, subtask
 }
 
 func (w *outWriter[T]) newBatch(i int) *batch[T] {
-	b := &batch[T]{vs: make([]T, 0, w.size), free: w.free[i]}
+	b := &batch[T]{vs: make([]T, 0, w.size), ts: make([]int64, 0, w.size), free: w.free[i]}
 	if w.kind == edgeHash {
 		b.kgs = make([]int32, 0, w.size)
 	}
@@ -127,7 +139,7 @@ func (w *outWriter[T]) push(v T) error {
 		kg := w.keyGroup(v)
 		i := SubtaskOf(kg, w.maxPar, w.par)
 		b := w.bufs[i]
-		b.vs, b.kgs = append(b.vs, v), append(b.kgs, int32(kg))
+		b.vs, b.kgs, b.ts = append(b.vs, v), append(b.kgs, int32(kg)), append(b.ts, w.now.ts)
 		if len(b.vs) >= w.size {
 			return w.send(w.ctx, i)
 		}
@@ -145,7 +157,7 @@ func (w *outWriter[T]) push(v T) error {
 
 func (w *outWriter[T]) add(i int, v T) error {
 	b := w.bufs[i]
-	b.vs = append(b.vs, v)
+	b.vs, b.ts = append(b.vs, v), append(b.ts, w.now.ts)
 	if len(b.vs) >= w.size {
 		return w.send(w.ctx, i)
 	}
@@ -158,7 +170,7 @@ func (w *outWriter[T]) send(ctx context.Context, i int) error {
 	}
 	select {
 	case b := <-w.free[i]:
-		b.vs, b.kgs = b.vs[:0], b.kgs[:0]
+		b.vs, b.kgs, b.ts = b.vs[:0], b.kgs[:0], b.ts[:0]
 		w.bufs[i] = b
 	default:
 		w.bufs[i] = w.newBatch(i)

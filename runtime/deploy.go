@@ -298,14 +298,15 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				continue
 			}
 			t := &task{id: v.taskID(sub), v: v, subtask: sub, ctrl: make(chan control, 1024), rep: d, log: d.log,
-				stats: &taskStats{}}
+				stats: newTaskStats(), now: &recordTime{ts: NoTimestamp}}
 			if v.nodes[0].kind == kindSource {
 				t.interrupt = make(chan struct{}, 1) // only a source's Poll waits on it
 			}
 			ttw := *tw
-			ttw.stats = t.stats
+			ttw.stats, ttw.now = t.stats, t.now
 			// Output writers of the tail.
 			var pushes []any
+			sidePushes := map[string][]any{}
 			for _, e := range v.outputs {
 				var targets []chan envelope
 				if e.kind == edgeForward {
@@ -314,11 +315,19 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 					targets = chans[e][sub]
 				}
 				push, gate := e.newWriter(&ttw, targets, sub)
-				pushes = append(pushes, push)
+				if e.tag != "" {
+					sidePushes[e.tag] = append(sidePushes[e.tag], push)
+				} else {
+					pushes = append(pushes, push)
+				}
 				t.outs = append(t.outs, gate)
 			}
 			var out any
 			tail := v.nodes[len(v.nodes)-1]
+			sides := map[string]any{}
+			for tag, ps := range sidePushes {
+				sides[tag] = tail.sides[tag].fanout(ps)
+			}
 			switch {
 			case tail.kind == kindSink:
 			case len(pushes) == 0:
@@ -336,7 +345,10 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				oc := &OperatorContext{Job: d.spec.JobID, Name: n.name, UID: n.uid, Subtask: sub,
 					Parallelism: n.parallelism, Attempt: d.spec.Attempt, Logger: d.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
 					Failpoints: d.spec.Failpoints, RequestCheckpoint: d.rep.RequestCheckpoint, RestartCause: d.spec.RestartCause,
-					metrics: &operatorMetrics{reg: &d.metrics, operator: n.name, subtask: sub}}
+					metrics: &operatorMetrics{reg: &d.metrics, operator: n.name, subtask: sub}, now: t.now}
+				if n == tail {
+					oc.sides = sides
+				}
 				if r := restore.Subtasks[OperatorSubtask{n.uid, sub}]; r != nil {
 					rs[i] = r
 					oc.RestoredFrom, oc.Restored = r.From, r.Entries
@@ -373,9 +385,9 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				from := d.p.byNode[e.from]
 				var deliver func(batcher) (int, error)
 				if e.kind == edgeHash {
-					deliver = e.bind(out, keyed)
+					deliver = e.bind(out, keyed, t.now)
 				} else {
-					deliver = e.bind(out, nil)
+					deliver = e.bind(out, nil, t.now)
 				}
 				for i := 0; i < from.parallelism; i++ {
 					if ch := chans[e][i][sub]; ch != nil {
@@ -394,9 +406,11 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 
 // Envelope kinds on an Exchange channel: the first byte of a message.
 const (
-	msgBatch   byte = 1
+	msgBatch   byte = 1 // records without timestamps
 	msgBarrier byte = 2
 	msgEOS     byte = 3
+	msgBatchTS byte = 4 // records, each after its timestamp (a varint)
+	msgMark    byte = 5 // a watermark (kind, varint) or a status (kind)
 )
 
 // sendPump forwards what the local task from writes on ch to the remote
@@ -423,6 +437,11 @@ func (d *localDeployment) sendPump(ex Exchange, e *edge, from, to checkpoint.Tas
 			buf = binary.AppendUvarint(append(buf[:0], msgBarrier), uint64(env.barrier))
 		case env.eos:
 			buf = append(buf[:0], msgEOS)
+		case env.mark != 0:
+			buf = append(buf[:0], msgMark, byte(env.mark))
+			if env.mark == markWatermark {
+				buf = binary.AppendVarint(buf, env.wm)
+			}
 		}
 		if err := ex.Send(d.ctx, to, id, buf); err != nil {
 			if d.ctx.Err() == nil {
@@ -439,7 +458,7 @@ func (d *localDeployment) sendPump(ex Exchange, e *edge, from, to checkpoint.Tas
 // encodeBatch appends a batch message to dst; a codec's panic is an error.
 func encodeBatch(e *edge, dst []byte, b batcher) (msg []byte, err error) {
 	defer recoverInto(&err)
-	return e.encode(append(dst, msgBatch), b), nil
+	return e.encode(dst, b), nil
 }
 
 // recvPump forwards what a remote task sends on channel id to ch, the input
@@ -479,8 +498,8 @@ func decodeEnvelope(e *edge, msg []byte) (_ envelope, err error) {
 		return envelope{}, fmt.Errorf("%w: empty message", ErrDecode)
 	}
 	switch msg[0] {
-	case msgBatch:
-		b, err := e.decode(msg[1:])
+	case msgBatch, msgBatchTS:
+		b, err := e.decode(msg[0], msg[1:])
 		return envelope{batch: b}, err
 	case msgBarrier:
 		id, n := binary.Uvarint(msg[1:])
@@ -490,6 +509,21 @@ func decodeEnvelope(e *edge, msg []byte) (_ envelope, err error) {
 		return envelope{barrier: checkpoint.ID(id)}, nil
 	case msgEOS:
 		return envelope{eos: true}, nil
+	case msgMark:
+		if len(msg) < 2 {
+			return envelope{}, fmt.Errorf("%w: mark", ErrDecode)
+		}
+		switch k := markKind(msg[1]); k {
+		case markIdle, markActive:
+			return envelope{mark: k}, nil
+		case markWatermark:
+			wm, n := binary.Varint(msg[2:])
+			if n <= 0 {
+				return envelope{}, fmt.Errorf("%w: watermark", ErrDecode)
+			}
+			return envelope{mark: k, wm: wm}, nil
+		}
+		return envelope{}, fmt.Errorf("%w: mark kind %d", ErrDecode, msg[1])
 	}
 	return envelope{}, fmt.Errorf("%w: message kind %d", ErrDecode, msg[0])
 }

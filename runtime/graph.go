@@ -47,27 +47,35 @@ type node struct {
 	newInstance func(oc *OperatorContext, out any) (instance, error)
 	fanout      func(pushes []any) any
 	discard     func() any
+	// watermarks is a source's WatermarkStrategy[T] (Watermarks), nil if none.
+	watermarks any
+	// sides are the node's side outputs read by SideOutput, by tag id.
+	sides map[string]*sideOutput
 }
 
 // edge connects two operators. Its closures carry the record type.
 type edge struct {
 	from, to *node
 	kind     edgeKind
-	keyGroup any // func(T) int for hash edges
+	tag      string // the side output it carries ("": the main output)
+	keyGroup any    // func(T) int for hash edges
 	// newWriter creates the typed output writer of one upstream subtask.
 	newWriter func(tw *taskWiring, chans []chan envelope, subtask int) (any, outputGate)
 	// bind returns the delivery of the edge's batches (*batch[T]) into the
 	// downstream head: its pushFn[T], or keyed (a func(T, int) error taking
 	// the key group, nil if the head has none) for a batch that carries key
 	// groups. Delivery returns how many records it pushed, and releases the
-	// batch once it pushed them all.
-	bind func(head, keyed any) func(batcher) (int, error)
+	// batch once it pushed them all. Before it pushes a record it sets now
+	// to the record's timestamp.
+	bind func(head, keyed any, now *recordTime) func(batcher) (int, error)
 	// codecErr is why records of the edge's type cannot cross a process
 	// boundary (CheckDefaultCodec), nil if they can; encode and decode
-	// carry a batch (*batch[T]) across one with DefaultCodec.
+	// carry a batch (*batch[T]) across one with DefaultCodec: encode
+	// appends a message (its kind byte, msgBatch or msgBatchTS, first),
+	// decode reads the body of one of that kind.
 	codecErr error
 	encode   func(dst []byte, b batcher) []byte
-	decode   func(b []byte) (batcher, error)
+	decode   func(kind byte, b []byte) (batcher, error)
 }
 
 // instance is one operator of one subtask, types erased.
@@ -128,7 +136,7 @@ type plan struct {
 
 // chainable reports whether e is a forward edge inside one chain.
 func chainable(e *edge) bool {
-	return e.kind == edgeForward && len(e.from.outputs) == 1 && len(e.to.inputs) == 1 &&
+	return e.kind == edgeForward && e.tag == "" && len(e.from.outputs) == 1 && len(e.to.inputs) == 1 &&
 		e.from.parallelism == e.to.parallelism
 }
 

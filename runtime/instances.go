@@ -2,8 +2,10 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/weirstream/weir/checkpoint"
 )
@@ -60,7 +62,8 @@ func notifyListener(ctx context.Context, x any, id checkpoint.ID, complete bool)
 type sourceInstance[T any] struct {
 	src     Source[T]
 	out     pushFn[T]
-	c       *collector[T]
+	c       *sourceCollector[T]
+	wms     *sourceWatermarks[T]
 	oc      *OperatorContext
 	records *atomic.Int64 // c.n, published
 }
@@ -69,14 +72,35 @@ func (s *sourceInstance[T]) input() any { return nil }
 
 func (s *sourceInstance[T]) publishRecords() { s.records.Store(s.c.n) }
 
+// setMarkEmitter gives the source's watermark machinery the way to send
+// watermarks and status through the chain and the outputs.
+func (s *sourceInstance[T]) setMarkEmitter(emit func(envelope) error) { s.wms.emit = emit }
+
+// poll runs one Poll, then the watermark machinery: the periodic watermark
+// and idleness after a Poll, the final watermark at the end of the input.
 func (s *sourceInstance[T]) poll(ctx context.Context) error {
-	if err := s.src.Poll(ctx, s.c); err != nil {
-		if perr := s.c.take(); perr != nil {
-			return perr
+	before, start := s.c.n, time.Now()
+	err := s.src.Poll(ctx, s.c)
+	if perr := s.c.take(); perr != nil {
+		return perr
+	}
+	if werr := s.wms.take(); werr != nil {
+		return werr
+	}
+	if errors.Is(err, ErrEndOfInput) {
+		if werr := s.wms.end(); werr != nil {
+			return werr
 		}
 		return err
 	}
-	return s.c.take()
+	if err != nil {
+		return err
+	}
+	if s.wms.strategy {
+		now := time.Now()
+		return s.wms.afterPoll(now, now.Sub(start), s.c.n-before)
+	}
+	return nil
 }
 
 func (s *sourceInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
@@ -93,7 +117,10 @@ func (s *sourceInstance[T]) commitRestored(ctx context.Context) error {
 }
 
 func (s *sourceInstance[T]) open(ctx context.Context) error {
-	s.c = &collector[T]{push: s.out}
+	s.c = &sourceCollector[T]{collector: collector[T]{push: s.out}, now: s.oc.recordTime()}
+	if s.wms.strategy {
+		s.c.wms = s.wms
+	}
 	return s.src.Open(ctx, s.oc)
 }
 
@@ -103,6 +130,30 @@ func (s *sourceInstance[T]) notify(ctx context.Context, id checkpoint.ID, comple
 
 func (s *sourceInstance[T]) close() error { return s.src.Close() }
 func (s *sourceInstance[T]) user() any    { return s.src }
+
+// sourceCollector is the TimestampCollector of a source: it sets the
+// task's record timestamp before it pushes.
+type sourceCollector[T any] struct {
+	collector[T]
+	now *recordTime
+	wms *sourceWatermarks[T] // nil: no WatermarkStrategy
+}
+
+// Collect implements Collector: a record without a timestamp.
+func (c *sourceCollector[T]) Collect(v T) { c.CollectWithTimestamp(v, NoTimestamp) }
+
+// CollectWithTimestamp implements TimestampCollector.
+func (c *sourceCollector[T]) CollectWithTimestamp(v T, ts int64) {
+	if c.wms == nil {
+		c.now.ts = ts
+		c.collector.Collect(v)
+		return
+	}
+	ts = c.wms.assign(v, ts)
+	c.now.ts = ts
+	c.collector.Collect(v)
+	c.wms.observe(v, ts)
+}
 
 // sinkInstance runs a user Sink.
 type sinkInstance[T any] struct {
@@ -159,27 +210,38 @@ func (s *sinkInstance[T]) notify(ctx context.Context, id checkpoint.ID, complete
 func (s *sinkInstance[T]) close() error { return s.sink.Close() }
 func (s *sinkInstance[T]) user() any    { return s.sink }
 
-// keyedInstance runs a KeyedProcessFunction over its key groups.
+// keyedInstance runs a KeyedProcessFunction or a KeyedProcessor over its
+// key groups, with their timers.
 type keyedInstance[K comparable, T, U any] struct {
 	name    string
 	ks      *KeyedStream[K, T]
-	fn      KeyedProcessFunction[K, T, U]
+	fn      keyedFunction[K, T, U]
 	hash    func(K) uint32
 	maxPar  int
 	backend *keyedBackend[K]
 	c       *collector[U]
 	oc      *OperatorContext
 	owned   map[int]bool
+	now     *recordTime
+	kctx    *KeyedContext[K]
+	// late counts records that arrived with a timestamp at or below the
+	// operator's input watermark.
+	late atomic.Int64
 }
 
-func newKeyedInstance[K comparable, T, U any](name string, ks *KeyedStream[K, T], fn KeyedProcessFunction[K, T, U],
+func newKeyedInstance[K comparable, T, U any](name string, ks *KeyedStream[K, T], fn keyedFunction[K, T, U],
 	hash func(K) uint32, maxPar int, oc *OperatorContext, out pushFn[U]) *keyedInstance[K, T, U] {
 	owned := map[int]bool{}
 	for _, kg := range KeyGroupRange(oc.Subtask, maxPar, oc.Parallelism) {
 		owned[kg] = true
 	}
-	return &keyedInstance[K, T, U]{name: name, ks: ks, fn: fn, hash: hash, maxPar: maxPar,
-		backend: newKeyedBackend[K](ks.codec, maxPar), c: &collector[U]{push: out}, oc: oc, owned: owned}
+	k := &keyedInstance[K, T, U]{name: name, ks: ks, fn: fn, hash: hash, maxPar: maxPar,
+		backend: newKeyedBackend[K](ks.codec, maxPar), c: &collector[U]{push: out}, oc: oc, owned: owned, now: oc.recordTime()}
+	k.kctx = &KeyedContext[K]{host: k.backend.timers, now: k.now, side: sideOutputs{pushes: oc.sides}}
+	if fn.proc != nil {
+		k.backend.timers.onTimer = k.onTimer
+	}
+	return k
 }
 
 func (k *keyedInstance[K, T, U]) input() any {
@@ -206,10 +268,63 @@ func (k *keyedInstance[K, T, U]) inputWithKeyGroup() any {
 
 func (k *keyedInstance[K, T, U]) process(key K, v T, kg int) error {
 	k.backend.scope.setKey(key, kg)
-	if err := k.fn.Process(key, v, k.c); err != nil {
+	if ts := k.now.ts; ts != NoTimestamp && ts <= k.backend.timers.watermark {
+		k.late.Add(1)
+	}
+	var err error
+	if k.fn.proc != nil {
+		err = k.fn.proc.ProcessElement(k.kctx, v, k.c)
+	} else {
+		err = k.fn.fn.Process(key, v, k.c)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", k.name, err)
+	}
+	if err := k.kctx.side.take(); err != nil {
 		return fmt.Errorf("%s: %w", k.name, err)
 	}
 	return k.c.take()
+}
+
+// onTimer runs the processor's OnTimer for a firing timer, its key in scope
+// and the record timestamp of what it emits set.
+func (k *keyedInstance[K, T, U]) onTimer(f *firingTimer) error {
+	saved := k.now.ts
+	defer func() { k.now.ts = saved }()
+	if f.domain == EventTime {
+		k.now.ts = f.ts
+	} else {
+		k.now.ts = NoTimestamp
+	}
+	if err := k.fn.proc.OnTimer(k.kctx, f.ts, k.c); err != nil {
+		return fmt.Errorf("%s: %s timer %d: %w", k.name, f.domain, f.ts, err)
+	}
+	if err := k.kctx.side.take(); err != nil {
+		return fmt.Errorf("%s: %w", k.name, err)
+	}
+	return k.c.take()
+}
+
+// advanceWatermark implements watermarkHandler: event-time timers fire.
+func (k *keyedInstance[K, T, U]) advanceWatermark(_ context.Context, wm int64) error {
+	return k.backend.timers.advanceWatermark(wm)
+}
+
+// hasTimers says whether the operator runs a KeyedProcessor (with timers).
+func (k *keyedInstance[K, T, U]) hasTimers() bool { return k.fn.proc != nil }
+
+// fireProcessingTime fires the processing-time timers due at now (epoch ms).
+func (k *keyedInstance[K, T, U]) fireProcessingTime(now int64) error {
+	return k.backend.timers.fireProcessingTime(now)
+}
+
+// nextProcessingTime is the earliest processing-time timer; changed says
+// whether one was registered or restored since the last call.
+func (k *keyedInstance[K, T, U]) nextProcessingTime() (ts int64, ok, changed bool) {
+	h := k.backend.timers
+	changed, h.procChanged = h.procChanged, false
+	ts, ok = h.nextProcessingTime()
+	return ts, ok, changed
 }
 
 func (k *keyedInstance[K, T, U]) snapshot(context.Context, checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
@@ -230,12 +345,22 @@ func (k *keyedInstance[K, T, U]) restore(r *SubtaskState) error {
 }
 
 func (k *keyedInstance[K, T, U]) open(ctx context.Context) error {
-	return k.fn.Open(ctx, &StateRegistry[K]{b: k.backend})
+	st := &StateRegistry[K]{b: k.backend}
+	if k.fn.proc != nil {
+		t, err := NewTimers[struct{}](st, "", Codec[struct{}](voidCodec{}))
+		if err != nil {
+			return err
+		}
+		k.kctx.service = keyTimerService[K]{t: t}
+	}
+	k.oc.Metrics().Counter("numLateRecords_total", "Records that reached the keyed operator with an event timestamp at or below its input watermark (late); none is dropped here.",
+		func() float64 { return float64(k.late.Load()) })
+	return k.fn.open(ctx, st)
 }
 
 func (k *keyedInstance[K, T, U]) notify(ctx context.Context, id checkpoint.ID, complete bool) error {
-	return notifyListener(ctx, k.fn, id, complete)
+	return notifyListener(ctx, k.fn.user(), id, complete)
 }
 
 func (k *keyedInstance[K, T, U]) close() error { return nil }
-func (k *keyedInstance[K, T, U]) user() any    { return k.fn }
+func (k *keyedInstance[K, T, U]) user() any    { return k.fn.user() }

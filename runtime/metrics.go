@@ -99,6 +99,13 @@ type TaskStats struct {
 	// BackPressured is the time the task spent blocked sending downstream
 	// because a channel was full.
 	BackPressured time.Duration
+	// InputWatermark is the task's current input watermark: the minimum
+	// over its active inputs (its source's own, for a source task);
+	// MinWatermark until the first one (Flink's currentInputWatermark).
+	InputWatermark int64
+	// OutputWatermark is the last watermark the task emitted
+	// (currentOutputWatermark).
+	OutputWatermark int64
 	// Source and Sink say whether the task's chain starts with a source or
 	// ends with a sink (CountRecords).
 	Source, Sink bool
@@ -127,6 +134,16 @@ func CountRecords(stats []TaskStats) RecordCounts {
 type taskStats struct {
 	in, out         atomic.Int64
 	backPressuredNs atomic.Int64
+	// inputWatermark and outputWatermark are the task's current watermarks
+	// (MinWatermark until the first one); set by the task goroutine.
+	inputWatermark, outputWatermark atomic.Int64
+}
+
+func newTaskStats() *taskStats {
+	s := &taskStats{}
+	s.inputWatermark.Store(MinWatermark)
+	s.outputWatermark.Store(MinWatermark)
+	return s
 }
 
 // operatorMetrics is the Metrics of one operator subtask: it records the
@@ -189,6 +206,7 @@ func (d *localDeployment) TaskStats() []TaskStats {
 	for i, t := range d.tasks {
 		out[i] = TaskStats{Task: t.id, Vertex: t.v.name(), Subtask: t.subtask, RecordsIn: t.stats.in.Load(),
 			RecordsOut: t.stats.out.Load(), BackPressured: time.Duration(t.stats.backPressuredNs.Load()),
+			InputWatermark: t.stats.inputWatermark.Load(), OutputWatermark: t.stats.outputWatermark.Load(),
 			Source: t.v.isSource(), Sink: t.v.isSink(), PendingRecords: -1}
 		for _, n := range t.v.nodes {
 			if p, ok := pending[n.name+"\x00"+strconv.Itoa(t.subtask)]; ok {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sort"
+	"time"
 )
 
 // ValueState is one value per key, scoped to the key of the record being
@@ -318,13 +319,16 @@ func (s *keyedStore[K, V]) restore(kg int, b []byte) error {
 type keyedBackend[K comparable] struct {
 	maxPar   int
 	scope    keyScope[K]
+	timers   *timerHost[K]
 	keyCodec Codec[K]
 	states   []stateSnapshotter
 	restored map[string]map[int][]byte // state name -> key group -> bytes
 }
 
 func newKeyedBackend[K comparable](kc Codec[K], maxPar int) *keyedBackend[K] {
-	return &keyedBackend[K]{keyCodec: kc, maxPar: maxPar, restored: map[string]map[int][]byte{}}
+	b := &keyedBackend[K]{keyCodec: kc, maxPar: maxPar, restored: map[string]map[int][]byte{}}
+	b.timers = &timerHost[K]{scope: &b.scope, watermark: MinWatermark, clock: time.Now}
+	return b
 }
 
 func (b *keyedBackend[K]) register(s stateSnapshotter) error {

@@ -66,14 +66,69 @@ type task struct {
 	rep       reporter
 	log       *zap.Logger
 	stats     *taskStats
+	// now is the event timestamp of the record being processed, shared by
+	// the chain and the output writers.
+	now *recordTime
 	// publishers are the chain's instances that count records in a plain
 	// field; publishRecords hands their counts to stats.
 	publishers []recordPublisher
 
-	aligner    *aligner  // barrier alignment (pure state machine)
-	seq        sequencer // per-task checkpoint logic (pure state machine)
+	aligner    *aligner        // barrier alignment (pure state machine)
+	valve      *watermarkValve // input watermark and status (pure state machine)
+	seq        sequencer       // per-task checkpoint logic (pure state machine)
 	alignStart time.Time
 	async      sync.WaitGroup
+
+	// Processing-time timers of the chain's keyed operators: wake fires at
+	// the earliest (wakeAt, epoch ms); nil when the chain has none.
+	timed  []processingTimeHandler
+	wake   *time.Timer
+	wakeC  <-chan time.Time
+	wakeAt int64
+	armed  bool
+}
+
+// processingTimeHandler is an instance with processing-time timers.
+type processingTimeHandler interface {
+	hasTimers() bool
+	// nextProcessingTime is the earliest timer; changed: one was
+	// registered or restored since the last call.
+	nextProcessingTime() (ts int64, ok, changed bool)
+	fireProcessingTime(now int64) error
+}
+
+// armProcessingTime sets the wake-up to the chain's earliest
+// processing-time timer.
+func (t *task) armProcessingTime() {
+	if len(t.timed) == 0 {
+		return
+	}
+	next, any, changed := int64(0), false, false
+	for _, h := range t.timed {
+		ts, ok, c := h.nextProcessingTime()
+		changed = changed || c
+		if ok && (!any || ts < next) {
+			next, any = ts, true
+		}
+	}
+	if !any || (t.armed && next == t.wakeAt && !changed) {
+		return
+	}
+	t.wakeAt, t.armed = next, true
+	t.wake.Reset(time.Until(time.UnixMilli(next)))
+}
+
+// fireProcessingTime fires the chain's due processing-time timers.
+func (t *task) fireProcessingTime() error {
+	t.armed = false
+	now := time.Now().UnixMilli()
+	for _, h := range t.timed {
+		if err := h.fireProcessingTime(now); err != nil {
+			return err
+		}
+	}
+	t.armProcessingTime()
+	return nil
 }
 
 // panicError is a task's recovered panic with its stack.
@@ -167,6 +222,14 @@ func (t *task) run(ctx context.Context, restore []*SubtaskState, ready func(), s
 		case <-start:
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+		if m, ok := t.ops[0].(interface{ setMarkEmitter(func(envelope) error) }); ok {
+			m.setMarkEmitter(func(e envelope) error {
+				if e.mark == markWatermark {
+					return t.advanceWatermark(ctx, e.wm)
+				}
+				return t.event(ctx, e)
+			})
 		}
 		err = t.runSource(ctx)
 	} else {
@@ -290,11 +353,30 @@ func (t *task) execute(ctx context.Context, acts []seqAction, alignment time.Dur
 
 func (t *task) runInputs(ctx context.Context) error {
 	t.aligner = newAligner(len(t.inputs))
+	t.valve = newWatermarkValve(len(t.inputs))
+	for _, op := range t.ops {
+		if h, ok := op.(processingTimeHandler); ok && h.hasTimers() {
+			t.timed = append(t.timed, h)
+		}
+	}
+	if len(t.timed) > 0 {
+		t.wake = time.NewTimer(time.Hour)
+		t.wake.Stop()
+		t.wakeC = t.wake.C
+		defer t.wake.Stop()
+		t.armProcessingTime()
+	}
 	sel := newSelector(t)
 	for t.aligner.live() > 0 {
 		idx, e, c, err := sel.next(ctx)
 		if err != nil {
 			return err
+		}
+		if idx == wakeInput {
+			if err := t.fireProcessingTime(); err != nil {
+				return err
+			}
+			continue
 		}
 		if idx < 0 {
 			if _, err := t.handleControl(ctx, c); err != nil {
@@ -310,11 +392,29 @@ func (t *task) runInputs(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			t.armProcessingTime()
 		case e.barrier != 0:
 			if err := t.align(ctx, t.aligner.onBarrier(idx, e.barrier)); err != nil {
 				return err
 			}
+		case e.mark != 0:
+			var acts []valveAction
+			switch e.mark {
+			case markWatermark:
+				acts = t.valve.watermark(idx, e.wm)
+			case markIdle:
+				acts = t.valve.idleChannel(idx)
+			case markActive:
+				acts = t.valve.active(idx)
+			}
+			if err := t.forwardMarks(ctx, acts); err != nil {
+				return err
+			}
+			t.armProcessingTime()
 		case e.eos:
+			if err := t.forwardMarks(ctx, t.valve.ended(idx)); err != nil {
+				return err
+			}
 			if err := t.align(ctx, t.aligner.onEnd(idx)); err != nil {
 				return err
 			}
@@ -332,6 +432,45 @@ func (t *task) runInputs(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+// watermarkHandler is an instance that acts when its input watermark
+// advances (a keyed operator fires its event-time timers). It runs on the
+// task goroutine; what it emits reaches the rest of the chain before the
+// watermark does.
+type watermarkHandler interface {
+	advanceWatermark(ctx context.Context, wm int64) error
+}
+
+// forwardMarks carries out the valve's actions.
+func (t *task) forwardMarks(ctx context.Context, acts []valveAction) error {
+	for _, a := range acts {
+		var err error
+		if a.Kind == markWatermark {
+			err = t.advanceWatermark(ctx, a.TS)
+		} else {
+			err = t.event(ctx, envelope{mark: a.Kind})
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// advanceWatermark hands watermark wm to the chain's operators, head first,
+// then sends it on every output.
+func (t *task) advanceWatermark(ctx context.Context, wm int64) error {
+	t.stats.inputWatermark.Store(wm)
+	for i, op := range t.ops {
+		if h, ok := op.(watermarkHandler); ok {
+			if err := h.advanceWatermark(ctx, wm); err != nil {
+				return fmt.Errorf("%s: watermark %d: %w", t.v.nodes[i].name, wm, err)
+			}
+		}
+	}
+	t.stats.outputWatermark.Store(wm)
+	return t.event(ctx, envelope{mark: markWatermark, wm: wm})
 }
 
 func (t *task) align(ctx context.Context, acts []alignAction) error {
@@ -473,13 +612,16 @@ func (t *task) event(ctx context.Context, e envelope) error {
 	return nil
 }
 
+// wakeInput is the selector's index for the processing-time wake-up.
+const wakeInput = -4
+
 // selector receives from the task's unblocked inputs and its control
 // channel. Before blocking it flushes the task's outputs: records wait in a
 // batch only while more input is ready.
 type selector struct {
 	t     *task
 	cases []reflect.SelectCase
-	idx   []int // case -> input index; -1 control, -2 ctx, -3 default
+	idx   []int // case -> input index; wakeInput, -1 control, -2 ctx, -3 default
 	stale bool
 }
 
@@ -502,10 +644,11 @@ func (s *selector) rebuild(ctx context.Context) {
 		s.idx = append(s.idx, i)
 	}
 	s.cases = append(s.cases,
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.t.wakeC)},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.t.ctrl)},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
 		reflect.SelectCase{Dir: reflect.SelectDefault})
-	s.idx = append(s.idx, -1, -2, -3)
+	s.idx = append(s.idx, wakeInput, -1, -2, -3)
 	s.stale = false
 }
 
@@ -524,6 +667,8 @@ func (s *selector) next(ctx context.Context) (int, envelope, control, error) {
 		chosen, v, _ = reflect.Select(s.cases[:len(s.cases)-1])
 	}
 	switch s.idx[chosen] {
+	case wakeInput:
+		return wakeInput, envelope{}, control{}, nil
 	case -1:
 		return -1, envelope{}, v.Interface().(control), nil
 	case -2:
@@ -539,6 +684,8 @@ func (s *selector) nextSingle(ctx context.Context) (int, envelope, control, erro
 		return 0, e, control{}, nil
 	case c := <-s.t.ctrl:
 		return -1, envelope{}, c, nil
+	case <-s.t.wakeC:
+		return wakeInput, envelope{}, control{}, nil
 	default:
 	}
 	if err := s.t.flush(ctx); err != nil {
@@ -549,6 +696,8 @@ func (s *selector) nextSingle(ctx context.Context) (int, envelope, control, erro
 		return 0, e, control{}, nil
 	case c := <-s.t.ctrl:
 		return -1, envelope{}, c, nil
+	case <-s.t.wakeC:
+		return wakeInput, envelope{}, control{}, nil
 	case <-ctx.Done():
 		return 0, envelope{}, control{}, ctx.Err()
 	}

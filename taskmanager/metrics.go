@@ -45,16 +45,19 @@ type collector struct {
 	c                                                  *cfg
 	cur                                                *current
 	recordsIn, recordsOut, backPressured, slots, tasks *prometheus.Desc
+	inputWatermark, outputWatermark                    *prometheus.Desc
 }
 
 func newCollector(c *cfg, cur *current) *collector {
 	taskLabels := []string{"job_id", "task_id", "task_name", "subtask"}
 	return &collector{c: c, cur: cur,
-		recordsIn:     prometheus.NewDesc("weir_task_numRecordsIn_total", "Records the task received from upstream tasks, or (a source task) that its source emitted, in this attempt.", taskLabels, nil),
-		recordsOut:    prometheus.NewDesc("weir_task_numRecordsOut_total", "Records the task sent downstream (once per output edge), or (a sink task) that its sink wrote, in this attempt.", taskLabels, nil),
-		backPressured: prometheus.NewDesc("weir_task_backPressuredTimeMs_total", "Milliseconds the task was blocked sending downstream on a full channel, in this attempt; rate() is Flink's backPressuredTimeMsPerSecond.", taskLabels, nil),
-		slots:         prometheus.NewDesc("weir_taskmanager_slots", "Slots the task manager offers.", []string{"taskmanager_id"}, nil),
-		tasks:         prometheus.NewDesc("weir_taskmanager_tasks", "Tasks deployed on the task manager.", []string{"taskmanager_id"}, nil)}
+		recordsIn:       prometheus.NewDesc("weir_task_numRecordsIn_total", "Records the task received from upstream tasks, or (a source task) that its source emitted, in this attempt.", taskLabels, nil),
+		recordsOut:      prometheus.NewDesc("weir_task_numRecordsOut_total", "Records the task sent downstream (once per output edge), or (a sink task) that its sink wrote, in this attempt.", taskLabels, nil),
+		backPressured:   prometheus.NewDesc("weir_task_backPressuredTimeMs_total", "Milliseconds the task was blocked sending downstream on a full channel, in this attempt; rate() is Flink's backPressuredTimeMsPerSecond.", taskLabels, nil),
+		inputWatermark:  prometheus.NewDesc("weir_task_currentInputWatermark", "The task's input watermark (epoch ms): the minimum over its active inputs, its own for a source task; -9223372036854775808 before the first.", taskLabels, nil),
+		outputWatermark: prometheus.NewDesc("weir_task_currentOutputWatermark", "The last watermark the task emitted (epoch ms); -9223372036854775808 before the first.", taskLabels, nil),
+		slots:           prometheus.NewDesc("weir_taskmanager_slots", "Slots the task manager offers.", []string{"taskmanager_id"}, nil),
+		tasks:           prometheus.NewDesc("weir_taskmanager_tasks", "Tasks deployed on the task manager.", []string{"taskmanager_id"}, nil)}
 }
 
 func (*collector) Describe(chan<- *prometheus.Desc) {}
@@ -76,6 +79,8 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(m.recordsIn, prometheus.CounterValue, float64(t.RecordsIn), lv...)
 			ch <- prometheus.MustNewConstMetric(m.recordsOut, prometheus.CounterValue, float64(t.RecordsOut), lv...)
 			ch <- prometheus.MustNewConstMetric(m.backPressured, prometheus.CounterValue, float64(t.BackPressured.Milliseconds()), lv...)
+			ch <- prometheus.MustNewConstMetric(m.inputWatermark, prometheus.GaugeValue, float64(t.InputWatermark), lv...)
+			ch <- prometheus.MustNewConstMetric(m.outputWatermark, prometheus.GaugeValue, float64(t.OutputWatermark), lv...)
 		}
 		for _, om := range sr.OperatorMetrics() {
 			collectOperator(ch, b.key.job, om)

@@ -1,0 +1,302 @@
+package runtime
+
+import (
+	"fmt"
+	"time"
+)
+
+// TimeDomain says which clock a timer follows.
+type TimeDomain uint8
+
+const (
+	// EventTime timers fire when the operator's input watermark reaches
+	// their timestamp.
+	EventTime TimeDomain = iota + 1
+	// ProcessingTime timers fire when the wall clock (epoch ms) reaches
+	// their timestamp.
+	ProcessingTime
+)
+
+func (d TimeDomain) String() string {
+	switch d {
+	case EventTime:
+		return "event-time"
+	case ProcessingTime:
+		return "processing-time"
+	}
+	return fmt.Sprintf("TimeDomain(%d)", uint8(d))
+}
+
+// TimerService registers and deletes timers of the current key (Flink's
+// TimerService): a KeyedProcessor gets it from its KeyedContext. There is
+// at most one timer per key, time domain and timestamp: registering it
+// again does nothing. Timers are keyed state: checkpointed with their key
+// group, restored at any parallelism; a processing-time timer that came due
+// while the job was down fires right after the restore.
+type TimerService interface {
+	// CurrentProcessingTime is the wall clock in epoch milliseconds.
+	CurrentProcessingTime() int64
+	// CurrentWatermark is the operator's input watermark (MinWatermark
+	// before the first).
+	CurrentWatermark() int64
+	RegisterEventTimeTimer(ts int64)
+	RegisterProcessingTimeTimer(ts int64)
+	DeleteEventTimeTimer(ts int64)
+	DeleteProcessingTimeTimer(ts int64)
+}
+
+// Timers is a named timer service of a keyed operator whose timers carry a
+// namespace of type N besides the current key (a window, for a window
+// operator): one timer per key, namespace, time domain and timestamp.
+// Declare it in Open with NewTimers; the operator's OnTimer receives its
+// timers, and Namespace tells which namespace fired.
+type Timers[K comparable, N comparable] struct {
+	svcName  string
+	host     *timerHost[K]
+	keyCodec Codec[K]
+	nsCodec  Codec[N]
+	q        [2]*timerQueue // by TimeDomain-1
+	kbuf     []byte
+	obuf     []byte
+}
+
+// NewTimers declares a timer service named name with namespaces of type N
+// encoded by nc (nil: DefaultCodec). Its timers are snapshotted as keyed
+// state under the name (distinct from every state name); declaring the same
+// name twice is an error.
+func NewTimers[N comparable, K comparable](st *StateRegistry[K], name string, nc Codec[N]) (*Timers[K, N], error) {
+	if nc == nil {
+		if err := CheckDefaultCodec[N](); err != nil {
+			return nil, Unrecoverable(fmt.Errorf("timers %q namespace: %w", name, err))
+		}
+		nc = DefaultCodec[N]()
+	}
+	t := &Timers[K, N]{svcName: name, host: st.b.timers, keyCodec: st.b.keyCodec, nsCodec: nc,
+		q: [2]*timerQueue{newTimerQueue(), newTimerQueue()}}
+	if err := st.b.register(t); err != nil {
+		return nil, err
+	}
+	st.b.timers.services = append(st.b.timers.services, t)
+	return t, nil
+}
+
+// owner encodes the current key and ns.
+func (t *Timers[K, N]) owner(ns N) string {
+	t.kbuf = t.keyCodec.Append(t.kbuf[:0], t.host.scope.key)
+	t.obuf = appendFrame(t.obuf[:0], t.kbuf)
+	t.kbuf = t.nsCodec.Append(t.kbuf[:0], ns)
+	t.obuf = appendFrame(t.obuf, t.kbuf)
+	return string(t.obuf)
+}
+
+// RegisterEventTimeTimer registers a timer of the current key and ns that
+// fires when the watermark reaches ts.
+func (t *Timers[K, N]) RegisterEventTimeTimer(ns N, ts int64) {
+	t.q[EventTime-1].register(t.host.scope.kg, t.owner(ns), ts)
+}
+
+// RegisterProcessingTimeTimer registers a timer of the current key and ns
+// that fires when the wall clock reaches ts (epoch ms).
+func (t *Timers[K, N]) RegisterProcessingTimeTimer(ns N, ts int64) {
+	if t.q[ProcessingTime-1].register(t.host.scope.kg, t.owner(ns), ts) {
+		t.host.procChanged = true
+	}
+}
+
+// DeleteEventTimeTimer deletes the event-time timer of the current key and
+// ns at ts, if any.
+func (t *Timers[K, N]) DeleteEventTimeTimer(ns N, ts int64) {
+	t.q[EventTime-1].remove(t.owner(ns), ts)
+}
+
+// DeleteProcessingTimeTimer deletes the processing-time timer of the
+// current key and ns at ts, if any.
+func (t *Timers[K, N]) DeleteProcessingTimeTimer(ns N, ts int64) {
+	t.q[ProcessingTime-1].remove(t.owner(ns), ts)
+}
+
+// CurrentWatermark is the operator's input watermark.
+func (t *Timers[K, N]) CurrentWatermark() int64 { return t.host.watermark }
+
+// CurrentProcessingTime is the wall clock in epoch milliseconds.
+func (t *Timers[K, N]) CurrentProcessingTime() int64 { return t.host.clock().UnixMilli() }
+
+// Namespace returns the namespace of the timer firing in ctx (in OnTimer),
+// and whether it is one of t's.
+func (t *Timers[K, N]) Namespace(ctx *KeyedContext[K]) (N, bool) {
+	f := ctx.host.firing
+	if f == nil || f.service != t {
+		var zero N
+		return zero, false
+	}
+	return f.ns.(N), true
+}
+
+// Len is the number of timers registered in the domain, every key.
+func (t *Timers[K, N]) Len(d TimeDomain) int { return t.q[d-1].len() }
+
+// fire fires t's timers of domain d at or before upTo.
+func (t *Timers[K, N]) fire(d TimeDomain, upTo int64) error {
+	q := t.q[d-1]
+	for {
+		id, kg, ok := q.next(upTo)
+		if !ok {
+			return nil
+		}
+		kb, rest, err := readFrame([]byte(id.owner))
+		if err != nil {
+			return fmt.Errorf("timers %q: %w", t.svcName, err)
+		}
+		nb, _, err := readFrame(rest)
+		if err != nil {
+			return fmt.Errorf("timers %q: %w", t.svcName, err)
+		}
+		key, err := t.keyCodec.Decode(kb)
+		if err != nil {
+			return fmt.Errorf("timers %q key: %w", t.svcName, err)
+		}
+		ns, err := t.nsCodec.Decode(nb)
+		if err != nil {
+			return fmt.Errorf("timers %q namespace: %w", t.svcName, err)
+		}
+		t.host.scope.setKey(key, kg)
+		if err := t.host.fire(&firingTimer{service: t, ns: ns, domain: d, ts: id.ts}); err != nil {
+			return err
+		}
+	}
+}
+
+// nextProcessingTime is t's earliest processing-time timer.
+func (t *Timers[K, N]) nextProcessingTime() (int64, bool) {
+	id, ok := t.q[ProcessingTime-1].peek()
+	return id.ts, ok
+}
+
+// Timers are keyed state (stateSnapshotter): both domains of a key group
+// in one blob, under "timers/" + the name. The synchronous part copies the
+// timer ids (timers are few next to state entries; they are not
+// copy-on-write).
+
+func (t *Timers[K, N]) name() string { return "\x00timers/" + t.svcName }
+
+func (t *Timers[K, N]) freeze() func() map[int][]byte {
+	ev, pr := t.q[EventTime-1].byKeyGroup(), t.q[ProcessingTime-1].byKeyGroup()
+	return func() map[int][]byte {
+		out := map[int][]byte{}
+		for kg, ids := range ev {
+			out[kg] = appendTimers(nil, ids, pr[kg])
+		}
+		for kg, ids := range pr {
+			if _, done := ev[kg]; !done {
+				out[kg] = appendTimers(nil, nil, ids)
+			}
+		}
+		return out
+	}
+}
+
+func (t *Timers[K, N]) restore(kg int, b []byte) error {
+	err := decodeTimers(b, func(d TimeDomain, owner string, ts int64) {
+		t.q[d-1].register(kg, owner, ts)
+	})
+	if err != nil {
+		return fmt.Errorf("timers %q key group %d: %w", t.svcName, kg, err)
+	}
+	t.host.procChanged = true
+	return nil
+}
+
+// timerService is the untyped face of a Timers.
+type timerService interface {
+	fire(d TimeDomain, upTo int64) error
+	nextProcessingTime() (int64, bool)
+}
+
+// firingTimer is the timer an OnTimer call handles.
+type firingTimer struct {
+	service any // the *Timers
+	ns      any
+	domain  TimeDomain
+	ts      int64
+}
+
+// timerHost is what the timer services of a keyed operator subtask share:
+// the key scope, the input watermark, the clock, and how a timer fires.
+type timerHost[K comparable] struct {
+	scope     *keyScope[K]
+	watermark int64
+	clock     func() time.Time
+	services  []timerService
+	// onTimer runs the operator's OnTimer for the timer (set by the
+	// operator instance; nil: timers are kept but nothing fires).
+	onTimer func(f *firingTimer) error
+	firing  *firingTimer
+	// procChanged: a processing-time timer was registered or restored, so
+	// the task's wake-up may have to come earlier.
+	procChanged bool
+}
+
+func (h *timerHost[K]) fire(f *firingTimer) error {
+	if h.onTimer == nil {
+		return nil
+	}
+	h.firing = f
+	defer func() { h.firing = nil }()
+	return h.onTimer(f)
+}
+
+// advanceWatermark fires every event-time timer at or before wm, service
+// by service, each in timestamp order.
+func (h *timerHost[K]) advanceWatermark(wm int64) error {
+	h.watermark = wm
+	for _, s := range h.services {
+		if err := s.fire(EventTime, wm); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fireProcessingTime fires every processing-time timer at or before now.
+func (h *timerHost[K]) fireProcessingTime(now int64) error {
+	for _, s := range h.services {
+		if err := s.fire(ProcessingTime, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nextProcessingTime is the earliest processing-time timer of every service.
+func (h *timerHost[K]) nextProcessingTime() (int64, bool) {
+	next, any := int64(0), false
+	for _, s := range h.services {
+		if ts, ok := s.nextProcessingTime(); ok && (!any || ts < next) {
+			next, any = ts, true
+		}
+	}
+	return next, any
+}
+
+// keyTimerService is the TimerService of a KeyedContext: the operator's
+// default Timers, without a namespace.
+type keyTimerService[K comparable] struct{ t *Timers[K, struct{}] }
+
+func (s keyTimerService[K]) CurrentProcessingTime() int64 { return s.t.CurrentProcessingTime() }
+func (s keyTimerService[K]) CurrentWatermark() int64      { return s.t.CurrentWatermark() }
+func (s keyTimerService[K]) RegisterEventTimeTimer(ts int64) {
+	s.t.RegisterEventTimeTimer(struct{}{}, ts)
+}
+func (s keyTimerService[K]) RegisterProcessingTimeTimer(ts int64) {
+	s.t.RegisterProcessingTimeTimer(struct{}{}, ts)
+}
+func (s keyTimerService[K]) DeleteEventTimeTimer(ts int64) { s.t.DeleteEventTimeTimer(struct{}{}, ts) }
+func (s keyTimerService[K]) DeleteProcessingTimeTimer(ts int64) {
+	s.t.DeleteProcessingTimeTimer(struct{}{}, ts)
+}
+
+// voidCodec encodes struct{} as nothing: the namespace of the default timers.
+type voidCodec struct{}
+
+func (voidCodec) Append(dst []byte, _ struct{}) []byte { return dst }
+func (voidCodec) Decode([]byte) (struct{}, error)      { return struct{}{}, nil }

@@ -1,0 +1,273 @@
+package runtime
+
+import (
+	"fmt"
+	"time"
+)
+
+// WatermarkOutput is where a WatermarkGenerator emits (Flink's
+// WatermarkOutput). A watermark at or below the last one emitted is
+// ignored: a source's watermark never moves back.
+type WatermarkOutput interface {
+	// EmitWatermark announces that no record with a timestamp at or below
+	// ts is expected any more. It marks the source active.
+	EmitWatermark(ts int64)
+	// MarkIdle announces that the source has nothing to read: downstream
+	// operators stop waiting for its watermark until it is active again.
+	MarkIdle()
+	// MarkActive ends MarkIdle.
+	MarkActive()
+}
+
+// WatermarkGenerator generates a source subtask's watermarks from the
+// timestamps of its records (Flink's WatermarkGenerator). Both methods run
+// on the source's task goroutine.
+type WatermarkGenerator[T any] interface {
+	// OnEvent sees every record with its event timestamp.
+	OnEvent(v T, ts int64, out WatermarkOutput)
+	// OnPeriodicEmit is called every emit interval of the strategy.
+	OnPeriodicEmit(out WatermarkOutput)
+}
+
+// TimestampAssigner returns the event timestamp (epoch ms) of v; ts is the
+// timestamp the source gave it (a Kafka record's timestamp), NoTimestamp if
+// none.
+type TimestampAssigner[T any] func(v T, ts int64) int64
+
+// DefaultWatermarkInterval is how often a source emits its periodic
+// watermark unless WithWatermarkInterval says otherwise (Flink's
+// pipeline.auto-watermark-interval).
+const DefaultWatermarkInterval = 200 * time.Millisecond
+
+// WatermarkStrategy says how a source assigns event timestamps and
+// generates watermarks: build it with ForBoundedOutOfOrderness,
+// ForMonotonousTimestamps or ForGenerator, and give it to FromSource with
+// the Watermarks option.
+type WatermarkStrategy[T any] struct {
+	newGen   func() WatermarkGenerator[T]
+	assigner TimestampAssigner[T]
+	idle     time.Duration
+	interval time.Duration
+	err      error
+}
+
+// WatermarkOpt configures a WatermarkStrategy.
+type WatermarkOpt interface{ apply(*watermarkCfg) }
+
+type watermarkCfg struct {
+	assigner any // a TimestampAssigner[T]
+	idle     time.Duration
+	interval time.Duration
+	err      error
+}
+
+type watermarkOpt func(*watermarkCfg)
+
+func (o watermarkOpt) apply(c *watermarkCfg) { o(c) }
+
+// WithTimestampAssigner sets how each record's event timestamp is found
+// (default: the timestamp the source emitted it with).
+func WithTimestampAssigner[T any](fn TimestampAssigner[T]) WatermarkOpt {
+	return watermarkOpt(func(c *watermarkCfg) { c.assigner = fn })
+}
+
+// WithIdleness marks a source subtask idle once it has had nothing to read
+// for d (Flink's withIdleness): downstream operators stop waiting for its
+// watermark. Only time the source spent finding nothing counts: time
+// blocked sending downstream (back-pressure) never makes it idle. 0 (the
+// default) never marks it idle.
+func WithIdleness(d time.Duration) WatermarkOpt {
+	return watermarkOpt(func(c *watermarkCfg) {
+		if d < 0 {
+			c.err = fmt.Errorf("%w: idleness %v < 0", ErrInvalidOption, d)
+		}
+		c.idle = d
+	})
+}
+
+// WithWatermarkInterval sets how often the generator's OnPeriodicEmit runs
+// (default DefaultWatermarkInterval).
+func WithWatermarkInterval(d time.Duration) WatermarkOpt {
+	return watermarkOpt(func(c *watermarkCfg) {
+		if d <= 0 {
+			c.err = fmt.Errorf("%w: watermark interval %v <= 0", ErrInvalidOption, d)
+		}
+		c.interval = d
+	})
+}
+
+// ForGenerator is a strategy with a custom generator; newGen is called once
+// per source subtask and attempt.
+func ForGenerator[T any](newGen func() WatermarkGenerator[T], opts ...WatermarkOpt) WatermarkStrategy[T] {
+	c := watermarkCfg{interval: DefaultWatermarkInterval}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	ws := WatermarkStrategy[T]{newGen: newGen, idle: c.idle, interval: c.interval, err: c.err}
+	if c.assigner != nil {
+		a, ok := c.assigner.(TimestampAssigner[T])
+		if !ok {
+			ws.err = fmt.Errorf("%w: timestamp assigner %T is not a TimestampAssigner[%T]", ErrInvalidOption, c.assigner, *new(T))
+		}
+		ws.assigner = a
+	}
+	return ws
+}
+
+// ForBoundedOutOfOrderness is Flink's bounded out-of-orderness strategy: a
+// record may arrive at most d after a record with a later timestamp; the
+// watermark is the largest timestamp seen minus d minus 1 ms, emitted every
+// interval.
+func ForBoundedOutOfOrderness[T any](d time.Duration, opts ...WatermarkOpt) WatermarkStrategy[T] {
+	ws := ForGenerator(func() WatermarkGenerator[T] { return newBoundedOutOfOrderness[T](d) }, opts...)
+	if d < 0 && ws.err == nil {
+		ws.err = fmt.Errorf("%w: out-of-orderness %v < 0", ErrInvalidOption, d)
+	}
+	return ws
+}
+
+// ForMonotonousTimestamps is the strategy for timestamps that never go
+// down: bounded out-of-orderness 0.
+func ForMonotonousTimestamps[T any](opts ...WatermarkOpt) WatermarkStrategy[T] {
+	return ForBoundedOutOfOrderness[T](0, opts...)
+}
+
+// boundedOutOfOrderness is Flink's BoundedOutOfOrdernessWatermarks.
+type boundedOutOfOrderness[T any] struct {
+	bound int64
+	maxTS int64
+}
+
+func newBoundedOutOfOrderness[T any](d time.Duration) *boundedOutOfOrderness[T] {
+	b := d.Milliseconds()
+	return &boundedOutOfOrderness[T]{bound: b, maxTS: MinWatermark + b + 1}
+}
+
+func (g *boundedOutOfOrderness[T]) OnEvent(_ T, ts int64, _ WatermarkOutput) {
+	if ts != NoTimestamp {
+		g.maxTS = max(g.maxTS, ts)
+	}
+}
+
+func (g *boundedOutOfOrderness[T]) OnPeriodicEmit(out WatermarkOutput) {
+	out.EmitWatermark(g.maxTS - g.bound - 1)
+}
+
+// Watermarks applies a watermark strategy to a source (an option of
+// FromSource only; the strategy's type must be the source's).
+func Watermarks[T any](ws WatermarkStrategy[T]) OpOpt {
+	return opOpt(func(n *node) { n.watermarks = ws })
+}
+
+// newSourceWatermarks makes a source subtask's watermark machinery; ws is
+// nil for a source without a strategy.
+func newSourceWatermarks[T any](ws *WatermarkStrategy[T]) *sourceWatermarks[T] {
+	w := &sourceWatermarks[T]{lastWM: MinWatermark, emit: func(envelope) error { return nil }}
+	if ws != nil {
+		w.strategy, w.assigner, w.interval, w.idleness = true, ws.assigner, ws.interval, ws.idle
+		if ws.newGen != nil {
+			w.gen = ws.newGen()
+		}
+	}
+	return w
+}
+
+// sourceWatermarks is a source subtask's watermark machinery: the
+// strategy's assigner and generator, its periodic emission, its idleness
+// clock, and what it sent (it implements WatermarkOutput for the
+// generator). One task goroutine uses it.
+type sourceWatermarks[T any] struct {
+	// strategy: the source has a WatermarkStrategy (without one, it only
+	// emits the final watermark at its end).
+	strategy bool
+	assigner TimestampAssigner[T]
+	gen      WatermarkGenerator[T]
+	interval time.Duration
+	idleness time.Duration
+	// emit sends a watermark or a status on the task's outputs (through
+	// the chain); its first error is kept in err.
+	emit func(envelope) error
+	err  error
+	// lastWM is the last watermark sent; idle the last status sent.
+	lastWM int64
+	idle   bool
+	// nextEmit is when OnPeriodicEmit runs next.
+	nextEmit time.Time
+	// readingIdle is how long the source has found nothing to read since
+	// its last record: the time of Polls that emitted nothing (back-pressure
+	// happens while emitting, and never counts).
+	readingIdle time.Duration
+}
+
+func (w *sourceWatermarks[T]) EmitWatermark(ts int64) {
+	if ts <= w.lastWM || w.err != nil {
+		return
+	}
+	w.MarkActive()
+	w.lastWM = ts
+	w.err = w.emit(envelope{mark: markWatermark, wm: ts})
+}
+
+func (w *sourceWatermarks[T]) MarkIdle() {
+	if w.idle || w.err != nil {
+		return
+	}
+	w.idle = true
+	w.err = w.emit(envelope{mark: markIdle})
+}
+
+func (w *sourceWatermarks[T]) MarkActive() {
+	if !w.idle || w.err != nil {
+		return
+	}
+	w.idle = false
+	w.err = w.emit(envelope{mark: markActive})
+}
+
+// assign returns v's event timestamp; an idle source turns active before
+// its record goes out.
+func (w *sourceWatermarks[T]) assign(v T, ts int64) int64 {
+	if w.assigner != nil {
+		ts = w.assigner(v, ts)
+	}
+	w.readingIdle = 0
+	w.MarkActive()
+	return ts
+}
+
+// observe shows the generator a record that went out (as Flink, after the
+// record: a watermark it emits follows the record).
+func (w *sourceWatermarks[T]) observe(v T, ts int64) {
+	if w.gen != nil {
+		w.gen.OnEvent(v, ts, w)
+	}
+}
+
+// afterPoll runs after each Poll: took is how long it ran, emitted how many
+// records it emitted. It emits the periodic watermark when due, and marks
+// the source idle once its empty Polls add up to the idleness timeout.
+func (w *sourceWatermarks[T]) afterPoll(now time.Time, took time.Duration, emitted int64) error {
+	if emitted == 0 && w.idleness > 0 {
+		w.readingIdle += took
+		if w.readingIdle >= w.idleness {
+			w.MarkIdle()
+		}
+	}
+	if w.gen != nil && !now.Before(w.nextEmit) {
+		w.nextEmit = now.Add(w.interval)
+		w.gen.OnPeriodicEmit(w)
+	}
+	return w.take()
+}
+
+// end emits the final watermark: everything downstream fires.
+func (w *sourceWatermarks[T]) end() error {
+	w.EmitWatermark(MaxWatermark)
+	return w.take()
+}
+
+func (w *sourceWatermarks[T]) take() error {
+	err := w.err
+	w.err = nil
+	return err
+}
