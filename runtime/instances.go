@@ -347,7 +347,7 @@ func (k *keyedInstance[K, T, U]) restore(r *SubtaskState) error {
 }
 
 func (k *keyedInstance[K, T, U]) open(ctx context.Context) error {
-	st := &StateRegistry[K]{b: k.backend}
+	st := &StateRegistry[K]{b: k.backend, oc: k.oc}
 	if k.fn.proc != nil {
 		t, err := NewTimers[struct{}](st, "", Codec[struct{}](voidCodec{}))
 		if err != nil {
