@@ -73,13 +73,16 @@ func (s *sourceInstance[T]) input() any { return nil }
 func (s *sourceInstance[T]) publishRecords() { s.records.Store(s.c.n) }
 
 // setMarkEmitter gives the source's watermark machinery the way to send
-// watermarks and status through the chain and the outputs.
-func (s *sourceInstance[T]) setMarkEmitter(emit func(envelope) error) { s.wms.emit = emit }
+// watermarks and status through the chain and the outputs, and to read the
+// task's back-pressure counter.
+func (s *sourceInstance[T]) setMarkEmitter(emit func(envelope) error, backPressured func() time.Duration) {
+	s.wms.emit, s.wms.readPressure = emit, backPressured
+}
 
 // poll runs one Poll, then the watermark machinery: the periodic watermark
 // and idleness after a Poll, the final watermark at the end of the input.
 func (s *sourceInstance[T]) poll(ctx context.Context) error {
-	before, start := s.c.n, time.Now()
+	before := s.c.n
 	err := s.src.Poll(ctx, s.c)
 	if perr := s.c.take(); perr != nil {
 		return perr
@@ -97,8 +100,7 @@ func (s *sourceInstance[T]) poll(ctx context.Context) error {
 		return err
 	}
 	if s.wms.strategy {
-		now := time.Now()
-		return s.wms.afterPoll(now, now.Sub(start), s.c.n-before)
+		return s.wms.afterPoll(time.Now(), s.c.n-before)
 	}
 	return nil
 }
@@ -345,7 +347,7 @@ func (k *keyedInstance[K, T, U]) restore(r *SubtaskState) error {
 }
 
 func (k *keyedInstance[K, T, U]) open(ctx context.Context) error {
-	st := &StateRegistry[K]{b: k.backend}
+	st := &StateRegistry[K]{b: k.backend, oc: k.oc}
 	if k.fn.proc != nil {
 		t, err := NewTimers[struct{}](st, "", Codec[struct{}](voidCodec{}))
 		if err != nil {

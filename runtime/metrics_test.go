@@ -166,3 +166,53 @@ func upTo(n int) []int {
 	}
 	return items
 }
+
+// Every task reports its input and output watermark (the final one once a
+// bounded input ended), and a keyed operator counts the late records it
+// received: here, deterministically, the events behind the watermark of a
+// single source that emits one after every event.
+func TestTaskStatsReportWatermarksAndKeyedOperatorsCountLateRecords(t *testing.T) {
+	const bound = 500
+	cs := clicks(600, 7)
+	for i := range cs {
+		if i%29 == 28 {
+			cs[i].TS -= 3000
+		}
+	}
+	var late int
+	maxTS := MinWatermark + bound + 1
+	for _, c := range cs {
+		if c.TS <= maxTS-bound-1 {
+			late++
+		}
+		maxTS = max(maxTS, c.TS)
+	}
+	j := NewJob("wm-stats", DefaultParallelism(2), MaxParallelism(16))
+	ws := ForGenerator(func() WatermarkGenerator[click] { return &punctuated{bound: bound, maxTS: MinWatermark + bound + 1} },
+		WithTimestampAssigner(func(c click, _ int64) int64 { return c.TS }))
+	events := FromSource(j, "clicks", SliceSource(cs, 5), Parallelism(1), Watermarks(ws))
+	sorted := ProcessKeyed(KeyBy(events, func(c click) string { return c.Key }, nil), "sort",
+		func() KeyedProcessor[string, click, seqRec] { return &lateSorter{} })
+	SinkTo(sorted, "sink", func() Sink[seqRec] { return discardSink[seqRec]{} })
+	dep := &capturingDeployer{job: j}
+	if _, err := NewMiniCluster(Deployment(dep), Restarts(0, 0)).Run(t.Context(), j); err != nil {
+		t.Fatal(err)
+	}
+	d := dep.deps[0]
+	for _, s := range d.TaskStats() {
+		if s.InputWatermark != MaxWatermark || s.OutputWatermark != MaxWatermark {
+			t.Errorf("task %s: watermarks in %d out %d, want the final watermark", s.Task, s.InputWatermark, s.OutputWatermark)
+		}
+	}
+	var counted float64
+	var subtasks int
+	for _, m := range d.OperatorMetrics() {
+		if m.Name == "numLateRecords_total" && m.Operator == "sort" && m.Kind == CounterMetric {
+			counted += m.Read()[""]
+			subtasks++
+		}
+	}
+	if subtasks != 2 || counted != float64(late) {
+		t.Errorf("numLateRecords_total: %v over %d subtasks, want %d over 2", counted, subtasks, late)
+	}
+}

@@ -411,8 +411,14 @@ func (b *keyedBackend[K]) restoreKeyGroup(kg int, blob []byte) error {
 // StateRegistry declares the keyed state of a keyed process function. It is
 // handed to KeyedProcessFunction.Open.
 type StateRegistry[K comparable] struct {
-	b *keyedBackend[K]
+	b  *keyedBackend[K]
+	oc *OperatorContext
 }
+
+// Metrics is where the keyed function registers its own metrics (e.g. a
+// window operator's late records sent to a side output); see
+// OperatorContext.Metrics.
+func (r *StateRegistry[K]) Metrics() Metrics { return r.oc.Metrics() }
 
 // NewValueState declares a ValueState named name with codec c (nil: DefaultCodec).
 // Declaring the same name twice is an error.

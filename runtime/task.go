@@ -223,13 +223,15 @@ func (t *task) run(ctx context.Context, restore []*SubtaskState, ready func(), s
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if m, ok := t.ops[0].(interface{ setMarkEmitter(func(envelope) error) }); ok {
+		if m, ok := t.ops[0].(interface {
+			setMarkEmitter(func(envelope) error, func() time.Duration)
+		}); ok {
 			m.setMarkEmitter(func(e envelope) error {
 				if e.mark == markWatermark {
 					return t.advanceWatermark(ctx, e.wm)
 				}
 				return t.event(ctx, e)
-			})
+			}, func() time.Duration { return time.Duration(t.stats.backPressuredNs.Load()) })
 		}
 		err = t.runSource(ctx)
 	} else {

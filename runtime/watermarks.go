@@ -162,7 +162,8 @@ func Watermarks[T any](ws WatermarkStrategy[T]) OpOpt {
 // newSourceWatermarks makes a source subtask's watermark machinery; ws is
 // nil for a source without a strategy.
 func newSourceWatermarks[T any](ws *WatermarkStrategy[T]) *sourceWatermarks[T] {
-	w := &sourceWatermarks[T]{lastWM: MinWatermark, emit: func(envelope) error { return nil }}
+	w := &sourceWatermarks[T]{lastWM: MinWatermark, emit: func(envelope) error { return nil },
+		readPressure: func() time.Duration { return 0 }}
 	if ws != nil {
 		w.strategy, w.assigner, w.interval, w.idleness = true, ws.assigner, ws.interval, ws.idle
 		if ws.newGen != nil {
@@ -193,10 +194,13 @@ type sourceWatermarks[T any] struct {
 	idle   bool
 	// nextEmit is when OnPeriodicEmit runs next.
 	nextEmit time.Time
-	// readingIdle is how long the source has found nothing to read since
-	// its last record: the time of Polls that emitted nothing (back-pressure
-	// happens while emitting, and never counts).
-	readingIdle time.Duration
+	// lastRecord is when the last Poll that emitted records returned, and
+	// backPressured the task's back-pressure counter then: the source has
+	// had nothing to read for the time since, minus the time it spent
+	// blocked sending downstream since (back-pressure is not idleness).
+	lastRecord    time.Time
+	backPressured time.Duration
+	readPressure  func() time.Duration // the task's back-pressure counter
 }
 
 func (w *sourceWatermarks[T]) EmitWatermark(ts int64) {
@@ -230,7 +234,6 @@ func (w *sourceWatermarks[T]) assign(v T, ts int64) int64 {
 	if w.assigner != nil {
 		ts = w.assigner(v, ts)
 	}
-	w.readingIdle = 0
 	w.MarkActive()
 	return ts
 }
@@ -243,13 +246,16 @@ func (w *sourceWatermarks[T]) observe(v T, ts int64) {
 	}
 }
 
-// afterPoll runs after each Poll: took is how long it ran, emitted how many
-// records it emitted. It emits the periodic watermark when due, and marks
-// the source idle once its empty Polls add up to the idleness timeout.
-func (w *sourceWatermarks[T]) afterPoll(now time.Time, took time.Duration, emitted int64) error {
-	if emitted == 0 && w.idleness > 0 {
-		w.readingIdle += took
-		if w.readingIdle >= w.idleness {
+// afterPoll runs after each Poll, at now, which emitted emitted records. It
+// marks the source idle once it has had nothing to read for the idleness
+// timeout (the time since its last records, less the time it was blocked
+// downstream since), and emits the periodic watermark when due.
+func (w *sourceWatermarks[T]) afterPoll(now time.Time, emitted int64) error {
+	if w.idleness > 0 {
+		bp := w.readPressure()
+		if emitted > 0 || w.lastRecord.IsZero() {
+			w.lastRecord, w.backPressured = now, bp
+		} else if now.Sub(w.lastRecord)-(bp-w.backPressured) >= w.idleness {
 			w.MarkIdle()
 		}
 	}

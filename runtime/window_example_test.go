@@ -10,11 +10,7 @@ import (
 	"github.com/weirstream/weir/runtime"
 )
 
-// Click is a page view of a user at TS (epoch ms).
-type Click struct {
-	User string
-	TS   int64
-}
+// Click is declared in example_eventtime_test.go.
 
 // countClicks counts a window's clicks incrementally: one int64 per user
 // and window, never the clicks themselves.

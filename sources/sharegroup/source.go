@@ -978,7 +978,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 			rejected = append(rejected, r)
 			continue
 		}
-		out.Collect(val)
+		collectStamped(out, val, r)
 		emitted = append(emitted, r)
 	}
 	if len(stale) > 0 {
@@ -1735,3 +1735,13 @@ func SetGroupConfig(ctx context.Context, cl *kgo.Client, group, key, value strin
 }
 
 var _ checkpoint.CancelListener = (*Source[int])(nil)
+
+// collectStamped emits v with its record's Kafka timestamp as its event
+// timestamp (a WatermarkStrategy's TimestampAssigner may replace it).
+func collectStamped[T any](out runtime.Collector[T], v T, r *kgo.Record) {
+	if tc, ok := out.(runtime.TimestampCollector[T]); ok {
+		tc.CollectWithTimestamp(v, r.Timestamp.UnixMilli())
+		return
+	}
+	out.Collect(v)
+}
