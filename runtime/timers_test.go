@@ -215,32 +215,12 @@ func TestEventTimeTimersRestoredAtAnotherParallelismEqualARunWithoutFailure(t *t
 			}
 			defer store.Close()
 			txns := newMemTxns()
-			var stalled atomic.Int64
-			ctx, cancel := context.WithCancel(t.Context())
-			defer cancel()
-			var after int
-			mc := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond),
-				OnCheckpointComplete(func(CheckpointEvent) {
-					if stalled.Load() == 2 {
-						if after++; after == 3 {
-							cancel()
-						}
-					}
-				}))
-			stall := func(src func() Source[click]) func() Source[click] {
-				return func() Source[click] {
-					return &stallingSource[click]{Source: src(), stallAt: len(cs) / 4, stalled: &stalled}
-				}
-			}
-			_, err = mc.Run(ctx, sortJob(cs, 2, tc.from, txns, stall))
-			if !errors.Is(err, context.Canceled) {
-				t.Fatalf("first run: %v", err)
-			}
+			stopMidStream(t, store, len(cs)/4, func(stall stallFn) *Job { return sortJob(cs, 2, tc.from, txns, stall) })
 			before := len(txns.output())
 			if before == 0 || before >= len(cs)/2 {
 				t.Fatalf("first run committed %d of %d records: want a run stopped mid-way", before, len(cs))
 			}
-			mc = NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond))
+			mc := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond))
 			if _, err := mc.Run(t.Context(), sortJob(cs, 2, tc.to, txns, nil)); err != nil {
 				t.Fatal(err)
 			}
@@ -378,5 +358,36 @@ func TestProcessingTimeTimerDueDuringDowntimeFiresAfterRestore(t *testing.T) {
 		if key := fmt.Sprintf("k%03d", k); got[key] != 1 {
 			t.Errorf("key %s: timer fired %d times after the restore, want 1", key, got[key])
 		}
+	}
+}
+
+// stallFn wraps a job's sources so that each stalls after stallAt records.
+type stallFn = func(func() Source[click]) func() Source[click]
+
+// stopMidStream runs the job that build makes (its sources wrapped by the
+// stallFn it is given) on store until two sources stalled and three more
+// checkpoints completed, then cancels it: the job stops mid-stream with a
+// checkpoint to restore from.
+func stopMidStream(t *testing.T, store *checkpoint.Store, stallAt int, build func(stallFn) *Job) {
+	t.Helper()
+	var stalled atomic.Int64
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var after int
+	mc := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond),
+		OnCheckpointComplete(func(CheckpointEvent) {
+			if stalled.Load() == 2 {
+				if after++; after == 3 {
+					cancel()
+				}
+			}
+		}))
+	stall := func(src func() Source[click]) func() Source[click] {
+		return func() Source[click] {
+			return &stallingSource[click]{Source: src(), stallAt: stallAt, stalled: &stalled}
+		}
+	}
+	if _, err := mc.Run(ctx, build(stall)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("first run: %v", err)
 	}
 }

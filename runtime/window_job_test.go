@@ -285,32 +285,14 @@ func TestWindowJobsRestoredAtAnotherParallelismEqualARunWithoutFailure(t *testin
 				}
 				defer store.Close()
 				txns := newMemTxns()
-				var stalled atomic.Int64
-				ctx, cancel := context.WithCancel(t.Context())
-				defer cancel()
-				var after int
-				mc := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond),
-					OnCheckpointComplete(func(CheckpointEvent) {
-						if stalled.Load() == 2 {
-							if after++; after == 3 {
-								cancel()
-							}
-						}
-					}))
-				stall := func(src func() Source[click]) func() Source[click] {
-					return func() Source[click] {
-						return &stallingSource[click]{Source: src(), stallAt: len(cs) / 4, stalled: &stalled}
-					}
-				}
-				_, err = mc.Run(ctx, windowJob(t, cs, c, "process", 2, tc.from, txns, stall))
-				if !errors.Is(err, context.Canceled) {
-					t.Fatalf("first run: %v", err)
-				}
+				stopMidStream(t, store, len(cs)/4, func(stall stallFn) *Job {
+					return windowJob(t, cs, c, "process", 2, tc.from, txns, stall)
+				})
 				before := len(txns.output())
 				if before == 0 || before >= len(want) {
 					t.Fatalf("first run committed %d of %d window results: want a run stopped mid-way", before, len(want))
 				}
-				mc = NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond))
+				mc := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond))
 				if _, err := mc.Run(t.Context(), windowJob(t, cs, c, "process", 2, tc.to, txns, nil)); err != nil {
 					t.Fatal(err)
 				}

@@ -16,7 +16,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/goleak"
 
 	"github.com/weirstream/weir/internal/broker/brokerproc"
 	"github.com/weirstream/weir/internal/kafkatest"
@@ -29,23 +28,7 @@ var streamctlBin string
 
 // TestMain builds streamctl once for the process tests and checks for leaked
 // goroutines after all tests.
-func TestMain(m *testing.M) {
-	bin, remove, err := proctest.Build(".", "streamctl")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	streamctlBin = bin
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(proctest.Main(m, ".", "streamctl", &streamctlBin)) }
 
 // brokerProc is a `streamctl broker` process.
 type brokerProc struct {

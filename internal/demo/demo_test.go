@@ -3,7 +3,6 @@ package demo
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"regexp"
 	"strconv"
@@ -11,8 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/proctest"
@@ -22,21 +19,7 @@ import (
 var streamctlBin string
 
 func TestMain(m *testing.M) {
-	bin, remove, err := proctest.Build("../../cmd/streamctl", "streamctl")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	streamctlBin = bin
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	remove()
-	os.Exit(code)
+	os.Exit(proctest.Main(m, "../../cmd/streamctl", "streamctl", &streamctlBin))
 }
 
 // The demo runs its cluster as processes, SIGKILLs a task manager after

@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // Buffer is a goroutine-safe sink for a process's stderr or a logger.
@@ -364,4 +366,26 @@ func Build(pkg, name string) (bin string, remove func(), err error) {
 		return "", nil, fmt.Errorf("build %s: %w", pkg, err)
 	}
 	return bin, remove, nil
+}
+
+// Main is a TestMain for tests that run a binary: it builds the main package
+// pkg (see Build) into *bin, runs m's tests, checks for leaked goroutines
+// after a passing run (goleak), removes the binary, and returns the exit
+// code: func TestMain(m *testing.M) { os.Exit(proctest.Main(m, ".", "streamctl", &bin)) }.
+func Main(m *testing.M, pkg, name string, bin *string) int {
+	b, remove, err := Build(pkg, name)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer remove()
+	*bin = b
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	return code
 }

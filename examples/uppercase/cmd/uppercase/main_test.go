@@ -19,17 +19,7 @@ import (
 // bin is this example built once by TestMain.
 var bin string
 
-func TestMain(m *testing.M) {
-	b, remove, err := proctest.Build(".", "uppercase")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = b
-	code := m.Run()
-	remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(proctest.Main(m, ".", "uppercase", &bin)) }
 
 // A job type of a user's own binary (cli.Main with its registry) is
 // submitted to a job manager and runs on a task manager, both started from
