@@ -464,7 +464,7 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 	secret := make([]byte, 32)
 	if _, err := rand.Read(secret); err != nil {
 		release()
-		return nil, fmt.Errorf("jobmanager: data-plane secret: %w", err)
+		return nil, fmt.Errorf("data-plane secret: %w", err)
 	}
 	shares := make([]*share, 0, len(order))
 	var sending sync.WaitGroup

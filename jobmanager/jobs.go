@@ -453,7 +453,7 @@ func (s *Server) Cancel(ctx context.Context, id string) (JobRecord, error) {
 
 // ErrJobEnded is returned by CancelAsync for a job that already finished
 // or failed.
-var ErrJobEnded = errors.New("jobmanager: the job already ended")
+var ErrJobEnded = errors.New("the job already ended")
 
 // CancelAsync starts cancelling job id and returns at once (Cancel waits
 // for its tasks to stop). Cancelling a cancelled job does nothing.

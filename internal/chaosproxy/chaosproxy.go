@@ -61,7 +61,7 @@ func (f optFunc) apply(c *cfg) { f(c) }
 func Listen(addr string) Opt { return optFunc(func(c *cfg) { c.listen = addr }) }
 
 // ErrClosed is returned by New's Proxy methods after Close.
-var ErrClosed = errors.New("chaosproxy: closed")
+var ErrClosed = errors.New("proxy closed")
 
 // Proxy forwards connections from its address to a target address.
 type Proxy struct {
@@ -89,7 +89,7 @@ func New(target string, opts ...Opt) (*Proxy, error) {
 	}
 	lis, err := net.Listen("tcp", c.listen)
 	if err != nil {
-		return nil, fmt.Errorf("chaosproxy: listen: %w", err)
+		return nil, fmt.Errorf("proxy listen: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{target: target, lis: lis, ctx: ctx, cancel: cancel, open: make(chan struct{}), conns: map[net.Conn]struct{}{}}
