@@ -48,6 +48,11 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 		// cancelAtFailure cancels the job as the attempt fails: its tasks
 		// are being cancelled for a restart.
 		cancelAtFailure bool
+		// slowCoordinator keeps the failing coordinator from stopping (it
+		// waits in the failpoint) until a sink was told the job is
+		// cancelled: the cancel for good reaches the tasks while the
+		// checkpoint just persisted was notified to none of them.
+		slowCoordinator bool
 		// resume runs the job again on the same checkpoints after the first
 		// Run suspended, cancelled before it starts (a job manager that
 		// restarted).
@@ -61,6 +66,8 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 			})}
 		}},
 		{name: "failing", fail: true, delay: time.Minute, cancelAtFailure: true},
+		{name: "failing, the coordinator slow to stop", fail: true, delay: time.Minute, cancelAtFailure: true,
+			slowCoordinator: true},
 		{name: "restarting", fail: true, delay: time.Minute,
 			moment: func(cancel func(), _ func() *runtime.Job, _ func() int) []runtime.ClusterOpt {
 				return []runtime.ClusterOpt{runtime.OnRestart(func(int, error) { cancel() })}
@@ -124,6 +131,15 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 							err = errors.New("job manager gone")
 							if tt.cancelAtFailure {
 								cancel()
+							}
+							if tt.slowCoordinator {
+								select {
+								case <-epochs.canceled:
+								case <-time.After(time.Minute):
+									// Not a timed assertion: the run's
+									// output decides; this only bounds
+									// the wait.
+								}
 							}
 						})
 					}
@@ -221,12 +237,18 @@ type epochLog struct {
 	epochs   map[int]map[checkpoint.ID][]string // attempt -> checkpoint -> keys
 	takenBy  map[checkpoint.ID]int
 	restores map[int]checkpoint.ID
+	// canceled is closed when a sink is first told the job is cancelled.
+	canceled    chan struct{}
+	cancelNoted sync.Once
 }
 
 func newEpochLog() *epochLog {
 	return &epochLog{cur: map[[2]int][]string{}, epochs: map[int]map[checkpoint.ID][]string{},
-		takenBy: map[checkpoint.ID]int{}, restores: map[int]checkpoint.ID{}}
+		takenBy: map[checkpoint.ID]int{}, restores: map[int]checkpoint.ID{}, canceled: make(chan struct{})}
 }
+
+// jobCanceled notes that a sink was told the job is cancelled.
+func (l *epochLog) jobCanceled() { l.cancelNoted.Do(func() { close(l.canceled) }) }
 
 // covered counts the keys snapshotted so far.
 func (l *epochLog) covered() int {
@@ -340,6 +362,7 @@ func (s *recordingSink) CommitRestored(ctx context.Context, oc *runtime.Operator
 }
 
 func (s *recordingSink) NotifyJobCanceled(ctx context.Context, last checkpoint.ID) error {
+	defer s.log.jobCanceled()
 	return s.Sink.(checkpoint.CancelListener).NotifyJobCanceled(ctx, last)
 }
 

@@ -734,7 +734,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	a.driver, err = checkpoint.NewDriver(checkpoint.CoordinatorConfig{
 		Job: a.cfg.jobID, Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.coordinatorMinPause(),
 		TolerableFailures: tolerable, Tasks: ids, Sources: srcIDs,
-	}, a, a.store, dopts...)
+	}, a, notingPersister{a.store, dep}, dopts...)
 	if err != nil {
 		return abandon(Unrecoverable(fmt.Errorf("runtime: %w", err)))
 	}
@@ -794,6 +794,28 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		return last, parent.Err()
 	}
 	return last, context.Cause(ctx)
+}
+
+// notingPersister saves completed checkpoints and, once a save succeeded
+// (the commit point), tells the deployment that the checkpoint completed
+// (completedNoter) before the coordinator goes on to notify the tasks. A
+// cancel for good that reaches the tasks between the two (the coordinator
+// failed or stopped right after the save, or did not stop within
+// cancelDriverWait) then commits what that checkpoint covers: the store
+// says it completed, so its transactions must not be aborted.
+type notingPersister struct {
+	CheckpointStorage
+	dep Deployed
+}
+
+func (p notingPersister) Save(ctx context.Context, c checkpoint.Completed) error {
+	if err := p.CheckpointStorage.Save(ctx, c); err != nil {
+		return err
+	}
+	if n, ok := p.dep.(completedNoter); ok {
+		n.NoteCompleted(c.ID)
+	}
+	return nil
 }
 
 // tolerableFailures is the coordinator's TolerableFailures: the configured
