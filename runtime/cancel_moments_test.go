@@ -53,6 +53,11 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 		// cancelled: the cancel for good reaches the tasks while the
 		// checkpoint just persisted was notified to none of them.
 		slowCoordinator bool
+		// slowSave cancels the job while the store saves the checkpoint
+		// that covers enough output, and finishes the save (it cannot be
+		// interrupted) only once the tasks stopped: the coordinator does not
+		// stop within the cancel's wait.
+		slowSave bool
 		// resume runs the job again on the same checkpoints after the first
 		// Run suspended, cancelled before it starts (a job manager that
 		// restarted).
@@ -68,6 +73,7 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 		{name: "failing", fail: true, delay: time.Minute, cancelAtFailure: true},
 		{name: "failing, the coordinator slow to stop", fail: true, delay: time.Minute, cancelAtFailure: true,
 			slowCoordinator: true},
+		{name: "saving a checkpoint slowly", slowSave: true},
 		{name: "restarting", fail: true, delay: time.Minute,
 			moment: func(cancel func(), _ func() *runtime.Job, _ func() int) []runtime.ClusterOpt {
 				return []runtime.ClusterOpt{runtime.OnRestart(func(int, error) { cancel() })}
@@ -120,7 +126,12 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 			if tt.resume {
 				stop = suspend
 			}
-			opts := []runtime.ClusterOpt{runtime.JobID("relay"), runtime.CheckpointStore(store), runtime.Logger(log),
+			var first runtime.CheckpointStorage = store
+			if tt.slowSave {
+				first = &heldSave{Store: store, hold: func() bool { return epochs.covered() >= minCovered }, cancel: cancel,
+					until: epochs.stopped}
+			}
+			opts := []runtime.ClusterOpt{runtime.JobID("relay"), runtime.CheckpointStore(first), runtime.Logger(log),
 				runtime.CheckpointInterval(50 * time.Millisecond), runtime.CheckpointTimeout(20 * time.Second),
 				runtime.Restarts(3, max(tt.delay, time.Millisecond)), runtime.OnRestore(epochs.restored)}
 			if tt.fail {
@@ -134,7 +145,7 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 							}
 							if tt.slowCoordinator {
 								select {
-								case <-epochs.canceled:
+								case <-epochs.stopped:
 								case <-time.After(time.Minute):
 									// Not a timed assertion: the run's
 									// output decides; this only bounds
@@ -237,18 +248,19 @@ type epochLog struct {
 	epochs   map[int]map[checkpoint.ID][]string // attempt -> checkpoint -> keys
 	takenBy  map[checkpoint.ID]int
 	restores map[int]checkpoint.ID
-	// canceled is closed when a sink is first told the job is cancelled.
-	canceled    chan struct{}
-	cancelNoted sync.Once
+	// stopped is closed when a sink is first told the job is cancelled, or
+	// closed.
+	stopped   chan struct{}
+	stopNoted sync.Once
 }
 
 func newEpochLog() *epochLog {
 	return &epochLog{cur: map[[2]int][]string{}, epochs: map[int]map[checkpoint.ID][]string{},
-		takenBy: map[checkpoint.ID]int{}, restores: map[int]checkpoint.ID{}, canceled: make(chan struct{})}
+		takenBy: map[checkpoint.ID]int{}, restores: map[int]checkpoint.ID{}, stopped: make(chan struct{})}
 }
 
-// jobCanceled notes that a sink was told the job is cancelled.
-func (l *epochLog) jobCanceled() { l.cancelNoted.Do(func() { close(l.canceled) }) }
+// sinkStopped notes that a sink was told the job is cancelled, or closed.
+func (l *epochLog) sinkStopped() { l.stopNoted.Do(func() { close(l.stopped) }) }
 
 // covered counts the keys snapshotted so far.
 func (l *epochLog) covered() int {
@@ -362,8 +374,38 @@ func (s *recordingSink) CommitRestored(ctx context.Context, oc *runtime.Operator
 }
 
 func (s *recordingSink) NotifyJobCanceled(ctx context.Context, last checkpoint.ID) error {
-	defer s.log.jobCanceled()
+	defer s.log.sinkStopped()
 	return s.Sink.(checkpoint.CancelListener).NotifyJobCanceled(ctx, last)
+}
+
+func (s *recordingSink) Close() error {
+	defer s.log.sinkStopped()
+	return s.Sink.Close()
+}
+
+// heldSave is a checkpoint store whose first Save once hold() is true
+// cancels the job (cancel) and then waits for until (at most a minute)
+// before it saves: a save underway that the cancel cannot interrupt.
+type heldSave struct {
+	*checkpoint.Store
+	hold   func() bool
+	cancel func()
+	until  <-chan struct{}
+	once   sync.Once
+}
+
+func (h *heldSave) Save(ctx context.Context, c checkpoint.Completed) error {
+	if h.hold() {
+		h.once.Do(func() {
+			h.cancel()
+			select {
+			case <-h.until:
+			case <-time.After(time.Minute): // bounds the hold only: the output decides
+			}
+			ctx = context.WithoutCancel(ctx)
+		})
+	}
+	return h.Store.Save(ctx, c)
 }
 
 // Where momentDeployer cancels the job.

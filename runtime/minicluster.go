@@ -22,6 +22,10 @@ var ErrJobFailed = errors.New("runtime: job failed")
 // to stop before it cancels the tasks.
 const cancelDriverWait = 10 * time.Second
 
+// errCoordinatorStuck cancels an attempt whose job was cancelled while its
+// coordinator did not stop within cancelDriverWait.
+var errCoordinatorStuck = errors.New("runtime: the checkpoint coordinator did not stop in time for the cancel")
+
 // cancelEndTimeout bounds the ending step of a job cancelled while no
 // attempt of it runs (endCanceled).
 const cancelEndTimeout = time.Minute
@@ -742,15 +746,21 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	driverDone := make(chan error, 1)
 	driverStopped := make(chan struct{})
 	driverCtx, stopDriver := context.WithCancel(ctx)
+	// A coordinator that does not stop in time may still be saving a
+	// checkpoint: the tasks are then cancelled as for a restart (their
+	// transactions stay open), and once the coordinator stopped Run ends
+	// the job from what the store holds (endCanceled), so a checkpoint
+	// saved after the tasks stopped is committed, not aborted.
 	defer context.AfterFunc(parent, func() {
 		stopDriver()
 		select {
 		case <-driverStopped:
+			cancel(ErrJobCanceled)
 		case <-time.After(cancelDriverWait):
-			a.cfg.log.Warn("the checkpoint coordinator did not stop in time; cancelling the tasks anyway",
+			a.cfg.log.Warn("the checkpoint coordinator did not stop in time; cancelling the tasks, the job ends once it stopped",
 				zap.Duration("waited", cancelDriverWait))
+			cancel(errCoordinatorStuck)
 		}
-		cancel(ErrJobCanceled)
 	})()
 	// However the attempt ends, its tasks stop: for good if the job was
 	// cancelled.
@@ -800,9 +810,9 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 // (the commit point), tells the deployment that the checkpoint completed
 // (completedNoter) before the coordinator goes on to notify the tasks. A
 // cancel for good that reaches the tasks between the two (the coordinator
-// failed or stopped right after the save, or did not stop within
-// cancelDriverWait) then commits what that checkpoint covers: the store
-// says it completed, so its transactions must not be aborted.
+// failed or stopped right after the save) then commits what that
+// checkpoint covers: the store says it completed, so its transactions must
+// not be aborted.
 type notingPersister struct {
 	CheckpointStorage
 	dep Deployed
