@@ -3,6 +3,7 @@ package jobmanager_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -13,13 +14,15 @@ import (
 	"github.com/weirstream/weir/jobmanager"
 )
 
-// A job cancelled right after its checkpoint was persisted, before any task
-// manager was notified (the coordinator is held at
-// jm.after-checkpoint-persisted until the cancel reached the task
-// manager), is cancelled for good with that checkpoint as the last
-// completed one: the task manager commits what the store says completed,
-// instead of aborting it with the checkpoints that did not.
-func TestCancelForGoodCarriesACheckpointPersistedButNotNotified(t *testing.T) {
+// A job cancelled right after its checkpoint was saved, before any task
+// manager was notified: the coordinator is held at
+// jm.after-checkpoint-persisted until the cancel reached the task manager.
+// The CancelTasks it receives carries the saved checkpoint as the last
+// completed one (a cancel for good sent between the save and the
+// notification commits it); since the held coordinator does not stop in
+// time, the cancel is not for good (the tasks keep their transactions) and
+// the job master ends the job itself once the coordinator stopped.
+func TestCancelTasksCarriesACheckpointSavedButNotNotified(t *testing.T) {
 	var (
 		jobID      string
 		once       sync.Once
@@ -32,7 +35,10 @@ func TestCancelForGoodCarriesACheckpointPersistedButNotNotified(t *testing.T) {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
-				_, err := s.Cancel(ctx, jobID)
+				rec, err := s.Cancel(ctx, jobID)
+				if err == nil && rec.State != jobmanager.StateCanceled {
+					err = fmt.Errorf("job state %s after the cancel, want %s", rec.State, jobmanager.StateCanceled)
+				}
 				canceled <- err
 			}()
 			select {
@@ -92,8 +98,8 @@ func TestCancelForGoodCarriesACheckpointPersistedButNotNotified(t *testing.T) {
 		}
 	}
 	close(cancelSeen)
-	if !c.ForGood || c.LastCompleted != trig.CheckpointId {
-		t.Errorf("CancelTasks for good %v with last completed checkpoint %d, want for good with %d (persisted)",
+	if c.ForGood || c.LastCompleted != trig.CheckpointId {
+		t.Errorf("CancelTasks for good %v with last completed checkpoint %d, want not for good (the coordinator is held) with %d (saved)",
 			c.ForGood, c.LastCompleted, trig.CheckpointId)
 	}
 	send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Ended{Ended: &weirpb.DeploymentEnded{
