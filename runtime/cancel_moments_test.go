@@ -50,14 +50,14 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 		cancelAtFailure bool
 		// slowCoordinator keeps the failing coordinator from stopping (it
 		// waits in the failpoint) until a sink was told the job is
-		// cancelled: the cancel for good reaches the tasks while the
-		// checkpoint just persisted was notified to none of them.
+		// cancelled or closed: the cancel's wait for the coordinator
+		// expires while the checkpoint just persisted was notified to none
+		// of the tasks.
 		slowCoordinator bool
-		// slowSave cancels the job while the store saves the checkpoint
-		// that covers enough output, and finishes the save (it cannot be
-		// interrupted) only once the tasks stopped: the coordinator does not
-		// stop within the cancel's wait.
-		slowSave bool
+		// save cancels the job while the store saves the checkpoint that
+		// covers enough output, waits (until stop) and then finishes the
+		// save, which the cancel cannot interrupt.
+		save func(stopped <-chan struct{}) func(context.Context)
 		// resume runs the job again on the same checkpoints after the first
 		// Run suspended, cancelled before it starts (a job manager that
 		// restarted).
@@ -73,7 +73,16 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 		{name: "failing", fail: true, delay: time.Minute, cancelAtFailure: true},
 		{name: "failing, the coordinator slow to stop", fail: true, delay: time.Minute, cancelAtFailure: true,
 			slowCoordinator: true},
-		{name: "saving a checkpoint slowly", slowSave: true},
+		// The coordinator stops (the cancel cancels its context) between
+		// the save and the notification, so the cancel for good reaches
+		// tasks that were not notified.
+		{name: "as a checkpoint is saved", save: func(<-chan struct{}) func(context.Context) {
+			return func(ctx context.Context) { <-ctx.Done() }
+		}},
+		// The save outlasts the cancel's wait for the coordinator.
+		{name: "saving a checkpoint slowly", save: func(stopped <-chan struct{}) func(context.Context) {
+			return func(context.Context) { <-stopped }
+		}},
 		{name: "restarting", fail: true, delay: time.Minute,
 			moment: func(cancel func(), _ func() *runtime.Job, _ func() int) []runtime.ClusterOpt {
 				return []runtime.ClusterOpt{runtime.OnRestart(func(int, error) { cancel() })}
@@ -127,9 +136,9 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 				stop = suspend
 			}
 			var first runtime.CheckpointStorage = store
-			if tt.slowSave {
+			if tt.save != nil {
 				first = &heldSave{Store: store, hold: func() bool { return epochs.covered() >= minCovered }, cancel: cancel,
-					until: epochs.stopped}
+					wait: tt.save(epochs.stopped)}
 			}
 			opts := []runtime.ClusterOpt{runtime.JobID("relay"), runtime.CheckpointStore(first), runtime.Logger(log),
 				runtime.CheckpointInterval(50 * time.Millisecond), runtime.CheckpointTimeout(20 * time.Second),
@@ -384,13 +393,13 @@ func (s *recordingSink) Close() error {
 }
 
 // heldSave is a checkpoint store whose first Save once hold() is true
-// cancels the job (cancel) and then waits for until (at most a minute)
+// cancels the job (cancel) and then waits (wait, at most a minute)
 // before it saves: a save underway that the cancel cannot interrupt.
 type heldSave struct {
 	*checkpoint.Store
 	hold   func() bool
 	cancel func()
-	until  <-chan struct{}
+	wait   func(context.Context)
 	once   sync.Once
 }
 
@@ -398,8 +407,13 @@ func (h *heldSave) Save(ctx context.Context, c checkpoint.Completed) error {
 	if h.hold() {
 		h.once.Do(func() {
 			h.cancel()
+			waited := make(chan struct{})
+			go func() {
+				defer close(waited)
+				h.wait(ctx)
+			}()
 			select {
-			case <-h.until:
+			case <-waited:
 			case <-time.After(time.Minute): // bounds the hold only: the output decides
 			}
 			ctx = context.WithoutCancel(ctx)
