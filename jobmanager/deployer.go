@@ -67,7 +67,7 @@ type share struct {
 	ended    chan struct{}
 	finished bool
 
-	completed checkpoint.Latest // newest checkpoint notified complete (or restored)
+	completed checkpoint.Latest // newest checkpoint persisted (NoteCompleted), notified complete or restored
 
 	statsMu sync.Mutex
 	stats   map[checkpoint.TaskID]runtime.TaskStats // per task, as of the last heartbeat
@@ -220,6 +220,11 @@ func (sh *share) Notify(_ context.Context, id checkpoint.ID, complete bool) {
 	_ = sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Notify{Notify: &weirpb.NotifyCheckpoint{
 		JobId: sh.key.job, Attempt: sh.key.attempt, CheckpointId: uint64(id), Complete: complete}}})
 }
+
+// NoteCompleted records that the job master completed checkpoint id (it
+// was persisted) before any notification: a cancel for good sent before the
+// notification then carries it (runtime's completedNoter).
+func (sh *share) NoteCompleted(id checkpoint.ID) { sh.completed.Note(id) }
 
 func (sh *share) Cancel(forGood bool) {
 	_ = sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Cancel{Cancel: &weirpb.CancelTasks{
@@ -579,6 +584,14 @@ type remoteDeployment struct {
 	shares  []*share
 	release func()
 	stop    func() bool
+}
+
+// NoteCompleted passes a completed checkpoint on to every share (see
+// share.NoteCompleted), through runtime.Combine's deployment.
+func (rd *remoteDeployment) NoteCompleted(id checkpoint.ID) {
+	if n, ok := rd.Deployed.(interface{ NoteCompleted(checkpoint.ID) }); ok {
+		n.NoteCompleted(id)
+	}
 }
 
 func (rd *remoteDeployment) Wait() bool {

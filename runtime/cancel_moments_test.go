@@ -48,6 +48,16 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 		// cancelAtFailure cancels the job as the attempt fails: its tasks
 		// are being cancelled for a restart.
 		cancelAtFailure bool
+		// slowCoordinator keeps the failing coordinator from stopping (it
+		// waits in the failpoint) until a sink was told the job is
+		// cancelled or closed: the cancel's wait for the coordinator
+		// expires while the checkpoint just persisted was notified to none
+		// of the tasks.
+		slowCoordinator bool
+		// save cancels the job while the store saves the checkpoint that
+		// covers enough output, waits (until stop) and then finishes the
+		// save, which the cancel cannot interrupt.
+		save func(stopped <-chan struct{}) func(context.Context)
 		// resume runs the job again on the same checkpoints after the first
 		// Run suspended, cancelled before it starts (a job manager that
 		// restarted).
@@ -61,6 +71,18 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 			})}
 		}},
 		{name: "failing", fail: true, delay: time.Minute, cancelAtFailure: true},
+		{name: "failing, the coordinator slow to stop", fail: true, delay: time.Minute, cancelAtFailure: true,
+			slowCoordinator: true},
+		// The coordinator stops (the cancel cancels its context) between
+		// the save and the notification, so the cancel for good reaches
+		// tasks that were not notified.
+		{name: "as a checkpoint is saved", save: func(<-chan struct{}) func(context.Context) {
+			return func(ctx context.Context) { <-ctx.Done() }
+		}},
+		// The save outlasts the cancel's wait for the coordinator.
+		{name: "saving a checkpoint slowly", save: func(stopped <-chan struct{}) func(context.Context) {
+			return func(context.Context) { <-stopped }
+		}},
 		{name: "restarting", fail: true, delay: time.Minute,
 			moment: func(cancel func(), _ func() *runtime.Job, _ func() int) []runtime.ClusterOpt {
 				return []runtime.ClusterOpt{runtime.OnRestart(func(int, error) { cancel() })}
@@ -113,7 +135,12 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 			if tt.resume {
 				stop = suspend
 			}
-			opts := []runtime.ClusterOpt{runtime.JobID("relay"), runtime.CheckpointStore(store), runtime.Logger(log),
+			var first runtime.CheckpointStorage = store
+			if tt.save != nil {
+				first = &heldSave{Store: store, hold: func() bool { return epochs.covered() >= minCovered }, cancel: cancel,
+					wait: tt.save(epochs.stopped)}
+			}
+			opts := []runtime.ClusterOpt{runtime.JobID("relay"), runtime.CheckpointStore(first), runtime.Logger(log),
 				runtime.CheckpointInterval(50 * time.Millisecond), runtime.CheckpointTimeout(20 * time.Second),
 				runtime.Restarts(3, max(tt.delay, time.Millisecond)), runtime.OnRestore(epochs.restored)}
 			if tt.fail {
@@ -124,6 +151,15 @@ func TestCancelAtAnyMomentCommitsTheLastCompletedCheckpointAndLeavesNothingOpen(
 							err = errors.New("job manager gone")
 							if tt.cancelAtFailure {
 								cancel()
+							}
+							if tt.slowCoordinator {
+								select {
+								case <-epochs.stopped:
+								case <-time.After(time.Minute):
+									// Not a timed assertion: the run's
+									// output decides; this only bounds
+									// the wait.
+								}
 							}
 						})
 					}
@@ -221,12 +257,19 @@ type epochLog struct {
 	epochs   map[int]map[checkpoint.ID][]string // attempt -> checkpoint -> keys
 	takenBy  map[checkpoint.ID]int
 	restores map[int]checkpoint.ID
+	// stopped is closed when a sink is first told the job is cancelled, or
+	// closed.
+	stopped   chan struct{}
+	stopNoted sync.Once
 }
 
 func newEpochLog() *epochLog {
 	return &epochLog{cur: map[[2]int][]string{}, epochs: map[int]map[checkpoint.ID][]string{},
-		takenBy: map[checkpoint.ID]int{}, restores: map[int]checkpoint.ID{}}
+		takenBy: map[checkpoint.ID]int{}, restores: map[int]checkpoint.ID{}, stopped: make(chan struct{})}
 }
+
+// sinkStopped notes that a sink was told the job is cancelled, or closed.
+func (l *epochLog) sinkStopped() { l.stopNoted.Do(func() { close(l.stopped) }) }
 
 // covered counts the keys snapshotted so far.
 func (l *epochLog) covered() int {
@@ -340,7 +383,43 @@ func (s *recordingSink) CommitRestored(ctx context.Context, oc *runtime.Operator
 }
 
 func (s *recordingSink) NotifyJobCanceled(ctx context.Context, last checkpoint.ID) error {
+	defer s.log.sinkStopped()
 	return s.Sink.(checkpoint.CancelListener).NotifyJobCanceled(ctx, last)
+}
+
+func (s *recordingSink) Close() error {
+	defer s.log.sinkStopped()
+	return s.Sink.Close()
+}
+
+// heldSave is a checkpoint store whose first Save once hold() is true
+// cancels the job (cancel) and then waits (wait, at most a minute)
+// before it saves: a save underway that the cancel cannot interrupt.
+type heldSave struct {
+	*checkpoint.Store
+	hold   func() bool
+	cancel func()
+	wait   func(context.Context)
+	once   sync.Once
+}
+
+func (h *heldSave) Save(ctx context.Context, c checkpoint.Completed) error {
+	if h.hold() {
+		h.once.Do(func() {
+			h.cancel()
+			waited := make(chan struct{})
+			go func() {
+				defer close(waited)
+				h.wait(ctx)
+			}()
+			select {
+			case <-waited:
+			case <-time.After(time.Minute): // bounds the hold only: the output decides
+			}
+			ctx = context.WithoutCancel(ctx)
+		})
+	}
+	return h.Store.Save(ctx, c)
 }
 
 // Where momentDeployer cancels the job.

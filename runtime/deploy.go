@@ -709,6 +709,14 @@ func (d *localDeployment) send(ctx context.Context, t *task, c control) error {
 	}
 }
 
+// completedNoter is a Deployed that can be told that the job master
+// completed a checkpoint without notifying its tasks (NoteCompleted): a
+// cancel for good then commits what that checkpoint covers. Every Deployed
+// of this package is one; a job manager's deployments are too.
+type completedNoter interface {
+	NoteCompleted(id checkpoint.ID)
+}
+
 // NoteCompleted records that the job master completed checkpoint id, as a
 // Notify would, without notifying the tasks: a cancel for good that may
 // overtake the notification (a task manager handles a cancel ahead of its
@@ -864,6 +872,15 @@ func (c combined) Counts() RecordCounts {
 		sum.In, sum.Out = sum.In+n.In, sum.Out+n.Out
 	}
 	return sum
+}
+
+// NoteCompleted implements completedNoter on every part that does.
+func (c combined) NoteCompleted(id checkpoint.ID) {
+	for _, d := range c {
+		if n, ok := d.(completedNoter); ok {
+			n.NoteCompleted(id)
+		}
+	}
 }
 
 func (c combined) Cancel(forGood bool) {

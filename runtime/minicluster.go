@@ -22,6 +22,10 @@ var ErrJobFailed = errors.New("job failed")
 // to stop before it cancels the tasks.
 const cancelDriverWait = 10 * time.Second
 
+// errCoordinatorStuck cancels an attempt whose job was cancelled while its
+// coordinator did not stop within cancelDriverWait.
+var errCoordinatorStuck = errors.New("runtime: the checkpoint coordinator did not stop in time for the cancel")
+
 // cancelEndTimeout bounds the ending step of a job cancelled while no
 // attempt of it runs (endCanceled).
 const cancelEndTimeout = time.Minute
@@ -737,7 +741,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	a.driver, err = checkpoint.NewDriver(checkpoint.CoordinatorConfig{
 		Job: a.cfg.jobID, Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.coordinatorMinPause(),
 		TolerableFailures: tolerable, Tasks: ids, Sources: srcIDs,
-	}, a, a.store, dopts...)
+	}, a, notingPersister{a.store, dep}, dopts...)
 	if err != nil {
 		return abandon(Unrecoverable(fmt.Errorf("%w", err)))
 	}
@@ -745,15 +749,21 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	driverDone := make(chan error, 1)
 	driverStopped := make(chan struct{})
 	driverCtx, stopDriver := context.WithCancel(ctx)
+	// A coordinator that does not stop in time may still be saving a
+	// checkpoint: the tasks are then cancelled as for a restart (their
+	// transactions stay open), and once the coordinator stopped Run ends
+	// the job from what the store holds (endCanceled), so a checkpoint
+	// saved after the tasks stopped is committed, not aborted.
 	defer context.AfterFunc(parent, func() {
 		stopDriver()
 		select {
 		case <-driverStopped:
+			cancel(ErrJobCanceled)
 		case <-time.After(cancelDriverWait):
-			a.cfg.log.Warn("the checkpoint coordinator did not stop in time; cancelling the tasks anyway",
+			a.cfg.log.Warn("the checkpoint coordinator did not stop in time; cancelling the tasks, the job ends once it stopped",
 				zap.Duration("waited", cancelDriverWait))
+			cancel(errCoordinatorStuck)
 		}
-		cancel(ErrJobCanceled)
 	})()
 	// However the attempt ends, its tasks stop: for good if the job was
 	// cancelled.
@@ -797,6 +807,28 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 		return last, parent.Err()
 	}
 	return last, context.Cause(ctx)
+}
+
+// notingPersister saves completed checkpoints and, once a save succeeded
+// (the commit point), tells the deployment that the checkpoint completed
+// (completedNoter) before the coordinator goes on to notify the tasks. A
+// cancel for good that reaches the tasks between the two (the coordinator
+// failed or stopped right after the save) then commits what that
+// checkpoint covers: the store says it completed, so its transactions must
+// not be aborted.
+type notingPersister struct {
+	CheckpointStorage
+	dep Deployed
+}
+
+func (p notingPersister) Save(ctx context.Context, c checkpoint.Completed) error {
+	if err := p.CheckpointStorage.Save(ctx, c); err != nil {
+		return err
+	}
+	if n, ok := p.dep.(completedNoter); ok {
+		n.NoteCompleted(c.ID)
+	}
+	return nil
 }
 
 // tolerableFailures is the coordinator's TolerableFailures: the configured

@@ -1417,10 +1417,11 @@ type CancelTasks struct {
 	Attempt int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// for_good: the job is cancelled (NotifyJobCanceled), not restarted.
 	ForGood bool `protobuf:"varint,3,opt,name=for_good,json=forGood,proto3" json:"for_good,omitempty"`
-	// last_completed is the newest checkpoint the job master completed and
-	// notified before the cancel. The task manager handles a cancel at once,
-	// ahead of queued notifications, so a cancel for good commits what this
-	// checkpoint covers even if its notification was not delivered yet.
+	// last_completed is the newest checkpoint the job master completed (it
+	// was persisted) before the cancel, notified or not. The task manager
+	// handles a cancel at once, ahead of queued notifications, so a cancel for
+	// good commits what this checkpoint covers even if its notification was
+	// not delivered (or not sent) yet.
 	LastCompleted uint64 `protobuf:"varint,4,opt,name=last_completed,json=lastCompleted,proto3" json:"last_completed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
