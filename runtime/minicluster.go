@@ -663,9 +663,14 @@ type attempt struct {
 	// endedForGood: every task opened, and the attempt ended with the job's
 	// cancel, so each task told its operators (checkpoint.CancelListener).
 	endedForGood bool
-	reports      sync.WaitGroup
-	ctx          context.Context
-	fail         func(error)
+	// reports are the report goroutines in flight; once reportsOver is set
+	// (the attempt is over, its driver stopped), reports are dropped: a task
+	// manager's late ack may still arrive, and nothing could act on it.
+	reports     sync.WaitGroup
+	reportsMu   sync.Mutex
+	reportsOver bool
+	ctx         context.Context
+	fail        func(error)
 }
 
 func newAttempt(cfg clusterCfg, p *plan, store CheckpointStorage, n int, pending *pendingHandles) *attempt {
@@ -792,6 +797,9 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	a.endedForGood = opened && errors.Is(context.Cause(ctx), ErrJobCanceled)
 	stopDriver()
 	derr := <-driverDone
+	a.reportsMu.Lock()
+	a.reportsOver = true
+	a.reportsMu.Unlock()
 	a.reports.Wait()
 	last := a.lastDone.Load()
 	if firstErr != nil {
@@ -869,6 +877,11 @@ func (a *attempt) RequestCheckpoint(reason string) {
 
 // report hands a message to the driver without blocking the calling task.
 func (a *attempt) report(fn func(ctx context.Context) error) {
+	a.reportsMu.Lock()
+	defer a.reportsMu.Unlock()
+	if a.reportsOver {
+		return
+	}
 	a.reports.Add(1)
 	go func() {
 		defer a.reports.Done()
