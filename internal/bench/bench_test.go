@@ -72,6 +72,8 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 		"limit-runtime-wordcount": {"words_per_s"},
 		"runtime-wordcount-2tm":   {"words_per_s"},
 		"checkpoint-cycle":        {"p50_ms", "p99_ms"},
+		"window-wordcount":        {"words_per_s"},
+		"window-state-per-key":    {"bytes_per_key_window"},
 		"eos-sink":                {"records_per_s"},
 		"eos-wordcount":           {"records_per_s"},
 		"share-inflight":          {"max_held_per_partition"},
@@ -79,7 +81,7 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 		"limit-share-consume":     {"records_per_s"},
 		"limit-wordcount":         {"records_per_s"},
 	}
-	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "eos-sink", "eos-wordcount", "limit-wordcount"}
+	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "window-wordcount", "eos-sink", "eos-wordcount", "limit-wordcount"}
 	limits := []string{"limit-produce", "limit-share-consume"}
 	const runs = 2
 	var buf bytes.Buffer
