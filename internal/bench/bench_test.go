@@ -164,7 +164,7 @@ func TestOnlyWithAnUnknownNameIsAnErrorListingTheNames(t *testing.T) {
 		{name: "one known", only: []string{"eos-sink"}, want: []string{"eos-sink"}},
 		{name: "run order kept", only: []string{"eos-wordcount", "runtime-wordcount"}, want: []string{"runtime-wordcount", "eos-wordcount"}},
 		{name: "unknown", only: []string{"eos-wordcont"},
-			wantErr: []string{`unknown benchmark "eos-wordcont"`, "runtime-wordcount, runtime-wordcount-2tm, checkpoint-cycle, eos-sink, eos-wordcount"}},
+			wantErr: []string{`unknown benchmark "eos-wordcont"`, "runtime-wordcount, runtime-wordcount-2tm, checkpoint-cycle, window-wordcount, eos-sink, eos-wordcount"}},
 		{name: "unknown among known", only: []string{"eos-sink", "nope", ""},
 			wantErr: []string{`"nope", ""`}},
 	}
