@@ -34,8 +34,9 @@ progress line goes to stderr (live on a terminal, every few seconds
 otherwise).
 
 Benchmarks (--only NAME, repeatable; in run order; runtime-wordcount also
-reports limit-runtime-wordcount, eos-wordcount also reports limit-wordcount
-and share-inflight, limits reports limit-produce and limit-share-consume):
+reports limit-runtime-wordcount, window-wordcount also reports
+window-state-per-key, eos-wordcount also reports limit-wordcount and
+share-inflight, limits reports limit-produce and limit-share-consume):
   ` + strings.Join(bench.Names(), "\n  "),
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {

@@ -127,6 +127,11 @@ func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 			!regexp.MustCompile(`back-pressured \d+%`).MatchString(box) {
 			fail("vertex %q shows no live rates: %s", v.Name, box)
 		}
+		// The vertex's watermark and its lag behind the clock, or "–" while
+		// a subtask has none (the wordcount's source sets no watermarks).
+		if !regexp.MustCompile(`watermark (–|\d\d:\d\d:\d\d\.\d{3} · lags [0-9.]+ (ms|s|min))`).MatchString(box) {
+			fail("vertex %q shows no watermark line: %s", v.Name, box)
+		}
 		if len(v.Subtasks) != v.Parallelism {
 			t.Errorf("REST shows %d subtasks of %q, want %d", len(v.Subtasks), v.Name, v.Parallelism)
 		}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -258,6 +259,13 @@ type flinkVertexDetails struct {
 	Subtasks       []flinkSubtask `json:"subtasks"`
 }
 
+// flinkMetric is an entry of Flink's MetricCollectionResponseBody (the
+// watermarks route serves a list of them).
+type flinkMetric struct {
+	ID    string `json:"id"`
+	Value string `json:"value"`
+}
+
 type flinkBackPressure struct {
 	Status   string `json:"status"`
 	Level    string `json:"backpressure-level"`
@@ -448,6 +456,7 @@ func TestRESTServesFlinksShapesForEveryEndpoint(t *testing.T) {
 		}{}},
 		{"/jobs/" + id + "/vertices/" + vid, http.StatusOK, flinkVertexDetails{}},
 		{"/jobs/" + id + "/vertices/" + vid + "/backpressure", http.StatusOK, flinkBackPressure{}},
+		{"/jobs/" + id + "/vertices/" + vid + "/watermarks", http.StatusOK, []flinkMetric{}},
 		{"/jobs/" + id + "/checkpoints", http.StatusOK, flinkCheckpoints{}},
 		{"/jobs/" + id + "/checkpoints/config", http.StatusOK, flinkCheckpointConfig{}},
 		{fmt.Sprintf("/jobs/%s/checkpoints/details/%d", id, cid), http.StatusOK, flinkCheckpoint{}},
@@ -482,6 +491,18 @@ func TestRESTServesFlinksShapesForEveryEndpoint(t *testing.T) {
 	if len(ov.Jobs) != 1 || ov.Jobs[0].Tasks["total"] != subtasks || ov.Jobs[0].Tasks["running"] != subtasks ||
 		ov.Jobs[0].LastModification < ov.Jobs[0].Start {
 		t.Errorf("GET /jobs/overview: %+v, want %d tasks, all running, last-modification after start-time", ov, subtasks)
+	}
+	for _, v := range job.Vertices {
+		var wms []flinkMetric
+		getJSON(t, jm+"/jobs/"+id+"/vertices/"+v.ID+"/watermarks", &wms)
+		if len(wms) != v.Parallelism {
+			t.Errorf("GET watermarks of vertex %s: %+v, want one per subtask of %d", v.ID, wms, v.Parallelism)
+		}
+		for i, m := range wms {
+			if _, err := strconv.ParseInt(m.Value, 10, 64); m.ID != fmt.Sprintf("%d.currentInputWatermark", i) || err != nil {
+				t.Errorf("GET watermarks of vertex %s: %+v, want %d.currentInputWatermark with an integer value", v.ID, m, i)
+			}
+		}
 	}
 	var tms flinkTaskManagers
 	getJSON(t, jm+"/taskmanagers", &tms)

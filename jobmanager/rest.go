@@ -59,6 +59,7 @@ func (s *Server) apiHandler() http.Handler {
 	mux.HandleFunc("GET /jobs/{id}/plan", s.restPlan)
 	mux.HandleFunc("GET /jobs/{id}/vertices/{vid}", s.restVertex)
 	mux.HandleFunc("GET /jobs/{id}/vertices/{vid}/backpressure", s.restBackPressure)
+	mux.HandleFunc("GET /jobs/{id}/vertices/{vid}/watermarks", s.restWatermarks)
 	mux.HandleFunc("GET /jobs/{id}/checkpoints", s.restCheckpoints)
 	mux.HandleFunc("GET /jobs/{id}/checkpoints/config", s.restCheckpointConfig)
 	mux.HandleFunc("GET /jobs/{id}/checkpoints/details/{cid}", s.restCheckpointDetails)
@@ -270,6 +271,10 @@ type subtaskInfo struct {
 
 	backPressured float64 // share of the time, between the last two heartbeats
 	bpKnown       bool
+	// inputWatermark is the task's currentInputWatermark (math.MinInt64
+	// before the first), known when stats came in a heartbeat.
+	inputWatermark int64
+	known          bool
 }
 
 // vertexInfo is Flink's JobVertexDetailsInfo as GET /jobs/{id} lists it,
@@ -285,6 +290,10 @@ type vertexInfo struct {
 	Metrics   ioMetrics      `json:"metrics"`
 	Operators []string       `json:"operators"`
 	Subtasks  []subtaskInfo  `json:"subtasks"`
+	// InputWatermark is the vertex's watermark: the least
+	// currentInputWatermark of its subtasks (epoch ms), absent until every
+	// subtask reported one.
+	InputWatermark *int64 `json:"currentInputWatermark,omitempty"`
 }
 
 type planInput struct {
@@ -389,6 +398,7 @@ func (s *Server) details(rec JobRecord, last checkpoint.ID) jobDetails {
 				si.Metrics = ioMetrics{ReadRecords: p.stats.RecordsIn, ReadRecordsComplete: p.known,
 					WriteRecords: p.stats.RecordsOut, WriteRecordsComplete: p.known, BackPressuredMs: p.stats.BackPressured.Milliseconds()}
 				si.backPressured, si.bpKnown = p.backPressured, p.bpKnown
+				si.inputWatermark, si.known = p.stats.InputWatermark, p.known
 				if n := p.stats.PendingRecords; p.known && n >= 0 {
 					si.Metrics.PendingRecords = &n
 					vi.Metrics.PendingRecords = ptr(n + deref(vi.Metrics.PendingRecords))
@@ -403,6 +413,7 @@ func (s *Server) details(rec JobRecord, last checkpoint.ID) jobDetails {
 			vi.Subtasks = append(vi.Subtasks, si)
 		}
 		vi.Status = vertexStatus(vi.Tasks)
+		vi.InputWatermark = vertexWatermark(vi.Subtasks)
 		d.StatusCounts[vi.Status]++
 		d.Vertices = append(d.Vertices, vi)
 		d.Plan.Nodes = append(d.Plan.Nodes, planNode{ID: v.ID, Parallelism: v.Parallelism, Operator: "", OperatorStrategy: "",

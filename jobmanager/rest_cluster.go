@@ -2,6 +2,7 @@ package jobmanager
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"runtime/debug"
 	"strconv"
@@ -311,6 +312,49 @@ func (s *Server) restBackPressure(w http.ResponseWriter, r *http.Request) {
 	out.Level = backPressureLevel(out.maxRatio)
 	if !out.allKnown {
 		out.Status = "deprecated"
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// vertexWatermark is the least input watermark of subtasks, nil unless
+// every subtask reported one past math.MinInt64 (before its first
+// watermark).
+func vertexWatermark(subtasks []subtaskInfo) *int64 {
+	if len(subtasks) == 0 {
+		return nil
+	}
+	wm := int64(math.MaxInt64)
+	for _, st := range subtasks {
+		if !st.known || st.inputWatermark == math.MinInt64 {
+			return nil
+		}
+		wm = min(wm, st.inputWatermark)
+	}
+	return &wm
+}
+
+// metricValue is one entry of Flink's MetricCollectionResponseBody: a
+// metric's id and its value as a string.
+type metricValue struct {
+	ID    string `json:"id"`
+	Value string `json:"value"`
+}
+
+// restWatermarks is Flink's JobVertexWatermarksHandler: each subtask's
+// currentInputWatermark ("<subtask>.currentInputWatermark", epoch ms,
+// -9223372036854775808 before its first), for the subtasks whose stats
+// came in a heartbeat.
+func (s *Server) restWatermarks(w http.ResponseWriter, r *http.Request) {
+	_, v, err := s.vertex(r)
+	if err != nil {
+		restError(w, err)
+		return
+	}
+	out := []metricValue{}
+	for _, st := range v.Subtasks {
+		if st.known {
+			out = append(out, metricValue{ID: strconv.Itoa(st.Subtask) + ".currentInputWatermark", Value: strconv.FormatInt(st.inputWatermark, 10)})
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 }

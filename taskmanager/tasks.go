@@ -129,7 +129,7 @@ func (ds *deployments) counts() []*weirpb.DeploymentCounts {
 			for _, t := range sr.TaskStats() {
 				dc.Tasks = append(dc.Tasks, &weirpb.TaskCounts{TaskId: string(t.Task), RecordsIn: t.RecordsIn,
 					RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds(), Source: t.Source, Sink: t.Sink,
-					PendingRecords: t.PendingRecords})
+					PendingRecords: t.PendingRecords, InputWatermark: t.InputWatermark, OutputWatermark: t.OutputWatermark})
 			}
 		}
 		out = append(out, dc)

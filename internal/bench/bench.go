@@ -113,6 +113,7 @@ func All() []Benchmark {
 		{Name: "runtime-wordcount", Run: RuntimeWordcount},
 		{Name: "runtime-wordcount-2tm", Run: RuntimeWordcount2TM},
 		{Name: "checkpoint-cycle", Run: CheckpointCycle},
+		{Name: "window-wordcount", Run: WindowWordcount},
 		{Name: "eos-sink", Run: EOSSink},
 		{Name: "eos-wordcount", Run: EOSWordcount},
 		{Name: "limits", Run: Limits},

@@ -72,6 +72,8 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 		"limit-runtime-wordcount": {"words_per_s"},
 		"runtime-wordcount-2tm":   {"words_per_s"},
 		"checkpoint-cycle":        {"p50_ms", "p99_ms"},
+		"window-wordcount":        {"words_per_s"},
+		"window-state-per-key":    {"bytes_per_key_window"},
 		"eos-sink":                {"records_per_s"},
 		"eos-wordcount":           {"records_per_s"},
 		"share-inflight":          {"max_held_per_partition"},
@@ -79,7 +81,7 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 		"limit-share-consume":     {"records_per_s"},
 		"limit-wordcount":         {"records_per_s"},
 	}
-	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "eos-sink", "eos-wordcount", "limit-wordcount"}
+	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "window-wordcount", "eos-sink", "eos-wordcount", "limit-wordcount"}
 	limits := []string{"limit-produce", "limit-share-consume"}
 	const runs = 2
 	var buf bytes.Buffer
@@ -162,7 +164,7 @@ func TestOnlyWithAnUnknownNameIsAnErrorListingTheNames(t *testing.T) {
 		{name: "one known", only: []string{"eos-sink"}, want: []string{"eos-sink"}},
 		{name: "run order kept", only: []string{"eos-wordcount", "runtime-wordcount"}, want: []string{"runtime-wordcount", "eos-wordcount"}},
 		{name: "unknown", only: []string{"eos-wordcont"},
-			wantErr: []string{`unknown benchmark "eos-wordcont"`, "runtime-wordcount, runtime-wordcount-2tm, checkpoint-cycle, eos-sink, eos-wordcount"}},
+			wantErr: []string{`unknown benchmark "eos-wordcont"`, "runtime-wordcount, runtime-wordcount-2tm, checkpoint-cycle, window-wordcount, eos-sink, eos-wordcount"}},
 		{name: "unknown among known", only: []string{"eos-sink", "nope", ""},
 			wantErr: []string{`"nope", ""`}},
 	}

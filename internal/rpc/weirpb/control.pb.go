@@ -839,8 +839,13 @@ type TaskCounts struct {
 	// reported (Flink's metric: its input's records not yet done), -1 when
 	// it reported none.
 	PendingRecords int64 `protobuf:"varint,7,opt,name=pending_records,json=pendingRecords,proto3" json:"pending_records,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// input_watermark and output_watermark are the task's
+	// currentInputWatermark and currentOutputWatermark (epoch ms;
+	// math.MinInt64 before the first watermark).
+	InputWatermark  int64 `protobuf:"varint,8,opt,name=input_watermark,json=inputWatermark,proto3" json:"input_watermark,omitempty"`
+	OutputWatermark int64 `protobuf:"varint,9,opt,name=output_watermark,json=outputWatermark,proto3" json:"output_watermark,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *TaskCounts) Reset() {
@@ -918,6 +923,20 @@ func (x *TaskCounts) GetSink() bool {
 func (x *TaskCounts) GetPendingRecords() int64 {
 	if x != nil {
 		return x.PendingRecords
+	}
+	return 0
+}
+
+func (x *TaskCounts) GetInputWatermark() int64 {
+	if x != nil {
+		return x.InputWatermark
+	}
+	return 0
+}
+
+func (x *TaskCounts) GetOutputWatermark() int64 {
+	if x != nil {
+		return x.OutputWatermark
 	}
 	return 0
 }
@@ -2849,7 +2868,7 @@ const file_control_proto_rawDesc = "" +
 	"\x10DeploymentCounts\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12-\n" +
-	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasksJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"\xe6\x01\n" +
+	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasksJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"\xba\x02\n" +
 	"\n" +
 	"TaskCounts\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1d\n" +
@@ -2860,7 +2879,9 @@ const file_control_proto_rawDesc = "" +
 	"\x11back_pressured_ms\x18\x04 \x01(\x03R\x0fbackPressuredMs\x12\x16\n" +
 	"\x06source\x18\x05 \x01(\bR\x06source\x12\x12\n" +
 	"\x04sink\x18\x06 \x01(\bR\x04sink\x12'\n" +
-	"\x0fpending_records\x18\a \x01(\x03R\x0ependingRecords\"\xfd\x03\n" +
+	"\x0fpending_records\x18\a \x01(\x03R\x0ependingRecords\x12'\n" +
+	"\x0finput_watermark\x18\b \x01(\x03R\x0einputWatermark\x12)\n" +
+	"\x10output_watermark\x18\t \x01(\x03R\x0foutputWatermark\"\xfd\x03\n" +
 	"\vDeployTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\bjob_type\x18\x02 \x01(\tR\ajobType\x12<\n" +

@@ -205,6 +205,14 @@ function drawSubtasks(job) {
   fill(document.querySelector("#subtasks tbody"), rows, "no tasks deployed");
 }
 
+// watermark describes a vertex's watermark (the least currentInputWatermark
+// of its subtasks, epoch ms; absent until each has one) and how far it lags
+// the job manager's clock now.
+function watermark(wm, now) {
+  if (wm === undefined || wm === null) return "watermark –";
+  return `watermark ${new Date(wm).toISOString().slice(11, 23)} · lags ${duration(Math.max(0, now - wm))}`;
+}
+
 // drawGraph lays the vertices out left to right by depth (longest path from
 // a source) and draws the plan's edges between them.
 function drawGraph(job) {
@@ -229,10 +237,11 @@ function drawGraph(job) {
       [`${v.name} ×${v.parallelism}`, TITLE_FONT],
       [`${v.status} · in ${perSecond(r && r.read)} · out ${perSecond(r && r.write)}`, TEXT_FONT],
       [`back-pressured ${r ? Math.round(r.bp * 100) + "%" : "–"} · ${v.metrics["read-records"]} in, ${v.metrics["write-records"]} out`, SMALL_FONT],
+      [watermark(v.currentInputWatermark, job.now), SMALL_FONT],
     ];
     for (const [text, font] of lines[v.id]) widest = Math.max(widest, textWidth(text, font));
   }
-  const W = Math.max(230, Math.ceil(widest) + 24), H = 74, GX = 70, GY = 24;
+  const W = Math.max(230, Math.ceil(widest) + 24), H = 92, GX = 70, GY = 24;
   const pos = {};
   cols.forEach((col, c) => col.forEach((v, r) => { pos[v.id] = { x: 10 + c * (W + GX), y: 10 + r * (H + GY) }; }));
   const width = 20 + cols.length * (W + GX) - GX, height = 20 + Math.max(1, ...cols.map(c => c.length)) * (H + GY) - GY;
@@ -256,10 +265,11 @@ function drawGraph(job) {
     const bp = r ? r.bp : 0;
     const box = svg("g", { class: "vertex" + (bp > 0.5 ? " bp" : ""), "data-vertex": v.name, transform: `translate(${p.x},${p.y})` });
     box.append(svg("rect", { width: W, height: H }));
-    const [title, rate, totals] = lines[v.id];
+    const [title, rate, totals, wm] = lines[v.id];
     box.append(svg("text", { x: 10, y: 20, class: "title" }, title[0]));
     box.append(svg("text", { x: 10, y: 38 }, rate[0]));
     box.append(svg("text", { x: 10, y: 56, class: "small" }, totals[0]));
+    box.append(svg("text", { x: 10, y: 74, class: "small watermark" }, wm[0]));
     g.append(box);
   }
   document.getElementById("graph").replaceChildren(g);
