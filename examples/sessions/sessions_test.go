@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -72,37 +71,13 @@ func onTimeClicks(t *testing.T) []click {
 	return cs
 }
 
-// expectedSessions is the independent computation of the contract: per
-// user, clicks in ts order, a click at or after the previous one plus the
-// gap starts a session; a session is emitted once the watermark (the
-// largest ts minus the out-of-orderness minus 1 ms) reaches its end - 1.
+// expectedSessions is the contract's sessions of cs (sessions.Expected).
 func expectedSessions(cs []click) []sessions.Session {
-	byUser := map[string][]int64{}
-	maxTS := int64(0)
-	for _, c := range cs {
-		byUser[c.user] = append(byUser[c.user], c.ts)
-		maxTS = max(maxTS, c.ts)
+	clicks := make([]sessions.Click, len(cs))
+	for i, c := range cs {
+		clicks[i] = sessions.Click{User: c.user, TS: c.ts}
 	}
-	wm := maxTS - ooo - 1
-	var out []sessions.Session
-	for user, ts := range byUser {
-		slices.Sort(ts)
-		cur := sessions.Session{User: user, Start: ts[0], End: ts[0] + gap, Clicks: 1}
-		flush := func() {
-			if cur.End-1 <= wm {
-				out = append(out, cur)
-			}
-		}
-		for _, x := range ts[1:] {
-			if x >= cur.End {
-				flush()
-				cur = sessions.Session{User: user, Start: x, End: x + gap}
-			}
-			cur.End, cur.Clicks = x+gap, cur.Clicks+1
-		}
-		flush()
-	}
-	return out
+	return sessions.Expected(clicks, gap*time.Millisecond, ooo*time.Millisecond)
 }
 
 func produce(t *testing.T, env *kafkatest.Env, recs ...*kgo.Record) {
