@@ -68,9 +68,9 @@ func TestSessionsJobContinuesExactlyOnceAfterSIGKILL(t *testing.T) {
 	produce(clickRecords(second))
 	all := append(append([]sessions.Click{}, first...), second...)
 	want := sessions.Expected(all, 30*time.Second, 5*time.Second)
-	got := atLeast(t, ctx, env.Addr, "sessions", len(want), job)
+	atLeast(t, ctx, env.Addr, "sessions", len(want), job)
 	job.stop()
-	got = env.ReadCommitted(t, "sessions")
+	got := env.ReadCommitted(t, "sessions")
 
 	count := map[string]int{}
 	for _, s := range want {
