@@ -90,7 +90,7 @@ func BuildWith(p runtime.Params, srcOpts ...sharegroup.Opt) (*runtime.Job, error
 	})
 	byWord := runtime.KeyBy(words, func(w string) string { return w }, nil)
 	counts := runtime.Process(byWord, "count", NewCounter)
-	runtime.SinkTo(counts, "counts", withTopic(brokers, output, sink))
+	runtime.SinkTo(counts, "counts", WithTopic(brokers, output, sink))
 	return j, nil
 }
 
@@ -138,9 +138,11 @@ type countRecord struct {
 	buf [64]byte
 }
 
-// withTopic creates the output topic (broker default partitions) when a sink
-// subtask opens and it is missing.
-func withTopic[T any](brokers []string, topic string, sink func() runtime.Sink[T]) func() runtime.Sink[T] {
+// WithTopic wraps a Kafka sink so that each subtask creates topic (broker
+// default partitions) when it opens and the topic is missing; the wrapper
+// passes on every contract of the sink (checkpoint listener, abort carrier,
+// restore committer, cancel listener). Other examples reuse it.
+func WithTopic[T any](brokers []string, topic string, sink func() runtime.Sink[T]) func() runtime.Sink[T] {
 	return func() runtime.Sink[T] { return &topicSink[T]{Sink: sink(), brokers: brokers, topic: topic} }
 }
 
