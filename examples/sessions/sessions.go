@@ -12,11 +12,9 @@
 package sessions
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -34,7 +32,7 @@ var Type = runtime.JobType{
 	Name:        Name,
 	Description: "event-time sessions: JSON clicks from a share group -> session windows per user -> summaries to output, late clicks to late, exactly once",
 	Params: []runtime.ParamSpec{
-		{Name: "brokers", Default: "127.0.0.1:9092", Description: "Kafka seed brokers, comma separated"},
+		sharegroup.BrokersParam(),
 		{Name: "input", Default: "clicks", Description: "input topic of JSON clicks (read as a share group)"},
 		{Name: "output", Default: "sessions", Description: "session summaries topic, created when missing"},
 		{Name: "late", Default: "late-clicks", Description: "late clicks topic, created when missing"},
@@ -44,9 +42,7 @@ var Type = runtime.JobType{
 		{Name: "idle", Default: "10s", Description: "a source subtask with nothing to read for this long does not hold the watermark back"},
 	},
 	Build: Build,
-	Check: func(ctx context.Context, p runtime.Params) error {
-		return sharegroup.CheckBrokers(ctx, strings.Split(p.String("brokers"), ","))
-	},
+	Check: sharegroup.CheckBrokersParam,
 }
 
 // Register adds the sessions job type to r.
@@ -121,7 +117,7 @@ func Build(p runtime.Params) (*runtime.Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	brokers := strings.Split(p.String("brokers"), ",")
+	brokers := sharegroup.ParamBrokers(p)
 	src, err := sharegroup.New(ParseClick, sharegroup.Brokers(brokers...), sharegroup.Topics(p.String("input")),
 		sharegroup.Group(p.String("group")), sharegroup.Mode(sharegroup.Transactional))
 	if err != nil {

@@ -9,7 +9,6 @@
 package uppercase
 
 import (
-	"context"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -27,15 +26,13 @@ var Type = runtime.JobType{
 	Name:        Name,
 	Description: "upper-cases every line of a share group into a topic, exactly once",
 	Params: []runtime.ParamSpec{
-		{Name: "brokers", Default: "127.0.0.1:9092", Description: "Kafka seed brokers, comma separated"},
+		sharegroup.BrokersParam(),
 		{Name: "input", Default: "lines", Description: "input topic (read as a share group)"},
 		{Name: "group", Default: "uppercase", Description: "share group"},
 		{Name: "output", Default: "upper", Description: "output topic (must exist)"},
 	},
 	Build: Build,
-	Check: func(ctx context.Context, p runtime.Params) error {
-		return sharegroup.CheckBrokers(ctx, strings.Split(p.String("brokers"), ","))
-	},
+	Check: sharegroup.CheckBrokersParam,
 }
 
 // Register adds the uppercase job type to r.
@@ -43,7 +40,7 @@ func Register(r *runtime.Registry) error { return r.Register(Type) }
 
 // Build builds the uppercase graph from its parameters.
 func Build(p runtime.Params) (*runtime.Job, error) {
-	brokers := strings.Split(p.String("brokers"), ",")
+	brokers := sharegroup.ParamBrokers(p)
 	src, err := sharegroup.New(func(r *kgo.Record) (string, error) { return string(r.Value), nil },
 		sharegroup.Brokers(brokers...), sharegroup.Topics(p.String("input")), sharegroup.Group(p.String("group")))
 	if err != nil {

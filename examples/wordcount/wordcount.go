@@ -25,16 +25,14 @@ var Type = runtime.JobType{
 	Name:        Name,
 	Description: "exactly-once wordcount: share group on input -> words -> running count per word -> output",
 	Params: []runtime.ParamSpec{
-		{Name: "brokers", Default: "127.0.0.1:9092", Description: "Kafka seed brokers, comma separated"},
+		sharegroup.BrokersParam(),
 		{Name: "input", Default: "lines", Description: "input topic (read as a share group)"},
 		{Name: "output", Default: "counts", Description: "output topic, created when missing"},
 		{Name: "group", Default: "wordcount", Description: "share group"},
 		{Name: "guarantee", Default: "exactly-once", Description: "exactly-once | at-least-once"},
 	},
 	Build: Build,
-	Check: func(ctx context.Context, p runtime.Params) error {
-		return sharegroup.CheckBrokers(ctx, strings.Split(p.String("brokers"), ","))
-	},
+	Check: sharegroup.CheckBrokersParam,
 }
 
 // Register adds the wordcount job type to r.
@@ -59,7 +57,7 @@ func BuildWith(p runtime.Params, srcOpts ...sharegroup.Opt) (*runtime.Job, error
 	if err != nil {
 		return nil, err
 	}
-	brokers := strings.Split(p.String("brokers"), ",")
+	brokers := sharegroup.ParamBrokers(p)
 	mode, sinkG := sharegroup.Transactional, kafka.ExactlyOnce
 	if guarantee == "at-least-once" {
 		mode, sinkG = sharegroup.AtLeastOnce, kafka.AtLeastOnce
