@@ -146,8 +146,8 @@ type keyedStore[K comparable, V any] struct {
 	// entries calls fn for each entry of a map value (map state), so a
 	// state dump has one record per entry; nil: a value state.
 	entries func(v V, fn func(k, v any) error) error
-	at        int32     // position of scope.key in its group, -1 absent; valid while atGen == scope.gen
-	atGen     uint64
+	at      int32 // position of scope.key in its group, -1 absent; valid while atGen == scope.gen
+	atGen   uint64
 }
 
 func (s *keyedStore[K, V]) name() string { return s.stateName }
