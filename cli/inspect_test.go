@@ -1,0 +1,314 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/jobmanager"
+)
+
+// dumpLine is a line of state dump as a test reads it.
+type dumpLine struct {
+	KeyGroup    int             `json:"key_group"`
+	State       string          `json:"state"`
+	Key         json.RawMessage `json:"key"`
+	Value       json.RawMessage `json:"value"`
+	Undecoded   string          `json:"undecoded"`
+	KeyBase64   []byte          `json:"key_base64"`
+	ValueBase64 []byte          `json:"value_base64"`
+}
+
+func parseDump(t *testing.T, out string) []dumpLine {
+	t.Helper()
+	var lines []dumpLine
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if l == "" {
+			continue
+		}
+		var d dumpLine
+		if err := json.Unmarshal([]byte(l), &d); err != nil {
+			t.Fatalf("dump line %q: %v", l, err)
+		}
+		lines = append(lines, d)
+	}
+	return lines
+}
+
+// dumpedCounts checks every line of a wordcount counter dump is a decoded
+// "count" entry and returns the counts by word.
+func dumpedCounts(t *testing.T, out string) map[string]int {
+	t.Helper()
+	got := map[string]int{}
+	for _, d := range parseDump(t, out) {
+		var word string
+		var n int
+		if d.State != "count" || d.Undecoded != "" || json.Unmarshal(d.Key, &word) != nil || json.Unmarshal(d.Value, &n) != nil {
+			t.Fatalf("dump line %+v: want a decoded count", d)
+		}
+		if _, dup := got[word]; dup {
+			t.Fatalf("word %q dumped twice", word)
+		}
+		got[word] = n
+	}
+	return got
+}
+
+func sameCounts(t *testing.T, what string, got, want map[string]int) {
+	t.Helper()
+	for w, n := range want {
+		if got[w] != n {
+			t.Errorf("%s: %q counted %d, the input has %d", what, w, got[w], n)
+		}
+	}
+	for w := range got {
+		if _, ok := want[w]; !ok {
+			t.Errorf("%s: %q is not in the input", what, w)
+		}
+	}
+}
+
+// inspectJSON runs savepoint inspect -o json.
+func inspectJSON(t *testing.T, args ...string) inspection {
+	t.Helper()
+	out, errOut, err := runCLI(t, append([]string{"savepoint", "inspect", "-o", "json"}, args...)...)
+	if err != nil {
+		t.Fatalf("inspect %v: %v\n%s", args, err, errOut)
+	}
+	var in inspection
+	if err := json.Unmarshal([]byte(out), &in); err != nil {
+		t.Fatalf("inspect output: %v\n%s", err, out)
+	}
+	return in
+}
+
+// checkWordcountInspection checks what inspect says of a wordcount
+// snapshot against the checkpoint c it was read from.
+func checkWordcountInspection(t *testing.T, in inspection, c checkpoint.Completed, at time.Time, words int) {
+	t.Helper()
+	if in.Job != c.Job || in.Checkpoint != uint64(c.ID) || !in.Time.Equal(at) || in.Bytes != c.Size() {
+		t.Fatalf("inspection %+v of checkpoint %s/%d at %v, %d bytes", in, c.Job, c.ID, c.CompletedAt, c.Size())
+	}
+	var uids []string
+	for _, o := range in.Operators {
+		uids = append(uids, o.UID)
+	}
+	if !slices.Equal(uids, []string{"count", "counts", "lines", "split"}) {
+		t.Fatalf("operators %v", uids)
+	}
+	count := in.Operators[0]
+	if count.Parallelism != 2 || count.MaxParallelism != 128 || len(count.Subtasks) != 2 ||
+		count.Subtasks[0].KeyGroups != "0-63" || count.Subtasks[1].KeyGroups != "64-127" ||
+		count.Subtasks[0].KeyGroupCount != 64 {
+		t.Fatalf("count operator %+v", count)
+	}
+	if len(count.States) != 1 || count.States[0].Name != "count" || count.States[0].Entries != int64(words) || count.States[0].Bytes <= 0 {
+		t.Fatalf("count states %+v, want one with %d entries", count.States, words)
+	}
+	var want []checkpoint.TxnHandle
+	for _, ts := range c.Tasks {
+		for _, op := range ts.Operators {
+			if op.UID == "counts" {
+				want = append(want, op.Handles...)
+			}
+		}
+	}
+	got := in.Operators[1].Handles
+	key := func(h checkpoint.TxnHandle) string { return fmt.Sprintf("%s/%d/%d", h.TransactionalID, h.ProducerID, h.Epoch) }
+	gk, wk := make([]string, 0, len(got)), make([]string, 0, len(want))
+	for _, h := range got {
+		gk = append(gk, key(h))
+	}
+	for _, h := range want {
+		wk = append(wk, key(h))
+	}
+	slices.Sort(gk)
+	slices.Sort(wk)
+	if !slices.Equal(gk, wk) {
+		t.Fatalf("pending transactions of the sink %v, the checkpoint holds %v", gk, wk)
+	}
+}
+
+// Wordcount run in this process on a checkpoint dir over known input:
+// the retained checkpoint, the same in a job manager's data-dir layout
+// (job type and parameters from its job store), and a savepoint written
+// from it with its job type are inspected (operators, key groups, state
+// entries, pending transactions equal to the checkpoint's) and dumped:
+// every word's count equals the count computed from the input, every
+// word once. Without a job type the dump still lists every word, as
+// undecoded bytes.
+func TestInspectAndDumpOfAWordcountCheckpointMatchTheInputWordByWord(t *testing.T) {
+	env := kafkatest.New(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(env.Addr), kgo.DefaultProduceTopic("lines"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 4, 1, nil, "lines"); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	var recs []*kgo.Record
+	for i := range 800 {
+		lines = append(lines, kafkatest.InputLine(i))
+		recs = append(recs, kgo.StringRecord(lines[i]))
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	want := wordcount.Expected(lines)
+	total := 0
+	for _, n := range want {
+		total += n
+	}
+
+	dir := t.TempDir()
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var runOut, runErr bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		root := newRootCmd(testRegistry(t), &runOut, &runErr)
+		root.SetArgs([]string{"run", "wordcount", "--set", "brokers=" + env.Addr, "--set", "group=wc", "--parallelism", "2",
+			"--checkpoint-interval", "50ms", "--checkpoint-dir", dir, "--log-level", "warn"})
+		done <- root.ExecuteContext(runCtx)
+	}()
+	for {
+		out, err := kafkatest.ReadCommitted(ctx, []string{env.Addr}, "counts")
+		if err == nil && len(out) >= total {
+			if rep := wordcount.Check(out, want); !rep.OK() {
+				t.Fatalf("wordcount output: %s", rep)
+			}
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run ended (%v) before its output was committed; stderr:\n%s", err, runErr.String())
+		case <-ctx.Done():
+			t.Fatalf("output did not reach %d records; stderr:\n%s", total, runErr.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	// A job manager has the store open: inspection is refused, clearly.
+	_, _, err = runCLI(t, "savepoint", "inspect", dir)
+	if !errors.Is(err, checkpoint.ErrStoreLocked) {
+		t.Fatalf("inspect while the job runs: %v, want the store in use", err)
+	}
+	stopRun()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v; stderr:\n%s", err, runErr.String())
+	}
+
+	store, err := checkpoint.OpenStore(filepath.Join(dir, "checkpoints"), checkpoint.ReadOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	idFile, err := os.ReadFile(filepath.Join(dir, jobIDFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobID := strings.TrimSpace(string(idFile))
+	c, err := store.Latest(ctx, jobID)
+	if cerr := store.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The retained checkpoint of the run dir.
+	checkWordcountInspection(t, inspectJSON(t, dir), c, c.CompletedAt, len(want))
+	out, _, err := runCLI(t, "state", "dump", dir, "--operator", "count", "--job", "wordcount", "--set", "brokers="+env.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameCounts(t, "run dir checkpoint", dumpedCounts(t, out), want)
+
+	// Without a job type: every word, as bytes marked undecoded.
+	out, errOut, err := runCLI(t, "state", "dump", dir, "--operator", "count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(errOut, "records no job type") {
+		t.Errorf("stderr %q: want the note that no job type is known", errOut)
+	}
+	raw := map[string]int{}
+	for _, d := range parseDump(t, out) {
+		if !strings.HasPrefix(d.Undecoded, "no codec") || d.Key != nil || len(d.ValueBase64) != 8 {
+			t.Fatalf("raw dump line %+v", d)
+		}
+		raw[string(d.KeyBase64)]++
+	}
+	if len(raw) != len(want) {
+		t.Fatalf("raw dump: %d keys, want %d", len(raw), len(want))
+	}
+
+	// A job manager data dir: the job's type and parameters come from its
+	// job store.
+	jmDir := t.TempDir()
+	if err := os.CopyFS(filepath.Join(jmDir, "checkpoints"), os.DirFS(filepath.Join(dir, "checkpoints"))); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jobmanager.OpenJobStore(filepath.Join(jmDir, "jobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	params := map[string]string{"brokers": env.Addr, "group": "wc", "parallelism": "2"}
+	err = js.Put(jobmanager.JobRecord{ID: jobID, Type: wordcount.Name, Params: params, State: jobmanager.StateCanceled})
+	if cerr := js.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := inspectJSON(t, jmDir, "--job-id", jobID, "--checkpoint", fmt.Sprint(c.ID))
+	checkWordcountInspection(t, in, c, c.CompletedAt, len(want))
+	if in.Kind != "checkpoint" || in.JobType != wordcount.Name || !maps.Equal(in.JobParams, params) {
+		t.Fatalf("job manager dir inspection: kind %q type %q params %v", in.Kind, in.JobType, in.JobParams)
+	}
+	out, _, err = runCLI(t, "state", "dump", jmDir, "--operator", "count", "--state", "count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameCounts(t, "job manager checkpoint", dumpedCounts(t, out), want)
+
+	// A savepoint written with its job type.
+	sp := filepath.Join(t.TempDir(), "sp")
+	written := time.Now().UTC()
+	if err := checkpoint.WriteSavepoint(sp, c, written, checkpoint.WithJob(wordcount.Name, params)); err != nil {
+		t.Fatal(err)
+	}
+	in = inspectJSON(t, sp)
+	checkWordcountInspection(t, in, c, written, len(want))
+	if in.Kind != "savepoint" || in.FormatVersion != checkpoint.SavepointVersion || in.JobType != wordcount.Name {
+		t.Fatalf("savepoint inspection: kind %q version %d type %q", in.Kind, in.FormatVersion, in.JobType)
+	}
+	out, _, err = runCLI(t, "state", "dump", sp, "--operator", "count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameCounts(t, "savepoint", dumpedCounts(t, out), want)
+	table, _, err := runCLI(t, "savepoint", "inspect", sp)
+	if err != nil || !strings.Contains(table, "Operator count") || !strings.Contains(table, "count  ") {
+		t.Fatalf("table output (%v):\n%s", err, table)
+	}
+	t.Logf("%d lines, %d words, %d counts: checkpoint %d dumped word by word from the run dir, a job manager dir and a savepoint",
+		len(lines), len(want), total, c.ID)
+}
