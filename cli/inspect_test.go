@@ -129,7 +129,9 @@ func checkWordcountInspection(t *testing.T, in inspection, c checkpoint.Complete
 		}
 	}
 	got := in.Operators[1].Handles
-	key := func(h checkpoint.TxnHandle) string { return fmt.Sprintf("%s/%d/%d", h.TransactionalID, h.ProducerID, h.Epoch) }
+	key := func(h checkpoint.TxnHandle) string {
+		return fmt.Sprintf("%s/%d/%d", h.TransactionalID, h.ProducerID, h.Epoch)
+	}
 	gk, wk := make([]string, 0, len(got)), make([]string, 0, len(want))
 	for _, h := range got {
 		gk = append(gk, key(h))
