@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -313,4 +314,137 @@ func TestInspectAndDumpOfAWordcountCheckpointMatchTheInputWordByWord(t *testing.
 	}
 	t.Logf("%d lines, %d words, %d counts: checkpoint %d dumped word by word from the run dir, a job manager dir and a savepoint",
 		len(lines), len(want), total, c.ID)
+}
+
+// frame is a uvarint length and b, as keyed state blobs frame their parts.
+func frame(dst, b []byte) []byte { return append(binary.AppendUvarint(dst, uint64(len(b))), b...) }
+
+// smallSavepoint writes a savepoint of two operators: "count", keyed (one
+// string key "fox" with the int64 value 7 in key group 3 of subtask 0 of
+// 2), and "sink", with operator state and a pending transaction.
+func smallSavepoint(t *testing.T) string {
+	t.Helper()
+	val := binary.BigEndian.AppendUint64(nil, 7)
+	state := frame(frame(binary.AppendUvarint(nil, 1), []byte("fox")), val)
+	blob := frame(frame(nil, []byte("count")), state)
+	c := checkpoint.Completed{Job: "job-1", ID: 9, Tasks: map[checkpoint.TaskID]checkpoint.TaskSnapshot{
+		"count#0": {Task: "count#0", Operators: []checkpoint.OperatorSnapshot{{UID: "count", Subtask: 0, Parallelism: 2, MaxParallelism: 8,
+			KeyGroups: map[int][]byte{3: blob}}}},
+		"count#1": {Task: "count#1", Operators: []checkpoint.OperatorSnapshot{{UID: "count", Subtask: 1, Parallelism: 2, MaxParallelism: 8}}},
+		"sink#0": {Task: "sink#0", Operators: []checkpoint.OperatorSnapshot{{UID: "sink", Parallelism: 1, State: [][]byte{[]byte("entry")},
+			Handles: []checkpoint.TxnHandle{{TransactionalID: "weir-job-1-sink-0", ProducerID: 4001, Epoch: 3, Checkpoint: 9,
+				Partitions: []checkpoint.TxnPartition{{Topic: "out", Partition: 2, FirstOffset: 40}}}}}}},
+	}}
+	dir := filepath.Join(t.TempDir(), "sp")
+	if err := checkpoint.WriteSavepoint(dir, c, time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// Inspection reports a savepoint's key-group ranges, state sizes and
+// pending transactions as written; a dump of its keyed state without a
+// job type gives every entry as bytes; an unknown operator uid is an
+// error listing the uids there are.
+func TestInspectReportsKeyGroupsStatesAndPendingTransactions(t *testing.T) {
+	sp := smallSavepoint(t)
+	in := inspectJSON(t, sp)
+	if in.Job != "job-1" || in.Checkpoint != 9 || in.FormatVersion != 1 || len(in.Operators) != 2 {
+		t.Fatalf("inspection %+v", in)
+	}
+	count, sink := in.Operators[0], in.Operators[1]
+	if count.MaxParallelism != 8 || len(count.Subtasks) != 2 || count.Subtasks[0].KeyGroups != "0-3" || count.Subtasks[1].KeyGroups != "4-7" ||
+		count.Subtasks[0].KeyGroupsWithState != 1 || len(count.States) != 1 || count.States[0] != (inspectedState{Name: "count", Bytes: 14, Entries: 1}) {
+		t.Fatalf("count %+v", count)
+	}
+	if len(sink.Handles) != 1 || sink.Handles[0].TransactionalID != "weir-job-1-sink-0" || sink.Handles[0].ProducerID != 4001 ||
+		sink.Handles[0].Epoch != 3 || len(sink.Handles[0].Partitions) != 1 || sink.Subtasks[0].OperatorStateEntries != 1 {
+		t.Fatalf("sink %+v", sink)
+	}
+	table, _, err := runCLI(t, "savepoint", "inspect", sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Format version  1", "0-3 (4)", "weir-job-1-sink-0", "producer 4001 epoch 3", "out/2@40"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	out, _, err := runCLI(t, "state", "dump", sp, "--operator", "count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := parseDump(t, out)
+	if len(lines) != 1 || lines[0].KeyGroup != 3 || string(lines[0].KeyBase64) != "fox" || !bytes.Equal(lines[0].ValueBase64, binary.BigEndian.AppendUint64(nil, 7)) {
+		t.Fatalf("dump %+v", lines)
+	}
+	_, _, err = runCLI(t, "state", "dump", sp, "--operator", "counter")
+	if err == nil || !strings.Contains(err.Error(), `no operator "counter"`) || !strings.Contains(err.Error(), "count, sink") {
+		t.Fatalf("unknown uid: %v", err)
+	}
+}
+
+// A damaged savepoint (each file: _metadata missing, truncated, its
+// checksum or header broken, a later format; a state file missing,
+// truncated or with a flipped byte) fails inspect and dump with one error
+// line naming the file, and prints nothing.
+func TestDamagedSavepointFailsInspectAndDumpWithOneErrorNamingTheFile(t *testing.T) {
+	state := filepath.Join("state", "count.bin")
+	edit := func(name string, fn func([]byte) []byte) func(t *testing.T, dir string) {
+		return func(t *testing.T, dir string) {
+			p := filepath.Join(dir, name)
+			b, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, fn(b), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	remove := func(name string) func(t *testing.T, dir string) {
+		return func(t *testing.T, dir string) {
+			if err := os.Remove(filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	flipLast := func(b []byte) []byte { b[len(b)-2] ^= 0x20; return b }
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, dir string)
+		file   string
+		is     error
+	}{
+		{"metadata missing", remove(checkpoint.SavepointMetadataFile), checkpoint.SavepointMetadataFile, errNotSnapshot},
+		{"metadata truncated", edit(checkpoint.SavepointMetadataFile, func(b []byte) []byte { return b[:len(b)-7] }), checkpoint.SavepointMetadataFile, checkpoint.ErrCorruptSavepoint},
+		{"metadata checksum", edit(checkpoint.SavepointMetadataFile, flipLast), checkpoint.SavepointMetadataFile, checkpoint.ErrCorruptSavepoint},
+		{"metadata header", edit(checkpoint.SavepointMetadataFile, func(b []byte) []byte { return append([]byte("x"), b...) }), checkpoint.SavepointMetadataFile, checkpoint.ErrCorruptSavepoint},
+		{"metadata from a later format", edit(checkpoint.SavepointMetadataFile, func(b []byte) []byte {
+			return bytes.Replace(b, []byte("weir-savepoint 1 "), []byte("weir-savepoint 9 "), 1)
+		}), checkpoint.SavepointMetadataFile, checkpoint.ErrSavepointVersion},
+		{"state file missing", remove(state), "state/count.bin", checkpoint.ErrCorruptSavepoint},
+		{"state file truncated", edit(state, func(b []byte) []byte { return b[:len(b)-1] }), "state/count.bin", checkpoint.ErrCorruptSavepoint},
+		{"state file checksum", edit(state, flipLast), "state/count.bin", checkpoint.ErrCorruptSavepoint},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sp := smallSavepoint(t)
+			tc.damage(t, sp)
+			for _, args := range [][]string{{"savepoint", "inspect", sp}, {"savepoint", "inspect", "-o", "json", sp}, {"state", "dump", sp, "--operator", "count"}} {
+				out, errOut, err := runCLI(t, args...)
+				if !errors.Is(err, tc.is) {
+					t.Fatalf("%v: %v, want %v", args, err, tc.is)
+				}
+				if msg := err.Error(); !strings.Contains(msg, tc.file) || strings.Contains(msg, "\n") {
+					t.Fatalf("%v: error %q: want one line naming %s", args, msg, tc.file)
+				}
+				if out != "" {
+					t.Fatalf("%v printed %q", args, out)
+				}
+				if n := strings.Count(strings.TrimSpace(errOut), "\n"); n != 0 {
+					t.Fatalf("%v: stderr has %d lines:\n%s", args, n+1, errOut)
+				}
+			}
+		})
+	}
 }
