@@ -441,6 +441,9 @@ func TestDamagedSavepointFailsInspectAndDumpWithOneErrorNamingTheFile(t *testing
 				if out != "" {
 					t.Fatalf("%v printed %q", args, out)
 				}
+				if args[0] == "state" {
+					t.Logf("%v", err)
+				}
 				if n := strings.Count(strings.TrimSpace(errOut), "\n"); n != 0 {
 					t.Fatalf("%v: stderr has %d lines:\n%s", args, n+1, errOut)
 				}
