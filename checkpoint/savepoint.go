@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -63,10 +64,17 @@ var (
 
 // savepointMeta is the JSON body of _metadata.
 type savepointMeta struct {
-	Job        string          `json:"job"`
-	Checkpoint ID              `json:"checkpoint"`
-	CreatedAt  time.Time       `json:"created_at"`
-	Snapshots  []savedSnapshot `json:"snapshots"`
+	Job        string    `json:"job"`
+	Checkpoint ID        `json:"checkpoint"`
+	CreatedAt  time.Time `json:"created_at"`
+	// JobType and JobParams are the registered job type and parameters
+	// the job was built from (WithJob); absent in savepoints written
+	// without them, which read the same.
+	JobType   string            `json:"job_type,omitempty"`
+	JobParams map[string]string `json:"job_params,omitempty"`
+	Snapshots []savedSnapshot   `json:"snapshots"`
+	// version is the format version of the header (not in the JSON).
+	version int
 }
 
 // savedSnapshot is one OperatorSnapshot with its bytes moved to a state file.
@@ -97,7 +105,11 @@ type blobRef struct {
 // empty. Every file is synced before _metadata is written, and _metadata is
 // written atomically, so a crash leaves either a complete savepoint or a
 // directory that ReadSavepoint refuses with ErrNotSavepoint.
-func WriteSavepoint(dir string, c Completed, now time.Time) error {
+func WriteSavepoint(dir string, c Completed, now time.Time, opts ...SavepointOpt) error {
+	var cfg savepointConfig
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
 	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
 		return fmt.Errorf("%w: %s", ErrSavepointExists, dir)
 	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -106,7 +118,7 @@ func WriteSavepoint(dir string, c Completed, now time.Time) error {
 	if err := os.MkdirAll(filepath.Join(dir, "state"), 0o755); err != nil {
 		return fmt.Errorf("savepoint %s: %w", dir, err)
 	}
-	meta := savepointMeta{Job: c.Job, Checkpoint: c.ID, CreatedAt: now.UTC()}
+	meta := savepointMeta{Job: c.Job, Checkpoint: c.ID, CreatedAt: now.UTC(), JobType: cfg.jobType, JobParams: cfg.jobParams}
 	files := map[string]*stateFile{}
 	defer func() {
 		for _, f := range files {
@@ -327,5 +339,58 @@ func readSavepointMeta(dir string) (savepointMeta, error) {
 	if err := json.Unmarshal(body, &meta); err != nil {
 		return corrupt("%v", err)
 	}
+	meta.version = version
 	return meta, nil
+}
+
+// SavepointOpt configures WriteSavepoint.
+type SavepointOpt interface{ apply(*savepointConfig) }
+
+type savepointConfig struct {
+	jobType   string
+	jobParams map[string]string
+}
+
+type savepointOpt func(*savepointConfig)
+
+func (o savepointOpt) apply(c *savepointConfig) { o(c) }
+
+// WithJob records the registered job type and the parameters the job was
+// built from in the savepoint's metadata, so that a reader can build the
+// job's graph again and decode its state through the operators' codecs
+// (streamctl state dump). Savepoints written without it read the same.
+func WithJob(jobType string, params map[string]string) SavepointOpt {
+	return savepointOpt(func(c *savepointConfig) {
+		c.jobType = jobType
+		c.jobParams = maps.Clone(params)
+	})
+}
+
+// SavepointInfo is what a savepoint's metadata says of it, besides its
+// state.
+type SavepointInfo struct {
+	// Version is the format version it was written in.
+	Version int
+	// Job is the id of the job it was taken from; Checkpoint the id of the
+	// checkpoint it was written from.
+	Job        string
+	Checkpoint ID
+	// CreatedAt is when it was written.
+	CreatedAt time.Time
+	// JobType and JobParams are the job type and parameters recorded with
+	// WithJob (empty: not recorded).
+	JobType   string
+	JobParams map[string]string
+}
+
+// ReadSavepointInfo reads and checks the metadata of the savepoint in dir,
+// not its state files (ReadSavepoint checks those). Its errors are those
+// of ReadSavepoint for _metadata.
+func ReadSavepointInfo(dir string) (SavepointInfo, error) {
+	meta, err := readSavepointMeta(dir)
+	if err != nil {
+		return SavepointInfo{}, err
+	}
+	return SavepointInfo{Version: meta.version, Job: meta.Job, Checkpoint: meta.Checkpoint, CreatedAt: meta.CreatedAt,
+		JobType: meta.JobType, JobParams: meta.JobParams}, nil
 }

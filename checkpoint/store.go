@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -151,6 +152,7 @@ type storeConfig struct {
 	idBlock  int
 	log      *zap.Logger
 	write    *pebble.WriteOptions // pebble.Sync, but in memory
+	readOnly bool
 }
 
 // InMemory keeps the store in memory (vfs.NewMem): nothing survives the
@@ -168,6 +170,17 @@ func InMemory() StoreOpt {
 func WithFS(fs vfs.FS) StoreOpt {
 	return storeOpt{func(c *storeConfig) { c.fs, c.write = fs, pebble.Sync }}
 }
+
+// ReadOnly opens an existing store for reading only (streamctl savepoint
+// inspect and state dump): nothing is created or written, and Save, NextID
+// and DeleteJob fail. A store another process has open (a running job
+// manager or streamctl run) fails with ErrStoreLocked: pebble locks its
+// directory even for readers.
+func ReadOnly() StoreOpt { return storeOpt{func(c *storeConfig) { c.readOnly = true }} }
+
+// ErrStoreLocked is wrapped by OpenStore's error when another process (or
+// another Store in this one) has the store open.
+var ErrStoreLocked = errors.New("checkpoint store in use")
 
 // WithRetained sets how many completed checkpoints Save keeps per job, by
 // default 3. Older ones are deleted, with their state, in the batch that saves
@@ -259,7 +272,23 @@ func OpenStore(dir string, opts ...StoreOpt) (s *Store, err error) {
 // its marker.
 func openDB(dir string, cfg storeConfig) (db *pebble.DB, err error) {
 	fs := cfg.fs
-	if err := fs.MkdirAll(dir, 0o755); err != nil {
+	if cfg.readOnly {
+		if _, err := fs.Stat(dir); err != nil {
+			return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
+		}
+		if desc, err := pebble.Peek(dir, fs); err != nil {
+			return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
+		} else if !desc.Exists {
+			return nil, fmt.Errorf("open checkpoint store %s: %w: no pebble database", dir, ErrNotAStore)
+		}
+		lock, err := pebble.LockDirectory(dir, fs)
+		if err != nil {
+			return nil, fmt.Errorf("open checkpoint store %s: %w (a running job manager or streamctl run has it open): %v", dir, ErrStoreLocked, err)
+		}
+		if err := lock.Close(); err != nil {
+			return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
+		}
+	} else if err := fs.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
 	}
 	names, err := fs.List(dir)
@@ -289,11 +318,15 @@ func openDB(dir string, cfg storeConfig) (db *pebble.DB, err error) {
 			db, err = nil, fmt.Errorf("open checkpoint store %s: %w", dir, pf)
 		}
 	}()
-	db, err = pebble.Open(dir, &pebble.Options{FS: fs, Logger: pebbleLogger{cfg.log}})
+	db, err = pebble.Open(dir, &pebble.Options{FS: fs, Logger: pebbleLogger{cfg.log}, ReadOnly: cfg.readOnly})
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
 	}
-	if err := checkMarker(db, cfg.write); err != nil {
+	write := cfg.write
+	if cfg.readOnly {
+		write = nil
+	}
+	if err := checkMarker(db, write); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open checkpoint store %s: %w", dir, err)
 	}
@@ -357,7 +390,8 @@ func isPebbleFile(name string) bool {
 	return false
 }
 
-// checkMarker checks, or on a new database writes, the store marker.
+// checkMarker checks, or on a new database writes, the store marker (write
+// nil: a read-only store, which writes nothing).
 func checkMarker(db *pebble.DB, write *pebble.WriteOptions) error {
 	v, closer, err := db.Get([]byte(storeMarkerKey))
 	switch {
@@ -384,6 +418,9 @@ func checkMarker(db *pebble.DB, write *pebble.WriteOptions) error {
 	}
 	if nonEmpty {
 		return fmt.Errorf("%w: pebble database without store marker (first key %q)", ErrNotAStore, key)
+	}
+	if write == nil { // read-only
+		return fmt.Errorf("%w: empty pebble database", ErrNotAStore)
 	}
 	return db.Set([]byte(storeMarkerKey), []byte{storeFormat}, write)
 }
@@ -1463,4 +1500,34 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 		}
 	}
 	panic(pf)
+}
+
+// Jobs lists the jobs that have checkpoints in the store, sorted.
+func (s *Store) Jobs(ctx context.Context) ([]string, error) {
+	release, err := s.use(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	defer release()
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte("cp/"), UpperBound: []byte("cp0")})
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	var jobs []string
+	for valid := it.First(); valid; {
+		rest := it.Key()[len("cp/"):]
+		i := bytes.IndexByte(rest, 0)
+		if i < 0 {
+			valid = it.Next()
+			continue
+		}
+		job := string(rest[:i])
+		jobs = append(jobs, job)
+		_, hi := jobBounds(job)
+		valid = it.SeekGE(hi)
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	return jobs, nil
 }

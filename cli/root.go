@@ -68,6 +68,8 @@ func subcommands() []func(*app) *cobra.Command {
 		newListCmd,
 		newLocalCmd,
 		newRunCmd,
+		newSavepointCmd,
+		newStateCmd,
 		newStatusCmd,
 		newSubmitCmd,
 		newTaskManagerCmd,

@@ -405,6 +405,9 @@ func process[K comparable, T, U any](ks *KeyedStream[K, T], name string, newFn f
 	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
 		return newKeyedInstance[K, T, U](name, ks, newFn(), hash, maxPar, oc, out.(pushFn[U])), nil
 	}
+	n.stateReader = func(ctx context.Context) (keyedStateReader, error) {
+		return newStateReader[K, T, U](ctx, ks.codec, maxPar, newFn())
+	}
 	setOutputType[U](n)
 	return &Stream[U]{job: ks.s.job, node: n}
 }

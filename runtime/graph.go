@@ -51,6 +51,9 @@ type node struct {
 	watermarks any
 	// sides are the node's side outputs read by SideOutput, by tag id.
 	sides map[string]*sideOutput
+	// stateReader opens a keyed operator's function to read its state
+	// (ReadKeyedState); nil for operators without keyed state.
+	stateReader func(ctx context.Context) (keyedStateReader, error)
 }
 
 // edge connects two operators. Its closures carry the record type.

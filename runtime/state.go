@@ -107,6 +107,7 @@ type stateSnapshotter interface {
 	// encodes them; it may run on another goroutine while processing goes on.
 	freeze() func() map[int][]byte
 	restore(kg int, b []byte) error
+	stateDumper
 }
 
 // stateEntry is one key's value of one state.
@@ -142,8 +143,11 @@ type keyedStore[K comparable, V any] struct {
 	keyCodec  Codec[K]
 	valCodec  Codec[V]
 	clone     func(V) V // deep copy for copy-on-write of reference values; nil: plain copy
-	at        int32     // position of scope.key in its group, -1 absent; valid while atGen == scope.gen
-	atGen     uint64
+	// entries calls fn for each entry of a map value (map state), so a
+	// state dump has one record per entry; nil: a value state.
+	entries func(v V, fn func(k, v any) error) error
+	at      int32 // position of scope.key in its group, -1 absent; valid while atGen == scope.gen
+	atGen   uint64
 }
 
 func (s *keyedStore[K, V]) name() string { return s.stateName }
@@ -460,6 +464,14 @@ func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name 
 				c[k] = v
 			}
 			return c
+		},
+		entries: func(m map[UK]UV, fn func(k, v any) error) error {
+			for k, v := range m {
+				if err := fn(k, v); err != nil {
+					return err
+				}
+			}
+			return nil
 		},
 	}
 	if err := r.b.register(s); err != nil {
