@@ -57,14 +57,14 @@ type lane struct {
 	aside    []asideRec
 	perTP    map[acklog.TopicPartition]int // held records per partition, counted at admission
 
-	fetches   inFlight      // the client's ShareFetch requests in flight
-	admitted  bool          // a batch of the lane's was admitted (lanes start one by one)
+	fetches  inFlight // the client's ShareFetch requests in flight
+	admitted bool     // a batch of the lane's was admitted (lanes start one by one)
 	// admittedAt is when the last admitted batch was acquired: the
 	// watermark hold (watermark.go) waits for a fetch of every lane after
 	// its end.
 	admittedAt time.Time
-	wake      chan struct{} // signals the lane's goroutine to look at its state (idle again, epoch completed)
-	closeOnce sync.Once
+	wake       chan struct{} // signals the lane's goroutine to look at its state (idle again, epoch completed)
+	closeOnce  sync.Once
 }
 
 func newLane(id int, name string) *lane {
