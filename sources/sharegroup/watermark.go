@@ -14,7 +14,7 @@ import (
 )
 
 // This file is the share-group source's watermark hold
-// (docs/internals/event-time.md, "Redeliveries after a failure"). After a
+// (docs/internals/event-time.md, the share-group rule 3). After a
 // restart, records that consumers of the failed attempt held (a crashed
 // process releases nothing) come back only once their locks lapse, behind
 // records the restarted job read at once: without a hold, a watermark made
