@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -191,16 +192,19 @@ func requireRecords(t *testing.T, topic string, got []*kgo.Record, want [][2]str
 // a process, against `streamctl broker --data-dir` as a process, with the
 // job's default settings but a 5 s gap: four input partitions (two lanes
 // per source subtask), Kafka's default record-lock duration (30 s), input
-// written throughout in transactions, half of them aborted. One process is
-// SIGKILLed while clicks are in flight: a task manager (the job restarts on
-// the other; the clicks the dead one held come back once their locks
-// lapse), or the broker (restarted on the same data dir and address). The
+// written throughout in transactions, half of them aborted. One process
+// fails while clicks are in flight: a task manager SIGKILLed (the job
+// restarts on the other; the broker releases the clicks the dead one held
+// when its connections close), a task manager stopped (SIGSTOP; the job
+// restarts on the other, and the clicks the hung one held come back only
+// when the broker fences its consumers, behind newer ones), or the broker
+// SIGKILLed (restarted on the same data dir and address). The
 // input is never out of order by as much as the bound, so read_committed
 // "sessions" must hold exactly the sessions of the committed input computed
 // by definition, each once, no aborted click counted; and "late-clicks"
 // exactly the clicks written late on purpose at the end, each once.
 func TestSessionsJobSurvivesSIGKILLsWithNoLateClickAndEverySessionOnce(t *testing.T) {
-	for _, kill := range []string{"task manager", "broker"} {
+	for _, kill := range []string{"task manager", "hung task manager", "broker"} {
 		t.Run(strings.ReplaceAll(kill, " ", "-"), func(t *testing.T) { sessionsThroughASIGKILL(t, kill) })
 	}
 }
@@ -253,6 +257,17 @@ func sessionsThroughASIGKILL(t *testing.T, kill string) {
 	case "task manager":
 		c.TMs["tm-a"].Kill(t)
 		c.WaitStatus(id, "restart on the task manager left", func(s proctest.JobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })
+	case "hung task manager":
+		// Its consumers keep their clicks, unrenewed, until the broker
+		// fences them (share session timeout), after the job restarted
+		// on tm-b: the clicks come back behind newer ones.
+		p := c.TMs["tm-a"]
+		if err := p.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		c.WaitStatus(id, "restart on the task manager left", func(s proctest.JobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })
+		time.Sleep(20 * time.Second)
+		p.Kill(t)
 	case "broker":
 		b.crash(time.Second)
 	}

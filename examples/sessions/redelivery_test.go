@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,10 +32,31 @@ var errCrash = errors.New("test: the attempt fails")
 // records in flight at the failure can have come back, and read_committed
 // "sessions" holds exactly the sessions of the input, each once, and
 // "late-clicks" nothing.
+//
+// Cases: one partition, clicks produced plainly; four partitions (two
+// lanes per source subtask, the default), clicks written in transactions of
+// 20 with an aborted transaction of clicks of "ghost" users after each,
+// which must never count.
 func TestClicksRedeliveredAfterACrashedConsumersLocksLapseAreNotLate(t *testing.T) {
-	env := kafkatest.New(t, broker.Config("group.share.record.lock.duration.ms", "4000"),
+	for _, tc := range []struct {
+		name       string
+		partitions int32
+		txns       bool
+	}{
+		{"one-partition", 1, false},
+		{"four-partitions-transactional-input-with-aborts", 4, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { redeliveredAfterACrash(t, tc.partitions, tc.txns) })
+	}
+}
+
+func redeliveredAfterACrash(t *testing.T, partitions int32, txns bool) {
+	// The lock is long enough for the job to start and restart before the
+	// crashed consumer's clicks come back, even on a loaded machine.
+	const lock = 10 * time.Second
+	env := kafkatest.New(t, broker.Config("group.share.record.lock.duration.ms", fmt.Sprint(lock.Milliseconds())),
 		broker.Config("share.record.lock.sweep.interval.ms", "200"))
-	env.CreateTopic(t, "clicks", 1, nil)
+	env.CreateTopic(t, "clicks", partitions, nil)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 
@@ -43,9 +65,20 @@ func TestClicksRedeliveredAfterACrashedConsumersLocksLapseAreNotLate(t *testing.
 	cs = append(cs, clock)
 	var recs []*kgo.Record
 	for _, c := range cs {
-		recs = append(recs, c.record("clicks"))
+		recs = append(recs, c.record("clicks")) // keyed by user: spread over the partitions
 	}
-	produce(t, env, recs...)
+	if !txns {
+		produce(t, env, recs...)
+	}
+	for i := 0; txns && i < len(recs); i += 20 {
+		chunk := recs[i:min(i+20, len(recs))]
+		env.WriteTxn(t, "clicks-committer", true, chunk...)
+		var ghosts []*kgo.Record
+		for k := range chunk {
+			ghosts = append(ghosts, click{fmt.Sprintf("ghost%d", k%3), cs[i+k].ts}.record("clicks"))
+		}
+		env.WriteTxn(t, "clicks-aborter", false, ghosts...)
+	}
 	var wantOut []string
 	for _, s := range expectedSessions(cs) {
 		b, err := json.Marshal(s)
@@ -85,8 +118,10 @@ func TestClicksRedeliveredAfterACrashedConsumersLocksLapseAreNotLate(t *testing.
 	// The first attempt fails at its first pre-commit: the job restarts,
 	// as after the crash of the process the consumer above stands for.
 	var failed atomic.Bool
+	var failedAfter atomic.Int64 // since the acquisition
 	fp := failpoint.New(failpoint.WithHook(failpoint.SinkAfterPrecommit, func() error {
 		if failed.CompareAndSwap(false, true) {
+			failedAfter.Store(int64(time.Since(acquired)))
 			return errCrash
 		}
 		return nil
@@ -108,12 +143,12 @@ func TestClicksRedeliveredAfterACrashedConsumersLocksLapseAreNotLate(t *testing.
 	}
 	defer stop()
 	// Wait for every session, and for the crashed consumer's clicks to come
-	// back (lock 4 s, sweep 0.2 s) and be processed, wherever they go; or
+	// back (lock, sweep 0.2 s) and be processed, wherever they go; or
 	// for a late click, which fails the test below.
 	for deadline := time.Now().Add(2 * time.Minute); ; {
 		out, _ := kafkatest.ReadCommitted(ctx, []string{env.Addr}, "sessions")
 		late, _ := kafkatest.ReadCommitted(ctx, []string{env.Addr}, "late-clicks")
-		if len(late) > 0 || len(out) >= len(wantOut) && time.Since(acquired) > 8*time.Second || time.Now().After(deadline) {
+		if len(late) > 0 || len(out) >= len(wantOut) && time.Since(acquired) > lock+5*time.Second || time.Now().After(deadline) {
 			break
 		}
 		select {
@@ -130,6 +165,7 @@ func TestClicksRedeliveredAfterACrashedConsumersLocksLapseAreNotLate(t *testing.
 	requireExactly(t, "sessions", env.ReadCommitted(t, "sessions"), wantOut)
 	requireExactly(t, "late-clicks", env.ReadCommitted(t, "late-clicks"), nil)
 	if !t.Failed() {
-		t.Logf("%d clicks, %d held by the crashed consumer, %d sessions each once, no late click", len(cs), held, len(wantOut))
+		t.Logf("%d clicks, %d held by the crashed consumer, the job restarted %v after they were acquired (lock %v): %d sessions each once, no late click",
+			len(cs), held, time.Duration(failedAfter.Load()).Round(time.Millisecond), lock, len(wantOut))
 	}
 }
