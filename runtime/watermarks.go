@@ -153,6 +153,18 @@ func (g *boundedOutOfOrderness[T]) OnPeriodicEmit(out WatermarkOutput) {
 	out.EmitWatermark(g.maxTS - g.bound - 1)
 }
 
+// WatermarkHolder is implemented by a Source that may still deliver records
+// older than those it already emitted, for a reason its records cannot show
+// the WatermarkGenerator: a share group redelivers, after a restart, the
+// records a crashed consumer held once their locks lapse. While
+// HoldWatermark returns true the source subtask emits no watermark and is
+// never marked idle, so every operator downstream waits for it; records
+// still flow and the generator still sees them. The task calls it on the
+// source's goroutine, around each Poll, with the current time.
+type WatermarkHolder interface {
+	HoldWatermark(now time.Time) bool
+}
+
 // Watermarks applies a watermark strategy to a source (an option of
 // FromSource only; the strategy's type must be the source's).
 func Watermarks[T any](ws WatermarkStrategy[T]) OpOpt {
@@ -201,10 +213,14 @@ type sourceWatermarks[T any] struct {
 	lastRecord    time.Time
 	backPressured time.Duration
 	readPressure  func() time.Duration // the task's back-pressure counter
+	// holder is the source when it is a WatermarkHolder; held is its
+	// last answer: no watermark goes out, and the source is not idle.
+	holder WatermarkHolder
+	held   bool
 }
 
 func (w *sourceWatermarks[T]) EmitWatermark(ts int64) {
-	if ts <= w.lastWM || w.err != nil {
+	if ts <= w.lastWM || w.err != nil || w.held && ts != MaxWatermark {
 		return
 	}
 	w.MarkActive()
@@ -213,7 +229,7 @@ func (w *sourceWatermarks[T]) EmitWatermark(ts int64) {
 }
 
 func (w *sourceWatermarks[T]) MarkIdle() {
-	if w.idle || w.err != nil {
+	if w.idle || w.err != nil || w.held {
 		return
 	}
 	w.idle = true
@@ -246,11 +262,22 @@ func (w *sourceWatermarks[T]) observe(v T, ts int64) {
 	}
 }
 
+// hold asks the source, at now, whether its watermark is held.
+func (w *sourceWatermarks[T]) hold(now time.Time) {
+	w.held = w.holder != nil && w.holder.HoldWatermark(now)
+}
+
 // afterPoll runs after each Poll, at now, which emitted emitted records. It
 // marks the source idle once it has had nothing to read for the idleness
 // timeout (the time since its last records, less the time it was blocked
-// downstream since), and emits the periodic watermark when due.
+// downstream since), and emits the periodic watermark when due. While the
+// source holds its watermark (WatermarkHolder) neither happens, and the
+// idleness clock starts again when the hold ends.
 func (w *sourceWatermarks[T]) afterPoll(now time.Time, emitted int64) error {
+	if w.hold(now); w.held {
+		w.lastRecord, w.backPressured = now, w.readPressure()
+		return w.take()
+	}
 	if w.idleness > 0 {
 		bp := w.readPressure()
 		if emitted > 0 || w.lastRecord.IsZero() {

@@ -4,13 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/examples/sessions"
 	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/internal/proctest"
 )
 
 // sessionClicks are n clicks of three users from base on, in ts order,
@@ -99,4 +103,227 @@ func TestSessionsJobContinuesExactlyOnceAfterSIGKILL(t *testing.T) {
 		t.Errorf("late-clicks: %d records, want none", len(late))
 	}
 	t.Logf("%d clicks, %d sessions, each once across the SIGKILL", len(all), len(want))
+}
+
+// clickFeed writes clicks to the "clicks" topic while a test runs, each
+// batch in its own committed transaction followed by an aborted one of
+// clicks of "ghost" users that must never count. Event time follows the
+// wall clock, each click up to 2 s behind it: out of order by less than
+// the job's 5 s bound. Every user clicks in bursts: 6 s of clicks, then 9 s
+// of silence, longer than the 5 s gap the test gives the job, so sessions
+// keep ending. Writes that fail (the broker is down) are retried by the
+// next batch; the expected sessions come from the input as committed.
+type clickFeed struct {
+	kafkatest.Feeder
+	addr  func() string
+	start time.Time
+	n     int
+}
+
+func (f *clickFeed) write(ctx context.Context, clicks int) error {
+	now := time.Now()
+	var recs, ghosts []*kgo.Record
+	el := int(now.Sub(f.start) / time.Second)
+	for range clicks {
+		i := f.n
+		f.n++
+		user := fmt.Sprintf("u%d", i%8)
+		if (el+3*(i%8))%15 >= 6 {
+			user = "steady" // u<i%8> is silent now
+		}
+		ts := now.UnixMilli() - int64(i*37%2000)
+		recs = append(recs, &kgo.Record{Topic: "clicks", Key: []byte(user),
+			Value: fmt.Appendf(nil, `{"user":%q,"ts":%d,"url":"/c/%d"}`, user, ts, i)})
+		ghosts = append(ghosts, &kgo.Record{Topic: "clicks", Key: []byte("ghost"),
+			Value: fmt.Appendf(nil, `{"user":"ghost%d","ts":%d,"url":"/g"}`, i%3, ts)})
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := kafkatest.WriteTxn(wctx, []string{f.addr()}, "clicks-committer", true, recs...); err != nil {
+		return nil // the broker is down: the next batch tries again
+	}
+	_ = kafkatest.WriteTxn(wctx, []string{f.addr()}, "clicks-aborter", false, ghosts...)
+	return nil
+}
+
+// inputClicks reads the committed clicks of "clicks".
+func inputClicks(t *testing.T, ctx context.Context, addr string) []sessions.Click {
+	t.Helper()
+	recs, err := kafkatest.ReadCommitted(ctx, []string{addr}, "clicks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := make([]sessions.Click, 0, len(recs))
+	for _, r := range recs {
+		c, err := sessions.ParseClick(r)
+		if err != nil {
+			t.Fatalf("input: %v", err)
+		}
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// requireRecords fails unless got holds each of want (key, value) exactly
+// once and nothing else.
+func requireRecords(t *testing.T, topic string, got []*kgo.Record, want [][2]string) {
+	t.Helper()
+	count := map[[2]string]int{}
+	for _, w := range want {
+		count[w]++
+	}
+	for _, r := range got {
+		count[[2]string{string(r.Key), string(r.Value)}]--
+	}
+	for k, n := range count {
+		switch {
+		case n > 0:
+			t.Errorf("%s: missing %s %s", topic, k[0], k[1])
+		case n < 0:
+			t.Errorf("%s: %s %s %d extra times", topic, k[0], k[1], -n)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%s: %d records, want %d", topic, len(got), len(want))
+	}
+}
+
+// The sessions job submitted to a job manager with two task managers, each
+// a process, against `streamctl broker --data-dir` as a process, with the
+// job's default settings but a 5 s gap: four input partitions (two lanes
+// per source subtask), Kafka's default record-lock duration (30 s), input
+// written throughout in transactions, half of them aborted. One process
+// fails while clicks are in flight: a task manager SIGKILLed (the job
+// restarts on the other; the broker releases the clicks the dead one held
+// when its connections close), a task manager stopped (SIGSTOP; the job
+// restarts on the other, and the clicks the hung one held come back only
+// when the broker fences its consumers, behind newer ones), or the broker
+// SIGKILLed (restarted on the same data dir and address). The
+// input is never out of order by as much as the bound, so read_committed
+// "sessions" must hold exactly the sessions of the committed input computed
+// by definition, each once, no aborted click counted; and "late-clicks"
+// exactly the clicks written late on purpose at the end, each once.
+func TestSessionsJobSurvivesSIGKILLsWithNoLateClickAndEverySessionOnce(t *testing.T) {
+	for _, kill := range []string{"task manager", "hung task manager", "broker"} {
+		t.Run(strings.ReplaceAll(kill, " ", "-"), func(t *testing.T) { sessionsThroughASIGKILL(t, kill) })
+	}
+}
+
+func sessionsThroughASIGKILL(t *testing.T, kill string) {
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
+	defer cancel()
+	b := &crashingBroker{t: t, dir: t.TempDir()}
+	b.start()
+	addr := func() string { b.mu.Lock(); defer b.mu.Unlock(); return b.addr }
+	adm, err := kgo.NewClient(kgo.SeedBrokers(b.addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	if _, err := kadm.NewClient(adm).CreateTopic(ctx, 4, 1, nil, "clicks"); err != nil {
+		t.Fatal(err)
+	}
+	c := proctest.NewCluster(t, streamctlBin)
+	c.StartTM("tm-a", 2)
+	c.StartTM("tm-b", 2)
+	c.WaitTMs("tm-a,tm-b")
+	defer func() {
+		if t.Failed() {
+			t.Logf("%s\nbroker stderr:\n%s", c.Logs(80), b.stderr())
+		}
+	}()
+
+	feed := &clickFeed{Feeder: kafkatest.Feeder{Lines: 4, Every: 100 * time.Millisecond}, addr: addr, start: time.Now()}
+	feed.Run(ctx, feed.write)
+	id := c.Submit("sessions", "--parallelism", "2", "--checkpoint-interval", "200ms",
+		"--set", "brokers="+b.addr, "--set", "gap=5s")
+	sessionsAtLeast := func(n int, what string) int {
+		t.Helper()
+		for {
+			actx, acancel := context.WithTimeout(ctx, 20*time.Second)
+			recs, err := kafkatest.ReadCommitted(actx, []string{addr()}, "sessions")
+			acancel()
+			if err == nil && len(recs) >= n {
+				return len(recs)
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("sessions: %d read_committed (%v), want %d %s", len(recs), err, n, what)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+	before := sessionsAtLeast(5, "before the kill")
+	switch kill {
+	case "task manager":
+		c.TMs["tm-a"].Kill(t)
+		c.WaitStatus(id, "restart on the task manager left", func(s proctest.JobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })
+	case "hung task manager":
+		// Its consumers keep their clicks, unrenewed, until the broker
+		// fences them (share session timeout), after the job restarted
+		// on tm-b: the clicks come back behind newer ones.
+		p := c.TMs["tm-a"]
+		if err := p.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		c.WaitStatus(id, "restart on the task manager left", func(s proctest.JobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })
+		time.Sleep(20 * time.Second)
+		p.Kill(t)
+	case "broker":
+		b.crash(time.Second)
+	}
+	killed := time.Now()
+	// Input goes on past the hold (lock duration 30 s) and the records'
+	// return; sessions keep coming.
+	sessionsAtLeast(before+5, "after the kill")
+	time.Sleep(time.Until(killed.Add(45 * time.Second)))
+	feed.Halt(t)
+
+	// A click far ahead ends every session; then the expected sessions come
+	// from the committed input.
+	clock := fmt.Appendf(nil, `{"user":"clock","ts":%d,"url":"/"}`, time.Now().Add(10*time.Minute).UnixMilli())
+	if err := kafkatest.WriteTxn(ctx, []string{addr()}, "clicks-committer", true,
+		&kgo.Record{Topic: "clicks", Key: []byte("clock"), Value: clock}); err != nil {
+		t.Fatal(err)
+	}
+	in := inputClicks(t, ctx, addr())
+	want := sessions.Expected(in, 5*time.Second, 5*time.Second)
+	var wantOut [][2]string
+	for _, s := range want {
+		v, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOut = append(wantOut, [2]string{s.User, string(v)})
+	}
+	sessionsAtLeast(len(wantOut), "in all")
+
+	// Clicks truly late: their sessions fired long ago.
+	var late []*kgo.Record
+	var wantLate [][2]string
+	for i, u := range []string{"u0", "u3", "steady", "newcomer"} {
+		r := &kgo.Record{Topic: "clicks", Key: []byte(u),
+			Value: fmt.Appendf(nil, `{"user":%q,"ts":%d,"url":"/late"}`, u, feed.start.UnixMilli()+int64(i)*1000)}
+		late = append(late, r)
+		wantLate = append(wantLate, [2]string{u, string(r.Value)})
+	}
+	if err := kafkatest.WriteTxn(ctx, []string{addr()}, "clicks-committer", true, late...); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		recs, err := kafkatest.ReadCommitted(ctx, []string{addr()}, "late-clicks")
+		if err == nil && len(recs) >= len(late) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("late-clicks: %d read_committed (%v), want %d", len(recs), err, len(late))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if _, err := c.Run("cancel", id); err != nil {
+		t.Logf("cancel: %v", err) // the checks below read what is committed
+	}
+	requireRecords(t, "sessions", committed(t, ctx, addr(), "sessions"), wantOut)
+	requireRecords(t, "late-clicks", committed(t, ctx, addr(), "late-clicks"), wantLate)
+	t.Logf("%s SIGKILL: %d clicks committed, %d sessions (%d before the kill) each once, %d late clicks, restarts %d",
+		kill, len(in), len(want), before, len(late), c.Status(id).Restarts)
 }

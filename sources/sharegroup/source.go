@@ -119,6 +119,10 @@ type Source[T any] struct {
 	// completed is the latest checkpoint whose ack markers this subtask
 	// committed: the lanes' goroutines ACCEPT the epochs it covers.
 	completed checkpoint.Latest
+	// lockDur is the group's record-lock duration (as the brokers report
+	// it); wmHold the watermark hold (watermark.go), task goroutine only.
+	lockDur time.Duration
+	wmHold  watermarkHold
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
@@ -161,6 +165,8 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	}
 	adm := kadm.NewClient(s.admin)
 	s.limit = brokerIntConfig(sctx, adm, "group.share.partition.max.record.locks", 2000)
+	s.lockDur = lockDuration(sctx, s.admin, adm, s.cfg.group)
+	s.holdAfterRestart(sctx, adm, oc)
 	limit := brokerIntConfig(sctx, adm, "group.share.delivery.count.limit", 5)
 	// Without transactions a record with at most one delivery left is
 	// dead-lettered (MaxDeliveries) before the broker archives it. With
@@ -934,6 +940,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	if l.fetchErr != nil {
 		s.log.Warn("share fetch error", zap.String("lane", l.name), zap.Error(l.fetchErr))
 	}
+	l.admittedAt = acquiredAt(l.batch, s.lockDur)
 	batch := l.batch
 	l.batch, l.state, l.epoch = nil, laneAdmitting, 0
 	margin := lockMargin(s.cfg.lockMargin, l.clock.dur)
@@ -982,6 +989,7 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 		emitted = append(emitted, r)
 	}
 	if len(stale) > 0 {
+		s.holdUntilRefetched(now, "records released unprocessed come back")
 		s.counters.nearExpiry.Add(int64(len(stale)))
 		s.log.Info("releasing records whose lock was too close to expiry to process", zap.String("lane", l.name), zap.Int("records", len(stale)))
 		if refused, err := l.ack.ack(ctx, kgo.AckRelease, stale...); err != nil || len(refused) > 0 {
