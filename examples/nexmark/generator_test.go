@@ -274,7 +274,7 @@ func (s *seenSink) Close() error {
 func TestGeneratorSourceRestoredAtAnotherParallelismLosesAndRepeatsNoEvent(t *testing.T) {
 	for _, tc := range []struct{ from, to int }{{2, 3}, {3, 1}, {1, 2}} {
 		t.Run(fmt.Sprintf("%d to %d", tc.from, tc.to), func(t *testing.T) {
-			const events = 60_000
+			const events = 40_000
 			g := newGen(t, nexmark.GeneratorConfig{Events: events, Rate: 1000, OutOfOrderGroup: 5})
 			dir := t.TempDir()
 			build := func(par int, all *seenAll) *runtime.Job {

@@ -278,8 +278,8 @@ func TestQueriesMatchTheirBatchComputationRecordByRecord(t *testing.T) {
 		name string
 		c    nexmark.GeneratorConfig
 	}{
-		{"in order", nexmark.GeneratorConfig{Events: 15_000, Rate: 200}},
-		{"out-of-order groups", nexmark.GeneratorConfig{Events: 15_000, Rate: 200, OutOfOrderGroup: 50}},
+		{"in order", nexmark.GeneratorConfig{Events: 10_000, Rate: 150}},
+		{"out-of-order groups", nexmark.GeneratorConfig{Events: 10_000, Rate: 150, OutOfOrderGroup: 50}},
 	} {
 		t.Run(cfg.name, func(t *testing.T) {
 			g := newGen(t, cfg.c)
