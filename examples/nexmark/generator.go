@@ -2,6 +2,7 @@ package nexmark
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -399,7 +400,7 @@ func MarshalEvent(e Event) ([]byte, error) {
 }
 
 // ErrNotAnEvent is the cause of a value that is not a Nexmark event.
-var ErrNotAnEvent = fmt.Errorf("not a nexmark event")
+var ErrNotAnEvent = errors.New("not a nexmark event")
 
 // UnmarshalEvent decodes a JSON event, checking that the field Type names
 // is set.

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -112,16 +113,7 @@ func Queries() []string {
 	return names
 }
 
-func joinNames() string {
-	s := ""
-	for i, n := range Queries() {
-		if i > 0 {
-			s += ", "
-		}
-		s += n
-	}
-	return s
-}
+func joinNames() string { return strings.Join(Queries(), ", ") }
 
 // attach makes a query of a function building its result stream.
 func attach[R any](build func(*runtime.Stream[Event]) *runtime.Stream[R]) query {
