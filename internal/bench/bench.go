@@ -120,10 +120,10 @@ func All() []Benchmark {
 		{Name: "runtime-wordcount-2tm", Run: RuntimeWordcount2TM},
 		{Name: "checkpoint-cycle", Run: CheckpointCycle},
 		{Name: "window-wordcount", Run: WindowWordcount},
-		{Name: "nexmark", Run: Nexmark},
 		{Name: "eos-sink", Run: EOSSink},
 		{Name: "eos-wordcount", Run: EOSWordcount},
 		{Name: "limits", Run: Limits},
+		{Name: "nexmark", Run: Nexmark},
 	}
 }
 
