@@ -210,6 +210,9 @@ type seenSink struct {
 	seen []int64
 	last int64 // the last event time written in this run
 	all  *seenAll
+	// slow makes Write pause 1 ms every 500 events, so that a checkpoint
+	// falls in the middle of the stream however fast the machine is.
+	slow bool
 }
 
 type seenAll struct {
@@ -249,6 +252,9 @@ func (s *seenSink) Write(_ context.Context, e nexmark.Event) error {
 	}
 	s.last = ts
 	s.seen = append(s.seen, n)
+	if s.slow && len(s.seen)%500 == 0 {
+		time.Sleep(time.Millisecond)
+	}
 	return nil
 }
 
@@ -277,9 +283,9 @@ func TestGeneratorSourceRestoredAtAnotherParallelismLosesAndRepeatsNoEvent(t *te
 			const events = 40_000
 			g := newGen(t, nexmark.GeneratorConfig{Events: events, Rate: 1000, OutOfOrderGroup: 5})
 			dir := t.TempDir()
-			build := func(par int, all *seenAll) *runtime.Job {
+			build := func(par int, all *seenAll, slow bool) *runtime.Job {
 				j, ev := nexmark.GeneratorJob("nexmark-rescale", g, runtime.DefaultParallelism(par))
-				runtime.SinkTo(ev, "seen", func() runtime.Sink[nexmark.Event] { return &seenSink{g: g, all: all} })
+				runtime.SinkTo(ev, "seen", func() runtime.Sink[nexmark.Event] { return &seenSink{g: g, all: all, slow: slow} })
 				return j
 			}
 			// Run 1: cancelled once a checkpoint completed.
@@ -287,14 +293,14 @@ func TestGeneratorSourceRestoredAtAnotherParallelismLosesAndRepeatsNoEvent(t *te
 			defer cancel()
 			first := &seenAll{}
 			_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(20*time.Millisecond), runtime.CheckpointDir(dir),
-				runtime.OnCheckpointComplete(func(runtime.CheckpointEvent) { cancel() })).Run(ctx, build(tc.from, first))
+				runtime.OnCheckpointComplete(func(runtime.CheckpointEvent) { cancel() })).Run(ctx, build(tc.from, first, true))
 			if err == nil {
 				t.Fatal("run 1 ended before its first checkpoint: make it longer")
 			}
 			// Run 2: restored at another parallelism, to the end.
 			second := &seenAll{}
 			if _, err := runtime.NewMiniCluster(runtime.CheckpointInterval(20*time.Millisecond), runtime.CheckpointDir(dir)).
-				Run(t.Context(), build(tc.to, second)); err != nil {
+				Run(t.Context(), build(tc.to, second, false)); err != nil {
 				t.Fatal(err)
 			}
 			if len(second.bad) > 0 {
