@@ -2,7 +2,7 @@
 // (people, auctions and bids of an online auction site, written from the
 // published specification of the Beam and nexmark-flink generators), a
 // parallel, checkpointed, rescalable source of its events, and the queries
-// q0, q1, q2, q3, q4, q5, q7, q8 and q11 as the job type "nexmark".
+// q0, q1, q2, q3, q4, q5, q7, q8, q11 and q14 as the job type "nexmark".
 //
 // A query reads either the generator in-process or a share group on a topic
 // `streamctl nexmark generate` filled with the same events as JSON, and
@@ -43,7 +43,7 @@ const (
 // Type is the nexmark job type.
 var Type = runtime.JobType{
 	Name:        Name,
-	Description: "a Nexmark query (q0 q1 q2 q3 q4 q5 q7 q8 q11) on generated auction events, to a discarding sink or a Kafka topic exactly once",
+	Description: "a Nexmark query (q0 q1 q2 q3 q4 q5 q7 q8 q11 q14) on generated auction events, to a discarding sink or a Kafka topic exactly once",
 	Params: []runtime.ParamSpec{
 		{Name: "query", Default: "q0", Description: "the query: " + joinNames()},
 		{Name: "source", Default: SourceGenerator, Description: "generator (in-process) or sharegroup (JSON events on topic, see streamctl nexmark generate)"},
@@ -97,6 +97,7 @@ var queries = map[string]query{
 	"q7":  attach(Q7),
 	"q8":  attach(Q8),
 	"q11": attach(Q11),
+	"q14": attach(Q14),
 }
 
 // Queries lists the query names in order.

@@ -3,6 +3,7 @@ package nexmark
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/weirstream/weir/runtime"
@@ -532,4 +533,48 @@ func Q11(events *runtime.Stream[Event]) *runtime.Stream[Q11Result] {
 			out.Collect(Q11Result{Bidder: ctx.Key, Count: n[0], Start: ctx.Window.Start, End: ctx.Window.End})
 			return nil
 		}), runtime.Int64Codec())
+}
+
+// Q14Result is an output of q14: a bid in a price range, its price in
+// euros, the kind of hour it was made at and the number of 'c' in its
+// extra field.
+type Q14Result struct {
+	Auction     int64  `json:"auction"`
+	Bidder      int64  `json:"bidder"`
+	Price       int64  `json:"price"`
+	BidTimeType string `json:"bidTimeType"`
+	DateTime    int64  `json:"dateTime"`
+	Extra       string `json:"extra"`
+	CCounts     int64  `json:"c_counts"`
+}
+
+// Q14BidTimeType is q14's kind of hour of an epoch-ms time, in UTC:
+// dayTime from 8:00 to 18:59, nightTime up to 6:59 and from 20:00,
+// otherTime else.
+func Q14BidTimeType(ms int64) string {
+	switch h := time.UnixMilli(ms).UTC().Hour(); {
+	case h >= 8 && h <= 18:
+		return "dayTime"
+	case h <= 6 || h >= 20:
+		return "nightTime"
+	}
+	return "otherTime"
+}
+
+// Q14 keeps the bids whose price in euros (0.908 dollars to the euro) is
+// above 1,000,000 and below 50,000,000 cents, with their kind of hour and
+// the count of 'c' in extra (nexmark-flink's q14, its UDF as a function).
+func Q14(events *runtime.Stream[Event]) *runtime.Stream[Q14Result] {
+	return runtime.FlatMap(events, "q14", func(e Event, out runtime.Collector[Q14Result]) error {
+		if e.Type != BidEvent {
+			return nil
+		}
+		b := e.Bid
+		if p := b.Price * 908; p <= 1_000_000*1000 || p >= 50_000_000*1000 {
+			return nil
+		}
+		out.Collect(Q14Result{Auction: b.Auction, Bidder: b.Bidder, Price: Q1Price(b.Price), BidTimeType: Q14BidTimeType(b.DateTime),
+			DateTime: b.DateTime, Extra: b.Extra, CCounts: int64(strings.Count(b.Extra, "c"))})
+		return nil
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -184,6 +185,26 @@ func batchQ11(evs []nexmark.Event) []any {
 	return out
 }
 
+func batchQ14(evs []nexmark.Event) []any {
+	var out []any
+	for _, b := range bidsOf(evs) {
+		euros := 0.908 * float64(b.Price)
+		if euros <= 1_000_000 || euros >= 50_000_000 {
+			continue
+		}
+		kind := "otherTime"
+		switch h := time.UnixMilli(b.DateTime).UTC().Hour(); {
+		case 8 <= h && h <= 18:
+			kind = "dayTime"
+		case h <= 6 || 20 <= h:
+			kind = "nightTime"
+		}
+		out = append(out, nexmark.Q14Result{Auction: b.Auction, Bidder: b.Bidder, Price: b.Price * 908 / 1000, BidTimeType: kind,
+			DateTime: b.DateTime, Extra: b.Extra, CCounts: int64(strings.Count(b.Extra, "c"))})
+	}
+	return out
+}
+
 // runQuery runs the query on the generator in-process and returns every
 // result its sink received.
 func runQuery(t *testing.T, g *nexmark.Generator, query string, par int) []any {
@@ -272,7 +293,7 @@ func checkQ4(t *testing.T, got []any, want map[int64][2]int64) {
 // auctions before their seller).
 func TestQueriesMatchTheirBatchComputationRecordByRecord(t *testing.T) {
 	batch := map[string]func([]nexmark.Event) []any{
-		"q0": batchQ0, "q1": batchQ1, "q2": batchQ2, "q3": batchQ3, "q5": batchQ5, "q7": batchQ7, "q8": batchQ8, "q11": batchQ11,
+		"q0": batchQ0, "q1": batchQ1, "q2": batchQ2, "q3": batchQ3, "q5": batchQ5, "q7": batchQ7, "q8": batchQ8, "q11": batchQ11, "q14": batchQ14,
 	}
 	for _, cfg := range []struct {
 		name string
@@ -304,5 +325,22 @@ func TestQueriesMatchTheirBatchComputationRecordByRecord(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// q14's kinds of hour, at their boundaries (UTC).
+func TestQ14BidTimeTypeByHour(t *testing.T) {
+	day := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		at   time.Duration
+		want string
+	}{
+		{0, "nightTime"}, {6*time.Hour + 59*time.Minute, "nightTime"}, {7 * time.Hour, "otherTime"},
+		{8 * time.Hour, "dayTime"}, {18*time.Hour + 59*time.Minute, "dayTime"}, {19 * time.Hour, "otherTime"},
+		{20 * time.Hour, "nightTime"}, {23*time.Hour + 59*time.Minute, "nightTime"},
+	} {
+		if got := nexmark.Q14BidTimeType(day.Add(tc.at).UnixMilli()); got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.at, got, tc.want)
+		}
 	}
 }
