@@ -36,7 +36,10 @@ otherwise).
 Benchmarks (--only NAME, repeatable; in run order; runtime-wordcount also
 reports limit-runtime-wordcount, window-wordcount also reports
 window-state-per-key, eos-wordcount also reports limit-wordcount and
-share-inflight, limits reports limit-produce and limit-share-consume):
+share-inflight, limits reports limit-produce and limit-share-consume,
+nexmark reports nexmark-generator and nexmark-QUERY-cp10s and -cp1s per query,
+each in events per CPU-second with events_per_s; WEIR_NEXMARK_CPUPROFILE=DIR
+writes a CPU profile of each query run):
   ` + strings.Join(bench.Names(), "\n  "),
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
@@ -46,6 +49,7 @@ share-inflight, limits reports limit-produce and limit-share-consume):
 		}),
 	}
 	cmd.Flags().BoolVar(&cfg.Quick, "quick", false, "shorter runs (whole bench under 60 s)")
+	cmd.Flags().Int64Var(&cfg.NexmarkEvents, "nexmark-events", 0, "events per nexmark run (0: 2000000, 200000 with --quick)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these benchmarks (repeatable): "+strings.Join(bench.Names(), ", "))
 	return cmd
 }

@@ -67,6 +67,7 @@ func subcommands() []func(*app) *cobra.Command {
 		newJobManagerCmd,
 		newListCmd,
 		newLocalCmd,
+		newNexmarkCmd,
 		newRunCmd,
 		newSavepointCmd,
 		newStateCmd,

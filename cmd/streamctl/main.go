@@ -1,7 +1,7 @@
 // Command streamctl is Weir's command-line interface: the embedded broker,
 // the end-to-end demo, the benchmarks and the list of registered job types.
 // The commands live in package cli; this main only registers the built-in
-// job types (wordcount, uppercase, sessions) and calls cli.Main. A program with job types of its
+// job types (wordcount, uppercase, sessions, nexmark) and calls cli.Main. A program with job types of its
 // own does the same with its own registry.
 //
 // It wires packages together and must hold no logic a test of another
@@ -13,6 +13,7 @@ import (
 	"os"
 
 	"github.com/weirstream/weir/cli"
+	"github.com/weirstream/weir/examples/nexmark"
 	"github.com/weirstream/weir/examples/sessions"
 	"github.com/weirstream/weir/examples/uppercase"
 	"github.com/weirstream/weir/examples/wordcount"
@@ -21,7 +22,7 @@ import (
 
 func main() {
 	reg := runtime.NewRegistry()
-	for _, register := range []func(*runtime.Registry) error{wordcount.Register, uppercase.Register, sessions.Register} {
+	for _, register := range []func(*runtime.Registry) error{wordcount.Register, uppercase.Register, sessions.Register, nexmark.Register} {
 		if err := register(reg); err != nil {
 			fmt.Fprintln(os.Stderr, "Error:", err)
 			os.Exit(1)

@@ -45,7 +45,10 @@ type Line struct {
 	RatioMax float64 `json:"ratio_max,omitempty"`
 	ValueMin float64 `json:"value_min,omitempty"`
 	ValueMax float64 `json:"value_max,omitempty"`
-	Note     string  `json:"note,omitempty"`
+	// EventsPerS is a Nexmark line's events per wall-clock second (its
+	// Value is per CPU-second).
+	EventsPerS float64 `json:"events_per_s,omitempty"`
+	Note       string  `json:"note,omitempty"`
 }
 
 // Config tunes a run of the benchmarks.
@@ -61,6 +64,9 @@ type Config struct {
 	// (streamctl bench: processes of its own binary); nil runs them in
 	// this process.
 	TaskManagers StartTaskManagers
+	// NexmarkEvents, when above 0, is how many events each nexmark run
+	// generates (default 2M, --quick 200k).
+	NexmarkEvents int64
 
 	// clusterOpts are added to every mini cluster a benchmark starts
 	// (tests of this package use them to slow checkpoints down).
@@ -117,6 +123,7 @@ func All() []Benchmark {
 		{Name: "eos-sink", Run: EOSSink},
 		{Name: "eos-wordcount", Run: EOSWordcount},
 		{Name: "limits", Run: Limits},
+		{Name: "nexmark", Run: Nexmark},
 	}
 }
 
@@ -176,6 +183,7 @@ func Run(ctx context.Context, w io.Writer, cfg Config, only ...string) error {
 			l.Value, l.BaselineValue, l.Ratio = round(l.Value), round(l.BaselineValue), round3(l.Ratio)
 			l.RatioMin, l.RatioMax = round3(l.RatioMin), round3(l.RatioMax)
 			l.ValueMin, l.ValueMax = round(l.ValueMin), round(l.ValueMax)
+			l.EventsPerS = round(l.EventsPerS)
 			if err := enc.Encode(l); err != nil {
 				return err
 			}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/weirstream/weir/examples/nexmark"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/runtime"
 )
@@ -80,6 +81,15 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 		"limit-produce":           {"records_per_s"},
 		"limit-share-consume":     {"records_per_s"},
 		"limit-wordcount":         {"records_per_s"},
+		"nexmark-generator":       {"events_per_cpu_s"},
+	}
+	var nexmarkQueries []string
+	for _, q := range nexmark.Queries() {
+		for _, cp := range []string{"10s", "1s"} {
+			b := "nexmark-" + q + "-cp" + cp
+			want[b] = []string{"events_per_cpu_s"}
+			nexmarkQueries = append(nexmarkQueries, b)
+		}
 	}
 	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "window-wordcount", "eos-sink", "eos-wordcount", "limit-wordcount"}
 	limits := []string{"limit-produce", "limit-share-consume"}
@@ -105,6 +115,14 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 			}
 			if l.Runs != runs || !(l.RatioMin <= l.Ratio && l.Ratio <= l.RatioMax) || !(l.ValueMin <= l.Value && l.Value <= l.ValueMax) {
 				t.Errorf("%s: want %d runs, ratio_min <= ratio <= ratio_max, value_min <= value <= value_max: %s", l.Bench, runs, line)
+			}
+		}
+		if slices.Contains(nexmarkQueries, l.Bench) || l.Bench == "nexmark-generator" {
+			if l.Runs != runs || l.EventsPerS <= 0 || !(l.ValueMin <= l.Value && l.Value <= l.ValueMax) {
+				t.Errorf("%s: want %d runs, events_per_s, value_min <= value <= value_max: %s", l.Bench, runs, line)
+			}
+			if l.Bench != "nexmark-generator" && (l.Baseline != "nexmark-generator" || l.BaselineValue <= 0 || l.Ratio <= 0) {
+				t.Errorf("%s: want the generator alone as baseline: %s", l.Bench, line)
 			}
 		}
 		if slices.Contains(limits, l.Bench) {
