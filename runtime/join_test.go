@@ -577,7 +577,9 @@ func TestAnIdleInputDoesNotStallTheConnectedWatermark(t *testing.T) {
 	left := FromSource(j, "clicks", func() Source[click] { return &splitClicks{items: [][]click{cs}, stall: true} },
 		Watermarks(ForBoundedOutOfOrderness[click](bound*time.Millisecond, WithTimestampAssigner(func(c click, _ int64) int64 { return c.TS }),
 			WithIdleness(50*time.Millisecond), WithWatermarkInterval(5*time.Millisecond))))
-	right := FromSource(j, "bids", func() Source[bid] { return &lingeringSource[bid]{Source: SliceSource[bid](nil, 1)(), done: func() bool { return false }} },
+	right := FromSource(j, "bids", func() Source[bid] {
+		return &lingeringSource[bid]{Source: SliceSource[bid](nil, 1)(), done: func() bool { return false }}
+	},
 		Watermarks(ForBoundedOutOfOrderness[bid](bound*time.Millisecond, WithTimestampAssigner(func(b bid, _ int64) int64 { return b.At }),
 			WithIdleness(50*time.Millisecond), WithWatermarkInterval(5*time.Millisecond))))
 	out := ProcessConnected(Connect(KeyBy(left, func(c click) string { return c.Key }, nil), KeyBy(right, func(b bid) string { return b.User }, nil)),
@@ -596,7 +598,10 @@ func TestAnIdleInputDoesNotStallTheConnectedWatermark(t *testing.T) {
 	got := sortedLines(txns.output())
 	// Timestamps beyond the due ones may be released too (the watermark
 	// moves in steps); every due one must be there, once, whole.
-	got = slices.DeleteFunc(got, func(l string) bool { _, ok := slices.BinarySearch(want, l); return !ok && !strings.HasPrefix(l, "late") })
+	got = slices.DeleteFunc(got, func(l string) bool {
+		_, ok := slices.BinarySearch(want, l)
+		return !ok && !strings.HasPrefix(l, "late")
+	})
 	checkLines(t, "released timestamps", got, want)
 }
 
