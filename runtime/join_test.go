@@ -269,10 +269,9 @@ func referenceWindowJoin(c windowHarnessConfig, cs []click, bs []bid, cogroup bo
 	}
 	if c.kind == "session" {
 		type ev struct {
-			ts  int64
-			c   *click
-			b   *bid
-			key string
+			ts int64
+			c  *click
+			b  *bid
 		}
 		evs := map[string][]ev{}
 		for i := range cs {
