@@ -485,6 +485,12 @@ func (j *Job) addNode(name string, opts []OpOpt) *node {
 
 func connect[T any](s *Stream[T], name string, opts []OpOpt) *node {
 	n := s.job.addNode(name, opts)
+	addInput(s, n)
+	return n
+}
+
+// addInput adds the edge from s into n (one of n's inputs) and returns it.
+func addInput[T any](s *Stream[T], n *node) *edge {
 	kind := s.part
 	if kind == edgeForward && s.node.parallelism != n.parallelism {
 		kind = edgeRebalance
@@ -565,7 +571,7 @@ func connect[T any](s *Stream[T], name string, opts []OpOpt) *node {
 	}
 	s.node.outputs = append(s.node.outputs, e)
 	n.inputs = append(n.inputs, e)
-	return n
+	return e
 }
 
 // setOutputType records how to fan one output out to several edges.

@@ -383,11 +383,15 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 			}
 			for _, e := range v.inputs {
 				from := d.p.byNode[e.from]
+				head, headKG := out, keyed
+				if e.adapt != nil {
+					head, headKG = e.adapt(out, keyed)
+				}
 				var deliver func(batcher) (int, error)
 				if e.kind == edgeHash {
-					deliver = e.bind(out, keyed, t.now)
+					deliver = e.bind(head, headKG, t.now)
 				} else {
-					deliver = e.bind(out, nil, t.now)
+					deliver = e.bind(head, nil, t.now)
 				}
 				for i := 0; i < from.parallelism; i++ {
 					if ch := chans[e][i][sub]; ch != nil {

@@ -79,6 +79,11 @@ type edge struct {
 	codecErr error
 	encode   func(dst []byte, b batcher) []byte
 	decode   func(kind byte, b []byte) (batcher, error)
+	// adapt, on an input of a node with several inputs (Connect), turns
+	// the head's input (its pushFn, and its keyed push or nil) into pushes
+	// of the edge's record type that tag each record with its input; nil:
+	// the edge carries the head's own type.
+	adapt func(head, keyed any) (any, any)
 }
 
 // instance is one operator of one subtask, types erased.

@@ -76,6 +76,9 @@ func (f keyedFunction[K, T, U]) open(ctx context.Context, st *StateRegistry[K]) 
 }
 
 func (f keyedFunction[K, T, U]) user() any {
+	if w, ok := f.proc.(interface{ userFunction() any }); ok {
+		return w.userFunction()
+	}
 	if f.proc != nil {
 		return f.proc
 	}
