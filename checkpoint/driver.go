@@ -160,11 +160,11 @@ func NewDriver(cfg CoordinatorConfig, exec Executor, pers Persister, opts ...Dri
 		o.apply(&dc)
 	}
 	return &Driver{
-		coord:   coord,
-		job:     cfg.Job,
-		exec:    exec,
-		pers:    pers,
-		cfg:     dc,
+		coord:      coord,
+		job:        cfg.Job,
+		exec:       exec,
+		pers:       pers,
+		cfg:        dc,
 		events:     make(chan Event, dc.queue),
 		queries:    make(chan func(*Coordinator)),
 		done:       make(chan struct{}),
