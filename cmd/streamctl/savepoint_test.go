@@ -127,3 +127,45 @@ func TestSavepointCopiedToAFreshClusterRestoresExactlyOnceAndADamagedOneIsRefuse
 	total := fresh.verify(ctx, "lines", "counts")
 	t.Logf("%d lines, %d output records, %d of them before the stop", in.n, total, n1)
 }
+
+// Share groups cannot rewind: a savepoint taken while the job went on and
+// committed later checkpoints' acknowledgements is refused when a job is
+// started from it (the job fails without a restart, before reading a
+// record: the committed output does not change), and the latest savepoint
+// of the job then continues it exactly-once, record by record.
+func TestAnOlderSavepointAfterLaterAcknowledgementsCommittedIsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	c := newProcCluster(t, streamctlBin)
+	c.twoTMs()
+	dir := t.TempDir()
+	in := newInput(t, ctx, c.env.Addr, "lines", 300)
+	in.run(ctx)
+	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
+	id1 := c.Submit(args...)
+	n1 := len(c.waitOutput(ctx, "counts", 600))
+	out, err := c.Run("savepoint", id1, "--target", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	older := strings.TrimSpace(out)
+	c.waitOutput(ctx, "counts", n1+900) // later checkpoints commit their acknowledgements
+	latest := c.stopWithSavepoint(id1, dir)
+	stopped := len(committed(t, ctx, c.env.Addr, "counts"))
+
+	id2 := c.Submit(append(args, "--from-savepoint", older)...)
+	st := c.WaitStatus(id2, "refusal", func(s proctest.JobStatus) bool { return s.State == "FAILED" || s.Restarts > 0 })
+	if st.State != "FAILED" || st.Restarts != 0 || !strings.Contains(st.Error, "savepoint older than the share group's committed acknowledgements") ||
+		!strings.Contains(st.Error, "restore the latest savepoint") {
+		t.Fatalf("job from the older savepoint: %+v; want FAILED without restarts, saying why and what to do", st)
+	}
+	if now := len(committed(t, ctx, c.env.Addr, "counts")); now != stopped {
+		t.Fatalf("the refused job changed the output: %d records after the stop, %d after the refusal", stopped, now)
+	}
+
+	c.Submit(append(args, "--from-savepoint", latest)...)
+	c.waitOutput(ctx, "counts", stopped+600)
+	in.halt()
+	total := c.verify(ctx, "lines", "counts")
+	t.Logf("%d lines, %d output records; %d when the older savepoint was taken, %d at the stop", in.n, total, n1, stopped)
+}
