@@ -151,6 +151,9 @@ type jobJSON struct {
 	// Waiting says why a CREATED or RESTARTING job is not running yet.
 	Waiting     string          `json:"waiting"`
 	LastFailure *jobFailureJSON `json:"last_failure"`
+	// RetainedSavepoint is where a cancelled job submitted with
+	// --retain-on-cancel left its latest checkpoint ("": none).
+	RetainedSavepoint string `json:"retained_savepoint,omitempty"`
 }
 
 // jobFailureJSON is a job's latest failure as --output json prints it.
@@ -165,7 +168,8 @@ type jobFailureJSON struct {
 func toJobJSON(s *weirpb.JobStatus) jobJSON {
 	j := jobJSON{ID: s.Id, Name: s.Name, State: s.State, JobType: s.JobType, Waiting: s.Waiting, Restarts: s.Restarts, LastCompletedCheckpoint: s.LastCompletedCheckpoint,
 		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, RestartStrategy: s.RestartStrategy,
-		RestoredFromCheckpoint: s.RestoredFromCheckpoint, RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut}
+		RestoredFromCheckpoint: s.RestoredFromCheckpoint, RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut,
+		RetainedSavepoint: s.RetainedSavepoint}
 	if j.Params == nil {
 		j.Params = map[string]string{}
 	}
@@ -239,7 +243,12 @@ func printJobs(w io.Writer, output string, jobs []*weirpb.JobStatus, one bool) e
 		return err
 	}
 	if one && jobs[0].LastFailure != nil {
-		_, err := fmt.Fprintln(w, failureLine(jobs[0].LastFailure))
+		if _, err := fmt.Fprintln(w, failureLine(jobs[0].LastFailure)); err != nil {
+			return err
+		}
+	}
+	if one && jobs[0].RetainedSavepoint != "" {
+		_, err := fmt.Fprintf(w, "retained checkpoint: %s (start a job from it with --from-savepoint)\n", jobs[0].RetainedSavepoint)
 		return err
 	}
 	return nil
@@ -253,9 +262,10 @@ func newSubmitCmd(a *app) *cobra.Command {
 		name    string
 		wait    bool
 		from    savepointStart
+		retain  bool
 	)
 	cmd := &cobra.Command{
-		Use:   "submit JOB [--jobmanager ADDR] [--parallelism N] [--checkpoint-interval DUR] [--set key=value]... [--restart-strategy SPEC] [--name NAME] [--from-savepoint PATH [--allow-non-restored-state]] [--wait]",
+		Use:   "submit JOB [--jobmanager ADDR] [--parallelism N] [--checkpoint-interval DUR] [--set key=value]... [--restart-strategy SPEC] [--name NAME] [--from-savepoint PATH [--allow-non-restored-state]] [--retain-on-cancel] [--wait]",
 		Short: "Submit a registered job to the job manager; prints its job id",
 		Long: `submit asks the job manager to run the registered job type JOB with the given
 parameters (--set key=value, repeatable; "streamctl jobs" lists them) on its
@@ -281,6 +291,12 @@ of an operator the job no longer has is refused unless
 --allow-non-restored-state drops that state. A damaged or truncated savepoint
 is refused with an error naming the file, and no job is created.
 
+--retain-on-cancel (Flink's retained externalized checkpoints): when the job is
+cancelled, the job manager writes its latest completed checkpoint (the one
+whose output the cancel committed) out as a savepoint directory under its
+--savepoint-dir (else its --data-dir's "retained"); cancel and status print
+where. --from-savepoint starts a job from it.
+
 --wait follows the job until it ends, with a progress line on stderr (state,
 restarts, last completed checkpoint, records in and out of the current
 attempt), and exits non-zero unless it FINISHED
@@ -305,7 +321,7 @@ or was CANCELED.`,
 			err = c.call(cmd.Context(), func(ctx context.Context) error {
 				r, err := c.jm.SubmitJob(ctx, &weirpb.SubmitJobRequest{JobType: cmd.Flags().Arg(0), Params: params,
 					CheckpointIntervalMs: jf.interval.Milliseconds(), RestartStrategy: restart, Name: name,
-					FromSavepoint: from.path, AllowNonRestoredState: from.allowNonRestored})
+					FromSavepoint: from.path, AllowNonRestoredState: from.allowNonRestored, RetainOnCancel: retain})
 				if err == nil {
 					id = r.JobId
 				}
@@ -327,6 +343,8 @@ or was CANCELED.`,
 	cmd.Flags().StringVar(&name, "name", "", "the job's name, shown by list, status and REST (default: its job type)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends")
 	from.add(cmd, "read by the job manager, on its machine")
+	cmd.Flags().BoolVar(&retain, "retain-on-cancel", false,
+		"when the job is cancelled, write its latest completed checkpoint out as a savepoint (under the job manager's --savepoint-dir, else DATA_DIR/retained); cancel and status print it")
 	return cmd
 }
 

@@ -152,3 +152,42 @@ func TestRESTTriggersSavepointsAndStopsAJobInFlinksShapes(t *testing.T) {
 	}
 	waitCounted(t, c.broker, "counts", wordcount.Expected(lines))
 }
+
+// A job submitted with --retain-on-cancel leaves its latest completed
+// checkpoint as a savepoint when cancelled (under the job manager's data
+// directory without --savepoint-dir); cancel and status name it, and a job
+// started from it continues the count exactly-once, record by record.
+func TestRetainOnCancelLeavesASavepointThatContinuesTheJob(t *testing.T) {
+	c := startLocal(t, "--taskmanagers", "1", "--slots", "2", "--data-dir", t.TempDir())
+	first := testLines(300, "r")
+	produceLines(t, c.broker, "lines", first)
+	out, err := c.cli(t, "submit", "wordcount", "--parallelism", "2", "--checkpoint-interval", "100ms",
+		"--set", "brokers="+c.broker, "--retain-on-cancel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	waitCounted(t, c.broker, "counts", wordcount.Expected(first))
+	out, err = c.cli(t, "cancel", id, "--output", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st jobJSON
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.State != "CANCELED" || st.RetainedSavepoint == "" {
+		t.Fatalf("cancel printed %q (%v), want CANCELED with a retained savepoint", out, err)
+	}
+	if _, err := os.Stat(filepath.Join(st.RetainedSavepoint, "_metadata")); err != nil {
+		t.Fatalf("retained savepoint: %v", err)
+	}
+	if got := c.status(t, id).RetainedSavepoint; got != st.RetainedSavepoint {
+		t.Errorf("status names retained savepoint %q, cancel %q", got, st.RetainedSavepoint)
+	}
+
+	second := testLines(300, "q")
+	produceLines(t, c.broker, "lines", second)
+	if _, err := c.cli(t, "submit", "wordcount", "--parallelism", "1", "--checkpoint-interval", "100ms",
+		"--set", "brokers="+c.broker, "--from-savepoint", st.RetainedSavepoint); err != nil {
+		t.Fatal(err)
+	}
+	waitCounted(t, c.broker, "counts", wordcount.Expected(append(first, second...)))
+}

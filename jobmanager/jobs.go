@@ -327,7 +327,8 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 		case errors.Is(err, runtime.ErrSuspended):
 			log.Info("job suspended; a job manager started on the same data directory resumes it", zap.Error(err))
 		case err != nil && ctx.Err() != nil:
-			s.setState(rj, StateCanceled, nil)
+			retained := s.retain(r, log)
+			s.setState(rj, StateCanceled, nil, func(r *JobRecord) { r.RetainedSavepoint = retained })
 			log.Info("job cancelled")
 		case err != nil:
 			s.setState(rj, StateFailed, err)
@@ -372,6 +373,7 @@ type submitCfg struct {
 	name             string
 	fromSavepoint    string
 	allowNonRestored bool
+	retainOnCancel   bool
 }
 
 type submitOpt func(*submitCfg)
@@ -399,6 +401,14 @@ func FromSavepoint(dir string) SubmitOpt {
 // state is dropped (Flink's --allowNonRestoredState).
 func AllowNonRestoredState() SubmitOpt {
 	return submitOpt(func(c *submitCfg) { c.allowNonRestored = true })
+}
+
+// RetainOnCancel makes a cancel of the job write its latest completed
+// checkpoint out as a savepoint (Flink's retained externalized
+// checkpoints), under the job manager's SavepointDir, else DataDir's
+// "retained"; the job's record names it (RetainedSavepoint).
+func RetainOnCancel() SubmitOpt {
+	return submitOpt(func(c *submitCfg) { c.retainOnCancel = true })
 }
 
 // Submit records and starts a job; it returns the job's new id.
@@ -456,7 +466,7 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	}
 	r := JobRecord{ID: id, Type: jobType, Name: cfg.name, Params: maps.Clone(params), CheckpointIntervalMs: interval.Milliseconds(),
 		State: StateCreated, RestartStrategy: restart, SubmittedUnixMs: time.Now().UnixMilli(),
-		FromSavepoint: cfg.fromSavepoint, AllowNonRestoredState: cfg.allowNonRestored}
+		FromSavepoint: cfg.fromSavepoint, AllowNonRestoredState: cfg.allowNonRestored, RetainOnCancel: cfg.retainOnCancel}
 	r.ChangedUnixMs = r.SubmittedUnixMs
 	if r.Params == nil {
 		r.Params = map[string]string{}
@@ -641,6 +651,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*
 	if req.AllowNonRestoredState {
 		opts = append(opts, AllowNonRestoredState())
 	}
+	if req.RetainOnCancel {
+		opts = append(opts, RetainOnCancel())
+	}
 	id, err := s.Submit(ctx, req.JobType, params, interval, req.RestartStrategy, opts...)
 	if err != nil {
 		return nil, rpcError(err)
@@ -652,7 +665,7 @@ func toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
 	st := &weirpb.JobStatus{Id: r.ID, Name: r.DisplayName(), State: string(r.State), Restarts: int32(r.Restarts),
 		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
 		RestartStrategy: restartStrategyInForce(r.RestartStrategy), CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
-		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting}
+		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting, RetainedSavepoint: r.RetainedSavepoint}
 	if e := r.LastException(); e != nil {
 		st.LastFailure = &weirpb.JobFailure{UnixMs: e.UnixMs, Message: e.Message, Task: e.Task, TaskManager: e.TaskManager, Restarted: e.Restarted}
 	}

@@ -135,6 +135,49 @@ func (s *Server) StartSavepoint(ctx context.Context, id, target string, stop, dr
 	return trigger, nil
 }
 
+// retainTimeout bounds writing a cancelled job's retained checkpoint.
+const retainTimeout = time.Minute
+
+// retain writes the latest completed checkpoint of cancelled job r out as
+// a savepoint if r asked for it (RetainOnCancel) and returns where ("":
+// not asked, no checkpoint, or it failed: logged).
+func (s *Server) retain(r JobRecord, log *zap.Logger) string {
+	if !r.RetainOnCancel {
+		return ""
+	}
+	base := s.cfg.savepointDir
+	if base == "" && s.cfg.dir != "" {
+		base = filepath.Join(s.cfg.dir, "retained")
+	}
+	if base == "" {
+		log.Error("retain-on-cancel: the job manager has neither --savepoint-dir nor --data-dir; the cancelled job's checkpoint is not retained")
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), retainTimeout)
+	defer cancel()
+	c, _, err := s.jobs.cps.LatestUsable(ctx, r.ID)
+	if errors.Is(err, checkpoint.ErrNotFound) {
+		log.Info("retain-on-cancel: the job completed no checkpoint; nothing retained")
+		return ""
+	}
+	abs, aerr := filepath.Abs(base)
+	if err == nil {
+		err = aerr
+	}
+	dir := filepath.Join(abs, "retained-"+shortID(r.ID)+"-"+strconv.FormatUint(uint64(c.ID), 10))
+	if err == nil {
+		// The job's type and parameters (for state dump) go into the
+		// savepoint here once WriteSavepoint takes them: r.Type, r.Params.
+		err = checkpoint.WriteSavepoint(dir, c, time.Now())
+	}
+	if err != nil {
+		log.Error("retain-on-cancel: cannot write the cancelled job's latest checkpoint out", zap.Error(err))
+		return ""
+	}
+	log.Info("retained the cancelled job's latest checkpoint as a savepoint", zap.String("location", dir), zap.Uint64("checkpoint", uint64(c.ID)))
+	return dir
+}
+
 // shortID is the start of a job id, for savepoint directory names (as
 // Flink's savepoint-<6 chars of the job id>-...).
 func shortID(id string) string {

@@ -2094,8 +2094,12 @@ type SubmitJobRequest struct {
 	// allow_non_restored_state lets the job drop savepoint state of
 	// operators (UIDs) it no longer has.
 	AllowNonRestoredState bool `protobuf:"varint,8,opt,name=allow_non_restored_state,json=allowNonRestoredState,proto3" json:"allow_non_restored_state,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// retain_on_cancel: when the job is cancelled, its latest completed
+	// checkpoint is written out as a savepoint (Flink's retained
+	// externalized checkpoints).
+	RetainOnCancel bool `protobuf:"varint,9,opt,name=retain_on_cancel,json=retainOnCancel,proto3" json:"retain_on_cancel,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SubmitJobRequest) Reset() {
@@ -2180,6 +2184,13 @@ func (x *SubmitJobRequest) GetFromSavepoint() string {
 func (x *SubmitJobRequest) GetAllowNonRestoredState() bool {
 	if x != nil {
 		return x.AllowNonRestoredState
+	}
+	return false
+}
+
+func (x *SubmitJobRequest) GetRetainOnCancel() bool {
+	if x != nil {
+		return x.RetainOnCancel
 	}
 	return false
 }
@@ -2555,9 +2566,12 @@ type JobStatus struct {
 	// ("waiting for 2 slots, 1 free"; empty otherwise).
 	Waiting string `protobuf:"bytes,15,opt,name=waiting,proto3" json:"waiting,omitempty"`
 	// last_failure is the job's latest failure (unset: none).
-	LastFailure   *JobFailure `protobuf:"bytes,16,opt,name=last_failure,json=lastFailure,proto3" json:"last_failure,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LastFailure *JobFailure `protobuf:"bytes,16,opt,name=last_failure,json=lastFailure,proto3" json:"last_failure,omitempty"`
+	// retained_savepoint is the savepoint a cancelled job submitted with
+	// retain_on_cancel left (empty: none).
+	RetainedSavepoint string `protobuf:"bytes,17,opt,name=retained_savepoint,json=retainedSavepoint,proto3" json:"retained_savepoint,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *JobStatus) Reset() {
@@ -2700,6 +2714,13 @@ func (x *JobStatus) GetLastFailure() *JobFailure {
 		return x.LastFailure
 	}
 	return nil
+}
+
+func (x *JobStatus) GetRetainedSavepoint() string {
+	if x != nil {
+		return x.RetainedSavepoint
+	}
+	return ""
 }
 
 // JobFailure is one failure of a job, from its exception history.
@@ -3140,7 +3161,7 @@ const file_control_proto_rawDesc = "" +
 	"\x11CheckpointRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa2\x03\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xcc\x03\n" +
 	"\x10SubmitJobRequest\x12\x19\n" +
 	"\bjob_type\x18\x01 \x01(\tR\ajobType\x12A\n" +
 	"\x06params\x18\x02 \x03(\v2).weir.rpc.v1.SubmitJobRequest.ParamsEntryR\x06params\x12 \n" +
@@ -3149,7 +3170,8 @@ const file_control_proto_rawDesc = "" +
 	"\x10restart_strategy\x18\x05 \x01(\tR\x0frestartStrategy\x12\x12\n" +
 	"\x04name\x18\x06 \x01(\tR\x04name\x12%\n" +
 	"\x0efrom_savepoint\x18\a \x01(\tR\rfromSavepoint\x127\n" +
-	"\x18allow_non_restored_state\x18\b \x01(\bR\x15allowNonRestoredState\x1a9\n" +
+	"\x18allow_non_restored_state\x18\b \x01(\bR\x15allowNonRestoredState\x12(\n" +
+	"\x10retain_on_cancel\x18\t \x01(\bR\x0eretainOnCancel\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x85\x01\n" +
@@ -3171,7 +3193,7 @@ const file_control_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\")\n" +
 	"\x10CancelJobRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xa2\x05\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xd1\x05\n" +
 	"\tJobStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -3191,7 +3213,8 @@ const file_control_proto_rawDesc = "" +
 	"recordsOut\x12\x19\n" +
 	"\bjob_type\x18\x0e \x01(\tR\ajobType\x12\x18\n" +
 	"\awaiting\x18\x0f \x01(\tR\awaiting\x12:\n" +
-	"\flast_failure\x18\x10 \x01(\v2\x17.weir.rpc.v1.JobFailureR\vlastFailure\x1a9\n" +
+	"\flast_failure\x18\x10 \x01(\v2\x17.weir.rpc.v1.JobFailureR\vlastFailure\x12-\n" +
+	"\x12retained_savepoint\x18\x11 \x01(\tR\x11retainedSavepoint\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x01\n" +
