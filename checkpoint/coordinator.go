@@ -238,6 +238,25 @@ type TaskFailed struct {
 	Now time.Time
 }
 
+// TriggerSavepoint asks for a savepoint: a checkpoint that is triggered as
+// soon as MaxConcurrent allows (MinPause does not hold it back, as in
+// Flink), that no other checkpoint is triggered beside (so none can subsume
+// it), and whose Trigger and Persist say Savepoint. Requests made while the
+// id of one is being asked for join it. With Stop (stop-with-savepoint) no checkpoint at
+// all is triggered once the savepoint is, unless it is aborted or
+// ResumeTriggers lifts the stop: the job is meant to end with it as its
+// final checkpoint. A request the coordinator cannot serve (the job is
+// failing over) is answered with SavepointFailed.
+type TriggerSavepoint struct {
+	Now  time.Time
+	Stop bool
+}
+
+// ResumeTriggers lifts the stop a completed stop-with-savepoint left (the
+// caller could not end the job with it, e.g. its savepoint directory could
+// not be written): checkpoints are triggered again.
+type ResumeTriggers struct{ Now time.Time }
+
 // Restored reports that the job (re)started from LastCompleted (0 for none).
 // It clears the failure count, lifts the stop set by TaskFailed or FailJob,
 // and restarts the trigger period.
@@ -246,15 +265,17 @@ type Restored struct {
 	Now           time.Time
 }
 
-func (e Tick) eventTime() time.Time          { return e.Now }
-func (e TriggerNow) eventTime() time.Time    { return e.Now }
-func (e IDAssigned) eventTime() time.Time    { return e.Now }
-func (e TriggerFailed) eventTime() time.Time { return e.Now }
-func (e Ack) eventTime() time.Time           { return e.Now }
-func (e Decline) eventTime() time.Time       { return e.Now }
-func (e Persisted) eventTime() time.Time     { return e.Now }
-func (e TaskFailed) eventTime() time.Time    { return e.Now }
-func (e Restored) eventTime() time.Time      { return e.Now }
+func (e Tick) eventTime() time.Time             { return e.Now }
+func (e TriggerNow) eventTime() time.Time       { return e.Now }
+func (e IDAssigned) eventTime() time.Time       { return e.Now }
+func (e TriggerFailed) eventTime() time.Time    { return e.Now }
+func (e Ack) eventTime() time.Time              { return e.Now }
+func (e Decline) eventTime() time.Time          { return e.Now }
+func (e Persisted) eventTime() time.Time        { return e.Now }
+func (e TaskFailed) eventTime() time.Time       { return e.Now }
+func (e Restored) eventTime() time.Time         { return e.Now }
+func (e TriggerSavepoint) eventTime() time.Time { return e.Now }
+func (e ResumeTriggers) eventTime() time.Time   { return e.Now }
 
 // Action is an output of Coordinator.Step, for the caller to execute in order.
 type Action interface{ isAction() }
@@ -273,11 +294,25 @@ type Trigger struct {
 	Sources []TaskID
 	At      time.Time
 	Reason  string
+	// Savepoint marks a savepoint's checkpoint (TriggerSavepoint); Stop a
+	// stop-with-savepoint's.
+	Savepoint bool
+	Stop      bool
 }
 
 // Persist writes a checkpoint every task acknowledged to the store (the
 // commit point); its result is fed back as Persisted.
-type Persist struct{ Completed Completed }
+type Persist struct {
+	Completed Completed
+	// Savepoint marks a savepoint's checkpoint: once persisted, the caller
+	// also writes it out as a savepoint.
+	Savepoint bool
+}
+
+// SavepointFailed answers the savepoint requests that got no checkpoint id
+// (the job failed over before one was triggered). A savepoint that was
+// triggered ends with the NotifyAborted of its id instead.
+type SavepointFailed struct{ Err error }
 
 // NotifyComplete tells participants that ID (and every id below) completed.
 // Best effort: nothing in the coordinator waits for it.
@@ -298,12 +333,13 @@ type NotifyAborted struct {
 // until Restored.
 type FailJob struct{ Err error }
 
-func (RequestID) isAction()      {}
-func (Trigger) isAction()        {}
-func (Persist) isAction()        {}
-func (NotifyComplete) isAction() {}
-func (NotifyAborted) isAction()  {}
-func (FailJob) isAction()        {}
+func (RequestID) isAction()       {}
+func (Trigger) isAction()         {}
+func (Persist) isAction()         {}
+func (NotifyComplete) isAction()  {}
+func (NotifyAborted) isAction()   {}
+func (FailJob) isAction()         {}
+func (SavepointFailed) isAction() {}
 
 // PendingPhase is where a pending checkpoint is.
 type PendingPhase int
@@ -334,6 +370,7 @@ func (p PendingPhase) String() string {
 type PendingInfo struct {
 	ID          ID
 	Reason      string
+	Savepoint   bool
 	Phase       PendingPhase
 	TriggeredAt time.Time
 	Deadline    time.Time
@@ -352,6 +389,8 @@ type pending struct {
 	triggeredAt time.Time
 	deadline    time.Time
 	ackedAt     time.Time
+	savepoint   bool
+	stop        bool
 	snaps       map[TaskID]TaskSnapshot
 	stats       map[TaskID]TaskStats
 }
@@ -377,6 +416,15 @@ type Coordinator struct {
 	reqReason  string
 	wantEarly  bool
 	earlyWhy   string
+
+	// Savepoints: wantSavepoint is a request not yet asked an id for,
+	// reqSavepoint/reqStop describe the outstanding RequestID, stopped is
+	// set once a stop-with-savepoint was triggered (no more triggers).
+	wantSavepoint bool
+	wantStop      bool
+	reqSavepoint  bool
+	reqStop       bool
+	stopped       bool
 
 	failures int
 	halted   bool // after TaskFailed or FailJob, until Restored
@@ -444,6 +492,20 @@ func (c *Coordinator) Step(ev Event) []Action {
 		c.halt(fmt.Errorf("%w: %w", ErrJobFailover, e.Err))
 	case Restored:
 		c.onRestored(e)
+	case TriggerSavepoint:
+		if c.halted {
+			c.emit(SavepointFailed{Err: fmt.Errorf("savepoint: %w: the job is failing over", ErrJobFailover)})
+			break
+		}
+		if c.requesting && c.reqSavepoint {
+			// Joins the savepoint whose id is being asked for.
+			c.reqStop = c.reqStop || e.Stop
+			break
+		}
+		c.wantSavepoint = true
+		c.wantStop = c.wantStop || e.Stop
+	case ResumeTriggers:
+		c.stopped = false
 	}
 	c.maybePersist()
 	c.maybeTrigger()
@@ -473,16 +535,21 @@ func (c *Coordinator) onIDAssigned(e IDAssigned) {
 	}
 	c.requesting = false
 	if e.Err != nil {
+		c.failSavepointRequest(fmt.Errorf("%w: %w", ErrIDUnavailable, e.Err))
 		if !c.halted {
 			c.fail(fmt.Errorf("%w: %w", ErrIDUnavailable, e.Err))
 		}
 		return
 	}
 	if e.ID <= c.highestID {
+		c.failSavepointRequest(fmt.Errorf("%w: got %d, already saw %d", ErrIDNotIncreasing, e.ID, c.highestID))
 		if !c.halted {
 			c.failJob(fmt.Errorf("%w: got %d, already saw %d", ErrIDNotIncreasing, e.ID, c.highestID))
 		}
 		return
+	}
+	if c.halted {
+		c.failSavepointRequest(fmt.Errorf("savepoint: %w: the job is failing over", ErrJobFailover))
 	}
 	c.highestID = e.ID
 	if c.halted {
@@ -494,11 +561,18 @@ func (c *Coordinator) onIDAssigned(e IDAssigned) {
 		phase:       PhaseCollecting,
 		triggeredAt: c.now,
 		deadline:    c.now.Add(c.cfg.Timeout),
+		savepoint:   c.reqSavepoint,
+		stop:        c.reqStop,
 		snaps:       make(map[TaskID]TaskSnapshot, len(c.tasks)),
 		stats:       make(map[TaskID]TaskStats, len(c.tasks)),
 	}
 	c.pending[e.ID] = p
-	c.emit(Trigger{ID: e.ID, Sources: slices.Clone(c.cfg.Sources), At: c.now, Reason: c.reqReason})
+	if p.stop {
+		c.stopped = true
+	}
+	c.reqSavepoint, c.reqStop = false, false
+	c.emit(Trigger{ID: e.ID, Sources: slices.Clone(c.cfg.Sources), At: c.now, Reason: c.reqReason,
+		Savepoint: p.savepoint, Stop: p.stop})
 }
 
 func (c *Coordinator) onAck(e Ack) {
@@ -592,6 +666,7 @@ func (c *Coordinator) onRestored(e Restored) {
 		}
 	}
 	c.halted = false
+	c.stopped = false
 	c.failures = 0
 	c.wantEarly = false
 	c.lastCompleted = max(c.lastCompleted, e.LastCompleted)
@@ -599,8 +674,22 @@ func (c *Coordinator) onRestored(e Restored) {
 	c.lastReq = c.now
 }
 
-// abort removes p and notifies participants.
+// failSavepointRequest answers the outstanding RequestID's savepoint
+// request, if it was one, with SavepointFailed.
+func (c *Coordinator) failSavepointRequest(err error) {
+	if !c.reqSavepoint {
+		return
+	}
+	c.reqSavepoint, c.reqStop = false, false
+	c.emit(SavepointFailed{Err: err})
+}
+
+// abort removes p and notifies participants. An aborted stop-with-savepoint
+// lifts the stop: the job goes on.
 func (c *Coordinator) abort(p *pending, reason error) {
+	if p.stop {
+		c.stopped = false
+	}
 	delete(c.pending, p.id)
 	c.lastEnd, c.hasEnd = c.now, true
 	c.emit(NotifyAborted{ID: p.id, Reason: reason})
@@ -628,6 +717,10 @@ func (c *Coordinator) failJob(err error) {
 func (c *Coordinator) halt(reason error) {
 	c.halted = true
 	c.wantEarly = false
+	if c.wantSavepoint {
+		c.wantSavepoint, c.wantStop = false, false
+		c.emit(SavepointFailed{Err: fmt.Errorf("savepoint: %w", reason)})
+	}
 	for _, id := range c.sortedIDs() {
 		if p := c.pending[id]; p.phase != PhasePersisting {
 			c.abort(p, fmt.Errorf("checkpoint %d: %w", id, reason))
@@ -656,7 +749,7 @@ func (c *Coordinator) maybePersist() {
 		for t, s := range p.snaps {
 			tasks[t] = s
 		}
-		c.emit(Persist{Completed: Completed{
+		c.emit(Persist{Savepoint: p.savepoint, Completed: Completed{
 			Job:         c.cfg.Job,
 			ID:          id,
 			TriggeredAt: p.triggeredAt,
@@ -669,10 +762,28 @@ func (c *Coordinator) maybePersist() {
 }
 
 func (c *Coordinator) maybeTrigger() {
-	if c.halted || c.requesting {
+	if c.halted || c.requesting || c.stopped {
 		return
 	}
 	if len(c.pending) >= c.cfg.MaxConcurrent {
+		return
+	}
+	for _, p := range c.pending {
+		if p.savepoint {
+			return // nothing may complete after it and subsume it
+		}
+	}
+	if c.wantSavepoint {
+		reason := "savepoint"
+		if c.wantStop {
+			reason = "stop-with-savepoint"
+		}
+		c.reqSavepoint, c.reqStop = true, c.wantStop
+		c.wantSavepoint, c.wantStop = false, false
+		c.requesting = true
+		c.reqReason = reason
+		c.lastReq = c.now
+		c.emit(RequestID{Reason: reason})
 		return
 	}
 	if c.hasEnd && c.now.Before(c.lastEnd.Add(c.cfg.MinPause)) {
@@ -709,6 +820,7 @@ func (c *Coordinator) Pending() []PendingInfo {
 		info := PendingInfo{
 			ID:          id,
 			Reason:      p.reason,
+			Savepoint:   p.savepoint,
 			Phase:       p.phase,
 			TriggeredAt: p.triggeredAt,
 			Deadline:    p.deadline,

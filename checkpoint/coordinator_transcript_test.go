@@ -26,6 +26,8 @@ import (
 //	persisted t=1s id=n [err=text]       Persisted (err=outcome-unknown wraps ErrOutcomeUnknown)
 //	task-failed t=1s err=text            TaskFailed
 //	restored t=1s last=n                 Restored
+//	savepoint t=1s [stop]                TriggerSavepoint
+//	resume-triggers t=1s                 ResumeTriggers
 //	pending                              Pending(), LastCompleted, failures
 //
 // Every event prints the actions it produced, one per line ("-" for none).
@@ -137,6 +139,10 @@ func transcriptEvents(t *testing.T, d *datadriven.TestData) []Event {
 		return []Event{Persisted{ID: id(), Err: errArg(), Now: now}}
 	case "task-failed":
 		return []Event{TaskFailed{Err: errArg(), Now: now}}
+	case "savepoint":
+		return []Event{TriggerSavepoint{Now: now, Stop: d.HasArg("stop")}}
+	case "resume-triggers":
+		return []Event{ResumeTriggers{Now: now}}
 	case "restored":
 		var last uint64
 		d.ScanArgs(t, "last", &last)
@@ -185,26 +191,39 @@ func formatActions(acts []Action) string {
 		case RequestID:
 			fmt.Fprintf(&b, "request-id reason=%s\n", a.Reason)
 		case Trigger:
-			fmt.Fprintf(&b, "trigger id=%d sources=%s at=%s reason=%s\n", a.ID, joinTasks(a.Sources), a.At.Sub(t0), a.Reason)
+			fmt.Fprintf(&b, "trigger id=%d sources=%s at=%s reason=%s%s\n", a.ID, joinTasks(a.Sources), a.At.Sub(t0), a.Reason, savepointFlags(a.Savepoint, a.Stop))
 		case Persist:
 			tasks := make([]TaskID, 0, len(a.Completed.Tasks))
 			for task := range a.Completed.Tasks {
 				tasks = append(tasks, task)
 			}
 			slices.Sort(tasks)
-			fmt.Fprintf(&b, "persist id=%d triggered=%s completed=%s tasks=%s\n", a.Completed.ID,
-				a.Completed.TriggeredAt.Sub(t0), a.Completed.CompletedAt.Sub(t0), joinTasks(tasks))
+			fmt.Fprintf(&b, "persist id=%d triggered=%s completed=%s tasks=%s%s\n", a.Completed.ID,
+				a.Completed.TriggeredAt.Sub(t0), a.Completed.CompletedAt.Sub(t0), joinTasks(tasks), savepointFlags(a.Savepoint, false))
 		case NotifyComplete:
 			fmt.Fprintf(&b, "notify-complete id=%d\n", a.ID)
 		case NotifyAborted:
 			fmt.Fprintf(&b, "notify-aborted id=%d reason=%q%s\n", a.ID, a.Reason, sentinels(a.Reason))
 		case FailJob:
 			fmt.Fprintf(&b, "fail-job err=%q%s\n", a.Err, sentinels(a.Err))
+		case SavepointFailed:
+			fmt.Fprintf(&b, "savepoint-failed err=%q%s\n", a.Err, sentinels(a.Err))
 		default:
 			fmt.Fprintf(&b, "unknown action %#v\n", a)
 		}
 	}
 	return b.String()
+}
+
+// savepointFlags prints the savepoint marks of a Trigger or a Persist.
+func savepointFlags(savepoint, stop bool) string {
+	switch {
+	case stop:
+		return " savepoint stop"
+	case savepoint:
+		return " savepoint"
+	}
+	return ""
 }
 
 // sentinels names the package's errors that err wraps, so transcripts show

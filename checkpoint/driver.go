@@ -120,6 +120,25 @@ type Driver struct {
 	queries chan func(*Coordinator)
 	done    chan struct{}
 	started atomic.Bool
+
+	// Savepoint requests, owned by Run's goroutine: asked are waiting for
+	// a Trigger, byID for their checkpoint, persisting holds a savepoint's
+	// checkpoint between its Persist and Persisted.
+	asked      []chan<- savepointResult
+	byID       map[ID][]chan<- savepointResult
+	persisting map[ID]Completed
+}
+
+// savepointRequest is the driver's own event: a TriggerSavepoint and who
+// waits for its answer.
+type savepointRequest struct {
+	TriggerSavepoint
+	reply chan<- savepointResult
+}
+
+type savepointResult struct {
+	c   Completed
+	err error
 }
 
 // NewDriver returns a driver for a coordinator configured by cfg. Call Run to
@@ -141,14 +160,16 @@ func NewDriver(cfg CoordinatorConfig, exec Executor, pers Persister, opts ...Dri
 		o.apply(&dc)
 	}
 	return &Driver{
-		coord:   coord,
-		job:     cfg.Job,
-		exec:    exec,
-		pers:    pers,
-		cfg:     dc,
-		events:  make(chan Event, dc.queue),
-		queries: make(chan func(*Coordinator)),
-		done:    make(chan struct{}),
+		coord:      coord,
+		job:        cfg.Job,
+		exec:       exec,
+		pers:       pers,
+		cfg:        dc,
+		events:     make(chan Event, dc.queue),
+		queries:    make(chan func(*Coordinator)),
+		done:       make(chan struct{}),
+		byID:       map[ID][]chan<- savepointResult{},
+		persisting: map[ID]Completed{},
 	}, nil
 }
 
@@ -160,6 +181,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		return ErrDriverRunning
 	}
 	defer close(d.done)
+	defer d.failSavepoints(ErrDriverStopped)
 	t := time.NewTicker(d.cfg.tick)
 	defer t.Stop()
 	for {
@@ -180,9 +202,27 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 }
 
+// failSavepoints answers every savepoint request still waiting with err.
+func (d *Driver) failSavepoints(err error) {
+	for _, r := range d.asked {
+		r <- savepointResult{err: err}
+	}
+	d.asked = nil
+	for id, rs := range d.byID {
+		for _, r := range rs {
+			r <- savepointResult{err: fmt.Errorf("savepoint (checkpoint %d): %w", id, err)}
+		}
+		delete(d.byID, id)
+	}
+}
+
 // step feeds ev and executes the resulting actions, feeding back the results
 // of RequestID, Trigger and Persist as they come.
 func (d *Driver) step(ctx context.Context, ev Event) error {
+	if r, ok := ev.(savepointRequest); ok {
+		d.asked = append(d.asked, r.reply)
+		ev = r.TriggerSavepoint
+	}
 	queue := d.coord.Step(ev)
 	for len(queue) > 0 {
 		if ctx.Err() != nil {
@@ -207,10 +247,17 @@ func (d *Driver) execute(ctx context.Context, a Action) (Event, error) {
 		id, err := d.pers.NextID(ctx, d.job)
 		return IDAssigned{ID: id, Err: err, Now: d.cfg.now()}, nil
 	case Trigger:
+		if a.Savepoint {
+			d.byID[a.ID] = append(d.byID[a.ID], d.asked...)
+			d.asked = nil
+		}
 		if err := d.exec.TriggerCheckpoint(ctx, a.ID, a.Sources); err != nil {
 			return TriggerFailed{ID: a.ID, Err: err, Now: d.cfg.now()}, nil
 		}
 	case Persist:
+		if a.Savepoint {
+			d.persisting[a.Completed.ID] = a.Completed
+		}
 		err := d.pers.Save(ctx, a.Completed)
 		if err == nil && d.cfg.failpoint != nil {
 			if ferr := d.cfg.failpoint(FailpointAfterPersisted); ferr != nil {
@@ -220,8 +267,27 @@ func (d *Driver) execute(ctx context.Context, a Action) (Event, error) {
 		return Persisted{ID: a.Completed.ID, Err: err, Now: d.cfg.now()}, nil
 	case NotifyComplete:
 		d.exec.NotifyComplete(ctx, a.ID)
+		// A savepoint is answered once its notification went out: its
+		// transactions are being committed, as any checkpoint's.
+		if c, ok := d.persisting[a.ID]; ok {
+			for _, r := range d.byID[a.ID] {
+				r <- savepointResult{c: c}
+			}
+		}
+		delete(d.persisting, a.ID)
+		delete(d.byID, a.ID)
 	case NotifyAborted:
 		d.exec.NotifyAborted(ctx, a.ID, a.Reason)
+		for _, r := range d.byID[a.ID] {
+			r <- savepointResult{err: fmt.Errorf("savepoint: %w", a.Reason)}
+		}
+		delete(d.persisting, a.ID)
+		delete(d.byID, a.ID)
+	case SavepointFailed:
+		for _, r := range d.asked {
+			r <- savepointResult{err: a.Err}
+		}
+		d.asked = nil
 	case FailJob:
 		d.exec.FailJob(ctx, a.Err)
 	}
@@ -259,6 +325,38 @@ func (d *Driver) Decline(ctx context.Context, task TaskID, id ID, err error) err
 // allow.
 func (d *Driver) TriggerNow(ctx context.Context, reason string) error {
 	return d.send(ctx, TriggerNow{Reason: reason, Now: d.cfg.now()})
+}
+
+// TriggerSavepoint takes a savepoint (Coordinator's TriggerSavepoint; with
+// stop, a stop-with-savepoint: no checkpoint is triggered after it until
+// ResumeTriggers) and waits for it: it returns the completed checkpoint once
+// it was saved by the Persister and its NotifyComplete was executed, or why
+// it failed (its abort, the job failing over, ctx, or the driver stopping).
+// The caller writes the savepoint out (WriteSavepoint).
+func (d *Driver) TriggerSavepoint(ctx context.Context, stop bool) (Completed, error) {
+	reply := make(chan savepointResult, 1)
+	if err := d.send(ctx, savepointRequest{TriggerSavepoint{Now: d.cfg.now(), Stop: stop}, reply}); err != nil {
+		return Completed{}, fmt.Errorf("savepoint: %w", err)
+	}
+	select {
+	case r := <-reply:
+		return r.c, r.err
+	case <-d.done:
+		select {
+		case r := <-reply:
+			return r.c, r.err
+		default:
+			return Completed{}, fmt.Errorf("savepoint: %w", ErrDriverStopped)
+		}
+	case <-ctx.Done():
+		return Completed{}, fmt.Errorf("savepoint: %w", ctx.Err())
+	}
+}
+
+// ResumeTriggers lifts the stop of a completed stop-with-savepoint that the
+// caller could not end the job with: checkpoints are triggered again.
+func (d *Driver) ResumeTriggers(ctx context.Context) error {
+	return d.send(ctx, ResumeTriggers{Now: d.cfg.now()})
 }
 
 // TaskFailed reports that the job is failing over: pending checkpoints are

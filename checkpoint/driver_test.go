@@ -484,3 +484,65 @@ func TestDriverFailsJobWhenTriggerOrIDFails(t *testing.T) {
 		})
 	}
 }
+
+func TestDriverSavepointReturnsTheCheckpointOnceSavedAndNotified(t *testing.T) {
+	rec := newRecorder()
+	cfg := driverConfig()
+	d, err := NewDriver(cfg, rec, rec, WithTickInterval(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startDriver(t, d)
+	ctx := t.Context()
+	type result struct {
+		c   Completed
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		c, err := d.TriggerSavepoint(ctx, false)
+		got <- result{c, err}
+	}()
+	waitFor(t, "trigger 1", func() bool { return rec.lastTrigger() == 1 })
+	ackAll(t, d, cfg.Tasks, 1)
+	r := <-got
+	if r.err != nil || r.c.ID != 1 || len(r.c.Tasks) != len(cfg.Tasks) {
+		t.Fatalf("TriggerSavepoint = %d (%d tasks), %v; want checkpoint 1 of every task", r.c.ID, len(r.c.Tasks), r.err)
+	}
+	if calls := rec.snapshot(); !slices.Equal(calls, []string{"id 1", "trigger 1", "save 1", "complete 1"}) {
+		t.Fatalf("calls = %v: the savepoint must be answered after its save and its notification", calls)
+	}
+
+	// A declined savepoint fails with its abort's reason.
+	go func() {
+		c, err := d.TriggerSavepoint(ctx, true)
+		got <- result{c, err}
+	}()
+	waitFor(t, "trigger 2", func() bool { return rec.lastTrigger() == 2 })
+	if err := d.Decline(ctx, cfg.Tasks[0], 2, errors.New("no")); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-got; !errors.Is(r.err, ErrDeclined) {
+		t.Fatalf("declined savepoint: %v, want ErrDeclined", r.err)
+	}
+}
+
+func TestDriverSavepointFailsWhenTheDriverStops(t *testing.T) {
+	rec := newRecorder()
+	d, err := NewDriver(driverConfig(), rec, rec, WithTickInterval(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel, done := startDriver(t, d)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := d.TriggerSavepoint(t.Context(), false)
+		errc <- err
+	}()
+	waitFor(t, "trigger 1", func() bool { return rec.lastTrigger() == 1 })
+	cancel()
+	<-done
+	if err := <-errc; !errors.Is(err, ErrDriverStopped) {
+		t.Fatalf("TriggerSavepoint after the driver stopped: %v, want ErrDriverStopped", err)
+	}
+}

@@ -108,12 +108,20 @@ func (f *clientCmd) flags(cmd *cobra.Command, output bool) {
 	}
 }
 
+// checkOutput refuses an --output other than table or json.
+func (f *clientCmd) checkOutput(cmd *cobra.Command) error {
+	if f.output != "" && f.output != "table" && f.output != "json" {
+		return flagError(cmd, fmt.Errorf("invalid --output %q: want table or json", f.output))
+	}
+	return nil
+}
+
 // runE returns a command's RunE that checks --output, dials the job
 // manager and makes one call with fn.
 func (f *clientCmd) runE(a *app, fn func(ctx context.Context, cmd *cobra.Command, c *client) error) func(*cobra.Command, []string) error {
 	return a.withLogger(func(cmd *cobra.Command, _ *zap.Logger) error {
-		if f.output != "" && f.output != "table" && f.output != "json" {
-			return flagError(cmd, fmt.Errorf("invalid --output %q: want table or json", f.output))
+		if err := f.checkOutput(cmd); err != nil {
+			return err
 		}
 		c, err := dialJobManager(f.jm, &f.access)
 		if err != nil {
@@ -143,6 +151,9 @@ type jobJSON struct {
 	// Waiting says why a CREATED or RESTARTING job is not running yet.
 	Waiting     string          `json:"waiting"`
 	LastFailure *jobFailureJSON `json:"last_failure"`
+	// RetainedSavepoint is where a cancelled job submitted with
+	// --retain-on-cancel left its latest checkpoint ("": none).
+	RetainedSavepoint string `json:"retained_savepoint,omitempty"`
 }
 
 // jobFailureJSON is a job's latest failure as --output json prints it.
@@ -157,7 +168,8 @@ type jobFailureJSON struct {
 func toJobJSON(s *weirpb.JobStatus) jobJSON {
 	j := jobJSON{ID: s.Id, Name: s.Name, State: s.State, JobType: s.JobType, Waiting: s.Waiting, Restarts: s.Restarts, LastCompletedCheckpoint: s.LastCompletedCheckpoint,
 		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, RestartStrategy: s.RestartStrategy,
-		RestoredFromCheckpoint: s.RestoredFromCheckpoint, RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut}
+		RestoredFromCheckpoint: s.RestoredFromCheckpoint, RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut,
+		RetainedSavepoint: s.RetainedSavepoint}
 	if j.Params == nil {
 		j.Params = map[string]string{}
 	}
@@ -231,7 +243,12 @@ func printJobs(w io.Writer, output string, jobs []*weirpb.JobStatus, one bool) e
 		return err
 	}
 	if one && jobs[0].LastFailure != nil {
-		_, err := fmt.Fprintln(w, failureLine(jobs[0].LastFailure))
+		if _, err := fmt.Fprintln(w, failureLine(jobs[0].LastFailure)); err != nil {
+			return err
+		}
+	}
+	if one && jobs[0].RetainedSavepoint != "" {
+		_, err := fmt.Fprintf(w, "retained checkpoint: %s (start a job from it with --from-savepoint)\n", jobs[0].RetainedSavepoint)
 		return err
 	}
 	return nil
@@ -244,9 +261,11 @@ func newSubmitCmd(a *app) *cobra.Command {
 		restart string
 		name    string
 		wait    bool
+		from    savepointStart
+		retain  bool
 	)
 	cmd := &cobra.Command{
-		Use:   "submit JOB [--jobmanager ADDR] [--parallelism N] [--checkpoint-interval DUR] [--set key=value]... [--restart-strategy SPEC] [--name NAME] [--wait]",
+		Use:   "submit JOB [--jobmanager ADDR] [--parallelism N] [--checkpoint-interval DUR] [--set key=value]... [--restart-strategy SPEC] [--name NAME] [--from-savepoint PATH [--allow-non-restored-state]] [--retain-on-cancel] [--wait]",
 		Short: "Submit a registered job to the job manager; prints its job id",
 		Long: `submit asks the job manager to run the registered job type JOB with the given
 parameters (--set key=value, repeatable; "streamctl jobs" lists them) on its
@@ -260,6 +279,23 @@ id, so two jobs of one type never fence each other.
   none | fixed-delay:attempts=3,delay=1s
   exponential-delay:initial-backoff=1s,max-backoff=1m,multiplier=1.5,reset-backoff-threshold=1h,jitter=0.1
   failure-rate:max-failures=3,interval=1m,delay=1s
+
+--from-savepoint starts the job from a savepoint ("streamctl savepoint", "stop
+--savepoint"), a directory the job manager reads (a path on its machine; a
+savepoint from another cluster works once copied there): operators are
+matched by UID, keyed state is spread over the key groups at the new
+parallelism (up to the savepoint's max parallelism), an operator the
+savepoint does not know starts empty, and the savepoint's pending
+transactions are committed as a restored checkpoint's. A savepoint with state
+of an operator the job no longer has is refused unless
+--allow-non-restored-state drops that state. A damaged or truncated savepoint
+is refused with an error naming the file, and no job is created.
+
+--retain-on-cancel (Flink's retained externalized checkpoints): when the job is
+cancelled, the job manager writes its latest completed checkpoint (the one
+whose output the cancel committed) out as a savepoint directory under its
+--savepoint-dir (else its --data-dir's "retained"); cancel and status print
+where. --from-savepoint starts a job from it.
 
 --wait follows the job until it ends, with a progress line on stderr (state,
 restarts, last completed checkpoint, records in and out of the current
@@ -284,7 +320,8 @@ or was CANCELED.`,
 			var id string
 			err = c.call(cmd.Context(), func(ctx context.Context) error {
 				r, err := c.jm.SubmitJob(ctx, &weirpb.SubmitJobRequest{JobType: cmd.Flags().Arg(0), Params: params,
-					CheckpointIntervalMs: jf.interval.Milliseconds(), RestartStrategy: restart, Name: name})
+					CheckpointIntervalMs: jf.interval.Milliseconds(), RestartStrategy: restart, Name: name,
+					FromSavepoint: from.path, AllowNonRestoredState: from.allowNonRestored, RetainOnCancel: retain})
 				if err == nil {
 					id = r.JobId
 				}
@@ -305,6 +342,9 @@ or was CANCELED.`,
 	cmd.Flags().StringVar(&restart, "restart-strategy", "", "restart strategy (default exponential-delay)")
 	cmd.Flags().StringVar(&name, "name", "", "the job's name, shown by list, status and REST (default: its job type)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends")
+	from.add(cmd, "read by the job manager, on its machine")
+	cmd.Flags().BoolVar(&retain, "retain-on-cancel", false,
+		"when the job is cancelled, write its latest completed checkpoint out as a savepoint (under the job manager's --savepoint-dir, else DATA_DIR/retained); cancel and status print it")
 	return cmd
 }
 

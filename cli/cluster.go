@@ -36,7 +36,7 @@ func defaultJobManager() string {
 }
 
 func newJobManagerCmd(a *app) *cobra.Command {
-	var listen, httpAddr, dataDir, tokenFile, certFile, keyFile string
+	var listen, httpAddr, dataDir, tokenFile, certFile, keyFile, savepointDir string
 	var allowedHosts []string
 	cmd := &cobra.Command{
 		Use:   "jobmanager [--listen 127.0.0.1:6123] [--http 127.0.0.1:8081] [--data-dir DIR]",
@@ -98,12 +98,14 @@ SIGINT/SIGTERM.`,
 				warn(log, rpc.ExposureWarnings([]string{listen, httpAddr}, "", ""))
 			}
 			sec.httpHosts = allowedHosts
+			sec.savepointDir = savepointDir
 			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil)
 		}),
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6123", "control-plane (gRPC) address")
 	cmd.Flags().StringVar(&httpAddr, "http", "127.0.0.1:8081", "HTTP address (REST API and /metrics)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the job store and completed checkpoints (created; default: in memory)")
+	cmd.Flags().StringVar(&savepointDir, "savepoint-dir", "", "default directory savepoints are written under (savepoint, stop --savepoint); may be on another disk than --data-dir")
 	cmd.Flags().StringVar(&tokenFile, "auth-token-file", "", "file holding the token every RPC and HTTP request must carry (required beyond loopback)")
 	cmd.Flags().StringVar(&certFile, "tls-cert", "", "PEM certificate: serve RPC and HTTP over TLS (with --tls-key)")
 	cmd.Flags().StringVar(&keyFile, "tls-key", "", "PEM private key of --tls-cert")
@@ -119,6 +121,8 @@ type jmSecurity struct {
 	// httpHosts are the Host names HTTP requests may carry besides loopback
 	// names and the HTTP listen host.
 	httpHosts []string
+	// savepointDir is the default savepoint target ("": none).
+	savepointDir string
 }
 
 // warn logs each of warnings once, at warn level.
@@ -144,7 +148,7 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 	}
 	srv, err := jobmanager.New(jobmanager.Logger(log), jobmanager.DataDir(dataDir), jobmanager.Jobs(a.reg),
 		jobmanager.Failpoints(fp), jobmanager.AuthToken(sec.token), jobmanager.TLS(sec.tls),
-		jobmanager.HTTPHosts(append([]string{httpAddr}, sec.httpHosts...)...))
+		jobmanager.HTTPHosts(append([]string{httpAddr}, sec.httpHosts...)...), jobmanager.SavepointDir(sec.savepointDir))
 	if err != nil {
 		return err
 	}

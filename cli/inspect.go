@@ -21,18 +21,6 @@ import (
 	"github.com/weirstream/weir/runtime"
 )
 
-// newSavepointCmd is the savepoint command with its inspect subcommand.
-func newSavepointCmd(a *app) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "savepoint",
-		Short: "Work with savepoints (inspect)",
-		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
-	}
-	cmd.AddCommand(newSavepointInspectCmd(a))
-	return cmd
-}
-
 // snapshotFlags name the snapshot a command reads: a savepoint directory,
 // or a checkpoint in a job manager's data directory or a run
 // --checkpoint-dir.

@@ -11,7 +11,7 @@ import (
 
 // wantWordcountParams are the parameters of the wordcount contract, then the
 // reserved parallelism.
-var wantWordcountParams = []string{"brokers", "input", "output", "group", "guarantee", "parallelism"}
+var wantWordcountParams = []string{"brokers", "input", "output", "group", "guarantee", "min-length", "parallelism"}
 
 func TestJobsTableListsEveryParameterWithoutPromisingFlags(t *testing.T) {
 	out, _, err := runCLI(t, "jobs")

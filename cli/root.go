@@ -72,6 +72,7 @@ func subcommands() []func(*app) *cobra.Command {
 		newSavepointCmd,
 		newStateCmd,
 		newStatusCmd,
+		newStopCmd,
 		newSubmitCmd,
 		newTaskManagerCmd,
 		newVersionCmd,

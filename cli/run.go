@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/internal/atomicfile"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/runtime"
@@ -25,11 +26,12 @@ const jobIDFile = "job-id"
 
 func newRunCmd(a *app) *cobra.Command {
 	var (
-		jf  jobFlags
-		dir string
+		jf   jobFlags
+		dir  string
+		from savepointStart
 	)
 	cmd := &cobra.Command{
-		Use:   "run JOB [--parallelism N] [--checkpoint-interval DUR] [--checkpoint-dir DIR] [--set key=value]...",
+		Use:   "run JOB [--parallelism N] [--checkpoint-interval DUR] [--checkpoint-dir DIR] [--set key=value]... [--from-savepoint PATH [--allow-non-restored-state]]",
 		Short: "Run a registered job in this process against an external broker",
 		Long: `run builds the registered job type JOB from its parameters (--set key=value,
 repeatable; "streamctl jobs" lists them, e.g. --set brokers=HOST:PORT) and runs
@@ -44,6 +46,13 @@ checkpoint and continues exactly-once. The job id names the job's
 transactional ids, so two runs on different directories never fence each
 other. Without --checkpoint-dir, checkpoints live in memory and a new process
 starts from scratch with a new job id.
+
+--from-savepoint starts the job from a savepoint directory as submit's does
+(operators matched by UID, any parallelism up to the savepoint's max
+parallelism, its pending transactions committed; state of an operator the job
+no longer has refused unless --allow-non-restored-state). With
+--checkpoint-dir it is used only while the directory holds no checkpoint of
+the job: a restarted process continues from its own latest checkpoint.
 
 --parallelism sets the job's default parallelism (the reserved parameter
 "parallelism"; 0 keeps the job type's). A bounded job ends when its input does;
@@ -64,6 +73,19 @@ transactions are aborted, its held share records released).`,
 				return err
 			}
 			opts := []runtime.ClusterOpt{runtime.Logger(log), runtime.CheckpointInterval(jf.interval), runtime.Failpoints(fp)}
+			if from.path != "" {
+				c, err := checkpoint.ReadSavepoint(from.path)
+				if err != nil {
+					return err
+				}
+				if err := runtime.CheckRestore(job, c, from.allowNonRestored); err != nil {
+					return fmt.Errorf("savepoint %s: %w", from.path, err)
+				}
+				opts = append(opts, runtime.StartFrom(c))
+			}
+			if from.allowNonRestored {
+				opts = append(opts, runtime.AllowNonRestoredState())
+			}
 			id, err := runJobID(dir)
 			if err != nil {
 				return err
@@ -87,6 +109,7 @@ transactions are aborted, its held share records released).`,
 	}
 	jf.add(cmd)
 	cmd.Flags().StringVar(&dir, "checkpoint-dir", "", "directory for completed checkpoints (created); restarting on it continues the job")
+	from.add(cmd, "in this process")
 	return cmd
 }
 

@@ -80,10 +80,12 @@ type jobs struct {
 	stats   map[string]*cpStats // every job started here, kept after it ends
 	// final is the last attempt of every job that ended here: its tasks'
 	// placement and final metrics, kept for REST and the dashboard.
-	final   map[string]endedAttempt
-	wg      sync.WaitGroup
-	suspend context.CancelCauseFunc
-	ctx     context.Context // suspended when the job manager stops
+	final map[string]endedAttempt
+	// savepoints are the savepoint operations asked of each job here.
+	savepoints map[string][]*SavepointOp
+	wg         sync.WaitGroup
+	suspend    context.CancelCauseFunc
+	ctx        context.Context // suspended when the job manager stops
 }
 
 // runningJob is a job whose job master loop runs here.
@@ -93,7 +95,8 @@ type runningJob struct {
 
 	graph runtime.Graph
 	stats *cpStats
-	start time.Time // when this job manager started the job
+	start time.Time            // when this job manager started the job
+	mc    *runtime.MiniCluster // runs the job; takes its savepoints
 
 	mu       sync.Mutex
 	rec      JobRecord
@@ -185,6 +188,7 @@ func (js *jobs) open(dir string, log *zap.Logger) error {
 	js.running = map[string]*runningJob{}
 	js.stats = map[string]*cpStats{}
 	js.final = map[string]endedAttempt{}
+	js.savepoints = map[string][]*SavepointOp{}
 	js.ctx, js.suspend = context.WithCancelCause(context.Background())
 	return nil
 }
@@ -266,7 +270,11 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 		s.setState(rj, StateRunning, nil)
 	}
 	interval := time.Duration(r.CheckpointIntervalMs) * time.Millisecond
-	mc := runtime.NewMiniCluster(runtime.Deployment(d), runtime.CheckpointStore(s.jobs.cps), runtime.JobID(r.ID),
+	var extra []runtime.ClusterOpt
+	if r.AllowNonRestoredState {
+		extra = append(extra, runtime.AllowNonRestoredState())
+	}
+	mc := runtime.NewMiniCluster(append(extra, runtime.Deployment(d), runtime.CheckpointStore(s.jobs.cps), runtime.JobID(r.ID),
 		runtime.CheckpointInterval(interval), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
 		runtime.Failpoints(s.cfg.fp), runtime.SuspendWith(s.jobs.ctx),
 		runtime.FailoverDelays(s.cfg.timeout, s.cfg.slotTimeout),
@@ -294,7 +302,8 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 				r.Restarts++
 				r.addException(rj.exception(err, true))
 			})
-		}))
+		}))...)
+	rj.mc = mc
 	s.jobs.mu.Lock()
 	s.jobs.running[r.ID] = rj
 	s.jobs.wg.Add(1)
@@ -318,7 +327,8 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 		case errors.Is(err, runtime.ErrSuspended):
 			log.Info("job suspended; a job manager started on the same data directory resumes it", zap.Error(err))
 		case err != nil && ctx.Err() != nil:
-			s.setState(rj, StateCanceled, nil)
+			retained := s.retain(r, log)
+			s.setState(rj, StateCanceled, nil, func(r *JobRecord) { r.RetainedSavepoint = retained })
 			log.Info("job cancelled")
 		case err != nil:
 			s.setState(rj, StateFailed, err)
@@ -359,7 +369,12 @@ func (s *Server) setState(rj *runningJob, st JobState, err error, also ...func(*
 // SubmitOpt is an option of Submit.
 type SubmitOpt interface{ apply(*submitCfg) }
 
-type submitCfg struct{ name string }
+type submitCfg struct {
+	name             string
+	fromSavepoint    string
+	allowNonRestored bool
+	retainOnCancel   bool
+}
 
 type submitOpt func(*submitCfg)
 
@@ -368,6 +383,33 @@ func (o submitOpt) apply(c *submitCfg) { o(c) }
 // JobName names the submitted job (Flink's job name); without it the job
 // is shown by its type.
 func JobName(name string) SubmitOpt { return submitOpt(func(c *submitCfg) { c.name = name }) }
+
+// FromSavepoint starts the job from the savepoint in dir (a directory
+// checkpoint.WriteSavepoint wrote, on this cluster or another; read by the
+// job manager's process): its state is matched to the job's operators by
+// UID, keyed state goes to the key groups' owners at the job's
+// parallelism, and its pending transactions are committed as a restored
+// checkpoint's. A savepoint that cannot be read (damaged, truncated, not a
+// savepoint) or that does not fit the job refuses the submit: the job is
+// not created.
+func FromSavepoint(dir string) SubmitOpt {
+	return submitOpt(func(c *submitCfg) { c.fromSavepoint = dir })
+}
+
+// AllowNonRestoredState lets a job submitted FromSavepoint start although
+// the savepoint holds state of operators (UIDs) the job no longer has; that
+// state is dropped (Flink's --allowNonRestoredState).
+func AllowNonRestoredState() SubmitOpt {
+	return submitOpt(func(c *submitCfg) { c.allowNonRestored = true })
+}
+
+// RetainOnCancel makes a cancel of the job write its latest completed
+// checkpoint out as a savepoint (Flink's retained externalized
+// checkpoints), under the job manager's SavepointDir, else DataDir's
+// "retained"; the job's record names it (RetainedSavepoint).
+func RetainOnCancel() SubmitOpt {
+	return submitOpt(func(c *submitCfg) { c.retainOnCancel = true })
+}
 
 // Submit records and starts a job; it returns the job's new id.
 func (s *Server) Submit(ctx context.Context, jobType string, params map[string]string, interval time.Duration, restart string, opts ...SubmitOpt) (string, error) {
@@ -395,6 +437,15 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 		return "", fmt.Errorf("%w: the job needs %d slots (its largest parallelism); the registered task managers offer %d",
 			ErrNotEnoughSlots, need, t)
 	}
+	var from checkpoint.Completed
+	if cfg.fromSavepoint != "" {
+		if from, err = checkpoint.ReadSavepoint(cfg.fromSavepoint); err != nil {
+			return "", err
+		}
+		if err := runtime.CheckRestore(job, from, cfg.allowNonRestored); err != nil {
+			return "", fmt.Errorf("savepoint %s: %w", cfg.fromSavepoint, err)
+		}
+	}
 	cctx, cancel := context.WithTimeout(ctx, submitCheckTimeout)
 	err = s.cfg.jobs.Check(cctx, jobType, params)
 	cancel()
@@ -405,8 +456,17 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	if err != nil {
 		return "", err
 	}
+	if cfg.fromSavepoint != "" {
+		// The savepoint becomes the job's first completed checkpoint, in
+		// this job manager's store: a restart or a resume restores it
+		// like any checkpoint, without the savepoint directory.
+		if _, err := runtime.ImportCheckpoint(ctx, s.jobs.cps, id, from); err != nil {
+			return "", fmt.Errorf("savepoint %s: %w", cfg.fromSavepoint, err)
+		}
+	}
 	r := JobRecord{ID: id, Type: jobType, Name: cfg.name, Params: maps.Clone(params), CheckpointIntervalMs: interval.Milliseconds(),
-		State: StateCreated, RestartStrategy: restart, SubmittedUnixMs: time.Now().UnixMilli()}
+		State: StateCreated, RestartStrategy: restart, SubmittedUnixMs: time.Now().UnixMilli(),
+		FromSavepoint: cfg.fromSavepoint, AllowNonRestoredState: cfg.allowNonRestored, RetainOnCancel: cfg.retainOnCancel}
 	r.ChangedUnixMs = r.SubmittedUnixMs
 	if r.Params == nil {
 		r.Params = map[string]string{}
@@ -536,6 +596,18 @@ func (s *Server) Jobs(ctx context.Context) ([]JobRecord, error) {
 
 // ---- the client API ----
 
+// badSavepoint reports whether err refuses a savepoint request or a
+// savepoint: one the caller must change, not retry.
+func badSavepoint(err error) bool {
+	for _, e := range []error{checkpoint.ErrNotSavepoint, checkpoint.ErrCorruptSavepoint, checkpoint.ErrSavepointVersion,
+		checkpoint.ErrSavepointExists, runtime.ErrIncompatibleState, ErrNoSavepointTarget, ErrDrainUnsupported} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
 func rpcError(err error) error {
 	var c codes.Code
 	switch {
@@ -543,8 +615,11 @@ func rpcError(err error) error {
 		c = codes.NotFound
 	case errors.Is(err, ErrNotEnoughSlots), errors.Is(err, ErrCheckFailed):
 		c = codes.FailedPrecondition
-	case errors.Is(err, runtime.ErrUnknownJob), errors.Is(err, runtime.ErrBadParam), runtime.IsUnrecoverable(err):
+	case errors.Is(err, runtime.ErrUnknownJob), errors.Is(err, runtime.ErrBadParam), runtime.IsUnrecoverable(err),
+		badSavepoint(err):
 		c = codes.InvalidArgument
+	case errors.Is(err, ErrJobEnded), errors.Is(err, runtime.ErrNotRunning):
+		c = codes.FailedPrecondition
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		c = codes.DeadlineExceeded
 	default:
@@ -569,7 +644,17 @@ func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*
 	if req.CheckpointIntervalMs == 0 {
 		interval = time.Second
 	}
-	id, err := s.Submit(ctx, req.JobType, params, interval, req.RestartStrategy, JobName(req.Name))
+	opts := []SubmitOpt{JobName(req.Name)}
+	if req.FromSavepoint != "" {
+		opts = append(opts, FromSavepoint(req.FromSavepoint))
+	}
+	if req.AllowNonRestoredState {
+		opts = append(opts, AllowNonRestoredState())
+	}
+	if req.RetainOnCancel {
+		opts = append(opts, RetainOnCancel())
+	}
+	id, err := s.Submit(ctx, req.JobType, params, interval, req.RestartStrategy, opts...)
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -580,7 +665,7 @@ func toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
 	st := &weirpb.JobStatus{Id: r.ID, Name: r.DisplayName(), State: string(r.State), Restarts: int32(r.Restarts),
 		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
 		RestartStrategy: restartStrategyInForce(r.RestartStrategy), CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
-		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting}
+		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting, RetainedSavepoint: r.RetainedSavepoint}
 	if e := r.LastException(); e != nil {
 		st.LastFailure = &weirpb.JobFailure{UnixMs: e.UnixMs, Message: e.Message, Task: e.Task, TaskManager: e.TaskManager, Restarted: e.Restarted}
 	}

@@ -41,7 +41,17 @@ type JobRecord struct {
 	CheckpointIntervalMs int64             `json:"checkpoint_interval_ms"`
 	RestartStrategy      string            `json:"restart_strategy,omitempty"`
 	SubmittedUnixMs      int64             `json:"submitted_unix_ms,omitempty"`
-	State                JobState          `json:"state"`
+	// FromSavepoint is the savepoint the job was submitted from (its
+	// state was imported into the checkpoint store at submit), and
+	// AllowNonRestoredState whether it may drop state of operators the
+	// job no longer has.
+	FromSavepoint         string `json:"from_savepoint,omitempty"`
+	AllowNonRestoredState bool   `json:"allow_non_restored_state,omitempty"`
+	// RetainOnCancel: a cancel writes the job's latest completed
+	// checkpoint out as a savepoint, RetainedSavepoint.
+	RetainOnCancel    bool     `json:"retain_on_cancel,omitempty"`
+	RetainedSavepoint string   `json:"retained_savepoint,omitempty"`
+	State             JobState `json:"state"`
 	// ChangedUnixMs is when the job last changed state (Flink's
 	// last-modification); 0 in records written before it was kept.
 	ChangedUnixMs int64  `json:"changed_unix_ms,omitempty"`

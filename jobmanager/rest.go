@@ -64,6 +64,10 @@ func (s *Server) apiHandler() http.Handler {
 	mux.HandleFunc("GET /jobs/{id}/checkpoints/config", s.restCheckpointConfig)
 	mux.HandleFunc("GET /jobs/{id}/checkpoints/details/{cid}", s.restCheckpointDetails)
 	mux.HandleFunc("GET /jobs/{id}/exceptions", s.restExceptions)
+	mux.HandleFunc("POST /jobs/{id}/savepoints", s.restTriggerSavepoint)
+	mux.HandleFunc("GET /jobs/{id}/savepoints", s.restSavepoints)
+	mux.HandleFunc("GET /jobs/{id}/savepoints/{triggerid}", s.restSavepointStatus)
+	mux.HandleFunc("POST /jobs/{id}/stop", s.restStop)
 	mux.HandleFunc("GET /taskmanagers", s.restTaskManagers)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{ErrorLog: zapErrorLog{s}}))
 	return jsonErrors(mux)
@@ -86,7 +90,7 @@ func restError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, ErrJobNotFound), errors.Is(err, errNotFound):
 		code = http.StatusNotFound
-	case errors.Is(err, errBadRequest):
+	case errors.Is(err, errBadRequest), badSavepoint(err):
 		code = http.StatusBadRequest
 	case errors.Is(err, ErrJobEnded):
 		code = http.StatusConflict

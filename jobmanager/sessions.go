@@ -72,6 +72,8 @@ type cfg struct {
 	tls         *tls.Config
 	token       string
 	hosts       []string
+	// savepointDir is where savepoints go by default ("": nowhere).
+	savepointDir string
 }
 
 // HeartbeatInterval sets how often the job manager heartbeats each task

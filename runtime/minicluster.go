@@ -61,6 +61,15 @@ func isConfigError(err error) bool {
 // checkpoint when one fails.
 type MiniCluster struct {
 	cfg clusterCfg
+
+	// mu guards the running job's handles for savepoints: the current
+	// attempt, the cancel that ends Run with a stop-with-savepoint, and
+	// stopping (closed once such a stop ended; no attempt starts while it
+	// is open).
+	mu       sync.Mutex
+	current  *attempt
+	stopRun  context.CancelCauseFunc
+	stopping chan struct{}
 }
 
 type clusterCfg struct {
@@ -84,6 +93,7 @@ type clusterCfg struct {
 	onAck             func(CheckpointAck)
 	restoreFromLatest bool
 	allowNonRestored  bool
+	startFrom         *checkpoint.Completed
 	deployer          Deployer
 	suspend           context.Context
 	onRestart         func(restarts int, err error)
@@ -269,6 +279,132 @@ func AllowNonRestoredState() ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) { c.allowNonRestored = true })
 }
 
+// StartFrom starts the job from c (a savepoint read with
+// checkpoint.ReadSavepoint, or another job's checkpoint) when the
+// checkpoint storage holds no completed checkpoint of the job yet: c is
+// saved there first, under the job's id, as its first completed checkpoint,
+// so the job restores it as it would its own (state matched by UID, key
+// groups at the new parallelism, its transactions committed if still
+// pending) and its checkpoint ids continue above c's. Once the job has a
+// checkpoint of its own, c is ignored: a restart or a resumed job restores
+// the latest.
+func StartFrom(c checkpoint.Completed) ClusterOpt {
+	return clusterOpt(func(cfg *clusterCfg) { cfg.startFrom = &c })
+}
+
+// CheckRestore reports whether job can start from c (StartFrom) with the
+// given AllowNonRestoredState, as the restore would decide it: an error
+// wrapping ErrIncompatibleState names what does not fit. A job manager
+// calls it at submit, so that such a job is refused rather than failed.
+func CheckRestore(job *Job, c checkpoint.Completed, allowNonRestored bool) error {
+	p, err := compile(job)
+	if err != nil {
+		return err
+	}
+	_, err = AssignState(p.layout(), RestoreInput{Checkpoint: c, AllowNonRestoredState: allowNonRestored})
+	return err
+}
+
+// importStart saves cfg.startFrom as the job's first completed checkpoint
+// if the storage holds none of the job.
+func importStart(ctx context.Context, cfg clusterCfg, store CheckpointStorage) error {
+	if cfg.startFrom == nil {
+		return nil
+	}
+	imported, err := ImportCheckpoint(ctx, store, cfg.jobID, *cfg.startFrom)
+	if imported {
+		cfg.log.Info("job starts from a savepoint", zap.String("job", cfg.jobID), zap.Uint64("checkpoint", uint64(cfg.startFrom.ID)))
+	}
+	return err
+}
+
+// ImportCheckpoint saves c (a savepoint, or another job's checkpoint) in
+// store as job's first completed checkpoint, if store holds no completed
+// checkpoint of job (imported says whether it did): the rule of StartFrom,
+// for a job manager that imports at submit. The job then restores c as its
+// own, and its checkpoint ids continue above c's.
+func ImportCheckpoint(ctx context.Context, store CheckpointStorage, job string, c checkpoint.Completed) (imported bool, err error) {
+	_, skipped, err := store.LatestUsable(ctx, job)
+	switch {
+	case err == nil || len(skipped) > 0:
+		return false, nil // the job has checkpoints of its own
+	case !errors.Is(err, checkpoint.ErrNotFound):
+		return false, err
+	}
+	c.Job = job
+	if err := store.Save(ctx, c); err != nil {
+		return false, fmt.Errorf("start from checkpoint %d: %w", c.ID, err)
+	}
+	return true, nil
+}
+
+// ErrNotRunning is wrapped by TriggerSavepoint's error when no attempt of
+// the job runs (it is deploying, restarting or over): try again later.
+var ErrNotRunning = errors.New("the job is not running")
+
+// errStoppedWithSavepoint ends Run after a stop-with-savepoint.
+var errStoppedWithSavepoint = errors.New("stopped with a savepoint")
+
+// TriggerSavepoint takes a savepoint of the running job: a checkpoint like
+// any other (barriers, alignment, acknowledgements, saved to the checkpoint
+// storage, its transactions committed on its notification) that
+// checkpoint.Driver.TriggerSavepoint marks, after which write is called
+// with it (to write it out with checkpoint.WriteSavepoint). It returns the
+// checkpoint once write returned nil.
+//
+// With stop (stop-with-savepoint) no checkpoint is triggered after the
+// savepoint; once write succeeded, the job ends: its tasks are cancelled
+// for good with the savepoint as their latest completed checkpoint (its
+// transactions committed, anything later aborted, held records released)
+// and Run returns nil, the job FINISHED. If write fails, checkpoints resume
+// and the job goes on.
+func (m *MiniCluster) TriggerSavepoint(ctx context.Context, stop bool, write func(checkpoint.Completed) error) (checkpoint.Completed, error) {
+	m.mu.Lock()
+	a := m.current
+	if m.stopping != nil {
+		m.mu.Unlock()
+		return checkpoint.Completed{}, fmt.Errorf("savepoint: %w: it is being stopped", ErrNotRunning)
+	}
+	m.mu.Unlock()
+	var d *checkpoint.Driver
+	if a != nil {
+		d = a.drv.Load()
+	}
+	if d == nil {
+		return checkpoint.Completed{}, fmt.Errorf("savepoint: %w (deploying, restarting or over): try again", ErrNotRunning)
+	}
+	c, err := d.TriggerSavepoint(ctx, stop)
+	if err != nil {
+		return checkpoint.Completed{}, err
+	}
+	if !stop {
+		if err := write(c); err != nil {
+			return checkpoint.Completed{}, err
+		}
+		return c, nil
+	}
+	// No attempt starts while the savepoint is written: a restart now would
+	// take checkpoints after the savepoint, which must stay the last one.
+	done := make(chan struct{})
+	m.mu.Lock()
+	m.stopping = done
+	m.mu.Unlock()
+	werr := write(c)
+	m.mu.Lock()
+	if werr == nil && m.stopRun != nil {
+		m.stopRun(errStoppedWithSavepoint)
+	} else {
+		m.stopping = nil
+	}
+	m.mu.Unlock()
+	close(done)
+	if werr != nil {
+		_ = d.ResumeTriggers(ctx) // fails only once the attempt is over
+		return checkpoint.Completed{}, werr
+	}
+	return c, nil
+}
+
 // FailoverDelays sets what a failover costs beyond the restart strategy's
 // delay and the restore, for the restart budget transactional operators
 // check their transaction timeout against (checkpoint.Failover): detection,
@@ -407,7 +543,21 @@ type Result struct {
 // is restarting, waiting for its deployment, restoring, or just resumed)
 // the job master does it itself (endCanceled). If that fails, Run's error
 // wraps ctx's error and the failure.
-func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
+func (m *MiniCluster) Run(parent context.Context, job *Job) (Result, error) {
+	ctx, stop := context.WithCancelCause(parent)
+	defer stop(nil)
+	m.mu.Lock()
+	m.stopRun = stop
+	m.mu.Unlock()
+	res, err := m.run(ctx, job)
+	if parent.Err() == nil && errors.Is(context.Cause(ctx), errStoppedWithSavepoint) && err == context.Canceled { //nolint:errorlint // only the plain cancel, not a failure to end the job wrapping it
+		return res, nil // stopped with a savepoint: finished
+	}
+	return res, err
+}
+
+// run is Run's work.
+func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 	cfg := m.cfg
 	if err := cfg.validate(); err != nil {
 		return Result{}, err
@@ -431,6 +581,9 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		}
 		defer owned.Close()
 		store = owned
+	}
+	if err := importStart(ctx, cfg, store); err != nil {
+		return Result{}, fmt.Errorf("%w: %w", ErrJobFailed, err)
 	}
 	var res Result
 	pending := newPendingHandles()
@@ -464,9 +617,24 @@ func (m *MiniCluster) Run(ctx context.Context, job *Job) (Result, error) {
 		if cfg.onRestore != nil {
 			cfg.onRestore(attempt, restore.From)
 		}
+		m.mu.Lock()
+		stopping := m.stopping
+		m.mu.Unlock()
+		if stopping != nil {
+			<-stopping // a stop-with-savepoint writes its savepoint
+			if ctx.Err() != nil {
+				return res, m.endCanceled(ctx, cfg, store, p, pending, attempt)
+			}
+		}
 		a := newAttempt(cfg, p, store, attempt, pending)
 		a.cause, a.summary = cause, summary
+		m.mu.Lock()
+		m.current = a
+		m.mu.Unlock()
 		last, runErr := a.run(ctx, restore)
+		m.mu.Lock()
+		m.current = nil
+		m.mu.Unlock()
 		if last > res.LastCheckpoint {
 			res.LastCheckpoint = last
 		}
@@ -653,6 +821,7 @@ type attempt struct {
 	dep       Deployed
 	sources   []checkpoint.TaskID
 	driver    *checkpoint.Driver
+	drv       atomic.Pointer[checkpoint.Driver] // driver, for TriggerSavepoint
 	ended     atomic.Int32
 	lastDone  checkpoint.Latest
 	sizeMu    sync.Mutex
@@ -750,6 +919,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	if err != nil {
 		return abandon(Unrecoverable(fmt.Errorf("%w", err)))
 	}
+	a.drv.Store(a.driver)
 
 	driverDone := make(chan error, 1)
 	driverStopped := make(chan struct{})

@@ -30,6 +30,7 @@ var Type = runtime.JobType{
 		{Name: "output", Default: "counts", Description: "output topic, created when missing"},
 		{Name: "group", Default: "wordcount", Description: "share group"},
 		{Name: "guarantee", Default: "exactly-once", Description: "exactly-once | at-least-once"},
+		{Name: "min-length", Default: "0", Description: "count only words of at least this many bytes; above 0 the job has an operator more (UID filter)"},
 	},
 	Build: Build,
 	Check: sharegroup.CheckBrokersParam,
@@ -56,6 +57,12 @@ func BuildWith(p runtime.Params, srcOpts ...sharegroup.Opt) (*runtime.Job, error
 	guarantee, err := p.OneOf("guarantee", "exactly-once", "at-least-once")
 	if err != nil {
 		return nil, err
+	}
+	minLength := 0
+	if p.String("min-length") != "" {
+		if minLength, err = p.Int("min-length"); err != nil {
+			return nil, err
+		}
 	}
 	brokers := sharegroup.ParamBrokers(p)
 	mode, sinkG := sharegroup.Transactional, kafka.ExactlyOnce
@@ -86,6 +93,11 @@ func BuildWith(p runtime.Params, srcOpts ...sharegroup.Opt) (*runtime.Job, error
 		}
 		return nil
 	})
+	if minLength > 0 {
+		// An operator of its own (UID filter): a job upgraded from a
+		// savepoint taken without it starts it empty.
+		words = runtime.Filter(words, "filter", func(w string) bool { return len(w) >= minLength })
+	}
 	byWord := runtime.KeyBy(words, func(w string) string { return w }, nil)
 	counts := runtime.Process(byWord, "count", NewCounter)
 	runtime.SinkTo(counts, "counts", WithTopic(brokers, output, sink))

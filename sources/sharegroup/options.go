@@ -78,6 +78,12 @@ var ErrRolledBack = errors.New("checkpoint aborted while holding its records; ro
 // never processed. It names the group, the partitions and the offsets.
 var ErrRecordsSkipped = errors.New("records skipped by the share group")
 
+// ErrRestoreBehindAcks fails the first attempt of a job restored from a
+// checkpoint or savepoint older than acknowledgements its share group
+// committed since: those records are gone from the group, so the restored
+// state would silently miss their effect (share groups cannot rewind).
+var ErrRestoreBehindAcks = errors.New("savepoint older than the share group's committed acknowledgements")
+
 // cfg is the configuration of a Source or a Session: the options they
 // share, then each one's own.
 type cfg struct {

@@ -245,6 +245,11 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		if s.ix, err = acklog.NewIndex(ctx, s.cfg.brokers, s.cfg.ackLogTopic, s.cfg.clientOpts...); err != nil {
 			return fmt.Errorf("ack-log index: %w", err)
 		}
+		if oc.Attempt == 0 {
+			if err := s.checkRestoreIsLatest(ctx, oc); err != nil {
+				return err
+			}
+		}
 		if oc.Subtask == 0 {
 			if _, err := s.checkStarts(sctx); err != nil {
 				return err
@@ -278,6 +283,46 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	s.log.Info("share-group source open", zap.String("group", s.cfg.group), zap.Strings("topics", s.cfg.topics),
 		zap.Stringer("mode", s.cfg.mode), zap.Int("lanes", n), zap.Int("batch", s.cfg.batch),
 		zap.Int("restored_handles", len(oc.CommitHandles)))
+	return nil
+}
+
+// checkRestoreIsLatest refuses, unrecoverably, a first attempt restored
+// from a checkpoint (a savepoint) whose acknowledgements are not the
+// group's latest: a checkpoint marker of the group committed in the
+// ack-log after the restored checkpoint's markers (their offsets are in the
+// restored handles) means records acknowledged since, gone from the group,
+// whose effect the restored state lacks. Re-queue markers (no checkpoint)
+// do not count: their records come back as copies. A restore without
+// handles on the ack-log (no marker in the restored epoch) is not judged.
+// Later attempts restore their own job's latest checkpoint and are not
+// judged either, so that another job on the same group never fails a
+// failover.
+func (s *Source[T]) checkRestoreIsLatest(ctx context.Context, oc *runtime.OperatorContext) error {
+	base, own := int64(-1), map[int64]bool{}
+	for _, h := range oc.CommitHandles {
+		for _, p := range h.Partitions {
+			if p.Topic == s.cfg.ackLogTopic {
+				base = max(base, p.FirstOffset)
+				own[h.ProducerID] = true
+			}
+		}
+	}
+	if base < 0 {
+		return nil
+	}
+	if err := s.ix.CatchUpToEnd(ctx); err != nil {
+		return fmt.Errorf("ack-log: %w", err)
+	}
+	for _, e := range s.ix.CommittedAfter(base) {
+		m := e.Marker
+		if m.Group != s.cfg.group || m.Checkpoint == 0 || own[m.ProducerID] {
+			continue
+		}
+		return runtime.Unrecoverable(fmt.Errorf("%w: checkpoint %d restored for share group %q, but the ack-log holds a later committed "+
+			"acknowledgement (offset %d, checkpoint %d of %s): those records are gone from the group and the restored state lacks their effect; "+
+			"restore the latest savepoint or checkpoint of this job (the one its last stop --savepoint wrote) instead",
+			ErrRestoreBehindAcks, oc.RestoredFrom, s.cfg.group, e.Offset, m.Checkpoint, m.TransactionalID))
+	}
 	return nil
 }
 

@@ -2087,9 +2087,19 @@ type SubmitJobRequest struct {
 	// job manager's default).
 	RestartStrategy string `protobuf:"bytes,5,opt,name=restart_strategy,json=restartStrategy,proto3" json:"restart_strategy,omitempty"`
 	// name is the job's name (Flink's job name; empty: its type).
-	Name          string `protobuf:"bytes,6,opt,name=name,proto3" json:"name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Name string `protobuf:"bytes,6,opt,name=name,proto3" json:"name,omitempty"`
+	// from_savepoint is a savepoint directory, read by the job manager, the
+	// job starts from (empty: none).
+	FromSavepoint string `protobuf:"bytes,7,opt,name=from_savepoint,json=fromSavepoint,proto3" json:"from_savepoint,omitempty"`
+	// allow_non_restored_state lets the job drop savepoint state of
+	// operators (UIDs) it no longer has.
+	AllowNonRestoredState bool `protobuf:"varint,8,opt,name=allow_non_restored_state,json=allowNonRestoredState,proto3" json:"allow_non_restored_state,omitempty"`
+	// retain_on_cancel: when the job is cancelled, its latest completed
+	// checkpoint is written out as a savepoint (Flink's retained
+	// externalized checkpoints).
+	RetainOnCancel bool `protobuf:"varint,9,opt,name=retain_on_cancel,json=retainOnCancel,proto3" json:"retain_on_cancel,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SubmitJobRequest) Reset() {
@@ -2164,6 +2174,158 @@ func (x *SubmitJobRequest) GetName() string {
 	return ""
 }
 
+func (x *SubmitJobRequest) GetFromSavepoint() string {
+	if x != nil {
+		return x.FromSavepoint
+	}
+	return ""
+}
+
+func (x *SubmitJobRequest) GetAllowNonRestoredState() bool {
+	if x != nil {
+		return x.AllowNonRestoredState
+	}
+	return false
+}
+
+func (x *SubmitJobRequest) GetRetainOnCancel() bool {
+	if x != nil {
+		return x.RetainOnCancel
+	}
+	return false
+}
+
+type TriggerSavepointRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	JobId string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// target_directory is where the savepoint's directory is created
+	// (empty: the job manager's --savepoint-dir).
+	TargetDirectory string `protobuf:"bytes,2,opt,name=target_directory,json=targetDirectory,proto3" json:"target_directory,omitempty"`
+	Stop            bool   `protobuf:"varint,3,opt,name=stop,proto3" json:"stop,omitempty"`
+	Drain           bool   `protobuf:"varint,4,opt,name=drain,proto3" json:"drain,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TriggerSavepointRequest) Reset() {
+	*x = TriggerSavepointRequest{}
+	mi := &file_control_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TriggerSavepointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TriggerSavepointRequest) ProtoMessage() {}
+
+func (x *TriggerSavepointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TriggerSavepointRequest.ProtoReflect.Descriptor instead.
+func (*TriggerSavepointRequest) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TriggerSavepointRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *TriggerSavepointRequest) GetTargetDirectory() string {
+	if x != nil {
+		return x.TargetDirectory
+	}
+	return ""
+}
+
+func (x *TriggerSavepointRequest) GetStop() bool {
+	if x != nil {
+		return x.Stop
+	}
+	return false
+}
+
+func (x *TriggerSavepointRequest) GetDrain() bool {
+	if x != nil {
+		return x.Drain
+	}
+	return false
+}
+
+type SavepointResult struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	TriggerId string                 `protobuf:"bytes,1,opt,name=trigger_id,json=triggerId,proto3" json:"trigger_id,omitempty"`
+	// location is the savepoint's directory, absolute.
+	Location      string `protobuf:"bytes,2,opt,name=location,proto3" json:"location,omitempty"`
+	CheckpointId  uint64 `protobuf:"varint,3,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SavepointResult) Reset() {
+	*x = SavepointResult{}
+	mi := &file_control_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SavepointResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SavepointResult) ProtoMessage() {}
+
+func (x *SavepointResult) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SavepointResult.ProtoReflect.Descriptor instead.
+func (*SavepointResult) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SavepointResult) GetTriggerId() string {
+	if x != nil {
+		return x.TriggerId
+	}
+	return ""
+}
+
+func (x *SavepointResult) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+func (x *SavepointResult) GetCheckpointId() uint64 {
+	if x != nil {
+		return x.CheckpointId
+	}
+	return 0
+}
+
 type SubmitJobResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -2173,7 +2335,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_control_proto_msgTypes[24]
+	mi := &file_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2185,7 +2347,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[24]
+	mi := &file_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2198,7 +2360,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{24}
+	return file_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -2216,7 +2378,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_control_proto_msgTypes[25]
+	mi := &file_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2390,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[25]
+	mi := &file_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2403,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{25}
+	return file_control_proto_rawDescGZIP(), []int{27}
 }
 
 type ListJobsResponse struct {
@@ -2253,7 +2415,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_control_proto_msgTypes[26]
+	mi := &file_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2427,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[26]
+	mi := &file_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2440,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{26}
+	return file_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListJobsResponse) GetJobs() []*JobStatus {
@@ -2297,7 +2459,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_control_proto_msgTypes[27]
+	mi := &file_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2471,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[27]
+	mi := &file_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2484,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{27}
+	return file_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -2341,7 +2503,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_control_proto_msgTypes[28]
+	mi := &file_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2353,7 +2515,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[28]
+	mi := &file_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2366,7 +2528,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{28}
+	return file_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -2404,14 +2566,17 @@ type JobStatus struct {
 	// ("waiting for 2 slots, 1 free"; empty otherwise).
 	Waiting string `protobuf:"bytes,15,opt,name=waiting,proto3" json:"waiting,omitempty"`
 	// last_failure is the job's latest failure (unset: none).
-	LastFailure   *JobFailure `protobuf:"bytes,16,opt,name=last_failure,json=lastFailure,proto3" json:"last_failure,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LastFailure *JobFailure `protobuf:"bytes,16,opt,name=last_failure,json=lastFailure,proto3" json:"last_failure,omitempty"`
+	// retained_savepoint is the savepoint a cancelled job submitted with
+	// retain_on_cancel left (empty: none).
+	RetainedSavepoint string `protobuf:"bytes,17,opt,name=retained_savepoint,json=retainedSavepoint,proto3" json:"retained_savepoint,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_control_proto_msgTypes[29]
+	mi := &file_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2423,7 +2588,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[29]
+	mi := &file_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2436,7 +2601,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{29}
+	return file_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *JobStatus) GetId() string {
@@ -2551,6 +2716,13 @@ func (x *JobStatus) GetLastFailure() *JobFailure {
 	return nil
 }
 
+func (x *JobStatus) GetRetainedSavepoint() string {
+	if x != nil {
+		return x.RetainedSavepoint
+	}
+	return ""
+}
+
 // JobFailure is one failure of a job, from its exception history.
 type JobFailure struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -2567,7 +2739,7 @@ type JobFailure struct {
 
 func (x *JobFailure) Reset() {
 	*x = JobFailure{}
-	mi := &file_control_proto_msgTypes[30]
+	mi := &file_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +2751,7 @@ func (x *JobFailure) String() string {
 func (*JobFailure) ProtoMessage() {}
 
 func (x *JobFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[30]
+	mi := &file_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +2764,7 @@ func (x *JobFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobFailure.ProtoReflect.Descriptor instead.
 func (*JobFailure) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{30}
+	return file_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *JobFailure) GetUnixMs() int64 {
@@ -2639,7 +2811,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_control_proto_msgTypes[31]
+	mi := &file_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2823,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[31]
+	mi := &file_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2836,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{31}
+	return file_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListCheckpointsRequest) GetJobId() string {
@@ -2683,7 +2855,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_control_proto_msgTypes[32]
+	mi := &file_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2695,7 +2867,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[32]
+	mi := &file_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2708,7 +2880,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{32}
+	return file_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointInfo {
@@ -2734,7 +2906,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_control_proto_msgTypes[33]
+	mi := &file_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2746,7 +2918,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[33]
+	mi := &file_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2759,7 +2931,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{33}
+	return file_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CheckpointInfo) GetId() uint64 {
@@ -2989,17 +3161,30 @@ const file_control_proto_rawDesc = "" +
 	"\x11CheckpointRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xc2\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xcc\x03\n" +
 	"\x10SubmitJobRequest\x12\x19\n" +
 	"\bjob_type\x18\x01 \x01(\tR\ajobType\x12A\n" +
 	"\x06params\x18\x02 \x03(\v2).weir.rpc.v1.SubmitJobRequest.ParamsEntryR\x06params\x12 \n" +
 	"\vparallelism\x18\x03 \x01(\x05R\vparallelism\x124\n" +
 	"\x16checkpoint_interval_ms\x18\x04 \x01(\x03R\x14checkpointIntervalMs\x12)\n" +
 	"\x10restart_strategy\x18\x05 \x01(\tR\x0frestartStrategy\x12\x12\n" +
-	"\x04name\x18\x06 \x01(\tR\x04name\x1a9\n" +
+	"\x04name\x18\x06 \x01(\tR\x04name\x12%\n" +
+	"\x0efrom_savepoint\x18\a \x01(\tR\rfromSavepoint\x127\n" +
+	"\x18allow_non_restored_state\x18\b \x01(\bR\x15allowNonRestoredState\x12(\n" +
+	"\x10retain_on_cancel\x18\t \x01(\bR\x0eretainOnCancel\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"*\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x17TriggerSavepointRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12)\n" +
+	"\x10target_directory\x18\x02 \x01(\tR\x0ftargetDirectory\x12\x12\n" +
+	"\x04stop\x18\x03 \x01(\bR\x04stop\x12\x14\n" +
+	"\x05drain\x18\x04 \x01(\bR\x05drain\"q\n" +
+	"\x0fSavepointResult\x12\x1d\n" +
+	"\n" +
+	"trigger_id\x18\x01 \x01(\tR\ttriggerId\x12\x1a\n" +
+	"\blocation\x18\x02 \x01(\tR\blocation\x12#\n" +
+	"\rcheckpoint_id\x18\x03 \x01(\x04R\fcheckpointId\"*\n" +
 	"\x11SubmitJobResponse\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\x11\n" +
 	"\x0fListJobsRequest\">\n" +
@@ -3008,7 +3193,7 @@ const file_control_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\")\n" +
 	"\x10CancelJobRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xa2\x05\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xd1\x05\n" +
 	"\tJobStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -3028,7 +3213,8 @@ const file_control_proto_rawDesc = "" +
 	"recordsOut\x12\x19\n" +
 	"\bjob_type\x18\x0e \x01(\tR\ajobType\x12\x18\n" +
 	"\awaiting\x18\x0f \x01(\tR\awaiting\x12:\n" +
-	"\flast_failure\x18\x10 \x01(\v2\x17.weir.rpc.v1.JobFailureR\vlastFailure\x1a9\n" +
+	"\flast_failure\x18\x10 \x01(\v2\x17.weir.rpc.v1.JobFailureR\vlastFailure\x12-\n" +
+	"\x12retained_savepoint\x18\x11 \x01(\tR\x11retainedSavepoint\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x01\n" +
@@ -3052,7 +3238,7 @@ const file_control_proto_rawDesc = "" +
 	"\x11triggered_unix_ms\x18\x05 \x01(\x03R\x0ftriggeredUnixMs\x12\x1f\n" +
 	"\vduration_ms\x18\x06 \x01(\x03R\n" +
 	"durationMs\x12\x14\n" +
-	"\x05error\x18\a \x01(\tR\x05error2\xd1\x03\n" +
+	"\x05error\x18\a \x01(\tR\x05error2\xa9\x04\n" +
 	"\n" +
 	"JobManager\x12N\n" +
 	"\aConnect\x12\x1f.weir.rpc.v1.TaskManagerMessage\x1a\x1e.weir.rpc.v1.JobManagerMessage(\x010\x01\x12J\n" +
@@ -3060,7 +3246,8 @@ const file_control_proto_rawDesc = "" +
 	"\bListJobs\x12\x1c.weir.rpc.v1.ListJobsRequest\x1a\x1d.weir.rpc.v1.ListJobsResponse\x12<\n" +
 	"\x06GetJob\x12\x1a.weir.rpc.v1.GetJobRequest\x1a\x16.weir.rpc.v1.JobStatus\x12B\n" +
 	"\tCancelJob\x12\x1d.weir.rpc.v1.CancelJobRequest\x1a\x16.weir.rpc.v1.JobStatus\x12\\\n" +
-	"\x0fListCheckpoints\x12#.weir.rpc.v1.ListCheckpointsRequest\x1a$.weir.rpc.v1.ListCheckpointsResponseB0Z.github.com/weirstream/weir/internal/rpc/weirpbb\x06proto3"
+	"\x0fListCheckpoints\x12#.weir.rpc.v1.ListCheckpointsRequest\x1a$.weir.rpc.v1.ListCheckpointsResponse\x12V\n" +
+	"\x10TriggerSavepoint\x12$.weir.rpc.v1.TriggerSavepointRequest\x1a\x1c.weir.rpc.v1.SavepointResultB0Z.github.com/weirstream/weir/internal/rpc/weirpbb\x06proto3"
 
 var (
 	file_control_proto_rawDescOnce sync.Once
@@ -3074,7 +3261,7 @@ func file_control_proto_rawDescGZIP() []byte {
 	return file_control_proto_rawDescData
 }
 
-var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_control_proto_goTypes = []any{
 	(*TaskManagerMessage)(nil),      // 0: weir.rpc.v1.TaskManagerMessage
 	(*JobManagerMessage)(nil),       // 1: weir.rpc.v1.JobManagerMessage
@@ -3100,20 +3287,22 @@ var file_control_proto_goTypes = []any{
 	(*SourceEnded)(nil),             // 21: weir.rpc.v1.SourceEnded
 	(*CheckpointRequest)(nil),       // 22: weir.rpc.v1.CheckpointRequest
 	(*SubmitJobRequest)(nil),        // 23: weir.rpc.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 24: weir.rpc.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 25: weir.rpc.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 26: weir.rpc.v1.ListJobsResponse
-	(*GetJobRequest)(nil),           // 27: weir.rpc.v1.GetJobRequest
-	(*CancelJobRequest)(nil),        // 28: weir.rpc.v1.CancelJobRequest
-	(*JobStatus)(nil),               // 29: weir.rpc.v1.JobStatus
-	(*JobFailure)(nil),              // 30: weir.rpc.v1.JobFailure
-	(*ListCheckpointsRequest)(nil),  // 31: weir.rpc.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 32: weir.rpc.v1.ListCheckpointsResponse
-	(*CheckpointInfo)(nil),          // 33: weir.rpc.v1.CheckpointInfo
-	nil,                             // 34: weir.rpc.v1.DeployTasks.ParamsEntry
-	nil,                             // 35: weir.rpc.v1.OpenTasks.TaskAddressesEntry
-	nil,                             // 36: weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	nil,                             // 37: weir.rpc.v1.JobStatus.ParamsEntry
+	(*TriggerSavepointRequest)(nil), // 24: weir.rpc.v1.TriggerSavepointRequest
+	(*SavepointResult)(nil),         // 25: weir.rpc.v1.SavepointResult
+	(*SubmitJobResponse)(nil),       // 26: weir.rpc.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 27: weir.rpc.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 28: weir.rpc.v1.ListJobsResponse
+	(*GetJobRequest)(nil),           // 29: weir.rpc.v1.GetJobRequest
+	(*CancelJobRequest)(nil),        // 30: weir.rpc.v1.CancelJobRequest
+	(*JobStatus)(nil),               // 31: weir.rpc.v1.JobStatus
+	(*JobFailure)(nil),              // 32: weir.rpc.v1.JobFailure
+	(*ListCheckpointsRequest)(nil),  // 33: weir.rpc.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 34: weir.rpc.v1.ListCheckpointsResponse
+	(*CheckpointInfo)(nil),          // 35: weir.rpc.v1.CheckpointInfo
+	nil,                             // 36: weir.rpc.v1.DeployTasks.ParamsEntry
+	nil,                             // 37: weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	nil,                             // 38: weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	nil,                             // 39: weir.rpc.v1.JobStatus.ParamsEntry
 }
 var file_control_proto_depIdxs = []int32{
 	4,  // 0: weir.rpc.v1.TaskManagerMessage.register:type_name -> weir.rpc.v1.Register
@@ -3138,29 +3327,31 @@ var file_control_proto_depIdxs = []int32{
 	3,  // 19: weir.rpc.v1.JobManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
 	7,  // 20: weir.rpc.v1.Heartbeat.counts:type_name -> weir.rpc.v1.DeploymentCounts
 	8,  // 21: weir.rpc.v1.DeploymentCounts.tasks:type_name -> weir.rpc.v1.TaskCounts
-	34, // 22: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
+	36, // 22: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
 	2,  // 23: weir.rpc.v1.DeployTasks.restore_chunked:type_name -> weir.rpc.v1.Chunked
-	35, // 24: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	37, // 24: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
 	2,  // 25: weir.rpc.v1.CheckpointAck.snapshot_chunked:type_name -> weir.rpc.v1.Chunked
-	36, // 26: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	29, // 27: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
-	37, // 28: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
-	30, // 29: weir.rpc.v1.JobStatus.last_failure:type_name -> weir.rpc.v1.JobFailure
-	33, // 30: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
+	38, // 26: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	31, // 27: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
+	39, // 28: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
+	32, // 29: weir.rpc.v1.JobStatus.last_failure:type_name -> weir.rpc.v1.JobFailure
+	35, // 30: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
 	0,  // 31: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
 	23, // 32: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
-	25, // 33: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
-	27, // 34: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
-	28, // 35: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
-	31, // 36: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
-	1,  // 37: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
-	24, // 38: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
-	26, // 39: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
-	29, // 40: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
-	29, // 41: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
-	32, // 42: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
-	37, // [37:43] is the sub-list for method output_type
-	31, // [31:37] is the sub-list for method input_type
+	27, // 33: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
+	29, // 34: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
+	30, // 35: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
+	33, // 36: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
+	24, // 37: weir.rpc.v1.JobManager.TriggerSavepoint:input_type -> weir.rpc.v1.TriggerSavepointRequest
+	1,  // 38: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
+	26, // 39: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
+	28, // 40: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
+	31, // 41: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
+	31, // 42: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
+	34, // 43: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
+	25, // 44: weir.rpc.v1.JobManager.TriggerSavepoint:output_type -> weir.rpc.v1.SavepointResult
+	38, // [38:45] is the sub-list for method output_type
+	31, // [31:38] is the sub-list for method input_type
 	31, // [31:31] is the sub-list for extension type_name
 	31, // [31:31] is the sub-list for extension extendee
 	0,  // [0:31] is the sub-list for field type_name
@@ -3201,7 +3392,7 @@ func file_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_control_proto_rawDesc), len(file_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

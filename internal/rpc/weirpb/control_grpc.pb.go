@@ -23,12 +23,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	JobManager_Connect_FullMethodName         = "/weir.rpc.v1.JobManager/Connect"
-	JobManager_SubmitJob_FullMethodName       = "/weir.rpc.v1.JobManager/SubmitJob"
-	JobManager_ListJobs_FullMethodName        = "/weir.rpc.v1.JobManager/ListJobs"
-	JobManager_GetJob_FullMethodName          = "/weir.rpc.v1.JobManager/GetJob"
-	JobManager_CancelJob_FullMethodName       = "/weir.rpc.v1.JobManager/CancelJob"
-	JobManager_ListCheckpoints_FullMethodName = "/weir.rpc.v1.JobManager/ListCheckpoints"
+	JobManager_Connect_FullMethodName          = "/weir.rpc.v1.JobManager/Connect"
+	JobManager_SubmitJob_FullMethodName        = "/weir.rpc.v1.JobManager/SubmitJob"
+	JobManager_ListJobs_FullMethodName         = "/weir.rpc.v1.JobManager/ListJobs"
+	JobManager_GetJob_FullMethodName           = "/weir.rpc.v1.JobManager/GetJob"
+	JobManager_CancelJob_FullMethodName        = "/weir.rpc.v1.JobManager/CancelJob"
+	JobManager_ListCheckpoints_FullMethodName  = "/weir.rpc.v1.JobManager/ListCheckpoints"
+	JobManager_TriggerSavepoint_FullMethodName = "/weir.rpc.v1.JobManager/TriggerSavepoint"
 )
 
 // JobManagerClient is the client API for JobManager service.
@@ -49,6 +50,10 @@ type JobManagerClient interface {
 	GetJob(ctx context.Context, in *GetJobRequest, opts ...grpc.CallOption) (*JobStatus, error)
 	CancelJob(ctx context.Context, in *CancelJobRequest, opts ...grpc.CallOption) (*JobStatus, error)
 	ListCheckpoints(ctx context.Context, in *ListCheckpointsRequest, opts ...grpc.CallOption) (*ListCheckpointsResponse, error)
+	// TriggerSavepoint takes a savepoint of a running job (with stop, a
+	// stop-with-savepoint: the job ends FINISHED with it) and answers once
+	// it is written (and, for a stop, once the job ended).
+	TriggerSavepoint(ctx context.Context, in *TriggerSavepointRequest, opts ...grpc.CallOption) (*SavepointResult, error)
 }
 
 type jobManagerClient struct {
@@ -122,6 +127,16 @@ func (c *jobManagerClient) ListCheckpoints(ctx context.Context, in *ListCheckpoi
 	return out, nil
 }
 
+func (c *jobManagerClient) TriggerSavepoint(ctx context.Context, in *TriggerSavepointRequest, opts ...grpc.CallOption) (*SavepointResult, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SavepointResult)
+	err := c.cc.Invoke(ctx, JobManager_TriggerSavepoint_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JobManagerServer is the server API for JobManager service.
 // All implementations must embed UnimplementedJobManagerServer
 // for forward compatibility.
@@ -140,6 +155,10 @@ type JobManagerServer interface {
 	GetJob(context.Context, *GetJobRequest) (*JobStatus, error)
 	CancelJob(context.Context, *CancelJobRequest) (*JobStatus, error)
 	ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error)
+	// TriggerSavepoint takes a savepoint of a running job (with stop, a
+	// stop-with-savepoint: the job ends FINISHED with it) and answers once
+	// it is written (and, for a stop, once the job ended).
+	TriggerSavepoint(context.Context, *TriggerSavepointRequest) (*SavepointResult, error)
 	mustEmbedUnimplementedJobManagerServer()
 }
 
@@ -167,6 +186,9 @@ func (UnimplementedJobManagerServer) CancelJob(context.Context, *CancelJobReques
 }
 func (UnimplementedJobManagerServer) ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListCheckpoints not implemented")
+}
+func (UnimplementedJobManagerServer) TriggerSavepoint(context.Context, *TriggerSavepointRequest) (*SavepointResult, error) {
+	return nil, status.Error(codes.Unimplemented, "method TriggerSavepoint not implemented")
 }
 func (UnimplementedJobManagerServer) mustEmbedUnimplementedJobManagerServer() {}
 func (UnimplementedJobManagerServer) testEmbeddedByValue()                    {}
@@ -286,6 +308,24 @@ func _JobManager_ListCheckpoints_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JobManager_TriggerSavepoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TriggerSavepointRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JobManagerServer).TriggerSavepoint(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JobManager_TriggerSavepoint_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JobManagerServer).TriggerSavepoint(ctx, req.(*TriggerSavepointRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // JobManager_ServiceDesc is the grpc.ServiceDesc for JobManager service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -312,6 +352,10 @@ var JobManager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListCheckpoints",
 			Handler:    _JobManager_ListCheckpoints_Handler,
+		},
+		{
+			MethodName: "TriggerSavepoint",
+			Handler:    _JobManager_TriggerSavepoint_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

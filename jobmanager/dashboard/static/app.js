@@ -343,6 +343,16 @@ function drawCheckpoints(cps) {
   fill(document.querySelector("#checkpoints tbody"), rows, "no checkpoint yet");
 }
 
+// drawSavepoints lists the savepoints taken of the job (GET
+// /jobs/{id}/savepoints), newest first: path, checkpoint, time, status.
+function drawSavepoints(sps) {
+  const rows = (sps ? sps.savepoints : []).slice().reverse().map(sp =>
+    el("tr", {}, el("td", { class: "wrap" }, sp.location || (sp.failure ? "failed: " + sp.failure : "…")),
+      el("td", {}, sp.checkpoint || "–"), el("td", {}, new Date(sp.triggered_unix_ms).toLocaleTimeString()),
+      el("td", {}, sp.status === "COMPLETED" ? (sp.failure ? "FAILED" : (sp.stop ? "COMPLETED (stop)" : "COMPLETED")) : sp.status)));
+  fill(document.querySelector("#savepoints tbody"), rows, "no savepoint taken here");
+}
+
 // drawFailure shows the job's last failure (GET /jobs/{id}/exceptions,
 // Flink's exception history), or hides it when there is none (or the job
 // manager does not serve the route).
@@ -432,9 +442,13 @@ async function refresh() {
     loaded = true;
     if (selected) {
       const id = selected;
-      const [job, cps, exc] = await Promise.all([api("/jobs/" + id), api("/jobs/" + id + "/checkpoints?history=" + CHART_HISTORY),
-        api("/jobs/" + id + "/exceptions").catch(e => { if (e.kind === "missing") return null; throw e; })]);
-      if (id === selected) drawJob(job, cps, exc);
+      const [job, cps, exc, sps] = await Promise.all([api("/jobs/" + id), api("/jobs/" + id + "/checkpoints?history=" + CHART_HISTORY),
+        api("/jobs/" + id + "/exceptions").catch(e => { if (e.kind === "missing") return null; throw e; }),
+        api("/jobs/" + id + "/savepoints").catch(e => { if (e.kind === "missing") return null; throw e; })]);
+      if (id === selected) {
+        drawJob(job, cps, exc);
+        drawSavepoints(sps);
+      }
     } else {
       document.getElementById("job").hidden = true;
     }

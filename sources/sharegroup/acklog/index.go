@@ -609,6 +609,22 @@ func (ix *Index) Status(offset int64) (Entry, bool) {
 	return e.export(), true
 }
 
+// CommittedAfter returns the committed markers read so far at ack-log
+// offsets above offset, by offset (catch up first to see them all).
+// Tombstoned markers are gone from the Index and not returned.
+func (ix *Index) CommittedAfter(offset int64) []Entry {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	var out []Entry
+	for off, e := range ix.byOffset {
+		if off > offset && e.status == Committed {
+			out = append(out, e.export())
+		}
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.Offset, b.Offset) })
+	return out
+}
+
 // Tombstones returns tombstones (same key, nil value, for the ack-log topic,
 // partition 0) for the markers that can no longer matter, older than grace
 // at now (by CreatedAt, or the record timestamp if unset):

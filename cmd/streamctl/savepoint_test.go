@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weirstream/weir/internal/proctest"
+)
+
+// stopWithSavepoint stops job id with a savepoint under dir, checks that
+// it printed the savepoint's directory and that the job FINISHED, and
+// returns the directory.
+func (c *procCluster) stopWithSavepoint(id, dir string) string {
+	c.t.Helper()
+	out, err := c.Run("stop", id, "--savepoint", dir)
+	if err != nil {
+		c.t.Fatalf("stop %s: %v; %s", id, err, c.Logs(60))
+	}
+	sp := strings.TrimSpace(out)
+	if filepath.Dir(sp) != dir {
+		c.t.Fatalf("stop printed %q, want a directory under %s", out, dir)
+	}
+	if _, err := os.Stat(filepath.Join(sp, "_metadata")); err != nil {
+		c.t.Fatalf("savepoint %s: %v", sp, err)
+	}
+	if st := c.Status(id); st.State != "FINISHED" {
+		c.t.Fatalf("job %s after stop: %+v, want FINISHED", id, st)
+	}
+	return sp
+}
+
+// Wordcount as processes, stopped with a savepoint, resumed from it at
+// another parallelism, stopped again and resumed with an operator added
+// (min-length=1 adds a filter, UID filter, that keeps every word): every
+// word is counted 1..n once, read_committed, across the three jobs. A
+// savepoint holding state of operators a job does not have is refused at
+// submit, naming them.
+func TestWordcountStoppedWithASavepointResumesAtAnotherParallelismAndWithAnOperatorAdded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	c := newProcCluster(t, streamctlBin)
+	c.twoTMs()
+	spDir := t.TempDir()
+	in := newInput(t, ctx, c.env.Addr, "lines", 300)
+	in.run(ctx)
+	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
+
+	id1 := c.Submit(args...)
+	n1 := len(c.waitOutput(ctx, "counts", 600))
+	sp1 := c.stopWithSavepoint(id1, spDir)
+
+	id2 := c.Submit(append(args, "--parallelism", "3", "--from-savepoint", sp1)...)
+	n2 := len(c.waitOutput(ctx, "counts", n1+600))
+	sp2 := c.stopWithSavepoint(id2, spDir)
+
+	// A job without the savepoint's operators is refused, naming them.
+	out, err := c.Run("submit", "sessions", "--set", "brokers="+c.env.Addr, "--from-savepoint", sp2)
+	if err == nil || !strings.Contains(err.Error(), "count") || !strings.Contains(err.Error(), "allow non-restored state") {
+		t.Fatalf("submit sessions from a wordcount savepoint: %q, %v; want a refusal naming the wordcount operators", out, err)
+	}
+
+	id3 := c.Submit(append(args, "--set", "min-length=1", "--from-savepoint", sp2)...)
+	c.waitOutput(ctx, "counts", n2+600)
+	in.halt()
+	total := c.verify(ctx, "lines", "counts")
+	if st := c.Status(id3); st.State != "RUNNING" || st.Restarts != 0 {
+		t.Fatalf("job %s: %+v, want RUNNING without restarts", id3, st)
+	}
+	t.Logf("%d lines, %d output records: %d by the first job, %d by the second (parallelism 3), the rest by the third (with a filter)",
+		in.n, total, n1, n2-n1)
+}
+
+// A savepoint copied to another directory starts the job on a fresh
+// cluster (a new job manager data directory: its store never saw the
+// savepoint) exactly-once; a truncated copy is refused with one error
+// naming the file, and no job is created.
+func TestSavepointCopiedToAFreshClusterRestoresExactlyOnceAndADamagedOneIsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	c := newProcCluster(t, streamctlBin)
+	c.twoTMs()
+	in := newInput(t, ctx, c.env.Addr, "lines", 300)
+	in.run(ctx)
+	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
+	id1 := c.Submit(args...)
+	n1 := len(c.waitOutput(ctx, "counts", 600))
+	sp := c.stopWithSavepoint(id1, t.TempDir())
+	for _, p := range []*proctest.Proc{c.TMs["tm-a"], c.TMs["tm-b"], c.JM} {
+		p.Stop(t)
+	}
+
+	moved := filepath.Join(t.TempDir(), "copied")
+	damaged := filepath.Join(t.TempDir(), "damaged")
+	for _, dst := range []string{moved, damaged} {
+		if out, err := exec.Command("cp", "-r", sp, dst).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v: %s", err, out)
+		}
+	}
+	count := filepath.Join(damaged, "state", "count.bin")
+	fi, err := os.Stat(count)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(count, fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+
+	fresh := &procCluster{Cluster: proctest.NewCluster(t, streamctlBin), t: t, env: c.env}
+	fresh.twoTMs()
+	out, err := fresh.Run(append([]string{"submit"}, append(args, "--from-savepoint", damaged)...)...)
+	if err == nil || !strings.Contains(err.Error(), "corrupt savepoint") || !strings.Contains(err.Error(), "state/count.bin") ||
+		!strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("submit from a truncated savepoint: %q, %v; want one error naming state/count.bin", out, err)
+	}
+	if list, err := fresh.Run("list", "--output", "json"); err != nil || strings.Contains(list, `"id"`) {
+		t.Fatalf("list after the refused submit: %q, %v; want no job", list, err)
+	}
+
+	fresh.Submit(append(args, "--from-savepoint", moved)...)
+	fresh.waitOutput(ctx, "counts", n1+600)
+	in.halt()
+	total := fresh.verify(ctx, "lines", "counts")
+	t.Logf("%d lines, %d output records, %d of them before the stop", in.n, total, n1)
+}
+
+// Share groups cannot rewind: a savepoint taken while the job went on and
+// committed later checkpoints' acknowledgements is refused when a job is
+// started from it (the job fails without a restart, before reading a
+// record: the committed output does not change), and the latest savepoint
+// of the job then continues it exactly-once, record by record.
+func TestAnOlderSavepointAfterLaterAcknowledgementsCommittedIsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	c := newProcCluster(t, streamctlBin)
+	c.twoTMs()
+	dir := t.TempDir()
+	in := newInput(t, ctx, c.env.Addr, "lines", 300)
+	in.run(ctx)
+	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
+	id1 := c.Submit(args...)
+	n1 := len(c.waitOutput(ctx, "counts", 600))
+	out, err := c.Run("savepoint", id1, "--target", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	older := strings.TrimSpace(out)
+	c.waitOutput(ctx, "counts", n1+900) // later checkpoints commit their acknowledgements
+	latest := c.stopWithSavepoint(id1, dir)
+	stopped := len(committed(t, ctx, c.env.Addr, "counts"))
+
+	id2 := c.Submit(append(args, "--from-savepoint", older)...)
+	st := c.WaitStatus(id2, "refusal", func(s proctest.JobStatus) bool { return s.State == "FAILED" || s.Restarts > 0 })
+	if st.State != "FAILED" || st.Restarts != 0 || !strings.Contains(st.Error, "savepoint older than the share group's committed acknowledgements") ||
+		!strings.Contains(st.Error, "restore the latest savepoint") {
+		t.Fatalf("job from the older savepoint: %+v; want FAILED without restarts, saying why and what to do", st)
+	}
+	if now := len(committed(t, ctx, c.env.Addr, "counts")); now != stopped {
+		t.Fatalf("the refused job changed the output: %d records after the stop, %d after the refusal", stopped, now)
+	}
+
+	c.Submit(append(args, "--from-savepoint", latest)...)
+	c.waitOutput(ctx, "counts", stopped+600)
+	in.halt()
+	total := c.verify(ctx, "lines", "counts")
+	t.Logf("%d lines, %d output records; %d when the older savepoint was taken, %d at the stop", in.n, total, n1, stopped)
+}
