@@ -54,35 +54,49 @@ func prepareGroup(ctx context.Context, cl *kgo.Client, group string, resetEarlie
 // naming the group, the config and its value, unless it is read_committed.
 // A failed request is returned as is (the caller decides whether to retry).
 func checkIsolation(ctx context.Context, cl *kgo.Client, group string) error {
+	value, reported, err := describeGroupConfig(ctx, cl, group, IsolationLevelConfig)
+	if err != nil {
+		return err
+	}
+	if !reported {
+		return fmt.Errorf("%w: group %q: the broker does not report %s (it needs Apache Kafka 4.2+ share groups)",
+			ErrReadUncommitted, group, IsolationLevelConfig)
+	}
+	v := "read_uncommitted (default)"
+	if value != nil {
+		v = *value
+	}
+	if v == readCommitted {
+		return nil
+	}
+	return fmt.Errorf("%w: group %q has %s=%s: it would be handed records of open and aborted transactions; "+
+		"Weir sets %s=%s on the group when a source or session opens, and it must stay so",
+		ErrReadUncommitted, group, IsolationLevelConfig, v, IsolationLevelConfig, readCommitted)
+}
+
+// describeGroupConfig reads one config of a group (DescribeConfigs,
+// resource type GROUP): its value (nil when the broker reports it without
+// one) and whether the broker reported it at all. A failed request or a
+// resource error is returned, naming the group.
+func describeGroupConfig(ctx context.Context, cl *kgo.Client, group, key string) (value *string, reported bool, err error) {
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	res := kmsg.NewDescribeConfigsRequestResource()
 	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
-	res.ConfigNames = []string{IsolationLevelConfig}
+	res.ConfigNames = []string{key}
 	req.Resources = append(req.Resources, res)
 	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
-		return fmt.Errorf("describe the configs of group %q: %w", group, err)
+		return nil, false, fmt.Errorf("describe the configs of group %q: %w", group, err)
 	}
 	for _, r := range resp.Resources {
 		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
-			return fmt.Errorf("describe the configs of group %q: %w", group, err)
+			return nil, false, fmt.Errorf("describe the configs of group %q: %w", group, err)
 		}
 		for _, c := range r.Configs {
-			if c.Name != IsolationLevelConfig {
-				continue
+			if c.Name == key {
+				return c.Value, true, nil
 			}
-			v := "read_uncommitted (default)"
-			if c.Value != nil {
-				v = *c.Value
-			}
-			if v == readCommitted {
-				return nil
-			}
-			return fmt.Errorf("%w: group %q has %s=%s: it would be handed records of open and aborted transactions; "+
-				"Weir sets %s=%s on the group when a source or session opens, and it must stay so",
-				ErrReadUncommitted, group, IsolationLevelConfig, v, IsolationLevelConfig, readCommitted)
 		}
 	}
-	return fmt.Errorf("%w: group %q: the broker does not report %s (it needs Apache Kafka 4.2+ share groups)",
-		ErrReadUncommitted, group, IsolationLevelConfig)
+	return nil, false, nil
 }

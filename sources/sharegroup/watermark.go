@@ -7,7 +7,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/runtime"
@@ -55,25 +54,15 @@ func lockDuration(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group s
 // groupIntConfig reads an integer group config (DescribeConfigs, resource
 // type GROUP), 0 when it cannot.
 func groupIntConfig(ctx context.Context, cl *kgo.Client, group, key string) int {
-	req := kmsg.NewPtrDescribeConfigsRequest()
-	res := kmsg.NewDescribeConfigsRequestResource()
-	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
-	res.ConfigNames = []string{key}
-	req.Resources = append(req.Resources, res)
-	resp, err := req.RequestWith(ctx, cl)
+	v, _, err := describeGroupConfig(ctx, cl, group, key)
+	if err != nil || v == nil {
+		return 0
+	}
+	n, err := strconv.Atoi(*v)
 	if err != nil {
 		return 0
 	}
-	for _, r := range resp.Resources {
-		for _, c := range r.Configs {
-			if c.Name == key && c.Value != nil && r.ErrorCode == 0 {
-				if n, err := strconv.Atoi(*c.Value); err == nil {
-					return n
-				}
-			}
-		}
-	}
-	return 0
+	return n
 }
 
 // holdAfterRestart starts the hold when this Open follows a failure (a
