@@ -61,6 +61,10 @@ type Config struct {
 	// (streamctl bench: processes of its own binary); nil runs them in
 	// this process.
 	TaskManagers StartTaskManagers
+	// TaskManager starts the task managers of recovery, one at a time
+	// (streamctl bench: processes of its own binary, killed with SIGKILL);
+	// nil runs them in this process.
+	TaskManager StartTaskManager
 
 	// clusterOpts are added to every mini cluster a benchmark starts
 	// (tests of this package use them to slow checkpoints down).
@@ -116,6 +120,7 @@ func All() []Benchmark {
 		{Name: "window-wordcount", Run: WindowWordcount},
 		{Name: "eos-sink", Run: EOSSink},
 		{Name: "eos-wordcount", Run: EOSWordcount},
+		{Name: "recovery", Run: Recovery},
 		{Name: "limits", Run: Limits},
 	}
 }
