@@ -171,7 +171,7 @@ func recoveryRun(ctx context.Context, kb *kafkaBroker, srv *jobmanager.Server, j
 	if err != nil {
 		return 0, 0, err
 	}
-	defer feed.stop()
+	defer func() { _, _ = feed.stop() }()
 	mon, err := watchOutput(ctx, kb.addr, out)
 	if err != nil {
 		return 0, 0, err
@@ -224,7 +224,10 @@ func recoveryRun(ctx context.Context, kb *kafkaBroker, srv *jobmanager.Server, j
 	kill = resumed.Sub(killed)
 
 	// Every word of every line fed counted 1..n, once.
-	lines := feed.stop()
+	lines, err := feed.stop()
+	if err != nil {
+		return 0, 0, err
+	}
 	want := wordcount.Expected(lines)
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
@@ -254,14 +257,16 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // feed produces numbered lines to a topic, recoveryLines every
-// recoveryTick, until stopped.
+// recoveryTick, until stopped. A line counts as fed once its produce was
+// acknowledged.
 type feed struct {
-	cancel context.CancelFunc
-	done   chan struct{}
+	quit chan struct{}
+	done chan struct{}
 
 	mu    sync.Mutex
 	lines []string
 	at    []time.Time // when line i was handed to the producer
+	err   error
 }
 
 func startFeed(ctx context.Context, addr, topic string) (*feed, error) {
@@ -269,34 +274,43 @@ func startFeed(ctx context.Context, addr, topic string) (*feed, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	f := &feed{cancel: cancel, done: make(chan struct{})}
+	f := &feed{quit: make(chan struct{}), done: make(chan struct{})}
 	corpus := Corpus(5, 1000, 4, 500)
 	go func() {
 		defer close(f.done)
 		defer cl.Close()
 		t := time.NewTicker(recoveryTick)
 		defer t.Stop()
-		for {
+		for n := 0; ; {
 			select {
+			case <-f.quit:
+				return
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
-			f.mu.Lock()
 			recs := make([]*kgo.Record, recoveryLines)
+			lines := make([]string, recoveryLines)
+			now := time.Now()
 			for k := range recs {
-				n := len(f.lines)
-				line := fmt.Sprintf("%s l%d", corpus[n%len(corpus)], n)
-				f.lines, f.at = append(f.lines, line), append(f.at, time.Now())
-				recs[k] = kgo.StringRecord(line)
+				lines[k] = fmt.Sprintf("%s l%d", corpus[n%len(corpus)], n)
+				recs[k] = kgo.StringRecord(lines[k])
+				n++
 			}
-			f.mu.Unlock()
-			if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil && ctx.Err() == nil {
-				// The broker is in this process: a failed produce is a
-				// bug of the benchmark; the check at the end reports it.
+			// Not cut short by stop: a line half produced would be
+			// counted as lost.
+			err := cl.ProduceSync(ctx, recs...).FirstErr()
+			f.mu.Lock()
+			if err != nil {
+				f.err = fmt.Errorf("feed: %w", err)
+				f.mu.Unlock()
 				return
 			}
+			f.lines = append(f.lines, lines...)
+			for range lines {
+				f.at = append(f.at, now)
+			}
+			f.mu.Unlock()
 		}
 	}()
 	return f, nil
@@ -314,13 +328,18 @@ func (f *feed) after(t time.Time) int {
 	return len(f.at)
 }
 
-// stop stops the feed and returns the lines it produced.
-func (f *feed) stop() []string {
-	f.cancel()
+// stop stops the feed (idempotent) and returns the lines it produced, or
+// why it stopped early.
+func (f *feed) stop() ([]string, error) {
+	select {
+	case <-f.quit:
+	default:
+		close(f.quit)
+	}
 	<-f.done
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.lines
+	return f.lines, f.err
 }
 
 // outputWatch reads an output topic read_committed and notes when the
