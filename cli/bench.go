@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/internal/bench"
+	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/taskmanager"
 )
 
@@ -36,15 +38,18 @@ otherwise).
 Benchmarks (--only NAME, repeatable; in run order; runtime-wordcount also
 reports limit-runtime-wordcount, window-wordcount also reports
 window-state-per-key, eos-wordcount also reports limit-wordcount and
-share-inflight, limits reports limit-produce and limit-share-consume,
-nexmark reports nexmark-generator and nexmark-QUERY-cp10s and -cp1s per query,
-each in events per CPU-second with events_per_s; WEIR_NEXMARK_CPUPROFILE=DIR
-writes a CPU profile of each query run):
+share-inflight, recovery reports seconds from a task-manager SIGKILL to
+output resuming against a clean task failure, limits reports limit-produce
+and limit-share-consume, nexmark reports nexmark-generator and
+nexmark-QUERY-cp10s and -cp1s per query, each in events per CPU-second with
+events_per_s; WEIR_NEXMARK_CPUPROFILE=DIR writes a CPU profile of each query
+run):
   ` + strings.Join(bench.Names(), "\n  "),
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			cfg.Progress = a.progress(log).Update
 			cfg.TaskManagers = benchTaskManagers
+			cfg.TaskManager = benchTaskManager
 			return bench.Run(cmd.Context(), a.stdout, cfg, only...)
 		}),
 	}
@@ -69,7 +74,12 @@ func newBenchTaskManagerCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			err = taskmanager.Run(cmd.Context(), jm, taskmanager.ID(id), taskmanager.Slots(1), taskmanager.Logger(log), taskmanager.Jobs(reg))
+			fp, err := failpoint.FromEnv()
+			if err != nil {
+				return err
+			}
+			err = taskmanager.Run(cmd.Context(), jm, taskmanager.ID(id), taskmanager.Slots(1), taskmanager.Logger(log), taskmanager.Jobs(reg),
+				taskmanager.Failpoints(fp))
 			if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
 				return nil
 			}
@@ -83,28 +93,44 @@ func newBenchTaskManagerCmd(a *app) *cobra.Command {
 
 // benchTaskManagers starts n bench-taskmanager processes of this binary.
 func benchTaskManagers(ctx context.Context, jmAddr string, n int) (func(), error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	var cmds []*exec.Cmd
+	var tms []bench.TaskManager
 	stop := func() {
-		for _, c := range cmds {
-			_ = c.Process.Signal(syscall.SIGTERM)
-		}
-		for _, c := range cmds {
-			_ = c.Wait()
+		for _, tm := range tms {
+			tm.Stop()
 		}
 	}
 	for i := range n {
-		c := exec.Command(exe, "bench-taskmanager", "--jobmanager", jmAddr, "--id", fmt.Sprintf("bench-tm-%d", i+1), "--log-level", "error")
-		c.Stderr = os.Stderr
-		dieWithParent(c)
-		if err := c.Start(); err != nil {
+		tm, err := benchTaskManager(ctx, jmAddr, fmt.Sprintf("bench-tm-%d", i+1), "")
+		if err != nil {
 			stop()
 			return nil, err
 		}
-		cmds = append(cmds, c)
+		tms = append(tms, tm)
 	}
 	return stop, nil
+}
+
+// benchTaskManager starts one bench-taskmanager process of this binary
+// with the failpoints spec in its WEIR_FAILPOINTS; Kill SIGKILLs it, Stop
+// sends SIGTERM; both wait for its exit.
+func benchTaskManager(_ context.Context, jmAddr, id, failpoints string) (bench.TaskManager, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return bench.TaskManager{}, err
+	}
+	c := exec.Command(exe, "bench-taskmanager", "--jobmanager", jmAddr, "--id", id, "--log-level", "error")
+	c.Env = append(os.Environ(), failpoint.EnvVar+"="+failpoints)
+	c.Stderr = os.Stderr
+	dieWithParent(c)
+	if err := c.Start(); err != nil {
+		return bench.TaskManager{}, err
+	}
+	var once sync.Once
+	end := func(sig syscall.Signal) {
+		once.Do(func() {
+			_ = c.Process.Signal(sig)
+			_ = c.Wait()
+		})
+	}
+	return bench.TaskManager{Kill: func() { end(syscall.SIGKILL) }, Stop: func() { end(syscall.SIGTERM) }}, nil
 }

@@ -67,6 +67,10 @@ type Config struct {
 	// NexmarkEvents, when above 0, is how many events each nexmark run
 	// generates (default 2M, --quick 200k).
 	NexmarkEvents int64
+	// TaskManager starts the task managers of recovery, one at a time
+	// (streamctl bench: processes of its own binary, killed with SIGKILL);
+	// nil runs them in this process.
+	TaskManager StartTaskManager
 
 	// clusterOpts are added to every mini cluster a benchmark starts
 	// (tests of this package use them to slow checkpoints down).
@@ -122,6 +126,7 @@ func All() []Benchmark {
 		{Name: "window-wordcount", Run: WindowWordcount},
 		{Name: "eos-sink", Run: EOSSink},
 		{Name: "eos-wordcount", Run: EOSWordcount},
+		{Name: "recovery", Run: Recovery},
 		{Name: "limits", Run: Limits},
 		{Name: "nexmark", Run: Nexmark},
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/jobmanager"
 	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/taskmanager"
@@ -27,7 +28,9 @@ import (
 // (JobTypes).
 const JobTypeWordcount = "bench-wordcount"
 
-// JobTypes are the job types benchmark task managers register. The corpus
+// JobTypes are the job types benchmark task managers register: the
+// exactly-once wordcount (examples/wordcount, for recovery) and the
+// in-memory wordcount of runtime-wordcount-2tm, whose corpus
 // is generated when a source subtask is created, once per process and
 // size, so building the job (at submit, and on every task manager) costs
 // nothing and runs after the first measure no generation.
@@ -42,7 +45,7 @@ func JobTypes() []runtime.JobType {
 		}
 		return corpora[n]
 	}
-	return []runtime.JobType{{
+	return []runtime.JobType{wordcount.Type, {
 		Name:        JobTypeWordcount,
 		Description: "the runtime-wordcount benchmark's in-memory wordcount (a generated corpus; the sinks count)",
 		Params: []runtime.ParamSpec{

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -51,18 +52,24 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, map[int64]in
 		return nil, nil, fmt.Errorf("list end offsets: %w", err)
 	}
 	from := map[string]map[int32]kgo.Offset{}
-	remaining := map[string]map[int32]int64{}
+	remaining := map[string]map[int32]int64{} // end offset of each partition not read to it yet
+	next := map[string]map[int32]int64{}      // offset after the last record read of each partition
 	starts.Each(func(lo kadm.ListedOffset) {
 		e, ok := ends.Lookup(lo.Topic, lo.Partition)
 		if lo.Err != nil || !ok || e.Err != nil || e.Offset <= lo.Offset {
 			return
 		}
 		if from[lo.Topic] == nil {
-			from[lo.Topic], remaining[lo.Topic] = map[int32]kgo.Offset{}, map[int32]int64{}
+			from[lo.Topic], remaining[lo.Topic], next[lo.Topic] = map[int32]kgo.Offset{}, map[int32]int64{}, map[int32]int64{}
 		}
 		from[lo.Topic][lo.Partition] = kgo.NewOffset().At(lo.Offset)
 		remaining[lo.Topic][lo.Partition] = e.Offset
+		next[lo.Topic][lo.Partition] = lo.Offset
 	})
+	ids := map[string][16]byte{}
+	for _, d := range topics {
+		ids[d.Topic] = d.ID
+	}
 	if len(from) == 0 {
 		return nil, nil, nil
 	}
@@ -84,8 +91,12 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, map[int64]in
 	lost := map[int64]int16{}                            // highest epoch of a lost-state abort marker by pid
 	for len(remaining) > 0 {
 		// A compacted topic may have lost the records just below its end
-		// offset: a partition that yields nothing for scanIdle has been
-		// read to its end.
+		// offset, so a partition can be read to its end before a record at
+		// end-1 came. A poll that yields nothing for scanIdle asks the
+		// broker which partitions hold nothing from their next offset on
+		// (readToEnd): those are done. Never the wait alone: a loaded
+		// broker may take longer than scanIdle to answer a fetch, and
+		// a scan that stopped there missed every open transaction.
 		pctx, cancel := context.WithTimeout(ctx, scanIdle)
 		fs := cons.PollFetches(pctx)
 		idle := pctx.Err() != nil && fs.NumRecords() == 0
@@ -94,7 +105,19 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, map[int64]in
 			return nil, nil, fmt.Errorf("scan for open transactions: %w", err)
 		}
 		if idle {
-			break
+			done, err := readToEnd(ctx, cl, ids, next, remaining)
+			if err != nil {
+				return nil, nil, fmt.Errorf("scan for open transactions: %w", err)
+			}
+			for t, ps := range done {
+				for p := range ps {
+					delete(remaining[t], p)
+				}
+				if len(remaining[t]) == 0 {
+					delete(remaining, t)
+				}
+			}
+			continue
 		}
 		var ferr error
 		fs.EachError(func(t string, p int32, err error) {
@@ -106,6 +129,7 @@ func findOrphans(ctx context.Context, cl *kgo.Client) ([]OrphanTxn, map[int64]in
 			return nil, nil, ferr
 		}
 		fs.EachRecord(func(rec *kgo.Record) {
+			next[rec.Topic][rec.Partition] = max(next[rec.Topic][rec.Partition], rec.Offset+1)
 			if end, ok := remaining[rec.Topic][rec.Partition]; ok && rec.Offset+1 >= end {
 				delete(remaining[rec.Topic], rec.Partition)
 				if len(remaining[rec.Topic]) == 0 {
@@ -267,9 +291,83 @@ func fenceOrphans(ctx context.Context, cl *kgo.Client, txns []OrphanTxn, lost ma
 	return fenced, nil
 }
 
-// scanIdle is how long findOrphans waits for more records of a partition
-// it has not read to its end offset before it takes it as read.
+// scanIdle is how long findOrphans polls without getting a record before
+// it asks the broker which partitions it has read to their end
+// (readToEnd).
 const scanIdle = 2 * time.Second
+
+// readToEnd asks the broker, with one fetch at next of every partition in
+// remaining, which of them hold no record at or after next (a compacted
+// partition whose last records below its end offset are gone), and
+// returns those. ids are the topics' ids (Fetch names topics by id from
+// version 13).
+func readToEnd(ctx context.Context, cl *kgo.Client, ids map[string][16]byte, next, remaining map[string]map[int32]int64) (map[string]map[int32]bool, error) {
+	req := kmsg.NewPtrFetchRequest()
+	req.ReplicaID = -1
+	req.MaxBytes = 1 << 20
+	req.SessionEpoch = -1 // a full fetch, no fetch session
+	byID := map[[16]byte]string{}
+	for _, t := range slices.Sorted(maps.Keys(remaining)) {
+		rt := kmsg.NewFetchRequestTopic()
+		rt.Topic, rt.TopicID = t, ids[t]
+		byID[ids[t]] = t
+		for _, p := range slices.Sorted(maps.Keys(remaining[t])) {
+			rp := kmsg.NewFetchRequestTopicPartition()
+			rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = p, next[t][p], 1<<10
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, fmt.Errorf("fetch: %w", err)
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return nil, fmt.Errorf("fetch: %w", err)
+	}
+	done := map[string]map[int32]bool{}
+	for _, rt := range resp.Topics {
+		t := rt.Topic
+		if t == "" {
+			t = byID[rt.TopicID]
+		}
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				return nil, fmt.Errorf("fetch %s/%d: %w", t, rp.Partition, err)
+			}
+			if _, ok := remaining[t][rp.Partition]; !ok || holdsFrom(rp.RecordBatches, next[t][rp.Partition]) {
+				continue
+			}
+			if done[t] == nil {
+				done[t] = map[int32]bool{}
+			}
+			done[t][rp.Partition] = true
+		}
+	}
+	return done, nil
+}
+
+// holdsFrom reports whether the record batches of a fetch answer (whole,
+// or cut after a batch header) hold an offset at or after off. A batch
+// begins with its first offset (8 bytes), its length (4), the partition
+// leader epoch (4), the magic byte, the CRC (4), the attributes (2) and
+// its last offset delta (4).
+func holdsFrom(batches []byte, off int64) bool {
+	const header = 27
+	for len(batches) >= header {
+		first := int64(binary.BigEndian.Uint64(batches))
+		length := int64(binary.BigEndian.Uint32(batches[8:]))
+		last := first + int64(int32(binary.BigEndian.Uint32(batches[23:])))
+		if last >= off {
+			return true
+		}
+		if int64(len(batches)) < 12+length {
+			break
+		}
+		batches = batches[12+length:]
+	}
+	return false
+}
 
 // writeMarkers writes an abort (or commit) marker for each transaction on
 // each of its partitions with WriteTxnMarkers, naming the lost state in the

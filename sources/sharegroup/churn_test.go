@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/internal/broker"
@@ -379,4 +380,82 @@ func checkCoveredOnce(t *testing.T, env *kafkatest.Env, parts int32, perPart int
 			t.Errorf("%s offset %d (a copy of %s): in %d committed markers, want 1", retry, r.Offset, r.Value, n)
 		}
 	}
+}
+
+// The chaos suite's finding (issue 29): a data-plane partition failed a
+// job's attempts within 40-100 ms of their start, six times in 22 s with
+// the default restart strategy, and the job failed for good with
+// ErrRecordsSkipped. Each attempt's lane had its first share fetch at the
+// broker when the attempt failed: the broker acquired the batch (a
+// delivery) after the source stopped polling, the client released it
+// unseen at Close, and no lane ever saw the records' delivery counts climb,
+// so none was re-queued before the broker archived them.
+//
+// Here each of 6 attempts closes while its lane's fetch is held at the
+// broker, which answers it only once Close has stopped the lane's poller.
+// With Kafka's default limit (5) the records must be re-queued before
+// that, never archived: the 7th attempt emits and commits every record
+// once, nothing dead-lettered, no ErrRecordsSkipped.
+func TestAttemptsClosedWithAFetchInFlightReQueueInsteadOfArchiving(t *testing.T) {
+	env := kafkatest.New(t, append(lockBroker(3*time.Second), broker.Config("group.share.delivery.count.limit", "5"))...)
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 10)
+	dl := newDeliveryLog()
+	newSrc := testSources(t, env, MarkerGrace(time.Hour), dl.opt())
+	c := env.Broker.Cluster()
+	for attempt := 1; attempt <= 6; attempt++ {
+		s, err := openFrom(t, newSrc, 0, attempt, nil)
+		if err != nil {
+			t.Fatalf("attempt %d: Open: %v", attempt, err)
+		}
+		// The broker holds the attempt's first share fetch until
+		// release is closed.
+		held, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		c.ControlKey(shareFetchKey, func(kmsg.Request) (kmsg.Response, error, bool) {
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				close(held)
+				c.SleepControl(func() { <-release })
+			}
+			return nil, nil, false
+		})
+		if err := s.startLanes(); err != nil { // what the first Poll does
+			t.Fatal(err)
+		}
+		select {
+		case <-held:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("attempt %d: no share fetch reached the broker", attempt)
+		}
+		closed := make(chan struct{})
+		go func() {
+			defer close(closed)
+			s.Close()
+		}()
+		// The attempt fails: the source stops polling, and only then
+		// does the broker answer the fetch.
+		for stopped := false; !stopped; {
+			s.life.Lock()
+			stopped = s.fetchStopped
+			s.life.Unlock()
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+		close(release)
+		<-closed
+		_, delivered := dl.endAttempt()
+		t.Logf("attempt %d: %d records delivered to a lane, none admitted", attempt, delivered)
+	}
+	s, err := openFrom(t, newSrc, 0, 7, nil)
+	if err != nil {
+		t.Fatalf("attempt 7: Open: %v", err)
+	}
+	vals := drainOneLane(t, env, s, 10)
+	checkEveryRecordOnce(t, env, vals, 10, "the 7th attempt")
+	if _, err := s.checkStarts(t.Context()); err != nil {
+		t.Errorf("share start offset check after the last attempt: %v", err)
+	}
+	t.Logf("acquisitions seen by delivery count: %v; retry-topic copies: %d", dl.perCount, len(env.ReadCommitted(t, "g-retry")))
 }

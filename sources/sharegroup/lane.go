@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -58,6 +59,7 @@ type lane struct {
 	perTP    map[acklog.TopicPartition]int // held records per partition, counted at admission
 
 	fetches  inFlight // the client's ShareFetch requests in flight
+	unpolled unpolled // records the client buffered that no poll returned yet
 	admitted bool     // a batch of the lane's was admitted (lanes start one by one)
 	// admittedAt is when the last admitted batch was acquired: the
 	// watermark hold (watermark.go) waits for a fetch of every lane after
@@ -89,6 +91,7 @@ func (l *lane) acquire(ctx context.Context, batch int, acquired func(string, []*
 			}
 		})
 		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+		l.unpolled.polled(len(recs))
 		if len(recs) == 0 && (ferr == nil || ctx.Err() != nil) {
 			if ctx.Err() != nil {
 				return false
@@ -211,6 +214,66 @@ func (f *inFlight) wait(ctx context.Context) {
 	case <-zero:
 	case <-ctx.Done():
 	}
+}
+
+// unpolled counts the records a lane's client buffered (each acquired at
+// the broker: a delivery) minus those its polls returned (a kgo hook): a
+// fetch answered after the source stopped polling leaves records there
+// that no lane would see. takeUnpolled takes them.
+type unpolled struct{ n atomic.Int64 }
+
+// OnFetchRecordBuffered implements kgo.HookFetchRecordBuffered.
+func (u *unpolled) OnFetchRecordBuffered(*kgo.Record) { u.n.Add(1) }
+
+// polled notes n records a poll returned.
+func (u *unpolled) polled(n int) { u.n.Add(-int64(n)) }
+
+// unpolledRounds bounds takeUnpolled's rounds: each one may let the client
+// start one more fetch (see takeUnpolled).
+const unpolledRounds = 3
+
+// takeUnpolled takes, for an idle lane whose poller has stopped and whose
+// client has topics paused, the records its client buffered from fetches
+// answered after the poller stopped, and makes the lane ready with them,
+// for Close to judge (settle) as it judges any batch never admitted: a
+// record at the end of its delivery budget is re-queued, not released
+// unseen attempt after attempt until the broker archives it. Buffered
+// records of paused topics would be released unseen by the client, so each
+// round resumes the topics for one poll that does not wait and pauses them
+// again at once; the client may start a fetch in between (it fetches again
+// as soon as its buffer is taken), whose records the next round takes. It
+// returns whether the lane now holds records.
+func (l *lane) takeUnpolled(ctx context.Context, topics []string, acquired func(string, []*kgo.Record)) bool {
+	// A poll with a context already done returns what is buffered and
+	// never waits.
+	now, cancel := context.WithCancel(ctx)
+	cancel()
+	var recs []*kgo.Record
+	for range unpolledRounds {
+		l.fetches.wait(ctx)
+		if l.unpolled.n.Load() <= 0 {
+			break
+		}
+		l.cl.ResumeFetchTopics(topics...)
+		fs := l.cl.PollRecords(now, 0)
+		l.cl.PauseFetchTopics(topics...)
+		var got []*kgo.Record
+		fs.EachRecord(func(r *kgo.Record) { got = append(got, r) })
+		l.unpolled.polled(len(got))
+		recs = append(recs, got...)
+	}
+	if len(recs) == 0 {
+		return false
+	}
+	if acquired != nil {
+		acquired(l.name, recs)
+	}
+	at := time.Now()
+	l.mu.Lock()
+	l.state, l.batch = laneReady, recs
+	l.clock, l.renewed, l.held = newLockClock(recs, at), at, recs
+	l.mu.Unlock()
+	return true
 }
 
 // close closes the lane's client, once: it waits for a fetch in flight,

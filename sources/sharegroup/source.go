@@ -329,7 +329,7 @@ func (s *Source[T]) checkRestoreIsLatest(ctx context.Context, oc *runtime.Operat
 // newLaneClient makes lane l's share-consumer client.
 func (s *Source[T]) newLaneClient(l *lane) error {
 	cl, err := kgo.NewClient(append(slices.Clone(s.laneOpts), kgo.ShareAckCallback(l.ack.callback), kgo.ClientID(l.name),
-		kgo.WithHooks(&l.fetches))...)
+		kgo.WithHooks(&l.fetches, &l.unpolled))...)
 	if err != nil {
 		return fmt.Errorf("lane %d: %w", l.id, err)
 	}
@@ -464,13 +464,18 @@ func (s *Source[T]) stopFetching() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if idle {
-					l.close()
-					return
-				}
 				// kgo bounds a fetch's round trip by its wait + 5s.
 				ctx, cancel := context.WithTimeout(context.Background(), laneFetchWait+5*time.Second)
 				defer cancel()
+				if idle {
+					// A fetch answered after the poller stopped
+					// acquired records no poll returned: the lane
+					// takes them for Close to judge.
+					if !l.takeUnpolled(ctx, s.inputs(), s.cfg.testAcquired) {
+						l.close()
+					}
+					return
+				}
 				l.fetches.wait(ctx)
 			}()
 		}

@@ -198,9 +198,8 @@ func (w *world) round(i int, f fault, rng *rand.Rand) (res roundResult) {
 	defer mon.stop()
 
 	submit := func(job, group, from, to string) string {
-		// The default restart strategy (exponential delay from 1 s): a
-		// faster one burns the share group's delivery budget during a
-		// partition (docs/guide/guarantees.md, the chaos suite's findings).
+		// The default restart strategy (exponential delay from 1 s), the
+		// one users get.
 		return w.cl.Submit(job, "--parallelism", "2", "--checkpoint-interval", "200ms",
 			"--set", "brokers="+w.brokerProxy.Addr(), "--set", "group="+group, "--set", "input="+from, "--set", "output="+to)
 	}

@@ -24,6 +24,11 @@ const (
 	// lockDuration is the broker's group.share.record.lock.duration.ms in
 	// the suite, shorter than the default so that rounds outlast it.
 	lockDuration = 6 * time.Second
+	// deliveryLimit is the broker's group.share.delivery.count.limit in
+	// the suite: Apache Kafka's default (the embedded broker's is 10), so
+	// that restarts and lapses are judged against the budget Kafka users
+	// get.
+	deliveryLimit = 5
 	// slots per task manager: each one alone holds all three jobs
 	// (parallelism 2 each).
 	slots = 6
@@ -140,7 +145,8 @@ func (w *world) startBroker() {
 	w.t.Helper()
 	w.broker = brokerproc.Run(w.t, exec.Command(streamctlBin, "broker", "--listen", w.brokerAddr,
 		"--advertise", w.brokerProxy.Addr(), "--data-dir", w.brokerDir, "--log-format", "json",
-		"--config", fmt.Sprintf("group.share.record.lock.duration.ms=%d", lockDuration.Milliseconds())))
+		"--config", fmt.Sprintf("group.share.record.lock.duration.ms=%d", lockDuration.Milliseconds()),
+		"--config", fmt.Sprintf("group.share.delivery.count.limit=%d", deliveryLimit)))
 }
 
 // startTM starts (again) task manager id, with env (failpoints) added.

@@ -1,0 +1,428 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/jobmanager"
+	"github.com/weirstream/weir/taskmanager"
+)
+
+// recovery: how long the exactly-once wordcount's output stops when a task
+// manager is SIGKILLed (and started again at once, as a supervisor would),
+// against a clean task failure (the failpoint task.process=error@N: the
+// task fails, its task manager lives on) as the baseline, on one cluster
+// in the same run: an in-process broker and job manager and two task
+// managers of one slot each (processes of streamctl under `streamctl
+// bench`: Config.TaskManager), the job at parallelism 2 with the default
+// restart strategy, input arriving throughout.
+//
+// Each is measured from the fault (the kill; the failure as the job
+// manager recorded it) to output resuming: the first committed output
+// record (read_committed) that counts a line produced after the fault.
+// Each line carries a token of its own ("l<N>"), whose count the job
+// emits, so a commit of output from before the fault never counts as
+// resuming. After each run the output is checked record by record
+// (every word counted 1..n).
+
+// TaskManager is a task manager the recovery benchmark started.
+type TaskManager struct {
+	// Kill ends it at once, without any cleanup (SIGKILL for a process),
+	// and returns once it is gone.
+	Kill func()
+	// Stop stops it cleanly and returns once it is gone.
+	Stop func()
+}
+
+// StartTaskManager starts one task manager with the given id, registered
+// with the job manager at jmAddr, offering one slot and registering
+// JobTypes, with the failpoints spec (WEIR_FAILPOINTS syntax; "" for none).
+type StartTaskManager func(ctx context.Context, jmAddr, id, failpoints string) (TaskManager, error)
+
+// inProcessTaskManager is the StartTaskManager of tests: a task manager in
+// this process. Its Kill cancels it, which is not a SIGKILL: the process
+// benchmark is streamctl's.
+func inProcessTaskManager(ctx context.Context, jmAddr, id, failpoints string) (TaskManager, error) {
+	reg, err := Registry()
+	if err != nil {
+		return TaskManager{}, err
+	}
+	fp, err := failpoint.Parse(failpoints)
+	if err != nil {
+		return TaskManager{}, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = taskmanager.Run(ctx, jmAddr, taskmanager.ID(id), taskmanager.Slots(1), taskmanager.Jobs(reg), taskmanager.Failpoints(fp))
+	}()
+	end := func() { cancel(); <-done }
+	return TaskManager{Kill: end, Stop: end}, nil
+}
+
+// recoveryFailAt is the task.process hit at which the clean failure comes:
+// a few seconds into the run at recoveryRate (each line is processed by
+// three operators, each word by two).
+const recoveryFailAt = 4000
+
+// recoveryRate is the input rate: lines per recoveryTick.
+const (
+	recoveryLines = 20
+	recoveryTick  = 50 * time.Millisecond
+)
+
+// Recovery measures seconds from a task-manager SIGKILL to output
+// resuming, against a clean task failure (3 runs, 1 with Quick).
+func Recovery(ctx context.Context, cfg Config) ([]Line, error) {
+	runs := cfg.runsOf(3, 1)
+	kb, err := startBroker(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer kb.Close()
+	reg, err := Registry()
+	if err != nil {
+		return nil, err
+	}
+	srv, err := jobmanager.New(jobmanager.Jobs(reg))
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	sctx, stopJM := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(sctx, lis) }()
+	defer func() {
+		stopJM()
+		<-served
+	}()
+	start := cfg.TaskManager
+	where := "task-manager processes (SIGKILL)"
+	if start == nil {
+		start, where = inProcessTaskManager, "in-process task managers (cancelled, not SIGKILLed)"
+	}
+	var kills, cleans []float64
+	for i := range runs {
+		cfg.progress("run %d/%d", i+1, runs)
+		k, c, err := recoveryRun(ctx, kb, srv, lis.Addr().String(), start, i)
+		if err != nil {
+			return nil, fmt.Errorf("run %d: %w", i+1, err)
+		}
+		kills, cleans = append(kills, k.Seconds()), append(cleans, c.Seconds())
+	}
+	l := compared("recovery", "seconds_to_resume", "clean-task-failure", kills, cleans)
+	l.Note = fmt.Sprintf("from a task-manager kill (restarted at once) and from a clean task failure (failpoint %s=error@%d) "+
+		"to the first committed output of input written after the fault; exactly-once wordcount, parallelism 2, "+
+		"checkpoints every 200 ms, default restart strategy (first delay 1 s), %d lines/s; 2 %s of 1 slot; "+
+		"median of %d runs; kill %s s; clean failure %s s",
+		failpoint.TaskProcess, recoveryFailAt, int(recoveryLines*time.Second/recoveryTick), where, runs, secs(kills), secs(cleans))
+	return []Line{l}, nil
+}
+
+// secs formats seconds in run order with two decimals.
+func secs(vs []float64) string {
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = strconv.FormatFloat(v, 'f', 2, 64)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// recoveryRun runs one job on topics of its own: the clean failure comes
+// at the failpoint of task manager b, then a is killed and started again.
+func recoveryRun(ctx context.Context, kb *kafkaBroker, srv *jobmanager.Server, jmAddr string, start StartTaskManager, run int) (kill, clean time.Duration, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	in, out := fmt.Sprintf("recovery-in-%d", run), fmt.Sprintf("recovery-out-%d", run)
+	if _, err := kadm.NewClient(kb.cl).CreateTopic(ctx, 4, -1, nil, in); err != nil {
+		return 0, 0, err
+	}
+	a, err := start(ctx, jmAddr, fmt.Sprintf("recovery-a-%d", run), "")
+	if err != nil {
+		return 0, 0, fmt.Errorf("start task manager: %w", err)
+	}
+	defer func() { a.Stop() }()
+	b, err := start(ctx, jmAddr, fmt.Sprintf("recovery-b-%d", run),
+		fmt.Sprintf("%s=error@%d", failpoint.TaskProcess, recoveryFailAt))
+	if err != nil {
+		return 0, 0, fmt.Errorf("start task manager: %w", err)
+	}
+	defer b.Stop()
+	if err := waitSlots(ctx, srv, 2); err != nil {
+		return 0, 0, err
+	}
+	feed, err := startFeed(ctx, kb.addr, in)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _, _ = feed.stop() }()
+	mon, err := watchOutput(ctx, kb.addr, out)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer mon.stop()
+	id, err := srv.Submit(ctx, wordcount.Type.Name, map[string]string{"brokers": kb.addr, "input": in, "output": out,
+		"group": "recovery-" + strconv.Itoa(run), "parallelism": "2"}, 200*time.Millisecond, "")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _, _ = srv.Cancel(context.WithoutCancel(ctx), id) }()
+
+	// The clean failure: the job manager records when the task failed.
+	var failed time.Time
+	for failed.IsZero() {
+		r, _, err := srv.Job(ctx, id)
+		if err != nil {
+			return 0, 0, err
+		}
+		if e := r.LastException(); r.Restarts > 0 && e != nil {
+			failed = time.UnixMilli(e.UnixMs)
+			break
+		}
+		if r.State == jobmanager.StateFailed || r.State == jobmanager.StateCanceled || r.State == jobmanager.StateFinished {
+			return 0, 0, fmt.Errorf("job %s ended (%s) before the failpoint fired: %s", id, r.State, r.Error)
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return 0, 0, fmt.Errorf("the failpoint did not fire: %w", err)
+		}
+	}
+	resumed, err := mon.resumedAfter(ctx, feed.after(failed))
+	if err != nil {
+		return 0, 0, fmt.Errorf("after the clean failure: %w", err)
+	}
+	clean = resumed.Sub(failed)
+
+	// Steady again for a moment, then the kill.
+	if err := sleepCtx(ctx, 2*time.Second); err != nil {
+		return 0, 0, err
+	}
+	killed := time.Now()
+	a.Kill()
+	if a, err = start(ctx, jmAddr, fmt.Sprintf("recovery-a-%d", run), ""); err != nil {
+		return 0, 0, fmt.Errorf("restart task manager: %w", err)
+	}
+	resumed, err = mon.resumedAfter(ctx, feed.after(killed))
+	if err != nil {
+		return 0, 0, fmt.Errorf("after the kill: %w", err)
+	}
+	kill = resumed.Sub(killed)
+
+	// Every word of every line fed counted 1..n, once.
+	lines, err := feed.stop()
+	if err != nil {
+		return 0, 0, err
+	}
+	want := wordcount.Expected(lines)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		rep, err := wordcount.Verify(ctx, []string{kb.addr}, out, want)
+		if err == nil && rep.OK() {
+			return kill, clean, nil
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				return 0, 0, fmt.Errorf("verify %s: %w", out, err)
+			}
+			return 0, 0, fmt.Errorf("output %s after the faults: %s", out, rep)
+		}
+		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+			return 0, 0, err
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+// feed produces numbered lines to a topic, recoveryLines every
+// recoveryTick, until stopped. A line counts as fed once its produce was
+// acknowledged.
+type feed struct {
+	quit chan struct{}
+	done chan struct{}
+
+	mu    sync.Mutex
+	lines []string
+	at    []time.Time // when line i was handed to the producer
+	err   error
+}
+
+func startFeed(ctx context.Context, addr, topic string) (*feed, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		return nil, err
+	}
+	f := &feed{quit: make(chan struct{}), done: make(chan struct{})}
+	corpus := Corpus(5, 1000, 4, 500)
+	go func() {
+		defer close(f.done)
+		defer cl.Close()
+		t := time.NewTicker(recoveryTick)
+		defer t.Stop()
+		for n := 0; ; {
+			select {
+			case <-f.quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			recs := make([]*kgo.Record, recoveryLines)
+			lines := make([]string, recoveryLines)
+			now := time.Now()
+			for k := range recs {
+				lines[k] = fmt.Sprintf("%s l%d", corpus[n%len(corpus)], n)
+				recs[k] = kgo.StringRecord(lines[k])
+				n++
+			}
+			// Not cut short by stop: a line half produced would be
+			// counted as lost.
+			err := cl.ProduceSync(ctx, recs...).FirstErr()
+			f.mu.Lock()
+			if err != nil {
+				f.err = fmt.Errorf("feed: %w", err)
+				f.mu.Unlock()
+				return
+			}
+			f.lines = append(f.lines, lines...)
+			for range lines {
+				f.at = append(f.at, now)
+			}
+			f.mu.Unlock()
+		}
+	}()
+	return f, nil
+}
+
+// after returns the number of the first line produced after t.
+func (f *feed) after(t time.Time) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, at := range f.at {
+		if at.After(t) {
+			return i
+		}
+	}
+	return len(f.at)
+}
+
+// stop stops the feed (idempotent) and returns the lines it produced, or
+// why it stopped early.
+func (f *feed) stop() ([]string, error) {
+	select {
+	case <-f.quit:
+	default:
+		close(f.quit)
+	}
+	<-f.done
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lines, f.err
+}
+
+// outputWatch reads an output topic read_committed and notes when the
+// count of each line's own token ("l<N>") first arrived.
+type outputWatch struct {
+	cl   *kgo.Client
+	done chan struct{}
+
+	mu   sync.Mutex
+	seen map[int]time.Time
+	cond chan struct{} // closed and replaced when seen grows
+}
+
+func watchOutput(ctx context.Context, addr, topic string) (*outputWatch, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.MetadataMinAge(100*time.Millisecond), kgo.MetadataMaxAge(time.Second))
+	if err != nil {
+		return nil, err
+	}
+	w := &outputWatch{cl: cl, done: make(chan struct{}), seen: map[int]time.Time{}, cond: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for {
+			fs := cl.PollFetches(ctx)
+			if fs.IsClientClosed() || ctx.Err() != nil {
+				return
+			}
+			now := time.Now()
+			w.mu.Lock()
+			grew := false
+			fs.EachRecord(func(r *kgo.Record) {
+				k := string(r.Key)
+				if !strings.HasPrefix(k, "l") {
+					return
+				}
+				if n, err := strconv.Atoi(k[1:]); err == nil {
+					if _, ok := w.seen[n]; !ok {
+						w.seen[n], grew = now, true
+					}
+				}
+			})
+			if grew {
+				close(w.cond)
+				w.cond = make(chan struct{})
+			}
+			w.mu.Unlock()
+		}
+	}()
+	return w, nil
+}
+
+// errNoResume is returned when output does not resume within two minutes.
+var errNoResume = errors.New("no output of new input within 2 minutes")
+
+// resumedAfter waits until the output counts a line numbered from on, and
+// returns when the first such count arrived.
+func (w *outputWatch) resumedAfter(ctx context.Context, from int) (time.Time, error) {
+	deadline := time.After(2 * time.Minute)
+	for {
+		w.mu.Lock()
+		var first time.Time
+		for n, at := range w.seen {
+			if n >= from && (first.IsZero() || at.Before(first)) {
+				first = at
+			}
+		}
+		cond := w.cond
+		w.mu.Unlock()
+		if !first.IsZero() {
+			return first, nil
+		}
+		select {
+		case <-cond:
+		case <-deadline:
+			return time.Time{}, errNoResume
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		}
+	}
+}
+
+func (w *outputWatch) stop() {
+	w.cl.Close()
+	<-w.done
+}
