@@ -436,7 +436,7 @@ func TestSubmitRefusesBadInputWithAClearError(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown job type", []string{"submit", "wordcont", "--set", ok}, `unknown job type "wordcont" (registered: sessions, uppercase, wordcount)`},
+		{"unknown job type", []string{"submit", "wordcont", "--set", ok}, `unknown job type "wordcont" (registered: nexmark, sessions, uppercase, wordcount)`},
 		{"unknown parameter", []string{"submit", "wordcount", "--set", ok, "--set", "ouput=x"}, `has no parameter "ouput"`},
 		{"bad parameter value", []string{"submit", "wordcount", "--set", ok, "--set", "guarantee=twice"}, `guarantee="twice", want one of`},
 		{"more slots than the cluster has", []string{"submit", "wordcount", "--set", ok, "--parallelism", "3"}, "needs 3 slots"},
