@@ -1,0 +1,109 @@
+package sessions_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/examples/sessions"
+	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/runtime"
+)
+
+// The sessions job stopped with a savepoint while sessions are open: with
+// drain (Flink's stop-with-savepoint --drain) the sources stop reading and
+// emit the final watermark before the savepoint's barrier, so every session
+// of the input fires exactly once, committed with the savepoint, and the
+// job ends FINISHED; without drain only the sessions the watermark had
+// closed are in the output (the open ones are in the savepoint's state).
+// Checked record by record, read_committed.
+func TestStopWithDrainFiresEveryOpenSessionOnceBeforeTheJobFinishes(t *testing.T) {
+	for _, drain := range []bool{true, false} {
+		t.Run(map[bool]string{true: "drain", false: "no-drain"}[drain], func(t *testing.T) {
+			env := kafkatest.New(t)
+			env.CreateTopic(t, "clicks", 1, nil)
+			reg := runtime.NewRegistry()
+			if err := sessions.Register(reg); err != nil {
+				t.Fatal(err)
+			}
+			job, err := reg.Build(sessions.Name, map[string]string{"brokers": env.Addr, "parallelism": "1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			clicks := onTimeClicks(t)
+			maxTS := int64(0)
+			for _, c := range clicks {
+				maxTS = max(maxTS, c.ts)
+			}
+			// The last click, ahead of the others, closes sessions no earlier click
+			// closes: once they are out, every click was read.
+			clicks = append(clicks, click{"zed", maxTS + 2*ooo})
+			var recs []*kgo.Record
+			for _, c := range clicks {
+				recs = append(recs, c.record("clicks"))
+			}
+			produce(t, env, recs...)
+			closed := expectedSessions(clicks)
+			if before := expectedSessions(clicks[:len(clicks)-1]); len(before) >= len(closed) {
+				t.Fatalf("test data: the last click closes no session (%d before, %d after)", len(before), len(closed))
+			}
+			// Every session, as the final watermark fires them: the
+			// contract's sessions under a watermark past every end.
+			all := make([]sessions.Click, len(clicks))
+			for i, c := range clicks {
+				all[i] = sessions.Click{User: c.user, TS: c.ts}
+			}
+			every := sessions.Expected(all, gap*time.Millisecond, -gap*time.Millisecond)
+			if len(every) <= len(closed) {
+				t.Fatalf("test data: no session open at the stop (%d closed of %d)", len(closed), len(every))
+			}
+
+			mc := runtime.NewMiniCluster(runtime.CheckpointInterval(50 * time.Millisecond))
+			done := make(chan error, 1)
+			go func() {
+				_, err := mc.Run(t.Context(), job)
+				done <- err
+			}()
+			waitFor(t, env, done, "sessions", len(closed))
+			var sp checkpoint.Completed
+			c, err := mc.TriggerSavepoint(t.Context(), true, drain, func(c checkpoint.Completed) error { sp = c; return nil })
+			if err != nil {
+				t.Fatalf("stop with a savepoint (drain %v): %v", drain, err)
+			}
+			if c.ID == 0 || sp.ID != c.ID {
+				t.Fatalf("stop returned checkpoint %d, wrote %d", c.ID, sp.ID)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("the stopped job: %v, want it FINISHED", err)
+				}
+			case <-time.After(2 * time.Minute):
+				t.Fatal("the job did not end after its stop-with-savepoint")
+			}
+
+			want := closed
+			if drain {
+				want = every
+			}
+			var wantOut []string
+			for _, s := range want {
+				b, err := json.Marshal(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantOut = append(wantOut, key([]byte(s.User), b))
+			}
+			got, err := kafkatest.ReadCommitted(context.WithoutCancel(t.Context()), []string{env.Addr}, "sessions")
+			if err != nil {
+				t.Fatal(err)
+			}
+			requireExactly(t, "sessions", got, wantOut)
+			t.Logf("drain %v: %d sessions committed (%d closed by the watermark, %d in the input)", drain, len(got), len(closed), len(every))
+		})
+	}
+}
