@@ -3,6 +3,7 @@ package sessions_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -104,6 +105,47 @@ func TestStopWithDrainFiresEveryOpenSessionOnceBeforeTheJobFinishes(t *testing.T
 			}
 			requireExactly(t, "sessions", got, wantOut)
 			t.Logf("drain %v: %d sessions committed (%d closed by the watermark, %d in the input)", drain, len(got), len(closed), len(every))
+			if drain {
+				return
+			}
+			// The open sessions are in the savepoint: a job started from
+			// it and stopped with drain fires them, each once.
+			job, err = reg.Build(sessions.Name, map[string]string{"brokers": env.Addr, "parallelism": "1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mc = runtime.NewMiniCluster(runtime.CheckpointInterval(50*time.Millisecond), runtime.StartFrom(sp))
+			go func() {
+				_, err := mc.Run(t.Context(), job)
+				done <- err
+			}()
+			for {
+				_, err := mc.TriggerSavepoint(t.Context(), true, true, func(checkpoint.Completed) error { return nil })
+				if err == nil {
+					break
+				}
+				if !errors.Is(err, runtime.ErrNotRunning) {
+					t.Fatalf("stop the restored job with drain: %v", err)
+				}
+				time.Sleep(20 * time.Millisecond) // deploying: ask again
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("the restored job after its stop with drain: %v, want it FINISHED", err)
+			}
+			wantOut = wantOut[:0]
+			for _, s := range every {
+				b, err := json.Marshal(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantOut = append(wantOut, key([]byte(s.User), b))
+			}
+			got, err = kafkatest.ReadCommitted(context.WithoutCancel(t.Context()), []string{env.Addr}, "sessions")
+			if err != nil {
+				t.Fatal(err)
+			}
+			requireExactly(t, "sessions", got, wantOut)
+			t.Logf("after the restore and a stop with drain: %d sessions committed", len(got))
 		})
 	}
 }
