@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/examples/sessions"
+	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/kafkatest"
 )
 
@@ -95,4 +96,30 @@ func TestStopWithDrainEmitsEverySessionOfTheSessionsExampleOnce(t *testing.T) {
 		}
 	}
 	t.Logf("%d clicks, %d sessions emitted by the stop with drain into %s", len(clicks), len(got), sp)
+}
+
+// A savepoint written by "streamctl savepoint" records the job's type and
+// parameters (the job manager writes them with it): "state dump" decodes
+// it without --job, every word's count equal to the input's.
+func TestStateDumpDecodesASavepointOfTheJobManagerWithoutJob(t *testing.T) {
+	c := startLocal(t, "--taskmanagers", "1", "--slots", "2")
+	lines := testLines(300, "d")
+	produceLines(t, c.broker, "lines", lines)
+	id := c.submitWordcount(t, "100ms")
+	want := wordcount.Expected(lines)
+	waitCounted(t, c.broker, "counts", want)
+	dir := t.TempDir()
+	out, err := c.cli(t, "savepoint", id, "--target", dir)
+	sp := strings.TrimSpace(out)
+	if err != nil || filepath.Dir(sp) != dir {
+		t.Fatalf("savepoint --target %s: %q, %v", dir, out, err)
+	}
+	out, errOut, err := runCLI(t, "state", "dump", sp, "--operator", "count")
+	if err != nil {
+		t.Fatalf("state dump without --job: %v; %s", err, errOut)
+	}
+	if strings.Contains(errOut, "no job type") {
+		t.Errorf("state dump of the job manager's savepoint: %q, want it decoded with the recorded job type", errOut)
+	}
+	sameCounts(t, "the job manager's savepoint", dumpedCounts(t, out), want)
 }
