@@ -23,8 +23,20 @@ import (
 // closed are in the output (the open ones are in the savepoint's state).
 // Checked record by record, read_committed.
 func TestStopWithDrainFiresEveryOpenSessionOnceBeforeTheJobFinishes(t *testing.T) {
-	for _, drain := range []bool{true, false} {
-		t.Run(map[bool]string{true: "drain", false: "no-drain"}[drain], func(t *testing.T) {
+	errWrite := errors.New("the savepoint directory cannot be written")
+	for _, tc := range []struct {
+		name string
+		// drain: stop with drain; failWrite: the first drain savepoint's
+		// directory cannot be written (the job fails over, since its
+		// sources read no more, and is stopped with drain again).
+		drain, failWrite bool
+	}{
+		{name: "drain", drain: true},
+		{name: "no-drain"},
+		{name: "drain-write-fails-then-drain", drain: true, failWrite: true},
+	} {
+		drain := tc.drain
+		t.Run(tc.name, func(t *testing.T) {
 			env := kafkatest.New(t)
 			env.CreateTopic(t, "clicks", 1, nil)
 			reg := runtime.NewRegistry()
@@ -70,8 +82,23 @@ func TestStopWithDrainFiresEveryOpenSessionOnceBeforeTheJobFinishes(t *testing.T
 				done <- err
 			}()
 			waitFor(t, env, done, "sessions", len(closed))
+			if tc.failWrite {
+				_, err := mc.TriggerSavepoint(t.Context(), true, true, func(checkpoint.Completed) error { return errWrite })
+				if !errors.Is(err, errWrite) {
+					t.Fatalf("stop with drain whose write fails: %v, want %v", err, errWrite)
+				}
+				// The job reads on after its failover: a new user's two
+				// sessions, the first closed by the second's click.
+				yan := []click{{"yan", maxTS + 100*gap}, {"yan", maxTS + 102*gap}}
+				produce(t, env, yan[0].record("clicks"), yan[1].record("clicks"))
+				for _, c := range yan {
+					all = append(all, sessions.Click{User: c.user, TS: c.ts})
+				}
+				waitFor(t, env, done, "sessions", len(every)+1)
+				every = sessions.Expected(all, gap*time.Millisecond, -gap*time.Millisecond)
+			}
 			var sp checkpoint.Completed
-			c, err := mc.TriggerSavepoint(t.Context(), true, drain, func(c checkpoint.Completed) error { sp = c; return nil })
+			c, err := stopWithSavepoint(t, mc, drain, func(c checkpoint.Completed) error { sp = c; return nil })
 			if err != nil {
 				t.Fatalf("stop with a savepoint (drain %v): %v", drain, err)
 			}
@@ -119,15 +146,8 @@ func TestStopWithDrainFiresEveryOpenSessionOnceBeforeTheJobFinishes(t *testing.T
 				_, err := mc.Run(t.Context(), job)
 				done <- err
 			}()
-			for {
-				_, err := mc.TriggerSavepoint(t.Context(), true, true, func(checkpoint.Completed) error { return nil })
-				if err == nil {
-					break
-				}
-				if !errors.Is(err, runtime.ErrNotRunning) {
-					t.Fatalf("stop the restored job with drain: %v", err)
-				}
-				time.Sleep(20 * time.Millisecond) // deploying: ask again
+			if _, err := stopWithSavepoint(t, mc, true, func(checkpoint.Completed) error { return nil }); err != nil {
+				t.Fatalf("stop the restored job with drain: %v", err)
 			}
 			if err := <-done; err != nil {
 				t.Fatalf("the restored job after its stop with drain: %v, want it FINISHED", err)
@@ -147,5 +167,22 @@ func TestStopWithDrainFiresEveryOpenSessionOnceBeforeTheJobFinishes(t *testing.T
 			requireExactly(t, "sessions", got, wantOut)
 			t.Logf("after the restore and a stop with drain: %d sessions committed", len(got))
 		})
+	}
+}
+
+// stopWithSavepoint stops mc's job with a savepoint, asking again while
+// the job is deploying, failing over or restarting.
+func stopWithSavepoint(t *testing.T, mc *runtime.MiniCluster, drain bool, write func(checkpoint.Completed) error) (checkpoint.Completed, error) {
+	t.Helper()
+	for {
+		c, err := mc.TriggerSavepoint(t.Context(), true, drain, write)
+		if !errors.Is(err, runtime.ErrNotRunning) && !errors.Is(err, checkpoint.ErrDriverStopped) && !errors.Is(err, checkpoint.ErrJobFailover) {
+			return c, err
+		}
+		select {
+		case <-t.Context().Done():
+			return c, err
+		case <-time.After(20 * time.Millisecond): // deploying: ask again
+		}
 	}
 }
