@@ -109,8 +109,9 @@ downstream fires first, its output goes into the savepoint's transactions
 (committed with it), and the savepoint holds the state after they fired. Use
 it to end a job for good; without it, open windows stay in the savepoint
 and fire after a restore. A drain savepoint that fails after the final
-watermark went out fails the job over to its latest checkpoint (its drained
-output rolled back) instead of reading on.`,
+watermark went out fails the job over to its latest completed checkpoint
+(the drained output rolled back if the savepoint was aborted, committed
+once if only writing it out failed): the job reads on.`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withLogger(func(cmd *cobra.Command, _ *zap.Logger) error {
 			if err := s.f.checkOutput(cmd); err != nil {

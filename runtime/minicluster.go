@@ -366,8 +366,9 @@ var errStoppedWithSavepoint = errors.New("stopped with a savepoint")
 // holds the state after they fired and their output is in its
 // checkpoint's transactions, committed with it. Should the savepoint be
 // aborted, or write fail, after the final watermark went out, the job
-// fails over to its latest completed checkpoint instead of going on
-// (reading on after the final watermark would make every record late).
+// fails over to its latest completed checkpoint (before the drain, or the
+// savepoint's own) and reads on, instead of going on with its sources
+// stopped.
 func (m *MiniCluster) TriggerSavepoint(ctx context.Context, stop, drain bool, write func(checkpoint.Completed) error) (checkpoint.Completed, error) {
 	stop = stop || drain
 	m.mu.Lock()

@@ -346,7 +346,7 @@ func (t *task) handleControl(ctx context.Context, c control) (done bool, err err
 			// later record late. The job fails over to its latest
 			// checkpoint, before the drain; what the drain fired is in
 			// the aborted checkpoint's transactions, rolled back.
-			return false, fmt.Errorf("%w: checkpoint %d aborted after the sources emitted the final watermark", ErrDrainAborted, c.id)
+			return false, fmt.Errorf("%w: checkpoint %d was aborted", ErrDrainAborted, c.id)
 		}
 		return t.execute(ctx, t.seq.notify(c.id, false), 0)
 	case ctrlComplete:
@@ -355,10 +355,11 @@ func (t *task) handleControl(ctx context.Context, c control) (done bool, err err
 	return false, nil
 }
 
-// ErrDrainAborted fails a job whose stop-with-savepoint with drain was
-// aborted after its sources emitted the final watermark: it restarts from
-// its latest checkpoint (taken before the drain), as after any failure.
-var ErrDrainAborted = errors.New("stop --drain: the savepoint was aborted after the final watermark; the job fails over to its latest checkpoint")
+// ErrDrainAborted fails a job whose stop-with-savepoint with drain failed
+// (aborted, or not written out) after its sources emitted the final
+// watermark: it restarts from its latest completed checkpoint, as after
+// any failure, and reads on.
+var ErrDrainAborted = errors.New("stop --drain: the savepoint failed after the sources emitted the final watermark; the job fails over to its latest checkpoint")
 
 // drain stops the source task reading for the stop-with-savepoint with
 // drain id: it emits MaxWatermark (through the chain and out), so that
