@@ -22,8 +22,15 @@ import (
 // --savepoint DIR --drain": its sources stop reading and emit the final
 // watermark before the savepoint's barrier, so every session of the input
 // is emitted exactly once (read_committed, record by record), the
-// savepoint is written and the job ends FINISHED.
+// savepoint is written and the job ends FINISHED. The same through REST
+// (POST /jobs/{id}/stop with "drain": true).
 func TestStopWithDrainEmitsEverySessionOfTheSessionsExampleOnce(t *testing.T) {
+	for _, via := range []string{"cli", "rest"} {
+		t.Run(via, func(t *testing.T) { stopSessionsWithDrain(t, via) })
+	}
+}
+
+func stopSessionsWithDrain(t *testing.T, via string) {
 	reg := testRegistry(t)
 	if err := sessions.Register(reg); err != nil {
 		t.Fatal(err)
@@ -70,8 +77,14 @@ func TestStopWithDrainEmitsEverySessionOfTheSessionsExampleOnce(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	out, err = c.cli(t, "stop", id, "--savepoint", dir, "--drain")
-	sp := strings.TrimSpace(out)
+	var sp string
+	if via == "rest" {
+		jm := "http://" + c.addr(t, "jobmanager http on")
+		sp, err = triggerAndWait(t, jm, "/jobs/"+id+"/stop", `{"targetDirectory":"`+dir+`","drain":true}`), nil
+	} else {
+		out, err = c.cli(t, "stop", id, "--savepoint", dir, "--drain")
+		sp = strings.TrimSpace(out)
+	}
 	if err != nil || filepath.Dir(sp) != dir {
 		t.Fatalf("stop --drain: %q, %v; want a savepoint under %s", out, err, dir)
 	}
