@@ -246,10 +246,13 @@ type TaskFailed struct {
 // all is triggered once the savepoint is, unless it is aborted or
 // ResumeTriggers lifts the stop: the job is meant to end with it as its
 // final checkpoint. A request the coordinator cannot serve (the job is
-// failing over) is answered with SavepointFailed.
+// failing over) is answered with SavepointFailed. Drain (stop --drain,
+// which implies Stop) marks its Trigger Drain: the sources stop reading and
+// emit the final watermark before its barrier.
 type TriggerSavepoint struct {
-	Now  time.Time
-	Stop bool
+	Now   time.Time
+	Stop  bool
+	Drain bool
 }
 
 // ResumeTriggers lifts the stop a completed stop-with-savepoint left (the
@@ -295,9 +298,12 @@ type Trigger struct {
 	At      time.Time
 	Reason  string
 	// Savepoint marks a savepoint's checkpoint (TriggerSavepoint); Stop a
-	// stop-with-savepoint's.
+	// stop-with-savepoint's; Drain a stop-with-savepoint with drain (the
+	// sources stop reading and emit the final watermark before the
+	// barrier).
 	Savepoint bool
 	Stop      bool
+	Drain     bool
 }
 
 // Persist writes a checkpoint every task acknowledged to the store (the
@@ -391,6 +397,7 @@ type pending struct {
 	ackedAt     time.Time
 	savepoint   bool
 	stop        bool
+	drain       bool
 	snaps       map[TaskID]TaskSnapshot
 	stats       map[TaskID]TaskStats
 }
@@ -422,8 +429,10 @@ type Coordinator struct {
 	// set once a stop-with-savepoint was triggered (no more triggers).
 	wantSavepoint bool
 	wantStop      bool
+	wantDrain     bool
 	reqSavepoint  bool
 	reqStop       bool
+	reqDrain      bool
 	stopped       bool
 
 	failures int
@@ -499,11 +508,13 @@ func (c *Coordinator) Step(ev Event) []Action {
 		}
 		if c.requesting && c.reqSavepoint {
 			// Joins the savepoint whose id is being asked for.
-			c.reqStop = c.reqStop || e.Stop
+			c.reqStop = c.reqStop || e.Stop || e.Drain
+			c.reqDrain = c.reqDrain || e.Drain
 			break
 		}
 		c.wantSavepoint = true
-		c.wantStop = c.wantStop || e.Stop
+		c.wantStop = c.wantStop || e.Stop || e.Drain
+		c.wantDrain = c.wantDrain || e.Drain
 	case ResumeTriggers:
 		c.stopped = false
 	}
@@ -563,6 +574,7 @@ func (c *Coordinator) onIDAssigned(e IDAssigned) {
 		deadline:    c.now.Add(c.cfg.Timeout),
 		savepoint:   c.reqSavepoint,
 		stop:        c.reqStop,
+		drain:       c.reqDrain,
 		snaps:       make(map[TaskID]TaskSnapshot, len(c.tasks)),
 		stats:       make(map[TaskID]TaskStats, len(c.tasks)),
 	}
@@ -570,9 +582,9 @@ func (c *Coordinator) onIDAssigned(e IDAssigned) {
 	if p.stop {
 		c.stopped = true
 	}
-	c.reqSavepoint, c.reqStop = false, false
+	c.reqSavepoint, c.reqStop, c.reqDrain = false, false, false
 	c.emit(Trigger{ID: e.ID, Sources: slices.Clone(c.cfg.Sources), At: c.now, Reason: c.reqReason,
-		Savepoint: p.savepoint, Stop: p.stop})
+		Savepoint: p.savepoint, Stop: p.stop, Drain: p.drain})
 }
 
 func (c *Coordinator) onAck(e Ack) {
@@ -680,7 +692,7 @@ func (c *Coordinator) failSavepointRequest(err error) {
 	if !c.reqSavepoint {
 		return
 	}
-	c.reqSavepoint, c.reqStop = false, false
+	c.reqSavepoint, c.reqStop, c.reqDrain = false, false, false
 	c.emit(SavepointFailed{Err: err})
 }
 
@@ -718,7 +730,7 @@ func (c *Coordinator) halt(reason error) {
 	c.halted = true
 	c.wantEarly = false
 	if c.wantSavepoint {
-		c.wantSavepoint, c.wantStop = false, false
+		c.wantSavepoint, c.wantStop, c.wantDrain = false, false, false
 		c.emit(SavepointFailed{Err: fmt.Errorf("savepoint: %w", reason)})
 	}
 	for _, id := range c.sortedIDs() {
@@ -778,8 +790,8 @@ func (c *Coordinator) maybeTrigger() {
 		if c.wantStop {
 			reason = "stop-with-savepoint"
 		}
-		c.reqSavepoint, c.reqStop = true, c.wantStop
-		c.wantSavepoint, c.wantStop = false, false
+		c.reqSavepoint, c.reqStop, c.reqDrain = true, c.wantStop, c.wantDrain
+		c.wantSavepoint, c.wantStop, c.wantDrain = false, false, false
 		c.requesting = true
 		c.reqReason = reason
 		c.lastReq = c.now

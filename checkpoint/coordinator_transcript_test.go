@@ -140,7 +140,7 @@ func transcriptEvents(t *testing.T, d *datadriven.TestData) []Event {
 	case "task-failed":
 		return []Event{TaskFailed{Err: errArg(), Now: now}}
 	case "savepoint":
-		return []Event{TriggerSavepoint{Now: now, Stop: d.HasArg("stop")}}
+		return []Event{TriggerSavepoint{Now: now, Stop: d.HasArg("stop"), Drain: d.HasArg("drain")}}
 	case "resume-triggers":
 		return []Event{ResumeTriggers{Now: now}}
 	case "restored":
@@ -191,7 +191,7 @@ func formatActions(acts []Action) string {
 		case RequestID:
 			fmt.Fprintf(&b, "request-id reason=%s\n", a.Reason)
 		case Trigger:
-			fmt.Fprintf(&b, "trigger id=%d sources=%s at=%s reason=%s%s\n", a.ID, joinTasks(a.Sources), a.At.Sub(t0), a.Reason, savepointFlags(a.Savepoint, a.Stop))
+			fmt.Fprintf(&b, "trigger id=%d sources=%s at=%s reason=%s%s\n", a.ID, joinTasks(a.Sources), a.At.Sub(t0), a.Reason, savepointFlags(a.Savepoint, a.Stop, a.Drain))
 		case Persist:
 			tasks := make([]TaskID, 0, len(a.Completed.Tasks))
 			for task := range a.Completed.Tasks {
@@ -199,7 +199,7 @@ func formatActions(acts []Action) string {
 			}
 			slices.Sort(tasks)
 			fmt.Fprintf(&b, "persist id=%d triggered=%s completed=%s tasks=%s%s\n", a.Completed.ID,
-				a.Completed.TriggeredAt.Sub(t0), a.Completed.CompletedAt.Sub(t0), joinTasks(tasks), savepointFlags(a.Savepoint, false))
+				a.Completed.TriggeredAt.Sub(t0), a.Completed.CompletedAt.Sub(t0), joinTasks(tasks), savepointFlags(a.Savepoint, false, false))
 		case NotifyComplete:
 			fmt.Fprintf(&b, "notify-complete id=%d\n", a.ID)
 		case NotifyAborted:
@@ -216,8 +216,10 @@ func formatActions(acts []Action) string {
 }
 
 // savepointFlags prints the savepoint marks of a Trigger or a Persist.
-func savepointFlags(savepoint, stop bool) string {
+func savepointFlags(savepoint, stop, drain bool) string {
 	switch {
+	case drain:
+		return " savepoint stop drain"
 	case stop:
 		return " savepoint stop"
 	case savepoint:

@@ -22,9 +22,11 @@ var ErrDriverRunning = errors.New("checkpoint driver already running")
 // Its methods are called from the Driver's goroutine, one at a time, and
 // should not block for long (hand RPCs off, do not wait on acks).
 type Executor interface {
-	// TriggerCheckpoint injects barrier id at the sources. An error aborts
-	// the checkpoint and counts as a failed checkpoint.
-	TriggerCheckpoint(ctx context.Context, id ID, sources []TaskID) error
+	// TriggerCheckpoint injects barrier id at the sources; with drain (a
+	// stop-with-savepoint with drain, Trigger.Drain) each source first
+	// stops reading and emits the final watermark. An error aborts the
+	// checkpoint and counts as a failed checkpoint.
+	TriggerCheckpoint(ctx context.Context, id ID, sources []TaskID, drain bool) error
 	// NotifyComplete tells every participant that id (and every id below)
 	// completed. Best effort: it may be lost.
 	NotifyComplete(ctx context.Context, id ID)
@@ -251,7 +253,7 @@ func (d *Driver) execute(ctx context.Context, a Action) (Event, error) {
 			d.byID[a.ID] = append(d.byID[a.ID], d.asked...)
 			d.asked = nil
 		}
-		if err := d.exec.TriggerCheckpoint(ctx, a.ID, a.Sources); err != nil {
+		if err := d.exec.TriggerCheckpoint(ctx, a.ID, a.Sources, a.Drain); err != nil {
 			return TriggerFailed{ID: a.ID, Err: err, Now: d.cfg.now()}, nil
 		}
 	case Persist:
@@ -329,13 +331,14 @@ func (d *Driver) TriggerNow(ctx context.Context, reason string) error {
 
 // TriggerSavepoint takes a savepoint (Coordinator's TriggerSavepoint; with
 // stop, a stop-with-savepoint: no checkpoint is triggered after it until
-// ResumeTriggers) and waits for it: it returns the completed checkpoint once
+// ResumeTriggers; with drain, which implies stop, the sources stop reading
+// and emit the final watermark before its barrier) and waits for it: it returns the completed checkpoint once
 // it was saved by the Persister and its NotifyComplete was executed, or why
 // it failed (its abort, the job failing over, ctx, or the driver stopping).
 // The caller writes the savepoint out (WriteSavepoint).
-func (d *Driver) TriggerSavepoint(ctx context.Context, stop bool) (Completed, error) {
+func (d *Driver) TriggerSavepoint(ctx context.Context, stop, drain bool) (Completed, error) {
 	reply := make(chan savepointResult, 1)
-	if err := d.send(ctx, savepointRequest{TriggerSavepoint{Now: d.cfg.now(), Stop: stop}, reply}); err != nil {
+	if err := d.send(ctx, savepointRequest{TriggerSavepoint{Now: d.cfg.now(), Stop: stop, Drain: drain}, reply}); err != nil {
 		return Completed{}, fmt.Errorf("savepoint: %w", err)
 	}
 	select {

@@ -57,7 +57,7 @@ func (r *recorder) Save(ctx context.Context, c Completed) error {
 	return nil
 }
 
-func (r *recorder) TriggerCheckpoint(ctx context.Context, id ID, sources []TaskID) error {
+func (r *recorder) TriggerCheckpoint(ctx context.Context, id ID, sources []TaskID, _ bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.trigErr != nil {
@@ -500,7 +500,7 @@ func TestDriverSavepointReturnsTheCheckpointOnceSavedAndNotified(t *testing.T) {
 	}
 	got := make(chan result, 1)
 	go func() {
-		c, err := d.TriggerSavepoint(ctx, false)
+		c, err := d.TriggerSavepoint(ctx, false, false)
 		got <- result{c, err}
 	}()
 	waitFor(t, "trigger 1", func() bool { return rec.lastTrigger() == 1 })
@@ -515,7 +515,7 @@ func TestDriverSavepointReturnsTheCheckpointOnceSavedAndNotified(t *testing.T) {
 
 	// A declined savepoint fails with its abort's reason.
 	go func() {
-		c, err := d.TriggerSavepoint(ctx, true)
+		c, err := d.TriggerSavepoint(ctx, true, false)
 		got <- result{c, err}
 	}()
 	waitFor(t, "trigger 2", func() bool { return rec.lastTrigger() == 2 })
@@ -536,7 +536,7 @@ func TestDriverSavepointFailsWhenTheDriverStops(t *testing.T) {
 	cancel, done := startDriver(t, d)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := d.TriggerSavepoint(t.Context(), false)
+		_, err := d.TriggerSavepoint(t.Context(), false, false)
 		errc <- err
 	}()
 	waitFor(t, "trigger 1", func() bool { return rec.lastTrigger() == 1 })

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/proctest"
+	weirruntime "github.com/weirstream/weir/runtime"
 )
 
 // localCluster runs "streamctl local" in-process until the test ends.
@@ -23,11 +24,17 @@ type localCluster struct {
 
 func startLocal(t *testing.T, args ...string) *localCluster {
 	t.Helper()
+	return startLocalWith(t, testRegistry(t), args...)
+}
+
+// startLocalWith is startLocal with the job types of reg.
+func startLocalWith(t *testing.T, reg *weirruntime.Registry, args ...string) *localCluster {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &localCluster{out: &proctest.Buffer{}, errs: &proctest.Buffer{}}
 	done := make(chan error, 1)
 	go func() {
-		root := newRootCmd(testRegistry(t), c.out, c.errs)
+		root := newRootCmd(reg, c.out, c.errs)
 		root.SetArgs(append([]string{"local", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--broker-port", "0"}, args...))
 		done <- root.ExecuteContext(ctx)
 	}()

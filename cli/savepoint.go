@@ -102,8 +102,16 @@ fails, the job goes on running and stop fails.
 It prints the savepoint's directory once the job ended; "submit
 --from-savepoint DIR" continues the job from it.
 
---drain (advance the watermark to the end first, so every event-time window
-fires) is not supported yet: it is refused.`,
+With --drain (Flink's stop --drain), when the savepoint's trigger reaches
+a source task it stops reading (no poll after it) and emits the final
+watermark before the savepoint's barrier: every event-time window and timer
+downstream fires first, its output goes into the savepoint's transactions
+(committed with it), and the savepoint holds the state after they fired. Use
+it to end a job for good; without it, open windows stay in the savepoint
+and fire after a restore. A drain savepoint that fails after the final
+watermark went out fails the job over to its latest completed checkpoint
+(the drained output rolled back if the savepoint was aborted, committed
+once if only writing it out failed): the job reads on.`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withLogger(func(cmd *cobra.Command, _ *zap.Logger) error {
 			if err := s.f.checkOutput(cmd); err != nil {
@@ -115,7 +123,7 @@ fires) is not supported yet: it is refused.`,
 	}
 	s.f.flags(cmd, true)
 	cmd.Flags().StringVar(&dir, "savepoint", "", "directory under which the savepoint is written (default: the job manager's --savepoint-dir)")
-	cmd.Flags().BoolVar(&drain, "drain", false, "emit the final watermark before the savepoint (not supported yet: refused)")
+	cmd.Flags().BoolVar(&drain, "drain", false, "stop reading and emit the final watermark before the savepoint: every event-time window and timer fires into it")
 	return cmd
 }
 

@@ -82,7 +82,7 @@ func triggerAndWait(t *testing.T, jm, path, body string) string {
 // The REST API triggers a savepoint and a stop-with-savepoint in Flink's
 // shapes (202 with a request-id, then the operation's status polled until
 // COMPLETED with the location), lists them for the dashboard, refuses what
-// it cannot do (no target directory, drain, cancel-job) with 400, and the
+// it cannot do (no target directory, cancel-job) with 400, and the
 // stopped job ends FINISHED with its output exactly-once.
 func TestRESTTriggersSavepointsAndStopsAJobInFlinksShapes(t *testing.T) {
 	c := startLocal(t, "--taskmanagers", "1", "--slots", "2")
@@ -96,7 +96,6 @@ func TestRESTTriggersSavepointsAndStopsAJobInFlinksShapes(t *testing.T) {
 	for _, bad := range []struct{ path, body, want string }{
 		{"/savepoints", `{}`, "--savepoint-dir"},
 		{"/savepoints", `{"target-directory":"` + dir + `","cancel-job":true}`, "cancel-job"},
-		{"/stop", `{"targetDirectory":"` + dir + `","drain":true}`, "drain"},
 	} {
 		code, b := postJSON(t, jm+"/jobs/"+id+bad.path, bad.body)
 		if code != http.StatusBadRequest || !strings.Contains(string(b), bad.want) {

@@ -200,7 +200,7 @@ func (sh *share) Start(context.Context) error {
 		JobId: sh.key.job, Attempt: sh.key.attempt}}})
 }
 
-func (sh *share) Trigger(_ context.Context, id checkpoint.ID, sources []checkpoint.TaskID, final bool) error {
+func (sh *share) Trigger(_ context.Context, id checkpoint.ID, sources []checkpoint.TaskID, b runtime.Barrier) error {
 	var mine []string
 	for _, s := range sources {
 		if sh.local[s] {
@@ -211,7 +211,7 @@ func (sh *share) Trigger(_ context.Context, id checkpoint.ID, sources []checkpoi
 		return nil
 	}
 	return sh.send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Trigger{Trigger: &weirpb.TriggerCheckpoint{
-		JobId: sh.key.job, Attempt: sh.key.attempt, CheckpointId: uint64(id), SourceTaskIds: mine, Final: final}}})
+		JobId: sh.key.job, Attempt: sh.key.attempt, CheckpointId: uint64(id), SourceTaskIds: mine, Final: b.Final, Drain: b.Drain}}})
 }
 
 func (sh *share) Notify(_ context.Context, id checkpoint.ID, complete bool) {

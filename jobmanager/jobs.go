@@ -600,7 +600,7 @@ func (s *Server) Jobs(ctx context.Context) ([]JobRecord, error) {
 // savepoint: one the caller must change, not retry.
 func badSavepoint(err error) bool {
 	for _, e := range []error{checkpoint.ErrNotSavepoint, checkpoint.ErrCorruptSavepoint, checkpoint.ErrSavepointVersion,
-		checkpoint.ErrSavepointExists, runtime.ErrIncompatibleState, ErrNoSavepointTarget, ErrDrainUnsupported} {
+		checkpoint.ErrSavepointExists, runtime.ErrIncompatibleState, ErrNoSavepointTarget} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -29,10 +29,6 @@ const (
 // target directory and the job manager has no --savepoint-dir.
 var ErrNoSavepointTarget = errors.New("savepoint: no target directory: give one (--target DIR) or start the job manager with --savepoint-dir DIR")
 
-// ErrDrainUnsupported is returned for a stop with drain: this version does
-// not advance the sources' watermark to the end on stop.
-var ErrDrainUnsupported = errors.New("stop --drain is not supported yet: the sources cannot emit the final watermark on stop; stop without --drain (event-time windows then fire after the restore)")
-
 // savepointsKept bounds the savepoint operations a job manager remembers
 // per job (for status polls and the dashboard).
 const savepointsKept = 20
@@ -65,11 +61,12 @@ type SavepointOp struct {
 // returns its trigger id at once; SavepointStatus or WaitSavepoint follow
 // it. With stop, the job ends FINISHED once the savepoint is written
 // (stop-with-savepoint): its sources stop being read, the savepoint is its
-// final checkpoint and its transactions commit.
+// final checkpoint and its transactions commit. With drain (implying
+// stop) the sources also stop reading and emit the final watermark before
+// the savepoint's barrier, so every event-time window and timer fires into
+// it (runtime.MiniCluster.TriggerSavepoint).
 func (s *Server) StartSavepoint(ctx context.Context, id, target string, stop, drain bool) (string, error) {
-	if drain {
-		return "", ErrDrainUnsupported
-	}
+	stop = stop || drain
 	target = cmpOr(target, s.cfg.savepointDir)
 	if target == "" {
 		return "", ErrNoSavepointTarget
@@ -108,7 +105,7 @@ func (s *Server) StartSavepoint(ctx context.Context, id, target string, stop, dr
 	go func() {
 		defer s.jobs.wg.Done()
 		var location string
-		c, err := rj.mc.TriggerSavepoint(s.jobs.ctx, stop, func(c checkpoint.Completed) error {
+		c, err := rj.mc.TriggerSavepoint(s.jobs.ctx, stop, drain, func(c checkpoint.Completed) error {
 			dir := filepath.Join(abs, "savepoint-"+shortID(id)+"-"+strconv.FormatUint(uint64(c.ID), 10))
 			// The job's type and parameters let state dump decode it.
 			if err := checkpoint.WriteSavepoint(dir, c, time.Now(), checkpoint.WithJob(rj.rec.Type, rj.rec.Params)); err != nil {

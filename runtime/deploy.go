@@ -66,8 +66,8 @@ type Deployed interface {
 	// the attempt opened.
 	Start(ctx context.Context) error
 	// Trigger injects barrier id at the given source tasks (those this
-	// deployment runs); final marks a trigger after every source ended.
-	Trigger(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID, final bool) error
+	// deployment runs), as b says.
+	Trigger(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID, b Barrier) error
 	// Notify tells every task that checkpoint id completed or was aborted.
 	Notify(ctx context.Context, id checkpoint.ID, complete bool)
 	// Cancel stops every task. forGood: the job is cancelled, not
@@ -674,13 +674,24 @@ func (d *localDeployment) Start(context.Context) error {
 	return nil
 }
 
-func (d *localDeployment) Trigger(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID, final bool) error {
+// Barrier says how a trigger's barrier is injected at the sources.
+type Barrier struct {
+	// Final marks a trigger after every source ended: once it completes,
+	// the sources end their streams.
+	Final bool
+	// Drain marks a stop-with-savepoint with drain: each source stops
+	// reading (no Poll after it) and emits MaxWatermark, so every
+	// event-time window and timer downstream fires, before the barrier.
+	Drain bool
+}
+
+func (d *localDeployment) Trigger(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID, b Barrier) error {
 	for _, s := range sources {
 		t := d.byID[s]
 		if t == nil {
 			continue
 		}
-		if err := d.send(ctx, t, control{kind: ctrlTrigger, id: id, final: final}); err != nil {
+		if err := d.send(ctx, t, control{kind: ctrlTrigger, id: id, final: b.Final, drain: b.Drain}); err != nil {
 			return err
 		}
 	}
@@ -861,8 +872,8 @@ func (c combined) Start(ctx context.Context) error {
 	return c.each(func(d Deployed) error { return d.Start(ctx) })
 }
 
-func (c combined) Trigger(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID, final bool) error {
-	return c.each(func(d Deployed) error { return d.Trigger(ctx, id, sources, final) })
+func (c combined) Trigger(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID, b Barrier) error {
+	return c.each(func(d Deployed) error { return d.Trigger(ctx, id, sources, b) })
 }
 
 func (c combined) Notify(ctx context.Context, id checkpoint.ID, complete bool) {

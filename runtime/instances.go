@@ -108,6 +108,11 @@ func (s *sourceInstance[T]) poll(ctx context.Context) error {
 	return nil
 }
 
+// drain emits the final watermark of a stop-with-savepoint with drain
+// (the task polls no more after it). A source that ended emitted it
+// already: a watermark never goes back.
+func (s *sourceInstance[T]) drain() error { return s.wms.end() }
+
 func (s *sourceInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
 	st, err := s.src.Snapshot(ctx, id)
 	return checkpoint.OperatorSnapshot{State: st.Entries, Handles: st.Handles}, nil, err

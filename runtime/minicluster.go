@@ -358,7 +358,19 @@ var errStoppedWithSavepoint = errors.New("stopped with a savepoint")
 // transactions committed, anything later aborted, held records released)
 // and Run returns nil, the job FINISHED. If write fails, checkpoints resume
 // and the job goes on.
-func (m *MiniCluster) TriggerSavepoint(ctx context.Context, stop bool, write func(checkpoint.Completed) error) (checkpoint.Completed, error) {
+//
+// With drain (which implies stop: Flink's stop-with-savepoint --drain),
+// every source task stops reading when the savepoint's trigger reaches it
+// (no Poll after it) and emits MaxWatermark before the barrier: every
+// event-time window and timer downstream fires first, so the savepoint
+// holds the state after they fired and their output is in its
+// checkpoint's transactions, committed with it. Should the savepoint be
+// aborted, or write fail, after the final watermark went out, the job
+// fails over to its latest completed checkpoint (before the drain, or the
+// savepoint's own) and reads on, instead of going on with its sources
+// stopped.
+func (m *MiniCluster) TriggerSavepoint(ctx context.Context, stop, drain bool, write func(checkpoint.Completed) error) (checkpoint.Completed, error) {
+	stop = stop || drain
 	m.mu.Lock()
 	a := m.current
 	if m.stopping != nil {
@@ -373,7 +385,7 @@ func (m *MiniCluster) TriggerSavepoint(ctx context.Context, stop bool, write fun
 	if d == nil {
 		return checkpoint.Completed{}, fmt.Errorf("savepoint: %w (deploying, restarting or over): try again", ErrNotRunning)
 	}
-	c, err := d.TriggerSavepoint(ctx, stop)
+	c, err := d.TriggerSavepoint(ctx, stop, drain)
 	if err != nil {
 		return checkpoint.Completed{}, err
 	}
@@ -399,6 +411,11 @@ func (m *MiniCluster) TriggerSavepoint(ctx context.Context, stop bool, write fun
 	m.mu.Unlock()
 	close(done)
 	if werr != nil {
+		if drain {
+			// The sources emitted the final watermark and read no more:
+			// restart from the latest checkpoint rather than go on.
+			a.fail(fmt.Errorf("%w: the savepoint could not be written: %w", ErrDrainAborted, werr))
+		}
 		_ = d.ResumeTriggers(ctx) // fails only once the attempt is over
 		return checkpoint.Completed{}, werr
 	}
@@ -1091,11 +1108,11 @@ func (a *attempt) SourceEnded(checkpoint.TaskID) {
 }
 
 // TriggerCheckpoint implements checkpoint.Executor.
-func (a *attempt) TriggerCheckpoint(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID) error {
+func (a *attempt) TriggerCheckpoint(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID, drain bool) error {
 	final := int(a.ended.Load()) == len(a.sources)
 	now := time.Now()
 	a.triggered[id] = now
-	if err := a.dep.Trigger(ctx, id, sources, final); err != nil {
+	if err := a.dep.Trigger(ctx, id, sources, Barrier{Final: final, Drain: drain}); err != nil {
 		return err
 	}
 	if a.cfg.onTriggered != nil {

@@ -29,8 +29,11 @@ type control struct {
 	kind ctrlKind
 	id   checkpoint.ID
 	// final marks a trigger sent after every source ended: once it
-	// completes, sources end their streams.
+	// completes, sources end their streams. drain marks the trigger of a
+	// stop-with-savepoint with drain: the source stops reading and emits
+	// MaxWatermark before the barrier.
 	final bool
+	drain bool
 }
 
 // reporter is how a task talks back to whoever runs it.
@@ -78,6 +81,9 @@ type task struct {
 	seq        sequencer       // per-task checkpoint logic (pure state machine)
 	alignStart time.Time
 	async      sync.WaitGroup
+	// drained is the stop-with-savepoint with drain this source task
+	// stopped reading for (0: none): it polls no more.
+	drained checkpoint.ID
 
 	// Processing-time timers of the chain's keyed operators: wake fires at
 	// the earliest (wakeAt, epoch ms); nil when the chain has none.
@@ -297,7 +303,7 @@ func (t *task) runSource(ctx context.Context) error {
 				drained = true
 			}
 		}
-		if ended {
+		if ended || t.drained != 0 {
 			select {
 			case c := <-t.ctrl:
 				if done, err := t.handleControl(ctx, c); err != nil || done {
@@ -328,11 +334,45 @@ func (t *task) runSource(ctx context.Context) error {
 func (t *task) handleControl(ctx context.Context, c control) (done bool, err error) {
 	switch c.kind {
 	case ctrlTrigger:
+		if c.drain {
+			if err := t.drain(c.id); err != nil {
+				return false, err
+			}
+		}
 		return t.execute(ctx, t.seq.trigger(c.id, c.final), 0)
-	case ctrlComplete, ctrlAbort:
-		return t.execute(ctx, t.seq.notify(c.id, c.kind == ctrlComplete), 0)
+	case ctrlAbort:
+		if t.drained != 0 && c.id == t.drained {
+			// The final watermark went out: reading on would make every
+			// later record late. The job fails over to its latest
+			// checkpoint, before the drain; what the drain fired is in
+			// the aborted checkpoint's transactions, rolled back.
+			return false, fmt.Errorf("%w: checkpoint %d was aborted", ErrDrainAborted, c.id)
+		}
+		return t.execute(ctx, t.seq.notify(c.id, false), 0)
+	case ctrlComplete:
+		return t.execute(ctx, t.seq.notify(c.id, true), 0)
 	}
 	return false, nil
+}
+
+// ErrDrainAborted fails a job whose stop-with-savepoint with drain failed
+// (aborted, or not written out) after its sources emitted the final
+// watermark: it restarts from its latest completed checkpoint, as after
+// any failure, and reads on.
+var ErrDrainAborted = errors.New("stop --drain: the savepoint failed after the sources emitted the final watermark; the job fails over to its latest checkpoint")
+
+// drain stops the source task reading for the stop-with-savepoint with
+// drain id: it emits MaxWatermark (through the chain and out), so that
+// every event-time window and timer downstream fires before the
+// savepoint's barrier, which follows it in band. A source that already
+// ended emitted it at its end.
+func (t *task) drain(id checkpoint.ID) error {
+	d, ok := t.ops[0].(interface{ drain() error })
+	if !ok || t.drained != 0 {
+		return nil
+	}
+	t.drained = id
+	return d.drain()
 }
 
 // execute carries out the sequencer's actions.

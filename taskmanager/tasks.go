@@ -334,7 +334,7 @@ func (d *deployment) run(m *weirpb.DeployTasks) {
 			for i, s := range t.SourceTaskIds {
 				srcs[i] = checkpoint.TaskID(s)
 			}
-			if err := dep.Trigger(d.ctx, checkpoint.ID(t.CheckpointId), srcs, t.Final); err != nil {
+			if err := dep.Trigger(d.ctx, checkpoint.ID(t.CheckpointId), srcs, runtime.Barrier{Final: t.Final, Drain: t.Drain}); err != nil {
 				d.log().Info("trigger after the tasks stopped", zap.Uint64("checkpoint", t.CheckpointId), zap.Error(err))
 			}
 		case *weirpb.JobManagerMessage_Notify:

@@ -1511,6 +1511,9 @@ type TriggerCheckpoint struct {
 	CheckpointId  uint64                 `protobuf:"varint,3,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
 	SourceTaskIds []string               `protobuf:"bytes,4,rep,name=source_task_ids,json=sourceTaskIds,proto3" json:"source_task_ids,omitempty"`
 	Final         bool                   `protobuf:"varint,5,opt,name=final,proto3" json:"final,omitempty"`
+	// drain: a stop-with-savepoint with drain; each source stops reading and
+	// emits the final watermark before the barrier.
+	Drain         bool `protobuf:"varint,6,opt,name=drain,proto3" json:"drain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1576,6 +1579,13 @@ func (x *TriggerCheckpoint) GetSourceTaskIds() []string {
 func (x *TriggerCheckpoint) GetFinal() bool {
 	if x != nil {
 		return x.Final
+	}
+	return false
+}
+
+func (x *TriggerCheckpoint) GetDrain() bool {
+	if x != nil {
+		return x.Drain
 	}
 	return false
 }
@@ -3117,13 +3127,14 @@ const file_control_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x19\n" +
 	"\bfor_good\x18\x03 \x01(\bR\aforGood\x12%\n" +
-	"\x0elast_completed\x18\x04 \x01(\x04R\rlastCompleted\"\xa7\x01\n" +
+	"\x0elast_completed\x18\x04 \x01(\x04R\rlastCompleted\"\xbd\x01\n" +
 	"\x11TriggerCheckpoint\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
 	"\rcheckpoint_id\x18\x03 \x01(\x04R\fcheckpointId\x12&\n" +
 	"\x0fsource_task_ids\x18\x04 \x03(\tR\rsourceTaskIds\x12\x14\n" +
-	"\x05final\x18\x05 \x01(\bR\x05final\"\x84\x01\n" +
+	"\x05final\x18\x05 \x01(\bR\x05final\x12\x14\n" +
+	"\x05drain\x18\x06 \x01(\bR\x05drain\"\x84\x01\n" +
 	"\x10NotifyCheckpoint\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
