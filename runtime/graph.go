@@ -48,8 +48,8 @@ type node struct {
 	// newUser creates a source's or sink's user operator alone (nil for
 	// other operators), for checks outside any task (VerifyRestore).
 	newUser func() any
-	fanout      func(pushes []any) any
-	discard     func() any
+	fanout  func(pushes []any) any
+	discard func() any
 	// watermarks is a source's WatermarkStrategy[T] (Watermarks), nil if none.
 	watermarks any
 	// sides are the node's side outputs read by SideOutput, by tag id.

@@ -26,7 +26,9 @@ func (s *verifiedSource) Open(ctx context.Context, oc *OperatorContext) error {
 	return s.seqSource.Open(ctx, oc)
 }
 
-func (s *verifiedSource) VerifyRestore(_ context.Context, r RestoredOperator) error { return s.verify(r) }
+func (s *verifiedSource) VerifyRestore(_ context.Context, r RestoredOperator) error {
+	return s.verify(r)
+}
 
 // A RestoreVerifier operator is asked, before the first attempt opens
 // anything, with the state of all its subtasks (here from 2 subtasks into
