@@ -172,6 +172,7 @@ func (c *procCluster) refusedBehindAcks(ctx context.Context, args []string, sp s
 		c.t.Fatal(err)
 	}
 	out, err := c.Run(append([]string{"submit"}, append(args, "--from-savepoint", sp)...)...)
+	c.t.Logf("submit from %s: %v", sp, err)
 	if err == nil || !strings.Contains(err.Error(), "savepoint older than the share group's committed acknowledgements") ||
 		!strings.Contains(err.Error(), "restore the latest savepoint") {
 		c.t.Fatalf("submit from the older savepoint %s: %q, %v; want a refusal saying why and what to do", sp, out, err)
