@@ -15,8 +15,9 @@ import (
 // job's first attempt restores a checkpoint (a savepoint it starts from,
 // or its latest checkpoint when a job master resumes it), and at submit
 // (VerifyRestore), the runtime calls VerifyRestore once per such operator
-// with the state of all its subtasks, on a fresh instance that is never
-// opened. A refusal fails the job without a restart: return an error
+// with the state of all its subtasks (an operator the checkpoint holds
+// nothing of is not asked), on a fresh instance from its factory that is
+// neither opened nor closed: it must reach what it checks by itself. A refusal fails the job without a restart: return an error
 // wrapping ErrUnrecoverable (Unrecoverable) that says why and what to do.
 // Restarts of a running job (failovers) restore its own latest checkpoint
 // and are not verified.
@@ -65,10 +66,6 @@ func verifyRestore(ctx context.Context, p *plan, jobID string, as *StateAssignme
 		if n.newUser == nil {
 			continue
 		}
-		v, ok := n.newUser().(RestoreVerifier)
-		if !ok {
-			continue
-		}
 		r := RestoredOperator{Job: jobID, UID: n.uid, Checkpoint: as.From}
 		for i := range n.parallelism {
 			st := as.Subtasks[OperatorSubtask{n.uid, i}]
@@ -82,6 +79,10 @@ func verifyRestore(ctx context.Context, p *plan, jobID string, as *StateAssignme
 		}
 		if r.Entries == nil && r.Handles == nil {
 			continue // the checkpoint holds nothing of the operator
+		}
+		v, ok := n.newUser().(RestoreVerifier)
+		if !ok {
+			continue
 		}
 		if err := callVerifyRestore(ctx, v, r); err != nil {
 			return fmt.Errorf("operator %q cannot restore checkpoint %d: %w", n.uid, as.From, err)
