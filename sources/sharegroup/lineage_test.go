@@ -116,3 +116,32 @@ func TestASavepointOfAnIdleEpochIsRefusedOnceLaterAcknowledgementsCommitted(t *t
 	env.Broker.Cluster().Compact()
 	refused("the idle checkpoint after compaction", 2, idle)
 }
+
+// A lineage position reads back as written; anything else is refused
+// (errBadLineage), never misread: a later format says so.
+func TestLineagePositionEncoding(t *testing.T) {
+	for _, l := range []lineage{{Below: 0}, {Below: 41, Prefix: "weir-job-src"}, {Below: 1 << 50, Prefix: "x"}} {
+		got, err := decodeLineage(l.encode())
+		if err != nil || got != l {
+			t.Fatalf("decode(encode(%+v)) = %+v, %v", l, got, err)
+		}
+	}
+	good := lineage{Below: 7, Prefix: "p"}.encode()
+	later := append([]byte(lineageMagic), lineageVersion+1)
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"empty", nil, "not a lineage position"},
+		{"foreign", []byte("WAK\x01abc"), "not a lineage position"},
+		{"later version", later, "written by a later Weir"},
+		{"truncated", good[:len(good)-1], "truncated"},
+		{"trailing", append(good[:len(good):len(good)], 0), "trailing"},
+		{"no position", []byte(lineageMagic + "\x01"), "truncated position"},
+	} {
+		if _, err := decodeLineage(tc.b); !errors.Is(err, errBadLineage) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want errBadLineage saying %q", tc.name, err, tc.want)
+		}
+	}
+}
