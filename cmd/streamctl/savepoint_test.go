@@ -189,7 +189,7 @@ func (c *procCluster) refusedBehindAcks(ctx context.Context, args []string, sp s
 // savepoint taken while the source had acknowledged nothing in its epoch
 // (the input was idle) holds no marker, yet carries the share group's
 // lineage position. Once later checkpoints committed acknowledgements, it
-// is refused at submit (nothing changes, nothing is lost); the job's
+// is refused at submit and by run (nothing changes, nothing is lost); the job's
 // latest savepoint, taken idle as well, continues it exactly-once: every
 // word counted 1..n once, read_committed.
 func TestASavepointTakenWhileIdleIsRefusedAfterLaterAcknowledgements(t *testing.T) {
@@ -215,6 +215,19 @@ func TestASavepointTakenWhileIdleIsRefusedAfterLaterAcknowledgements(t *testing.
 	stopped := len(committed(t, ctx, c.env.Addr, "counts"))
 
 	c.refusedBehindAcks(ctx, args, idle, stopped)
+	// run refuses it too, before the first attempt opens anything.
+	run := startClusterEnv(t, nil, append([]string{"run"}, append(args, "--from-savepoint", idle)...)...)
+	select {
+	case <-run.Done:
+	case <-ctx.Done():
+		t.Fatalf("run from the older savepoint did not end; stderr:\n%s", run.Stderr.Tail(40))
+	}
+	if code := run.Cmd.ProcessState.ExitCode(); code == 0 || !strings.Contains(run.Stderr.String(), "savepoint older than the share group's committed acknowledgements") {
+		t.Fatalf("run from the older savepoint: exit code %d, want a refusal; stderr:\n%s", code, run.Stderr.Tail(40))
+	}
+	if now := len(committed(t, ctx, c.env.Addr, "counts")); now != stopped {
+		t.Fatalf("the refused run changed the output: %d records after the stop, %d after the refusal", stopped, now)
+	}
 
 	id2 := c.Submit(append(args, "--parallelism", "3", "--from-savepoint", latest)...)
 	if err := in.produce(ctx, 300); err != nil {
