@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -26,12 +27,13 @@ const jobIDFile = "job-id"
 
 func newRunCmd(a *app) *cobra.Command {
 	var (
-		jf   jobFlags
-		dir  string
-		from savepointStart
+		jf     jobFlags
+		dir    string
+		from   savepointStart
+		retain runRetain
 	)
 	cmd := &cobra.Command{
-		Use:   "run JOB [--parallelism N] [--checkpoint-interval DUR] [--checkpoint-dir DIR] [--set key=value]... [--from-savepoint PATH [--allow-non-restored-state]]",
+		Use:   "run JOB [--parallelism N] [--checkpoint-interval DUR] [--checkpoint-dir DIR] [--set key=value]... [--from-savepoint PATH [--allow-non-restored-state]] [--retain-on-cancel [--savepoint-dir DIR]]",
 		Short: "Run a registered job in this process against an external broker",
 		Long: `run builds the registered job type JOB from its parameters (--set key=value,
 repeatable; "streamctl jobs" lists them, e.g. --set brokers=HOST:PORT) and runs
@@ -54,6 +56,13 @@ no longer has refused unless --allow-non-restored-state). With
 --checkpoint-dir it is used only while the directory holds no checkpoint of
 the job: a restarted process continues from its own latest checkpoint.
 
+--retain-on-cancel (Flink's retained externalized checkpoints, as submit's):
+when the job is cancelled (SIGINT/SIGTERM), its latest completed checkpoint,
+the one whose output the cancel committed, is written out as a savepoint
+directory retained-<job id prefix>-<checkpoint id> under --savepoint-dir, else
+under --checkpoint-dir's "retained", and its path printed ("retained
+checkpoint: PATH"); run --from-savepoint PATH continues the job from it.
+
 --parallelism sets the job's default parallelism (the reserved parameter
 "parallelism"; 0 keeps the job type's). A bounded job ends when its input does;
 a streaming one runs until SIGINT/SIGTERM, which cancels it cleanly (its open
@@ -63,6 +72,9 @@ transactions are aborted, its held share records released).`,
 			params, err := jf.params(cmd)
 			if err != nil {
 				return err
+			}
+			if retain.on && retain.dir == "" && dir == "" {
+				return flagError(cmd, errors.New("--retain-on-cancel needs --savepoint-dir or --checkpoint-dir (its retained directory) to write the savepoint into"))
 			}
 			job, err := a.reg.Build(cmd.Flags().Arg(0), params)
 			if err != nil {
@@ -91,13 +103,21 @@ transactions are aborted, its held share records released).`,
 				return err
 			}
 			opts = append(opts, runtime.JobID(id))
-			if dir != "" {
-				opts = append(opts, runtime.CheckpointDir(filepath.Join(dir, "checkpoints")))
+			// The store is this command's, so that a cancelled job's latest
+			// checkpoint can be retained after the job ended.
+			store, err := openRunStore(dir, log)
+			if err != nil {
+				return err
 			}
+			defer store.Close()
+			opts = append(opts, runtime.CheckpointStore(store))
 			log.Info("running job", zap.String("job", cmd.Flags().Arg(0)), zap.String("job_id", id), zap.String("checkpoint_dir", dir))
 			res, err := runtime.NewMiniCluster(opts...).Run(cmd.Context(), job)
 			if err != nil && cmd.Context().Err() != nil && errors.Is(err, cmd.Context().Err()) {
 				fmt.Fprintf(a.stdout, "job %s cancelled: %d restarts, last completed checkpoint %d\n", id, res.Restarts, res.LastCheckpoint)
+				if retain.on {
+					return retain.write(a, store, id, dir, cmd.Flags().Arg(0), params, log)
+				}
 				return nil
 			}
 			if err != nil {
@@ -110,7 +130,55 @@ transactions are aborted, its held share records released).`,
 	jf.add(cmd)
 	cmd.Flags().StringVar(&dir, "checkpoint-dir", "", "directory for completed checkpoints (created); restarting on it continues the job")
 	from.add(cmd, "in this process")
+	cmd.Flags().BoolVar(&retain.on, "retain-on-cancel", false,
+		"when the job is cancelled (SIGINT/SIGTERM), write its latest completed checkpoint out as a savepoint (under --savepoint-dir, else CHECKPOINT_DIR/retained) and print its path")
+	cmd.Flags().StringVar(&retain.dir, "savepoint-dir", "", "directory --retain-on-cancel writes the retained savepoint under (created)")
 	return cmd
+}
+
+// runRetain is run's --retain-on-cancel.
+type runRetain struct {
+	on  bool
+	dir string // --savepoint-dir
+}
+
+// write writes the latest completed checkpoint of cancelled job id out as
+// a savepoint under --savepoint-dir, else checkpointDir's "retained" (the
+// job manager's rule for submit --retain-on-cancel), and prints its path.
+func (r runRetain) write(a *app, store *checkpoint.Store, id, checkpointDir, jobType string, params map[string]string, log *zap.Logger) error {
+	base := r.dir
+	if base == "" {
+		base = filepath.Join(checkpointDir, "retained")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The job's type and parameters let state dump decode it.
+	sp, c, err := checkpoint.WriteRetained(ctx, store, id, base, time.Now(), checkpoint.WithJob(jobType, params))
+	switch {
+	case errors.Is(err, checkpoint.ErrNotFound):
+		fmt.Fprintf(a.stdout, "job %s completed no checkpoint: nothing retained\n", id)
+		return nil
+	case err != nil:
+		return fmt.Errorf("--retain-on-cancel: %w", err)
+	}
+	log.Info("retained the cancelled job's latest checkpoint as a savepoint", zap.String("location", sp), zap.Uint64("checkpoint", uint64(c.ID)))
+	fmt.Fprintf(a.stdout, "retained checkpoint: %s (start a job from it with --from-savepoint)\n", sp)
+	return nil
+}
+
+// openRunStore opens run's checkpoint store: a pebble store in
+// checkpointDir's "checkpoints", or in memory without a directory.
+func openRunStore(checkpointDir string, log *zap.Logger) (*checkpoint.Store, error) {
+	opts := []checkpoint.StoreOpt{checkpoint.WithLogger(log)}
+	dir := filepath.Join(checkpointDir, "checkpoints")
+	if checkpointDir == "" {
+		dir, opts = "checkpoints", append(opts, checkpoint.InMemory())
+	}
+	store, err := checkpoint.OpenStore(dir, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("run: open checkpoint store: %w", err)
+	}
+	return store, nil
 }
 
 // jobFlags are the flags of the commands that start a job (run, submit).

@@ -457,6 +457,15 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 		return "", err
 	}
 	if cfg.fromSavepoint != "" {
+		// Refused here rather than at the first attempt: a restore an
+		// operator refuses (a share group's later acknowledgements) never
+		// creates the job.
+		vctx, cancel := context.WithTimeout(ctx, submitCheckTimeout)
+		err := runtime.VerifyRestore(vctx, job, id, from, cfg.allowNonRestored)
+		cancel()
+		if err != nil {
+			return "", fmt.Errorf("savepoint %s: %w", cfg.fromSavepoint, err)
+		}
 		// The savepoint becomes the job's first completed checkpoint, in
 		// this job manager's store: a restart or a resume restores it
 		// like any checkpoint, without the savepoint directory.

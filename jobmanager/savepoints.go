@@ -106,7 +106,7 @@ func (s *Server) StartSavepoint(ctx context.Context, id, target string, stop, dr
 		defer s.jobs.wg.Done()
 		var location string
 		c, err := rj.mc.TriggerSavepoint(s.jobs.ctx, stop, drain, func(c checkpoint.Completed) error {
-			dir := filepath.Join(abs, "savepoint-"+shortID(id)+"-"+strconv.FormatUint(uint64(c.ID), 10))
+			dir := filepath.Join(abs, "savepoint-"+checkpoint.ShortJobID(id)+"-"+strconv.FormatUint(uint64(c.ID), 10))
 			// The job's type and parameters let state dump decode it.
 			if err := checkpoint.WriteSavepoint(dir, c, time.Now(), checkpoint.WithJob(rj.rec.Type, rj.rec.Params)); err != nil {
 				return err
@@ -151,35 +151,18 @@ func (s *Server) retain(r JobRecord, log *zap.Logger) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), retainTimeout)
 	defer cancel()
-	c, _, err := s.jobs.cps.LatestUsable(ctx, r.ID)
-	if errors.Is(err, checkpoint.ErrNotFound) {
+	// The job's type and parameters let state dump decode it.
+	dir, c, err := checkpoint.WriteRetained(ctx, s.jobs.cps, r.ID, base, time.Now(), checkpoint.WithJob(r.Type, r.Params))
+	switch {
+	case errors.Is(err, checkpoint.ErrNotFound):
 		log.Info("retain-on-cancel: the job completed no checkpoint; nothing retained")
 		return ""
-	}
-	abs, aerr := filepath.Abs(base)
-	if err == nil {
-		err = aerr
-	}
-	dir := filepath.Join(abs, "retained-"+shortID(r.ID)+"-"+strconv.FormatUint(uint64(c.ID), 10))
-	if err == nil {
-		// The job's type and parameters let state dump decode it.
-		err = checkpoint.WriteSavepoint(dir, c, time.Now(), checkpoint.WithJob(r.Type, r.Params))
-	}
-	if err != nil {
+	case err != nil:
 		log.Error("retain-on-cancel: cannot write the cancelled job's latest checkpoint out", zap.Error(err))
 		return ""
 	}
 	log.Info("retained the cancelled job's latest checkpoint as a savepoint", zap.String("location", dir), zap.Uint64("checkpoint", uint64(c.ID)))
 	return dir
-}
-
-// shortID is the start of a job id, for savepoint directory names (as
-// Flink's savepoint-<6 chars of the job id>-...).
-func shortID(id string) string {
-	if len(id) > 6 {
-		return id[:6]
-	}
-	return id
 }
 
 func cmpOr(a, b string) string {

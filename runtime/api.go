@@ -333,6 +333,7 @@ func FromSource[T any](j *Job, name string, newSource func() Source[T], opts ...
 		return &sourceInstance[T]{src: newSource(), out: out.(pushFn[T]), oc: oc, records: oc.countRecords(),
 			wms: newSourceWatermarks(ws)}, nil
 	}
+	n.newUser = func() any { return newSource() }
 	setOutputType[T](n)
 	return &Stream[T]{job: j, node: n}
 }
@@ -464,6 +465,7 @@ func SinkTo[T any](s *Stream[T], name string, newSink func() Sink[T], opts ...Op
 	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
 		return newSinkInstance(newSink(), oc), nil
 	}
+	n.newUser = func() any { return newSink() }
 }
 
 var uidPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)

@@ -45,8 +45,11 @@ type node struct {
 	// newInstance creates the operator of one subtask; out is the typed
 	// pushFn of its output (nil for sinks).
 	newInstance func(oc *OperatorContext, out any) (instance, error)
-	fanout      func(pushes []any) any
-	discard     func() any
+	// newUser creates a source's or sink's user operator alone (nil for
+	// other operators), for checks outside any task (VerifyRestore).
+	newUser func() any
+	fanout  func(pushes []any) any
+	discard func() any
 	// watermarks is a source's WatermarkStrategy[T] (Watermarks), nil if none.
 	watermarks any
 	// sides are the node's side outputs read by SideOutput, by tag id.

@@ -608,6 +608,8 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 	defer func() { summary.flush(time.Now()) }()
 	var cause string
 	var failures []time.Time
+	verified := false
+	var a *attempt // the current attempt, nil while none was made
 	for attempt := 0; ; attempt++ {
 		if ctx.Err() != nil {
 			return res, m.endCanceled(ctx, cfg, store, p, pending, attempt)
@@ -643,23 +645,38 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 				return res, m.endCanceled(ctx, cfg, store, p, pending, attempt)
 			}
 		}
-		a := newAttempt(cfg, p, store, attempt, pending)
-		a.cause, a.summary = cause, summary
-		m.mu.Lock()
-		m.current = a
-		m.mu.Unlock()
-		last, runErr := a.run(ctx, restore)
-		m.mu.Lock()
-		m.current = nil
-		m.mu.Unlock()
-		if last > res.LastCheckpoint {
-			res.LastCheckpoint = last
+		// Before the first attempt restores a checkpoint, its operators
+		// verify it (RestoreVerifier); restarts restore the job's own
+		// latest checkpoint and are not verified.
+		var runErr error
+		if !verified && restore.From > 0 {
+			runErr = verifyRestore(ctx, p, cfg.jobID, restore)
+			if runErr != nil && ctx.Err() == nil && !isConfigError(runErr) {
+				runErr = fmt.Errorf("verify the restore of checkpoint %d: %w", restore.From, runErr)
+			}
 		}
+		a = nil
 		if runErr == nil {
-			return res, nil
+			verified = true
+			a = newAttempt(cfg, p, store, attempt, pending)
+			a.cause, a.summary = cause, summary
+			m.mu.Lock()
+			m.current = a
+			m.mu.Unlock()
+			var last checkpoint.ID
+			last, runErr = a.run(ctx, restore)
+			m.mu.Lock()
+			m.current = nil
+			m.mu.Unlock()
+			if last > res.LastCheckpoint {
+				res.LastCheckpoint = last
+			}
+			if runErr == nil {
+				return res, nil
+			}
 		}
 		if ctx.Err() != nil {
-			if a.endedForGood {
+			if a != nil && a.endedForGood {
 				return res, ctx.Err()
 			}
 			// The attempt failed or was still deploying or opening when

@@ -193,3 +193,97 @@ func TestRunRefusesBadInputWithAClearError(t *testing.T) {
 		})
 	}
 }
+
+// streamctl run --retain-on-cancel: a run cancelled mid-stream by SIGTERM
+// (checkpoints in memory: no --checkpoint-dir) writes its latest completed
+// checkpoint out as a savepoint and prints its path; a run started from it
+// at another parallelism continues the job while input keeps arriving:
+// every word counted 1..n once, read_committed.
+func TestRunRetainOnCancelLeavesASavepointThatContinuesTheJob(t *testing.T) {
+	env := kafkatest.New(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(env.Addr), kgo.DefaultProduceTopic("lines"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 4, 1, nil, "lines"); err != nil {
+		t.Fatal(err)
+	}
+	produced := 0
+	produce := func(n int) error {
+		var recs []*kgo.Record
+		for range n {
+			recs = append(recs, kgo.StringRecord(kafkatest.InputLine(produced)))
+			produced++
+		}
+		return cl.ProduceSync(ctx, recs...).FirstErr()
+	}
+	if err := produce(300); err != nil {
+		t.Fatal(err)
+	}
+	stopInput, inputDone := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stopInput:
+				inputDone <- nil
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if err := produce(20); err != nil {
+				inputDone <- err
+				return
+			}
+		}
+	}()
+
+	spDir := t.TempDir()
+	args := []string{"run", "wordcount", "--set", "brokers=" + env.Addr, "--set", "group=wc", "--checkpoint-interval", "100ms"}
+	first := startClusterEnv(t, nil, append(args, "--parallelism", "2", "--retain-on-cancel", "--savepoint-dir", spDir)...)
+	committedAtLeast(t, ctx, env.Addr, first, 900)
+	if err := first.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-first.Done:
+	case <-ctx.Done():
+		t.Fatalf("no exit after SIGTERM; stderr:\n%s", first.Stderr.Tail(40))
+	}
+	if code := first.Cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, first.Stderr.Tail(40))
+	}
+	var retained string
+	for done := false; !done; {
+		select {
+		case l := <-first.Out:
+			if p, ok := strings.CutPrefix(l, "retained checkpoint: "); ok {
+				retained, _, _ = strings.Cut(p, " ")
+			}
+		default:
+			done = true
+		}
+	}
+	if retained == "" || !strings.HasPrefix(retained, spDir+"/retained-run-") {
+		t.Fatalf("no retained checkpoint under %s printed (got %q); stderr:\n%s", spDir, retained, first.Stderr.Tail(40))
+	}
+	mid, _ := kafkatest.ReadCommitted(ctx, []string{env.Addr}, "counts")
+
+	second := startClusterEnv(t, nil, append(args, "--parallelism", "1", "--from-savepoint", retained)...)
+	committedAtLeast(t, ctx, env.Addr, second, len(mid)+300)
+	close(stopInput)
+	if err := <-inputDone; err != nil {
+		t.Fatalf("produce input: %v", err)
+	}
+	want, total, lines := expectedCounts(t, ctx, env.Addr)
+	out := committedAtLeast(t, ctx, env.Addr, second, total)
+	if rep := wordcount.Check(out, want); !rep.OK() {
+		t.Fatalf("continued from the retained checkpoint: %s; stderr:\n%s", rep, second.Stderr.Tail(60))
+	}
+	if err := second.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-second.Done
+	t.Logf("%d input lines, %d output records, %d committed when the first run was cancelled (retained %s)", lines, len(out), len(mid), retained)
+}

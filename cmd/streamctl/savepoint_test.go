@@ -129,10 +129,9 @@ func TestSavepointCopiedToAFreshClusterRestoresExactlyOnceAndADamagedOneIsRefuse
 }
 
 // Share groups cannot rewind: a savepoint taken while the job went on and
-// committed later checkpoints' acknowledgements is refused when a job is
-// started from it (the job fails without a restart, before reading a
-// record: the committed output does not change), and the latest savepoint
-// of the job then continues it exactly-once, record by record.
+// committed later checkpoints' acknowledgements is refused at submit (no
+// job is created: the committed output does not change), and the latest
+// savepoint of the job then continues it exactly-once, record by record.
 func TestAnOlderSavepointAfterLaterAcknowledgementsCommittedIsRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
@@ -153,19 +152,90 @@ func TestAnOlderSavepointAfterLaterAcknowledgementsCommittedIsRefused(t *testing
 	latest := c.stopWithSavepoint(id1, dir)
 	stopped := len(committed(t, ctx, c.env.Addr, "counts"))
 
-	id2 := c.Submit(append(args, "--from-savepoint", older)...)
-	st := c.WaitStatus(id2, "refusal", func(s proctest.JobStatus) bool { return s.State == "FAILED" || s.Restarts > 0 })
-	if st.State != "FAILED" || st.Restarts != 0 || !strings.Contains(st.Error, "savepoint older than the share group's committed acknowledgements") ||
-		!strings.Contains(st.Error, "restore the latest savepoint") {
-		t.Fatalf("job from the older savepoint: %+v; want FAILED without restarts, saying why and what to do", st)
-	}
-	if now := len(committed(t, ctx, c.env.Addr, "counts")); now != stopped {
-		t.Fatalf("the refused job changed the output: %d records after the stop, %d after the refusal", stopped, now)
-	}
+	c.refusedBehindAcks(ctx, args, older, stopped)
 
 	c.Submit(append(args, "--from-savepoint", latest)...)
 	c.waitOutput(ctx, "counts", stopped+600)
 	in.halt()
 	total := c.verify(ctx, "lines", "counts")
 	t.Logf("%d lines, %d output records; %d when the older savepoint was taken, %d at the stop", in.n, total, n1, stopped)
+}
+
+// refusedBehindAcks submits a job from savepoint sp and checks that the
+// submit is refused, saying why and what to do, that no job was created
+// besides the jobs listed before, and that the committed output still
+// holds the stopped records it held.
+func (c *procCluster) refusedBehindAcks(ctx context.Context, args []string, sp string, stopped int) {
+	c.t.Helper()
+	before, err := c.Run("list", "--output", "json")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	out, err := c.Run(append([]string{"submit"}, append(args, "--from-savepoint", sp)...)...)
+	c.t.Logf("submit from %s: %v", sp, err)
+	if err == nil || !strings.Contains(err.Error(), "savepoint older than the share group's committed acknowledgements") ||
+		!strings.Contains(err.Error(), "restore the latest savepoint") {
+		c.t.Fatalf("submit from the older savepoint %s: %q, %v; want a refusal saying why and what to do", sp, out, err)
+	}
+	if after, err := c.Run("list", "--output", "json"); err != nil || after != before {
+		c.t.Fatalf("jobs after the refused submit: %q (%v), before: %q; want no new job", after, err, before)
+	}
+	if now := len(committed(c.t, ctx, c.env.Addr, "counts")); now != stopped {
+		c.t.Fatalf("the refused submit changed the output: %d records after the stop, %d after the refusal", stopped, now)
+	}
+}
+
+// The blind spot of a check that knew only the restored markers: a
+// savepoint taken while the source had acknowledged nothing in its epoch
+// (the input was idle) holds no marker, yet carries the share group's
+// lineage position. Once later checkpoints committed acknowledgements, it
+// is refused at submit and by run (nothing changes, nothing is lost); the job's
+// latest savepoint, taken idle as well, continues it exactly-once: every
+// word counted 1..n once, read_committed.
+func TestASavepointTakenWhileIdleIsRefusedAfterLaterAcknowledgements(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	c := newProcCluster(t, streamctlBin)
+	c.twoTMs()
+	dir := t.TempDir()
+	in := newInput(t, ctx, c.env.Addr, "lines", 300)
+	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
+	id1 := c.Submit(args...)
+	c.verify(ctx, "lines", "counts") // every line counted: the next epochs read nothing
+	out, err := c.Run("savepoint", id1, "--target", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle := strings.TrimSpace(out)
+	if err := in.produce(ctx, 300); err != nil { // later checkpoints acknowledge these
+		t.Fatal(err)
+	}
+	c.verify(ctx, "lines", "counts")
+	latest := c.stopWithSavepoint(id1, dir) // idle too
+	stopped := len(committed(t, ctx, c.env.Addr, "counts"))
+
+	c.refusedBehindAcks(ctx, args, idle, stopped)
+	// run refuses it too, before the first attempt opens anything.
+	run := startClusterEnv(t, nil, append([]string{"run"}, append(args, "--from-savepoint", idle)...)...)
+	select {
+	case <-run.Done:
+	case <-ctx.Done():
+		t.Fatalf("run from the older savepoint did not end; stderr:\n%s", run.Stderr.Tail(40))
+	}
+	if code := run.Cmd.ProcessState.ExitCode(); code == 0 || !strings.Contains(run.Stderr.String(), "savepoint older than the share group's committed acknowledgements") {
+		t.Fatalf("run from the older savepoint: exit code %d, want a refusal; stderr:\n%s", code, run.Stderr.Tail(40))
+	}
+	if now := len(committed(t, ctx, c.env.Addr, "counts")); now != stopped {
+		t.Fatalf("the refused run changed the output: %d records after the stop, %d after the refusal", stopped, now)
+	}
+
+	id2 := c.Submit(append(args, "--parallelism", "3", "--from-savepoint", latest)...)
+	if err := in.produce(ctx, 300); err != nil {
+		t.Fatal(err)
+	}
+	total := c.verify(ctx, "lines", "counts")
+	if st := c.Status(id2); st.State != "RUNNING" || st.Restarts != 0 {
+		t.Fatalf("job %s from the latest savepoint: %+v, want RUNNING without restarts", id2, st)
+	}
+	t.Logf("%d lines, %d output records, %d at the stop", in.n, total, stopped)
 }

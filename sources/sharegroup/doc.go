@@ -10,7 +10,9 @@
 // The ack-log itself (markers, index, conflict check) is package acklog.
 // Source and Session read committed records only: they set
 // share.isolation.level=read_committed on their group and check it
-// (isolation.go).
+// (isolation.go). Its snapshots carry the lineage position (lineage.go), by
+// which it refuses a restore of state behind the group's committed
+// acknowledgements (share groups cannot rewind).
 //
 // It is written like user code: against runtime's operator API and
 // checkpoint's listener contracts only. It must not import jobmanager or

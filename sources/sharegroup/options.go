@@ -78,10 +78,11 @@ var ErrRolledBack = errors.New("checkpoint aborted while holding its records; ro
 // never processed. It names the group, the partitions and the offsets.
 var ErrRecordsSkipped = errors.New("records skipped by the share group")
 
-// ErrRestoreBehindAcks fails the first attempt of a job restored from a
-// checkpoint or savepoint older than acknowledgements its share group
-// committed since: those records are gone from the group, so the restored
-// state would silently miss their effect (share groups cannot rewind).
+// ErrRestoreBehindAcks refuses (Source.VerifyRestore: at submit, or before
+// a job's first attempt) a restore of a checkpoint or savepoint older than
+// acknowledgements its share group committed since: those records are gone
+// from the group, so the restored state would silently miss their effect
+// (share groups cannot rewind).
 var ErrRestoreBehindAcks = errors.New("savepoint older than the share group's committed acknowledgements")
 
 // cfg is the configuration of a Source or a Session: the options they

@@ -123,6 +123,8 @@ type Source[T any] struct {
 	// it); wmHold the watermark hold (watermark.go), task goroutine only.
 	lockDur time.Duration
 	wmHold  watermarkHold
+	// below is the lineage position (lineage.go), task goroutine only.
+	below int64
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
@@ -245,11 +247,17 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		if s.ix, err = acklog.NewIndex(ctx, s.cfg.brokers, s.cfg.ackLogTopic, s.cfg.clientOpts...); err != nil {
 			return fmt.Errorf("ack-log index: %w", err)
 		}
-		if oc.Attempt == 0 {
-			if err := s.checkRestoreIsLatest(ctx, oc); err != nil {
-				return err
-			}
+		// The lineage position starts at the ack-log's end: the restore
+		// was verified (runtime.RestoreVerifier) or is a failover, and a
+		// new job's state owes nothing to the group's past.
+		below, _, err := restoredBelow(oc.Restored, oc.CommitHandles, s.cfg.ackLogTopic)
+		if err != nil {
+			return runtime.Unrecoverable(fmt.Errorf("checkpoint %d: %w", oc.RestoredFrom, err))
 		}
+		if err := s.ix.CatchUpToEnd(sctx); err != nil {
+			return fmt.Errorf("ack-log: %w", err)
+		}
+		s.below = max(below, s.ix.Position())
 		if oc.Subtask == 0 {
 			if _, err := s.checkStarts(sctx); err != nil {
 				return err
@@ -283,46 +291,6 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	s.log.Info("share-group source open", zap.String("group", s.cfg.group), zap.Strings("topics", s.cfg.topics),
 		zap.Stringer("mode", s.cfg.mode), zap.Int("lanes", n), zap.Int("batch", s.cfg.batch),
 		zap.Int("restored_handles", len(oc.CommitHandles)))
-	return nil
-}
-
-// checkRestoreIsLatest refuses, unrecoverably, a first attempt restored
-// from a checkpoint (a savepoint) whose acknowledgements are not the
-// group's latest: a checkpoint marker of the group committed in the
-// ack-log after the restored checkpoint's markers (their offsets are in the
-// restored handles) means records acknowledged since, gone from the group,
-// whose effect the restored state lacks. Re-queue markers (no checkpoint)
-// do not count: their records come back as copies. A restore without
-// handles on the ack-log (no marker in the restored epoch) is not judged.
-// Later attempts restore their own job's latest checkpoint and are not
-// judged either, so that another job on the same group never fails a
-// failover.
-func (s *Source[T]) checkRestoreIsLatest(ctx context.Context, oc *runtime.OperatorContext) error {
-	base, own := int64(-1), map[int64]bool{}
-	for _, h := range oc.CommitHandles {
-		for _, p := range h.Partitions {
-			if p.Topic == s.cfg.ackLogTopic {
-				base = max(base, p.FirstOffset)
-				own[h.ProducerID] = true
-			}
-		}
-	}
-	if base < 0 {
-		return nil
-	}
-	if err := s.ix.CatchUpToEnd(ctx); err != nil {
-		return fmt.Errorf("ack-log: %w", err)
-	}
-	for _, e := range s.ix.CommittedAfter(base) {
-		m := e.Marker
-		if m.Group != s.cfg.group || m.Checkpoint == 0 || own[m.ProducerID] {
-			continue
-		}
-		return runtime.Unrecoverable(fmt.Errorf("%w: checkpoint %d restored for share group %q, but the ack-log holds a later committed "+
-			"acknowledgement (offset %d, checkpoint %d of %s): those records are gone from the group and the restored state lacks their effect; "+
-			"restore the latest savepoint or checkpoint of this job (the one its last stop --savepoint wrote) instead",
-			ErrRestoreBehindAcks, oc.RestoredFrom, s.cfg.group, e.Offset, m.Checkpoint, m.TransactionalID))
-	}
 	return nil
 }
 
@@ -1265,6 +1233,7 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 				"these records were processed elsewhere (a lock expired)", checkpoint.ErrDeclined, rec.Offset,
 				cs[0].Status, cs[0].Offset, cs[0].Marker.TransactionalID, cs[0].Marker.Checkpoint)
 		}
+		s.below = max(s.below, rec.Offset+1)
 	}
 	if _, _, err := s.txn.PreCommit(ctx, id); err != nil {
 		return runtime.OperatorState{}, fmt.Errorf("pre-commit: %w", err)
@@ -1272,7 +1241,7 @@ func (s *Source[T]) Snapshot(ctx context.Context, id checkpoint.ID) (runtime.Ope
 	if err := s.oc.Inject(FailpointAfterAckPrecommit); err != nil {
 		return runtime.OperatorState{}, err
 	}
-	return runtime.OperatorState{Handles: s.txn.Pending()}, nil
+	return runtime.OperatorState{Entries: [][]byte{lineage{Below: s.below, Prefix: s.prefix}.encode()}, Handles: s.txn.Pending()}, nil
 }
 
 // abortDeclined aborts the transaction of a marker that lost the conflict

@@ -159,6 +159,10 @@ type Index struct {
 	byTP        map[TopicPartition]*intervals
 	wm          map[TopicPartition]int64 // highest watermark read per partition
 	skipped     int
+	// keepGone (KeepTombstoned) keeps tombstoned markers in gone, for
+	// CommittedAfter.
+	keepGone bool
+	gone     map[int64]Entry // tombstoned markers by ack-log offset
 }
 
 // NewIndex starts an Index of the ack-log topic with its own kgo client
@@ -209,7 +213,20 @@ func newIndex(topic string) *Index {
 		pendingTomb: make(map[int64][]string),
 		byTP:        make(map[TopicPartition]*intervals),
 		wm:          make(map[TopicPartition]int64),
+		gone:        make(map[int64]Entry),
 	}
+}
+
+// KeepTombstoned makes the Index remember the markers tombstones make it
+// forget, for CommittedAfter: a marker it read before its tombstone, and a
+// marker known only from its tombstone's headers (compaction removed the
+// marker's record; see Tombstones). For a one-off reading such as a restore
+// check: memory then grows with the ack-log's history. Call it before the
+// first catch-up.
+func (ix *Index) KeepTombstoned() {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.keepGone = true
 }
 
 // Topic returns the ack-log topic the Index follows.
@@ -373,6 +390,9 @@ func (ix *Index) ingest(r *kgo.Record) {
 		if r.Attrs.IsTransactional() {
 			ix.pendingTomb[r.ProducerID] = append(ix.pendingTomb[r.ProducerID], string(r.Key))
 		} else {
+			if ix.keepGone && len(ix.byKey[string(r.Key)]) == 0 {
+				ix.keepOrphanTombstone(r)
+			}
 			ix.forget(string(r.Key))
 		}
 		return
@@ -446,9 +466,31 @@ func (ix *Index) resolve(pid int64, st Status) {
 	delete(ix.pendingTomb, pid)
 }
 
+// keepOrphanTombstone remembers (KeepTombstoned) the marker a tombstone
+// deletes when the Index never read the marker itself (compaction removed
+// it): from the tombstone's key and headers (Tombstones). A tombstone
+// without them (written by an older Weir) or with a key that is not a
+// marker's names nothing and is ignored. ix.mu is held.
+func (ix *Index) keepOrphanTombstone(r *kgo.Record) {
+	m, ok := markerOfKey(string(r.Key))
+	if !ok {
+		return
+	}
+	off, st, ok := tombstoneHeaders(r.Headers)
+	if !ok {
+		return
+	}
+	if _, seen := ix.gone[off]; !seen {
+		ix.gone[off] = Entry{Marker: m, Offset: off, Status: st}
+	}
+}
+
 // forget drops every marker with key. ix.mu is held.
 func (ix *Index) forget(key string) {
 	for _, e := range ix.byKey[key] {
+		if ix.keepGone {
+			ix.gone[e.offset] = e.export()
+		}
 		e.gone = true
 		delete(ix.byOffset, e.offset)
 		if e.status != Aborted {
@@ -611,7 +653,10 @@ func (ix *Index) Status(offset int64) (Entry, bool) {
 
 // CommittedAfter returns the committed markers read so far at ack-log
 // offsets above offset, by offset (catch up first to see them all).
-// Tombstoned markers are gone from the Index and not returned.
+// Tombstoned markers are gone from the Index and not returned, unless
+// KeepTombstoned: then they are, with the status they had when their
+// tombstone was read (a marker known only from its tombstone has no
+// Ranges).
 func (ix *Index) CommittedAfter(offset int64) []Entry {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -619,6 +664,11 @@ func (ix *Index) CommittedAfter(offset int64) []Entry {
 	for off, e := range ix.byOffset {
 		if off > offset && e.status == Committed {
 			out = append(out, e.export())
+		}
+	}
+	for off, e := range ix.gone {
+		if off > offset && e.Status == Committed {
+			out = append(out, e)
 		}
 	}
 	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.Offset, b.Offset) })
@@ -637,6 +687,12 @@ func (ix *Index) CommittedAfter(offset int64) []Entry {
 // duration (say 10x): a tombstoned marker no longer stops a zombie. Markers
 // stay in the Index until their tombstones are read back, so a call before
 // then returns them again; producing a tombstone twice is harmless.
+//
+// A tombstone's key is its marker's (Marker.Key: group, member,
+// transactional id, producer id, checkpoint, creation time); its headers
+// add what the key cannot say, the marker's ack-log offset and whether its
+// transaction committed or aborted, so that the marker can still be
+// judged (KeepTombstoned) after compaction removed its record.
 func (ix *Index) Tombstones(shareStart map[TopicPartition]int64, now time.Time, grace time.Duration) []*kgo.Record {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -652,7 +708,7 @@ func (ix *Index) Tombstones(shareStart map[TopicPartition]int64, now time.Time, 
 	slices.SortFunc(dead, func(a, b *entry) int { return cmp.Compare(a.offset, b.offset) })
 	out := make([]*kgo.Record, 0, len(dead))
 	for _, e := range dead {
-		out = append(out, &kgo.Record{Topic: ix.topic, Partition: 0, Key: []byte(e.key)})
+		out = append(out, &kgo.Record{Topic: ix.topic, Partition: 0, Key: []byte(e.key), Headers: tombstoneHeadersOf(e.offset, e.status)})
 	}
 	return out
 }

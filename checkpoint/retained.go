@@ -1,0 +1,53 @@
+package checkpoint
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// LatestReader is where WriteRetained reads a job's latest checkpoint
+// from: a Store, or any storage that answers as Store.LatestUsable does.
+type LatestReader interface {
+	LatestUsable(ctx context.Context, job string) (Completed, []Skipped, error)
+}
+
+// WriteRetained writes the latest usable completed checkpoint of job in
+// from out as a savepoint (Flink's retained externalized checkpoint of a
+// cancelled job), into a new directory RetainedName(job, id) under base,
+// and returns its absolute path and the checkpoint. A job that completed
+// no checkpoint gives an error wrapping ErrNotFound. opts are
+// WriteSavepoint's.
+func WriteRetained(ctx context.Context, from LatestReader, job, base string, now time.Time, opts ...SavepointOpt) (string, Completed, error) {
+	c, _, err := from.LatestUsable(ctx, job)
+	if err != nil {
+		return "", Completed{}, fmt.Errorf("retain the latest checkpoint of job %s: %w", job, err)
+	}
+	abs, err := filepath.Abs(base)
+	if err != nil {
+		return "", Completed{}, fmt.Errorf("retain the latest checkpoint of job %s: %w", job, err)
+	}
+	dir := filepath.Join(abs, RetainedName(job, c.ID))
+	if err := WriteSavepoint(dir, c, now, opts...); err != nil {
+		return "", Completed{}, err
+	}
+	return dir, c, nil
+}
+
+// RetainedName is the directory name of job's checkpoint id retained as a
+// savepoint: "retained-", the start of the job id (ShortJobID), "-" and
+// the id.
+func RetainedName(job string, id ID) string {
+	return "retained-" + ShortJobID(job) + "-" + strconv.FormatUint(uint64(id), 10)
+}
+
+// ShortJobID is the start of a job id that names its savepoint
+// directories (as Flink's savepoint-<6 characters of the job id>-...).
+func ShortJobID(id string) string {
+	if len(id) > 6 {
+		return id[:6]
+	}
+	return id
+}
