@@ -38,6 +38,7 @@ func defaultJobManager() string {
 func newJobManagerCmd(a *app) *cobra.Command {
 	var listen, httpAddr, dataDir, tokenFile, certFile, keyFile, savepointDir string
 	var allowedHosts []string
+	var haf haFlags
 	cmd := &cobra.Command{
 		Use:   "jobmanager [--listen 127.0.0.1:6123] [--http 127.0.0.1:8081] [--data-dir DIR]",
 		Short: "Run a job manager: schedules submitted jobs onto task managers and coordinates their checkpoints",
@@ -99,7 +100,12 @@ SIGINT/SIGTERM.`,
 			}
 			sec.httpHosts = allowedHosts
 			sec.savepointDir = savepointDir
-			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil)
+			haOpts, closeHA, err := haf.open(cmd.Context(), cmd, log, dataDir)
+			if err != nil {
+				return err
+			}
+			defer closeHA()
+			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil, haOpts...)
 		}),
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6123", "control-plane (gRPC) address")
@@ -111,6 +117,7 @@ SIGINT/SIGTERM.`,
 	cmd.Flags().StringVar(&keyFile, "tls-key", "", "PEM private key of --tls-cert")
 	cmd.Flags().StringSliceVar(&allowedHosts, "rest-allowed-hosts", nil,
 		"host names HTTP requests may carry in their Host header besides loopback names and the --http host (comma-separated)")
+	haf.add(cmd)
 	return cmd
 }
 
@@ -136,7 +143,7 @@ func warn(log *zap.Logger, warnings []string) {
 // HTTP on httpAddr, stores under dataDir ("" in memory). It prints the two
 // bound addresses on stdout once both accept connections, and then calls
 // ready (if not nil) with the control-plane address.
-func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAddr, dataDir string, sec jmSecurity, ready func(addr string)) error {
+func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAddr, dataDir string, sec jmSecurity, ready func(addr string), extra ...jobmanager.Opt) error {
 	if dataDir != "" {
 		if err := os.MkdirAll(dataDir, 0o755); err != nil {
 			return fmt.Errorf("--data-dir: %w", err)
@@ -146,9 +153,10 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 	if err != nil {
 		return err
 	}
-	srv, err := jobmanager.New(jobmanager.Logger(log), jobmanager.DataDir(dataDir), jobmanager.Jobs(a.reg),
+	opts := []jobmanager.Opt{jobmanager.Logger(log), jobmanager.DataDir(dataDir), jobmanager.Jobs(a.reg),
 		jobmanager.Failpoints(fp), jobmanager.AuthToken(sec.token), jobmanager.TLS(sec.tls),
-		jobmanager.HTTPHosts(append([]string{httpAddr}, sec.httpHosts...)...), jobmanager.SavepointDir(sec.savepointDir))
+		jobmanager.HTTPHosts(append([]string{httpAddr}, sec.httpHosts...)...), jobmanager.SavepointDir(sec.savepointDir)}
+	srv, err := jobmanager.New(append(opts, extra...)...)
 	if err != nil {
 		return err
 	}
@@ -273,7 +281,8 @@ header must be a loopback name, the --metrics host or one of
 			return err
 		}),
 	}
-	cmd.Flags().StringVar(&jm, "jobmanager", defaultJobManager(), "job manager address (default $"+envJobManager+" or 127.0.0.1:6123)")
+	cmd.Flags().StringVar(&jm, "jobmanager", defaultJobManager(),
+		"job manager address, or several comma-separated (any job managers of a highly available cluster: the leader is found) (default $"+envJobManager+" or 127.0.0.1:6123)")
 	cmd.Flags().IntVar(&slots, "slots", 2, "slots offered to the job manager")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the task manager's state (created; nothing is stored in it yet)")
 	cmd.Flags().StringVar(&dataHost, "data-host", "127.0.0.1", "host the other task managers reach this one's data plane on")

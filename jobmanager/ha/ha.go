@@ -8,12 +8,14 @@
 //
 // It stores bytes by key and knows nothing of jobs, checkpoints or their
 // encoding, and it never deletes data on its own: what a leader writes stays
-// until a leader deletes it. It must not import taskmanager. It is not wired
-// into the job manager yet: docs/internals/high-availability.md.
+// until a leader deletes it. It must not import taskmanager or jobmanager
+// (the job manager's stores on it are in jobmanager):
+// docs/internals/high-availability.md.
 package ha
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"strings"
@@ -39,9 +41,11 @@ var (
 type Opt interface{ apply(*cfg) }
 
 type cfg struct {
-	ttl         time.Duration
-	dialTimeout time.Duration
-	logger      *zap.Logger
+	ttl                time.Duration
+	dialTimeout        time.Duration
+	logger             *zap.Logger
+	tls                *tls.Config
+	username, password string
 }
 
 type opt func(*cfg)
@@ -58,6 +62,16 @@ func LeaseTTL(d time.Duration) Opt {
 
 // DialTimeout bounds connecting to etcd, by default 5 s.
 func DialTimeout(d time.Duration) Opt { return opt(func(c *cfg) { c.dialTimeout = d }) }
+
+// TLS connects to etcd over TLS with t (its client certificate, if any,
+// authenticates this job manager), by default plaintext.
+func TLS(t *tls.Config) Opt { return opt(func(c *cfg) { c.tls = t }) }
+
+// Auth authenticates to etcd as username with password (etcd's role-based
+// access control), by default not at all.
+func Auth(username, password string) Opt {
+	return opt(func(c *cfg) { c.username, c.password = username, password })
+}
 
 // Logger sets the logger of the etcd client, by default none.
 func Logger(l *zap.Logger) Opt { return opt(func(c *cfg) { c.logger = l }) }
@@ -79,7 +93,8 @@ func New(ctx context.Context, endpoints []string, cluster string, opts ...Opt) (
 	if cluster == "" || strings.ContainsAny(cluster, "/ \t\n") {
 		return nil, fmt.Errorf("%w %q: a non-empty name without slashes or spaces", ErrBadCluster, cluster)
 	}
-	client, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: c.dialTimeout, Logger: c.logger, Context: ctx})
+	client, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: c.dialTimeout, Logger: c.logger, Context: ctx,
+		TLS: c.tls, Username: c.username, Password: c.password})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(endpoints, ","), err)
 	}
