@@ -203,10 +203,10 @@ func (s *Server) lead(ctx context.Context, addr string, stop <-chan error) error
 		s.resign(l)
 		return err
 	case <-l.Lost():
-		s.cfg.log.Error("leadership lost: suspending every job; another job manager takes over", zap.Int64("token", l.Token()))
+		s.cfg.log.Error("leadership lost: suspending every job; another job manager takes over", zap.Int64("token", l.Token()), zap.Error(l.Err()))
 		s.stopping.Store(true)
 		s.suspendAll()
-		return ErrLeadershipLost
+		return fmt.Errorf("%w: %w", ErrLeadershipLost, l.Err())
 	}
 }
 
