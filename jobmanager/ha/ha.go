@@ -186,7 +186,7 @@ type Leadership struct {
 	lastRenew time.Time
 	lostOnce  sync.Once
 	lost      chan struct{}
-	why       error // why the leadership ended, once lost is closed
+	why       error         // why the leadership ended, once lost is closed
 	done      chan struct{} // closed when watch returns
 }
 
