@@ -69,6 +69,15 @@ const (
 	haPointerPrefix = "checkpoints/" // checkpoints/<job>/<id, 20 digits>: pointer (JSON) to the metadata object
 )
 
+// bound bounds a call of the HA stores made for leadership l: by
+// haTimeout, and by the leadership (a leader that lost it stops waiting
+// on etcd or the storage at once).
+func bound(ctx context.Context, l *ha.Leadership) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeoutCause(ctx, haTimeout, fmt.Errorf("no answer within %v", haTimeout))
+	stop := context.AfterFunc(l.Context(), cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
 // haJobStore keeps job records in etcd, written under the leadership.
 type haJobStore struct {
 	svc    *ha.Services
@@ -87,7 +96,7 @@ func (s *haJobStore) Put(r JobRecord) error {
 	if err != nil {
 		return fmt.Errorf("encode job %s: %w", r.ID, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), haTimeout)
+	ctx, cancel := bound(context.Background(), s.leader)
 	defer cancel()
 	if err := s.leader.Put(ctx, haJobPrefix+r.ID, v); err != nil {
 		return fmt.Errorf("store job %s: %w", r.ID, err)
@@ -96,7 +105,7 @@ func (s *haJobStore) Put(r JobRecord) error {
 }
 
 func (s *haJobStore) Get(id string) (JobRecord, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), haTimeout)
+	ctx, cancel := bound(context.Background(), s.leader)
 	defer cancel()
 	v, ok, err := s.svc.Get(ctx, haJobPrefix+id)
 	if err != nil {
@@ -113,7 +122,7 @@ func (s *haJobStore) Get(id string) (JobRecord, error) {
 }
 
 func (s *haJobStore) List() ([]JobRecord, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), haTimeout)
+	ctx, cancel := bound(context.Background(), s.leader)
 	defer cancel()
 	var out []JobRecord
 	err := s.svc.List(ctx, haJobPrefix, func(key string, v []byte) error {
@@ -201,6 +210,8 @@ func (s *haCheckpointStore) pointers(ctx context.Context, job string) ([]checkpo
 // (under the leadership) before the id is returned, above every id handed
 // out and every checkpoint saved.
 func (s *haCheckpointStore) NextID(ctx context.Context, job string) (checkpoint.ID, error) {
+	ctx, cancel := bound(ctx, s.leader)
+	defer cancel()
 	if err := checkHAJob(job); err != nil {
 		return 0, err
 	}
@@ -237,6 +248,8 @@ func (s *haCheckpointStore) NextID(ctx context.Context, job string) (checkpoint.
 // unknown (etcd did not answer) wraps checkpoint.ErrOutcomeUnknown; any
 // other error means the checkpoint was not committed.
 func (s *haCheckpointStore) Save(ctx context.Context, c checkpoint.Completed) error {
+	ctx, cancel := bound(ctx, s.leader)
+	defer cancel()
 	if err := checkHAJob(c.Job); err != nil {
 		return fmt.Errorf("save checkpoint: %w", err)
 	}
@@ -302,6 +315,8 @@ func (s *haCheckpointStore) read(ctx context.Context, key string) ([]byte, error
 // metadata (nil, with the error, if it cannot be read), until fn returns
 // false or an error.
 func (s *haCheckpointStore) scan(ctx context.Context, job string, fn func(id checkpoint.ID, b []byte, err error) (bool, error)) error {
+	ctx, cancel := bound(ctx, s.leader)
+	defer cancel()
 	if err := checkHAJob(job); err != nil {
 		return err
 	}

@@ -335,6 +335,10 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 		_, err := mc.Run(ctx, job)
 		stats.ended(fmt.Errorf("the job stopped: %w", cmp.Or(err, errors.New("finished"))))
 		switch {
+		case s.cfg.ha != nil && s.leadingTerm() == nil:
+			// Whatever ended it (a store refusing a deposed leader's
+			// call, say), the job is the next leader's to resume.
+			log.Info("job suspended: the leadership was lost; the next leader resumes it", zap.Error(err))
 		case errors.Is(err, runtime.ErrSuspended):
 			log.Info("job suspended; a job manager started on the same data directory resumes it", zap.Error(err))
 		case err != nil && ctx.Err() != nil:

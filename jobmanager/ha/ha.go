@@ -117,6 +117,7 @@ func (s *Services) Campaign(ctx context.Context, addr string) (*Leadership, erro
 	}
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l := &Leadership{s: s, lease: lease.ID, cancel: cancel, lost: make(chan struct{}), lastRenew: granted, done: make(chan struct{})}
+	l.ctx, l.endCtx = context.WithCancelCause(context.Background())
 	go l.watch(lctx)
 	session, err := concurrency.NewSession(s.client, concurrency.WithLease(lease.ID), concurrency.WithContext(lctx))
 	if err != nil {
@@ -187,6 +188,8 @@ type Leadership struct {
 	lostOnce  sync.Once
 	lost      chan struct{}
 	why       error         // why the leadership ended, once lost is closed
+	ctx       context.Context // canceled (cause: ErrNotLeader) when lost is closed
+	endCtx    context.CancelCauseFunc
 	done      chan struct{} // closed when watch returns
 }
 
@@ -206,8 +209,14 @@ func (l *Leadership) markLost(why error) {
 		l.why = why
 		l.mu.Unlock()
 		close(l.lost)
+		l.endCtx(fmt.Errorf("%w: %w", ErrNotLeader, why))
 	})
 }
+
+// Context is canceled when the leadership ends, with a cause wrapping
+// ErrNotLeader: calls made on behalf of the leadership end with it instead
+// of waiting out an unreachable etcd.
+func (l *Leadership) Context() context.Context { return l.ctx }
 
 // Err says why the leadership ended (nil while it lasts).
 func (l *Leadership) Err() error {
