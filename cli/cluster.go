@@ -40,7 +40,7 @@ func newJobManagerCmd(a *app) *cobra.Command {
 	var allowedHosts []string
 	var haf haFlags
 	cmd := &cobra.Command{
-		Use:   "jobmanager [--listen 127.0.0.1:6123] [--http 127.0.0.1:8081] [--data-dir DIR]",
+		Use:   "jobmanager [--listen 127.0.0.1:6123] [--http 127.0.0.1:8081] [--data-dir DIR] [--ha standalone|etcd|embedded] [--etcd-endpoints URL,...] [--checkpoint-storage URL]",
 		Short: "Run a job manager: schedules submitted jobs onto task managers and coordinates their checkpoints",
 		Long: `jobmanager serves the control plane (gRPC) on --listen: task managers register,
 offer slots and heartbeat both ways (a task manager silent for 3s is lost), and
@@ -68,9 +68,23 @@ whose Host header is a loopback name, the --http host or one of
 without Content-Type: application/json or an X-Weir-Request header (403): what
 a web page cannot send cross-site.
 
+High availability: --ha etcd --etcd-endpoints URL,... runs this job manager
+as one of several of a cluster (--ha-cluster-id) whose leader is elected in
+etcd; --ha embedded runs an etcd inside it (development). Every job manager of
+the cluster needs the same --checkpoint-storage. The leader keeps the jobs, the
+checkpoint id counters and the completed checkpoints' pointers in etcd (every
+write fenced by its leadership) and each completed checkpoint's metadata in the
+checkpoint storage, and runs the jobs; a standby answers only who leads and
+refuses the rest (HTTP 503) with the leader's address. A new leader resumes
+every job that has not ended from its latest completed checkpoint. A leader
+that cannot renew its lease for half of --ha-lease-ttl suspends its jobs and
+exits (status 1); run it under a supervisor that starts it again. Task
+managers and clients take the job managers' addresses comma-separated and find
+the leader. See docs/guide/high-availability.md.
+
 It prints "jobmanager listening on HOST:PORT" and "jobmanager http on
 HOST:PORT" on stdout once it accepts connections, and stops cleanly on
-SIGINT/SIGTERM.`,
+SIGINT/SIGTERM (a leader resigns, so a standby takes over at once).`,
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			var sec jmSecurity

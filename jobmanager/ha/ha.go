@@ -187,7 +187,7 @@ type Leadership struct {
 	lastRenew time.Time
 	lostOnce  sync.Once
 	lost      chan struct{}
-	why       error         // why the leadership ended, once lost is closed
+	why       error           // why the leadership ended, once lost is closed
 	ctx       context.Context // canceled (cause: ErrNotLeader) when lost is closed
 	endCtx    context.CancelCauseFunc
 	done      chan struct{} // closed when watch returns
