@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/jobmanager/ha"
+	"github.com/weirstream/weir/runtime"
 )
 
 func startEtcd(t *testing.T) []string {
@@ -265,5 +267,78 @@ func TestAMissingOrDamagedMetadataObjectIsSkippedWithItsHandles(t *testing.T) {
 	}
 	if _, err := cps.Latest(ctx, "job1"); !errors.Is(err, checkpoint.ErrCorrupt) {
 		t.Fatalf("Latest: %v, want ErrCorrupt (no silent fallback)", err)
+	}
+}
+
+// A new leader resumes the jobs whose records have not ended and never runs
+// a finished, failed or cancelled job again.
+func TestANewLeaderResumesOnlyJobsThatHaveNotEnded(t *testing.T) {
+	endpoints := startEtcd(t)
+	st := memStorage(t)
+	prev := connectHA(t, endpoints, "prod")
+	lp := campaign(t, prev, "jm-old:6123")
+	js := newHAJobStore(prev, lp)
+	for id, state := range map[string]JobState{"running": StateRunning, "restarting": StateRestarting,
+		"finished": StateFinished, "failed": StateFailed, "canceled": StateCanceled} {
+		if err := js.Put(JobRecord{ID: id, Type: "idle", State: state, CheckpointIntervalMs: 1000, Params: map[string]string{}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := lp.Resign(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+
+	reg := runtime.NewRegistry()
+	if err := reg.Register(runtime.JobType{Name: "idle", Build: func(runtime.Params) (*runtime.Job, error) {
+		job := runtime.NewJob("idle", runtime.DefaultParallelism(1))
+		nums := runtime.FromSource(job, "numbers", runtime.SliceSource([]int{1}, 0))
+		runtime.SinkTo(nums, "discard", runtime.SinkFunc(func(context.Context, int) error { return nil }))
+		return job, nil
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Jobs(reg), HighAvailability(connectHA(t, endpoints, "prod"), st))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, lis) }()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Error(err)
+		}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s.jobs.mu.Lock()
+		n := len(s.jobs.running)
+		s.jobs.mu.Unlock()
+		if s.leadingTerm() != nil && n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10s: leading %v, %d jobs running; want the 2 that had not ended", s.leadingTerm() != nil, n)
+		}
+	}
+	s.jobs.mu.Lock()
+	var running []string
+	for id := range s.jobs.running {
+		running = append(running, id)
+	}
+	s.jobs.mu.Unlock()
+	slices.Sort(running)
+	if !slices.Equal(running, []string{"restarting", "running"}) {
+		t.Fatalf("the new leader runs %v; want only the jobs that had not ended", running)
+	}
+	for id, want := range map[string]JobState{"finished": StateFinished, "failed": StateFailed, "canceled": StateCanceled} {
+		if r, err := s.jobs.store.Get(id); err != nil || r.State != want {
+			t.Errorf("job %s after the new leader started: %+v, %v; want %s, untouched", id, r.State, err, want)
+		}
 	}
 }
