@@ -78,6 +78,18 @@ func bound(ctx context.Context, l *ha.Leadership) (context.Context, context.Canc
 	return ctx, func() { stop(); cancel() }
 }
 
+// fenced makes err, of a call made for leadership l, say ErrNotLeader when
+// the call failed because l ended (its context was cancelled under it).
+func fenced(l *ha.Leadership, err error) error {
+	if err == nil || errors.Is(err, ha.ErrNotLeader) {
+		return err
+	}
+	if cause := context.Cause(l.Context()); cause != nil {
+		return fmt.Errorf("%w (%w)", cause, err)
+	}
+	return err
+}
+
 // haJobStore keeps job records in etcd, written under the leadership.
 type haJobStore struct {
 	svc    *ha.Services
@@ -88,7 +100,8 @@ func newHAJobStore(svc *ha.Services, l *ha.Leadership) *haJobStore {
 	return &haJobStore{svc: svc, leader: l}
 }
 
-func (s *haJobStore) Put(r JobRecord) error {
+func (s *haJobStore) Put(r JobRecord) (err error) {
+	defer func() { err = fenced(s.leader, err) }()
 	if r.ID == "" {
 		return errors.New("job record without an id")
 	}
@@ -104,7 +117,8 @@ func (s *haJobStore) Put(r JobRecord) error {
 	return nil
 }
 
-func (s *haJobStore) Get(id string) (JobRecord, error) {
+func (s *haJobStore) Get(id string) (_ JobRecord, err error) {
+	defer func() { err = fenced(s.leader, err) }()
 	ctx, cancel := bound(context.Background(), s.leader)
 	defer cancel()
 	v, ok, err := s.svc.Get(ctx, haJobPrefix+id)
@@ -121,11 +135,12 @@ func (s *haJobStore) Get(id string) (JobRecord, error) {
 	return r, nil
 }
 
-func (s *haJobStore) List() ([]JobRecord, error) {
+func (s *haJobStore) List() (_ []JobRecord, err error) {
+	defer func() { err = fenced(s.leader, err) }()
 	ctx, cancel := bound(context.Background(), s.leader)
 	defer cancel()
 	var out []JobRecord
-	err := s.svc.List(ctx, haJobPrefix, func(key string, v []byte) error {
+	err = s.svc.List(ctx, haJobPrefix, func(key string, v []byte) error {
 		var r JobRecord
 		if err := json.Unmarshal(v, &r); err != nil {
 			return fmt.Errorf("decode job %s: %w", key, err)
@@ -209,7 +224,8 @@ func (s *haCheckpointStore) pointers(ctx context.Context, job string) ([]checkpo
 // NextID implements checkpoint.IDSource: the counter in etcd is advanced
 // (under the leadership) before the id is returned, above every id handed
 // out and every checkpoint saved.
-func (s *haCheckpointStore) NextID(ctx context.Context, job string) (checkpoint.ID, error) {
+func (s *haCheckpointStore) NextID(ctx context.Context, job string) (_ checkpoint.ID, err error) {
+	defer func() { err = fenced(s.leader, err) }()
 	ctx, cancel := bound(ctx, s.leader)
 	defer cancel()
 	if err := checkHAJob(job); err != nil {
@@ -247,7 +263,8 @@ func (s *haCheckpointStore) NextID(ctx context.Context, job string) (checkpoint.
 // metadata objects after them. A failed pointer write whose outcome is
 // unknown (etcd did not answer) wraps checkpoint.ErrOutcomeUnknown; any
 // other error means the checkpoint was not committed.
-func (s *haCheckpointStore) Save(ctx context.Context, c checkpoint.Completed) error {
+func (s *haCheckpointStore) Save(ctx context.Context, c checkpoint.Completed) (err error) {
+	defer func() { err = fenced(s.leader, err) }()
 	ctx, cancel := bound(ctx, s.leader)
 	defer cancel()
 	if err := checkHAJob(c.Job); err != nil {
@@ -314,7 +331,8 @@ func (s *haCheckpointStore) read(ctx context.Context, key string) ([]byte, error
 // scan calls fn with each checkpoint of job, newest first, and its
 // metadata (nil, with the error, if it cannot be read), until fn returns
 // false or an error.
-func (s *haCheckpointStore) scan(ctx context.Context, job string, fn func(id checkpoint.ID, b []byte, err error) (bool, error)) error {
+func (s *haCheckpointStore) scan(ctx context.Context, job string, fn func(id checkpoint.ID, b []byte, err error) (bool, error)) (err error) {
+	defer func() { err = fenced(s.leader, err) }()
 	ctx, cancel := bound(ctx, s.leader)
 	defer cancel()
 	if err := checkHAJob(job); err != nil {
