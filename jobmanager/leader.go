@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"time"
 
@@ -156,6 +157,10 @@ func (s *Server) Leader(ctx context.Context, _ *weirpb.LeaderRequest) (*weirpb.L
 // suspending them) or the leadership is lost (ErrLeadershipLost).
 func (s *Server) lead(ctx context.Context, addr string, stop <-chan error) error {
 	s.advertised = addr // read once the leadership is stored
+	if host, _, err := net.SplitHostPort(addr); err == nil && (host == "" || net.ParseIP(host).IsUnspecified()) {
+		s.cfg.log.Warn("the address this job manager announces when it leads is a wildcard, which other machines cannot dial; give the address to announce (--advertise-address)",
+			zap.String("address", addr))
+	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	campaigned := make(chan struct{})
