@@ -158,3 +158,58 @@ func (f *haFlags) open(ctx context.Context, cmd *cobra.Command, log *zap.Logger,
 		zap.String("checkpoint_storage", f.storageURL))
 	return jopts, closeAll, nil
 }
+
+// localHA starts the embedded etcd of `local --ha embedded` (under
+// dataDir/etcd, or a temporary directory) and returns, for each of n job
+// managers, what makes its options (its own etcd connection, the shared
+// checkpoint storage: dataDir/checkpoints, or one in-memory store), and
+// what closes everything after the job managers stopped.
+func localHA(ctx context.Context, log *zap.Logger, dataDir string, n int) ([]func() ([]jobmanager.Opt, error), func(), error) {
+	var closers []func()
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	etcdDir, storageURL := "", "mem://local"
+	if dataDir != "" {
+		abs, err := filepath.Abs(dataDir)
+		if err != nil {
+			return nil, nil, err
+		}
+		etcdDir, storageURL = filepath.Join(abs, "etcd"), "file://"+filepath.Join(abs, "checkpoints")
+	} else {
+		dir, err := os.MkdirTemp("", "weir-etcd-")
+		if err != nil {
+			return nil, nil, err
+		}
+		etcdDir = dir
+		closers = append(closers, func() { os.RemoveAll(dir) })
+	}
+	e, err := ha.StartEmbedded(ctx, etcdDir)
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	closers = append(closers, e.Close)
+	st, err := storage.Open(ctx, storageURL)
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	closers = append(closers, func() { st.Close() })
+	log.Info("high availability: embedded etcd", zap.Strings("endpoints", e.Endpoints()), zap.String("checkpoint_storage", storageURL),
+		zap.Int("job_managers", n))
+	opts := make([]func() ([]jobmanager.Opt, error), n)
+	for i := range opts {
+		opts[i] = func() ([]jobmanager.Opt, error) {
+			svc, err := ha.New(ctx, e.Endpoints(), "local", ha.Logger(zap.NewNop()))
+			if err != nil {
+				return nil, err
+			}
+			closers = append(closers, func() { svc.Close() })
+			return []jobmanager.Opt{jobmanager.HighAvailability(svc, st)}, nil
+		}
+	}
+	return opts, closeAll, nil
+}

@@ -1,8 +1,14 @@
 package cli
 
 import (
+	"io"
+	"net/http"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/weirstream/weir/examples/wordcount"
 )
 
 // The high-availability flags are refused, with what to do, when they do
@@ -29,5 +35,36 @@ func TestJobManagerRefusesHighAvailabilityFlagsThatCannotWork(t *testing.T) {
 				t.Fatalf("error %v, want one saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// `local --ha embedded --jobmanagers 2` runs an etcd and two job managers
+// in the process: the first leads (its address is printed first) and runs
+// the wordcount exactly once; the second is a standby whose REST API
+// answers 503 naming the leader.
+func TestLocalWithEmbeddedHARunsALeaderAndAStandby(t *testing.T) {
+	c := startLocal(t, "--ha", "embedded", "--jobmanagers", "2", "--taskmanagers", "2")
+	lines := testLines(300, "ha")
+	produceLines(t, c.broker, "lines", lines)
+	c.submitWordcount(t, "200ms")
+	waitCounted(t, c.broker, "counts", wordcount.Expected(lines))
+
+	var standbyHTTP string
+	for deadline := time.Now().Add(30 * time.Second); standbyHTTP == ""; time.Sleep(20 * time.Millisecond) {
+		if m := regexp.MustCompile(`(?m)^jobmanager http on \S+\n(?s:.*)^jobmanager http on (\S+)$`).FindStringSubmatch(c.out.String()); m != nil {
+			standbyHTTP = m[1]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("local printed one job manager: %q", c.out.String())
+		}
+	}
+	resp, err := http.Get("http://" + standbyHTTP + "/jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "the leader is at "+c.jm) {
+		t.Fatalf("the standby's GET /jobs: %d %s; want 503 naming the leader %s", resp.StatusCode, body, c.jm)
 	}
 }

@@ -150,29 +150,6 @@ func Failover(ctx context.Context, cfg Config) ([]Line, error) {
 	return []Line{l}, nil
 }
 
-// leading waits until the job manager at addr leads.
-func leading(ctx context.Context, addr string) error {
-	cc, err := rpc.Dial(addr)
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	c := weirpb.NewJobManagerClient(cc)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		info, err := c.Leader(ctx, &weirpb.LeaderRequest{})
-		if err == nil && info.Leading {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("job manager %s not leading after 30s (%v)", addr, err)
-		}
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-			return err
-		}
-	}
-}
-
 func failoverRun(ctx context.Context, kb *kafkaBroker, h HAJobManager, startJM StartJobManager, startTM StartTaskManager, run int) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
@@ -185,7 +162,10 @@ func failoverRun(ctx context.Context, kb *kafkaBroker, h HAJobManager, startJM S
 		return 0, fmt.Errorf("start job manager: %w", err)
 	}
 	defer first.Stop()
-	if err := leading(ctx, first.Addr); err != nil {
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	err = rpc.WaitLeading(wctx, first.Addr)
+	wcancel()
+	if err != nil {
 		return 0, err
 	}
 	second, err := startJM(ctx, h)

@@ -139,3 +139,27 @@ func (j *JobManagers) Close() error {
 	clear(j.conns)
 	return errors.Join(errs...)
 }
+
+// WaitLeading waits until the job manager at addr says it leads (the
+// Leader call), or ctx ends.
+func WaitLeading(ctx context.Context, addr string, opts ...DialOpt) error {
+	cc, err := Dial(addr, opts...)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	c := weirpb.NewJobManagerClient(cc)
+	for {
+		actx, cancel := context.WithTimeout(ctx, leaderAskTimeout)
+		info, err := c.Leader(actx, &weirpb.LeaderRequest{})
+		cancel()
+		if err == nil && info.Leading {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("job manager %s does not lead: %w (last answer: %v)", addr, ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
