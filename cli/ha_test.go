@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"regexp"
@@ -44,6 +45,27 @@ func TestJobManagerRefusesHighAvailabilityFlagsThatCannotWork(t *testing.T) {
 // answers 503 naming the leader.
 func TestLocalWithEmbeddedHARunsALeaderAndAStandby(t *testing.T) {
 	c := startLocal(t, "--ha", "embedded", "--jobmanagers", "2", "--taskmanagers", "2")
+	// The first job manager prints its addresses before it leads (503
+	// until then), and the task managers ask who leads before they
+	// register.
+	leaderHTTP := "http://" + c.addr(t, "jobmanager http on")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var list struct {
+			TaskManagers []struct{} `json:"taskmanagers"`
+		}
+		code, body := httpDo(t, http.MethodGet, leaderHTTP+"/taskmanagers")
+		if code == http.StatusOK {
+			if err := json.Unmarshal(body, &list); err != nil {
+				t.Fatal(err)
+			}
+			if len(list.TaskManagers) == 2 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET /taskmanagers of the leader after 30s: %d %s, want 2 task managers", code, body)
+		}
+	}
 	lines := testLines(300, "ha")
 	produceLines(t, c.broker, "lines", lines)
 	c.submitWordcount(t, "200ms")
