@@ -613,14 +613,7 @@ func (s *Store) LatestUsable(ctx context.Context, job string) (c Completed, skip
 			c, found = got, true
 			return false, nil
 		}
-		sk := Skipped{ID: r.id, Err: err}
-		if hs, herr := r.decodeHandles(job); herr == nil {
-			sk.HandlesOK = true
-			for _, e := range hs {
-				sk.Handles = append(sk.Handles, e.handles...)
-				sk.Owners = append(sk.Owners, HandleOwner{Task: e.task, UID: e.uid, Handles: e.handles})
-			}
-		}
+		sk := r.skipped(job, err)
 		skipped = append(skipped, sk)
 		s.log.Warn("skipping corrupt checkpoint", zap.String("job", job), zap.Uint64("id", uint64(r.id)),
 			zap.Bool("handles_ok", sk.HandlesOK), zap.Error(err))
@@ -948,6 +941,20 @@ func (s *Store) scan(ctx context.Context, job string, fn func(rawCheckpoint) (bo
 
 func (r rawCheckpoint) corrupt(job, rec string, err error) error {
 	return &CorruptError{Job: job, ID: r.id, Record: rec, Err: err}
+}
+
+// skipped describes r, passed over by a restore because of err, with its
+// handles if they verify.
+func (r rawCheckpoint) skipped(job string, err error) Skipped {
+	sk := Skipped{ID: r.id, Err: err}
+	if hs, herr := r.decodeHandles(job); herr == nil {
+		sk.HandlesOK = true
+		for _, e := range hs {
+			sk.Handles = append(sk.Handles, e.handles...)
+			sk.Owners = append(sk.Owners, HandleOwner{Task: e.task, UID: e.uid, Handles: e.handles})
+		}
+	}
+	return sk
 }
 
 func (r rawCheckpoint) decode(job string) (Completed, error) {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -39,7 +41,9 @@ Benchmarks (--only NAME, repeatable; in run order; runtime-wordcount also
 reports limit-runtime-wordcount, window-wordcount also reports
 window-state-per-key, eos-wordcount also reports limit-wordcount and
 share-inflight, recovery reports seconds from a task-manager SIGKILL to
-output resuming against a clean task failure, limits reports limit-produce
+output resuming against a clean task failure, failover seconds from a
+SIGKILL of the leading job manager of two (etcd, lease 3s) to output
+resuming against the lease, limits reports limit-produce
 and limit-share-consume, nexmark reports nexmark-generator and
 nexmark-QUERY-cp10s and -cp1s per query, each in events per CPU-second with
 events_per_s; WEIR_NEXMARK_CPUPROFILE=DIR writes a CPU profile of each query
@@ -50,6 +54,7 @@ run):
 			cfg.Progress = a.progress(log).Update
 			cfg.TaskManagers = benchTaskManagers
 			cfg.TaskManager = benchTaskManager
+			cfg.JobManager = benchJobManager
 			return bench.Run(cmd.Context(), a.stdout, cfg, only...)
 		}),
 	}
@@ -133,4 +138,51 @@ func benchTaskManager(_ context.Context, jmAddr, id, failpoints string) (bench.T
 		})
 	}
 	return bench.TaskManager{Kill: func() { end(syscall.SIGKILL) }, Stop: func() { end(syscall.SIGTERM) }}, nil
+}
+
+// benchJobManager starts one `streamctl jobmanager --ha etcd` process of
+// this binary for the failover benchmark (its job types are this binary's:
+// streamctl registers the wordcount the benchmark submits); Kill SIGKILLs
+// it, Stop sends SIGTERM; both wait for its exit.
+func benchJobManager(ctx context.Context, h bench.HAJobManager) (bench.JobManager, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return bench.JobManager{}, err
+	}
+	c := exec.Command(exe, "jobmanager", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "error",
+		"--ha", "etcd", "--etcd-endpoints", strings.Join(h.Endpoints, ","), "--ha-cluster-id", h.Cluster,
+		"--checkpoint-storage", h.Storage, "--ha-lease-ttl", h.LeaseTTL.String())
+	c.Stderr = os.Stderr
+	out, err := c.StdoutPipe()
+	if err != nil {
+		return bench.JobManager{}, err
+	}
+	dieWithParent(c)
+	if err := c.Start(); err != nil {
+		return bench.JobManager{}, err
+	}
+	var once sync.Once
+	end := func(sig syscall.Signal) {
+		once.Do(func() {
+			_ = c.Process.Signal(sig)
+			_ = c.Wait()
+		})
+	}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "jobmanager listening on "); ok {
+				addr <- a
+			}
+		}
+	}()
+	select {
+	case a := <-addr:
+		return bench.JobManager{Addr: a, Kill: func() { end(syscall.SIGKILL) }, Stop: func() { end(syscall.SIGTERM) }}, nil
+	case <-time.After(30 * time.Second):
+	case <-ctx.Done():
+	}
+	end(syscall.SIGKILL)
+	return bench.JobManager{}, errors.New("bench job manager: no address within 30s")
 }

@@ -40,16 +40,26 @@ type client struct {
 	cc   interface{ Close() error }
 }
 
+// dialJobManager connects to the job manager at addr, or to the leader
+// among several (comma-separated: the job managers of a highly available
+// cluster), which it asks who leads.
 func dialJobManager(addr string, access *accessFlags) (*client, error) {
 	opts, err := access.dialOpts()
 	if err != nil {
 		return nil, err
 	}
-	cc, err := rpc.Dial(addr, opts...)
+	jms, err := rpc.DialAll(addr, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &client{addr: addr, tls: access.tlsOn(), jm: weirpb.NewJobManagerClient(cc), cc: cc}, nil
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	leader, jm, err := jms.Leader(ctx)
+	if err != nil {
+		jms.Close()
+		return nil, fmt.Errorf("%w: %w", ErrJobManager, err)
+	}
+	return &client{addr: leader, tls: access.tlsOn(), jm: jm, cc: jms}, nil
 }
 
 func (c *client) Close() { _ = c.cc.Close() }
@@ -64,6 +74,9 @@ func (c *client) explain(err error) error {
 	case codes.Unauthenticated:
 		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, st.Message())
 	case codes.Unavailable, codes.DeadlineExceeded:
+		if strings.Contains(st.Message(), "standby") { // the leader changed since this client found it
+			return fmt.Errorf("%w at %s: %s (run the command again: it finds the leader)", ErrJobManager, c.addr, st.Message())
+		}
 		hint := ""
 		if !c.tls && plaintextToTLS(st.Message()) {
 			hint = " (it may serve TLS: give --tls or --tls-ca)"
@@ -101,7 +114,7 @@ type clientCmd struct {
 }
 
 func (f *clientCmd) flags(cmd *cobra.Command, output bool) {
-	cmd.Flags().StringVar(&f.jm, "jobmanager", defaultJobManager(), "job manager address (default $"+envJobManager+" or 127.0.0.1:6123)")
+	cmd.Flags().StringVar(&f.jm, "jobmanager", defaultJobManager(), "job manager address, or several comma-separated (a highly available cluster: the leader is found) (default $"+envJobManager+" or 127.0.0.1:6123)")
 	f.access.add(cmd)
 	if output {
 		cmd.Flags().StringVarP(&f.output, "output", "o", "table", "table|json")

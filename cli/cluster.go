@@ -38,8 +38,9 @@ func defaultJobManager() string {
 func newJobManagerCmd(a *app) *cobra.Command {
 	var listen, httpAddr, dataDir, tokenFile, certFile, keyFile, savepointDir string
 	var allowedHosts []string
+	var haf haFlags
 	cmd := &cobra.Command{
-		Use:   "jobmanager [--listen 127.0.0.1:6123] [--http 127.0.0.1:8081] [--data-dir DIR]",
+		Use:   "jobmanager [--listen 127.0.0.1:6123] [--http 127.0.0.1:8081] [--data-dir DIR] [--ha standalone|etcd|embedded] [--etcd-endpoints URL,...] [--checkpoint-storage URL]",
 		Short: "Run a job manager: schedules submitted jobs onto task managers and coordinates their checkpoints",
 		Long: `jobmanager serves the control plane (gRPC) on --listen: task managers register,
 offer slots and heartbeat both ways (a task manager silent for 3s is lost), and
@@ -67,9 +68,23 @@ whose Host header is a loopback name, the --http host or one of
 without Content-Type: application/json or an X-Weir-Request header (403): what
 a web page cannot send cross-site.
 
+High availability: --ha etcd --etcd-endpoints URL,... runs this job manager
+as one of several of a cluster (--ha-cluster-id) whose leader is elected in
+etcd; --ha embedded runs an etcd inside it (development). Every job manager of
+the cluster needs the same --checkpoint-storage. The leader keeps the jobs, the
+checkpoint id counters and the completed checkpoints' pointers in etcd (every
+write fenced by its leadership) and each completed checkpoint's metadata in the
+checkpoint storage, and runs the jobs; a standby answers only who leads and
+refuses the rest (HTTP 503) with the leader's address. A new leader resumes
+every job that has not ended from its latest completed checkpoint. A leader
+that cannot renew its lease for half of --ha-lease-ttl suspends its jobs and
+exits (status 1); run it under a supervisor that starts it again. Task
+managers and clients take the job managers' addresses comma-separated and find
+the leader. See docs/guide/high-availability.md.
+
 It prints "jobmanager listening on HOST:PORT" and "jobmanager http on
 HOST:PORT" on stdout once it accepts connections, and stops cleanly on
-SIGINT/SIGTERM.`,
+SIGINT/SIGTERM (a leader resigns, so a standby takes over at once).`,
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			var sec jmSecurity
@@ -99,7 +114,12 @@ SIGINT/SIGTERM.`,
 			}
 			sec.httpHosts = allowedHosts
 			sec.savepointDir = savepointDir
-			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil)
+			haOpts, closeHA, err := haf.open(cmd.Context(), cmd, log, dataDir)
+			if err != nil {
+				return err
+			}
+			defer closeHA()
+			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil, haOpts...)
 		}),
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6123", "control-plane (gRPC) address")
@@ -111,6 +131,7 @@ SIGINT/SIGTERM.`,
 	cmd.Flags().StringVar(&keyFile, "tls-key", "", "PEM private key of --tls-cert")
 	cmd.Flags().StringSliceVar(&allowedHosts, "rest-allowed-hosts", nil,
 		"host names HTTP requests may carry in their Host header besides loopback names and the --http host (comma-separated)")
+	haf.add(cmd)
 	return cmd
 }
 
@@ -136,7 +157,7 @@ func warn(log *zap.Logger, warnings []string) {
 // HTTP on httpAddr, stores under dataDir ("" in memory). It prints the two
 // bound addresses on stdout once both accept connections, and then calls
 // ready (if not nil) with the control-plane address.
-func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAddr, dataDir string, sec jmSecurity, ready func(addr string)) error {
+func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAddr, dataDir string, sec jmSecurity, ready func(addr string), extra ...jobmanager.Opt) error {
 	if dataDir != "" {
 		if err := os.MkdirAll(dataDir, 0o755); err != nil {
 			return fmt.Errorf("--data-dir: %w", err)
@@ -146,9 +167,10 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 	if err != nil {
 		return err
 	}
-	srv, err := jobmanager.New(jobmanager.Logger(log), jobmanager.DataDir(dataDir), jobmanager.Jobs(a.reg),
+	opts := []jobmanager.Opt{jobmanager.Logger(log), jobmanager.DataDir(dataDir), jobmanager.Jobs(a.reg),
 		jobmanager.Failpoints(fp), jobmanager.AuthToken(sec.token), jobmanager.TLS(sec.tls),
-		jobmanager.HTTPHosts(append([]string{httpAddr}, sec.httpHosts...)...), jobmanager.SavepointDir(sec.savepointDir))
+		jobmanager.HTTPHosts(append([]string{httpAddr}, sec.httpHosts...)...), jobmanager.SavepointDir(sec.savepointDir)}
+	srv, err := jobmanager.New(append(opts, extra...)...)
 	if err != nil {
 		return err
 	}
@@ -273,7 +295,8 @@ header must be a loopback name, the --metrics host or one of
 			return err
 		}),
 	}
-	cmd.Flags().StringVar(&jm, "jobmanager", defaultJobManager(), "job manager address (default $"+envJobManager+" or 127.0.0.1:6123)")
+	cmd.Flags().StringVar(&jm, "jobmanager", defaultJobManager(),
+		"job manager address, or several comma-separated (any job managers of a highly available cluster: the leader is found) (default $"+envJobManager+" or 127.0.0.1:6123)")
 	cmd.Flags().IntVar(&slots, "slots", 2, "slots offered to the job manager")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the task manager's state (created; nothing is stored in it yet)")
 	cmd.Flags().StringVar(&dataHost, "data-host", "127.0.0.1", "host the other task managers reach this one's data plane on")

@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -17,16 +19,17 @@ import (
 	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/rpc"
+	"github.com/weirstream/weir/jobmanager"
 	"github.com/weirstream/weir/taskmanager"
 )
 
 func newLocalCmd(a *app) *cobra.Command {
 	var (
-		brokerAddr, dataDir, listen, httpAddr, metricsAddr string
-		tms, slots, brokerPort                             int
+		brokerAddr, dataDir, listen, httpAddr, metricsAddr, haMode string
+		tms, slots, brokerPort, jms                                int
 	)
 	cmd := &cobra.Command{
-		Use:   "local [--broker embedded|HOST:PORT] [--broker-port 9092] [--taskmanagers 2] [--slots 2] [--data-dir DIR]",
+		Use:   "local [--broker embedded|HOST:PORT] [--broker-port 9092] [--taskmanagers 2] [--slots 2] [--data-dir DIR] [--ha embedded --jobmanagers N]",
 		Short: "Run a development cluster in one process: a broker, a job manager and task managers",
 		Long: `local runs, in this one process, an embedded broker (unless --broker names an
 external one), a job manager (control plane on --listen, HTTP on --http) and
@@ -41,7 +44,15 @@ port, so --set brokers=127.0.0.1:9092 reaches it; 0 takes a random port).
 jobs and checkpoints (DIR/jobmanager): started again on the same directory (and
 the same --broker-port: a job keeps the broker address it was submitted with),
 the cluster resumes its jobs. --metrics serves every task manager's Prometheus
-metrics on one address (GET /metrics; the job manager's are on --http). It prints "broker listening on HOST:PORT",
+metrics on one address (GET /metrics; the job manager's are on --http).
+
+--ha embedded --jobmanagers N runs an etcd in the process and N job managers
+electing a leader, as "jobmanager --ha etcd" does (checkpoint metadata in
+DIR/checkpoints, or in memory): the first leads (its addresses are printed
+first, the others' after), the task managers are given every job manager.
+For trying high availability out; it is not highly available (one process).
+
+It prints "broker listening on HOST:PORT",
 "jobmanager listening on HOST:PORT" and "jobmanager http on HOST:PORT" on
 stdout, and stops on SIGINT/SIGTERM (running jobs are suspended, not
 cancelled).`,
@@ -91,20 +102,72 @@ cancelled).`,
 			if err != nil {
 				return err
 			}
-			addrs := make(chan string, 1)
 			var wg sync.WaitGroup
 			defer wg.Wait()
 			defer cancel()
-			jmDone := make(chan error, 1)
-			go func() {
-				jmDone <- a.runJobManager(ctx, log.Named("jobmanager"), listen, httpAddr, jmDir, jmSecurity{}, func(addr string) { addrs <- addr })
-			}()
-			var jmAddr string
-			select {
-			case jmAddr = <-addrs:
-			case err := <-jmDone:
-				return err
+			var haOpts []func() ([]jobmanager.Opt, error)
+			switch haMode {
+			case "standalone":
+				if jms != 1 {
+					return flagError(cmd, fmt.Errorf("--jobmanagers %d: several job managers need --ha embedded", jms))
+				}
+				haOpts = []func() ([]jobmanager.Opt, error){func() ([]jobmanager.Opt, error) { return nil, nil }}
+			case "embedded":
+				if jms < 1 {
+					return flagError(cmd, fmt.Errorf("--jobmanagers %d must be at least 1", jms))
+				}
+				opts, closeHA, err := localHA(ctx, log, dataDir, jms)
+				if err != nil {
+					return err
+				}
+				defer closeHA() // after the job managers stopped (deferred below)
+				haOpts = opts
+				jmDir = ""
+			default:
+				return flagError(cmd, fmt.Errorf("--ha %q: want standalone or embedded", haMode))
 			}
+			jmDone := make(chan error, len(haOpts))
+			running := 0 // job managers not yet stopped
+			defer func() {
+				cancel()
+				for ; running > 0; running-- {
+					<-jmDone
+				}
+			}()
+			var jmAddrs []string
+			for i, opts := range haOpts {
+				extra, err := opts()
+				if err != nil {
+					return err
+				}
+				l, h, name := listen, httpAddr, "jobmanager"
+				if i > 0 {
+					l, h, name = "127.0.0.1:0", "127.0.0.1:0", fmt.Sprintf("jobmanager-%d", i+1)
+				}
+				addrs := make(chan string, 1)
+				running++
+				go func() {
+					jmDone <- a.runJobManager(ctx, log.Named(name), l, h, jmDir, jmSecurity{}, func(addr string) { addrs <- addr }, extra...)
+				}()
+				select {
+				case addr := <-addrs:
+					jmAddrs = append(jmAddrs, addr)
+				case err := <-jmDone:
+					running--
+					return err
+				}
+				if i == 0 && haMode == "embedded" {
+					// The first job manager leads: the address printed
+					// first is the leader's.
+					wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+					err := rpc.WaitLeading(wctx, jmAddrs[0])
+					wcancel()
+					if err != nil {
+						return err
+					}
+				}
+			}
+			jmAddr := strings.Join(jmAddrs, ",")
 			tmOpts := []taskmanager.Opt{taskmanager.Slots(slots), taskmanager.Jobs(a.reg), taskmanager.Failpoints(fp)}
 			if metricsAddr != "" {
 				reg, stop, err := a.serveMetrics(ctx, metricsAddr, "", nil)
@@ -125,7 +188,9 @@ cancelled).`,
 					}
 				}()
 			}
-			return <-jmDone
+			err = <-jmDone // the first job manager to stop stops the cluster
+			running--
+			return err
 		}),
 	}
 	f := cmd.Flags()
@@ -137,5 +202,7 @@ cancelled).`,
 	f.StringVar(&listen, "listen", "127.0.0.1:6123", "job manager control-plane (gRPC) address")
 	f.StringVar(&httpAddr, "http", "127.0.0.1:8081", "job manager HTTP address (REST API and /metrics)")
 	f.StringVar(&metricsAddr, "metrics", "", "HTTP address of the task managers' Prometheus /metrics (default: none)")
+	f.StringVar(&haMode, "ha", "standalone", `"standalone" (one job manager) or "embedded" (an etcd in this process and --jobmanagers job managers electing a leader, as --ha etcd does)`)
+	f.IntVar(&jms, "jobmanagers", 1, "job managers to run (more than one needs --ha embedded)")
 	return cmd
 }

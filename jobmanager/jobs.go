@@ -72,8 +72,8 @@ const suspendWait = 15 * time.Second
 
 // jobs are the jobs this job manager runs.
 type jobs struct {
-	store *JobStore
-	cps   *checkpoint.Store
+	store jobStore
+	cps   checkpointStore
 
 	mu      sync.Mutex
 	running map[string]*runningJob
@@ -185,16 +185,27 @@ func (js *jobs) open(dir string, log *zap.Logger) error {
 		js.store.Close()
 		return fmt.Errorf("open checkpoint store: %w", err)
 	}
+	return nil
+}
+
+// init readies js to run jobs, before its stores are open.
+func (js *jobs) init() {
 	js.running = map[string]*runningJob{}
 	js.stats = map[string]*cpStats{}
 	js.final = map[string]endedAttempt{}
 	js.savepoints = map[string][]*SavepointOp{}
 	js.ctx, js.suspend = context.WithCancelCause(context.Background())
-	return nil
 }
 
 func (js *jobs) close() error {
-	return errors.Join(js.cps.Close(), js.store.Close())
+	var errs []error
+	if js.cps != nil {
+		errs = append(errs, js.cps.Close())
+	}
+	if js.store != nil {
+		errs = append(errs, js.store.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // resume starts every job the store holds that is not over.
@@ -324,6 +335,10 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 		_, err := mc.Run(ctx, job)
 		stats.ended(fmt.Errorf("the job stopped: %w", cmp.Or(err, errors.New("finished"))))
 		switch {
+		case s.cfg.ha != nil && s.leadingTerm() == nil:
+			// Whatever ended it (a store refusing a deposed leader's
+			// call, say), the job is the next leader's to resume.
+			log.Info("job suspended: the leadership was lost; the next leader resumes it", zap.Error(err))
 		case errors.Is(err, runtime.ErrSuspended):
 			log.Info("job suspended; a job manager started on the same data directory resumes it", zap.Error(err))
 		case err != nil && ctx.Err() != nil:

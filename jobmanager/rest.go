@@ -41,7 +41,7 @@ func (s *Server) HTTPHandler() http.Handler {
 	ui := dashboard.Handler()
 	root.Handle("GET /{$}", ui)
 	root.Handle("GET /static/", ui)
-	root.Handle("/", rpc.RequireToken(s.cfg.token, s.apiHandler(), rpc.LogRejections(s.rejects)))
+	root.Handle("/", rpc.RequireToken(s.cfg.token, s.gateHTTP(s.apiHandler()), rpc.LogRejections(s.rejects)))
 	return rpc.BrowserGuard(s.cfg.hosts, root, rpc.LogRejections(s.rejects))
 }
 

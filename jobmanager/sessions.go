@@ -21,6 +21,7 @@ import (
 
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
+	"github.com/weirstream/weir/jobmanager/ha"
 	"github.com/weirstream/weir/runtime"
 )
 
@@ -74,6 +75,9 @@ type cfg struct {
 	hosts       []string
 	// savepointDir is where savepoints go by default ("": nowhere).
 	savepointDir string
+	// ha makes the job manager highly available (nil: standalone).
+	ha        *haCfg
+	advertise string
 }
 
 // HeartbeatInterval sets how often the job manager heartbeats each task
@@ -139,6 +143,11 @@ type Server struct {
 	stopping atomic.Bool
 	// rejects logs refused authentication, RPC and HTTP alike.
 	rejects *rpc.RejectLog
+	// leadership is this job manager's term as leader (high availability;
+	// nil: standalone, or not leading yet), advertised the address it
+	// announced.
+	leadership atomic.Pointer[ha.Leadership]
+	advertised string
 }
 
 // New opens a job manager's stores (DataDir); Close closes them.
@@ -158,6 +167,10 @@ func New(opts ...Opt) (*Server, error) {
 	s := &Server{cfg: c, tms: map[string]*session{}, changed: make(chan struct{}),
 		rejects: rpc.NewRejectLog(c.log, rejectLogInterval)}
 	s.metrics = newRegistry(s)
+	s.jobs.init()
+	if c.ha != nil {
+		return s, nil // the stores open when the job manager leads
+	}
 	if err := s.jobs.open(c.dir, c.log); err != nil {
 		return nil, err
 	}
@@ -173,16 +186,30 @@ func (s *Server) Close() error { return s.jobs.close() }
 
 // Serve serves the job manager's gRPC service on lis and resumes the jobs
 // the store holds, until ctx is done; then it suspends the jobs (for the
-// next job manager on the same data directory to resume) and stops.
+// next job manager on the same data directory to resume) and stops. A
+// highly available job manager (HighAvailability) first campaigns, serving
+// only Leader meanwhile; it resumes the cluster's jobs once it leads,
+// resigns when ctx is done, and returns ErrLeadershipLost (its jobs
+// suspended) when its leadership ends otherwise.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
-	gs := grpc.NewServer(rpc.ServerOptions(s.cfg.tls, s.cfg.token, rpc.LogRejections(s.rejects))...)
+	gs := grpc.NewServer(append(rpc.ServerOptions(s.cfg.tls, s.cfg.token, rpc.LogRejections(s.rejects)), s.gateOptions()...)...)
 	weirpb.RegisterJobManagerServer(gs, s)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
+	var err error
+	if s.cfg.ha != nil {
+		err = s.lead(ctx, s.announced(lis.Addr().String()), served)
+		s.stopping.Store(true)
+		gs.Stop()
+		s.jobs.wg.Wait()
+		if errors.Is(err, grpc.ErrServerStopped) {
+			err = nil
+		}
+		return err
+	}
 	if err := s.resume(); err != nil {
 		s.cfg.log.Error("resuming jobs", zap.Error(err))
 	}
-	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-served:
@@ -294,7 +321,9 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	ctx, cancel := context.WithCancelCause(st.Context())
 	defer cancel(nil)
 	var sendMu sync.Mutex
+	token := s.leaderToken()
 	send := func(m *weirpb.JobManagerMessage) error {
+		m.LeaderToken = token
 		if err := rpc.CheckSize(m); err != nil {
 			return err
 		}

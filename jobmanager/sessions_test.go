@@ -23,7 +23,15 @@ import (
 	"github.com/weirstream/weir/runtime"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// etcd's embedded server and client (the HA tests) keep
+		// package-level goroutines (its log and the gRPC resolver) beyond
+		// Close.
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+	)
+}
 
 func waitFor(t *testing.T, s *jobmanager.Server, what string, ok func([]jobmanager.TaskManager) bool) time.Duration {
 	t.Helper()

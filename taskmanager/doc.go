@@ -2,7 +2,9 @@
 // deployment and execution of tasks handed out by the job manager, the data
 // plane between task managers (credit-based, so backpressure crosses process
 // boundaries without unbounded buffers), heartbeats to the job manager
-// (carrying every task's counters), and its tasks' Prometheus metrics.
+// (carrying every task's counters), finding the leader among several job
+// managers and refusing a deposed leader's messages (fencing tokens), and
+// its tasks' Prometheus metrics.
 //
 // It must not import jobmanager: the two share only the RPC contract in
 // internal. It must not import sources or sinks: it runs whatever operators

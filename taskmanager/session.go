@@ -1,12 +1,14 @@
 package taskmanager
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,6 +45,30 @@ type cfg struct {
 	dataRejects  *rpc.RejectLog // refused data-plane connections, for every deployment
 	metrics      prometheus.Registerer
 	cur          *current // the running session's deployments, for metrics
+	fence        fence    // the highest leader token seen, across sessions
+}
+
+// ErrDeposedLeader is wrapped by the error that ends a session with a job
+// manager whose fencing token is below the highest the task manager has
+// seen: a leader that was deposed and does not know it yet.
+var ErrDeposedLeader = errors.New("deposed job manager")
+
+// fence keeps the highest fencing token a task manager has seen on control
+// messages (a highly available job manager's leadership; 0 standalone).
+type fence struct{ highest atomic.Int64 }
+
+// admit accepts a message carrying token unless a later leader's token
+// was seen, and raises the highest to token.
+func (f *fence) admit(token int64) error {
+	for {
+		h := f.highest.Load()
+		if token < h {
+			return fmt.Errorf("%w: its messages carry leader token %d, a later leader's is %d", ErrDeposedLeader, token, h)
+		}
+		if token == h || f.highest.CompareAndSwap(h, token) {
+			return nil
+		}
+	}
 }
 
 // ID sets the task manager's id (default "tm").
@@ -121,7 +147,12 @@ func (c *cfg) announcedHost() string {
 // Run keeps a session with the job manager at addr until ctx is done: it
 // registers, heartbeats, and when the session is lost (the job manager is
 // gone, restarted or silent beyond the timeout it announced) reconnects by
-// itself. It returns ctx's error, or a configuration error at once.
+// itself. addr may list several job managers, comma-separated (those of a
+// highly available cluster): before each session the task manager asks
+// them who leads (the Leader call) and registers with the leader. It
+// refuses the messages of a job manager whose fencing token is below the
+// highest it has seen (ErrDeposedLeader) and finds the leader again. It
+// returns ctx's error, or a configuration error at once.
 func Run(ctx context.Context, addr string, opts ...Opt) error {
 	c := cfg{id: "tm", slots: 2, dataHost: "127.0.0.1", window: 16, reconnect: 500 * time.Millisecond, log: zap.NewNop(),
 		cur: &current{}}
@@ -152,15 +183,17 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 		}
 		defer c.metrics.Unregister(col)
 	}
-	cc, err := rpc.Dial(addr, c.dial...)
+	jms, err := rpc.DialAll(addr, c.dial...)
 	if err != nil {
-		return fmt.Errorf("%w", err)
+		return err
 	}
-	defer cc.Close()
-	client := weirpb.NewJobManagerClient(cc)
+	defer jms.Close()
 	var authDelay time.Duration // the last pause, while the token is refused
 	for {
-		err := session(ctx, client, &c)
+		target, client, err := jms.Leader(ctx)
+		if err == nil {
+			err = session(ctx, client, &c)
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -169,9 +202,9 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 		if status.Code(err) == codes.Unauthenticated {
 			authDelay = delay
 			c.log.Warn("job manager refused the auth token; retrying with backoff (check --auth-token-file)",
-				zap.String("job_manager", addr), zap.Duration("delay", delay), zap.Error(err))
+				zap.String("job_manager", target), zap.Duration("delay", delay), zap.Error(err))
 		} else {
-			c.log.Warn("job manager session lost; reconnecting", zap.String("job_manager", addr),
+			c.log.Warn("job manager session lost; reconnecting", zap.String("job_manager", cmp.Or(target, addr)),
 				zap.Duration("delay", delay), zap.Error(err))
 		}
 		select {
@@ -222,6 +255,9 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 	reg := first.GetRegistered()
 	if reg == nil {
 		return fmt.Errorf("the job manager answered the registration with %v", first)
+	}
+	if err := c.fence.admit(first.LeaderToken); err != nil {
+		return fmt.Errorf("register: %w", err)
 	}
 	interval := time.Duration(reg.HeartbeatIntervalMs) * time.Millisecond
 	timeout := time.Duration(reg.HeartbeatTimeoutMs) * time.Millisecond
@@ -280,6 +316,10 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 			if s := live.Silence(); s > stale {
 				cancel(fmt.Errorf("%w: silent for %v before its next message (timeout %v, interval %v): the session may have ended there; its queued messages are dropped",
 					rpc.ErrPeerDead, s.Round(time.Millisecond), timeout, interval))
+				return
+			}
+			if err := c.fence.admit(m.LeaderToken); err != nil {
+				cancel(err)
 				return
 			}
 			live.Seen()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
 
 	"github.com/weirstream/weir/internal/broker/brokerproc"
 	"github.com/weirstream/weir/internal/kafkatest"
@@ -28,7 +29,14 @@ var streamctlBin string
 
 // TestMain builds streamctl once for the process tests and checks for leaked
 // goroutines after all tests.
-func TestMain(m *testing.M) { os.Exit(proctest.Main(m, ".", "streamctl", &streamctlBin)) }
+func TestMain(m *testing.M) {
+	os.Exit(proctest.Main(m, ".", "streamctl", &streamctlBin,
+		// The HA tests' in-process etcd (server and client) keeps
+		// package-level goroutines (its log and the gRPC resolver) beyond
+		// Close.
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run")))
+}
 
 // brokerProc is a `streamctl broker` process.
 type brokerProc struct {

@@ -71,6 +71,10 @@ type Config struct {
 	// (streamctl bench: processes of its own binary, killed with SIGKILL);
 	// nil runs them in this process.
 	TaskManager StartTaskManager
+	// JobManager starts the job managers of failover (streamctl bench:
+	// processes of its own binary, killed with SIGKILL); nil runs them in
+	// this process (and then the task managers too).
+	JobManager StartJobManager
 
 	// clusterOpts are added to every mini cluster a benchmark starts
 	// (tests of this package use them to slow checkpoints down).
@@ -127,6 +131,7 @@ func All() []Benchmark {
 		{Name: "eos-sink", Run: EOSSink},
 		{Name: "eos-wordcount", Run: EOSWordcount},
 		{Name: "recovery", Run: Recovery},
+		{Name: "failover", Run: Failover},
 		{Name: "limits", Run: Limits},
 		{Name: "nexmark", Run: Nexmark},
 	}

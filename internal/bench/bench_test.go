@@ -79,6 +79,7 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 		"eos-wordcount":           {"records_per_s"},
 		"share-inflight":          {"max_held_per_partition"},
 		"recovery":                {"seconds_to_resume"},
+		"failover":                {"seconds_to_resume"},
 		"limit-produce":           {"records_per_s"},
 		"limit-share-consume":     {"records_per_s"},
 		"limit-wordcount":         {"records_per_s"},
@@ -92,7 +93,7 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 			nexmarkQueries = append(nexmarkQueries, b)
 		}
 	}
-	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "window-wordcount", "eos-sink", "eos-wordcount", "limit-wordcount", "recovery"}
+	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "window-wordcount", "eos-sink", "eos-wordcount", "limit-wordcount", "recovery", "failover"}
 	limits := []string{"limit-produce", "limit-share-consume"}
 	const runs = 2
 	var buf bytes.Buffer

@@ -372,7 +372,9 @@ func Build(pkg, name string) (bin string, remove func(), err error) {
 // pkg (see Build) into *bin, runs m's tests, checks for leaked goroutines
 // after a passing run (goleak), removes the binary, and returns the exit
 // code: func TestMain(m *testing.M) { os.Exit(proctest.Main(m, ".", "streamctl", &bin)) }.
-func Main(m *testing.M, pkg, name string, bin *string) int {
+// ignore are passed to goleak (e.g. the goroutines an in-process etcd
+// leaves behind).
+func Main(m *testing.M, pkg, name string, bin *string, ignore ...goleak.Option) int {
 	b, remove, err := Build(pkg, name)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -382,7 +384,7 @@ func Main(m *testing.M, pkg, name string, bin *string) int {
 	*bin = b
 	code := m.Run()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := goleak.Find(ignore...); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			code = 1
 		}

@@ -1,6 +1,7 @@
 // Package rpc owns the control-plane contract between the job manager, the
 // task managers and streamctl: the protocol (package weirpb, generated from
-// weirpb/control.proto), dialing, the heartbeat rule both ends of a
+// weirpb/control.proto), dialing (and finding the leader among several job
+// managers: leader.go), the heartbeat rule both ends of a
 // task-manager session apply to detect a dead peer, and the access rules of
 // Weir's servers (docs/guide/security.md): the token, TLS and limits of the
 // gRPC server (security.go), the HTTP servers' timeouts and browser guard

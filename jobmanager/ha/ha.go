@@ -8,18 +8,21 @@
 //
 // It stores bytes by key and knows nothing of jobs, checkpoints or their
 // encoding, and it never deletes data on its own: what a leader writes stays
-// until a leader deletes it. It must not import taskmanager. It is not wired
-// into the job manager yet: docs/internals/high-availability.md.
+// until a leader deletes it. It must not import taskmanager or jobmanager
+// (the job manager's stores on it are in jobmanager):
+// docs/internals/high-availability.md.
 package ha
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
@@ -39,9 +42,11 @@ var (
 type Opt interface{ apply(*cfg) }
 
 type cfg struct {
-	ttl         time.Duration
-	dialTimeout time.Duration
-	logger      *zap.Logger
+	ttl                time.Duration
+	dialTimeout        time.Duration
+	logger             *zap.Logger
+	tls                *tls.Config
+	username, password string
 }
 
 type opt func(*cfg)
@@ -58,6 +63,16 @@ func LeaseTTL(d time.Duration) Opt {
 
 // DialTimeout bounds connecting to etcd, by default 5 s.
 func DialTimeout(d time.Duration) Opt { return opt(func(c *cfg) { c.dialTimeout = d }) }
+
+// TLS connects to etcd over TLS with t (its client certificate, if any,
+// authenticates this job manager), by default plaintext.
+func TLS(t *tls.Config) Opt { return opt(func(c *cfg) { c.tls = t }) }
+
+// Auth authenticates to etcd as username with password (etcd's role-based
+// access control), by default not at all.
+func Auth(username, password string) Opt {
+	return opt(func(c *cfg) { c.username, c.password = username, password })
+}
 
 // Logger sets the logger of the etcd client, by default none.
 func Logger(l *zap.Logger) Opt { return opt(func(c *cfg) { c.logger = l }) }
@@ -79,7 +94,8 @@ func New(ctx context.Context, endpoints []string, cluster string, opts ...Opt) (
 	if cluster == "" || strings.ContainsAny(cluster, "/ \t\n") {
 		return nil, fmt.Errorf("%w %q: a non-empty name without slashes or spaces", ErrBadCluster, cluster)
 	}
-	client, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: c.dialTimeout, Logger: c.logger, Context: ctx})
+	client, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: c.dialTimeout, Logger: c.logger, Context: ctx,
+		TLS: c.tls, Username: c.username, Password: c.password})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(endpoints, ","), err)
 	}
@@ -94,18 +110,15 @@ func (s *Services) electionPrefix() string { return s.ns + "leader" }
 // Campaign blocks until this job manager leads the cluster, announcing addr
 // (where task managers and clients reach it), or ctx ends.
 func (s *Services) Campaign(ctx context.Context, addr string) (*Leadership, error) {
+	granted := time.Now() // the lease runs from no earlier than this
 	lease, err := s.client.Grant(ctx, int64(s.cfg.ttl/time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("etcd lease: %w", err)
 	}
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	keep, err := s.client.KeepAlive(lctx, lease.ID)
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("etcd lease keep-alive: %w", err)
-	}
-	l := &Leadership{s: s, lease: lease.ID, cancel: cancel, lost: make(chan struct{}), lastRenew: time.Now(), done: make(chan struct{})}
-	go l.watch(keep)
+	l := &Leadership{s: s, lease: lease.ID, cancel: cancel, lost: make(chan struct{}), lastRenew: granted, done: make(chan struct{})}
+	l.ctx, l.endCtx = context.WithCancelCause(context.Background())
+	go l.watch(lctx)
 	session, err := concurrency.NewSession(s.client, concurrency.WithLease(lease.ID), concurrency.WithContext(lctx))
 	if err != nil {
 		l.abandon()
@@ -174,6 +187,9 @@ type Leadership struct {
 	lastRenew time.Time
 	lostOnce  sync.Once
 	lost      chan struct{}
+	why       error           // why the leadership ended, once lost is closed
+	ctx       context.Context // canceled (cause: ErrNotLeader) when lost is closed
+	endCtx    context.CancelCauseFunc
 	done      chan struct{} // closed when watch returns
 }
 
@@ -187,33 +203,71 @@ func (l *Leadership) Token() int64 { return l.token }
 // etcd revoked it.
 func (l *Leadership) Lost() <-chan struct{} { return l.lost }
 
-func (l *Leadership) markLost() { l.lostOnce.Do(func() { close(l.lost) }) }
+func (l *Leadership) markLost(why error) {
+	l.lostOnce.Do(func() {
+		l.mu.Lock()
+		l.why = why
+		l.mu.Unlock()
+		close(l.lost)
+		l.endCtx(fmt.Errorf("%w: %w", ErrNotLeader, why))
+	})
+}
 
-// watch records lease renewals and declares the leadership lost when they
-// stop for half the lease's time-to-live, or when the lease is gone.
-func (l *Leadership) watch(keep <-chan *clientv3.LeaseKeepAliveResponse) {
+// Context is canceled when the leadership ends, with a cause wrapping
+// ErrNotLeader: calls made on behalf of the leadership end with it instead
+// of waiting out an unreachable etcd.
+func (l *Leadership) Context() context.Context { return l.ctx }
+
+// Err says why the leadership ended (nil while it lasts).
+func (l *Leadership) Err() error {
+	select {
+	case <-l.lost:
+	default:
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.why
+}
+
+// watch renews the lease every sixth of its time-to-live (each renewal
+// bounded by that time) and declares the leadership lost when no renewal
+// succeeded for half the time-to-live, counted from when the last
+// successful one was sent, or when the lease is gone. It does not rely on
+// the client's KeepAlive, which renews only every third of the
+// time-to-live plus up to half a second and so can leave a gap above half
+// a short time-to-live on a healthy connection.
+func (l *Leadership) watch(ctx context.Context) {
 	defer close(l.done)
-	half := l.s.cfg.ttl / 2
-	timer := time.NewTimer(half)
-	defer timer.Stop()
+	half, every := l.s.cfg.ttl/2, l.s.cfg.ttl/6
+	tick := time.NewTicker(every)
+	defer tick.Stop()
 	for {
 		select {
-		case _, ok := <-keep:
-			if !ok {
-				l.markLost()
-				return
-			}
-			l.mu.Lock()
-			l.lastRenew = time.Now()
-			l.mu.Unlock()
-			timer.Reset(half)
-		case <-timer.C:
-			l.markLost()
-			// Keep draining until the client gives up, so its goroutine
-			// is not blocked on us.
 		case <-l.lost:
-			for range keep {
-			}
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, every)
+		resp, err := l.s.client.KeepAliveOnce(rctx, l.lease)
+		cancel()
+		switch {
+		case err == nil && resp.TTL > 0:
+			l.mu.Lock()
+			l.lastRenew = sent
+			l.mu.Unlock()
+		case errors.Is(err, rpctypes.ErrLeaseNotFound), err == nil:
+			l.markLost(errors.New("the lease is gone (expired or revoked)"))
+			return
+		}
+		l.mu.Lock()
+		since := time.Since(l.lastRenew)
+		l.mu.Unlock()
+		if since >= half {
+			l.markLost(fmt.Errorf("the lease was not renewed for %v, half its time-to-live", since.Round(time.Millisecond)))
 			return
 		}
 	}
@@ -236,7 +290,7 @@ func (l *Leadership) valid() bool {
 // revision, and cond holds.
 func (l *Leadership) txn(ctx context.Context, what string, cond []clientv3.Cmp, ops ...clientv3.Op) error {
 	if !l.valid() {
-		l.markLost()
+		l.markLost(fmt.Errorf("the lease was not renewed for %v, half its time-to-live", l.s.cfg.ttl/2))
 		return fmt.Errorf("%s: %w", what, ErrNotLeader)
 	}
 	cmps := append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)}, cond...)
@@ -248,7 +302,7 @@ func (l *Leadership) txn(ctx context.Context, what string, cond []clientv3.Cmp, 
 		return nil
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != l.token {
-		l.markLost()
+		l.markLost(errors.New("the leader key is gone or another job manager's"))
 		return fmt.Errorf("%s: %w", what, ErrNotLeader)
 	}
 	return fmt.Errorf("%s: %w", what, ErrExists)
@@ -274,7 +328,7 @@ func (l *Leadership) Delete(ctx context.Context, key string) error {
 // Resign ends the leadership at once, so a standby takes over without
 // waiting for the lease to expire. Data stays.
 func (l *Leadership) Resign(ctx context.Context) error {
-	l.markLost()
+	l.markLost(errors.New("resigned"))
 	err := l.election.Resign(ctx)
 	if _, rerr := l.s.client.Revoke(ctx, l.lease); err == nil && rerr != nil {
 		err = rerr
@@ -293,7 +347,7 @@ func (l *Leadership) abandon() {
 }
 
 func (l *Leadership) stop() {
-	l.markLost()
+	l.markLost(errors.New("stopped"))
 	l.cancel()
 	<-l.done
 }

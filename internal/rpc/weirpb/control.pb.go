@@ -25,6 +25,106 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type LeaderRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaderRequest) Reset() {
+	*x = LeaderRequest{}
+	mi := &file_control_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaderRequest) ProtoMessage() {}
+
+func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
+func (*LeaderRequest) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{0}
+}
+
+type LeaderInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// leading: this job manager leads (a standalone one always does).
+	Leading bool `protobuf:"varint,1,opt,name=leading,proto3" json:"leading,omitempty"`
+	// leader_address is the control-plane address the leader announced
+	// (empty while no job manager leads).
+	LeaderAddress string `protobuf:"bytes,2,opt,name=leader_address,json=leaderAddress,proto3" json:"leader_address,omitempty"`
+	// token is the leader's fencing token (0: standalone, or unknown).
+	Token         int64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaderInfo) Reset() {
+	*x = LeaderInfo{}
+	mi := &file_control_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaderInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaderInfo) ProtoMessage() {}
+
+func (x *LeaderInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaderInfo.ProtoReflect.Descriptor instead.
+func (*LeaderInfo) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LeaderInfo) GetLeading() bool {
+	if x != nil {
+		return x.Leading
+	}
+	return false
+}
+
+func (x *LeaderInfo) GetLeaderAddress() string {
+	if x != nil {
+		return x.LeaderAddress
+	}
+	return ""
+}
+
+func (x *LeaderInfo) GetToken() int64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
 type TaskManagerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -47,7 +147,7 @@ type TaskManagerMessage struct {
 
 func (x *TaskManagerMessage) Reset() {
 	*x = TaskManagerMessage{}
-	mi := &file_control_proto_msgTypes[0]
+	mi := &file_control_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -59,7 +159,7 @@ func (x *TaskManagerMessage) String() string {
 func (*TaskManagerMessage) ProtoMessage() {}
 
 func (x *TaskManagerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[0]
+	mi := &file_control_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -72,7 +172,7 @@ func (x *TaskManagerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskManagerMessage.ProtoReflect.Descriptor instead.
 func (*TaskManagerMessage) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{0}
+	return file_control_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *TaskManagerMessage) GetMsg() isTaskManagerMessage_Msg {
@@ -264,14 +364,19 @@ type JobManagerMessage struct {
 	//	*JobManagerMessage_Open
 	//	*JobManagerMessage_Start
 	//	*JobManagerMessage_Chunk
-	Msg           isJobManagerMessage_Msg `protobuf_oneof:"msg"`
+	Msg isJobManagerMessage_Msg `protobuf_oneof:"msg"`
+	// leader_token is the fencing token of the job manager's leadership
+	// (high availability: the etcd revision at which it began; 0 for a
+	// standalone job manager). A task manager refuses a message whose token
+	// is below the highest it has seen: a deposed leader's.
+	LeaderToken   int64 `protobuf:"varint,20,opt,name=leader_token,json=leaderToken,proto3" json:"leader_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobManagerMessage) Reset() {
 	*x = JobManagerMessage{}
-	mi := &file_control_proto_msgTypes[1]
+	mi := &file_control_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -283,7 +388,7 @@ func (x *JobManagerMessage) String() string {
 func (*JobManagerMessage) ProtoMessage() {}
 
 func (x *JobManagerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[1]
+	mi := &file_control_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -296,7 +401,7 @@ func (x *JobManagerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobManagerMessage.ProtoReflect.Descriptor instead.
 func (*JobManagerMessage) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{1}
+	return file_control_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *JobManagerMessage) GetMsg() isJobManagerMessage_Msg {
@@ -387,6 +492,13 @@ func (x *JobManagerMessage) GetChunk() *Chunk {
 	return nil
 }
 
+func (x *JobManagerMessage) GetLeaderToken() int64 {
+	if x != nil {
+		return x.LeaderToken
+	}
+	return 0
+}
+
 type isJobManagerMessage_Msg interface {
 	isJobManagerMessage_Msg()
 }
@@ -462,7 +574,7 @@ type Chunked struct {
 
 func (x *Chunked) Reset() {
 	*x = Chunked{}
-	mi := &file_control_proto_msgTypes[2]
+	mi := &file_control_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -474,7 +586,7 @@ func (x *Chunked) String() string {
 func (*Chunked) ProtoMessage() {}
 
 func (x *Chunked) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[2]
+	mi := &file_control_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -487,7 +599,7 @@ func (x *Chunked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunked.ProtoReflect.Descriptor instead.
 func (*Chunked) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{2}
+	return file_control_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Chunked) GetTransfer() uint64 {
@@ -530,7 +642,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_control_proto_msgTypes[3]
+	mi := &file_control_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +654,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[3]
+	mi := &file_control_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +667,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{3}
+	return file_control_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Chunk) GetTransfer() uint64 {
@@ -594,7 +706,7 @@ type Register struct {
 
 func (x *Register) Reset() {
 	*x = Register{}
-	mi := &file_control_proto_msgTypes[4]
+	mi := &file_control_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +718,7 @@ func (x *Register) String() string {
 func (*Register) ProtoMessage() {}
 
 func (x *Register) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[4]
+	mi := &file_control_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +731,7 @@ func (x *Register) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Register.ProtoReflect.Descriptor instead.
 func (*Register) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{4}
+	return file_control_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Register) GetTaskManagerId() string {
@@ -655,7 +767,7 @@ type Registered struct {
 
 func (x *Registered) Reset() {
 	*x = Registered{}
-	mi := &file_control_proto_msgTypes[5]
+	mi := &file_control_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +779,7 @@ func (x *Registered) String() string {
 func (*Registered) ProtoMessage() {}
 
 func (x *Registered) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[5]
+	mi := &file_control_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +792,7 @@ func (x *Registered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Registered.ProtoReflect.Descriptor instead.
 func (*Registered) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{5}
+	return file_control_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Registered) GetSession() uint64 {
@@ -716,7 +828,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_control_proto_msgTypes[6]
+	mi := &file_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -728,7 +840,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[6]
+	mi := &file_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -741,7 +853,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{6}
+	return file_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Heartbeat) GetSentUnixMs() int64 {
@@ -773,7 +885,7 @@ type DeploymentCounts struct {
 
 func (x *DeploymentCounts) Reset() {
 	*x = DeploymentCounts{}
-	mi := &file_control_proto_msgTypes[7]
+	mi := &file_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -785,7 +897,7 @@ func (x *DeploymentCounts) String() string {
 func (*DeploymentCounts) ProtoMessage() {}
 
 func (x *DeploymentCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[7]
+	mi := &file_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -798,7 +910,7 @@ func (x *DeploymentCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentCounts.ProtoReflect.Descriptor instead.
 func (*DeploymentCounts) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{7}
+	return file_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeploymentCounts) GetJobId() string {
@@ -850,7 +962,7 @@ type TaskCounts struct {
 
 func (x *TaskCounts) Reset() {
 	*x = TaskCounts{}
-	mi := &file_control_proto_msgTypes[8]
+	mi := &file_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +974,7 @@ func (x *TaskCounts) String() string {
 func (*TaskCounts) ProtoMessage() {}
 
 func (x *TaskCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[8]
+	mi := &file_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +987,7 @@ func (x *TaskCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskCounts.ProtoReflect.Descriptor instead.
 func (*TaskCounts) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{8}
+	return file_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TaskCounts) GetTaskId() string {
@@ -973,7 +1085,7 @@ type DeployTasks struct {
 
 func (x *DeployTasks) Reset() {
 	*x = DeployTasks{}
-	mi := &file_control_proto_msgTypes[9]
+	mi := &file_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1097,7 @@ func (x *DeployTasks) String() string {
 func (*DeployTasks) ProtoMessage() {}
 
 func (x *DeployTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[9]
+	mi := &file_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1110,7 @@ func (x *DeployTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployTasks.ProtoReflect.Descriptor instead.
 func (*DeployTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{9}
+	return file_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeployTasks) GetJobId() string {
@@ -1104,7 +1216,7 @@ type Prepared struct {
 
 func (x *Prepared) Reset() {
 	*x = Prepared{}
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +1228,7 @@ func (x *Prepared) String() string {
 func (*Prepared) ProtoMessage() {}
 
 func (x *Prepared) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +1241,7 @@ func (x *Prepared) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Prepared.ProtoReflect.Descriptor instead.
 func (*Prepared) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{10}
+	return file_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Prepared) GetJobId() string {
@@ -1205,7 +1317,7 @@ type OpenTasks struct {
 
 func (x *OpenTasks) Reset() {
 	*x = OpenTasks{}
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1329,7 @@ func (x *OpenTasks) String() string {
 func (*OpenTasks) ProtoMessage() {}
 
 func (x *OpenTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1342,7 @@ func (x *OpenTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenTasks.ProtoReflect.Descriptor instead.
 func (*OpenTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{11}
+	return file_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *OpenTasks) GetJobId() string {
@@ -1328,7 +1440,7 @@ type Opened struct {
 
 func (x *Opened) Reset() {
 	*x = Opened{}
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1452,7 @@ func (x *Opened) String() string {
 func (*Opened) ProtoMessage() {}
 
 func (x *Opened) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1465,7 @@ func (x *Opened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Opened.ProtoReflect.Descriptor instead.
 func (*Opened) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{12}
+	return file_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Opened) GetJobId() string {
@@ -1388,7 +1500,7 @@ type StartTasks struct {
 
 func (x *StartTasks) Reset() {
 	*x = StartTasks{}
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1512,7 @@ func (x *StartTasks) String() string {
 func (*StartTasks) ProtoMessage() {}
 
 func (x *StartTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1525,7 @@ func (x *StartTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTasks.ProtoReflect.Descriptor instead.
 func (*StartTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{13}
+	return file_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StartTasks) GetJobId() string {
@@ -1448,7 +1560,7 @@ type CancelTasks struct {
 
 func (x *CancelTasks) Reset() {
 	*x = CancelTasks{}
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +1572,7 @@ func (x *CancelTasks) String() string {
 func (*CancelTasks) ProtoMessage() {}
 
 func (x *CancelTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +1585,7 @@ func (x *CancelTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTasks.ProtoReflect.Descriptor instead.
 func (*CancelTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{14}
+	return file_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelTasks) GetJobId() string {
@@ -1520,7 +1632,7 @@ type TriggerCheckpoint struct {
 
 func (x *TriggerCheckpoint) Reset() {
 	*x = TriggerCheckpoint{}
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1532,7 +1644,7 @@ func (x *TriggerCheckpoint) String() string {
 func (*TriggerCheckpoint) ProtoMessage() {}
 
 func (x *TriggerCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1545,7 +1657,7 @@ func (x *TriggerCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TriggerCheckpoint.ProtoReflect.Descriptor instead.
 func (*TriggerCheckpoint) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{15}
+	return file_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TriggerCheckpoint) GetJobId() string {
@@ -1602,7 +1714,7 @@ type NotifyCheckpoint struct {
 
 func (x *NotifyCheckpoint) Reset() {
 	*x = NotifyCheckpoint{}
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1726,7 @@ func (x *NotifyCheckpoint) String() string {
 func (*NotifyCheckpoint) ProtoMessage() {}
 
 func (x *NotifyCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1739,7 @@ func (x *NotifyCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyCheckpoint.ProtoReflect.Descriptor instead.
 func (*NotifyCheckpoint) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{16}
+	return file_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NotifyCheckpoint) GetJobId() string {
@@ -1671,7 +1783,7 @@ type DeploymentEnded struct {
 
 func (x *DeploymentEnded) Reset() {
 	*x = DeploymentEnded{}
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1683,7 +1795,7 @@ func (x *DeploymentEnded) String() string {
 func (*DeploymentEnded) ProtoMessage() {}
 
 func (x *DeploymentEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1696,7 +1808,7 @@ func (x *DeploymentEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentEnded.ProtoReflect.Descriptor instead.
 func (*DeploymentEnded) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{17}
+	return file_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeploymentEnded) GetJobId() string {
@@ -1734,7 +1846,7 @@ type TaskFailed struct {
 
 func (x *TaskFailed) Reset() {
 	*x = TaskFailed{}
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1858,7 @@ func (x *TaskFailed) String() string {
 func (*TaskFailed) ProtoMessage() {}
 
 func (x *TaskFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1871,7 @@ func (x *TaskFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskFailed.ProtoReflect.Descriptor instead.
 func (*TaskFailed) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{18}
+	return file_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TaskFailed) GetJobId() string {
@@ -1814,7 +1926,7 @@ type CheckpointAck struct {
 
 func (x *CheckpointAck) Reset() {
 	*x = CheckpointAck{}
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1826,7 +1938,7 @@ func (x *CheckpointAck) String() string {
 func (*CheckpointAck) ProtoMessage() {}
 
 func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1839,7 +1951,7 @@ func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointAck.ProtoReflect.Descriptor instead.
 func (*CheckpointAck) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{19}
+	return file_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CheckpointAck) GetJobId() string {
@@ -1904,7 +2016,7 @@ type CheckpointDecline struct {
 
 func (x *CheckpointDecline) Reset() {
 	*x = CheckpointDecline{}
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +2028,7 @@ func (x *CheckpointDecline) String() string {
 func (*CheckpointDecline) ProtoMessage() {}
 
 func (x *CheckpointDecline) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2041,7 @@ func (x *CheckpointDecline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointDecline.ProtoReflect.Descriptor instead.
 func (*CheckpointDecline) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{20}
+	return file_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CheckpointDecline) GetJobId() string {
@@ -1978,7 +2090,7 @@ type SourceEnded struct {
 
 func (x *SourceEnded) Reset() {
 	*x = SourceEnded{}
-	mi := &file_control_proto_msgTypes[21]
+	mi := &file_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1990,7 +2102,7 @@ func (x *SourceEnded) String() string {
 func (*SourceEnded) ProtoMessage() {}
 
 func (x *SourceEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[21]
+	mi := &file_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2003,7 +2115,7 @@ func (x *SourceEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceEnded.ProtoReflect.Descriptor instead.
 func (*SourceEnded) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{21}
+	return file_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SourceEnded) GetJobId() string {
@@ -2038,7 +2150,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_control_proto_msgTypes[22]
+	mi := &file_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2050,7 +2162,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[22]
+	mi := &file_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2063,7 +2175,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{22}
+	return file_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CheckpointRequest) GetJobId() string {
@@ -2114,7 +2226,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_control_proto_msgTypes[23]
+	mi := &file_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2238,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[23]
+	mi := &file_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2251,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{23}
+	return file_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SubmitJobRequest) GetJobType() string {
@@ -2219,7 +2331,7 @@ type TriggerSavepointRequest struct {
 
 func (x *TriggerSavepointRequest) Reset() {
 	*x = TriggerSavepointRequest{}
-	mi := &file_control_proto_msgTypes[24]
+	mi := &file_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2343,7 @@ func (x *TriggerSavepointRequest) String() string {
 func (*TriggerSavepointRequest) ProtoMessage() {}
 
 func (x *TriggerSavepointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[24]
+	mi := &file_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2356,7 @@ func (x *TriggerSavepointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TriggerSavepointRequest.ProtoReflect.Descriptor instead.
 func (*TriggerSavepointRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{24}
+	return file_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TriggerSavepointRequest) GetJobId() string {
@@ -2287,7 +2399,7 @@ type SavepointResult struct {
 
 func (x *SavepointResult) Reset() {
 	*x = SavepointResult{}
-	mi := &file_control_proto_msgTypes[25]
+	mi := &file_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2299,7 +2411,7 @@ func (x *SavepointResult) String() string {
 func (*SavepointResult) ProtoMessage() {}
 
 func (x *SavepointResult) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[25]
+	mi := &file_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2312,7 +2424,7 @@ func (x *SavepointResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SavepointResult.ProtoReflect.Descriptor instead.
 func (*SavepointResult) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{25}
+	return file_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SavepointResult) GetTriggerId() string {
@@ -2345,7 +2457,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_control_proto_msgTypes[26]
+	mi := &file_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2357,7 +2469,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[26]
+	mi := &file_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2370,7 +2482,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{26}
+	return file_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -2388,7 +2500,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_control_proto_msgTypes[27]
+	mi := &file_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2400,7 +2512,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[27]
+	mi := &file_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2413,7 +2525,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{27}
+	return file_control_proto_rawDescGZIP(), []int{29}
 }
 
 type ListJobsResponse struct {
@@ -2425,7 +2537,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_control_proto_msgTypes[28]
+	mi := &file_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2549,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[28]
+	mi := &file_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2562,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{28}
+	return file_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListJobsResponse) GetJobs() []*JobStatus {
@@ -2469,7 +2581,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_control_proto_msgTypes[29]
+	mi := &file_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2481,7 +2593,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[29]
+	mi := &file_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2494,7 +2606,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{29}
+	return file_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -2513,7 +2625,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_control_proto_msgTypes[30]
+	mi := &file_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2525,7 +2637,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[30]
+	mi := &file_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2538,7 +2650,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{30}
+	return file_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -2586,7 +2698,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_control_proto_msgTypes[31]
+	mi := &file_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2598,7 +2710,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[31]
+	mi := &file_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2611,7 +2723,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{31}
+	return file_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *JobStatus) GetId() string {
@@ -2749,7 +2861,7 @@ type JobFailure struct {
 
 func (x *JobFailure) Reset() {
 	*x = JobFailure{}
-	mi := &file_control_proto_msgTypes[32]
+	mi := &file_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2761,7 +2873,7 @@ func (x *JobFailure) String() string {
 func (*JobFailure) ProtoMessage() {}
 
 func (x *JobFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[32]
+	mi := &file_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2774,7 +2886,7 @@ func (x *JobFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobFailure.ProtoReflect.Descriptor instead.
 func (*JobFailure) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{32}
+	return file_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *JobFailure) GetUnixMs() int64 {
@@ -2821,7 +2933,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_control_proto_msgTypes[33]
+	mi := &file_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +2945,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[33]
+	mi := &file_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +2958,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{33}
+	return file_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListCheckpointsRequest) GetJobId() string {
@@ -2865,7 +2977,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_control_proto_msgTypes[34]
+	mi := &file_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2877,7 +2989,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[34]
+	mi := &file_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2890,7 +3002,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{34}
+	return file_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointInfo {
@@ -2916,7 +3028,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_control_proto_msgTypes[35]
+	mi := &file_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2928,7 +3040,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[35]
+	mi := &file_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2941,7 +3053,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{35}
+	return file_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CheckpointInfo) GetId() uint64 {
@@ -2997,7 +3109,13 @@ var File_control_proto protoreflect.FileDescriptor
 
 const file_control_proto_rawDesc = "" +
 	"\n" +
-	"\rcontrol.proto\x12\vweir.rpc.v1\"\xfd\x04\n" +
+	"\rcontrol.proto\x12\vweir.rpc.v1\"\x0f\n" +
+	"\rLeaderRequest\"c\n" +
+	"\n" +
+	"LeaderInfo\x12\x18\n" +
+	"\aleading\x18\x01 \x01(\bR\aleading\x12%\n" +
+	"\x0eleader_address\x18\x02 \x01(\tR\rleaderAddress\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\x03R\x05token\"\xfd\x04\n" +
 	"\x12TaskManagerMessage\x123\n" +
 	"\bregister\x18\x01 \x01(\v2\x15.weir.rpc.v1.RegisterH\x00R\bregister\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.weir.rpc.v1.HeartbeatH\x00R\theartbeat\x121\n" +
@@ -3011,7 +3129,7 @@ const file_control_proto_rawDesc = "" +
 	"\x12request_checkpoint\x18\n" +
 	" \x01(\v2\x1e.weir.rpc.v1.CheckpointRequestH\x00R\x11requestCheckpoint\x12*\n" +
 	"\x05chunk\x18\v \x01(\v2\x12.weir.rpc.v1.ChunkH\x00R\x05chunkB\x05\n" +
-	"\x03msg\"\xf5\x03\n" +
+	"\x03msg\"\x98\x04\n" +
 	"\x11JobManagerMessage\x129\n" +
 	"\n" +
 	"registered\x18\x01 \x01(\v2\x17.weir.rpc.v1.RegisteredH\x00R\n" +
@@ -3023,7 +3141,8 @@ const file_control_proto_rawDesc = "" +
 	"\x06cancel\x18\x06 \x01(\v2\x18.weir.rpc.v1.CancelTasksH\x00R\x06cancel\x12,\n" +
 	"\x04open\x18\a \x01(\v2\x16.weir.rpc.v1.OpenTasksH\x00R\x04open\x12/\n" +
 	"\x05start\x18\b \x01(\v2\x17.weir.rpc.v1.StartTasksH\x00R\x05start\x12*\n" +
-	"\x05chunk\x18\t \x01(\v2\x12.weir.rpc.v1.ChunkH\x00R\x05chunkB\x05\n" +
+	"\x05chunk\x18\t \x01(\v2\x12.weir.rpc.v1.ChunkH\x00R\x05chunk\x12!\n" +
+	"\fleader_token\x18\x14 \x01(\x03R\vleaderTokenB\x05\n" +
 	"\x03msg\"i\n" +
 	"\aChunked\x12\x1a\n" +
 	"\btransfer\x18\x01 \x01(\x04R\btransfer\x12\x12\n" +
@@ -3249,7 +3368,7 @@ const file_control_proto_rawDesc = "" +
 	"\x11triggered_unix_ms\x18\x05 \x01(\x03R\x0ftriggeredUnixMs\x12\x1f\n" +
 	"\vduration_ms\x18\x06 \x01(\x03R\n" +
 	"durationMs\x12\x14\n" +
-	"\x05error\x18\a \x01(\tR\x05error2\xa9\x04\n" +
+	"\x05error\x18\a \x01(\tR\x05error2\xe8\x04\n" +
 	"\n" +
 	"JobManager\x12N\n" +
 	"\aConnect\x12\x1f.weir.rpc.v1.TaskManagerMessage\x1a\x1e.weir.rpc.v1.JobManagerMessage(\x010\x01\x12J\n" +
@@ -3258,7 +3377,8 @@ const file_control_proto_rawDesc = "" +
 	"\x06GetJob\x12\x1a.weir.rpc.v1.GetJobRequest\x1a\x16.weir.rpc.v1.JobStatus\x12B\n" +
 	"\tCancelJob\x12\x1d.weir.rpc.v1.CancelJobRequest\x1a\x16.weir.rpc.v1.JobStatus\x12\\\n" +
 	"\x0fListCheckpoints\x12#.weir.rpc.v1.ListCheckpointsRequest\x1a$.weir.rpc.v1.ListCheckpointsResponse\x12V\n" +
-	"\x10TriggerSavepoint\x12$.weir.rpc.v1.TriggerSavepointRequest\x1a\x1c.weir.rpc.v1.SavepointResultB0Z.github.com/weirstream/weir/internal/rpc/weirpbb\x06proto3"
+	"\x10TriggerSavepoint\x12$.weir.rpc.v1.TriggerSavepointRequest\x1a\x1c.weir.rpc.v1.SavepointResult\x12=\n" +
+	"\x06Leader\x12\x1a.weir.rpc.v1.LeaderRequest\x1a\x17.weir.rpc.v1.LeaderInfoB0Z.github.com/weirstream/weir/internal/rpc/weirpbb\x06proto3"
 
 var (
 	file_control_proto_rawDescOnce sync.Once
@@ -3272,97 +3392,101 @@ func file_control_proto_rawDescGZIP() []byte {
 	return file_control_proto_rawDescData
 }
 
-var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_control_proto_goTypes = []any{
-	(*TaskManagerMessage)(nil),      // 0: weir.rpc.v1.TaskManagerMessage
-	(*JobManagerMessage)(nil),       // 1: weir.rpc.v1.JobManagerMessage
-	(*Chunked)(nil),                 // 2: weir.rpc.v1.Chunked
-	(*Chunk)(nil),                   // 3: weir.rpc.v1.Chunk
-	(*Register)(nil),                // 4: weir.rpc.v1.Register
-	(*Registered)(nil),              // 5: weir.rpc.v1.Registered
-	(*Heartbeat)(nil),               // 6: weir.rpc.v1.Heartbeat
-	(*DeploymentCounts)(nil),        // 7: weir.rpc.v1.DeploymentCounts
-	(*TaskCounts)(nil),              // 8: weir.rpc.v1.TaskCounts
-	(*DeployTasks)(nil),             // 9: weir.rpc.v1.DeployTasks
-	(*Prepared)(nil),                // 10: weir.rpc.v1.Prepared
-	(*OpenTasks)(nil),               // 11: weir.rpc.v1.OpenTasks
-	(*Opened)(nil),                  // 12: weir.rpc.v1.Opened
-	(*StartTasks)(nil),              // 13: weir.rpc.v1.StartTasks
-	(*CancelTasks)(nil),             // 14: weir.rpc.v1.CancelTasks
-	(*TriggerCheckpoint)(nil),       // 15: weir.rpc.v1.TriggerCheckpoint
-	(*NotifyCheckpoint)(nil),        // 16: weir.rpc.v1.NotifyCheckpoint
-	(*DeploymentEnded)(nil),         // 17: weir.rpc.v1.DeploymentEnded
-	(*TaskFailed)(nil),              // 18: weir.rpc.v1.TaskFailed
-	(*CheckpointAck)(nil),           // 19: weir.rpc.v1.CheckpointAck
-	(*CheckpointDecline)(nil),       // 20: weir.rpc.v1.CheckpointDecline
-	(*SourceEnded)(nil),             // 21: weir.rpc.v1.SourceEnded
-	(*CheckpointRequest)(nil),       // 22: weir.rpc.v1.CheckpointRequest
-	(*SubmitJobRequest)(nil),        // 23: weir.rpc.v1.SubmitJobRequest
-	(*TriggerSavepointRequest)(nil), // 24: weir.rpc.v1.TriggerSavepointRequest
-	(*SavepointResult)(nil),         // 25: weir.rpc.v1.SavepointResult
-	(*SubmitJobResponse)(nil),       // 26: weir.rpc.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 27: weir.rpc.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 28: weir.rpc.v1.ListJobsResponse
-	(*GetJobRequest)(nil),           // 29: weir.rpc.v1.GetJobRequest
-	(*CancelJobRequest)(nil),        // 30: weir.rpc.v1.CancelJobRequest
-	(*JobStatus)(nil),               // 31: weir.rpc.v1.JobStatus
-	(*JobFailure)(nil),              // 32: weir.rpc.v1.JobFailure
-	(*ListCheckpointsRequest)(nil),  // 33: weir.rpc.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 34: weir.rpc.v1.ListCheckpointsResponse
-	(*CheckpointInfo)(nil),          // 35: weir.rpc.v1.CheckpointInfo
-	nil,                             // 36: weir.rpc.v1.DeployTasks.ParamsEntry
-	nil,                             // 37: weir.rpc.v1.OpenTasks.TaskAddressesEntry
-	nil,                             // 38: weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	nil,                             // 39: weir.rpc.v1.JobStatus.ParamsEntry
+	(*LeaderRequest)(nil),           // 0: weir.rpc.v1.LeaderRequest
+	(*LeaderInfo)(nil),              // 1: weir.rpc.v1.LeaderInfo
+	(*TaskManagerMessage)(nil),      // 2: weir.rpc.v1.TaskManagerMessage
+	(*JobManagerMessage)(nil),       // 3: weir.rpc.v1.JobManagerMessage
+	(*Chunked)(nil),                 // 4: weir.rpc.v1.Chunked
+	(*Chunk)(nil),                   // 5: weir.rpc.v1.Chunk
+	(*Register)(nil),                // 6: weir.rpc.v1.Register
+	(*Registered)(nil),              // 7: weir.rpc.v1.Registered
+	(*Heartbeat)(nil),               // 8: weir.rpc.v1.Heartbeat
+	(*DeploymentCounts)(nil),        // 9: weir.rpc.v1.DeploymentCounts
+	(*TaskCounts)(nil),              // 10: weir.rpc.v1.TaskCounts
+	(*DeployTasks)(nil),             // 11: weir.rpc.v1.DeployTasks
+	(*Prepared)(nil),                // 12: weir.rpc.v1.Prepared
+	(*OpenTasks)(nil),               // 13: weir.rpc.v1.OpenTasks
+	(*Opened)(nil),                  // 14: weir.rpc.v1.Opened
+	(*StartTasks)(nil),              // 15: weir.rpc.v1.StartTasks
+	(*CancelTasks)(nil),             // 16: weir.rpc.v1.CancelTasks
+	(*TriggerCheckpoint)(nil),       // 17: weir.rpc.v1.TriggerCheckpoint
+	(*NotifyCheckpoint)(nil),        // 18: weir.rpc.v1.NotifyCheckpoint
+	(*DeploymentEnded)(nil),         // 19: weir.rpc.v1.DeploymentEnded
+	(*TaskFailed)(nil),              // 20: weir.rpc.v1.TaskFailed
+	(*CheckpointAck)(nil),           // 21: weir.rpc.v1.CheckpointAck
+	(*CheckpointDecline)(nil),       // 22: weir.rpc.v1.CheckpointDecline
+	(*SourceEnded)(nil),             // 23: weir.rpc.v1.SourceEnded
+	(*CheckpointRequest)(nil),       // 24: weir.rpc.v1.CheckpointRequest
+	(*SubmitJobRequest)(nil),        // 25: weir.rpc.v1.SubmitJobRequest
+	(*TriggerSavepointRequest)(nil), // 26: weir.rpc.v1.TriggerSavepointRequest
+	(*SavepointResult)(nil),         // 27: weir.rpc.v1.SavepointResult
+	(*SubmitJobResponse)(nil),       // 28: weir.rpc.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 29: weir.rpc.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 30: weir.rpc.v1.ListJobsResponse
+	(*GetJobRequest)(nil),           // 31: weir.rpc.v1.GetJobRequest
+	(*CancelJobRequest)(nil),        // 32: weir.rpc.v1.CancelJobRequest
+	(*JobStatus)(nil),               // 33: weir.rpc.v1.JobStatus
+	(*JobFailure)(nil),              // 34: weir.rpc.v1.JobFailure
+	(*ListCheckpointsRequest)(nil),  // 35: weir.rpc.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 36: weir.rpc.v1.ListCheckpointsResponse
+	(*CheckpointInfo)(nil),          // 37: weir.rpc.v1.CheckpointInfo
+	nil,                             // 38: weir.rpc.v1.DeployTasks.ParamsEntry
+	nil,                             // 39: weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	nil,                             // 40: weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	nil,                             // 41: weir.rpc.v1.JobStatus.ParamsEntry
 }
 var file_control_proto_depIdxs = []int32{
-	4,  // 0: weir.rpc.v1.TaskManagerMessage.register:type_name -> weir.rpc.v1.Register
-	6,  // 1: weir.rpc.v1.TaskManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
-	18, // 2: weir.rpc.v1.TaskManagerMessage.failed:type_name -> weir.rpc.v1.TaskFailed
-	19, // 3: weir.rpc.v1.TaskManagerMessage.ack:type_name -> weir.rpc.v1.CheckpointAck
-	20, // 4: weir.rpc.v1.TaskManagerMessage.decline:type_name -> weir.rpc.v1.CheckpointDecline
-	21, // 5: weir.rpc.v1.TaskManagerMessage.source_ended:type_name -> weir.rpc.v1.SourceEnded
-	10, // 6: weir.rpc.v1.TaskManagerMessage.prepared:type_name -> weir.rpc.v1.Prepared
-	12, // 7: weir.rpc.v1.TaskManagerMessage.opened:type_name -> weir.rpc.v1.Opened
-	17, // 8: weir.rpc.v1.TaskManagerMessage.ended:type_name -> weir.rpc.v1.DeploymentEnded
-	22, // 9: weir.rpc.v1.TaskManagerMessage.request_checkpoint:type_name -> weir.rpc.v1.CheckpointRequest
-	3,  // 10: weir.rpc.v1.TaskManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
-	5,  // 11: weir.rpc.v1.JobManagerMessage.registered:type_name -> weir.rpc.v1.Registered
-	6,  // 12: weir.rpc.v1.JobManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
-	9,  // 13: weir.rpc.v1.JobManagerMessage.deploy:type_name -> weir.rpc.v1.DeployTasks
-	15, // 14: weir.rpc.v1.JobManagerMessage.trigger:type_name -> weir.rpc.v1.TriggerCheckpoint
-	16, // 15: weir.rpc.v1.JobManagerMessage.notify:type_name -> weir.rpc.v1.NotifyCheckpoint
-	14, // 16: weir.rpc.v1.JobManagerMessage.cancel:type_name -> weir.rpc.v1.CancelTasks
-	11, // 17: weir.rpc.v1.JobManagerMessage.open:type_name -> weir.rpc.v1.OpenTasks
-	13, // 18: weir.rpc.v1.JobManagerMessage.start:type_name -> weir.rpc.v1.StartTasks
-	3,  // 19: weir.rpc.v1.JobManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
-	7,  // 20: weir.rpc.v1.Heartbeat.counts:type_name -> weir.rpc.v1.DeploymentCounts
-	8,  // 21: weir.rpc.v1.DeploymentCounts.tasks:type_name -> weir.rpc.v1.TaskCounts
-	36, // 22: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
-	2,  // 23: weir.rpc.v1.DeployTasks.restore_chunked:type_name -> weir.rpc.v1.Chunked
-	37, // 24: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
-	2,  // 25: weir.rpc.v1.CheckpointAck.snapshot_chunked:type_name -> weir.rpc.v1.Chunked
-	38, // 26: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	31, // 27: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
-	39, // 28: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
-	32, // 29: weir.rpc.v1.JobStatus.last_failure:type_name -> weir.rpc.v1.JobFailure
-	35, // 30: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
-	0,  // 31: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
-	23, // 32: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
-	27, // 33: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
-	29, // 34: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
-	30, // 35: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
-	33, // 36: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
-	24, // 37: weir.rpc.v1.JobManager.TriggerSavepoint:input_type -> weir.rpc.v1.TriggerSavepointRequest
-	1,  // 38: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
-	26, // 39: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
-	28, // 40: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
-	31, // 41: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
-	31, // 42: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
-	34, // 43: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
-	25, // 44: weir.rpc.v1.JobManager.TriggerSavepoint:output_type -> weir.rpc.v1.SavepointResult
-	38, // [38:45] is the sub-list for method output_type
-	31, // [31:38] is the sub-list for method input_type
+	6,  // 0: weir.rpc.v1.TaskManagerMessage.register:type_name -> weir.rpc.v1.Register
+	8,  // 1: weir.rpc.v1.TaskManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
+	20, // 2: weir.rpc.v1.TaskManagerMessage.failed:type_name -> weir.rpc.v1.TaskFailed
+	21, // 3: weir.rpc.v1.TaskManagerMessage.ack:type_name -> weir.rpc.v1.CheckpointAck
+	22, // 4: weir.rpc.v1.TaskManagerMessage.decline:type_name -> weir.rpc.v1.CheckpointDecline
+	23, // 5: weir.rpc.v1.TaskManagerMessage.source_ended:type_name -> weir.rpc.v1.SourceEnded
+	12, // 6: weir.rpc.v1.TaskManagerMessage.prepared:type_name -> weir.rpc.v1.Prepared
+	14, // 7: weir.rpc.v1.TaskManagerMessage.opened:type_name -> weir.rpc.v1.Opened
+	19, // 8: weir.rpc.v1.TaskManagerMessage.ended:type_name -> weir.rpc.v1.DeploymentEnded
+	24, // 9: weir.rpc.v1.TaskManagerMessage.request_checkpoint:type_name -> weir.rpc.v1.CheckpointRequest
+	5,  // 10: weir.rpc.v1.TaskManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
+	7,  // 11: weir.rpc.v1.JobManagerMessage.registered:type_name -> weir.rpc.v1.Registered
+	8,  // 12: weir.rpc.v1.JobManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
+	11, // 13: weir.rpc.v1.JobManagerMessage.deploy:type_name -> weir.rpc.v1.DeployTasks
+	17, // 14: weir.rpc.v1.JobManagerMessage.trigger:type_name -> weir.rpc.v1.TriggerCheckpoint
+	18, // 15: weir.rpc.v1.JobManagerMessage.notify:type_name -> weir.rpc.v1.NotifyCheckpoint
+	16, // 16: weir.rpc.v1.JobManagerMessage.cancel:type_name -> weir.rpc.v1.CancelTasks
+	13, // 17: weir.rpc.v1.JobManagerMessage.open:type_name -> weir.rpc.v1.OpenTasks
+	15, // 18: weir.rpc.v1.JobManagerMessage.start:type_name -> weir.rpc.v1.StartTasks
+	5,  // 19: weir.rpc.v1.JobManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
+	9,  // 20: weir.rpc.v1.Heartbeat.counts:type_name -> weir.rpc.v1.DeploymentCounts
+	10, // 21: weir.rpc.v1.DeploymentCounts.tasks:type_name -> weir.rpc.v1.TaskCounts
+	38, // 22: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
+	4,  // 23: weir.rpc.v1.DeployTasks.restore_chunked:type_name -> weir.rpc.v1.Chunked
+	39, // 24: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	4,  // 25: weir.rpc.v1.CheckpointAck.snapshot_chunked:type_name -> weir.rpc.v1.Chunked
+	40, // 26: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	33, // 27: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
+	41, // 28: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
+	34, // 29: weir.rpc.v1.JobStatus.last_failure:type_name -> weir.rpc.v1.JobFailure
+	37, // 30: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
+	2,  // 31: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
+	25, // 32: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
+	29, // 33: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
+	31, // 34: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
+	32, // 35: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
+	35, // 36: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
+	26, // 37: weir.rpc.v1.JobManager.TriggerSavepoint:input_type -> weir.rpc.v1.TriggerSavepointRequest
+	0,  // 38: weir.rpc.v1.JobManager.Leader:input_type -> weir.rpc.v1.LeaderRequest
+	3,  // 39: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
+	28, // 40: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
+	30, // 41: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
+	33, // 42: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
+	33, // 43: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
+	36, // 44: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
+	27, // 45: weir.rpc.v1.JobManager.TriggerSavepoint:output_type -> weir.rpc.v1.SavepointResult
+	1,  // 46: weir.rpc.v1.JobManager.Leader:output_type -> weir.rpc.v1.LeaderInfo
+	39, // [39:47] is the sub-list for method output_type
+	31, // [31:39] is the sub-list for method input_type
 	31, // [31:31] is the sub-list for extension type_name
 	31, // [31:31] is the sub-list for extension extendee
 	0,  // [0:31] is the sub-list for field type_name
@@ -3373,7 +3497,7 @@ func file_control_proto_init() {
 	if File_control_proto != nil {
 		return
 	}
-	file_control_proto_msgTypes[0].OneofWrappers = []any{
+	file_control_proto_msgTypes[2].OneofWrappers = []any{
 		(*TaskManagerMessage_Register)(nil),
 		(*TaskManagerMessage_Heartbeat)(nil),
 		(*TaskManagerMessage_Failed)(nil),
@@ -3386,7 +3510,7 @@ func file_control_proto_init() {
 		(*TaskManagerMessage_RequestCheckpoint)(nil),
 		(*TaskManagerMessage_Chunk)(nil),
 	}
-	file_control_proto_msgTypes[1].OneofWrappers = []any{
+	file_control_proto_msgTypes[3].OneofWrappers = []any{
 		(*JobManagerMessage_Registered)(nil),
 		(*JobManagerMessage_Heartbeat)(nil),
 		(*JobManagerMessage_Deploy)(nil),
@@ -3403,7 +3527,7 @@ func file_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_control_proto_rawDesc), len(file_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	JobManager_CancelJob_FullMethodName        = "/weir.rpc.v1.JobManager/CancelJob"
 	JobManager_ListCheckpoints_FullMethodName  = "/weir.rpc.v1.JobManager/ListCheckpoints"
 	JobManager_TriggerSavepoint_FullMethodName = "/weir.rpc.v1.JobManager/TriggerSavepoint"
+	JobManager_Leader_FullMethodName           = "/weir.rpc.v1.JobManager/Leader"
 )
 
 // JobManagerClient is the client API for JobManager service.
@@ -54,6 +55,12 @@ type JobManagerClient interface {
 	// stop-with-savepoint: the job ends FINISHED with it) and answers once
 	// it is written (and, for a stop, once the job ended).
 	TriggerSavepoint(ctx context.Context, in *TriggerSavepointRequest, opts ...grpc.CallOption) (*SavepointResult, error)
+	// Leader says whether this job manager leads its cluster and, if not,
+	// where the leader is: every job manager of a highly available cluster
+	// answers it, standbys too (they refuse every other call). Task
+	// managers and clients given several job managers find the leader with
+	// it.
+	Leader(ctx context.Context, in *LeaderRequest, opts ...grpc.CallOption) (*LeaderInfo, error)
 }
 
 type jobManagerClient struct {
@@ -137,6 +144,16 @@ func (c *jobManagerClient) TriggerSavepoint(ctx context.Context, in *TriggerSave
 	return out, nil
 }
 
+func (c *jobManagerClient) Leader(ctx context.Context, in *LeaderRequest, opts ...grpc.CallOption) (*LeaderInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaderInfo)
+	err := c.cc.Invoke(ctx, JobManager_Leader_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JobManagerServer is the server API for JobManager service.
 // All implementations must embed UnimplementedJobManagerServer
 // for forward compatibility.
@@ -159,6 +176,12 @@ type JobManagerServer interface {
 	// stop-with-savepoint: the job ends FINISHED with it) and answers once
 	// it is written (and, for a stop, once the job ended).
 	TriggerSavepoint(context.Context, *TriggerSavepointRequest) (*SavepointResult, error)
+	// Leader says whether this job manager leads its cluster and, if not,
+	// where the leader is: every job manager of a highly available cluster
+	// answers it, standbys too (they refuse every other call). Task
+	// managers and clients given several job managers find the leader with
+	// it.
+	Leader(context.Context, *LeaderRequest) (*LeaderInfo, error)
 	mustEmbedUnimplementedJobManagerServer()
 }
 
@@ -189,6 +212,9 @@ func (UnimplementedJobManagerServer) ListCheckpoints(context.Context, *ListCheck
 }
 func (UnimplementedJobManagerServer) TriggerSavepoint(context.Context, *TriggerSavepointRequest) (*SavepointResult, error) {
 	return nil, status.Error(codes.Unimplemented, "method TriggerSavepoint not implemented")
+}
+func (UnimplementedJobManagerServer) Leader(context.Context, *LeaderRequest) (*LeaderInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method Leader not implemented")
 }
 func (UnimplementedJobManagerServer) mustEmbedUnimplementedJobManagerServer() {}
 func (UnimplementedJobManagerServer) testEmbeddedByValue()                    {}
@@ -326,6 +352,24 @@ func _JobManager_TriggerSavepoint_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JobManager_Leader_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaderRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JobManagerServer).Leader(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JobManager_Leader_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JobManagerServer).Leader(ctx, req.(*LeaderRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // JobManager_ServiceDesc is the grpc.ServiceDesc for JobManager service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -356,6 +400,10 @@ var JobManager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TriggerSavepoint",
 			Handler:    _JobManager_TriggerSavepoint_Handler,
+		},
+		{
+			MethodName: "Leader",
+			Handler:    _JobManager_Leader_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
