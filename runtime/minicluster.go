@@ -307,15 +307,15 @@ func CheckRestore(job *Job, c checkpoint.Completed, allowNonRestored bool) error
 
 // importStart saves cfg.startFrom as the job's first completed checkpoint
 // if the storage holds none of the job.
-func importStart(ctx context.Context, cfg clusterCfg, store CheckpointStorage) error {
+func importStart(ctx context.Context, cfg clusterCfg, store CheckpointStorage) (imported bool, err error) {
 	if cfg.startFrom == nil {
-		return nil
+		return false, nil
 	}
-	imported, err := ImportCheckpoint(ctx, store, cfg.jobID, *cfg.startFrom)
+	imported, err = ImportCheckpoint(ctx, store, cfg.jobID, *cfg.startFrom)
 	if imported {
 		cfg.log.Info("job starts from a savepoint", zap.String("job", cfg.jobID), zap.Uint64("checkpoint", uint64(cfg.startFrom.ID)))
 	}
-	return err
+	return imported, err
 }
 
 // ImportCheckpoint saves c (a savepoint, or another job's checkpoint) in
@@ -599,7 +599,8 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 		defer owned.Close()
 		store = owned
 	}
-	if err := importStart(ctx, cfg, store); err != nil {
+	imported, err := importStart(ctx, cfg, store)
+	if err != nil {
 		return Result{}, fmt.Errorf("%w: %w", ErrJobFailed, err)
 	}
 	var res Result
@@ -608,7 +609,13 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 	defer func() { summary.flush(time.Now()) }()
 	var cause string
 	var failures []time.Time
-	verified := false
+	// Only a savepoint imported here is verified (RestoreVerifier): the
+	// job's own latest checkpoint, restored by a restart, a resumed job or
+	// a run started again on its checkpoint directory, is its lineage's
+	// latest by construction, and judging it could only refuse it for
+	// another consumer's progress on the same share group. A job manager
+	// verifies the savepoint it imports at submit (VerifyRestore).
+	verified := !imported
 	var a *attempt // the current attempt, nil while none was made
 	for attempt := 0; ; attempt++ {
 		if ctx.Err() != nil {
@@ -645,9 +652,8 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 				return res, m.endCanceled(ctx, cfg, store, p, pending, attempt)
 			}
 		}
-		// Before the first attempt restores a checkpoint, its operators
-		// verify it (RestoreVerifier); restarts restore the job's own
-		// latest checkpoint and are not verified.
+		// Before the first attempt restores an imported savepoint, its
+		// operators verify it (RestoreVerifier).
 		var runErr error
 		if !verified && restore.From > 0 {
 			runErr = verifyRestore(ctx, p, cfg.jobID, restore)

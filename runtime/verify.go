@@ -12,15 +12,16 @@ import (
 // restored only if something outside the checkpoint agrees: a share group,
 // for one, forgets the records it acknowledged, so state older than the
 // group's latest committed acknowledgements cannot be restored. Before a
-// job's first attempt restores a checkpoint (a savepoint it starts from,
-// or its latest checkpoint when a job master resumes it), and at submit
-// (VerifyRestore), the runtime calls VerifyRestore once per such operator
-// with the state of all its subtasks (an operator the checkpoint holds
-// nothing of is not asked), on a fresh instance from its factory that is
-// neither opened nor closed: it must reach what it checks by itself. A refusal fails the job without a restart: return an error
+// job's first attempt restores a savepoint it starts from (StartFrom),
+// and at submit (VerifyRestore), the runtime calls VerifyRestore once per
+// such operator with the state of all its subtasks (an operator the
+// checkpoint holds nothing of is not asked), on a fresh instance from its
+// factory that is neither opened nor closed: it must reach what it checks
+// by itself. A refusal fails the job without a restart: return an error
 // wrapping ErrUnrecoverable (Unrecoverable) that says why and what to do.
-// Restarts of a running job (failovers) restore its own latest checkpoint
-// and are not verified.
+// A job resumed by a job master, or restarted on its checkpoint directory,
+// restores its own latest checkpoint and is not verified, nor are the
+// restarts of a running job (failovers).
 type RestoreVerifier interface {
 	VerifyRestore(ctx context.Context, r RestoredOperator) error
 }
