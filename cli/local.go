@@ -24,6 +24,7 @@ func newLocalCmd(a *app) *cobra.Command {
 	var (
 		brokerAddr, dataDir, listen, httpAddr, metricsAddr string
 		tms, slots, brokerPort                             int
+		stor                                               storageFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "local [--broker embedded|HOST:PORT] [--broker-port 9092] [--taskmanagers 2] [--slots 2] [--data-dir DIR]",
@@ -91,13 +92,24 @@ cancelled).`,
 			if err != nil {
 				return err
 			}
+			if err := stor.check(cmd); err != nil {
+				return err
+			}
+			st, stopStorage, err := stor.jobManager(ctx)
+			if err != nil {
+				return err
+			}
+			defer stopStorage()
+			if st.url != "" {
+				fmt.Fprintf(a.stdout, "checkpoint storage %s\n", st.url)
+			}
 			addrs := make(chan string, 1)
 			var wg sync.WaitGroup
 			defer wg.Wait()
 			defer cancel()
 			jmDone := make(chan error, 1)
 			go func() {
-				jmDone <- a.runJobManager(ctx, log.Named("jobmanager"), listen, httpAddr, jmDir, jmSecurity{}, func(addr string) { addrs <- addr })
+				jmDone <- a.runJobManager(ctx, log.Named("jobmanager"), listen, httpAddr, jmDir, jmSecurity{}, st, func(addr string) { addrs <- addr })
 			}()
 			var jmAddr string
 			select {
@@ -106,6 +118,9 @@ cancelled).`,
 				return err
 			}
 			tmOpts := []taskmanager.Opt{taskmanager.Slots(slots), taskmanager.Jobs(a.reg), taskmanager.Failpoints(fp)}
+			if st.url != "" {
+				tmOpts = append(tmOpts, taskmanager.CheckpointStorage(st.url, st.opts...))
+			}
 			if metricsAddr != "" {
 				reg, stop, err := a.serveMetrics(ctx, metricsAddr, "", nil)
 				if err != nil {
@@ -137,5 +152,6 @@ cancelled).`,
 	f.StringVar(&listen, "listen", "127.0.0.1:6123", "job manager control-plane (gRPC) address")
 	f.StringVar(&httpAddr, "http", "127.0.0.1:8081", "job manager HTTP address (REST API and /metrics)")
 	f.StringVar(&metricsAddr, "metrics", "", "HTTP address of the task managers' Prometheus /metrics (default: none)")
+	stor.add(cmd, true)
 	return cmd
 }

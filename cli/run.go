@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/internal/atomicfile"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/runtime"
@@ -29,6 +30,7 @@ func newRunCmd(a *app) *cobra.Command {
 		jf   jobFlags
 		dir  string
 		from savepointStart
+		stor storageFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "run JOB [--parallelism N] [--checkpoint-interval DUR] [--checkpoint-dir DIR] [--set key=value]... [--from-savepoint PATH [--allow-non-restored-state]]",
@@ -94,6 +96,17 @@ transactions are aborted, its held share records released).`,
 			if dir != "" {
 				opts = append(opts, runtime.CheckpointDir(filepath.Join(dir, "checkpoints")))
 			}
+			if err := stor.check(cmd); err != nil {
+				return err
+			}
+			if stor.url != "" {
+				st, err := storage.Open(cmd.Context(), stor.url)
+				if err != nil {
+					return flagError(cmd, fmt.Errorf("--checkpoint-storage: %w", err))
+				}
+				defer st.Close()
+				opts = append(opts, runtime.StateStorage(st, stor.url), runtime.StateInlineLimit(stor.inlineLimit()), runtime.OrphanGrace(stor.grace))
+			}
 			log.Info("running job", zap.String("job", cmd.Flags().Arg(0)), zap.String("job_id", id), zap.String("checkpoint_dir", dir))
 			res, err := runtime.NewMiniCluster(opts...).Run(cmd.Context(), job)
 			if err != nil && cmd.Context().Err() != nil && errors.Is(err, cmd.Context().Err()) {
@@ -109,6 +122,7 @@ transactions are aborted, its held share records released).`,
 	}
 	jf.add(cmd)
 	cmd.Flags().StringVar(&dir, "checkpoint-dir", "", "directory for completed checkpoints (created); restarting on it continues the job")
+	stor.add(cmd, false)
 	from.add(cmd, "in this process")
 	return cmd
 }

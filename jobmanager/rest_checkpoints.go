@@ -129,7 +129,7 @@ func historyOf(e cpEntry, tasks int, graph runtime.Graph, withTasks bool) cpHist
 	}
 	switch e.Status {
 	case cpCompleted:
-		h.LatestAckTimestamp, h.EndToEndDuration, h.StateSize, h.CheckpointedSize = e.Ended.UnixMilli(), e.Ended.Sub(e.Triggered).Milliseconds(), e.Size, e.Size
+		h.LatestAckTimestamp, h.EndToEndDuration, h.StateSize, h.CheckpointedSize = e.Ended.UnixMilli(), e.Ended.Sub(e.Triggered).Milliseconds(), e.Size, e.Uploaded
 		h.ExternalPath, h.Discarded = notExternallyAddressable, new(bool)
 		if h.NumAcknowledgedSubtasks == 0 {
 			h.NumAcknowledgedSubtasks = tasks // completed before this job manager saw its acknowledgements
@@ -151,10 +151,10 @@ func historyOf(e cpEntry, tasks int, graph runtime.Graph, withTasks bool) cpHist
 			}
 			tc.NumAcknowledgedSubtasks++
 			tc.StateSize += a.Size
+			tc.CheckpointedSize += a.Uploaded
 			tc.LatestAckTimestamp = max(tc.LatestAckTimestamp, a.At.UnixMilli())
 			tc.AlignmentDuration = max(tc.AlignmentDuration, a.Alignment.Milliseconds())
 		}
-		tc.CheckpointedSize = tc.StateSize
 		if tc.LatestAckTimestamp > 0 {
 			tc.EndToEndDuration = tc.LatestAckTimestamp - h.TriggerTimestamp
 		}
@@ -255,7 +255,7 @@ func (s *Server) checkpointStats(ctx context.Context, id string, n int) (cpRespo
 		if c.Err != nil || seen[uint64(c.ID)] {
 			continue
 		}
-		h := historyOf(cpEntry{ID: c.ID, Status: cpCompleted, Triggered: c.TriggeredAt, Ended: c.CompletedAt, Size: c.Size}, tasks, graph, false)
+		h := historyOf(cpEntry{ID: c.ID, Status: cpCompleted, Triggered: c.TriggeredAt, Ended: c.CompletedAt, Size: c.Size, Uploaded: c.Size}, tasks, graph, false)
 		h.EndToEndDuration = c.Duration.Milliseconds()
 		out.History = append(out.History, h)
 	}

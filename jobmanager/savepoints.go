@@ -107,6 +107,12 @@ func (s *Server) StartSavepoint(ctx context.Context, id, target string, stop, dr
 		var location string
 		c, err := rj.mc.TriggerSavepoint(s.jobs.ctx, stop, drain, func(c checkpoint.Completed) error {
 			dir := filepath.Join(abs, "savepoint-"+shortID(id)+"-"+strconv.FormatUint(uint64(c.ID), 10))
+			// A savepoint is self-contained: state in checkpoint storage
+			// is read into it.
+			c, err := s.resolve(s.jobs.ctx, c)
+			if err != nil {
+				return err
+			}
 			// The job's type and parameters let state dump decode it.
 			if err := checkpoint.WriteSavepoint(dir, c, time.Now(), checkpoint.WithJob(rj.rec.Type, rj.rec.Params)); err != nil {
 				return err
@@ -161,6 +167,9 @@ func (s *Server) retain(r JobRecord, log *zap.Logger) string {
 		err = aerr
 	}
 	dir := filepath.Join(abs, "retained-"+shortID(r.ID)+"-"+strconv.FormatUint(uint64(c.ID), 10))
+	if err == nil {
+		c, err = s.resolve(ctx, c)
+	}
 	if err == nil {
 		// The job's type and parameters let state dump decode it.
 		err = checkpoint.WriteSavepoint(dir, c, time.Now(), checkpoint.WithJob(r.Type, r.Params))
@@ -370,4 +379,16 @@ func (s *Server) restSavepoints(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, savepointList{Savepoints: s.Savepoints(id)})
+}
+
+// resolve reads the state c references in checkpoint storage into c, for a
+// savepoint, which must be self-contained.
+func (s *Server) resolve(ctx context.Context, c checkpoint.Completed) (checkpoint.Completed, error) {
+	if len(c.Refs()) == 0 {
+		return c, nil
+	}
+	if s.storage == nil {
+		return checkpoint.Completed{}, fmt.Errorf("checkpoint %d references state in checkpoint storage, and the job manager has none configured (--checkpoint-storage)", c.ID)
+	}
+	return checkpoint.Resolve(ctx, s.storage, c)
 }

@@ -561,6 +561,9 @@ type CheckpointAck struct {
 	At time.Time
 	// Size is the state bytes the task snapshotted.
 	Size int64
+	// Uploaded is the part of Size the task added for this checkpoint
+	// (CheckpointEvent.Uploaded).
+	Uploaded int64
 	// Alignment is how long the task waited for the checkpoint's barrier
 	// on its other inputs after the first one arrived (0 with one input).
 	Alignment time.Duration
@@ -1168,7 +1171,7 @@ func (a *attempt) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.
 	a.sizeMu.Unlock()
 	a.gc.acked(id, snap)
 	if a.cfg.onAck != nil {
-		a.cfg.onAck(CheckpointAck{ID: id, Task: task, At: time.Now(), Size: snap.Size(), Alignment: alignment})
+		a.cfg.onAck(CheckpointAck{ID: id, Task: task, At: time.Now(), Size: snap.Size(), Uploaded: snap.Uploaded(id), Alignment: alignment})
 	}
 	a.report(func(ctx context.Context) error { return a.driver.Ack(ctx, task, id, snap, alignment) })
 }
