@@ -239,14 +239,14 @@ func (s *Server) checkpointStats(ctx context.Context, id string, n int) (cpRespo
 		}
 	}
 	seen := map[uint64]bool{}
-	var sizes, durations, alignments []int64
+	var sizes, uploaded, durations, alignments []int64
 	for _, e := range snap.History {
 		h := historyOf(e, tasks, graph, false)
 		if h.Discarded != nil {
 			*h.Discarded = !retained[e.ID]
 		}
 		if e.Status == cpCompleted {
-			sizes, durations, alignments = append(sizes, h.StateSize), append(durations, h.EndToEndDuration), append(alignments, h.AlignmentDuration)
+			sizes, uploaded, durations, alignments = append(sizes, h.StateSize), append(uploaded, h.CheckpointedSize), append(durations, h.EndToEndDuration), append(alignments, h.AlignmentDuration)
 		}
 		out.History = append(out.History, h)
 		seen[uint64(e.ID)] = true
@@ -269,7 +269,7 @@ func (s *Server) checkpointStats(ctx context.Context, id string, n int) (cpRespo
 	}
 	out.History = out.History[:min(n, len(out.History))]
 	zero := summarize(make([]int64, len(sizes)))
-	out.Summary = cpSummary{CheckpointedSize: summarize(sizes), StateSize: summarize(sizes), EndToEndDuration: summarize(durations),
+	out.Summary = cpSummary{CheckpointedSize: summarize(uploaded), StateSize: summarize(sizes), EndToEndDuration: summarize(durations),
 		AlignmentBuffered: zero, ProcessedData: zero, PersistedData: zero, AlignmentDuration: summarize(alignments)}
 	if snap.LastFailed != nil {
 		f := historyOf(*snap.LastFailed, tasks, graph, false)
