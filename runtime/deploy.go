@@ -144,6 +144,10 @@ type DeploySpec struct {
 	// inline even with Storage (0: checkpoint.DefaultInlineLimit,
 	// negative: none).
 	InlineLimit int64
+	// FullUploads makes every checkpoint write every key group again
+	// rather than reusing the references of unchanged ones (no
+	// incremental checkpoints).
+	FullUploads bool
 }
 
 // ErrRemoteEdge is wrapped by Deploy's error when records of a type that

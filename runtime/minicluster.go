@@ -104,6 +104,7 @@ type clusterCfg struct {
 	stateStorage      storage.Storage
 	stateStorageURL   string
 	inlineLimit       int64
+	fullUploads       bool
 	orphanGrace       time.Duration
 	onStateDeleted    func(n int)
 }
@@ -271,6 +272,13 @@ func StateStorage(st storage.Storage, rawURL string) ClusterOpt {
 func StateInlineLimit(n int64) ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) { c.inlineLimit = n })
 }
+
+// FullCheckpoints turns incremental checkpoints off: with StateStorage,
+// every checkpoint writes every key group again instead of reusing the
+// references of key groups unchanged since the task's last confirmed
+// checkpoint (a baseline for measuring them; Flink's
+// state.backend.incremental false).
+func FullCheckpoints() ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.fullUploads = true }) }
 
 // OrphanGrace sets how old an object in checkpoint storage that no
 // retained checkpoint references must be before the orphan sweep deletes
@@ -967,7 +975,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	dep, err := a.deployer.Deploy(ctx, DeploySpec{JobID: a.cfg.jobID, Attempt: a.n, Restore: restore,
 		LastCompleted: restore.From, RestartCause: a.cause, BatchSize: a.cfg.batchSize,
 		ChannelCapacity: a.cfg.channelCap, Logger: a.cfg.log, Failpoints: a.cfg.fp,
-		Storage: a.cfg.stateStorage, StorageURL: a.cfg.stateStorageURL, InlineLimit: a.cfg.inlineLimit}, a)
+		Storage: a.cfg.stateStorage, StorageURL: a.cfg.stateStorageURL, InlineLimit: a.cfg.inlineLimit, FullUploads: a.cfg.fullUploads}, a)
 	stopDeploy()
 	if err != nil {
 		if errors.Is(context.Cause(ctx), ErrJobCanceled) {

@@ -24,8 +24,9 @@ import (
 // stateWriter writes the snapshots of a deployment's tasks to checkpoint
 // storage and keeps their incremental bases.
 type stateWriter struct {
-	w   *checkpoint.SegmentWriter
-	log *zap.Logger
+	w    *checkpoint.SegmentWriter
+	log  *zap.Logger
+	full bool // no incremental checkpoints
 
 	mu      sync.Mutex
 	base    map[checkpoint.TaskID]checkpoint.StateBase
@@ -37,7 +38,7 @@ func newStateWriter(spec DeploySpec, log *zap.Logger) *stateWriter {
 	if spec.Storage == nil {
 		return nil
 	}
-	return &stateWriter{w: checkpoint.NewSegmentWriter(spec.Storage, spec.JobID, spec.InlineLimit), log: log,
+	return &stateWriter{w: checkpoint.NewSegmentWriter(spec.Storage, spec.JobID, spec.InlineLimit), log: log, full: spec.FullUploads,
 		base: map[checkpoint.TaskID]checkpoint.StateBase{}, pending: map[checkpoint.TaskID]map[checkpoint.ID]checkpoint.StateBase{}}
 }
 
@@ -48,6 +49,9 @@ func (s *stateWriter) write(ctx context.Context, task checkpoint.TaskID, id chec
 	s.mu.Lock()
 	base := s.base[task]
 	s.mu.Unlock()
+	if s.full {
+		base = nil
+	}
 	s.uploads.Add(1)
 	go func() {
 		defer s.uploads.Done()
