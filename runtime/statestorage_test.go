@@ -305,3 +305,63 @@ func TestCheckpointsOfUnchangedKeyGroupsUploadOnlyWhatChanged(t *testing.T) {
 	}
 	t.Logf("checkpoint %d: %d bytes, %d uploaded", c.ID, last.Size, last.Uploaded)
 }
+
+func TestAJobMasterStartingAgainRebuildsItsRegistryAndSweepsOnlyOrphans(t *testing.T) {
+	st, err := storage.Open(t.Context(), "mem://")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := checkpoint.OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	stoppedRun(t, store, st, "mem://", 4)
+	// An object a task wrote and never acknowledged (it died), and one of
+	// another job.
+	orphan := checkpoint.SharedPrefix("seq") + "gone_0/99-0000000000000000.seg"
+	other := checkpoint.SharedPrefix("other") + "t_0/1-0000000000000000.seg"
+	for _, k := range []string{orphan, other} {
+		if err := st.Put(t.Context(), k, strings.NewReader("bytes")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A new job master (a restarted or failed-over job manager) on the same
+	// stores: it knows the retained checkpoints' objects before it deletes
+	// anything, restores from them, and sweeps the orphan.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var restored checkpoint.ID
+	mc := NewMiniCluster(CheckpointStore(store), StateStorage(st, "mem://"), StateInlineLimit(-1), CheckpointInterval(5*time.Millisecond),
+		OrphanGrace(0), OnRestore(func(_ int, from checkpoint.ID) { restored = from }),
+		OnCheckpointComplete(func(e CheckpointEvent) {
+			if e.ID > restored+2 {
+				cancel()
+			}
+		}))
+	src := seqSourceOf(seqSource{keys: 30, splits: 6, n: 400, perPoll: 1, stallAt: 200})
+	if _, err := mc.Run(ctx, seqJob(src, &violations{}, newMemTxns(), nil, 2, 2)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("second run: %v", err)
+	}
+	if restored == 0 {
+		t.Fatal("the second run restored nothing")
+	}
+	objs := listObjects(t, st, "seq")
+	refs, _ := referenced(t, store, "seq")
+	if objs[orphan] {
+		t.Errorf("the orphan %s was not swept", orphan)
+	}
+	for k := range refs {
+		if !objs[k] {
+			t.Errorf("retained checkpoints reference %s, which is gone", k)
+		}
+	}
+	for k := range objs {
+		if !refs[k] {
+			t.Errorf("object %s is referenced by no retained checkpoint", k)
+		}
+	}
+	if len(listObjects(t, st, "other")) != 1 {
+		t.Error("the sweep deleted another job's object")
+	}
+}
