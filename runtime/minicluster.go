@@ -690,7 +690,7 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 			return res, fmt.Errorf("%w: %w", ErrJobFailed, err)
 		}
 		if err := gc.rebuild(ctx); err != nil {
-			cfg.log.Warn("checkpoint storage: cannot rebuild the reference registry; nothing is deleted this attempt", zap.Error(err))
+			cfg.log.Warn("checkpoint storage: cannot rebuild the reference registry; nothing is deleted until it is rebuilt", zap.Error(err))
 		} else {
 			gc.sweep(ctx, cfg.orphanGrace)
 		}

@@ -70,31 +70,19 @@ func newStateGC(cfg clusterCfg, store CheckpointStorage) *stateGC {
 	return g
 }
 
-// rebuild registers every retained checkpoint's references afresh.
+// rebuild registers every retained checkpoint's references afresh. Until
+// one succeeds (and while a retained checkpoint is unreadable) nothing is
+// deleted: what the retained checkpoints reference is not known.
 func (g *stateGC) rebuild(ctx context.Context) error {
 	if g == nil || g.lister == nil {
 		return nil
 	}
-	sums, err := g.lister.List(ctx, g.job)
+	reg, unknown, err := g.read(ctx)
 	if err != nil {
-		return fmt.Errorf("checkpoint storage: list retained checkpoints: %w", err)
-	}
-	reg := checkpoint.NewSharedRegistry(g.job)
-	unknown := false
-	for _, s := range sums {
-		if s.Err != nil {
-			unknown = true
-			continue
-		}
-		c, err := g.lister.Get(ctx, g.job, s.ID)
-		if err != nil {
-			if errors.Is(err, checkpoint.ErrCorrupt) {
-				unknown = true
-				continue
-			}
-			return fmt.Errorf("checkpoint storage: read retained checkpoint %d: %w", s.ID, err)
-		}
-		reg.Register(c)
+		g.mu.Lock()
+		g.unknown = true
+		g.mu.Unlock()
+		return err
 	}
 	if unknown {
 		g.log.Warn("a retained checkpoint is unreadable: nothing is deleted from checkpoint storage until it is subsumed", zap.String("job", g.job))
@@ -117,6 +105,32 @@ func (g *stateGC) rebuild(ctx context.Context) error {
 		g.delete(ctx, stale, "failed checkpoint")
 	}
 	return nil
+}
+
+// read registers the references of every retained checkpoint in a new
+// registry; unknown reports a retained checkpoint it could not read.
+func (g *stateGC) read(ctx context.Context) (reg *checkpoint.SharedRegistry, unknown bool, err error) {
+	sums, err := g.lister.List(ctx, g.job)
+	if err != nil {
+		return nil, false, fmt.Errorf("checkpoint storage: list retained checkpoints: %w", err)
+	}
+	reg = checkpoint.NewSharedRegistry(g.job)
+	for _, s := range sums {
+		if s.Err != nil {
+			unknown = true
+			continue
+		}
+		c, err := g.lister.Get(ctx, g.job, s.ID)
+		if err != nil {
+			if errors.Is(err, checkpoint.ErrCorrupt) {
+				unknown = true
+				continue
+			}
+			return nil, false, fmt.Errorf("checkpoint storage: read retained checkpoint %d: %w", s.ID, err)
+		}
+		reg.Register(c)
+	}
+	return reg, unknown, nil
 }
 
 func (g *stateGC) registry() *checkpoint.SharedRegistry {
@@ -155,7 +169,9 @@ func (g *stateGC) acked(id checkpoint.ID, snap checkpoint.TaskSnapshot) {
 }
 
 // saved registers a checkpoint just saved, and deletes the objects no
-// retained checkpoint references any more.
+// retained checkpoint references any more. While what the retained
+// checkpoints reference is unknown it deletes nothing, and tries to
+// learn it again.
 func (g *stateGC) saved(ctx context.Context, c checkpoint.Completed) {
 	if g == nil {
 		return
@@ -174,28 +190,32 @@ func (g *stateGC) saved(ctx context.Context, c checkpoint.Completed) {
 	if g.lister == nil {
 		return
 	}
+	if unknown {
+		fresh, stillUnknown, err := g.read(ctx)
+		if err != nil || stillUnknown {
+			return
+		}
+		g.mu.Lock()
+		g.reg, g.unknown = fresh, false
+		g.mu.Unlock()
+		reg = fresh
+	}
 	sums, err := g.lister.List(ctx, g.job)
 	if err != nil {
 		g.log.Warn("checkpoint storage: cannot list retained checkpoints; unreferenced objects stay until the next sweep", zap.Error(err))
 		return
 	}
 	ids := make([]checkpoint.ID, 0, len(sums))
-	stillUnknown := false
 	for _, s := range sums {
+		if s.Err != nil {
+			g.mu.Lock()
+			g.unknown = true
+			g.mu.Unlock()
+			return
+		}
 		ids = append(ids, s.ID)
-		stillUnknown = stillUnknown || s.Err != nil
 	}
-	unused := reg.Retain(ids)
-	if unknown && !stillUnknown {
-		g.mu.Lock()
-		g.unknown = false
-		g.mu.Unlock()
-		unknown = false
-	}
-	if unknown {
-		return
-	}
-	g.delete(ctx, unused, "subsumed")
+	g.delete(ctx, reg.Retain(ids), "subsumed")
 	if sweep {
 		g.sweep(ctx, g.grace)
 	}
