@@ -365,3 +365,48 @@ func TestAJobMasterStartingAgainRebuildsItsRegistryAndSweepsOnlyOrphans(t *testi
 		t.Error("the sweep deleted another job's object")
 	}
 }
+
+// listFailing is a checkpoint store that cannot list its checkpoints.
+type listFailing struct{ *checkpoint.Store }
+
+func (listFailing) List(context.Context, string) ([]checkpoint.Summary, error) {
+	return nil, errors.New("list: injected failure")
+}
+
+func TestNothingIsDeletedWhileTheRetainedCheckpointsReferencesAreUnknown(t *testing.T) {
+	st, err := storage.Open(t.Context(), "mem://")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := checkpoint.OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	stoppedRun(t, store, st, "mem://", 3)
+	orphan := checkpoint.SharedPrefix("seq") + "gone_0/99-0000000000000000.seg"
+	if err := st.Put(t.Context(), orphan, strings.NewReader("bytes")); err != nil {
+		t.Fatal(err)
+	}
+	before := listObjects(t, st, "seq")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	completed := 0
+	mc := NewMiniCluster(CheckpointStore(listFailing{store}), StateStorage(st, "mem://"), StateInlineLimit(-1),
+		CheckpointInterval(5*time.Millisecond), OrphanGrace(0),
+		OnCheckpointComplete(func(CheckpointEvent) {
+			if completed++; completed == 5 {
+				cancel()
+			}
+		}))
+	src := seqSourceOf(seqSource{keys: 30, splits: 6, n: 400, perPoll: 1, stallAt: 300})
+	if _, err := mc.Run(ctx, seqJob(src, &violations{}, newMemTxns(), nil, 2, 2)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: %v", err)
+	}
+	after := listObjects(t, st, "seq")
+	for k := range before {
+		if !after[k] {
+			t.Errorf("%s was deleted though the job master could not learn what the retained checkpoints reference", k)
+		}
+	}
+}
