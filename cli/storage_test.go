@@ -2,7 +2,9 @@ package cli
 
 import (
 	"bytes"
+	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,5 +66,43 @@ func TestStorageFlagsRefuseWhatCannotWork(t *testing.T) {
 		if err == nil || !regexp.MustCompile(regexp.QuoteMeta(tc.want)).MatchString(err.Error()) {
 			t.Errorf("%v: error %v, want one saying %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// A retained checkpoint whose task state is in checkpoint storage: inspect
+// says which flag it needs, and with --checkpoint-storage reads the state
+// from there.
+func TestInspectOfACheckpointWithStateInStorageReadsItFromThere(t *testing.T) {
+	dir := t.TempDir()
+	u := "file://" + filepath.Join(t.TempDir(), "state")
+	st, err := storage.Open(t.Context(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	snap := checkpoint.TaskSnapshot{Task: "count#0", Operators: []checkpoint.OperatorSnapshot{{UID: "count", Parallelism: 1, MaxParallelism: 4,
+		KeyGroups: map[int][]byte{1: bytes.Repeat([]byte("a"), 100), 3: bytes.Repeat([]byte("b"), 200)}}}}
+	out, _, _, err := checkpoint.NewSegmentWriter(st, "j", -1).Write(t.Context(), 1, snap, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := checkpoint.OpenStore(filepath.Join(dir, "checkpoints"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = store.Save(t.Context(), checkpoint.Completed{Job: "j", ID: 1, TriggeredAt: time.Now(), CompletedAt: time.Now(),
+		Tasks: map[checkpoint.TaskID]checkpoint.TaskSnapshot{out.Task: out}})
+	if cerr := store.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCLI(t, "savepoint", "inspect", dir); err == nil || !strings.Contains(err.Error(), "--checkpoint-storage") {
+		t.Fatalf("inspect without the storage: %v, want the flag named", err)
+	}
+	in := inspectJSON(t, dir, "--checkpoint-storage", u)
+	if in.Bytes != 300 || len(in.Operators) != 1 || in.Operators[0].Subtasks[0].KeyGroupsWithState != 2 {
+		t.Fatalf("inspection %+v: want 300 bytes in 2 key groups", in)
 	}
 }
