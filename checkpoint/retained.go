@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/weirstream/weir/checkpoint/storage"
 )
 
 // LatestReader is where WriteRetained reads a job's latest checkpoint
@@ -50,4 +52,25 @@ func ShortJobID(id string) string {
 		return id[:6]
 	}
 	return id
+}
+
+// Resolving returns a LatestReader that reads from and then reads the state
+// the checkpoint references in checkpoint storage st back in (Resolve), so
+// that what WriteRetained writes is self-contained. st may be nil when the
+// checkpoints reference nothing.
+func Resolving(from LatestReader, st storage.Storage) LatestReader {
+	return resolving{from, st}
+}
+
+type resolving struct {
+	from LatestReader
+	st   storage.Storage
+}
+
+func (r resolving) LatestUsable(ctx context.Context, job string) (Completed, []Skipped, error) {
+	c, skipped, err := r.from.LatestUsable(ctx, job)
+	if err == nil {
+		c, err = Resolve(ctx, r.st, c)
+	}
+	return c, skipped, err
 }

@@ -55,6 +55,9 @@ var (
 	// ErrCorruptSavepoint: a savepoint file is truncated, damaged or
 	// inconsistent. The error names the file.
 	ErrCorruptSavepoint = errors.New("corrupt savepoint")
+	// ErrStateNotInline: WriteSavepoint was given a checkpoint whose state
+	// is in checkpoint storage (Resolve reads it back first).
+	ErrStateNotInline = errors.New("checkpoint state is not inline")
 	// ErrSavepointVersion: the savepoint was written by a later format.
 	ErrSavepointVersion = errors.New("unsupported savepoint format version")
 	// ErrSavepointExists: the target directory is not empty. A savepoint is
@@ -105,10 +108,17 @@ type blobRef struct {
 // empty. Every file is synced before _metadata is written, and _metadata is
 // written atomically, so a crash leaves either a complete savepoint or a
 // directory that ReadSavepoint refuses with ErrNotSavepoint.
+//
+// A savepoint is self-contained: c must hold its state inline. A checkpoint
+// with references to checkpoint storage is refused (ErrStateNotInline);
+// Resolve it first.
 func WriteSavepoint(dir string, c Completed, now time.Time, opts ...SavepointOpt) error {
 	var cfg savepointConfig
 	for _, o := range opts {
 		o.apply(&cfg)
+	}
+	if refs := c.Refs(); len(refs) > 0 {
+		return fmt.Errorf("savepoint %s: %w: checkpoint %d references %d state ranges in checkpoint storage (e.g. %s)", dir, ErrStateNotInline, c.ID, len(refs), refs[0].Key)
 	}
 	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
 		return fmt.Errorf("%w: %s", ErrSavepointExists, dir)

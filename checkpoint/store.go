@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -49,8 +50,10 @@ const (
 	// recordFormat is the format byte of the records Save writes. Format 2
 	// added each operator's max parallelism to the meta record and each
 	// entry's operator UID to the handles record; format 1 records are still
-	// read (max parallelism 0: unknown, UIDs empty).
-	recordFormat    = 2
+	// read (max parallelism 0: unknown, UIDs empty). Format 3 added each
+	// operator's references to state in checkpoint storage (StateRefs,
+	// KeyGroupRefs) to the meta record; older records have none.
+	recordFormat    = 3
 	minRecordFormat = 1
 
 	recMeta    = 'm'
@@ -1160,6 +1163,20 @@ func encodeCompleted(c Completed) (meta, handles []byte, err error) {
 				m.varint(int64(kg))
 				m.bytes(op.KeyGroups[kg])
 			}
+			m.uvarint(uint64(len(op.StateRefs)))
+			for _, r := range op.StateRefs {
+				m.ref(r)
+			}
+			kgs = kgs[:0]
+			for kg := range op.KeyGroupRefs {
+				kgs = append(kgs, kg)
+			}
+			sort.Ints(kgs)
+			m.uvarint(uint64(len(kgs)))
+			for _, kg := range kgs {
+				m.varint(int64(kg))
+				m.ref(op.KeyGroupRefs[kg])
+			}
 			m.uvarint(uint64(len(op.Handles)))
 			if len(op.Handles) > 0 {
 				entries = append(entries, handleEntry{task: t, op: i, uid: op.UID, handles: op.Handles})
@@ -1257,6 +1274,24 @@ func decodeMeta(p []byte, format byte, job string, id ID, hs []handleEntry) (Com
 					op.KeyGroups[kg] = d.bytes()
 				}
 			}
+			if format >= 3 {
+				if n := d.count(); n > 0 {
+					op.StateRefs = make([]StateRef, n)
+					for k := range op.StateRefs {
+						op.StateRefs[k] = d.ref()
+					}
+				}
+				if n := d.count(); n > 0 {
+					op.KeyGroupRefs = make(map[int]StateRef, n)
+					for k := 0; k < n && d.err == nil; k++ {
+						kg := int(d.varint())
+						if _, dup := op.KeyGroupRefs[kg]; dup || op.KeyGroups[kg] != nil {
+							d.fail(fmt.Errorf("key group %d twice", kg))
+						}
+						op.KeyGroupRefs[kg] = d.ref()
+					}
+				}
+			}
 			// The handles themselves are in the handles record, so this
 			// count is not bounded by the bytes left here.
 			if n := d.uvarint(); n > 1<<31 {
@@ -1351,6 +1386,14 @@ func (e *encoder) varint(v int64)   { e.b = binary.AppendVarint(e.b, v) }
 func (e *encoder) bytes(p []byte)   { e.uvarint(uint64(len(p))); e.b = append(e.b, p...) }
 func (e *encoder) str(s string)     { e.uvarint(uint64(len(s))); e.b = append(e.b, s...) }
 
+func (e *encoder) ref(r StateRef) {
+	e.str(r.Key)
+	e.uvarint(uint64(r.Offset))
+	e.uvarint(uint64(r.Length))
+	e.uvarint(uint64(r.CRC))
+	e.uvarint(uint64(r.Checkpoint))
+}
+
 func (e *encoder) time(t time.Time) error {
 	p, err := t.MarshalBinary()
 	if err != nil {
@@ -1424,6 +1467,17 @@ func (d *decoder) bytes() []byte {
 }
 
 func (d *decoder) str() string { return string(d.bytes()) }
+
+func (d *decoder) ref() StateRef {
+	r := StateRef{Key: d.str()}
+	off, n, crc := d.uvarint(), d.uvarint(), d.uvarint()
+	if d.err == nil && (off > math.MaxInt64 || n > math.MaxInt64 || crc > math.MaxUint32) {
+		d.fail(fmt.Errorf("state reference %q: offset %d, length %d, crc %d out of range", r.Key, off, n, crc))
+	}
+	r.Offset, r.Length, r.CRC = int64(off), int64(n), uint32(crc)
+	r.Checkpoint = ID(d.uvarint())
+	return r
+}
 
 func (d *decoder) time() time.Time {
 	p := d.bytes()

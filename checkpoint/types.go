@@ -12,6 +12,7 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -83,10 +84,41 @@ type OperatorSnapshot struct {
 	// KeyGroups holds keyed state, one opaque blob per key group, so key groups
 	// can move between subtasks when the parallelism changes.
 	KeyGroups map[int][]byte `json:"key_groups,omitempty"`
+	// StateRefs, when the task wrote its state to checkpoint storage, hold
+	// the operator state entries instead of State: one reference per entry,
+	// in order. An operator's entries are all in State or all in StateRefs.
+	StateRefs []StateRef `json:"state_refs,omitempty"`
+	// KeyGroupRefs are key groups written to checkpoint storage, by key
+	// group. A key group is in KeyGroups or in KeyGroupRefs, never both.
+	KeyGroupRefs map[int]StateRef `json:"key_group_refs,omitempty"`
 	// Handles are the transactions this operator pre-committed for the
 	// checkpoint. They are committed when the checkpoint completes and again,
 	// idempotently, on restore from it.
 	Handles []TxnHandle `json:"handles,omitempty"`
+}
+
+// StateRef locates state bytes a task wrote to checkpoint storage (package
+// checkpoint/storage): Length bytes at Offset of the object Key, whose
+// CRC-32C (Castagnoli) is CRC. Checkpoint is the checkpoint the object was
+// written for; a reference with a Checkpoint below the checkpoint that
+// holds it was reused from an earlier checkpoint (an incremental
+// checkpoint), and is valid only while that object is still referenced by
+// a retained checkpoint (SharedRegistry.Check).
+type StateRef struct {
+	Key        string `json:"key"`
+	Offset     int64  `json:"offset"`
+	Length     int64  `json:"length"`
+	CRC        uint32 `json:"crc"`
+	Checkpoint ID     `json:"checkpoint"`
+}
+
+// Refs returns every state reference of the operator.
+func (s OperatorSnapshot) Refs() []StateRef {
+	refs := slices.Clone(s.StateRefs)
+	for _, r := range s.KeyGroupRefs {
+		refs = append(refs, r)
+	}
+	return refs
 }
 
 // TaskSnapshot is what a subtask acknowledges a checkpoint with.
@@ -104,7 +136,8 @@ func (s TaskSnapshot) Handles() []TxnHandle {
 	return hs
 }
 
-// Size is the number of state bytes in the snapshot.
+// Size is the number of state bytes in the snapshot: held inline and
+// referenced in checkpoint storage (the full size of the state).
 func (s TaskSnapshot) Size() int64 {
 	var n int64
 	for _, op := range s.Operators {
@@ -114,8 +147,35 @@ func (s TaskSnapshot) Size() int64 {
 		for _, kg := range op.KeyGroups {
 			n += int64(len(kg))
 		}
+		for _, r := range op.Refs() {
+			n += r.Length
+		}
 	}
 	return n
+}
+
+// Uploaded is the number of state bytes checkpoint id added: held inline,
+// or written to checkpoint storage for id. References reused from earlier
+// checkpoints (incremental checkpoints) do not count.
+func (s TaskSnapshot) Uploaded(id ID) int64 {
+	n := s.Size()
+	for _, op := range s.Operators {
+		for _, r := range op.Refs() {
+			if r.Checkpoint != id {
+				n -= r.Length
+			}
+		}
+	}
+	return n
+}
+
+// Refs returns every state reference of the snapshot.
+func (s TaskSnapshot) Refs() []StateRef {
+	var refs []StateRef
+	for _, op := range s.Operators {
+		refs = append(refs, op.Refs()...)
+	}
+	return refs
 }
 
 // TaskStats are the per-task timings reported with an acknowledgement.
@@ -147,13 +207,34 @@ func (c Completed) Handles() []TxnHandle {
 	return hs
 }
 
-// Size is the number of state bytes in the checkpoint.
+// Size is the number of state bytes in the checkpoint, inline and
+// referenced (its full size).
 func (c Completed) Size() int64 {
 	var n int64
 	for _, t := range c.Tasks {
 		n += t.Size()
 	}
 	return n
+}
+
+// Uploaded is the number of state bytes the checkpoint added (its
+// incremental size): Size less the references it reused from earlier
+// checkpoints.
+func (c Completed) Uploaded() int64 {
+	var n int64
+	for _, t := range c.Tasks {
+		n += t.Uploaded(c.ID)
+	}
+	return n
+}
+
+// Refs returns every state reference of the checkpoint.
+func (c Completed) Refs() []StateRef {
+	var refs []StateRef
+	for _, t := range c.Tasks {
+		refs = append(refs, t.Refs()...)
+	}
+	return refs
 }
 
 // Listener is implemented by operators that take part in checkpoint

@@ -37,6 +37,7 @@ func defaultJobManager() string {
 
 func newJobManagerCmd(a *app) *cobra.Command {
 	var listen, httpAddr, dataDir, tokenFile, certFile, keyFile, savepointDir string
+	var stor storageFlags
 	var allowedHosts []string
 	var haf haFlags
 	cmd := &cobra.Command{
@@ -114,18 +115,30 @@ SIGINT/SIGTERM (a leader resigns, so a standby takes over at once).`,
 			}
 			sec.httpHosts = allowedHosts
 			sec.savepointDir = savepointDir
+			if err := stor.check(cmd); err != nil {
+				return err
+			}
+			st, stop, err := stor.jobManager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer stop()
+			// One --checkpoint-storage: task state, and with high
+			// availability the completed checkpoints' metadata too.
+			haf.storageURL = st.url
 			haOpts, closeHA, err := haf.open(cmd.Context(), cmd, log, dataDir)
 			if err != nil {
 				return err
 			}
 			defer closeHA()
-			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil, haOpts...)
+			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil, append(st.jobManagerOpts(), haOpts...)...)
 		}),
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6123", "control-plane (gRPC) address")
 	cmd.Flags().StringVar(&httpAddr, "http", "127.0.0.1:8081", "HTTP address (REST API and /metrics)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the job store and completed checkpoints (created; default: in memory)")
 	cmd.Flags().StringVar(&savepointDir, "savepoint-dir", "", "default directory savepoints are written under (savepoint, stop --savepoint); may be on another disk than --data-dir")
+	stor.add(cmd, false)
 	cmd.Flags().StringVar(&tokenFile, "auth-token-file", "", "file holding the token every RPC and HTTP request must carry (required beyond loopback)")
 	cmd.Flags().StringVar(&certFile, "tls-cert", "", "PEM certificate: serve RPC and HTTP over TLS (with --tls-key)")
 	cmd.Flags().StringVar(&keyFile, "tls-key", "", "PEM private key of --tls-cert")
@@ -207,7 +220,7 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 }
 
 func newTaskManagerCmd(a *app) *cobra.Command {
-	var jm, dataDir, id, dataHost, dataAdvertise, dataPorts, metricsAddr string
+	var jm, dataDir, id, dataHost, dataAdvertise, dataPorts, metricsAddr, storageURL string
 	var metricsHosts []string
 	var access accessFlags
 	var slots int
@@ -288,6 +301,9 @@ header must be a loopback name, the --metrics host or one of
 				defer stop()
 				opts = append(opts, taskmanager.Metrics(reg))
 			}
+			if storageURL != "" {
+				opts = append(opts, taskmanager.CheckpointStorage(storageURL))
+			}
 			err = taskmanager.Run(cmd.Context(), jm, opts...)
 			if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
 				return nil
@@ -301,6 +317,8 @@ header must be a loopback name, the --metrics host or one of
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the task manager's state (created; nothing is stored in it yet)")
 	cmd.Flags().StringVar(&dataHost, "data-host", "127.0.0.1", "host the other task managers reach this one's data plane on")
 	cmd.Flags().StringVar(&dataPorts, "data-ports", "", "data-plane port range LO-HI, the first free one per deployment (default: any free port)")
+	cmd.Flags().StringVar(&storageURL, "checkpoint-storage", "",
+		"URL of the checkpoint storage to write task state to and restore it from, instead of the one the job manager sends with each deployment (the same store reached another way); default: the job manager's")
 	cmd.Flags().StringVar(&dataAdvertise, "data-advertise", "", "host the other task managers dial for this one's data plane, same port (default: --data-host)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "HTTP address of the Prometheus /metrics endpoint (default: none)")
 	cmd.Flags().StringSliceVar(&metricsHosts, "metrics-allowed-hosts", nil,

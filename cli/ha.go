@@ -19,7 +19,9 @@ import (
 	"github.com/weirstream/weir/jobmanager/ha"
 )
 
-// haFlags are the job manager's high-availability flags.
+// haFlags are the job manager's high-availability flags. storageURL is
+// --checkpoint-storage (storageFlags), which HA requires: every job
+// manager of the cluster must reach the completed checkpoints' metadata.
 type haFlags struct {
 	mode, cluster, storageURL, advertise string
 	endpoints                            []string
@@ -33,7 +35,6 @@ func (f *haFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&f.mode, "ha", "standalone", `high availability: "standalone" (one job manager, jobs and checkpoints in --data-dir), "etcd" (several job managers elect a leader in etcd at --etcd-endpoints) or "embedded" (etcd run inside this job manager, for development)`)
 	fl.StringSliceVar(&f.endpoints, "etcd-endpoints", nil, "etcd client URLs, comma-separated (--ha etcd)")
 	fl.StringVar(&f.cluster, "ha-cluster-id", "default", "name of the cluster in etcd: job managers with the same id form one cluster; clusters sharing an etcd never see each other's jobs")
-	fl.StringVar(&f.storageURL, "checkpoint-storage", "", "checkpoint storage shared by every job manager of the cluster (file:///dir, s3://bucket/prefix?endpoint=..., mem:// for tests); required with --ha etcd or embedded")
 	fl.StringVar(&f.advertise, "advertise-address", "", "control-plane address the leader announces to task managers and clients (default: the --listen address bound)")
 	fl.DurationVar(&f.leaseTTL, "ha-lease-ttl", 15*time.Second, "time-to-live of the leader's etcd lease (whole seconds, at least 2s): a crashed leader is replaced after it; a leader cut off from etcd steps down after half of it")
 	fl.StringVar(&f.cacert, "etcd-cacert", "", "PEM CA bundle that verifies etcd's certificate (connects over TLS)")
@@ -75,7 +76,7 @@ func (f *haFlags) open(ctx context.Context, cmd *cobra.Command, log *zap.Logger,
 	none := func() {}
 	switch f.mode {
 	case "standalone":
-		for _, name := range []string{"etcd-endpoints", "checkpoint-storage", "ha-cluster-id", "etcd-cacert", "etcd-cert", "etcd-key", "etcd-username", "etcd-password-file", "advertise-address", "ha-lease-ttl"} {
+		for _, name := range []string{"etcd-endpoints", "ha-cluster-id", "etcd-cacert", "etcd-cert", "etcd-key", "etcd-username", "etcd-password-file", "advertise-address", "ha-lease-ttl"} {
 			if cmd.Flags().Changed(name) {
 				return nil, none, flagError(cmd, fmt.Errorf("%w: --%s needs --ha etcd or embedded", errHAFlags, name))
 			}
@@ -162,22 +163,23 @@ func (f *haFlags) open(ctx context.Context, cmd *cobra.Command, log *zap.Logger,
 // localHA starts the embedded etcd of `local --ha embedded` (under
 // dataDir/etcd, or a temporary directory) and returns, for each of n job
 // managers, what makes its options (its own etcd connection, the shared
-// checkpoint storage: dataDir/checkpoints, or one in-memory store), and
-// what closes everything after the job managers stopped.
-func localHA(ctx context.Context, log *zap.Logger, dataDir string, n int) ([]func() ([]jobmanager.Opt, error), func(), error) {
+// checkpoint storage: storageURL opened with storageOpts, else
+// dataDir/checkpoints, or one in-memory store), and what closes everything
+// after the job managers stopped.
+func localHA(ctx context.Context, log *zap.Logger, dataDir string, n int, storageURL string, storageOpts []storage.Opt) ([]func() ([]jobmanager.Opt, error), func(), error) {
 	var closers []func()
 	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			closers[i]()
 		}
 	}
-	etcdDir, storageURL := "", "mem://local"
+	etcdDir, defaultURL := "", "mem://local"
 	if dataDir != "" {
 		abs, err := filepath.Abs(dataDir)
 		if err != nil {
 			return nil, nil, err
 		}
-		etcdDir, storageURL = filepath.Join(abs, "etcd"), "file://"+filepath.Join(abs, "checkpoints")
+		etcdDir, defaultURL = filepath.Join(abs, "etcd"), "file://"+filepath.Join(abs, "checkpoints")
 	} else {
 		dir, err := os.MkdirTemp("", "weir-etcd-")
 		if err != nil {
@@ -192,7 +194,10 @@ func localHA(ctx context.Context, log *zap.Logger, dataDir string, n int) ([]fun
 		return nil, nil, err
 	}
 	closers = append(closers, e.Close)
-	st, err := storage.Open(ctx, storageURL)
+	if storageURL == "" {
+		storageURL, storageOpts = defaultURL, nil
+	}
+	st, err := storage.Open(ctx, storageURL, storageOpts...)
 	if err != nil {
 		closeAll()
 		return nil, nil, err

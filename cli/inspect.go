@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/jobmanager"
 	"github.com/weirstream/weir/runtime"
 )
@@ -27,11 +28,13 @@ import (
 type snapshotFlags struct {
 	jobID      string
 	checkpoint uint64
+	storageURL string
 }
 
 func (f *snapshotFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.jobID, "job-id", "", "with a job manager data dir or run --checkpoint-dir: the job whose checkpoint to read (default: the directory's only job)")
 	cmd.Flags().Uint64Var(&f.checkpoint, "checkpoint", 0, "with a job manager data dir or run --checkpoint-dir: the checkpoint id to read (default: the latest)")
+	cmd.Flags().StringVar(&f.storageURL, "checkpoint-storage", "", "with a checkpoint whose task state is in checkpoint storage: its URL, to read the state from (as the job manager's --checkpoint-storage)")
 }
 
 const snapshotPathHelp = `PATH is a savepoint directory (it holds _metadata), or a retained checkpoint:
@@ -129,6 +132,19 @@ func loadSnapshot(ctx context.Context, path string, f snapshotFlags) (snapshot, 
 	}
 	if err != nil {
 		return snapshot{}, err
+	}
+	if refs := c.Refs(); len(refs) > 0 {
+		if f.storageURL == "" {
+			return snapshot{}, fmt.Errorf("checkpoint %d of job %s keeps its state in checkpoint storage (e.g. %s): give its URL with --checkpoint-storage", c.ID, job, refs[0].Key)
+		}
+		st, err := storage.Open(ctx, f.storageURL)
+		if err != nil {
+			return snapshot{}, fmt.Errorf("--checkpoint-storage: %w", err)
+		}
+		defer st.Close()
+		if c, err = checkpoint.Resolve(ctx, st, c); err != nil {
+			return snapshot{}, err
+		}
 	}
 	s := snapshot{Kind: "checkpoint", Path: path, C: c}
 	if fi, err := os.Stat(filepath.Join(path, "jobs")); err == nil && fi.IsDir() {

@@ -27,6 +27,7 @@ func newLocalCmd(a *app) *cobra.Command {
 	var (
 		brokerAddr, dataDir, listen, httpAddr, metricsAddr, haMode string
 		tms, slots, brokerPort, jms                                int
+		stor                                                       storageFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "local [--broker embedded|HOST:PORT] [--broker-port 9092] [--taskmanagers 2] [--slots 2] [--data-dir DIR] [--ha embedded --jobmanagers N]",
@@ -102,6 +103,17 @@ cancelled).`,
 			if err != nil {
 				return err
 			}
+			if err := stor.check(cmd); err != nil {
+				return err
+			}
+			st, stopStorage, err := stor.jobManager(ctx)
+			if err != nil {
+				return err
+			}
+			defer stopStorage()
+			if st.url != "" {
+				fmt.Fprintf(a.stdout, "checkpoint storage %s\n", st.url)
+			}
 			var wg sync.WaitGroup
 			defer wg.Wait()
 			defer cancel()
@@ -116,7 +128,7 @@ cancelled).`,
 				if jms < 1 {
 					return flagError(cmd, fmt.Errorf("--jobmanagers %d must be at least 1", jms))
 				}
-				opts, closeHA, err := localHA(ctx, log, dataDir, jms)
+				opts, closeHA, err := localHA(ctx, log, dataDir, jms, st.url, st.opts)
 				if err != nil {
 					return err
 				}
@@ -147,7 +159,7 @@ cancelled).`,
 				addrs := make(chan string, 1)
 				running++
 				go func() {
-					jmDone <- a.runJobManager(ctx, log.Named(name), l, h, jmDir, jmSecurity{}, func(addr string) { addrs <- addr }, extra...)
+					jmDone <- a.runJobManager(ctx, log.Named(name), l, h, jmDir, jmSecurity{}, func(addr string) { addrs <- addr }, append(st.jobManagerOpts(), extra...)...)
 				}()
 				select {
 				case addr := <-addrs:
@@ -169,6 +181,9 @@ cancelled).`,
 			}
 			jmAddr := strings.Join(jmAddrs, ",")
 			tmOpts := []taskmanager.Opt{taskmanager.Slots(slots), taskmanager.Jobs(a.reg), taskmanager.Failpoints(fp)}
+			if st.url != "" {
+				tmOpts = append(tmOpts, taskmanager.CheckpointStorage(st.url, st.opts...))
+			}
 			if metricsAddr != "" {
 				reg, stop, err := a.serveMetrics(ctx, metricsAddr, "", nil)
 				if err != nil {
@@ -204,5 +219,6 @@ cancelled).`,
 	f.StringVar(&metricsAddr, "metrics", "", "HTTP address of the task managers' Prometheus /metrics (default: none)")
 	f.StringVar(&haMode, "ha", "standalone", `"standalone" (one job manager) or "embedded" (an etcd in this process and --jobmanagers job managers electing a leader, as --ha etcd does)`)
 	f.IntVar(&jms, "jobmanagers", 1, "job managers to run (more than one needs --ha embedded)")
+	stor.add(cmd, true)
 	return cmd
 }

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/internal/atomicfile"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/runtime"
@@ -31,6 +32,7 @@ func newRunCmd(a *app) *cobra.Command {
 		dir    string
 		from   savepointStart
 		retain runRetain
+		stor   storageFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "run JOB [--parallelism N] [--checkpoint-interval DUR] [--checkpoint-dir DIR] [--set key=value]... [--from-savepoint PATH [--allow-non-restored-state]] [--retain-on-cancel [--savepoint-dir DIR]]",
@@ -111,12 +113,23 @@ transactions are aborted, its held share records released).`,
 			}
 			defer store.Close()
 			opts = append(opts, runtime.CheckpointStore(store))
+			if err := stor.check(cmd); err != nil {
+				return err
+			}
+			var st storage.Storage
+			if stor.url != "" {
+				if st, err = storage.Open(cmd.Context(), stor.url); err != nil {
+					return flagError(cmd, fmt.Errorf("--checkpoint-storage: %w", err))
+				}
+				defer st.Close()
+				opts = append(opts, runtime.StateStorage(st, stor.url), runtime.StateInlineLimit(stor.inlineLimit()), runtime.OrphanGrace(stor.grace))
+			}
 			log.Info("running job", zap.String("job", cmd.Flags().Arg(0)), zap.String("job_id", id), zap.String("checkpoint_dir", dir))
 			res, err := runtime.NewMiniCluster(opts...).Run(cmd.Context(), job)
 			if err != nil && cmd.Context().Err() != nil && errors.Is(err, cmd.Context().Err()) {
 				fmt.Fprintf(a.stdout, "job %s cancelled: %d restarts, last completed checkpoint %d\n", id, res.Restarts, res.LastCheckpoint)
 				if retain.on {
-					return retain.write(a, store, id, dir, cmd.Flags().Arg(0), params, log)
+					return retain.write(a, checkpoint.Resolving(store, st), id, dir, cmd.Flags().Arg(0), params, log)
 				}
 				return nil
 			}
@@ -129,6 +142,7 @@ transactions are aborted, its held share records released).`,
 	}
 	jf.add(cmd)
 	cmd.Flags().StringVar(&dir, "checkpoint-dir", "", "directory for completed checkpoints (created); restarting on it continues the job")
+	stor.add(cmd, false)
 	from.add(cmd, "in this process")
 	cmd.Flags().BoolVar(&retain.on, "retain-on-cancel", false,
 		"when the job is cancelled (SIGINT/SIGTERM), write its latest completed checkpoint out as a savepoint (under --savepoint-dir, else CHECKPOINT_DIR/retained) and print its path")
@@ -145,7 +159,7 @@ type runRetain struct {
 // write writes the latest completed checkpoint of cancelled job id out as
 // a savepoint under --savepoint-dir, else checkpointDir's "retained" (the
 // job manager's rule for submit --retain-on-cancel), and prints its path.
-func (r runRetain) write(a *app, store *checkpoint.Store, id, checkpointDir, jobType string, params map[string]string, log *zap.Logger) error {
+func (r runRetain) write(a *app, from checkpoint.LatestReader, id, checkpointDir, jobType string, params map[string]string, log *zap.Logger) error {
 	base := r.dir
 	if base == "" {
 		base = filepath.Join(checkpointDir, "retained")
@@ -153,7 +167,7 @@ func (r runRetain) write(a *app, store *checkpoint.Store, id, checkpointDir, job
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// The job's type and parameters let state dump decode it.
-	sp, c, err := checkpoint.WriteRetained(ctx, store, id, base, time.Now(), checkpoint.WithJob(jobType, params))
+	sp, c, err := checkpoint.WriteRetained(ctx, from, id, base, time.Now(), checkpoint.WithJob(jobType, params))
 	switch {
 	case errors.Is(err, checkpoint.ErrNotFound):
 		fmt.Fprintf(a.stdout, "job %s completed no checkpoint: nothing retained\n", id)

@@ -39,8 +39,12 @@ type cpEntry struct {
 	Status    string
 	Triggered time.Time
 	Ended     time.Time // completed or failed; zero in progress
-	Size      int64
-	Failure   string
+	// Size is the checkpoint's full state size; Uploaded the part it
+	// added (inline, or written to checkpoint storage for it: Flink's
+	// checkpointed size, less than Size for incremental checkpoints).
+	Size     int64
+	Uploaded int64
+	Failure  string
 	// Acked counts the tasks that acknowledged it, LatestAck is the last
 	// acknowledgement, Alignment the longest barrier alignment among them.
 	Acked     int
@@ -66,6 +70,8 @@ type cpStats struct {
 	inProgress                  map[checkpoint.ID]*cpEntry
 	lastCompleted, lastFailed   *cpEntry
 	lastRestore                 *cpRestore
+	// deleted counts objects deleted from checkpoint storage.
+	deleted int64
 	// stopped is when the job stopped here (finished, failed, cancelled,
 	// suspended); zero while it runs.
 	stopped time.Time
@@ -133,12 +139,19 @@ func (s *cpStats) completedCheckpoint(ev runtime.CheckpointEvent) {
 	defer s.mu.Unlock()
 	e := s.entryLocked(ev.ID, ev.Triggered)
 	delete(s.inProgress, ev.ID)
-	e.Status, e.Ended, e.Size = cpCompleted, time.Now(), ev.Size
+	e.Status, e.Ended, e.Size, e.Uploaded = cpCompleted, time.Now(), ev.Size, ev.Uploaded
 	if e.Triggered.IsZero() {
 		e.Triggered = e.Ended.Add(-ev.Cycle)
 	}
 	s.completed++
 	s.lastCompleted = e
+}
+
+// stateDeleted counts objects deleted from checkpoint storage.
+func (s *cpStats) stateDeleted(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.deleted += int64(n)
 }
 
 func (s *cpStats) abortedCheckpoint(ev runtime.CheckpointEvent) {
@@ -198,6 +211,7 @@ func (s *cpStats) restoredFrom(from checkpoint.ID) {
 // cpSnapshot is a consistent copy of a job's checkpoint statistics.
 type cpSnapshot struct {
 	Completed, Failed, InProgress, Restored int
+	Deleted                                 int64     // objects deleted from checkpoint storage
 	History                                 []cpEntry // newest first
 	LastCompleted, LastFailed               *cpEntry
 	LastRestore                             *cpRestore
@@ -206,7 +220,7 @@ type cpSnapshot struct {
 func (s *cpStats) snapshot() cpSnapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := cpSnapshot{Completed: s.completed, Failed: s.failed, InProgress: len(s.inProgress), Restored: s.restored}
+	out := cpSnapshot{Completed: s.completed, Failed: s.failed, InProgress: len(s.inProgress), Restored: s.restored, Deleted: s.deleted}
 	for i := len(s.history) - 1; i >= 0; i-- {
 		e := *s.history[i]
 		e.Acks = maps.Clone(e.Acks)

@@ -504,7 +504,8 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 			sh.deploy(&weirpb.DeployTasks{
 				JobId: d.rec.ID, JobType: d.rec.Type, Params: d.rec.Params, Attempt: key.attempt, TaskIds: ids,
 				LastCompleted: uint64(spec.LastCompleted), RestartCause: spec.RestartCause,
-				BatchSize: int32(spec.BatchSize), ChannelCapacity: int32(spec.ChannelCapacity), DataSecret: secret}, restore)
+				BatchSize: int32(spec.BatchSize), ChannelCapacity: int32(spec.ChannelCapacity), DataSecret: secret,
+				CheckpointStorage: spec.StorageURL, StateInlineLimit: spec.InlineLimit}, restore)
 		}()
 	}
 	sending.Wait()

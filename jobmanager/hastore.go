@@ -428,6 +428,33 @@ func (s *haCheckpointStore) List(ctx context.Context, job string) ([]checkpoint.
 	return slices.Clip(out), nil
 }
 
+var _ runtime.RetainedCheckpoints = (*haCheckpointStore)(nil)
+
+// Get returns checkpoint id of job (runtime.RetainedCheckpoints: the
+// job master's state GC reads the retained checkpoints' references).
+func (s *haCheckpointStore) Get(ctx context.Context, job string, id checkpoint.ID) (checkpoint.Completed, error) {
+	var c checkpoint.Completed
+	found := false
+	err := s.scan(ctx, job, func(got checkpoint.ID, b []byte, err error) (bool, error) {
+		if got != id {
+			return got > id, nil
+		}
+		found = true
+		if err != nil {
+			return false, err
+		}
+		c, err = checkpoint.DecodeCompleted(job, id, b)
+		return false, err
+	})
+	if err == nil && !found {
+		err = checkpoint.ErrNotFound
+	}
+	if err != nil {
+		return checkpoint.Completed{}, fmt.Errorf("checkpoint %d of job %q: %w", id, job, err)
+	}
+	return c, nil
+}
+
 // Reopen implements runtime.CheckpointStorage: etcd and the object storage
 // hold no state here to repair; the next read decides.
 func (s *haCheckpointStore) Reopen() error { return nil }

@@ -124,6 +124,16 @@ func TestHACheckpointStoreKeepsTheLastCheckpointsAcrossLeadersAndDeletesSubsumed
 	}; !slices.Equal(got, want) {
 		t.Fatalf("objects in the checkpoint storage %q, want only the retained checkpoints' metadata %q", got, want)
 	}
+	// Get reads each retained checkpoint (the state GC's view of them);
+	// a subsumed one is gone.
+	for _, id := range ids {
+		if c, err := cps.Get(ctx, "job1", id); err != nil || c.ID != id {
+			t.Fatalf("Get(%d): checkpoint %d, %v", id, c.ID, err)
+		}
+	}
+	if _, err := cps.Get(ctx, "job1", last-3); !errors.Is(err, checkpoint.ErrNotFound) {
+		t.Fatalf("Get of subsumed checkpoint %d: %v, want ErrNotFound", last-3, err)
+	}
 
 	// A new leader (another job manager) restores the same checkpoint and
 	// continues the ids above every id the old one handed out.

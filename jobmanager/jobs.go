@@ -285,6 +285,10 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 	if r.AllowNonRestoredState {
 		extra = append(extra, runtime.AllowNonRestoredState())
 	}
+	if s.storage != nil {
+		extra = append(extra, runtime.StateStorage(s.storage, s.cfg.storageURL), runtime.StateInlineLimit(s.cfg.inlineLimit),
+			runtime.OrphanGrace(s.cfg.orphanGrace), runtime.OnStateDeleted(stats.stateDeleted))
+	}
 	mc := runtime.NewMiniCluster(append(extra, runtime.Deployment(d), runtime.CheckpointStore(s.jobs.cps), runtime.JobID(r.ID),
 		runtime.CheckpointInterval(interval), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
 		runtime.Failpoints(s.cfg.fp), runtime.SuspendWith(s.jobs.ctx),

@@ -16,15 +16,18 @@ import (
 type jmCollector struct {
 	s *Server
 
-	lastDuration, lastSize, completed, failed, inProgress, restarts *prometheus.Desc
-	taskManagers, slotsTotal, slotsAvailable, runningJobs           *prometheus.Desc
+	lastDuration, lastSize, lastFullSize, completed, failed, inProgress, restarts *prometheus.Desc
+	deleted                                                                       *prometheus.Desc
+	taskManagers, slotsTotal, slotsAvailable, runningJobs                         *prometheus.Desc
 }
 
 func newJMCollector(s *Server) *jmCollector {
 	job := []string{"job_id"}
 	return &jmCollector{s: s,
 		lastDuration:   prometheus.NewDesc("weir_job_lastCheckpointDuration", "Milliseconds from trigger to completion of the job's last completed checkpoint (Flink's lastCheckpointDuration).", job, nil),
-		lastSize:       prometheus.NewDesc("weir_job_lastCheckpointSize", "State bytes of the job's last completed checkpoint (Flink's lastCheckpointSize).", job, nil),
+		lastSize:       prometheus.NewDesc("weir_job_lastCheckpointSize", "State bytes the job's last completed checkpoint added: inline, or written to checkpoint storage for it; less than lastCheckpointFullSize for incremental checkpoints (Flink's lastCheckpointSize).", job, nil),
+		lastFullSize:   prometheus.NewDesc("weir_job_lastCheckpointFullSize", "State bytes of the job's last completed checkpoint, inline and referenced in checkpoint storage (Flink's lastCheckpointFullSize).", job, nil),
+		deleted:        prometheus.NewDesc("weir_job_checkpointStorageObjectsDeleted", "Objects the job manager deleted from checkpoint storage for the job (subsumed, failed or orphaned) since it started the job.", job, nil),
 		completed:      prometheus.NewDesc("weir_job_numberOfCompletedCheckpoints", "Checkpoints of the job completed since this job manager started it.", job, nil),
 		failed:         prometheus.NewDesc("weir_job_numberOfFailedCheckpoints", "Checkpoints of the job that failed (aborted, or in progress when an attempt ended) since this job manager started it.", job, nil),
 		inProgress:     prometheus.NewDesc("weir_job_numberOfInProgressCheckpoints", "Checkpoints of the job triggered and not yet completed or failed.", job, nil),
@@ -37,7 +40,7 @@ func newJMCollector(s *Server) *jmCollector {
 }
 
 func (c *jmCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.lastDuration, c.lastSize, c.completed, c.failed, c.inProgress, c.restarts,
+	for _, d := range []*prometheus.Desc{c.lastDuration, c.lastSize, c.lastFullSize, c.deleted, c.completed, c.failed, c.inProgress, c.restarts,
 		c.taskManagers, c.slotsTotal, c.slotsAvailable, c.runningJobs} {
 		ch <- d
 	}
@@ -56,12 +59,14 @@ func (c *jmCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, rj := range running {
 		rec, _ := rj.record()
 		snap := rj.stats.snapshot()
-		var dur, size float64
+		var dur, size, full float64
 		if l := snap.LastCompleted; l != nil {
-			dur, size = float64(l.Ended.Sub(l.Triggered).Milliseconds()), float64(l.Size)
+			dur, size, full = float64(l.Ended.Sub(l.Triggered).Milliseconds()), float64(l.Uploaded), float64(l.Size)
 		}
 		gauge(c.lastDuration, dur, rec.ID)
 		gauge(c.lastSize, size, rec.ID)
+		gauge(c.lastFullSize, full, rec.ID)
+		ch <- prometheus.MustNewConstMetric(c.deleted, prometheus.CounterValue, float64(snap.Deleted), rec.ID)
 		gauge(c.completed, float64(snap.Completed), rec.ID)
 		gauge(c.failed, float64(snap.Failed), rec.ID)
 		gauge(c.inProgress, float64(snap.InProgress), rec.ID)

@@ -129,7 +129,7 @@ func historyOf(e cpEntry, tasks int, graph runtime.Graph, withTasks bool) cpHist
 	}
 	switch e.Status {
 	case cpCompleted:
-		h.LatestAckTimestamp, h.EndToEndDuration, h.StateSize, h.CheckpointedSize = e.Ended.UnixMilli(), e.Ended.Sub(e.Triggered).Milliseconds(), e.Size, e.Size
+		h.LatestAckTimestamp, h.EndToEndDuration, h.StateSize, h.CheckpointedSize = e.Ended.UnixMilli(), e.Ended.Sub(e.Triggered).Milliseconds(), e.Size, e.Uploaded
 		h.ExternalPath, h.Discarded = notExternallyAddressable, new(bool)
 		if h.NumAcknowledgedSubtasks == 0 {
 			h.NumAcknowledgedSubtasks = tasks // completed before this job manager saw its acknowledgements
@@ -151,10 +151,10 @@ func historyOf(e cpEntry, tasks int, graph runtime.Graph, withTasks bool) cpHist
 			}
 			tc.NumAcknowledgedSubtasks++
 			tc.StateSize += a.Size
+			tc.CheckpointedSize += a.Uploaded
 			tc.LatestAckTimestamp = max(tc.LatestAckTimestamp, a.At.UnixMilli())
 			tc.AlignmentDuration = max(tc.AlignmentDuration, a.Alignment.Milliseconds())
 		}
-		tc.CheckpointedSize = tc.StateSize
 		if tc.LatestAckTimestamp > 0 {
 			tc.EndToEndDuration = tc.LatestAckTimestamp - h.TriggerTimestamp
 		}
@@ -239,14 +239,14 @@ func (s *Server) checkpointStats(ctx context.Context, id string, n int) (cpRespo
 		}
 	}
 	seen := map[uint64]bool{}
-	var sizes, durations, alignments []int64
+	var sizes, uploaded, durations, alignments []int64
 	for _, e := range snap.History {
 		h := historyOf(e, tasks, graph, false)
 		if h.Discarded != nil {
 			*h.Discarded = !retained[e.ID]
 		}
 		if e.Status == cpCompleted {
-			sizes, durations, alignments = append(sizes, h.StateSize), append(durations, h.EndToEndDuration), append(alignments, h.AlignmentDuration)
+			sizes, uploaded, durations, alignments = append(sizes, h.StateSize), append(uploaded, h.CheckpointedSize), append(durations, h.EndToEndDuration), append(alignments, h.AlignmentDuration)
 		}
 		out.History = append(out.History, h)
 		seen[uint64(e.ID)] = true
@@ -255,7 +255,7 @@ func (s *Server) checkpointStats(ctx context.Context, id string, n int) (cpRespo
 		if c.Err != nil || seen[uint64(c.ID)] {
 			continue
 		}
-		h := historyOf(cpEntry{ID: c.ID, Status: cpCompleted, Triggered: c.TriggeredAt, Ended: c.CompletedAt, Size: c.Size}, tasks, graph, false)
+		h := historyOf(cpEntry{ID: c.ID, Status: cpCompleted, Triggered: c.TriggeredAt, Ended: c.CompletedAt, Size: c.Size, Uploaded: c.Size}, tasks, graph, false)
 		h.EndToEndDuration = c.Duration.Milliseconds()
 		out.History = append(out.History, h)
 	}
@@ -269,7 +269,7 @@ func (s *Server) checkpointStats(ctx context.Context, id string, n int) (cpRespo
 	}
 	out.History = out.History[:min(n, len(out.History))]
 	zero := summarize(make([]int64, len(sizes)))
-	out.Summary = cpSummary{CheckpointedSize: summarize(sizes), StateSize: summarize(sizes), EndToEndDuration: summarize(durations),
+	out.Summary = cpSummary{CheckpointedSize: summarize(uploaded), StateSize: summarize(sizes), EndToEndDuration: summarize(durations),
 		AlignmentBuffered: zero, ProcessedData: zero, PersistedData: zero, AlignmentDuration: summarize(alignments)}
 	if snap.LastFailed != nil {
 		f := historyOf(*snap.LastFailed, tasks, graph, false)

@@ -107,6 +107,12 @@ func (s *Server) StartSavepoint(ctx context.Context, id, target string, stop, dr
 		var location string
 		c, err := rj.mc.TriggerSavepoint(s.jobs.ctx, stop, drain, func(c checkpoint.Completed) error {
 			dir := filepath.Join(abs, "savepoint-"+checkpoint.ShortJobID(id)+"-"+strconv.FormatUint(uint64(c.ID), 10))
+			// A savepoint is self-contained: state in checkpoint storage
+			// is read into it.
+			c, err := s.resolve(s.jobs.ctx, c)
+			if err != nil {
+				return err
+			}
 			// The job's type and parameters let state dump decode it.
 			if err := checkpoint.WriteSavepoint(dir, c, time.Now(), checkpoint.WithJob(rj.rec.Type, rj.rec.Params)); err != nil {
 				return err
@@ -152,7 +158,7 @@ func (s *Server) retain(r JobRecord, log *zap.Logger) string {
 	ctx, cancel := context.WithTimeout(context.Background(), retainTimeout)
 	defer cancel()
 	// The job's type and parameters let state dump decode it.
-	dir, c, err := checkpoint.WriteRetained(ctx, s.jobs.cps, r.ID, base, time.Now(), checkpoint.WithJob(r.Type, r.Params))
+	dir, c, err := checkpoint.WriteRetained(ctx, checkpoint.Resolving(s.jobs.cps, s.storage), r.ID, base, time.Now(), checkpoint.WithJob(r.Type, r.Params))
 	switch {
 	case errors.Is(err, checkpoint.ErrNotFound):
 		log.Info("retain-on-cancel: the job completed no checkpoint; nothing retained")
@@ -353,4 +359,10 @@ func (s *Server) restSavepoints(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, savepointList{Savepoints: s.Savepoints(id)})
+}
+
+// resolve reads the state c references in checkpoint storage into c, for a
+// savepoint, which must be self-contained.
+func (s *Server) resolve(ctx context.Context, c checkpoint.Completed) (checkpoint.Completed, error) {
+	return checkpoint.Resolve(ctx, s.storage, c)
 }

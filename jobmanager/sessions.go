@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
 	"github.com/weirstream/weir/jobmanager/ha"
@@ -78,7 +79,34 @@ type cfg struct {
 	// ha makes the job manager highly available (nil: standalone).
 	ha        *haCfg
 	advertise string
+	// storageURL is the checkpoint storage tasks write state to ("":
+	// none, state inline); storageOpts configure opening it.
+	storageURL  string
+	storageOpts []storage.Opt
+	inlineLimit int64
+	orphanGrace time.Duration
 }
+
+// CheckpointStorage makes the tasks of every job write their state to the
+// checkpoint storage at rawURL (storage.Open: file://, s3://, mem://) and
+// acknowledge checkpoints with references to it: the job manager keeps only
+// the references in its checkpoint store, tracks which objects the
+// retained checkpoints reference, and deletes the others. The URL goes to
+// the task managers with each deployment (a task manager started with its
+// own --checkpoint-storage uses that). Default: none, state travels inline
+// in the acknowledgements and lives in the checkpoint store.
+func CheckpointStorage(rawURL string, opts ...storage.Opt) Opt {
+	return optFunc(func(c *cfg) { c.storageURL, c.storageOpts = rawURL, opts })
+}
+
+// StateInlineLimit sets the task snapshot size below which state stays
+// inline even with CheckpointStorage (default 20 KiB; negative: none).
+func StateInlineLimit(n int64) Opt { return optFunc(func(c *cfg) { c.inlineLimit = n }) }
+
+// OrphanGrace sets how old an unreferenced object in checkpoint storage
+// must be before the orphan sweep deletes it (default
+// runtime.DefaultOrphanGrace).
+func OrphanGrace(d time.Duration) Opt { return optFunc(func(c *cfg) { c.orphanGrace = d }) }
 
 // HeartbeatInterval sets how often the job manager heartbeats each task
 // manager, and asks them to heartbeat it (default rpc.DefaultHeartbeatInterval).
@@ -148,12 +176,14 @@ type Server struct {
 	// announced.
 	leadership atomic.Pointer[ha.Leadership]
 	advertised string
+	// storage is the checkpoint storage (nil: none).
+	storage storage.Storage
 }
 
 // New opens a job manager's stores (DataDir); Close closes them.
 func New(opts ...Opt) (*Server, error) {
 	c := cfg{interval: rpc.DefaultHeartbeatInterval, timeout: rpc.DefaultHeartbeatTimeout, log: zap.NewNop(),
-		slotTimeout: DefaultSlotTimeout}
+		slotTimeout: DefaultSlotTimeout, orphanGrace: runtime.DefaultOrphanGrace}
 	for _, o := range opts {
 		o.apply(&c)
 	}
@@ -168,10 +198,23 @@ func New(opts ...Opt) (*Server, error) {
 		rejects: rpc.NewRejectLog(c.log, rejectLogInterval)}
 	s.metrics = newRegistry(s)
 	s.jobs.init()
+	if c.orphanGrace < 0 {
+		return nil, fmt.Errorf("orphan grace %v must not be negative", c.orphanGrace)
+	}
+	if c.storageURL != "" {
+		st, err := storage.Open(context.Background(), c.storageURL, c.storageOpts...)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint storage: %w", err)
+		}
+		s.storage = st
+	}
 	if c.ha != nil {
 		return s, nil // the stores open when the job manager leads
 	}
 	if err := s.jobs.open(c.dir, c.log); err != nil {
+		if s.storage != nil {
+			s.storage.Close()
+		}
 		return nil, err
 	}
 	return s, nil
@@ -182,7 +225,13 @@ func New(opts ...Opt) (*Server, error) {
 const rejectLogInterval = time.Minute
 
 // Close closes the job manager's stores; call it after Serve returned.
-func (s *Server) Close() error { return s.jobs.close() }
+func (s *Server) Close() error {
+	err := s.jobs.close()
+	if s.storage != nil {
+		err = errors.Join(err, s.storage.Close())
+	}
+	return err
+}
 
 // Serve serves the job manager's gRPC service on lis and resumes the jobs
 // the store holds, until ctx is done; then it suspends the jobs (for the

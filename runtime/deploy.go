@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
 )
 
 // An attempt's tasks, wherever they run (docs/architecture.md, "Cluster").
@@ -132,6 +133,21 @@ type DeploySpec struct {
 	// Logger logs (nil: none); Failpoints injects faults (nil: none).
 	Logger     *zap.Logger
 	Failpoints Failpointer
+	// Storage, when set, is the checkpoint storage the tasks write their
+	// state to (acknowledging with references) and read referenced state
+	// back from on restore; nil keeps state inline in the
+	// acknowledgements. StorageURL names it, for a job manager to pass it
+	// to task managers, which open it themselves.
+	Storage    storage.Storage
+	StorageURL string
+	// InlineLimit is the snapshot size below which a task's state stays
+	// inline even with Storage (0: checkpoint.DefaultInlineLimit,
+	// negative: none).
+	InlineLimit int64
+	// FullUploads makes every checkpoint write every key group again
+	// rather than reusing the references of unchanged ones (no
+	// incremental checkpoints).
+	FullUploads bool
 }
 
 // ErrRemoteEdge is wrapped by Deploy's error when records of a type that
@@ -172,6 +188,8 @@ type localDeployment struct {
 
 	metrics metricRegistry
 
+	state *stateWriter // nil: state inline
+
 	lastDone checkpoint.Latest
 	opened   bool
 	start    chan struct{}
@@ -204,6 +222,16 @@ func deploy(parent context.Context, p *plan, spec DeploySpec, ex Exchange, rep T
 		}
 		local = func(id checkpoint.TaskID) bool { return set[id] }
 	}
+	restore, bases, err := resolveRestore(ctx, p, spec, local)
+	if err != nil {
+		cancel(errAttemptCanceled)
+		return nil, err
+	}
+	d.spec.Restore = restore
+	d.state = newStateWriter(spec, spec.Logger)
+	for id, b := range bases {
+		d.state.seed(id, b)
+	}
 	if err := d.build(local, ex); err != nil {
 		d.fail()
 		return nil, err
@@ -220,6 +248,7 @@ func (d *localDeployment) fail() {
 	d.cancel(errAttemptCanceled)
 	d.closeAll()
 	d.pumps.Wait()
+	d.state.wait()
 }
 
 // channelIDs numbers channel (edge e, upstream subtask i, downstream subtask
@@ -663,6 +692,7 @@ func (d *localDeployment) end(ctx context.Context, timing checkpoint.Timing) err
 	wg.Wait()
 	d.cancel(ErrJobCanceled)
 	d.pumps.Wait()
+	d.state.wait()
 	return errors.Join(errs...)
 }
 
@@ -703,6 +733,9 @@ func (d *localDeployment) Notify(ctx context.Context, id checkpoint.ID, complete
 	if complete {
 		kind = ctrlComplete
 		d.lastDone.Note(id)
+	}
+	if d.state != nil {
+		d.state.notify(id, complete)
 	}
 	for _, t := range d.tasks {
 		_ = d.send(ctx, t, control{kind: kind, id: id})
@@ -760,6 +793,7 @@ func (d *localDeployment) Wait() bool {
 		d.cancel(errAttemptCanceled)
 	}
 	d.pumps.Wait()
+	d.state.wait()
 	d.cancel(errAttemptCanceled)
 	return finished
 }
@@ -767,7 +801,13 @@ func (d *localDeployment) Wait() bool {
 // The reporter the local tasks use.
 
 func (d *localDeployment) ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
-	d.rep.Ack(task, id, snap, alignment)
+	if d.state == nil {
+		d.rep.Ack(task, id, snap, alignment)
+		return
+	}
+	d.state.write(d.ctx, task, id, snap,
+		func(out checkpoint.TaskSnapshot) { d.rep.Ack(task, id, out, alignment) },
+		func(err error) { d.rep.Decline(task, id, err) })
 }
 
 func (d *localDeployment) decline(task checkpoint.TaskID, id checkpoint.ID, err error) {

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
 )
 
 // ErrJobFailed is wrapped by the error of a job that exhausted its restarts.
@@ -100,6 +101,12 @@ type clusterCfg struct {
 	onRestore         func(attempt int, from checkpoint.ID)
 	detection         time.Duration
 	slotWait          time.Duration
+	stateStorage      storage.Storage
+	stateStorageURL   string
+	inlineLimit       int64
+	fullUploads       bool
+	orphanGrace       time.Duration
+	onStateDeleted    func(n int)
 }
 
 // Defaults of BatchSize and ChannelCapacity.
@@ -143,6 +150,9 @@ func (c *clusterCfg) validate() error {
 	}
 	if c.channelCap < 1 {
 		bad("ChannelCapacity %d must be at least 1", c.channelCap)
+	}
+	if c.orphanGrace < 0 {
+		bad("OrphanGrace %v must not be negative", c.orphanGrace)
 	}
 	if c.store != nil && c.storeDir != "" {
 		bad("CheckpointStore and CheckpointDir are exclusive")
@@ -242,6 +252,50 @@ func CheckpointStore(s CheckpointStorage) ClusterOpt {
 // and are lost with the process.
 func CheckpointDir(dir string) ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) { c.storeDir = dir })
+}
+
+// StateStorage makes tasks write their state to st (checkpoint storage,
+// docs/internals/checkpoint-storage.md) and acknowledge checkpoints with
+// references to it, instead of carrying the bytes in their
+// acknowledgements; rawURL is st's URL (storage.Open), which a Deployer
+// passes to remote task managers so they open it themselves. The job
+// master then tracks which retained checkpoints reference which object and
+// deletes the rest; it never reads the state. The caller closes st.
+// Without it, state travels inline and lives in the CheckpointStore.
+func StateStorage(st storage.Storage, rawURL string) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.stateStorage, c.stateStorageURL = st, rawURL })
+}
+
+// StateInlineLimit sets the task snapshot size below which state stays
+// inline in the acknowledgement even with StateStorage (default
+// checkpoint.DefaultInlineLimit, 20 KiB; negative: none stays inline).
+func StateInlineLimit(n int64) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.inlineLimit = n })
+}
+
+// FullCheckpoints turns incremental checkpoints off: with StateStorage,
+// every checkpoint writes every key group again instead of reusing the
+// references of key groups unchanged since the task's last confirmed
+// checkpoint (a baseline for measuring them; Flink's
+// state.backend.incremental false).
+func FullCheckpoints() ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.fullUploads = true }) }
+
+// OrphanGrace sets how old an object in checkpoint storage that no
+// retained checkpoint references must be before the orphan sweep deletes
+// it (default DefaultOrphanGrace): the sweep runs when each attempt starts,
+// when the job ends, and every max(grace, CheckpointTimeout) of
+// completed checkpoints. A grace period shorter than the longest a task
+// of an earlier attempt may still be writing its state could delete state
+// a late acknowledgement names; such a checkpoint then fails on restore,
+// naming the object.
+func OrphanGrace(d time.Duration) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.orphanGrace = d })
+}
+
+// OnStateDeleted calls fn with the number of objects deleted from
+// checkpoint storage after each deletion (metrics, tests).
+func OnStateDeleted(fn func(n int)) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.onStateDeleted = fn })
 }
 
 // Restarts sets how many times the job restarts after failures before it
@@ -479,8 +533,14 @@ type CheckpointEvent struct {
 	// Cycle is from the trigger to the last task's notification being sent
 	// (completed checkpoints).
 	Cycle time.Duration
-	// Size is the state bytes the tasks acknowledged (completed checkpoints).
+	// Size is the state bytes the tasks acknowledged (completed
+	// checkpoints): the checkpoint's full size, inline and referenced.
 	Size int64
+	// Uploaded is the part of Size the checkpoint added: inline, or
+	// written to checkpoint storage for it; references reused from earlier
+	// checkpoints (incremental checkpoints) do not count. Without
+	// checkpoint storage it equals Size.
+	Uploaded int64
 	// Err is why the checkpoint was aborted (aborted checkpoints).
 	Err error
 }
@@ -509,6 +569,9 @@ type CheckpointAck struct {
 	At time.Time
 	// Size is the state bytes the task snapshotted.
 	Size int64
+	// Uploaded is the part of Size the task added for this checkpoint
+	// (CheckpointEvent.Uploaded).
+	Uploaded int64
 	// Alignment is how long the task waited for the checkpoint's barrier
 	// on its other inputs after the first one arrived (0 with one input).
 	Alignment time.Duration
@@ -603,6 +666,12 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("%w: %w", ErrJobFailed, err)
 	}
+	gc := newStateGC(cfg, store)
+	defer func() { // the job ended: what no retained checkpoint references goes
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelEndTimeout)
+		defer cancel()
+		gc.sweep(ectx, cfg.orphanGrace)
+	}()
 	var res Result
 	pending := newPendingHandles()
 	summary := newCheckpointSummary(cfg.log, cfg.jobID, checkpointSummaryEvery, time.Now())
@@ -628,6 +697,11 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 		// it recovers decides where the job restores from.
 		if err := store.Reopen(); err != nil {
 			return res, fmt.Errorf("%w: %w", ErrJobFailed, err)
+		}
+		if err := gc.rebuild(ctx); err != nil {
+			cfg.log.Warn("checkpoint storage: cannot rebuild the reference registry; nothing is deleted until it is rebuilt", zap.Error(err))
+		} else {
+			gc.sweep(ctx, cfg.orphanGrace)
 		}
 		restore, err := m.loadRestore(ctx, store, cfg.jobID, p, pending)
 		if err != nil {
@@ -665,7 +739,7 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 		if runErr == nil {
 			verified = true
 			a = newAttempt(cfg, p, store, attempt, pending)
-			a.cause, a.summary = cause, summary
+			a.cause, a.summary, a.gc = cause, summary, gc
 			m.mu.Lock()
 			m.current = a
 			m.mu.Unlock()
@@ -767,7 +841,8 @@ func (m *MiniCluster) end(ctx context.Context, cfg clusterCfg, store CheckpointS
 		return 0, err
 	}
 	d, err := deploy(ctx, p, DeploySpec{JobID: cfg.jobID, Attempt: attempt, Restore: restore, LastCompleted: restore.From,
-		BatchSize: cfg.batchSize, ChannelCapacity: cfg.channelCap, Logger: cfg.log}, nil, endReports{})
+		BatchSize: cfg.batchSize, ChannelCapacity: cfg.channelCap, Logger: cfg.log,
+		Storage: cfg.stateStorage, StorageURL: cfg.stateStorageURL, InlineLimit: cfg.inlineLimit}, nil, endReports{})
 	if err != nil {
 		return restore.From, err
 	}
@@ -880,6 +955,8 @@ type attempt struct {
 	reportsOver bool
 	ctx         context.Context
 	fail        func(error)
+	gc          *stateGC                // nil: no checkpoint storage
+	uploaded    map[checkpoint.ID]int64 // state bytes written per checkpoint (sizeMu)
 }
 
 func newAttempt(cfg clusterCfg, p *plan, store CheckpointStorage, n int, pending *pendingHandles) *attempt {
@@ -920,7 +997,8 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	stopDeploy := context.AfterFunc(parent, func() { cancel(ErrJobCanceled) })
 	dep, err := a.deployer.Deploy(ctx, DeploySpec{JobID: a.cfg.jobID, Attempt: a.n, Restore: restore,
 		LastCompleted: restore.From, RestartCause: a.cause, BatchSize: a.cfg.batchSize,
-		ChannelCapacity: a.cfg.channelCap, Logger: a.cfg.log, Failpoints: a.cfg.fp}, a)
+		ChannelCapacity: a.cfg.channelCap, Logger: a.cfg.log, Failpoints: a.cfg.fp,
+		Storage: a.cfg.stateStorage, StorageURL: a.cfg.stateStorageURL, InlineLimit: a.cfg.inlineLimit, FullUploads: a.cfg.fullUploads}, a)
 	stopDeploy()
 	if err != nil {
 		if errors.Is(context.Cause(ctx), ErrJobCanceled) {
@@ -955,7 +1033,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	a.driver, err = checkpoint.NewDriver(checkpoint.CoordinatorConfig{
 		Job: a.cfg.jobID, Interval: a.cfg.interval, Timeout: a.cfg.timeout, MinPause: a.cfg.coordinatorMinPause(),
 		TolerableFailures: tolerable, Tasks: ids, Sources: srcIDs,
-	}, a, notingPersister{a.store, dep}, dopts...)
+	}, a, notingPersister{a.store, dep, a.gc, a.ctx}, dopts...)
 	if err != nil {
 		return abandon(Unrecoverable(fmt.Errorf("%w", err)))
 	}
@@ -1034,18 +1112,28 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 // failed or stopped right after the save) then commits what that
 // checkpoint covers: the store says it completed, so its transactions must
 // not be aborted.
+//
+// With checkpoint storage it first refuses a checkpoint that reuses a state
+// object no retained checkpoint references any more (it may be deleted),
+// and after the save deletes the objects retention left unreferenced.
 type notingPersister struct {
 	CheckpointStorage
 	dep Deployed
+	gc  *stateGC
+	ctx context.Context // the attempt's, for deletions
 }
 
 func (p notingPersister) Save(ctx context.Context, c checkpoint.Completed) error {
+	if err := p.gc.check(c); err != nil {
+		return err
+	}
 	if err := p.CheckpointStorage.Save(ctx, c); err != nil {
 		return err
 	}
 	if n, ok := p.dep.(completedNoter); ok {
 		n.NoteCompleted(c.ID)
 	}
+	p.gc.saved(p.ctx, c)
 	return nil
 }
 
@@ -1107,9 +1195,14 @@ func (a *attempt) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.
 		a.sizes = map[checkpoint.ID]int64{}
 	}
 	a.sizes[id] += snap.Size()
+	if a.uploaded == nil {
+		a.uploaded = map[checkpoint.ID]int64{}
+	}
+	a.uploaded[id] += snap.Uploaded(id)
 	a.sizeMu.Unlock()
+	a.gc.acked(id, snap)
 	if a.cfg.onAck != nil {
-		a.cfg.onAck(CheckpointAck{ID: id, Task: task, At: time.Now(), Size: snap.Size(), Alignment: alignment})
+		a.cfg.onAck(CheckpointAck{ID: id, Task: task, At: time.Now(), Size: snap.Size(), Uploaded: snap.Uploaded(id), Alignment: alignment})
 	}
 	a.report(func(ctx context.Context) error { return a.driver.Ack(ctx, task, id, snap, alignment) })
 }
@@ -1152,16 +1245,17 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 	triggered := a.triggered[id]
 	cycle := time.Since(triggered)
 	a.sizeMu.Lock()
-	size := a.sizes[id]
+	size, uploaded := a.sizes[id], a.uploaded[id]
 	for cid := range a.sizes {
 		if cid <= id {
 			delete(a.sizes, cid)
+			delete(a.uploaded, cid)
 		}
 	}
 	a.sizeMu.Unlock()
 	a.summary.completed(time.Now(), id, cycle, size)
 	if a.cfg.onCheckpoint != nil {
-		a.cfg.onCheckpoint(CheckpointEvent{ID: id, Triggered: triggered, Cycle: cycle, Size: size})
+		a.cfg.onCheckpoint(CheckpointEvent{ID: id, Triggered: triggered, Cycle: cycle, Size: size, Uploaded: uploaded})
 	}
 	for cid := range a.triggered {
 		if cid <= id {
@@ -1174,6 +1268,11 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 func (a *attempt) NotifyAborted(ctx context.Context, id checkpoint.ID, reason error) {
 	a.cfg.log.Info("checkpoint aborted", zap.Uint64("checkpoint", uint64(id)), zap.Error(reason))
 	a.dep.Notify(ctx, id, false)
+	a.gc.aborted(ctx, id)
+	a.sizeMu.Lock()
+	delete(a.sizes, id)
+	delete(a.uploaded, id)
+	a.sizeMu.Unlock()
 	if a.cfg.onAborted != nil {
 		a.cfg.onAborted(CheckpointEvent{ID: id, Triggered: a.triggered[id], Err: reason})
 	}

@@ -49,6 +49,11 @@ type SubtaskState struct {
 	// KeyGroups are the key groups of the operator's keyed state that the
 	// subtask owns (KeyGroupRange).
 	KeyGroups map[int][]byte
+	// EntryRefs and KeyGroupRefs are operator state entries and key groups
+	// in checkpoint storage: the deployment reads them (and then holds
+	// them in Entries and KeyGroups) before the subtask opens.
+	EntryRefs    []checkpoint.StateRef       `json:",omitempty"`
+	KeyGroupRefs map[int]checkpoint.StateRef `json:",omitempty"`
 	// CommitHandles are the transactions the operator (any of its subtasks)
 	// pre-committed for the restored checkpoint and for newer checkpoints
 	// skipped as corrupt: all of them completed, so all must be committed.
@@ -158,7 +163,7 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 			continue
 		}
 		for _, s := range snaps {
-			if len(s.State) > 0 || len(s.KeyGroups) > 0 || len(s.Handles) > 0 {
+			if len(s.State) > 0 || len(s.KeyGroups) > 0 || len(s.Handles) > 0 || len(s.StateRefs) > 0 || len(s.KeyGroupRefs) > 0 {
 				missing[uid] = true
 			}
 		}
@@ -189,12 +194,16 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 		snaps := slices.Clone(byUID[op.UID])
 		sort.Slice(snaps, func(i, j int) bool { return snaps[i].Subtask < snaps[j].Subtask })
 		kgs := map[int][]byte{}
+		kgRefs := map[int]checkpoint.StateRef{}
 		for _, s := range snaps {
 			if err := checkKeyGroups(c.ID, op, s); err != nil {
 				return nil, err
 			}
 			for kg, b := range s.KeyGroups {
 				kgs[kg] = b
+			}
+			for kg, r := range s.KeyGroupRefs {
+				kgRefs[kg] = r
 			}
 		}
 		var commit []checkpoint.TxnHandle
@@ -225,9 +234,20 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 				subs[dst].Entries = append(subs[dst].Entries, e)
 				k++
 			}
+			for _, r := range s.StateRefs {
+				dst := k % op.Parallelism
+				if same {
+					dst = s.Subtask
+				}
+				subs[dst].EntryRefs = append(subs[dst].EntryRefs, r)
+				k++
+			}
 		}
 		for i, sub := range subs {
 			sub.KeyGroups = ownedKeyGroups(kgs, op, i)
+			if len(kgRefs) > 0 {
+				sub.KeyGroupRefs = ownedKeyGroups(kgRefs, op, i)
+			}
 		}
 	}
 	return out, nil
@@ -236,11 +256,11 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 // ownedKeyGroups are the key groups of kgs that subtask i of op owns: a
 // deployment carries each key group to one subtask only, not the whole
 // keyed state to every subtask.
-func ownedKeyGroups(kgs map[int][]byte, op OperatorLayout, i int) map[int][]byte {
+func ownedKeyGroups[V any](kgs map[int]V, op OperatorLayout, i int) map[int]V {
 	if len(kgs) == 0 || op.MaxParallelism <= 0 {
 		return kgs
 	}
-	owned := map[int][]byte{}
+	owned := map[int]V{}
 	for _, kg := range KeyGroupRange(i, op.MaxParallelism, op.Parallelism) {
 		if b, ok := kgs[kg]; ok {
 			owned[kg] = b
@@ -252,7 +272,7 @@ func ownedKeyGroups(kgs map[int][]byte, op OperatorLayout, i int) map[int][]byte
 // checkKeyGroups refuses keyed state that was split into another number of
 // key groups than the operator uses now.
 func checkKeyGroups(id checkpoint.ID, op OperatorLayout, s checkpoint.OperatorSnapshot) error {
-	if len(s.KeyGroups) == 0 {
+	if len(s.KeyGroups) == 0 && len(s.KeyGroupRefs) == 0 {
 		return nil
 	}
 	if op.MaxParallelism == 0 {
@@ -263,13 +283,29 @@ func checkKeyGroups(id checkpoint.ID, op OperatorLayout, s checkpoint.OperatorSn
 		return fmt.Errorf("%w: operator %q: checkpoint %d split its keyed state into %d key groups (max parallelism %d), the job uses %d: keyed state cannot be re-split; run the job with MaxParallelism(%d)",
 			ErrIncompatibleState, op.UID, id, s.MaxParallelism, s.MaxParallelism, op.MaxParallelism, s.MaxParallelism)
 	}
-	for kg := range s.KeyGroups {
+	for kg := range keyGroupsOf(s) {
 		if kg < 0 || kg >= op.MaxParallelism {
 			return fmt.Errorf("%w: operator %q: checkpoint %d holds key group %d, out of the job's max parallelism %d; run the job with the max parallelism the checkpoint was taken with",
 				ErrIncompatibleState, op.UID, id, kg, op.MaxParallelism)
 		}
 	}
 	return nil
+}
+
+// keyGroupsOf yields the key groups s holds, inline or by reference.
+func keyGroupsOf(s checkpoint.OperatorSnapshot) func(func(int) bool) {
+	return func(yield func(int) bool) {
+		for kg := range s.KeyGroups {
+			if !yield(kg) {
+				return
+			}
+		}
+		for kg := range s.KeyGroupRefs {
+			if !yield(kg) {
+				return
+			}
+		}
+	}
 }
 
 // pendingHandles remembers the transaction handles of acknowledged

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
 	"github.com/weirstream/weir/runtime"
@@ -46,6 +47,9 @@ type cfg struct {
 	metrics      prometheus.Registerer
 	cur          *current // the running session's deployments, for metrics
 	fence        fence    // the highest leader token seen, across sessions
+	storageURL   string   // --checkpoint-storage: wins over the job manager's URL
+	storageOpts  []storage.Opt
+	storages     *storages // opened checkpoint storages, by URL
 }
 
 // ErrDeposedLeader is wrapped by the error that ends a session with a job
@@ -132,9 +136,50 @@ func ReconnectDelay(d time.Duration) Opt { return optFunc(func(c *cfg) { c.recon
 // Logger sets the logger (default: none).
 func Logger(l *zap.Logger) Opt { return optFunc(func(c *cfg) { c.log = l }) }
 
+// CheckpointStorage makes the task manager write task state to, and read
+// it from, the checkpoint storage at rawURL (storage.Open; opts configure
+// it) instead of the URL the job manager sends with each deployment: for a
+// task manager that reaches the same store another way (another endpoint,
+// a mount at another path). By default it opens the job manager's URL, and
+// without one state travels inline in the acknowledgements.
+func CheckpointStorage(rawURL string, opts ...storage.Opt) Opt {
+	return optFunc(func(c *cfg) { c.storageURL, c.storageOpts = rawURL, opts })
+}
+
 // OnRegistered calls fn after each successful registration (for tests and
 // readiness output).
 func OnRegistered(fn func(session uint64)) Opt { return optFunc(func(c *cfg) { c.onRegistered = fn }) }
+
+// storages are the checkpoint storages a task manager opened, by URL, kept
+// open for its life.
+type storages struct {
+	opts []storage.Opt
+	mu   sync.Mutex
+	m    map[string]storage.Storage
+}
+
+func (s *storages) open(ctx context.Context, rawURL string) (storage.Storage, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.m[rawURL]; ok {
+		return st, nil
+	}
+	st, err := storage.Open(ctx, rawURL, s.opts...)
+	if err != nil {
+		return nil, err
+	}
+	s.m[rawURL] = st
+	return st, nil
+}
+
+func (s *storages) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.m {
+		_ = st.Close()
+	}
+	clear(s.m)
+}
 
 // announcedHost is the data host the job manager is told.
 func (c *cfg) announcedHost() string {
@@ -169,6 +214,13 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 		c.jobs = runtime.NewRegistry()
 	}
 	c.dataRejects = rpc.NewRejectLog(c.log, refusalLogInterval)
+	c.storages = &storages{opts: c.storageOpts, m: map[string]storage.Storage{}}
+	defer c.storages.close()
+	if c.storageURL != "" {
+		if _, err := c.storages.open(ctx, c.storageURL); err != nil {
+			return fmt.Errorf("--checkpoint-storage: %w", err)
+		}
+	}
 	if c.dataTLS {
 		cert, err := NewDataCertificate()
 		if err != nil {

@@ -406,7 +406,17 @@ func (d *deployment) build(m *weirpb.DeployTasks) (runtime.Deployed, *Exchange, 
 	spec := runtime.DeploySpec{JobID: m.JobId, Attempt: int(m.Attempt), Tasks: tasks, Restore: restore,
 		LastCompleted: checkpoint.ID(m.LastCompleted), RestartCause: m.RestartCause,
 		BatchSize: int(m.BatchSize), ChannelCapacity: int(m.ChannelCapacity),
-		Logger: c.log.With(zap.String("job", m.JobId)), Failpoints: c.fp}
+		Logger: c.log.With(zap.String("job", m.JobId)), Failpoints: c.fp, InlineLimit: m.StateInlineLimit}
+	if u := m.CheckpointStorage; u != "" {
+		if c.storageURL != "" {
+			u = c.storageURL
+		}
+		st, err := c.storages.open(d.ctx, u)
+		if err != nil {
+			return nil, nil, fmt.Errorf("checkpoint storage: %w", err)
+		}
+		spec.Storage, spec.StorageURL = st, u
+	}
 	dep, err := Deploy(d.ctx, job, spec, x, &reporter{d: d})
 	if err != nil {
 		return nil, nil, err

@@ -161,7 +161,7 @@ func (s *fileStore) List(ctx context.Context, prefix string, fn func(Object) err
 		if err != nil {
 			return err
 		}
-		objs = append(objs, Object{Key: key, Size: info.Size()})
+		objs = append(objs, Object{Key: key, Size: info.Size(), Modified: info.ModTime()})
 		return nil
 	})
 	if err != nil {

@@ -8,15 +8,21 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // memStore keeps objects in memory, for tests.
 type memStore struct {
 	mu   sync.Mutex
-	objs map[string][]byte
+	objs map[string]memObject
 }
 
-func newMem() *memStore { return &memStore{objs: map[string][]byte{}} }
+type memObject struct {
+	b        []byte
+	modified time.Time
+}
+
+func newMem() *memStore { return &memStore{objs: map[string]memObject{}} }
 
 func (s *memStore) put(key string, body io.Reader, create bool) error {
 	if err := checkKey(key); err != nil {
@@ -31,7 +37,7 @@ func (s *memStore) put(key string, body io.Reader, create bool) error {
 	if _, ok := s.objs[key]; ok && create {
 		return fmt.Errorf("create %s: %w", key, ErrExists)
 	}
-	s.objs[key] = b
+	s.objs[key] = memObject{b, time.Now()}
 	return nil
 }
 
@@ -48,8 +54,9 @@ func (s *memStore) Open(ctx context.Context, key string, off, n int64) (io.ReadC
 		return nil, err
 	}
 	s.mu.Lock()
-	b, ok := s.objs[key]
+	o, ok := s.objs[key]
 	s.mu.Unlock()
+	b := o.b
 	if !ok {
 		return nil, fmt.Errorf("read %s: %w", key, ErrNotFound)
 	}
@@ -69,9 +76,9 @@ func (s *memStore) List(ctx context.Context, prefix string, fn func(Object) erro
 	}
 	s.mu.Lock()
 	var objs []Object
-	for k, b := range s.objs {
+	for k, o := range s.objs {
 		if strings.HasPrefix(k, prefix) {
-			objs = append(objs, Object{Key: k, Size: int64(len(b))})
+			objs = append(objs, Object{Key: k, Size: int64(len(o.b)), Modified: o.modified})
 		}
 	}
 	s.mu.Unlock()

@@ -251,7 +251,7 @@ func (s *s3Store) List(ctx context.Context, prefix string, fn func(Object) error
 			return s3Err("list", prefix, err)
 		}
 		for _, o := range page.Contents {
-			if err := fn(Object{Key: strings.TrimPrefix(aws.ToString(o.Key), s.prefix), Size: aws.ToInt64(o.Size)}); err != nil {
+			if err := fn(Object{Key: strings.TrimPrefix(aws.ToString(o.Key), s.prefix), Size: aws.ToInt64(o.Size), Modified: aws.ToTime(o.LastModified)}); err != nil {
 				return err
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	"io"
 	"net/url"
 	"strings"
+	"time"
 )
 
 var (
@@ -54,6 +55,10 @@ type Storage interface {
 type Object struct {
 	Key  string
 	Size int64
+	// Modified is when the object was last written, by the store's clock
+	// (S3's LastModified, a file's modification time): what an orphan
+	// sweep's grace period is measured against.
+	Modified time.Time
 }
 
 // Open returns the storage a URL names:

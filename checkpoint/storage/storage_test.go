@@ -116,6 +116,12 @@ func TestEveryStoreKeepsWhatItWasGivenAndNamesWhatIsMissing(t *testing.T) {
 			}
 			// List: under a prefix, in key order, with sizes.
 			got := list(t, s, "job-1/")
+			for i, o := range got {
+				if o.Modified.IsZero() {
+					t.Errorf("list job-1/: %s has no modification time", o.Key)
+				}
+				got[i].Modified = time.Time{}
+			}
 			want := []storage.Object{
 				{Key: "job-1/chk-1/_metadata", Size: 8}, {Key: "job-1/chk-2/_metadata", Size: 8},
 				{Key: "job-1/chk-3/_metadata", Size: 10}, {Key: "job-1/shared/seg-0001", Size: 10},

@@ -1078,9 +1078,17 @@ type DeployTasks struct {
 	// data-plane connection is accepted only from a sender that proves it
 	// knows it (taskmanager's handshake), so only this attempt's task
 	// managers exchange records with each other.
-	DataSecret    []byte `protobuf:"bytes,12,opt,name=data_secret,json=dataSecret,proto3" json:"data_secret,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DataSecret []byte `protobuf:"bytes,12,opt,name=data_secret,json=dataSecret,proto3" json:"data_secret,omitempty"`
+	// checkpoint_storage is the URL of the checkpoint storage the tasks
+	// write their state to and restore referenced state from (empty: state
+	// travels inline in the acknowledgements); a task manager started with
+	// its own --checkpoint-storage uses that URL instead.
+	CheckpointStorage string `protobuf:"bytes,13,opt,name=checkpoint_storage,json=checkpointStorage,proto3" json:"checkpoint_storage,omitempty"`
+	// state_inline_limit is the snapshot size in bytes below which a task's
+	// state stays inline (0: the default, 20 KiB; negative: none).
+	StateInlineLimit int64 `protobuf:"varint,14,opt,name=state_inline_limit,json=stateInlineLimit,proto3" json:"state_inline_limit,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *DeployTasks) Reset() {
@@ -1195,6 +1203,20 @@ func (x *DeployTasks) GetDataSecret() []byte {
 		return x.DataSecret
 	}
 	return nil
+}
+
+func (x *DeployTasks) GetCheckpointStorage() string {
+	if x != nil {
+		return x.CheckpointStorage
+	}
+	return ""
+}
+
+func (x *DeployTasks) GetStateInlineLimit() int64 {
+	if x != nil {
+		return x.StateInlineLimit
+	}
+	return 0
 }
 
 // Prepared answers DeployTasks: the tasks are built (error empty), or not;
@@ -3182,7 +3204,7 @@ const file_control_proto_rawDesc = "" +
 	"\x04sink\x18\x06 \x01(\bR\x04sink\x12'\n" +
 	"\x0fpending_records\x18\a \x01(\x03R\x0ependingRecords\x12'\n" +
 	"\x0finput_watermark\x18\b \x01(\x03R\x0einputWatermark\x12)\n" +
-	"\x10output_watermark\x18\t \x01(\x03R\x0foutputWatermark\"\xfd\x03\n" +
+	"\x10output_watermark\x18\t \x01(\x03R\x0foutputWatermark\"\xda\x04\n" +
 	"\vDeployTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\bjob_type\x18\x02 \x01(\tR\ajobType\x12<\n" +
@@ -3198,7 +3220,9 @@ const file_control_proto_rawDesc = "" +
 	" \x01(\x05R\x0fchannelCapacity\x12=\n" +
 	"\x0frestore_chunked\x18\v \x01(\v2\x14.weir.rpc.v1.ChunkedR\x0erestoreChunked\x12\x1f\n" +
 	"\vdata_secret\x18\f \x01(\fR\n" +
-	"dataSecret\x1a9\n" +
+	"dataSecret\x12-\n" +
+	"\x12checkpoint_storage\x18\r \x01(\tR\x11checkpointStorage\x12,\n" +
+	"\x12state_inline_limit\x18\x0e \x01(\x03R\x10stateInlineLimit\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe9\x01\n" +

@@ -1,0 +1,108 @@
+package cli
+
+import (
+	"bytes"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
+	"github.com/weirstream/weir/examples/wordcount"
+)
+
+// local --checkpoint-storage embedded: the wordcount's task state goes to
+// the in-process S3 server (nothing stays inline with
+// --state-inline-limit 0), every word is counted exactly once, and the
+// checkpoints' state is there, by reference.
+func TestLocalWithEmbeddedCheckpointStorageWritesTaskStateThere(t *testing.T) {
+	c := startLocal(t, "--taskmanagers", "2", "--slots", "2", "--checkpoint-storage", "embedded", "--state-inline-limit", "0")
+	m := regexp.MustCompile(`(?m)^checkpoint storage (s3://\S+)$`).FindStringSubmatch(c.out.String())
+	if m == nil {
+		t.Fatalf("local did not print its checkpoint storage: %q", c.out.String())
+	}
+	lines := testLines(400, "s")
+	produceLines(t, c.broker, "lines", lines)
+	id := c.submitWordcount(t, "200ms")
+	waitCounted(t, c.broker, "counts", wordcount.Expected(lines))
+	st, err := storage.Open(t.Context(), m[1], storage.Credentials("weir", "weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		n := 0
+		if err := st.List(t.Context(), checkpoint.SharedPrefix(id), func(storage.Object) error { n++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no object under %s in the embedded checkpoint storage", checkpoint.SharedPrefix(id))
+		}
+	}
+	if _, err := c.cli(t, "cancel", id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStorageFlagsRefuseWhatCannotWork(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"jobmanager", "--checkpoint-storage", "embedded"}, `--checkpoint-storage embedded is for "streamctl local"`},
+		{[]string{"jobmanager", "--checkpoint-storage", "ftp://x"}, "unknown scheme"},
+		{[]string{"jobmanager", "--checkpoint-orphan-grace", "-1s"}, "must not be negative"},
+		{[]string{"run", "wordcount", "--state-inline-limit", "-2"}, "--state-inline-limit -2"},
+	} {
+		var out, errs bytes.Buffer
+		root := newRootCmd(testRegistry(t), &out, &errs)
+		root.SetArgs(tc.args)
+		err := root.ExecuteContext(t.Context())
+		if err == nil || !regexp.MustCompile(regexp.QuoteMeta(tc.want)).MatchString(err.Error()) {
+			t.Errorf("%v: error %v, want one saying %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// A retained checkpoint whose task state is in checkpoint storage: inspect
+// says which flag it needs, and with --checkpoint-storage reads the state
+// from there.
+func TestInspectOfACheckpointWithStateInStorageReadsItFromThere(t *testing.T) {
+	dir := t.TempDir()
+	u := "file://" + filepath.Join(t.TempDir(), "state")
+	st, err := storage.Open(t.Context(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	snap := checkpoint.TaskSnapshot{Task: "count#0", Operators: []checkpoint.OperatorSnapshot{{UID: "count", Parallelism: 1, MaxParallelism: 4,
+		KeyGroups: map[int][]byte{1: bytes.Repeat([]byte("a"), 100), 3: bytes.Repeat([]byte("b"), 200)}}}}
+	out, _, _, err := checkpoint.NewSegmentWriter(st, "j", -1).Write(t.Context(), 1, snap, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := checkpoint.OpenStore(filepath.Join(dir, "checkpoints"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = store.Save(t.Context(), checkpoint.Completed{Job: "j", ID: 1, TriggeredAt: time.Now(), CompletedAt: time.Now(),
+		Tasks: map[checkpoint.TaskID]checkpoint.TaskSnapshot{out.Task: out}})
+	if cerr := store.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCLI(t, "savepoint", "inspect", dir); err == nil || !strings.Contains(err.Error(), "--checkpoint-storage") {
+		t.Fatalf("inspect without the storage: %v, want the flag named", err)
+	}
+	in := inspectJSON(t, dir, "--checkpoint-storage", u)
+	if in.Bytes != 300 || len(in.Operators) != 1 || in.Operators[0].Subtasks[0].KeyGroupsWithState != 2 {
+		t.Fatalf("inspection %+v: want 300 bytes in 2 key groups", in)
+	}
+}

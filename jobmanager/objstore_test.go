@@ -1,0 +1,95 @@
+package jobmanager_test
+
+import (
+	"encoding/json"
+	"hash/crc32"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
+	"github.com/weirstream/weir/internal/rpc/weirpb"
+	"github.com/weirstream/weir/jobmanager"
+)
+
+// With checkpoint storage the job manager sends its URL with every
+// deployment, keeps the references the tasks acknowledge with, and a
+// savepoint reads the referenced state back into itself: the savepoint is
+// self-contained.
+func TestTheStorageURLGoesWithTheDeploymentAndASavepointReadsTheReferencedState(t *testing.T) {
+	u := "file://" + filepath.Join(t.TempDir(), "state")
+	st, err := storage.Open(t.Context(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s, err := jobmanager.New(jobmanager.Jobs(numbersRegistry(t)), jobmanager.HeartbeatTimeout(time.Hour),
+		jobmanager.CheckpointStorage(u), jobmanager.StateInlineLimit(-1), jobmanager.SavepointDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	addr, _ := serve(t, s)
+	stream := register(t, addr, "tm-1", 1)
+	waitFor(t, s, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
+	jobID, err := s.Submit(t.Context(), "numbers", nil, time.Hour, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := pump(t, stream)
+	d := await(t, msgs, "a deployment", isDeploy).GetDeploy()
+	if d.CheckpointStorage != u || d.StateInlineLimit != -1 {
+		t.Fatalf("deployment carries storage %q, inline limit %d; want %q, -1", d.CheckpointStorage, d.StateInlineLimit, u)
+	}
+	send := func(m *weirpb.TaskManagerMessage) {
+		t.Helper()
+		if err := stream.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{
+		JobId: d.JobId, Attempt: d.Attempt, DataAddress: "127.0.0.1:1"}}})
+	await(t, msgs, "OpenTasks", func(m *weirpb.JobManagerMessage) bool { return m.GetOpen() != nil })
+	send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Opened{Opened: &weirpb.Opened{
+		JobId: d.JobId, Attempt: d.Attempt}}})
+	trigger, err := s.StartSavepoint(t.Context(), jobID, "", false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trig := await(t, msgs, "the savepoint's checkpoint trigger", func(m *weirpb.JobManagerMessage) bool { return m.GetTrigger() != nil }).GetTrigger()
+	// What a task manager does: write the state, acknowledge with references.
+	state := []byte("the state of key group 0")
+	key := checkpoint.SharedPrefix(jobID) + "numbers_0/1-0123456789abcdef.seg"
+	if err := st.Put(t.Context(), key, strings.NewReader("header "+string(state))); err != nil {
+		t.Fatal(err)
+	}
+	ref := checkpoint.StateRef{Key: key, Offset: 7, Length: int64(len(state)), CRC: crc32.Checksum(state, crc32.MakeTable(crc32.Castagnoli)),
+		Checkpoint: checkpoint.ID(trig.CheckpointId)}
+	for _, task := range d.TaskIds {
+		snap, err := json.Marshal(checkpoint.TaskSnapshot{Task: checkpoint.TaskID(task), Operators: []checkpoint.OperatorSnapshot{
+			{UID: "numbers", Parallelism: 1, KeyGroupRefs: map[int]checkpoint.StateRef{0: ref}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Ack{Ack: &weirpb.CheckpointAck{
+			JobId: d.JobId, Attempt: d.Attempt, TaskId: task, CheckpointId: trig.CheckpointId, Snapshot: snap}}})
+	}
+	op, err := s.WaitSavepoint(t.Context(), jobID, trigger)
+	if err != nil || op.Failure != "" {
+		t.Fatalf("savepoint: %+v, %v", op, err)
+	}
+	c, err := checkpoint.ReadSavepoint(op.Location)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs := c.Refs(); len(refs) != 0 {
+		t.Fatalf("the savepoint references checkpoint storage: %v", refs)
+	}
+	for _, ts := range c.Tasks {
+		if got := string(ts.Operators[0].KeyGroups[0]); got != string(state) {
+			t.Fatalf("savepoint key group 0 = %q, want %q", got, state)
+		}
+	}
+}
