@@ -365,23 +365,32 @@ func (s *haCheckpointStore) scan(ctx context.Context, job string, fn func(id che
 }
 
 func (s *haCheckpointStore) Latest(ctx context.Context, job string) (checkpoint.Completed, error) {
+	c, err := s.decode(ctx, job, 0)
+	if err != nil {
+		return checkpoint.Completed{}, fmt.Errorf("latest checkpoint of job %q: %w", job, err)
+	}
+	return c, nil
+}
+
+// decode reads and decodes checkpoint id of job, the newest for id 0.
+func (s *haCheckpointStore) decode(ctx context.Context, job string, id checkpoint.ID) (checkpoint.Completed, error) {
 	var c checkpoint.Completed
 	found := false
-	err := s.scan(ctx, job, func(id checkpoint.ID, b []byte, err error) (bool, error) {
+	err := s.scan(ctx, job, func(got checkpoint.ID, b []byte, err error) (bool, error) {
+		if id != 0 && got != id {
+			return got > id, nil
+		}
 		found = true
 		if err != nil {
 			return false, err
 		}
-		c, err = checkpoint.DecodeCompleted(job, id, b)
+		c, err = checkpoint.DecodeCompleted(job, got, b)
 		return false, err
 	})
 	if err == nil && !found {
 		err = checkpoint.ErrNotFound
 	}
-	if err != nil {
-		return checkpoint.Completed{}, fmt.Errorf("latest checkpoint of job %q: %w", job, err)
-	}
-	return c, nil
+	return c, err
 }
 
 func (s *haCheckpointStore) LatestUsable(ctx context.Context, job string) (checkpoint.Completed, []checkpoint.Skipped, error) {
@@ -433,22 +442,7 @@ var _ runtime.RetainedCheckpoints = (*haCheckpointStore)(nil)
 // Get returns checkpoint id of job (runtime.RetainedCheckpoints: the
 // job master's state GC reads the retained checkpoints' references).
 func (s *haCheckpointStore) Get(ctx context.Context, job string, id checkpoint.ID) (checkpoint.Completed, error) {
-	var c checkpoint.Completed
-	found := false
-	err := s.scan(ctx, job, func(got checkpoint.ID, b []byte, err error) (bool, error) {
-		if got != id {
-			return got > id, nil
-		}
-		found = true
-		if err != nil {
-			return false, err
-		}
-		c, err = checkpoint.DecodeCompleted(job, id, b)
-		return false, err
-	})
-	if err == nil && !found {
-		err = checkpoint.ErrNotFound
-	}
+	c, err := s.decode(ctx, job, id)
 	if err != nil {
 		return checkpoint.Completed{}, fmt.Errorf("checkpoint %d of job %q: %w", id, job, err)
 	}
