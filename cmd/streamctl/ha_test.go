@@ -3,13 +3,19 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"maps"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/internal/proctest"
+	"github.com/weirstream/weir/internal/s3server"
 	"github.com/weirstream/weir/jobmanager/ha"
 )
 
@@ -21,6 +27,9 @@ type haCluster struct {
 	etcd    []string
 	storage string
 	jms     []*haJM
+	// jmArgs and jmEnv are added to every job manager's flags and
+	// environment.
+	jmArgs, jmEnv []string
 }
 
 type haJM struct {
@@ -52,7 +61,8 @@ func (c *haCluster) startJM(env ...string) *haJM {
 	cmd := exec.Command(streamctlBin, "jobmanager", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-format", "json",
 		"--ha", "etcd", "--etcd-endpoints", strings.Join(c.etcd, ","), "--ha-cluster-id", "test",
 		"--checkpoint-storage", c.storage, "--ha-lease-ttl", "3s")
-	cmd.Env = append(cmd.Environ(), env...)
+	cmd.Args = append(cmd.Args, c.jmArgs...)
+	cmd.Env = append(append(cmd.Environ(), c.jmEnv...), env...)
 	jm := &haJM{p: proctest.Start(c.t, cmd)}
 	jm.addr = jm.p.Line(c.t, `^jobmanager listening on (\S+)$`)
 	jm.http = jm.p.Line(c.t, `^jobmanager http on (\S+)$`)
@@ -160,4 +170,100 @@ func TestHAJobManagersFailOverTwiceAndTheWordcountStaysExactlyOnce(t *testing.T)
 	}
 	t.Logf("%d lines, %d of %d output records committed at the first leader's crash; output resumed %v after it (two failovers, lease 3s)",
 		in.n, before, total, resumed.Round(100*time.Millisecond))
+}
+
+// Two job managers on etcd with the checkpoint storage on the embedded S3
+// server, every task's state written there (--state-inline-limit 0), two
+// task managers, the exactly-once wordcount: a task manager is SIGKILLed,
+// then the leading job manager; the standby takes over, resumes the job
+// from the checkpoint whose metadata and state are on S3, rebuilds which
+// objects the retained checkpoints reference, and every word is counted
+// 1..n, read_committed. Once the job is cancelled, the objects left under
+// the job's shared state are exactly those its retained checkpoints (their
+// metadata on S3) reference: no orphan.
+func TestStateOnS3SurvivesATaskManagerAndALeaderSIGKILLExactlyOnceAndLeavesNoOrphan(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	srv, err := s3server.Start(ctx, s3server.Buckets("weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	c := newHACluster(t)
+	c.env = kafkatest.New(t)
+	c.storage = srv.URL("weir", "cp")
+	c.jmArgs = []string{"--state-inline-limit", "0", "--checkpoint-orphan-grace", "0s"}
+	c.jmEnv = s3Env
+	first := c.startJM()
+	c.waitLeader(first)
+	second := c.startJM()
+	c.StartTMWith("tm-a", 2, s3Env)
+	c.StartTMWith("tm-b", 2, s3Env)
+	c.StartTMWith("tm-c", 2, s3Env)
+	c.WaitTMs("tm-a,tm-b,tm-c")
+
+	in := newInput(t, ctx, c.env.Addr, "lines", 300)
+	in.run(ctx)
+	id := c.Submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
+	before := len(c.waitOutput(ctx, "counts", 600))
+	c.TMs["tm-a"].Kill(t)
+	c.WaitStatus(id, "restart on the task managers left", func(s proctest.JobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })
+	atLeader := len(c.waitOutput(ctx, "counts", before+300))
+	first.p.Kill(t)
+	c.waitLeader(second)
+	c.JMAddr = strings.Join([]string{second.addr, first.addr}, ",")
+	c.WaitStatus(id, "the job running on the new leader", func(s proctest.JobStatus) bool { return s.State == "RUNNING" })
+	c.waitOutput(ctx, "counts", atLeader+300)
+	in.halt()
+	total := c.verify(ctx, "lines", "counts")
+	if atLeader >= total {
+		t.Fatalf("all %d output records were committed before the leader's SIGKILL", total)
+	}
+
+	if _, err := c.Run("cancel", id); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitStatus(id, "cancelled", func(s proctest.JobStatus) bool { return s.State == "CANCELED" })
+	s3, err := storage.Open(ctx, c.storage, storage.Credentials("weir", "weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s3.Close()
+	var left, metadata []string
+	if err := s3.List(ctx, checkpoint.SharedPrefix(id), func(o storage.Object) error { left = append(left, o.Key); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s3.List(ctx, id+"/chk-", func(o storage.Object) error { metadata = append(metadata, o.Key); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	referenced := map[string]bool{}
+	for _, key := range metadata {
+		var n uint64
+		if _, err := fmt.Sscanf(key, id+"/chk-%d/_metadata", &n); err != nil {
+			t.Fatalf("metadata object %s: %v", key, err)
+		}
+		r, err := s3.Open(ctx, key, 0, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(r)
+		r.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cp, err := checkpoint.DecodeCompleted(id, checkpoint.ID(n), b)
+		if err != nil {
+			t.Fatalf("metadata %s: %v", key, err)
+		}
+		for _, ref := range cp.Refs() {
+			referenced[ref.Key] = true
+		}
+	}
+	refs := slices.Sorted(maps.Keys(referenced))
+	if len(metadata) == 0 || len(left) == 0 || !slices.Equal(left, refs) {
+		t.Fatalf("retained checkpoints' metadata %v; objects under the job's shared state:\n%v\nreferenced by the retained checkpoints:\n%v",
+			metadata, left, refs)
+	}
+	t.Logf("%d lines; %d of %d output records committed at the task manager's SIGKILL, %d at the leader's; %d checkpoints retained, %d state objects",
+		in.n, before, total, atLeader, len(metadata), len(left))
 }
