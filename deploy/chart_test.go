@@ -78,6 +78,51 @@ var chartCases = []chartCase{
 		external: []string{"weir-auth", "weir-jm-tls"},
 		want:     []string{"Service/prod-weir-jobmanager", "StatefulSet/prod-weir-jobmanager", "Deployment/prod-weir-taskmanager"},
 	},
+	haS3Case,
+	{
+		name: "high availability, checkpoints on a shared file volume", release: "weir", namespace: "default",
+		values: map[string]any{
+			"jobmanager":       map[string]any{"replicas": 2},
+			"highAvailability": map[string]any{"enabled": true, "etcd": map[string]any{"endpoints": []any{"http://etcd.infra:2379"}}},
+			"checkpointStorage": map[string]any{
+				"url": "file:///var/lib/weir-checkpoints", "existingClaim": "weir-checkpoints",
+			},
+		},
+		external: []string{"weir-checkpoints"},
+		want: []string{
+			"Secret/weir-token", "Service/weir-jobmanager", "Service/weir-jobmanager-headless",
+			"StatefulSet/weir-jobmanager", "Deployment/weir-taskmanager",
+		},
+	},
+}
+
+// haS3Case is a production install: three job managers on an etcd with TLS
+// and a user, checkpoints on S3 with credentials from a Secret, TLS.
+var haS3Case = chartCase{
+	name: "high availability on etcd, checkpoints on S3", release: "ha", namespace: "streams",
+	values: map[string]any{
+		"tls":        map[string]any{"secretName": "weir-jm-tls"},
+		"jobmanager": map[string]any{"replicas": 3},
+		"highAvailability": map[string]any{
+			"enabled":   true,
+			"clusterId": "prod-eu",
+			"leaseTTL":  "10s",
+			"etcd": map[string]any{
+				"endpoints": []any{"https://etcd-0.etcd.infra:2379", "https://etcd-1.etcd.infra:2379", "https://etcd-2.etcd.infra:2379"},
+				"tls":       map[string]any{"secretName": "etcd-client-tls", "clientCertificate": true},
+				"auth":      map[string]any{"username": "weir", "passwordSecret": "etcd-weir-password"},
+			},
+		},
+		"checkpointStorage": map[string]any{
+			"url":               "s3://weir-state/prod?endpoint=https://s3.example:9000&region=eu-west-1",
+			"credentialsSecret": "weir-s3",
+		},
+	},
+	external: []string{"weir-jm-tls", "etcd-client-tls", "etcd-weir-password", "weir-s3"},
+	want: []string{
+		"Secret/ha-weir-token", "Service/ha-weir-jobmanager", "Service/ha-weir-jobmanager-headless",
+		"StatefulSet/ha-weir-jobmanager", "Deployment/ha-weir-taskmanager",
+	},
 }
 
 func TestChartLintsClean(t *testing.T) {
@@ -131,6 +176,23 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"zero slots", map[string]any{"taskmanager": map[string]any{"slots": 0}}, "slots"},
 		{"a size without a unit", map[string]any{"jobmanager": map[string]any{"storage": map[string]any{"size": "10"}}}, "size"},
 		{"data ports reversed", map[string]any{"taskmanager": map[string]any{"dataPorts": map[string]any{"first": 7010, "last": 7000}}}, "dataPorts.first must not be above"},
+		{"several job managers without high availability", map[string]any{"jobmanager": map[string]any{"replicas": 3}}, "jobmanager.replicas above 1 needs highAvailability.enabled"},
+		{"high availability without etcd endpoints", map[string]any{
+			"highAvailability":  map[string]any{"enabled": true},
+			"checkpointStorage": map[string]any{"url": "s3://b/p"},
+		}, "needs highAvailability.etcd.endpoints"},
+		{"high availability without checkpoint storage", map[string]any{
+			"highAvailability": map[string]any{"enabled": true, "etcd": map[string]any{"endpoints": []any{"http://etcd:2379"}}},
+		}, "needs checkpointStorage.url"},
+		{"file storage without a shared volume", map[string]any{"checkpointStorage": map[string]any{"url": "file:///ckpt"}}, "needs checkpointStorage.existingClaim"},
+		{"in-memory checkpoint storage", map[string]any{"checkpointStorage": map[string]any{"url": "mem://x"}}, "url"},
+		{"an etcd user without its password", map[string]any{
+			"highAvailability":  map[string]any{"enabled": true, "etcd": map[string]any{"endpoints": []any{"http://etcd:2379"}, "auth": map[string]any{"username": "weir"}}},
+			"checkpointStorage": map[string]any{"url": "s3://b/p"},
+		}, "needs highAvailability.etcd.auth.passwordSecret"},
+		{"an etcd password inline", map[string]any{"highAvailability": map[string]any{"etcd": map[string]any{"auth": map[string]any{"password": "hunter2"}}}}, "password"},
+		{"a lease shorter than the job manager accepts", map[string]any{"highAvailability": map[string]any{"leaseTTL": "1s"}}, "leaseTTL"},
+		{"endpoints without a scheme", map[string]any{"highAvailability": map[string]any{"etcd": map[string]any{"endpoints": []any{"etcd:2379"}}}}, "endpoints"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := renderFiles(chartCase{release: "weir", namespace: "default", values: c.values})
@@ -283,7 +345,7 @@ func checkRelease(t *testing.T, c chartCase, objs []object) {
 			}
 		}
 	}
-	checkTaskManagersFindJobManager(t, objs)
+	checkTaskManagersFindJobManager(t, c, objs)
 }
 
 func hasService(objs []object, name string) bool {
@@ -316,6 +378,9 @@ func checkWorkload(t *testing.T, where string, sel *metav1.LabelSelector, pt *co
 		if v.Secret != nil && !secrets[v.Secret.SecretName] {
 			t.Errorf("%s: volume %s mounts Secret %q, which neither the chart nor the values provide", where, v.Name, v.Secret.SecretName)
 		}
+		if v.PersistentVolumeClaim != nil && !secrets[v.PersistentVolumeClaim.ClaimName] {
+			t.Errorf("%s: volume %s mounts claim %q, which the values do not name", where, v.Name, v.PersistentVolumeClaim.ClaimName)
+		}
 	}
 	for _, c := range claims {
 		volumes[c.Name] = true
@@ -347,10 +412,16 @@ func checkWorkload(t *testing.T, where string, sel *metav1.LabelSelector, pt *co
 			if pr != nil && pr.TCPSocket != nil && !ports[pr.TCPSocket.Port.String()] {
 				t.Errorf("%s: probe on port %q, which the container does not name", cw, pr.TCPSocket.Port.String())
 			}
+			if pr != nil && pr.HTTPGet != nil && !ports[pr.HTTPGet.Port.String()] {
+				t.Errorf("%s: probe on port %q, which the container does not name", cw, pr.HTTPGet.Port.String())
+			}
 		}
 		env := map[string]bool{}
 		for _, e := range ctr.Env {
 			env[e.Name] = true
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && !secrets[e.ValueFrom.SecretKeyRef.Name] {
+				t.Errorf("%s: variable %s reads Secret %q, which neither the chart nor the values provide", cw, e.Name, e.ValueFrom.SecretKeyRef.Name)
+			}
 		}
 		for _, a := range ctr.Args {
 			for _, ref := range envRefs(a) {
@@ -410,44 +481,88 @@ func checkServiceReachesPods(t *testing.T, where string, svc *corev1.Service, ob
 	}
 }
 
-// checkTaskManagersFindJobManager checks that the task managers dial a
-// Service of the release on a port it exposes, and that the job manager
-// accepts that Service's names in REST Host headers.
-func checkTaskManagersFindJobManager(t *testing.T, objs []object) {
+// checkTaskManagersFindJobManager checks that the task managers dial the
+// job managers: a Service of the release on its rpc port, or (highly
+// available) every pod of the job-manager StatefulSet by its stable name
+// under a headless Service that publishes pods before they are ready; and
+// that the job manager accepts its client Service's names in REST Host
+// headers.
+func checkTaskManagersFindJobManager(t *testing.T, c chartCase, objs []object) {
 	t.Helper()
-	var jmAddr, allowed string
+	tmArgs := flagValues(t, find[*appsv1.Deployment](t, objs, "taskmanager").Spec.Template.Spec.Containers[0].Args)
+	jm := find[*appsv1.StatefulSet](t, objs, "jobmanager")
+	jmArgs := flagValues(t, jm.Spec.Template.Spec.Containers[0].Args)
+	services := map[string]*corev1.Service{}
 	for _, o := range objs {
-		for _, ctr := range containers(o) {
-			for _, a := range ctr.Args {
-				if v, ok := strings.CutPrefix(a, "--jobmanager="); ok {
-					jmAddr = v
-				}
-				if v, ok := strings.CutPrefix(a, "--rest-allowed-hosts="); ok {
-					allowed = v
-				}
-			}
+		if svc, ok := o.obj.(*corev1.Service); ok {
+			services[svc.Name] = svc
 		}
 	}
-	host, port, ok := strings.Cut(jmAddr, ":")
-	if !ok {
-		t.Fatalf("task managers have no --jobmanager=HOST:PORT (got %q)", jmAddr)
-	}
-	found := false
-	for _, o := range objs {
-		if svc, ok := o.obj.(*corev1.Service); ok && svc.Name == host {
-			for _, p := range svc.Spec.Ports {
-				if fmt.Sprint(p.Port) == port && p.Name == "rpc" {
-					found = true
-				}
+	rpcPort := func(svc *corev1.Service) string {
+		for _, p := range svc.Spec.Ports {
+			if p.Name == "rpc" {
+				return fmt.Sprint(p.Port)
 			}
 		}
+		return ""
 	}
-	if !found {
-		t.Errorf("task managers dial %s, which is no Service's rpc port in the release", jmAddr)
+	addrs := strings.Split(tmArgs["--jobmanager"], ",")
+	if len(addrs) == 1 {
+		host, port, _ := strings.Cut(addrs[0], ":")
+		if svc := services[host]; svc == nil || rpcPort(svc) != port || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+			t.Errorf("task managers dial %s, which is no Service's rpc port in the release", addrs[0])
+		}
+	} else {
+		svc := services[jm.Spec.ServiceName]
+		if svc == nil || svc.Spec.ClusterIP != corev1.ClusterIPNone || !svc.Spec.PublishNotReadyAddresses {
+			t.Fatalf("the job managers' serviceName %q is not a headless Service publishing pods not ready (standbys never are)", jm.Spec.ServiceName)
+		}
+		var want []string
+		for i := range int(*jm.Spec.Replicas) {
+			want = append(want, fmt.Sprintf("%s-%d.%s.%s.svc:%s", jm.Name, i, svc.Name, c.namespace, rpcPort(svc)))
+		}
+		if !slices.Equal(addrs, want) {
+			t.Errorf("task managers dial %v, want every job manager: %v", addrs, want)
+		}
 	}
-	if !slices.Contains(strings.Split(allowed, ","), host) {
-		t.Errorf("the job manager's --rest-allowed-hosts=%s does not accept its Service name %s", allowed, host)
+	client := jm.Name // the client-facing Service is named as the StatefulSet
+	if services[client] == nil || services[client].Spec.ClusterIP == corev1.ClusterIPNone {
+		t.Errorf("no client-facing Service %s", client)
 	}
+	if !slices.Contains(strings.Split(jmArgs["--rest-allowed-hosts"], ","), client) {
+		t.Errorf("the job manager's --rest-allowed-hosts=%s does not accept its Service name %s", jmArgs["--rest-allowed-hosts"], client)
+	}
+}
+
+// find returns the one workload of type T whose component label is component.
+func find[T interface {
+	*appsv1.Deployment | *appsv1.StatefulSet
+	metav1.Object
+}](t *testing.T, objs []object, component string) T {
+	t.Helper()
+	for _, o := range objs {
+		if w, ok := o.obj.(T); ok && w.GetLabels()["app.kubernetes.io/component"] == component {
+			return w
+		}
+	}
+	t.Fatalf("no %s workload in the release", component)
+	return nil
+}
+
+// flagValues returns a container's --name=value arguments by name (the
+// chart writes every flag that way); checkArgs proves the binary parses them.
+func flagValues(t *testing.T, args []string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	for _, a := range args {
+		if name, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(name, "--") {
+			if _, dup := m[name]; dup {
+				t.Errorf("flag %s given twice", name)
+			}
+			m[name] = v
+		}
+	}
+	return m
 }
 
 // checkArgs runs the image's binary with the container's arguments and
@@ -498,4 +613,119 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(filepath.Dir(builtBin))
 	}
 	os.Exit(code)
+}
+
+// With high availability the job managers are a StatefulSet of N pods that
+// start together, each announcing its own stable name, all of one cluster
+// in etcd with the values' endpoints, TLS and user; only the leader passes
+// the readiness probe, so the client Service reaches the leader alone; and
+// job managers and task managers alike read the S3 credentials from the
+// Secret the values name, never from an inline value.
+func TestChartRunsJobManagersHighlyAvailable(t *testing.T) {
+	c := haS3Case
+	objs, _ := render(t, c)
+	jm := find[*appsv1.StatefulSet](t, objs, "jobmanager")
+	tm := find[*appsv1.Deployment](t, objs, "taskmanager")
+	if *jm.Spec.Replicas != 3 || jm.Spec.PodManagementPolicy != appsv1.ParallelPodManagement || jm.Spec.UpdateStrategy.Type != appsv1.OnDeleteStatefulSetStrategyType {
+		t.Errorf("job managers: %d replicas, %s, %s; want 3 started in parallel, replaced on delete (a standby never becomes ready)",
+			*jm.Spec.Replicas, jm.Spec.PodManagementPolicy, jm.Spec.UpdateStrategy.Type)
+	}
+	if len(jm.Spec.VolumeClaimTemplates) != 0 {
+		t.Errorf("highly available job managers claim volumes %v; their state is in etcd and the checkpoint storage", jm.Spec.VolumeClaimTemplates)
+	}
+	jmc := jm.Spec.Template.Spec.Containers[0]
+	got := flagValues(t, jmc.Args)
+	for flag, want := range map[string]string{
+		"--ha":                 "etcd",
+		"--etcd-endpoints":     "https://etcd-0.etcd.infra:2379,https://etcd-1.etcd.infra:2379,https://etcd-2.etcd.infra:2379",
+		"--ha-cluster-id":      "prod-eu",
+		"--ha-lease-ttl":       "10s",
+		"--checkpoint-storage": "s3://weir-state/prod?endpoint=https://s3.example:9000&region=eu-west-1",
+		"--advertise-address":  "$(POD_NAME).ha-weir-jobmanager-headless.streams.svc:6123",
+		"--etcd-cacert":        "/etc/weir/etcd-tls/ca.crt",
+		"--etcd-cert":          "/etc/weir/etcd-tls/tls.crt",
+		"--etcd-key":           "/etc/weir/etcd-tls/tls.key",
+		"--etcd-username":      "weir",
+		"--etcd-password-file": "/etc/weir/etcd-auth/password",
+	} {
+		if got[flag] != want {
+			t.Errorf("job manager %s=%q, want %q", flag, got[flag], want)
+		}
+	}
+	// Each pod's advertised address, $(POD_NAME) expanded, is one the task
+	// managers dial.
+	podName := false
+	for _, e := range jmc.Env {
+		podName = podName || (e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name")
+	}
+	if !podName {
+		t.Error("job manager: POD_NAME is not the pod's name")
+	}
+	dialed := strings.Split(flagValues(t, tm.Spec.Template.Spec.Containers[0].Args)["--jobmanager"], ",")
+	for i := range 3 {
+		adv := strings.ReplaceAll(got["--advertise-address"], "$(POD_NAME)", fmt.Sprintf("%s-%d", jm.Name, i))
+		if !slices.Contains(dialed, adv) {
+			t.Errorf("job manager %d announces %s, which the task managers (--jobmanager=%s) do not dial", i, adv, strings.Join(dialed, ","))
+		}
+	}
+	rp := jmc.ReadinessProbe
+	if rp == nil || rp.HTTPGet == nil || rp.HTTPGet.Path != "/readyz" || rp.HTTPGet.Port.String() != "http" || rp.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+		t.Errorf("job manager readiness probe %+v; want GET /readyz on http over HTTPS (only the leader answers 200)", rp)
+	}
+	mounted := map[string]string{}
+	for _, v := range jm.Spec.Template.Spec.Volumes {
+		if v.Secret != nil {
+			mounted[v.Secret.SecretName] = v.Name
+		}
+	}
+	for _, s := range []string{"etcd-client-tls", "etcd-weir-password"} {
+		if mounted[s] == "" {
+			t.Errorf("job manager does not mount Secret %s", s)
+		}
+	}
+	for _, ctr := range []corev1.Container{jmc, tm.Spec.Template.Spec.Containers[0]} {
+		fromSecret := map[string]bool{}
+		for _, e := range ctr.Env {
+			if strings.HasPrefix(e.Name, "AWS_") {
+				if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Name != "weir-s3" {
+					t.Errorf("%s: %s is not read from Secret weir-s3: %+v", ctr.Name, e.Name, e)
+					continue
+				}
+				fromSecret[e.Name] = true
+			}
+		}
+		for _, v := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"} {
+			if !fromSecret[v] {
+				t.Errorf("%s: no %s from Secret weir-s3", ctr.Name, v)
+			}
+		}
+	}
+}
+
+// Checkpoints on a file:// URL need one volume every pod shares: the claim
+// is mounted at the URL's path on job managers and task managers.
+func TestChartMountsFileCheckpointStorageEverywhere(t *testing.T) {
+	i := slices.IndexFunc(chartCases, func(c chartCase) bool { return strings.Contains(c.name, "shared file volume") })
+	objs, _ := render(t, chartCases[i])
+	for _, w := range []*corev1.PodTemplateSpec{
+		&find[*appsv1.StatefulSet](t, objs, "jobmanager").Spec.Template,
+		&find[*appsv1.Deployment](t, objs, "taskmanager").Spec.Template,
+	} {
+		claim := ""
+		for _, v := range w.Spec.Volumes {
+			if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == "weir-checkpoints" {
+				claim = v.Name
+			}
+		}
+		ctr := w.Spec.Containers[0]
+		at := ""
+		for _, m := range ctr.VolumeMounts {
+			if m.Name == claim {
+				at = m.MountPath
+			}
+		}
+		if claim == "" || at != "/var/lib/weir-checkpoints" {
+			t.Errorf("%s: claim weir-checkpoints mounted at %q, want /var/lib/weir-checkpoints", ctr.Name, at)
+		}
+	}
 }

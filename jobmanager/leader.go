@@ -137,6 +137,24 @@ func (s *Server) gateHTTP(next http.Handler) http.Handler {
 	})
 }
 
+// readiness is the body of GET /readyz.
+type readiness struct {
+	Leading bool `json:"leading"`
+}
+
+// restReady answers GET /readyz without the token: 200 when this job
+// manager serves the API (it leads, or is standalone), 503 on a standby. It
+// tells only that, so a readiness probe (which cannot carry the token) can
+// route a Service to the leader alone; who leads is Leader's, behind the
+// token.
+func (s *Server) restReady(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.ha != nil && s.leadingTerm() == nil {
+		writeJSON(w, http.StatusServiceUnavailable, readiness{})
+		return
+	}
+	writeJSON(w, http.StatusOK, readiness{Leading: true})
+}
+
 // Leader implements weirpb.JobManagerServer.
 func (s *Server) Leader(ctx context.Context, _ *weirpb.LeaderRequest) (*weirpb.LeaderInfo, error) {
 	if s.cfg.ha == nil {

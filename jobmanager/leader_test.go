@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +72,15 @@ func (h *haServer) leader(t *testing.T) *weirpb.LeaderInfo {
 	return info
 }
 
+// readyz answers the status code of the job manager's GET /readyz, the
+// readiness probe that routes a Service to the leader only.
+func (h *haServer) readyz(t *testing.T) int {
+	t.Helper()
+	w := httptest.NewRecorder()
+	h.s.HTTPHandler().ServeHTTP(w, httptest.NewRequestWithContext(t.Context(), http.MethodGet, "http://localhost/readyz", nil))
+	return w.Code
+}
+
 func (h *haServer) waitLeading(t *testing.T, within time.Duration) {
 	t.Helper()
 	for deadline := time.Now().Add(within); !h.leader(t).Leading; time.Sleep(10 * time.Millisecond) {
@@ -109,6 +120,12 @@ func TestAJobManagerCutOffFromEtcdStepsDownBeforeTheStandbyLeads(t *testing.T) {
 	if info := b.leader(t); info.Leading || info.LeaderAddress != a.addr || info.Token != a.leader(t).Token {
 		t.Fatalf("standby says %+v; want not leading, the leader at %s", info, a.addr)
 	}
+	if code := a.readyz(t); code != http.StatusOK {
+		t.Fatalf("the leader's GET /readyz: %d, want 200", code)
+	}
+	if code := b.readyz(t); code != http.StatusServiceUnavailable {
+		t.Fatalf("the standby's GET /readyz: %d, want 503", code)
+	}
 	_, err = b.client.ListJobs(t.Context(), &weirpb.ListJobsRequest{})
 	if err == nil || !strings.Contains(err.Error(), "standby") || !strings.Contains(err.Error(), a.addr) {
 		t.Fatalf("standby's ListJobs: %v; want a refusal naming the leader %s", err, a.addr)
@@ -136,6 +153,9 @@ func TestAJobManagerCutOffFromEtcdStepsDownBeforeTheStandbyLeads(t *testing.T) {
 		t.Fatal("the standby led before the old leader stepped down")
 	}
 	b.waitLeading(t, 4*ttl)
+	if code := b.readyz(t); code != http.StatusOK {
+		t.Fatalf("the new leader's GET /readyz: %d, want 200", code)
+	}
 	proxy.Heal()
 	jobs, err := b.client.ListJobs(t.Context(), &weirpb.ListJobsRequest{})
 	if err != nil {

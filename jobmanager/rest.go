@@ -34,13 +34,14 @@ const cancelTimeout = time.Minute
 // HTTPHandler returns the job manager's HTTP API (the routes of apiHandler,
 // docs/reference/rest.md) and the web dashboard at GET / (package
 // dashboard). The API requires the token; the dashboard's files hold no
-// data and are served without it. Every request passes rpc.BrowserGuard
-// first.
+// data and are served without it, as is GET /readyz (restReady). Every
+// request passes rpc.BrowserGuard first.
 func (s *Server) HTTPHandler() http.Handler {
 	root := http.NewServeMux()
 	ui := dashboard.Handler()
 	root.Handle("GET /{$}", ui)
 	root.Handle("GET /static/", ui)
+	root.HandleFunc("GET /readyz", s.restReady)
 	root.Handle("/", rpc.RequireToken(s.cfg.token, s.gateHTTP(s.apiHandler()), rpc.LogRejections(s.rejects)))
 	return rpc.BrowserGuard(s.cfg.hosts, root, rpc.LogRejections(s.rejects))
 }

@@ -43,6 +43,9 @@ func TestHTTPRequiresTheToken(t *testing.T) {
 		{"/static/app.js", "", http.StatusOK, `api("/jobs/overview")`},
 		{"/static/missing.js", "", http.StatusNotFound, ""},
 		{"/index.html", "", http.StatusUnauthorized, ""},
+		// Readiness tells only whether this job manager serves the API:
+		// a probe cannot carry the token.
+		{"/readyz", "", http.StatusOK, `{"leading":true}`},
 	} {
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, hs.URL+tc.path, nil)
 		if err != nil {
