@@ -24,7 +24,7 @@ func TestJobManagerRefusesHighAvailabilityFlagsThatCannotWork(t *testing.T) {
 		{[]string{"--ha", "etcd", "--etcd-endpoints", "http://127.0.0.1:1"}, "--ha etcd needs --checkpoint-storage"},
 		{[]string{"--ha", "embedded"}, "--ha embedded needs --checkpoint-storage"},
 		{[]string{"--ha", "etcd", "--checkpoint-storage", "mem://x"}, "--ha etcd needs --etcd-endpoints"},
-		{[]string{"--checkpoint-storage", "mem://x"}, "--checkpoint-storage needs --ha etcd or embedded"},
+		{[]string{"--ha-cluster-id", "x"}, "--ha-cluster-id needs --ha etcd or embedded"},
 		{[]string{"--etcd-endpoints", "http://127.0.0.1:1"}, "--etcd-endpoints needs --ha etcd or embedded"},
 		{[]string{"--ha", "zookeeper"}, `--ha "zookeeper": want standalone, etcd or embedded`},
 		{[]string{"--ha", "embedded", "--etcd-endpoints", "http://127.0.0.1:1", "--checkpoint-storage", "mem://x"}, "--ha embedded runs its own etcd"},
