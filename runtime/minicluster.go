@@ -670,7 +670,7 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 	defer func() { // the job ended: what no retained checkpoint references goes
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelEndTimeout)
 		defer cancel()
-		gc.sweep(ectx, cfg.orphanGrace)
+		gc.ended(ectx)
 	}()
 	var res Result
 	pending := newPendingHandles()

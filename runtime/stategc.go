@@ -107,6 +107,23 @@ func (g *stateGC) rebuild(ctx context.Context) error {
 	return nil
 }
 
+// ended is called once the job master stopped running the job (its last
+// attempt's tasks and coordinator stopped): no checkpoint in flight will
+// complete, so the objects tasks acknowledged for one go whatever their
+// age (rebuild), then the orphan sweep runs. An object a task wrote and
+// never acknowledged stays until it is older than the grace period and a
+// later sweep of the same job sees it.
+func (g *stateGC) ended(ctx context.Context) {
+	if g == nil {
+		return
+	}
+	if err := g.rebuild(ctx); err != nil {
+		g.log.Warn("checkpoint storage: cannot rebuild the reference registry at the job's end; unreferenced objects stay", zap.String("job", g.job), zap.Error(err))
+		return
+	}
+	g.sweep(ctx, g.grace)
+}
+
 // read registers the references of every retained checkpoint in a new
 // registry; unknown reports a retained checkpoint it could not read.
 func (g *stateGC) read(ctx context.Context) (reg *checkpoint.SharedRegistry, unknown bool, err error) {

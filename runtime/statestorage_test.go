@@ -366,6 +366,61 @@ func TestAJobMasterStartingAgainRebuildsItsRegistryAndSweepsOnlyOrphans(t *testi
 	}
 }
 
+func TestAJobCancelledWithACheckpointInFlightLeavesNoObjectOfIt(t *testing.T) {
+	st, err := storage.Open(t.Context(), "mem://")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := checkpoint.OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	// The job is cancelled when a task acknowledges a checkpoint (the 4th
+	// or later) with an object written for it; that acknowledgement reaches
+	// the coordinator only after the coordinator stopped, so the checkpoint
+	// never completes.
+	// The default orphan grace (10 minutes) keeps the sweep away from the
+	// object: only the job master's end deletes it.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var once sync.Once
+	var inFlight checkpoint.ID
+	mc := NewMiniCluster(CheckpointStore(store), StateStorage(st, "mem://"), StateInlineLimit(-1), CheckpointInterval(5*time.Millisecond),
+		OnCheckpointAck(func(a CheckpointAck) {
+			if a.ID >= 4 && a.Uploaded > 0 {
+				once.Do(func() {
+					inFlight = a.ID
+					cancel()
+					time.Sleep(200 * time.Millisecond) // the coordinator stops meanwhile
+				})
+			}
+		}))
+	src := seqSourceOf(seqSource{keys: 30, splits: 6, n: 400, perPoll: 1, stallAt: 200})
+	if _, err := mc.Run(ctx, seqJob(src, &violations{}, newMemTxns(), nil, 2, 2)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: %v", err)
+	}
+	latest, err := store.Latest(t.Context(), "seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inFlight == 0 || latest.ID >= inFlight {
+		t.Fatalf("latest checkpoint %d: the acknowledgement held back did not keep checkpoint %d in flight", latest.ID, inFlight)
+	}
+	objs := listObjects(t, st, "seq")
+	refs, _ := referenced(t, store, "seq")
+	for k := range objs {
+		if !refs[k] {
+			t.Errorf("object %s is referenced by no retained checkpoint after the job ended", k)
+		}
+	}
+	for k := range refs {
+		if !objs[k] {
+			t.Errorf("retained checkpoints reference %s, which is gone", k)
+		}
+	}
+}
+
 // listFailing is a checkpoint store that cannot list its checkpoints.
 type listFailing struct{ *checkpoint.Store }
 
