@@ -18,13 +18,13 @@ func TestSavepointRecordsItsJobTypeAndParametersWhenGiven(t *testing.T) {
 	now := time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
 	params := map[string]string{"brokers": "b:9092", "parallelism": "2"}
 	with, without := filepath.Join(t.TempDir(), "with"), filepath.Join(t.TempDir(), "without")
-	if err := WriteSavepoint(with, savepointFixture(), now, WithJob("wordcount", params)); err != nil {
+	if err := WriteSavepoint(t.Context(), with, savepointFixture(), now, WithJob("wordcount", params)); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteSavepoint(without, savepointFixture(), now); err != nil {
+	if err := WriteSavepoint(t.Context(), without, savepointFixture(), now); err != nil {
 		t.Fatal(err)
 	}
-	info, err := ReadSavepointInfo(with)
+	info, err := ReadSavepointInfo(t.Context(), with)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestSavepointRecordsItsJobTypeAndParametersWhenGiven(t *testing.T) {
 		info.JobType != "wordcount" || !maps.Equal(info.JobParams, params) {
 		t.Fatalf("info %+v", info)
 	}
-	old, err := ReadSavepointInfo(without)
+	old, err := ReadSavepointInfo(t.Context(), without)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestSavepointRecordsItsJobTypeAndParametersWhenGiven(t *testing.T) {
 		t.Fatalf("a savepoint without WithJob names a job type:\n%s", raw)
 	}
 	for _, dir := range []string{with, without} {
-		if _, err := ReadSavepoint(dir); err != nil {
+		if _, err := ReadSavepoint(t.Context(), dir); err != nil {
 			t.Fatalf("%s: %v", dir, err)
 		}
 	}

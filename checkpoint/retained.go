@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -18,8 +17,9 @@ type LatestReader interface {
 
 // WriteRetained writes the latest usable completed checkpoint of job in
 // from out as a savepoint (Flink's retained externalized checkpoint of a
-// cancelled job), into a new directory RetainedName(job, id) under base,
-// and returns its absolute path and the checkpoint. A job that completed
+// cancelled job), into a new location RetainedName(job, id) under base (a
+// directory or a savepoint URL, JoinSavepointLocation), and returns that
+// location (absolute, for a directory) and the checkpoint. A job that completed
 // no checkpoint gives an error wrapping ErrNotFound. opts are
 // WriteSavepoint's.
 func WriteRetained(ctx context.Context, from LatestReader, job, base string, now time.Time, opts ...SavepointOpt) (string, Completed, error) {
@@ -27,12 +27,11 @@ func WriteRetained(ctx context.Context, from LatestReader, job, base string, now
 	if err != nil {
 		return "", Completed{}, fmt.Errorf("retain the latest checkpoint of job %s: %w", job, err)
 	}
-	abs, err := filepath.Abs(base)
+	dir, err := JoinSavepointLocation(base, RetainedName(job, c.ID))
 	if err != nil {
 		return "", Completed{}, fmt.Errorf("retain the latest checkpoint of job %s: %w", job, err)
 	}
-	dir := filepath.Join(abs, RetainedName(job, c.ID))
-	if err := WriteSavepoint(dir, c, now, opts...); err != nil {
+	if err := WriteSavepoint(ctx, dir, c, now, opts...); err != nil {
 		return "", Completed{}, err
 	}
 	return dir, c, nil

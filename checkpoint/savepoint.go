@@ -5,7 +5,9 @@ package checkpoint
 // and the job manager that took it, can be copied to another machine, and is
 // read by later Weir versions.
 //
-// A savepoint directory holds:
+// A savepoint is a directory, or the same objects under a place in object
+// storage (a savepoint URL, read and written through checkpoint/storage).
+// It holds:
 //
 //	_metadata          a header line, then JSON: the job, the checkpoint id,
 //	                   every operator snapshot with its transaction handles
@@ -13,20 +15,22 @@ package checkpoint
 //	                   bytes are (file, offset, length) and their CRC-32C
 //	state/<uid>.bin    the state bytes of one operator, every subtask's
 //
-// _metadata is written last, atomically: a directory without it is not a
-// savepoint (an interrupted write leaves nothing that reads as one). Nothing
-// in it names the job manager's store or an absolute path, so the directory
-// may be moved.
+// _metadata is written last, atomically and only if absent: a location
+// without it is not a savepoint (an interrupted write leaves nothing that
+// reads as one). Nothing in it names the job manager's store, an absolute
+// path or a bucket, so a savepoint may be moved or copied between a
+// directory and object storage.
 
 import (
-	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"maps"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -35,7 +39,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/weirstream/weir/internal/atomicfile"
+	"github.com/weirstream/weir/checkpoint/storage"
 )
 
 // SavepointVersion is the format version WriteSavepoint writes. ReadSavepoint
@@ -104,170 +108,150 @@ type blobRef struct {
 	CRC32C uint32 `json:"crc32c"`
 }
 
-// WriteSavepoint writes c as a savepoint into dir, which must not exist or be
-// empty. Every file is synced before _metadata is written, and _metadata is
-// written atomically, so a crash leaves either a complete savepoint or a
-// directory that ReadSavepoint refuses with ErrNotSavepoint.
+// WriteSavepoint writes c as a savepoint at loc, a directory (which must
+// not exist or be empty) or a savepoint URL (IsSavepointURL: a place in
+// object storage under which nothing may exist yet). Every state file is
+// written whole (in a directory: synced and renamed into place) before
+// _metadata is created, and _metadata is created only if absent, so a
+// crash leaves either a complete savepoint or a location that ReadSavepoint
+// refuses with ErrNotSavepoint, and two writers never both succeed.
 //
 // A savepoint is self-contained: c must hold its state inline. A checkpoint
 // with references to checkpoint storage is refused (ErrStateNotInline);
 // Resolve it first.
-func WriteSavepoint(dir string, c Completed, now time.Time, opts ...SavepointOpt) error {
-	var cfg savepointConfig
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
+func WriteSavepoint(ctx context.Context, loc string, c Completed, now time.Time, opts ...SavepointOpt) error {
+	cfg := newSavepointConfig(opts)
 	if refs := c.Refs(); len(refs) > 0 {
-		return fmt.Errorf("savepoint %s: %w: checkpoint %d references %d state ranges in checkpoint storage (e.g. %s)", dir, ErrStateNotInline, c.ID, len(refs), refs[0].Key)
+		return fmt.Errorf("savepoint %s: %w: checkpoint %d references %d state ranges in checkpoint storage (e.g. %s)", loc, ErrStateNotInline, c.ID, len(refs), refs[0].Key)
 	}
-	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
-		return fmt.Errorf("%w: %s", ErrSavepointExists, dir)
-	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("savepoint %s: %w", dir, err)
+	st, err := openSavepoint(ctx, loc, true, cfg)
+	if err != nil {
+		return err
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "state"), 0o755); err != nil {
-		return fmt.Errorf("savepoint %s: %w", dir, err)
+	defer st.Close()
+	errFound := errors.New("found")
+	switch err := st.List(ctx, "", func(storage.Object) error { return errFound }); {
+	case errors.Is(err, errFound):
+		return fmt.Errorf("%w: %s", ErrSavepointExists, loc)
+	case err != nil:
+		return fmt.Errorf("savepoint %s: %w", loc, err)
 	}
+	// The state files' layout is planned first (every reference's file,
+	// offset and checksum), then each file is written in one piece from
+	// the checkpoint's own bytes.
 	meta := savepointMeta{Job: c.Job, Checkpoint: c.ID, CreatedAt: now.UTC(), JobType: cfg.jobType, JobParams: cfg.jobParams}
 	files := map[string]*stateFile{}
-	defer func() {
-		for _, f := range files {
-			_ = f.f.Close()
-		}
-	}()
-	fileFor := func(uid string) (*stateFile, error) {
+	fileFor := func(uid string) *stateFile {
 		name := path.Join("state", uid+".bin")
-		if f, ok := files[name]; ok {
-			return f, nil
+		f, ok := files[name]
+		if !ok {
+			f = &stateFile{name: name}
+			files[name] = f
 		}
-		f, err := os.OpenFile(filepath.Join(dir, filepath.FromSlash(name)), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
-		if err != nil {
-			return nil, fmt.Errorf("savepoint %s: %w", dir, err)
-		}
-		sf := &stateFile{name: name, f: f, w: bufio.NewWriterSize(f, 1<<20)}
-		files[name] = sf
-		return sf, nil
+		return f
 	}
 	for _, task := range sortedTasks(c) {
 		for _, op := range c.Tasks[task].Operators {
-			f, err := fileFor(op.UID)
-			if err != nil {
-				return err
-			}
+			f := fileFor(op.UID)
 			s := savedSnapshot{UID: op.UID, Subtask: op.Subtask, Parallelism: op.Parallelism,
 				MaxParallelism: op.MaxParallelism, Handles: op.Handles}
 			for _, e := range op.State {
-				ref, err := f.append(e)
-				if err != nil {
-					return fmt.Errorf("savepoint %s: %w", dir, err)
-				}
-				s.State = append(s.State, ref)
+				s.State = append(s.State, f.append(e))
 			}
-			kgs := make([]int, 0, len(op.KeyGroups))
-			for kg := range op.KeyGroups {
-				kgs = append(kgs, kg)
-			}
-			slices.Sort(kgs)
-			for _, kg := range kgs {
-				ref, err := f.append(op.KeyGroups[kg])
-				if err != nil {
-					return fmt.Errorf("savepoint %s: %w", dir, err)
-				}
-				s.KeyGroups = append(s.KeyGroups, kgRef{KeyGroup: kg, blobRef: ref})
+			for _, kg := range slices.Sorted(maps.Keys(op.KeyGroups)) {
+				s.KeyGroups = append(s.KeyGroups, kgRef{KeyGroup: kg, blobRef: f.append(op.KeyGroups[kg])})
 			}
 			meta.Snapshots = append(meta.Snapshots, s)
 		}
 	}
-	for _, f := range files {
-		if err := f.finish(); err != nil {
-			return fmt.Errorf("savepoint %s: %s: %w", dir, f.name, err)
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		if err := st.Put(ctx, name, files[name].reader()); err != nil {
+			return fmt.Errorf("savepoint %s: %w", loc, err)
 		}
-	}
-	if err := atomicfile.SyncDir(filepath.Join(dir, "state")); err != nil {
-		return fmt.Errorf("savepoint %s: %w", dir, err)
 	}
 	body, err := json.MarshalIndent(meta, "", "  ")
 	if err != nil {
-		return fmt.Errorf("savepoint %s: %w", dir, err)
+		return fmt.Errorf("savepoint %s: %w", loc, err)
 	}
 	header := fmt.Sprintf("%s %d crc32c=%08x length=%d\n", savepointMagic, SavepointVersion, crc32.Checksum(body, castagnoli), len(body))
-	if err := atomicfile.Write(filepath.Join(dir, SavepointMetadataFile), append([]byte(header), body...)); err != nil {
-		return fmt.Errorf("savepoint %s: %w", dir, err)
+	switch err := st.Create(ctx, SavepointMetadataFile, bytes.NewReader(append([]byte(header), body...))); {
+	case errors.Is(err, storage.ErrExists):
+		return fmt.Errorf("%w: %s", ErrSavepointExists, loc)
+	case err != nil:
+		return fmt.Errorf("savepoint %s: %w", loc, err)
 	}
 	return nil
 }
 
+// stateFile is the plan of one state file: the byte slices it holds, in
+// order.
 type stateFile struct {
-	name string
-	f    *os.File
-	w    *bufio.Writer
-	off  int64
+	name  string
+	parts [][]byte
+	off   int64
 }
 
-func (s *stateFile) append(b []byte) (blobRef, error) {
+func (s *stateFile) append(b []byte) blobRef {
 	ref := blobRef{File: s.name, Offset: s.off, Length: int64(len(b)), CRC32C: crc32.Checksum(b, castagnoli)}
-	n, err := s.w.Write(b)
-	s.off += int64(n)
-	return ref, err
+	s.parts = append(s.parts, b)
+	s.off += int64(len(b))
+	return ref
 }
 
-func (s *stateFile) finish() error {
-	if err := s.w.Flush(); err != nil {
-		return err
+func (s *stateFile) reader() io.Reader {
+	rs := make([]io.Reader, len(s.parts))
+	for i, p := range s.parts {
+		rs[i] = bytes.NewReader(p)
 	}
-	return s.f.Sync()
+	return io.MultiReader(rs...)
 }
 
-// ReadSavepoint reads the savepoint in dir back into the checkpoint it was
-// written from (task ids are "<uid>#<subtask>": state is matched by
-// operator UID on restore, never by task). Every byte is checked against its
-// CRC-32C; a missing, truncated or damaged file fails with
-// ErrCorruptSavepoint naming it, a directory without _metadata with
-// ErrNotSavepoint, a later format with ErrSavepointVersion.
-func ReadSavepoint(dir string) (Completed, error) {
-	meta, err := readSavepointMeta(dir)
+// ReadSavepoint reads the savepoint at loc (a directory or a savepoint URL,
+// as WriteSavepoint takes) back into the checkpoint it was written from
+// (task ids are "<uid>#<subtask>": state is matched by operator UID on
+// restore, never by task). Every byte is checked against its CRC-32C; a
+// missing, truncated or damaged file fails with ErrCorruptSavepoint naming
+// it, a location without _metadata with ErrNotSavepoint, a later format
+// with ErrSavepointVersion.
+func ReadSavepoint(ctx context.Context, loc string, opts ...SavepointOpt) (Completed, error) {
+	st, meta, err := openSavepointMeta(ctx, loc, opts)
 	if err != nil {
 		return Completed{}, err
 	}
-	files := map[string]*os.File{}
-	defer func() {
-		for _, f := range files {
-			_ = f.Close()
-		}
-	}()
+	defer st.Close()
+	// Each state file is read once, whole; the entries are slices of it.
+	files := map[string][]byte{}
 	read := func(ref blobRef, what string) ([]byte, error) {
 		corrupt := func(format string, args ...any) error {
-			return fmt.Errorf("%w %s: %s: %s: %s", ErrCorruptSavepoint, dir, ref.File, what, fmt.Sprintf(format, args...))
+			return fmt.Errorf("%w %s: %s: %s: %s", ErrCorruptSavepoint, loc, ref.File, what, fmt.Sprintf(format, args...))
 		}
 		if !validStateFile(ref.File) {
 			return nil, corrupt("not a state file name")
 		}
-		f, ok := files[ref.File]
+		b, ok := files[ref.File]
 		if !ok {
-			var err error
-			if f, err = os.Open(filepath.Join(dir, filepath.FromSlash(ref.File))); err != nil {
+			r, err := st.Open(ctx, ref.File, 0, -1)
+			if err != nil {
 				return nil, corrupt("%v", err)
 			}
-			files[ref.File] = f
+			b, err = io.ReadAll(r)
+			r.Close()
+			if err != nil {
+				return nil, corrupt("%v", err)
+			}
+			files[ref.File] = b
 		}
 		if ref.Offset < 0 || ref.Length < 0 || ref.Length > 1<<40 {
 			return nil, corrupt("bad range %d+%d", ref.Offset, ref.Length)
 		}
-		fi, err := f.Stat()
-		if err != nil {
-			return nil, corrupt("%v", err)
+		if end := ref.Offset + ref.Length; end > int64(len(b)) {
+			return nil, corrupt("truncated: needs bytes %d-%d, the file has %d", ref.Offset, end, len(b))
 		}
-		if ref.Offset+ref.Length > fi.Size() {
-			return nil, corrupt("truncated: needs bytes %d-%d, the file has %d", ref.Offset, ref.Offset+ref.Length, fi.Size())
-		}
-		b := make([]byte, ref.Length)
-		if _, err := f.ReadAt(b, ref.Offset); err != nil && !errors.Is(err, io.EOF) {
-			return nil, corrupt("%v", err)
-		}
-		if sum := crc32.Checksum(b, castagnoli); sum != ref.CRC32C {
+		e := b[ref.Offset : ref.Offset+ref.Length : ref.Offset+ref.Length]
+		if sum := crc32.Checksum(e, castagnoli); sum != ref.CRC32C {
 			return nil, corrupt("checksum %08x, want %08x", sum, ref.CRC32C)
 		}
-		return b, nil
+		return e, nil
 	}
 	c := Completed{Job: meta.Job, ID: meta.Checkpoint, CompletedAt: meta.CreatedAt, Tasks: map[TaskID]TaskSnapshot{}}
 	for _, s := range meta.Snapshots {
@@ -299,6 +283,64 @@ func ReadSavepoint(dir string) (Completed, error) {
 	return c, nil
 }
 
+// IsSavepointURL reports whether a savepoint location is a URL of object
+// storage (s3://bucket/prefix?endpoint=..., file:///abs/dir: what
+// storage.Open takes) rather than a directory path.
+func IsSavepointURL(loc string) bool {
+	scheme, _, ok := strings.Cut(loc, "://")
+	return ok && scheme != "" && !strings.ContainsAny(scheme, `/\.`)
+}
+
+// JoinSavepointLocation names location name under base, a directory or a
+// savepoint URL (whose query, such as an endpoint, it keeps). A directory
+// is made absolute.
+func JoinSavepointLocation(base, name string) (string, error) {
+	if !IsSavepointURL(base) {
+		abs, err := filepath.Abs(base)
+		if err != nil {
+			return "", fmt.Errorf("savepoint location %s: %w", base, err)
+		}
+		return filepath.Join(abs, name), nil
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", fmt.Errorf("%w %q: %v", storage.ErrBadURL, base, err)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/" + name
+	u.RawPath = ""
+	return u.String(), nil
+}
+
+// openSavepoint opens the storage a savepoint location names: for a
+// directory, the file storage rooted at it (created only to write).
+func openSavepoint(ctx context.Context, loc string, write bool, cfg savepointConfig) (storage.Storage, error) {
+	if IsSavepointURL(loc) {
+		st, err := storage.Open(ctx, loc, cfg.storage...)
+		if err != nil {
+			return nil, fmt.Errorf("savepoint %s: %w", loc, err)
+		}
+		return st, nil
+	}
+	abs, err := filepath.Abs(loc)
+	if err != nil {
+		return nil, fmt.Errorf("savepoint %s: %w", loc, err)
+	}
+	if !write {
+		fi, err := os.Stat(abs)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrNotSavepoint, loc, err)
+		}
+		if !fi.IsDir() {
+			return nil, fmt.Errorf("%w: %s is not a directory", ErrNotSavepoint, loc)
+		}
+	}
+	st, err := storage.Open(ctx, (&url.URL{Scheme: "file", Path: filepath.ToSlash(abs)}).String())
+	if err != nil {
+		return nil, fmt.Errorf("savepoint %s: %w", loc, err)
+	}
+	return st, nil
+}
+
 // validStateFile accepts only the state file names WriteSavepoint writes, so
 // a crafted _metadata cannot make ReadSavepoint open files outside dir.
 func validStateFile(name string) bool {
@@ -307,17 +349,37 @@ func validStateFile(name string) bool {
 		filepath.IsLocal(filepath.FromSlash(name))
 }
 
-func readSavepointMeta(dir string) (savepointMeta, error) {
-	file := filepath.Join(dir, SavepointMetadataFile)
-	raw, err := os.ReadFile(file)
-	if errors.Is(err, os.ErrNotExist) {
-		if _, serr := os.Stat(dir); serr != nil {
-			return savepointMeta{}, fmt.Errorf("%w: %s: %v", ErrNotSavepoint, dir, serr)
-		}
-		return savepointMeta{}, fmt.Errorf("%w: %s has no %s (not a savepoint, or its write never finished)", ErrNotSavepoint, dir, SavepointMetadataFile)
+// openSavepointMeta opens the savepoint at loc for reading and reads its
+// metadata; the caller closes the storage.
+func openSavepointMeta(ctx context.Context, loc string, opts []SavepointOpt) (storage.Storage, savepointMeta, error) {
+	st, err := openSavepoint(ctx, loc, false, newSavepointConfig(opts))
+	if err != nil {
+		return nil, savepointMeta{}, err
+	}
+	meta, err := readSavepointMeta(ctx, st, loc)
+	if err != nil {
+		st.Close()
+		return nil, savepointMeta{}, err
+	}
+	return st, meta, nil
+}
+
+func readSavepointMeta(ctx context.Context, st storage.Storage, loc string) (savepointMeta, error) {
+	file, err := JoinSavepointLocation(loc, SavepointMetadataFile)
+	if err != nil {
+		return savepointMeta{}, err
+	}
+	r, err := st.Open(ctx, SavepointMetadataFile, 0, -1)
+	if errors.Is(err, storage.ErrNotFound) {
+		return savepointMeta{}, fmt.Errorf("%w: %s has no %s (not a savepoint, or its write never finished)", ErrNotSavepoint, loc, SavepointMetadataFile)
 	}
 	if err != nil {
-		return savepointMeta{}, fmt.Errorf("savepoint %s: %w", dir, err)
+		return savepointMeta{}, fmt.Errorf("savepoint %s: %w", loc, err)
+	}
+	raw, err := io.ReadAll(r)
+	r.Close()
+	if err != nil {
+		return savepointMeta{}, fmt.Errorf("savepoint %s: %w", loc, err)
 	}
 	corrupt := func(format string, args ...any) (savepointMeta, error) {
 		return savepointMeta{}, fmt.Errorf("%w: %s: %s", ErrCorruptSavepoint, file, fmt.Sprintf(format, args...))
@@ -359,11 +421,27 @@ type SavepointOpt interface{ apply(*savepointConfig) }
 type savepointConfig struct {
 	jobType   string
 	jobParams map[string]string
+	storage   []storage.Opt
+}
+
+func newSavepointConfig(opts []SavepointOpt) savepointConfig {
+	var cfg savepointConfig
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	return cfg
 }
 
 type savepointOpt func(*savepointConfig)
 
 func (o savepointOpt) apply(c *savepointConfig) { o(c) }
+
+// StorageOptions configures how a savepoint URL's object storage is opened
+// (storage.Open's options, such as storage.Credentials); directories
+// ignore it.
+func StorageOptions(opts ...storage.Opt) SavepointOpt {
+	return savepointOpt(func(c *savepointConfig) { c.storage = append(c.storage, opts...) })
+}
 
 // WithJob records the registered job type and the parameters the job was
 // built from in the savepoint's metadata, so that a reader can build the
@@ -393,14 +471,15 @@ type SavepointInfo struct {
 	JobParams map[string]string
 }
 
-// ReadSavepointInfo reads and checks the metadata of the savepoint in dir,
+// ReadSavepointInfo reads and checks the metadata of the savepoint at loc,
 // not its state files (ReadSavepoint checks those). Its errors are those
 // of ReadSavepoint for _metadata.
-func ReadSavepointInfo(dir string) (SavepointInfo, error) {
-	meta, err := readSavepointMeta(dir)
+func ReadSavepointInfo(ctx context.Context, loc string, opts ...SavepointOpt) (SavepointInfo, error) {
+	st, meta, err := openSavepointMeta(ctx, loc, opts)
 	if err != nil {
 		return SavepointInfo{}, err
 	}
+	st.Close()
 	return SavepointInfo{Version: meta.version, Job: meta.Job, Checkpoint: meta.Checkpoint, CreatedAt: meta.CreatedAt,
 		JobType: meta.JobType, JobParams: meta.JobParams}, nil
 }

@@ -4,12 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/weirstream/weir/checkpoint/storage"
+	"github.com/weirstream/weir/internal/s3server"
 )
 
 // savepointFixture is a checkpoint of two operators at parallelism 2: a
@@ -55,16 +60,43 @@ func byOperator(t *testing.T, c Completed) map[string]OperatorSnapshot {
 	return out
 }
 
+// savepointLocations are where the savepoint tests write: a directory, and
+// a place on the embedded S3 server (through the real AWS client).
+func savepointLocations() map[string]func(t *testing.T) (string, []SavepointOpt) {
+	return map[string]func(t *testing.T) (string, []SavepointOpt){
+		"directory": func(t *testing.T) (string, []SavepointOpt) { return filepath.Join(t.TempDir(), "sp"), nil },
+		"S3": func(t *testing.T) (string, []SavepointOpt) {
+			srv, err := s3server.Start(t.Context(), s3server.Buckets("weir"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { srv.Close() })
+			return srv.URL("weir", "savepoints/sp"), []SavepointOpt{StorageOptions(storage.Credentials("weir", "weir"))}
+		},
+	}
+}
+
 func TestSavepointRoundTripsEveryOperatorSnapshot(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "sp")
-	want := savepointFixture()
-	if err := WriteSavepoint(dir, want, time.Unix(100, 0)); err != nil {
-		t.Fatal(err)
+	for name, at := range savepointLocations() {
+		t.Run(name, func(t *testing.T) {
+			loc, opts := at(t)
+			want := savepointFixture()
+			if err := WriteSavepoint(t.Context(), loc, want, time.Unix(100, 0), opts...); err != nil {
+				t.Fatal(err)
+			}
+			got, err := ReadSavepoint(t.Context(), loc, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkSameSavepoint(t, got, want)
+		})
 	}
-	got, err := ReadSavepoint(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+}
+
+// checkSameSavepoint fails unless got holds every snapshot and handle of
+// want.
+func checkSameSavepoint(t *testing.T, got, want Completed) {
+	t.Helper()
 	if got.Job != want.Job || got.ID != want.ID {
 		t.Fatalf("read job %q checkpoint %d, want %q %d", got.Job, got.ID, want.Job, want.ID)
 	}
@@ -79,6 +111,63 @@ func TestSavepointRoundTripsEveryOperatorSnapshot(t *testing.T) {
 	}
 	if !reflect.DeepEqual(handleSet(got), handleSet(want)) {
 		t.Errorf("handles: read %v, want %v", handleSet(got), handleSet(want))
+	}
+}
+
+// A savepoint written to object storage, copied object by object into a
+// directory, reads the same there: nothing in it names its bucket. A
+// missing state object, or a location without _metadata, is refused as
+// in a directory.
+func TestASavepointOnS3MovesToADirectoryAndIsRefusedWhenDamaged(t *testing.T) {
+	loc, opts := savepointLocations()["S3"](t)
+	if err := WriteSavepoint(t.Context(), loc, savepointFixture(), time.Unix(100, 0), opts...); err != nil {
+		t.Fatal(err)
+	}
+	st, err := storage.Open(t.Context(), loc, storage.Credentials("weir", "weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	dir := filepath.Join(t.TempDir(), "copy")
+	var keys []string
+	if err := st.List(t.Context(), "", func(o storage.Object) error {
+		keys = append(keys, o.Key)
+		r, err := st.Open(t.Context(), o.Key, 0, -1)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		b, err := io.ReadAll(r)
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, o.Key)), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dir, o.Key), b, 0o644)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"_metadata", "state/count.bin", "state/sink.bin", "state/source.bin"}; !slices.Equal(keys, want) {
+		t.Fatalf("objects of the savepoint: %v, want %v", keys, want)
+	}
+	got, err := ReadSavepoint(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSameSavepoint(t, got, savepointFixture())
+
+	if err := st.Delete(t.Context(), "state/source.bin"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadSavepoint(t.Context(), loc, opts...); !errors.Is(err, ErrCorruptSavepoint) || !strings.Contains(err.Error(), "state/source.bin") {
+		t.Fatalf("read without state/source.bin: %v, want ErrCorruptSavepoint naming it", err)
+	}
+	if err := st.Delete(t.Context(), SavepointMetadataFile); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadSavepoint(t.Context(), loc, opts...); !errors.Is(err, ErrNotSavepoint) {
+		t.Fatalf("read without _metadata: %v, want ErrNotSavepoint", err)
 	}
 }
 
@@ -108,7 +197,7 @@ func handleSet(c Completed) map[string]TxnHandle {
 
 func TestSavepointReadsAfterItsDirectoryMoved(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "sp")
-	if err := WriteSavepoint(src, savepointFixture(), time.Unix(100, 0)); err != nil {
+	if err := WriteSavepoint(t.Context(), src, savepointFixture(), time.Unix(100, 0)); err != nil {
 		t.Fatal(err)
 	}
 	dst := filepath.Join(t.TempDir(), "elsewhere")
@@ -118,7 +207,7 @@ func TestSavepointReadsAfterItsDirectoryMoved(t *testing.T) {
 	if err := os.RemoveAll(src); err != nil {
 		t.Fatal(err)
 	}
-	got, err := ReadSavepoint(dst)
+	got, err := ReadSavepoint(t.Context(), dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,18 +217,22 @@ func TestSavepointReadsAfterItsDirectoryMoved(t *testing.T) {
 }
 
 func TestSavepointIsNeverWrittenOverAnother(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "sp")
-	if err := WriteSavepoint(dir, savepointFixture(), time.Unix(100, 0)); err != nil {
-		t.Fatal(err)
-	}
-	other := savepointFixture()
-	other.ID = 13
-	if err := WriteSavepoint(dir, other, time.Unix(200, 0)); !errors.Is(err, ErrSavepointExists) {
-		t.Fatalf("second write into %s: %v, want ErrSavepointExists", dir, err)
-	}
-	got, err := ReadSavepoint(dir)
-	if err != nil || got.ID != 12 {
-		t.Fatalf("after the refused write: checkpoint %d, %v; want 12", got.ID, err)
+	for name, at := range savepointLocations() {
+		t.Run(name, func(t *testing.T) {
+			loc, opts := at(t)
+			if err := WriteSavepoint(t.Context(), loc, savepointFixture(), time.Unix(100, 0), opts...); err != nil {
+				t.Fatal(err)
+			}
+			other := savepointFixture()
+			other.ID = 13
+			if err := WriteSavepoint(t.Context(), loc, other, time.Unix(200, 0), opts...); !errors.Is(err, ErrSavepointExists) {
+				t.Fatalf("second write into %s: %v, want ErrSavepointExists", loc, err)
+			}
+			got, err := ReadSavepoint(t.Context(), loc, opts...)
+			if err != nil || got.ID != 12 {
+				t.Fatalf("after the refused write: checkpoint %d, %v; want 12", got.ID, err)
+			}
+		})
 	}
 }
 
@@ -230,11 +323,11 @@ func TestDamagedSavepointFailsWithOneErrorNamingTheFile(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "sp")
-			if err := WriteSavepoint(dir, savepointFixture(), time.Unix(100, 0)); err != nil {
+			if err := WriteSavepoint(t.Context(), dir, savepointFixture(), time.Unix(100, 0)); err != nil {
 				t.Fatal(err)
 			}
 			tc.damage(t, dir)
-			_, err := ReadSavepoint(dir)
+			_, err := ReadSavepoint(t.Context(), dir)
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("read: %v, want %v", err, tc.want)
 			}
@@ -247,7 +340,34 @@ func TestDamagedSavepointFailsWithOneErrorNamingTheFile(t *testing.T) {
 
 func TestReadingAMissingDirectoryIsNotASavepoint(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "nowhere")
-	if _, err := ReadSavepoint(dir); !errors.Is(err, ErrNotSavepoint) || !strings.Contains(err.Error(), dir) {
+	if _, err := ReadSavepoint(t.Context(), dir); !errors.Is(err, ErrNotSavepoint) || !strings.Contains(err.Error(), dir) {
 		t.Fatalf("read %s: %v, want ErrNotSavepoint naming it", dir, err)
+	}
+}
+
+func TestSavepointLocationsJoinAsDirectoriesOrURLs(t *testing.T) {
+	abs, err := filepath.Abs("rel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		base, name, want string
+		url              bool
+	}{
+		{"/var/sp", "savepoint-abc-3", "/var/sp/savepoint-abc-3", false},
+		{"rel", "x", filepath.Join(abs, "x"), false},
+		{"s3://weir/sp?endpoint=http://127.0.0.1:9000", "savepoint-abc-3", "s3://weir/sp/savepoint-abc-3?endpoint=http://127.0.0.1:9000", true},
+		{"s3://weir/sp/", "retained-abc-4", "s3://weir/sp/retained-abc-4", true},
+		{"s3://weir", "savepoint-abc-3", "s3://weir/savepoint-abc-3", true},
+		{"file:///var/sp", "savepoint-abc-3", "file:///var/sp/savepoint-abc-3", true},
+		{"./odd://dir", "x", filepath.Join(filepath.Dir(abs), "odd:", "dir", "x"), false},
+	} {
+		if got := IsSavepointURL(tc.base); got != tc.url {
+			t.Errorf("IsSavepointURL(%q) = %v, want %v", tc.base, got, tc.url)
+		}
+		got, err := JoinSavepointLocation(tc.base, tc.name)
+		if err != nil || got != tc.want {
+			t.Errorf("JoinSavepointLocation(%q, %q) = %q, %v; want %q", tc.base, tc.name, got, err, tc.want)
+		}
 	}
 }

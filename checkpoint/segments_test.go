@@ -235,7 +235,7 @@ func containsKey(list []string, s string) bool {
 }
 
 func TestASavepointRefusesStateThatIsNotInline(t *testing.T) {
-	err := WriteSavepoint(t.TempDir(), refsTo(1, 1), time.Now())
+	err := WriteSavepoint(t.Context(), t.TempDir(), refsTo(1, 1), time.Now())
 	if !errors.Is(err, ErrStateNotInline) {
 		t.Fatalf("savepoint of a checkpoint with references: %v", err)
 	}

@@ -295,7 +295,9 @@ id, so two jobs of one type never fence each other.
 
 --from-savepoint starts the job from a savepoint ("streamctl savepoint", "stop
 --savepoint"), a directory the job manager reads (a path on its machine; a
-savepoint from another cluster works once copied there): operators are
+savepoint from another cluster works once copied there) or a savepoint URL
+(s3://bucket/prefix/savepoint-...?endpoint=..., read with the job manager's
+--checkpoint-storage credentials): operators are
 matched by UID, keyed state is spread over the key groups at the new
 parallelism (up to the savepoint's max parallelism), an operator the
 savepoint does not know starts empty, and the savepoint's pending

@@ -137,7 +137,7 @@ SIGINT/SIGTERM (a leader resigns, so a standby takes over at once).`,
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6123", "control-plane (gRPC) address")
 	cmd.Flags().StringVar(&httpAddr, "http", "127.0.0.1:8081", "HTTP address (REST API and /metrics)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the job store and completed checkpoints (created; default: in memory)")
-	cmd.Flags().StringVar(&savepointDir, "savepoint-dir", "", "default directory savepoints are written under (savepoint, stop --savepoint); may be on another disk than --data-dir")
+	cmd.Flags().StringVar(&savepointDir, "savepoint-dir", "", "default directory or savepoint URL (s3://bucket/prefix?endpoint=..., opened with the --checkpoint-storage credentials) savepoints are written under (savepoint, stop --savepoint); may be on another disk than --data-dir")
 	stor.add(cmd, false)
 	cmd.Flags().StringVar(&tokenFile, "auth-token-file", "", "file holding the token every RPC and HTTP request must carry (required beyond loopback)")
 	cmd.Flags().StringVar(&certFile, "tls-cert", "", "PEM certificate: serve RPC and HTTP over TLS (with --tls-key)")

@@ -37,7 +37,9 @@ func (f *snapshotFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.storageURL, "checkpoint-storage", "", "with a checkpoint whose task state is in checkpoint storage: its URL, to read the state from (as the job manager's --checkpoint-storage)")
 }
 
-const snapshotPathHelp = `PATH is a savepoint directory (it holds _metadata), or a retained checkpoint:
+const snapshotPathHelp = `PATH is a savepoint directory (it holds _metadata), a savepoint URL
+(s3://bucket/prefix/savepoint-...?endpoint=..., credentials the standard AWS
+way), or a retained checkpoint:
 a job manager's --data-dir or a "streamctl run" --checkpoint-dir (each holds
 checkpoints/, the checkpoint store), with --job-id ID (default: the
 directory's only job; a run --checkpoint-dir names its job in job-id) and
@@ -66,15 +68,15 @@ var errNotSnapshot = errors.New("not a savepoint or a checkpoint directory")
 
 // loadSnapshot reads the savepoint or retained checkpoint at path.
 func loadSnapshot(ctx context.Context, path string, f snapshotFlags) (snapshot, error) {
-	if _, err := os.Stat(filepath.Join(path, checkpoint.SavepointMetadataFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(path, checkpoint.SavepointMetadataFile)); err == nil || checkpoint.IsSavepointURL(path) {
 		if f.jobID != "" || f.checkpoint != 0 {
 			return snapshot{}, fmt.Errorf("%s is a savepoint: --job-id and --checkpoint apply to checkpoint directories only", path)
 		}
-		info, err := checkpoint.ReadSavepointInfo(path)
+		info, err := checkpoint.ReadSavepointInfo(ctx, path)
 		if err != nil {
 			return snapshot{}, err
 		}
-		c, err := checkpoint.ReadSavepoint(path)
+		c, err := checkpoint.ReadSavepoint(ctx, path)
 		if err != nil {
 			return snapshot{}, err
 		}

@@ -118,7 +118,7 @@ func TestDumpOfSessionWindowsGivesEveryUsersWindowCountAndTimer(t *testing.T) {
 		t.Fatal(err)
 	}
 	sp := filepath.Join(t.TempDir(), "sp")
-	if err := checkpoint.WriteSavepoint(sp, c, time.Now(), checkpoint.WithJob("test-sessions", nil)); err != nil {
+	if err := checkpoint.WriteSavepoint(t.Context(), sp, c, time.Now(), checkpoint.WithJob("test-sessions", nil)); err != nil {
 		t.Fatal(err)
 	}
 

@@ -295,7 +295,7 @@ func TestInspectAndDumpOfAWordcountCheckpointMatchTheInputWordByWord(t *testing.
 	// A savepoint written with its job type.
 	sp := filepath.Join(t.TempDir(), "sp")
 	written := time.Now().UTC()
-	if err := checkpoint.WriteSavepoint(sp, c, written, checkpoint.WithJob(wordcount.Name, params)); err != nil {
+	if err := checkpoint.WriteSavepoint(t.Context(), sp, c, written, checkpoint.WithJob(wordcount.Name, params)); err != nil {
 		t.Fatal(err)
 	}
 	in = inspectJSON(t, sp)
@@ -336,7 +336,7 @@ func smallSavepoint(t *testing.T) string {
 				Partitions: []checkpoint.TxnPartition{{Topic: "out", Partition: 2, FirstOffset: 40}}}}}}},
 	}}
 	dir := filepath.Join(t.TempDir(), "sp")
-	if err := checkpoint.WriteSavepoint(dir, c, time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)); err != nil {
+	if err := checkpoint.WriteSavepoint(t.Context(), dir, c, time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)); err != nil {
 		t.Fatal(err)
 	}
 	return dir

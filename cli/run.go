@@ -51,7 +51,8 @@ transactional ids, so two runs on different directories never fence each
 other. Without --checkpoint-dir, checkpoints live in memory and a new process
 starts from scratch with a new job id.
 
---from-savepoint starts the job from a savepoint directory as submit's does
+--from-savepoint starts the job from a savepoint directory or URL (credentials
+the standard AWS way) as submit's does
 (operators matched by UID, any parallelism up to the savepoint's max
 parallelism, its pending transactions committed; state of an operator the job
 no longer has refused unless --allow-non-restored-state). With
@@ -88,7 +89,7 @@ transactions are aborted, its held share records released).`,
 			}
 			opts := []runtime.ClusterOpt{runtime.Logger(log), runtime.CheckpointInterval(jf.interval), runtime.Failpoints(fp)}
 			if from.path != "" {
-				c, err := checkpoint.ReadSavepoint(from.path)
+				c, err := checkpoint.ReadSavepoint(cmd.Context(), from.path)
 				if err != nil {
 					return err
 				}
@@ -146,7 +147,7 @@ transactions are aborted, its held share records released).`,
 	from.add(cmd, "in this process")
 	cmd.Flags().BoolVar(&retain.on, "retain-on-cancel", false,
 		"when the job is cancelled (SIGINT/SIGTERM), write its latest completed checkpoint out as a savepoint (under --savepoint-dir, else CHECKPOINT_DIR/retained) and print its path")
-	cmd.Flags().StringVar(&retain.dir, "savepoint-dir", "", "directory --retain-on-cancel writes the retained savepoint under (created)")
+	cmd.Flags().StringVar(&retain.dir, "savepoint-dir", "", "directory or savepoint URL (s3://bucket/prefix?endpoint=...) --retain-on-cancel writes the retained savepoint under")
 	return cmd
 }
 

@@ -61,10 +61,15 @@ periodic ones (barriers, alignment, its transactions committed when it
 completes) that the job manager also writes out, self-contained, into a new
 directory savepoint-<job>-<checkpoint> under --target (default: the job
 manager's --savepoint-dir; without either it fails). The directory is the job
-manager's: a path on its machine. It is never deleted by Weir, can be copied
-elsewhere, and starts a job again with "submit --from-savepoint" (or "run
+manager's: a path on its machine. --target may instead be a URL of object
+storage, s3://bucket/prefix?endpoint=...&region=... (any S3-compatible store;
+the job manager opens it with its --checkpoint-storage credentials, the
+standard AWS way) or file:///abs/dir: the savepoint is then the same objects
+under s3://bucket/prefix/savepoint-<job>-<checkpoint>. It is never deleted by
+Weir, can be copied elsewhere (between a directory and object storage too),
+and starts a job again with "submit --from-savepoint" (or "run
 --from-savepoint"), at another parallelism or with another version of the job.
-It prints the savepoint's directory once written; the job goes on running.`,
+It prints the savepoint's location once written; the job goes on running.`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withLogger(func(cmd *cobra.Command, _ *zap.Logger) error {
 			if err := s.f.checkOutput(cmd); err != nil {
@@ -74,7 +79,7 @@ It prints the savepoint's directory once written; the job goes on running.`,
 		}),
 	}
 	s.f.flags(cmd, true)
-	cmd.Flags().StringVar(&target, "target", "", "directory under which the savepoint is written (default: the job manager's --savepoint-dir)")
+	cmd.Flags().StringVar(&target, "target", "", "directory or savepoint URL (s3://bucket/prefix?endpoint=...) under which the savepoint is written (default: the job manager's --savepoint-dir)")
 	cmd.AddCommand(newSavepointInspectCmd(a))
 	return cmd
 }
@@ -92,8 +97,9 @@ func newStopCmd(a *app) *cobra.Command {
 		Long: `stop ends the running job JOB_ID with a savepoint (Flink's stop-with-savepoint):
 once the savepoint's checkpoint is triggered no other checkpoint is, the
 savepoint completes and its transactions commit, it is written into a new
-directory under --savepoint DIR (a path on the job manager's machine; default
-its --savepoint-dir), and then the job's tasks stop: what they read after the
+directory under --savepoint DIR (a path on the job manager's machine, or a
+URL of object storage as savepoint --target takes; default its
+--savepoint-dir), and then the job's tasks stop: what they read after the
 savepoint's barrier is rolled back (its transactions aborted, its share-group
 records released for the next job), so the savepoint holds exactly what the
 job's committed output reflects. The job ends FINISHED. If the savepoint
@@ -122,7 +128,7 @@ once if only writing it out failed): the job reads on.`,
 		}),
 	}
 	s.f.flags(cmd, true)
-	cmd.Flags().StringVar(&dir, "savepoint", "", "directory under which the savepoint is written (default: the job manager's --savepoint-dir)")
+	cmd.Flags().StringVar(&dir, "savepoint", "", "directory or savepoint URL (s3://bucket/prefix?endpoint=...) under which the savepoint is written (default: the job manager's --savepoint-dir)")
 	cmd.Flags().BoolVar(&drain, "drain", false, "stop reading and emit the final watermark before the savepoint: every event-time window and timer fires into it")
 	return cmd
 }
@@ -135,7 +141,7 @@ type savepointStart struct {
 }
 
 func (s *savepointStart) add(cmd *cobra.Command, where string) {
-	cmd.Flags().StringVar(&s.path, "from-savepoint", "", "start the job from the savepoint in this directory ("+where+")")
+	cmd.Flags().StringVar(&s.path, "from-savepoint", "", "start the job from the savepoint in this directory or at this savepoint URL ("+where+")")
 	cmd.Flags().BoolVar(&s.allowNonRestored, "allow-non-restored-state", false,
 		"with --from-savepoint: drop the savepoint's state of operators the job no longer has (refused otherwise)")
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
 	"github.com/weirstream/weir/runtime"
 )
@@ -403,9 +404,10 @@ func (o submitOpt) apply(c *submitCfg) { o(c) }
 // is shown by its type.
 func JobName(name string) SubmitOpt { return submitOpt(func(c *submitCfg) { c.name = name }) }
 
-// FromSavepoint starts the job from the savepoint in dir (a directory
-// checkpoint.WriteSavepoint wrote, on this cluster or another; read by the
-// job manager's process): its state is matched to the job's operators by
+// FromSavepoint starts the job from the savepoint at dir (a directory or
+// savepoint URL checkpoint.WriteSavepoint wrote, on this cluster or
+// another; read by the job manager's process, a URL with the
+// CheckpointStorage options): its state is matched to the job's operators by
 // UID, keyed state goes to the key groups' owners at the job's
 // parallelism, and its pending transactions are committed as a restored
 // checkpoint's. A savepoint that cannot be read (damaged, truncated, not a
@@ -458,7 +460,7 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	}
 	var from checkpoint.Completed
 	if cfg.fromSavepoint != "" {
-		if from, err = checkpoint.ReadSavepoint(cfg.fromSavepoint); err != nil {
+		if from, err = checkpoint.ReadSavepoint(ctx, cfg.fromSavepoint, s.savepointOpts()...); err != nil {
 			return "", err
 		}
 		if err := runtime.CheckRestore(job, from, cfg.allowNonRestored); err != nil {
@@ -628,7 +630,7 @@ func (s *Server) Jobs(ctx context.Context) ([]JobRecord, error) {
 // savepoint: one the caller must change, not retry.
 func badSavepoint(err error) bool {
 	for _, e := range []error{checkpoint.ErrNotSavepoint, checkpoint.ErrCorruptSavepoint, checkpoint.ErrSavepointVersion,
-		checkpoint.ErrSavepointExists, runtime.ErrIncompatibleState, ErrNoSavepointTarget} {
+		checkpoint.ErrSavepointExists, runtime.ErrIncompatibleState, ErrNoSavepointTarget, storage.ErrBadURL} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
+	"github.com/weirstream/weir/internal/s3server"
 	"github.com/weirstream/weir/jobmanager"
 )
 
@@ -18,15 +19,44 @@ import (
 // deployment, keeps the references the tasks acknowledge with, and a
 // savepoint reads the referenced state back into itself: the savepoint is
 // self-contained.
+// With the checkpoint storage on S3, savepoints go to S3 too when the
+// savepoint directory is a URL, opened with the checkpoint storage's
+// credentials.
 func TestTheStorageURLGoesWithTheDeploymentAndASavepointReadsTheReferencedState(t *testing.T) {
-	u := "file://" + filepath.Join(t.TempDir(), "state")
-	st, err := storage.Open(t.Context(), u)
+	for _, tc := range []struct {
+		name string
+		// locations returns the checkpoint storage URL and the savepoint
+		// directory (or URL) under which savepoints must appear.
+		locations func(t *testing.T) (storageURL, savepoints string)
+	}{
+		{"file storage, savepoints in a directory", func(t *testing.T) (string, string) {
+			return "file://" + filepath.Join(t.TempDir(), "state"), t.TempDir()
+		}},
+		{"S3 storage, savepoints on S3", func(t *testing.T) (string, string) {
+			srv, err := s3server.Start(t.Context(), s3server.Buckets("weir"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { srv.Close() })
+			return srv.URL("weir", "cp"), srv.URL("weir", "savepoints")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u, spDir := tc.locations(t)
+			testASavepointReadsTheReferencedState(t, u, spDir)
+		})
+	}
+}
+
+func testASavepointReadsTheReferencedState(t *testing.T, u, spDir string) {
+	creds := storage.Credentials("weir", "weir")
+	st, err := storage.Open(t.Context(), u, creds)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
 	s, err := jobmanager.New(jobmanager.Jobs(numbersRegistry(t)), jobmanager.HeartbeatTimeout(time.Hour),
-		jobmanager.CheckpointStorage(u), jobmanager.StateInlineLimit(-1), jobmanager.SavepointDir(t.TempDir()))
+		jobmanager.CheckpointStorage(u, creds), jobmanager.StateInlineLimit(-1), jobmanager.SavepointDir(spDir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +110,10 @@ func TestTheStorageURLGoesWithTheDeploymentAndASavepointReadsTheReferencedState(
 	if err != nil || op.Failure != "" {
 		t.Fatalf("savepoint: %+v, %v", op, err)
 	}
-	c, err := checkpoint.ReadSavepoint(op.Location)
+	if want := strings.TrimSuffix(strings.Split(spDir, "?")[0], "/") + "/savepoint-"; !strings.HasPrefix(op.Location, want) {
+		t.Fatalf("savepoint at %s, want it under %s", op.Location, want)
+	}
+	c, err := checkpoint.ReadSavepoint(t.Context(), op.Location, checkpoint.StorageOptions(creds))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -33,8 +32,11 @@ var ErrNoSavepointTarget = errors.New("savepoint: no target directory: give one 
 // per job (for status polls and the dashboard).
 const savepointsKept = 20
 
-// SavepointDir is the directory savepoints go to when a trigger names none
-// (Flink's state.savepoints.dir). It may be on another disk than DataDir.
+// SavepointDir is where savepoints go when a trigger names no target
+// (Flink's state.savepoints.dir): a directory, which may be on another
+// disk than DataDir, or a savepoint URL (s3://bucket/prefix?endpoint=...,
+// opened with the CheckpointStorage options, so one set of credentials
+// serves both).
 func SavepointDir(dir string) Opt { return optFunc(func(c *cfg) { c.savepointDir = dir }) }
 
 // SavepointOp is one savepoint (or stop-with-savepoint) asked of a job:
@@ -47,7 +49,8 @@ type SavepointOp struct {
 	// Status is SavepointInProgress or SavepointCompleted (which a failed
 	// operation is too, with Failure set, as in Flink).
 	Status string `json:"status"`
-	// Location is the savepoint's directory (absolute), once written.
+	// Location is the savepoint's directory (absolute) or URL, once
+	// written.
 	Location   string        `json:"location,omitempty"`
 	Checkpoint checkpoint.ID `json:"checkpoint,omitempty"`
 	Failure    string        `json:"failure,omitempty"`
@@ -57,7 +60,9 @@ type SavepointOp struct {
 }
 
 // StartSavepoint starts a savepoint of running job id into a new
-// directory under target ("" for the job manager's SavepointDir) and
+// location under target (a directory or a savepoint URL such as
+// s3://bucket/savepoints, checkpoint.JoinSavepointLocation; "" for the job
+// manager's SavepointDir) and
 // returns its trigger id at once; SavepointStatus or WaitSavepoint follow
 // it. With stop, the job ends FINISHED once the savepoint is written
 // (stop-with-savepoint): its sources stop being read, the savepoint is its
@@ -71,11 +76,7 @@ func (s *Server) StartSavepoint(ctx context.Context, id, target string, stop, dr
 	if target == "" {
 		return "", ErrNoSavepointTarget
 	}
-	abs, err := filepath.Abs(target)
-	if err != nil {
-		return "", fmt.Errorf("savepoint target %s: %w", target, err)
-	}
-	if err := os.MkdirAll(abs, 0o755); err != nil {
+	if _, err := checkpoint.JoinSavepointLocation(target, "x"); err != nil {
 		return "", fmt.Errorf("savepoint target: %w", err)
 	}
 	s.jobs.mu.Lock()
@@ -106,15 +107,18 @@ func (s *Server) StartSavepoint(ctx context.Context, id, target string, stop, dr
 		defer s.jobs.wg.Done()
 		var location string
 		c, err := rj.mc.TriggerSavepoint(s.jobs.ctx, stop, drain, func(c checkpoint.Completed) error {
-			dir := filepath.Join(abs, "savepoint-"+checkpoint.ShortJobID(id)+"-"+strconv.FormatUint(uint64(c.ID), 10))
+			dir, err := checkpoint.JoinSavepointLocation(target, "savepoint-"+checkpoint.ShortJobID(id)+"-"+strconv.FormatUint(uint64(c.ID), 10))
+			if err != nil {
+				return err
+			}
 			// A savepoint is self-contained: state in checkpoint storage
 			// is read into it.
-			c, err := s.resolve(s.jobs.ctx, c)
+			c, err = s.resolve(s.jobs.ctx, c)
 			if err != nil {
 				return err
 			}
 			// The job's type and parameters let state dump decode it.
-			if err := checkpoint.WriteSavepoint(dir, c, time.Now(), checkpoint.WithJob(rj.rec.Type, rj.rec.Params)); err != nil {
+			if err := checkpoint.WriteSavepoint(s.jobs.ctx, dir, c, time.Now(), s.savepointOpts(checkpoint.WithJob(rj.rec.Type, rj.rec.Params))...); err != nil {
 				return err
 			}
 			location = dir
@@ -158,7 +162,7 @@ func (s *Server) retain(r JobRecord, log *zap.Logger) string {
 	ctx, cancel := context.WithTimeout(context.Background(), retainTimeout)
 	defer cancel()
 	// The job's type and parameters let state dump decode it.
-	dir, c, err := checkpoint.WriteRetained(ctx, checkpoint.Resolving(s.jobs.cps, s.storage), r.ID, base, time.Now(), checkpoint.WithJob(r.Type, r.Params))
+	dir, c, err := checkpoint.WriteRetained(ctx, checkpoint.Resolving(s.jobs.cps, s.storage), r.ID, base, time.Now(), s.savepointOpts(checkpoint.WithJob(r.Type, r.Params))...)
 	switch {
 	case errors.Is(err, checkpoint.ErrNotFound):
 		log.Info("retain-on-cancel: the job completed no checkpoint; nothing retained")
@@ -169,6 +173,13 @@ func (s *Server) retain(r JobRecord, log *zap.Logger) string {
 	}
 	log.Info("retained the cancelled job's latest checkpoint as a savepoint", zap.String("location", dir), zap.Uint64("checkpoint", uint64(c.ID)))
 	return dir
+}
+
+// savepointOpts are opts and the options savepoint URLs are opened with:
+// the checkpoint storage's (CheckpointStorage), so that one set of
+// credentials serves both.
+func (s *Server) savepointOpts(opts ...checkpoint.SavepointOpt) []checkpoint.SavepointOpt {
+	return append(opts, checkpoint.StorageOptions(s.cfg.storageOpts...))
 }
 
 func cmpOr(a, b string) string {

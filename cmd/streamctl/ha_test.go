@@ -15,7 +15,6 @@ import (
 	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/internal/proctest"
-	"github.com/weirstream/weir/internal/s3server"
 	"github.com/weirstream/weir/jobmanager/ha"
 )
 
@@ -184,11 +183,7 @@ func TestHAJobManagersFailOverTwiceAndTheWordcountStaysExactlyOnce(t *testing.T)
 func TestStateOnS3SurvivesATaskManagerAndALeaderSIGKILLExactlyOnceAndLeavesNoOrphan(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
-	srv, err := s3server.Start(ctx, s3server.Buckets("weir"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv := startS3(t)
 	c := newHACluster(t)
 	c.env = kafkatest.New(t)
 	c.storage = srv.URL("weir", "cp")

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +21,32 @@ import (
 // server's (any) credentials, the standard AWS way.
 var s3Env = []string{"AWS_ACCESS_KEY_ID=weir", "AWS_SECRET_ACCESS_KEY=weir", "AWS_REGION=us-east-1"}
 
+// startS3 starts the embedded S3 server with bucket "weir" for the test.
+func startS3(t *testing.T) *s3server.Server {
+	t.Helper()
+	srv, err := s3server.Start(t.Context(), s3server.Buckets("weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+// newS3ProcCluster is newProcCluster with its job manager started again
+// with jmArgs, and task managers tm-a and tm-b (two slots each), every
+// process given the S3 credentials (s3Env).
+func newS3ProcCluster(t *testing.T, jmArgs ...string) *procCluster {
+	t.Helper()
+	c := newProcCluster(t, streamctlBin)
+	c.JM.Stop(t)
+	c.JMArgs = jmArgs
+	c.StartJMEnv(s3Env)
+	c.StartTMWith("tm-a", 2, s3Env)
+	c.StartTMWith("tm-b", 2, s3Env)
+	c.WaitTMs("tm-a,tm-b")
+	return c
+}
+
 // The wordcount on a job manager and two task manager processes with
 // checkpoint storage on the embedded S3 server, every task's state written
 // there (--state-inline-limit 0): a task manager is SIGKILLed, the job
@@ -27,22 +56,9 @@ var s3Env = []string{"AWS_ACCESS_KEY_ID=weir", "AWS_SECRET_ACCESS_KEY=weir", "AW
 func TestWordcountWithStateOnS3IsExactlyOnceAcrossATaskManagerSIGKILLAndLeavesNoOrphan(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	srv, err := s3server.Start(ctx, s3server.Buckets("weir"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv := startS3(t)
 	u := srv.URL("weir", "cp")
-	env := newProcCluster(t, streamctlBin)
-	// newProcCluster started a job manager without storage: start the
-	// cluster's own with it.
-	env.JM.Stop(t)
-	env.JMArgs = []string{"--checkpoint-storage", u, "--state-inline-limit", "0", "--checkpoint-orphan-grace", "0s"}
-	env.StartJMEnv(s3Env)
-	c := env
-	c.StartTMWith("tm-a", 2, s3Env)
-	c.StartTMWith("tm-b", 2, s3Env)
-	c.WaitTMs("tm-a,tm-b")
+	c := newS3ProcCluster(t, "--checkpoint-storage", u, "--state-inline-limit", "0", "--checkpoint-orphan-grace", "0s")
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
 	id := c.Submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
@@ -113,4 +129,52 @@ func retainedRefs(t *testing.T, dir, job string) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// Savepoints on object storage: a job manager whose --savepoint-dir is an
+// S3 URL stops the wordcount with a savepoint there; "savepoint inspect"
+// reads it from S3; a fresh cluster (another job manager data directory,
+// no checkpoint storage: it reads the savepoint with the standard AWS
+// credentials) resumes the job from the URL at parallelism 3, and every
+// word is counted 1..n once, read_committed, across both jobs.
+func TestWordcountStoppedWithASavepointOnS3ResumesOnAFreshClusterAtAnotherParallelism(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	srv := startS3(t)
+	spBase := srv.URL("weir", "savepoints")
+	c := newS3ProcCluster(t, "--checkpoint-storage", srv.URL("weir", "cp"), "--state-inline-limit", "0", "--savepoint-dir", spBase)
+	in := newInput(t, ctx, c.env.Addr, "lines", 300)
+	in.run(ctx)
+	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
+	id := c.Submit(args...)
+	n1 := len(c.waitOutput(ctx, "counts", 600))
+	out, err := c.Run("stop", id)
+	if err != nil {
+		t.Fatalf("stop %s: %v; %s", id, err, c.Logs(60))
+	}
+	sp := strings.TrimSpace(out)
+	if want := strings.Split(spBase, "?")[0] + "/savepoint-"; !strings.HasPrefix(sp, want) {
+		t.Fatalf("stop printed %q, want a savepoint URL under %s", out, want)
+	}
+	if st := c.Status(id); st.State != "FINISHED" {
+		t.Fatalf("job %s after stop: %+v, want FINISHED", id, st)
+	}
+	inspect := exec.CommandContext(ctx, streamctlBin, "savepoint", "inspect", sp)
+	inspect.Env = append(os.Environ(), s3Env...)
+	if b, err := inspect.CombinedOutput(); err != nil || !strings.Contains(string(b), "count") {
+		t.Fatalf("savepoint inspect %s: %v\n%s", sp, err, b)
+	}
+	for _, p := range []*proctest.Proc{c.TMs["tm-a"], c.TMs["tm-b"], c.JM} {
+		p.Stop(t)
+	}
+
+	fresh := &procCluster{Cluster: proctest.NewCluster(t, streamctlBin), t: t, env: c.env}
+	fresh.JM.Stop(t)
+	fresh.StartJMEnv(s3Env)
+	fresh.twoTMs()
+	fresh.Submit(append(args, "--parallelism", "3", "--from-savepoint", sp)...)
+	fresh.waitOutput(ctx, "counts", n1+600)
+	in.halt()
+	total := fresh.verify(ctx, "lines", "counts")
+	t.Logf("%d lines, %d output records, %d of them before the stop; savepoint %s", in.n, total, n1, sp)
 }
