@@ -21,6 +21,7 @@ import (
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/jobmanager"
+	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/taskmanager"
 )
 
@@ -40,6 +41,7 @@ func newJobManagerCmd(a *app) *cobra.Command {
 	var stor storageFlags
 	var allowedHosts []string
 	var haf haFlags
+	var cpTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "jobmanager [--listen 127.0.0.1:6123] [--http 127.0.0.1:8081] [--data-dir DIR] [--ha standalone|etcd|embedded] [--etcd-endpoints URL,...] [--checkpoint-storage URL]",
 		Short: "Run a job manager: schedules submitted jobs onto task managers and coordinates their checkpoints",
@@ -115,6 +117,9 @@ SIGINT/SIGTERM (a leader resigns, so a standby takes over at once).`,
 			}
 			sec.httpHosts = allowedHosts
 			sec.savepointDir = savepointDir
+			if cpTimeout <= 0 {
+				return flagError(cmd, fmt.Errorf("--checkpoint-timeout %v must be positive", cpTimeout))
+			}
 			if err := stor.check(cmd); err != nil {
 				return err
 			}
@@ -131,7 +136,8 @@ SIGINT/SIGTERM (a leader resigns, so a standby takes over at once).`,
 				return err
 			}
 			defer closeHA()
-			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil, append(st.jobManagerOpts(), haOpts...)...)
+			opts := append(st.jobManagerOpts(), jobmanager.CheckpointTimeout(cpTimeout))
+			return a.runJobManager(cmd.Context(), log, listen, httpAddr, dataDir, sec, nil, append(opts, haOpts...)...)
 		}),
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6123", "control-plane (gRPC) address")
@@ -139,6 +145,8 @@ SIGINT/SIGTERM (a leader resigns, so a standby takes over at once).`,
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the job store and completed checkpoints (created; default: in memory)")
 	cmd.Flags().StringVar(&savepointDir, "savepoint-dir", "", "default directory or savepoint URL (s3://bucket/prefix?endpoint=..., opened with the --checkpoint-storage credentials) savepoints are written under (savepoint, stop --savepoint); may be on another disk than --data-dir")
 	stor.add(cmd, false)
+	cmd.Flags().DurationVar(&cpTimeout, "checkpoint-timeout", runtime.DefaultCheckpointTimeout,
+		"how long a checkpoint of any job may take from its trigger before it expires (Flink's execution.checkpointing.timeout); raise it for large state")
 	cmd.Flags().StringVar(&tokenFile, "auth-token-file", "", "file holding the token every RPC and HTTP request must carry (required beyond loopback)")
 	cmd.Flags().StringVar(&certFile, "tls-cert", "", "PEM certificate: serve RPC and HTTP over TLS (with --tls-key)")
 	cmd.Flags().StringVar(&keyFile, "tls-key", "", "PEM private key of --tls-cert")

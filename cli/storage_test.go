@@ -57,6 +57,7 @@ func TestStorageFlagsRefuseWhatCannotWork(t *testing.T) {
 		{[]string{"jobmanager", "--checkpoint-storage", "embedded"}, `--checkpoint-storage embedded is for "streamctl local"`},
 		{[]string{"jobmanager", "--checkpoint-storage", "ftp://x"}, "unknown scheme"},
 		{[]string{"jobmanager", "--checkpoint-orphan-grace", "-1s"}, "must not be negative"},
+		{[]string{"jobmanager", "--checkpoint-timeout", "0s"}, "--checkpoint-timeout 0s must be positive"},
 		{[]string{"run", "wordcount", "--state-inline-limit", "-2"}, "--state-inline-limit -2"},
 	} {
 		var out, errs bytes.Buffer

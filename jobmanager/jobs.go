@@ -291,7 +291,7 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 			runtime.OrphanGrace(s.cfg.orphanGrace), runtime.OnStateDeleted(stats.stateDeleted))
 	}
 	mc := runtime.NewMiniCluster(append(extra, runtime.Deployment(d), runtime.CheckpointStore(s.jobs.cps), runtime.JobID(r.ID),
-		runtime.CheckpointInterval(interval), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
+		runtime.CheckpointInterval(interval), runtime.CheckpointTimeout(s.cfg.cpTimeout), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
 		runtime.Failpoints(s.cfg.fp), runtime.SuspendWith(s.jobs.ctx),
 		runtime.FailoverDelays(s.cfg.timeout, s.cfg.slotTimeout),
 		runtime.OnCheckpointTriggered(stats.triggered),

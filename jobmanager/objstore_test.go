@@ -2,7 +2,10 @@ package jobmanager_test
 
 import (
 	"encoding/json"
+	"errors"
 	"hash/crc32"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +16,7 @@ import (
 	"github.com/weirstream/weir/internal/rpc/weirpb"
 	"github.com/weirstream/weir/internal/s3server"
 	"github.com/weirstream/weir/jobmanager"
+	"github.com/weirstream/weir/runtime"
 )
 
 // With checkpoint storage the job manager sends its URL with every
@@ -124,5 +128,23 @@ func testASavepointReadsTheReferencedState(t *testing.T, u, spDir string) {
 		if got := string(ts.Operators[0].KeyGroups[0]); got != string(state) {
 			t.Fatalf("savepoint key group 0 = %q, want %q", got, state)
 		}
+	}
+}
+
+// The job manager's checkpoint timeout is its jobs' (REST's checkpoint
+// config reports it); a non-positive one is refused.
+func TestTheCheckpointTimeoutIsReportedAndANonPositiveOneRefused(t *testing.T) {
+	if _, err := jobmanager.New(jobmanager.CheckpointTimeout(0)); !errors.Is(err, runtime.ErrInvalidOption) {
+		t.Fatalf("New with a zero checkpoint timeout: %v, want ErrInvalidOption", err)
+	}
+	s, _, id := submittedNumbers(t, time.Hour, jobmanager.HeartbeatTimeout(time.Hour), jobmanager.CheckpointTimeout(10*time.Minute))
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "http://localhost/jobs/"+id+"/checkpoints/config", nil)
+	s.HTTPHandler().ServeHTTP(rec, req)
+	var cfg struct {
+		Timeout int64 `json:"timeout"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &cfg); err != nil || rec.Code != http.StatusOK || cfg.Timeout != (10*time.Minute).Milliseconds() {
+		t.Fatalf("checkpoint config: %d %s (%v); want timeout %d", rec.Code, rec.Body, err, (10 * time.Minute).Milliseconds())
 	}
 }

@@ -329,14 +329,14 @@ type cpConfig struct {
 
 // restCheckpointConfig is Flink's GET .../checkpoints/config: how the job
 // manager checkpoints the job (aligned barriers, exactly once, one at a
-// time, the runtime's default timeout and minimum pause).
+// time, the job manager's checkpoint timeout, the default minimum pause).
 func (s *Server) restCheckpointConfig(w http.ResponseWriter, r *http.Request) {
 	rec, err := s.jobs.store.Get(r.PathValue("id"))
 	if err != nil {
 		restError(w, err)
 		return
 	}
-	c := cpConfig{Mode: "exactly_once", Interval: rec.CheckpointIntervalMs, Timeout: runtime.DefaultCheckpointTimeout.Milliseconds(),
+	c := cpConfig{Mode: "exactly_once", Interval: rec.CheckpointIntervalMs, Timeout: s.cfg.cpTimeout.Milliseconds(),
 		MinPause:      checkpoint.EffectiveMinPause(0, time.Duration(rec.CheckpointIntervalMs)*time.Millisecond).Milliseconds(),
 		MaxConcurrent: 1, StateBackend: "weir", CheckpointStorage: "jobmanager", TolerableFailedCheckpoints: checkpoint.DefaultTolerableFailures,
 		CheckpointsAfterTasksFinish: true}

@@ -85,7 +85,17 @@ type cfg struct {
 	storageOpts []storage.Opt
 	inlineLimit int64
 	orphanGrace time.Duration
+	// cpTimeout is how long a checkpoint may take before it expires.
+	cpTimeout time.Duration
 }
+
+// CheckpointTimeout sets how long a checkpoint of any job may take from its
+// trigger before it expires (Flink's execution.checkpointing.timeout;
+// default runtime.DefaultCheckpointTimeout, 1 minute). Jobs with large
+// state whose checkpoints take longer need more, or every checkpoint
+// expires. Exactly-once Kafka sinks and share-group sources check at open
+// that their transaction timeout outlives it.
+func CheckpointTimeout(d time.Duration) Opt { return optFunc(func(c *cfg) { c.cpTimeout = d }) }
 
 // CheckpointStorage makes the tasks of every job write their state to the
 // checkpoint storage at rawURL (storage.Open: file://, s3://, mem://) and
@@ -183,12 +193,15 @@ type Server struct {
 // New opens a job manager's stores (DataDir); Close closes them.
 func New(opts ...Opt) (*Server, error) {
 	c := cfg{interval: rpc.DefaultHeartbeatInterval, timeout: rpc.DefaultHeartbeatTimeout, log: zap.NewNop(),
-		slotTimeout: DefaultSlotTimeout, orphanGrace: runtime.DefaultOrphanGrace}
+		slotTimeout: DefaultSlotTimeout, orphanGrace: runtime.DefaultOrphanGrace, cpTimeout: runtime.DefaultCheckpointTimeout}
 	for _, o := range opts {
 		o.apply(&c)
 	}
 	if c.jobs == nil {
 		c.jobs = runtime.NewRegistry()
+	}
+	if c.cpTimeout <= 0 {
+		return nil, fmt.Errorf("%w: checkpoint timeout %v must be positive", runtime.ErrInvalidOption, c.cpTimeout)
 	}
 	if c.interval <= 0 || c.timeout <= c.interval || c.slotTimeout <= 0 {
 		return nil, fmt.Errorf("heartbeat interval %v, timeout %v, slot timeout %v: all positive, the timeout above the interval",

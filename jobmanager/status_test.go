@@ -13,23 +13,31 @@ import (
 	"github.com/weirstream/weir/jobmanager"
 )
 
+// submittedNumbers starts a job manager with opts added, registers one
+// task manager of one slot, and submits the numbers job with interval.
+func submittedNumbers(t *testing.T, interval time.Duration, opts ...jobmanager.Opt) (s *jobmanager.Server, addr, id string) {
+	t.Helper()
+	s, err := jobmanager.New(append([]jobmanager.Opt{jobmanager.Jobs(numbersRegistry(t))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	addr, _ = serve(t, s)
+	register(t, addr, "tm-1", 1)
+	waitFor(t, s, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
+	id, err = s.Submit(t.Context(), "numbers", nil, interval, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, addr, id
+}
+
 // A healthy job's status always carries "error" (empty) and
 // "restart_strategy" (the strategy in force, the default when the job was
 // submitted without one), over REST and over the control plane the CLI
 // reads, as the references promise.
 func TestAHealthyJobsStatusCarriesErrorAndTheRestartStrategyInForce(t *testing.T) {
-	s, err := jobmanager.New(jobmanager.Jobs(numbersRegistry(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	addr, _ := serve(t, s)
-	register(t, addr, "tm-1", 1)
-	waitFor(t, s, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
-	id, err := s.Submit(t.Context(), "numbers", nil, time.Second, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, addr, id := submittedNumbers(t, time.Second)
 	want := jobmanager.DefaultRestartStrategy().String()
 
 	hs := httptest.NewServer(s.HTTPHandler())

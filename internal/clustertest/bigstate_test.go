@@ -21,6 +21,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
+	"github.com/weirstream/weir/internal/s3server"
 	"github.com/weirstream/weir/jobmanager"
 	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/taskmanager"
@@ -285,21 +287,27 @@ func (s *txnSink) Close() error { return nil }
 
 // cluster is a job manager and task managers in this process.
 type cluster struct {
-	t    *testing.T
-	srv  *jobmanager.Server
-	addr string
-	reg  *runtime.Registry
-	log  *zap.Logger
-	wg   sync.WaitGroup
-	tms  map[string]context.CancelFunc
+	t      *testing.T
+	srv    *jobmanager.Server
+	addr   string
+	reg    *runtime.Registry
+	log    *zap.Logger
+	tmOpts []taskmanager.Opt
+	wg     sync.WaitGroup
+	tms    map[string]context.CancelFunc
 }
 
-func startCluster(t *testing.T, reg *runtime.Registry, log *zap.Logger) *cluster {
+// startCluster starts a job manager with jmOpts added; its task managers
+// (startTM) get tmOpts added.
+func startCluster(t *testing.T, reg *runtime.Registry, log *zap.Logger, jmOpts []jobmanager.Opt, tmOpts ...taskmanager.Opt) *cluster {
 	t.Helper()
 	// A generous heartbeat timeout: the test box is loaded, and a session
 	// lost to a late heartbeat is not what this package tests.
-	srv, err := jobmanager.New(jobmanager.Jobs(reg), jobmanager.DataDir(t.TempDir()), jobmanager.Logger(log.Named("jm")),
-		jobmanager.HeartbeatTimeout(30*time.Second))
+	// And Flink's checkpoint timeout: under the race detector on a loaded
+	// machine a 64 MiB checkpoint can take longer than Weir's default
+	// minute, and then every one of them expires.
+	srv, err := jobmanager.New(append([]jobmanager.Opt{jobmanager.Jobs(reg), jobmanager.DataDir(t.TempDir()), jobmanager.Logger(log.Named("jm")),
+		jobmanager.HeartbeatTimeout(30 * time.Second), jobmanager.CheckpointTimeout(10 * time.Minute)}, jmOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +315,7 @@ func startCluster(t *testing.T, reg *runtime.Registry, log *zap.Logger) *cluster
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, srv: srv, addr: lis.Addr().String(), reg: reg, log: log, tms: map[string]context.CancelFunc{}}
+	c := &cluster{t: t, srv: srv, addr: lis.Addr().String(), reg: reg, log: log, tmOpts: tmOpts, tms: map[string]context.CancelFunc{}}
 	ctx, stop := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, lis) }()
@@ -334,8 +342,11 @@ func (c *cluster) startTM(id string) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		_ = taskmanager.Run(ctx, c.addr, taskmanager.ID(id), taskmanager.Slots(1), taskmanager.Jobs(c.reg),
-			taskmanager.Logger(c.log.Named(id)), taskmanager.ReconnectDelay(50*time.Millisecond))
+		err := taskmanager.Run(ctx, c.addr, append([]taskmanager.Opt{taskmanager.ID(id), taskmanager.Slots(1), taskmanager.Jobs(c.reg),
+			taskmanager.Logger(c.log.Named(id)), taskmanager.ReconnectDelay(50 * time.Millisecond)}, c.tmOpts...)...)
+		if err != nil && ctx.Err() == nil {
+			c.t.Errorf("task manager %s: %v", id, err)
+		}
 	}()
 }
 
@@ -382,37 +393,38 @@ func checkRounds(t *testing.T, out []rec, keys, n int) {
 	}
 }
 
-// A job whose keyed state is far above gRPC's 4 MiB message limit
-// checkpoints on a cluster of two task managers (the snapshots travel to
-// the job manager in chunks), loses a task manager, restores every byte of
-// that state on a new one (in chunks too) and finishes with every record
-// committed once. WEIR_BIG_STATE=1 runs it with 1 GiB of state,
-// WEIR_BIG_STATE=N with N MiB.
-func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing.T) {
-	keys, pad := 4096, 16<<10 // 64 MiB of keyed state
+// bigStateMiB is the keyed state size WEIR_BIG_STATE asks for: 1 means
+// 1 GiB, N > 1 N MiB; def MiB without it.
+func bigStateMiB(t *testing.T, def int) int {
 	switch v := os.Getenv("WEIR_BIG_STATE"); v {
 	case "":
+		return def
 	case "1":
-		keys = 65536 // 1 GiB
-	default: // MiB
+		return 1 << 10
+	default:
 		mib, err := strconv.Atoi(v)
 		if err != nil || mib < 1 {
 			t.Fatalf("WEIR_BIG_STATE=%q: want 1 (1 GiB) or a number of MiB", v)
 		}
-		keys = mib << 20 / pad
+		return mib
 	}
+}
+
+// runBigState runs the big-state job with mib MiB of keyed state (16 KiB
+// per key) on c, on task managers tm-1 and tm-2: both rounds before the
+// pause are checkpointed (full, holding the state of every key, and next,
+// the checkpoint after it, taken while the job is still paused), check
+// judges them, then tm-1 stops as a crash would, tm-3 starts, the job
+// restores every byte of state and finishes with every record committed
+// once.
+func runBigState(t *testing.T, c *cluster, j *bigJob, check func(full, next checkpoint.Completed)) {
+	t.Helper()
 	// Each wait is generous: a GiB of state takes minutes per checkpoint
 	// and restore on a loaded 2-core machine.
 	wait := 5 * time.Minute
-	if keys > 4096 {
+	if j.keys > 4096 {
 		wait = 30 * time.Minute
 	}
-	j := &bigJob{keys: keys, rounds: 4, pause: 2, pad: pad, resume: make(chan struct{}),
-		txns: &memTxns{open: map[string][]rec{}}}
-	reg := runtime.NewRegistry()
-	j.register(t, reg)
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	c := startCluster(t, reg, log)
 	c.startTM("tm-1")
 	c.startTM("tm-2")
 	waitUntil(t, time.Minute, "two task managers registered", func() bool { return len(c.srv.TaskManagers()) == 2 })
@@ -430,22 +442,29 @@ func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing
 	// Checkpoint paused+2 was triggered after the sources paused: it holds
 	// the state of two whole rounds.
 	start := time.Now()
-	waitUntil(t, wait, "a checkpoint of the paused job", func() bool {
-		rec, last, err := c.srv.Job(ctx, id)
-		if rec.State == jobmanager.StateFailed {
-			t.Fatalf("job failed: %s", rec.Error)
+	completedAfter := func(after checkpoint.ID) checkpoint.Completed {
+		t.Helper()
+		waitUntil(t, wait, fmt.Sprintf("a checkpoint of the paused job after %d", after), func() bool {
+			rec, last, err := c.srv.Job(ctx, id)
+			if rec.State == jobmanager.StateFailed {
+				t.Fatalf("job failed: %s", rec.Error)
+			}
+			return err == nil && last > after
+		})
+		cp, err := c.srv.LatestCheckpoint(ctx, id)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return err == nil && last >= paused+2
-	})
-	full, err := c.srv.LatestCheckpoint(ctx, id)
-	if err != nil {
-		t.Fatal(err)
+		return cp
 	}
-	if want := int64(keys * pad); full.Size() < want {
+	full := completedAfter(paused + 1)
+	if want := int64(j.keys * j.pad); full.Size() < want {
 		t.Fatalf("checkpoint %d holds %d bytes of state; want at least %d", full.ID, full.Size(), want)
 	}
 	t.Logf("checkpoint %d: %d MiB of state, completed %v after its trigger; two checkpoints in %v", full.ID, full.Size()>>20,
 		full.CompletedAt.Sub(full.TriggeredAt).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	next := completedAfter(full.ID)
+	check(full, next)
 
 	c.stopTM("tm-1")
 	c.startTM("tm-3")
@@ -472,6 +491,68 @@ func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing
 		sort.Strings(v)
 		t.Fatalf("restored keyed state is not the checkpointed state: %d violations, first: %s", len(v), v[0])
 	}
-	checkRounds(t, j.txns.output(), keys, j.rounds)
+	checkRounds(t, j.txns.output(), j.keys, j.rounds)
 	t.Logf("restarts=%d; rounds 3-4 and the final checkpoint took %v", rec.Restarts, time.Since(resumed).Round(time.Millisecond))
+}
+
+// newBigJob is the big-state job with mib MiB of keyed state, registered
+// in a new registry.
+func newBigJob(t *testing.T, mib int) (*bigJob, *runtime.Registry) {
+	const pad = 16 << 10
+	j := &bigJob{keys: mib << 20 / pad, rounds: 4, pause: 2, pad: pad, resume: make(chan struct{}),
+		txns: &memTxns{open: map[string][]rec{}}}
+	reg := runtime.NewRegistry()
+	j.register(t, reg)
+	return j, reg
+}
+
+// A job whose keyed state is far above gRPC's 4 MiB message limit
+// checkpoints on a cluster of two task managers (the snapshots travel to
+// the job manager in chunks), loses a task manager, restores every byte of
+// that state on a new one (in chunks too) and finishes with every record
+// committed once. WEIR_BIG_STATE=1 runs it with 1 GiB of state,
+// WEIR_BIG_STATE=N with N MiB (64 MiB by default).
+func TestStateFarAboveTheMessageLimitCheckpointsAndRestoresOnACluster(t *testing.T) {
+	j, reg := newBigJob(t, bigStateMiB(t, 64))
+	c := startCluster(t, reg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), nil)
+	runBigState(t, c, j, func(full, next checkpoint.Completed) {})
+}
+
+// The same job with its keyed state on object storage (the embedded S3
+// server, through the AWS client): the task managers write the state there
+// and the job manager keeps references only (less than 1 MiB of the
+// checkpoint inline), the checkpoint after the full one, with no key
+// changed, uploads less than 1 MiB (incremental), and the task manager
+// that replaces a lost one restores every byte from S3. 256 MiB of keyed
+// state by default, 32 MiB under the race detector (WEIR_BIG_STATE sets it
+// as above); .ci/run runs it without the race detector too.
+func TestHundredsOfMBOfKeyedStateCheckpointToS3IncrementallyAndRestore(t *testing.T) {
+	mib := 256
+	if raceEnabled {
+		mib = 32
+	}
+	j, reg := newBigJob(t, bigStateMiB(t, mib))
+	srv, err := s3server.Start(t.Context(), s3server.Buckets("weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	u, creds := srv.URL("weir", "cp"), storage.Credentials("weir", "weir")
+	c := startCluster(t, reg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		[]jobmanager.Opt{jobmanager.CheckpointStorage(u, creds)}, taskmanager.CheckpointStorage(u, creds))
+	runBigState(t, c, j, func(full, next checkpoint.Completed) {
+		var referenced int64
+		for _, r := range full.Refs() {
+			referenced += r.Length
+		}
+		if inline := full.Size() - referenced; inline >= 1<<20 {
+			t.Fatalf("checkpoint %d holds %d bytes inline of %d: the state did not go to S3", full.ID, inline, full.Size())
+		}
+		if next.Size() < full.Size() || next.Uploaded() >= 1<<20 {
+			t.Fatalf("checkpoint %d of the paused job: %d bytes of state, %d uploaded; want at least %d, less than 1 MiB uploaded",
+				next.ID, next.Size(), next.Uploaded(), full.Size())
+		}
+		t.Logf("checkpoint %d: %d MiB on S3, %d bytes inline; checkpoint %d uploaded %d bytes", full.ID, referenced>>20,
+			full.Size()-referenced, next.ID, next.Uploaded())
+	})
 }

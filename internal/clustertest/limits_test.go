@@ -30,7 +30,7 @@ func TestADeploymentTooLargeToSendFailsTheJobWithItsCause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := startCluster(t, reg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	c := startCluster(t, reg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), nil)
 	c.startTM("tm-1")
 	c.startTM("tm-2")
 	waitUntil(t, time.Minute, "two task managers registered", func() bool { return len(c.srv.TaskManagers()) == 2 })
