@@ -652,7 +652,9 @@ func (s *Source[T]) checkIsolation(ctx context.Context) error {
 // marker covers) and its start offset must be covered by a committed
 // marker: if not, the broker skipped records the job never processed (share
 // state lost or reset, records archived), and the job fails with
-// ErrRecordsSkipped naming them, never silently. A start that moved back
+// ErrRecordsSkipped naming them, never silently. Offsets an Open marker
+// covers are undecided (Index.OpenOver): the partition is judged again at
+// the next check, its watermark unmoved. A start that moved back
 // (state reset to an earlier offset) is fine: the lookup recognises what
 // comes back. Watermarks then advance to the start offsets, and an input
 // partition the group has not fetched yet gets one at its log start offset
@@ -681,7 +683,17 @@ func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]
 			}
 		}
 		if start > wm {
-			gaps, err := s.deliverable(ctx, tp, s.ix.Uncovered(tp, wm, start))
+			uncovered := s.ix.Uncovered(tp, wm, start)
+			if s.ix.OpenOver(tp, uncovered) {
+				// Undecided: a marker over them may have committed, its
+				// commit not readable yet, while its committer already
+				// acknowledged the records. The next check decides;
+				// the watermark stays.
+				s.log.Debug("share start offset check: open markers cover the offsets below the start; decided at the next check",
+					zap.Stringer("partition", tp), zap.Int64("watermark", wm), zap.Int64("start", start))
+				continue
+			}
+			gaps, err := s.deliverable(ctx, tp, uncovered)
 			if err != nil {
 				return nil, err
 			}

@@ -639,6 +639,30 @@ func (ix *Index) Uncovered(tp TopicPartition, from, to int64) []Range {
 	return out
 }
 
+// OpenOver reports whether a marker whose transaction is still Open (its
+// commit or abort not read yet) covers an offset of tp in one of ranges.
+// On Apache Kafka a transaction's markers become readable after EndTxn
+// returns (the coordinator writes them asynchronously), so a committer may
+// already have acknowledged what a committed marker covers while a reader
+// still sees the marker Open. Call CatchUpToEnd first.
+func (ix *Index) OpenOver(tp TopicPartition, ranges []Range) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	l := ix.byTP[tp]
+	if l == nil {
+		return false
+	}
+	open := false
+	for _, r := range ranges {
+		l.each(r.Start, r.End, func(iv interval) {
+			if iv.e.status == Open {
+				open = true
+			}
+		})
+	}
+	return open
+}
+
 // Status returns the marker at ack-log offset with its current status, and
 // false if there is none (not read yet, not a marker, or forgotten).
 func (ix *Index) Status(offset int64) (Entry, bool) {
