@@ -2,11 +2,13 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -53,14 +55,27 @@ func testRegistry(t *testing.T) *weirruntime.Registry {
 }
 
 // runCLI runs the root command in-process.
+//
+// A command still running after runCLIDeadline is cancelled, so that a
+// test expecting a refusal that never comes fails in minutes, not at the
+// package's timeout.
 func runCLI(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	root := newRootCmd(testRegistry(t), &out, &errb)
 	root.SetArgs(args)
-	err = root.ExecuteContext(t.Context())
+	ctx, cancel := context.WithTimeout(t.Context(), runCLIDeadline)
+	defer cancel()
+	err = root.ExecuteContext(ctx)
+	if ctx.Err() != nil && t.Context().Err() == nil {
+		err = fmt.Errorf("streamctl %v still running after %v (cancelled): %w", args, runCLIDeadline, err)
+	}
 	return out.String(), errb.String(), err
 }
+
+// runCLIDeadline bounds one runCLI call; no command the tests run takes a
+// minute even under -race.
+const runCLIDeadline = 3 * time.Minute
 
 func TestVersionPrintsModuleAndGoVersion(t *testing.T) {
 	out, _, err := runCLI(t, "version")
