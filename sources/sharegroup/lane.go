@@ -299,7 +299,8 @@ func (l *lane) takeUnpolled(ctx context.Context, topics []string, acquired func(
 			// Never poll again while holding records: kgo ACCEPTs every
 			// record of the previous poll not yet acknowledged when
 			// PollRecords is called, unprocessed and under no marker (a
-			// loss the start offset check reported as records skipped).
+			// loss the start offset check reported as records skipped;
+			// TestAShareClientsPollAcceptsThePreviousPollsUnacknowledgedRecords).
 			// What a later fetch buffers is released at close.
 			break
 		}
