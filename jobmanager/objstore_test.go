@@ -148,3 +148,48 @@ func TestTheCheckpointTimeoutIsReportedAndANonPositiveOneRefused(t *testing.T) {
 		t.Fatalf("checkpoint config: %d %s (%v); want timeout %d", rec.Code, rec.Body, err, (10 * time.Minute).Milliseconds())
 	}
 }
+
+// The job manager's checkpoint timeout reaches its jobs: a checkpoint no
+// task acknowledges expires after 300 ms (the default would wait a minute)
+// and REST counts it failed.
+func TestACheckpointNoTaskAcknowledgesExpiresAtTheJobManagersTimeout(t *testing.T) {
+	s, err := jobmanager.New(jobmanager.Jobs(numbersRegistry(t)), jobmanager.HeartbeatTimeout(time.Hour),
+		jobmanager.CheckpointTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	addr, _ := serve(t, s)
+	stream := register(t, addr, "tm-1", 1)
+	waitFor(t, s, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
+	id, err := s.Submit(t.Context(), "numbers", nil, 100*time.Millisecond, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := pump(t, stream)
+	d := await(t, msgs, "a deployment", isDeploy).GetDeploy()
+	for _, m := range []*weirpb.TaskManagerMessage{
+		{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{JobId: d.JobId, Attempt: d.Attempt, DataAddress: "127.0.0.1:1"}}},
+		{Msg: &weirpb.TaskManagerMessage_Opened{Opened: &weirpb.Opened{JobId: d.JobId, Attempt: d.Attempt}}},
+	} {
+		if err := stream.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	await(t, msgs, "a checkpoint trigger", func(m *weirpb.JobManagerMessage) bool { return m.GetTrigger() != nil })
+	var stats struct {
+		Counts struct {
+			Failed int64 `json:"failed"`
+		} `json:"counts"`
+	}
+	for deadline := time.Now().Add(20 * time.Second); stats.Counts.Failed == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no checkpoint failed within 20 s of its trigger; the job manager's 300 ms checkpoint timeout did not reach the job")
+		}
+		rec := httptest.NewRecorder()
+		s.HTTPHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://localhost/jobs/"+id+"/checkpoints", nil))
+		if err := json.Unmarshal(rec.Body.Bytes(), &stats); err != nil || rec.Code != http.StatusOK {
+			t.Fatalf("checkpoints: %d %s (%v)", rec.Code, rec.Body, err)
+		}
+	}
+}

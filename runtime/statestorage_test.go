@@ -83,6 +83,52 @@ func referenced(t *testing.T, store *checkpoint.Store, job string) (map[string]b
 	return refs, cs
 }
 
+// memStores opens a memory checkpoint storage and a checkpoint store in a
+// temporary directory, closed with the test.
+func memStores(t *testing.T) (storage.Storage, *checkpoint.Store) {
+	t.Helper()
+	st, err := storage.Open(t.Context(), "mem://")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := checkpoint.OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	return st, store
+}
+
+// checkOnlyReferencedObjects fails unless the objects under the seq job's
+// shared prefix are exactly those its retained checkpoints reference, and
+// returns them.
+func checkOnlyReferencedObjects(t *testing.T, st storage.Storage, store *checkpoint.Store) map[string]bool {
+	t.Helper()
+	objs := listObjects(t, st, "seq")
+	refs, _ := referenced(t, store, "seq")
+	for k := range objs {
+		if !refs[k] {
+			t.Errorf("object %s is referenced by no retained checkpoint", k)
+		}
+	}
+	for k := range refs {
+		if !objs[k] {
+			t.Errorf("retained checkpoints reference %s, which is gone", k)
+		}
+	}
+	return objs
+}
+
+// runSeqUntilCanceled runs the seq job (its source stalled after stallAt
+// records) on mc until ctx is cancelled, which it must end with.
+func runSeqUntilCanceled(t *testing.T, ctx context.Context, mc *MiniCluster, stallAt int) {
+	t.Helper()
+	src := seqSourceOf(seqSource{keys: 30, splits: 6, n: 400, perPoll: 1, stallAt: stallAt})
+	if _, err := mc.Run(ctx, seqJob(src, &violations{}, newMemTxns(), nil, 2, 2)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: %v, want it cancelled", err)
+	}
+}
+
 func TestStateInCheckpointStorageIsExactlyOnceUnderFailuresAndLeavesNoUnreferencedObject(t *testing.T) {
 	seeds := 6
 	if testing.Short() {
@@ -107,7 +153,7 @@ func TestStateInCheckpointStorageIsExactlyOnceUnderFailuresAndLeavesNoUnreferenc
 							mu.Unlock()
 						})}
 				})
-				refs, cs := referenced(t, store, "seq")
+				_, cs := referenced(t, store, "seq")
 				if len(cs) == 0 {
 					t.Fatal("no retained checkpoint")
 				}
@@ -120,17 +166,7 @@ func TestStateInCheckpointStorageIsExactlyOnceUnderFailuresAndLeavesNoUnreferenc
 						}
 					}
 				}
-				objs := listObjects(t, st, "seq")
-				for k := range objs {
-					if !refs[k] {
-						t.Errorf("object %s is referenced by no retained checkpoint", k)
-					}
-				}
-				for k := range refs {
-					if !objs[k] {
-						t.Errorf("retained checkpoints reference %s, which is gone", k)
-					}
-				}
+				objs := checkOnlyReferencedObjects(t, st, store)
 				t.Logf("%d objects, state %d bytes acknowledged, %d uploaded", len(objs), sizes, uploaded)
 			})
 		}
@@ -150,10 +186,7 @@ func stoppedRun(t *testing.T, store *checkpoint.Store, st storage.Storage, u str
 				cancel()
 			}
 		}))
-	src := seqSourceOf(seqSource{keys: 30, splits: 6, n: 400, perPoll: 1, stallAt: 200})
-	if _, err := mc.Run(ctx, seqJob(src, &violations{}, newMemTxns(), nil, 2, 2)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("first run: %v", err)
-	}
+	runSeqUntilCanceled(t, ctx, mc, 200)
 }
 
 func TestARestoreFromAMissingOrCorruptSegmentFailsNamingTheObject(t *testing.T) {
@@ -243,15 +276,7 @@ func TestATaskStartsAFullUploadAfterAnAbortedCheckpoint(t *testing.T) {
 }
 
 func TestCheckpointsOfUnchangedKeyGroupsUploadOnlyWhatChanged(t *testing.T) {
-	st, err := storage.Open(t.Context(), "mem://")
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := checkpoint.OpenStore(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	st, store := memStores(t)
 	// The source stalls halfway: checkpoints after the stall find every
 	// key group as the previous one left it.
 	ctx, cancel := context.WithCancel(t.Context())
@@ -266,10 +291,7 @@ func TestCheckpointsOfUnchangedKeyGroupsUploadOnlyWhatChanged(t *testing.T) {
 				cancel()
 			}
 		}))
-	src := seqSourceOf(seqSource{keys: 30, splits: 6, n: 400, perPoll: 1, stallAt: 50})
-	if _, err := mc.Run(ctx, seqJob(src, &violations{}, newMemTxns(), nil, 2, 2)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("run: %v", err)
-	}
+	runSeqUntilCanceled(t, ctx, mc, 50)
 	last := events[len(events)-1]
 	c, err := store.Get(t.Context(), "seq", last.ID)
 	if err != nil {
@@ -307,15 +329,7 @@ func TestCheckpointsOfUnchangedKeyGroupsUploadOnlyWhatChanged(t *testing.T) {
 }
 
 func TestAJobMasterStartingAgainRebuildsItsRegistryAndSweepsOnlyOrphans(t *testing.T) {
-	st, err := storage.Open(t.Context(), "mem://")
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := checkpoint.OpenStore(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	st, store := memStores(t)
 	stoppedRun(t, store, st, "mem://", 4)
 	// An object a task wrote and never acknowledged (it died), and one of
 	// another job.
@@ -339,27 +353,12 @@ func TestAJobMasterStartingAgainRebuildsItsRegistryAndSweepsOnlyOrphans(t *testi
 				cancel()
 			}
 		}))
-	src := seqSourceOf(seqSource{keys: 30, splits: 6, n: 400, perPoll: 1, stallAt: 200})
-	if _, err := mc.Run(ctx, seqJob(src, &violations{}, newMemTxns(), nil, 2, 2)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("second run: %v", err)
-	}
+	runSeqUntilCanceled(t, ctx, mc, 200)
 	if restored == 0 {
 		t.Fatal("the second run restored nothing")
 	}
-	objs := listObjects(t, st, "seq")
-	refs, _ := referenced(t, store, "seq")
-	if objs[orphan] {
+	if objs := checkOnlyReferencedObjects(t, st, store); objs[orphan] {
 		t.Errorf("the orphan %s was not swept", orphan)
-	}
-	for k := range refs {
-		if !objs[k] {
-			t.Errorf("retained checkpoints reference %s, which is gone", k)
-		}
-	}
-	for k := range objs {
-		if !refs[k] {
-			t.Errorf("object %s is referenced by no retained checkpoint", k)
-		}
 	}
 	if len(listObjects(t, st, "other")) != 1 {
 		t.Error("the sweep deleted another job's object")
@@ -367,15 +366,7 @@ func TestAJobMasterStartingAgainRebuildsItsRegistryAndSweepsOnlyOrphans(t *testi
 }
 
 func TestAJobCancelledWithACheckpointInFlightLeavesNoObjectOfIt(t *testing.T) {
-	st, err := storage.Open(t.Context(), "mem://")
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := checkpoint.OpenStore(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	st, store := memStores(t)
 	// The job is cancelled when a task acknowledges a checkpoint (the 4th
 	// or later) with an object written for it; that acknowledgement reaches
 	// the coordinator only after the coordinator stopped, so the checkpoint
@@ -396,10 +387,7 @@ func TestAJobCancelledWithACheckpointInFlightLeavesNoObjectOfIt(t *testing.T) {
 				})
 			}
 		}))
-	src := seqSourceOf(seqSource{keys: 30, splits: 6, n: 400, perPoll: 1, stallAt: 200})
-	if _, err := mc.Run(ctx, seqJob(src, &violations{}, newMemTxns(), nil, 2, 2)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("run: %v", err)
-	}
+	runSeqUntilCanceled(t, ctx, mc, 200)
 	latest, err := store.Latest(t.Context(), "seq")
 	if err != nil {
 		t.Fatal(err)
@@ -407,18 +395,7 @@ func TestAJobCancelledWithACheckpointInFlightLeavesNoObjectOfIt(t *testing.T) {
 	if inFlight == 0 || latest.ID >= inFlight {
 		t.Fatalf("latest checkpoint %d: the acknowledgement held back did not keep checkpoint %d in flight", latest.ID, inFlight)
 	}
-	objs := listObjects(t, st, "seq")
-	refs, _ := referenced(t, store, "seq")
-	for k := range objs {
-		if !refs[k] {
-			t.Errorf("object %s is referenced by no retained checkpoint after the job ended", k)
-		}
-	}
-	for k := range refs {
-		if !objs[k] {
-			t.Errorf("retained checkpoints reference %s, which is gone", k)
-		}
-	}
+	checkOnlyReferencedObjects(t, st, store)
 }
 
 // listFailing is a checkpoint store that cannot list its checkpoints.
@@ -429,15 +406,7 @@ func (listFailing) List(context.Context, string) ([]checkpoint.Summary, error) {
 }
 
 func TestNothingIsDeletedWhileTheRetainedCheckpointsReferencesAreUnknown(t *testing.T) {
-	st, err := storage.Open(t.Context(), "mem://")
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := checkpoint.OpenStore(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	st, store := memStores(t)
 	stoppedRun(t, store, st, "mem://", 3)
 	orphan := checkpoint.SharedPrefix("seq") + "gone_0/99-0000000000000000.seg"
 	if err := st.Put(t.Context(), orphan, strings.NewReader("bytes")); err != nil {
@@ -454,10 +423,7 @@ func TestNothingIsDeletedWhileTheRetainedCheckpointsReferencesAreUnknown(t *test
 				cancel()
 			}
 		}))
-	src := seqSourceOf(seqSource{keys: 30, splits: 6, n: 400, perPoll: 1, stallAt: 300})
-	if _, err := mc.Run(ctx, seqJob(src, &violations{}, newMemTxns(), nil, 2, 2)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("run: %v", err)
-	}
+	runSeqUntilCanceled(t, ctx, mc, 300)
 	after := listObjects(t, st, "seq")
 	for k := range before {
 		if !after[k] {

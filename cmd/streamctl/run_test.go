@@ -203,41 +203,8 @@ func TestRunRetainOnCancelLeavesASavepointThatContinuesTheJob(t *testing.T) {
 	env := kafkatest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(env.Addr), kgo.DefaultProduceTopic("lines"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 4, 1, nil, "lines"); err != nil {
-		t.Fatal(err)
-	}
-	produced := 0
-	produce := func(n int) error {
-		var recs []*kgo.Record
-		for range n {
-			recs = append(recs, kgo.StringRecord(kafkatest.InputLine(produced)))
-			produced++
-		}
-		return cl.ProduceSync(ctx, recs...).FirstErr()
-	}
-	if err := produce(300); err != nil {
-		t.Fatal(err)
-	}
-	stopInput, inputDone := make(chan struct{}), make(chan error, 1)
-	go func() {
-		for {
-			select {
-			case <-stopInput:
-				inputDone <- nil
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			if err := produce(20); err != nil {
-				inputDone <- err
-				return
-			}
-		}
-	}()
+	in := newInput(t, ctx, env.Addr, "lines", 300)
+	in.run(ctx)
 
 	spDir := t.TempDir()
 	args := []string{"run", "wordcount", "--set", "brokers=" + env.Addr, "--set", "group=wc", "--checkpoint-interval", "100ms"}
@@ -272,10 +239,7 @@ func TestRunRetainOnCancelLeavesASavepointThatContinuesTheJob(t *testing.T) {
 
 	second := startClusterEnv(t, nil, append(args, "--parallelism", "1", "--from-savepoint", retained)...)
 	committedAtLeast(t, ctx, env.Addr, second, len(mid)+300)
-	close(stopInput)
-	if err := <-inputDone; err != nil {
-		t.Fatalf("produce input: %v", err)
-	}
+	in.halt()
 	want, total, lines := expectedCounts(t, ctx, env.Addr)
 	out := committedAtLeast(t, ctx, env.Addr, second, total)
 	if rep := wordcount.Check(out, want); !rep.OK() {
