@@ -83,11 +83,7 @@ func testASavepointReadsTheReferencedState(t *testing.T, u, spDir string) {
 			t.Fatal(err)
 		}
 	}
-	send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{
-		JobId: d.JobId, Attempt: d.Attempt, DataAddress: "127.0.0.1:1"}}})
-	await(t, msgs, "OpenTasks", func(m *weirpb.JobManagerMessage) bool { return m.GetOpen() != nil })
-	send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Opened{Opened: &weirpb.Opened{
-		JobId: d.JobId, Attempt: d.Attempt}}})
+	openDeployment(t, send, msgs, d)
 	trigger, err := s.StartSavepoint(t.Context(), jobID, "", false, false)
 	if err != nil {
 		t.Fatal(err)
@@ -168,14 +164,11 @@ func TestACheckpointNoTaskAcknowledgesExpiresAtTheJobManagersTimeout(t *testing.
 	}
 	msgs := pump(t, stream)
 	d := await(t, msgs, "a deployment", isDeploy).GetDeploy()
-	for _, m := range []*weirpb.TaskManagerMessage{
-		{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{JobId: d.JobId, Attempt: d.Attempt, DataAddress: "127.0.0.1:1"}}},
-		{Msg: &weirpb.TaskManagerMessage_Opened{Opened: &weirpb.Opened{JobId: d.JobId, Attempt: d.Attempt}}},
-	} {
+	openDeployment(t, func(m *weirpb.TaskManagerMessage) {
 		if err := stream.Send(m); err != nil {
 			t.Fatal(err)
 		}
-	}
+	}, msgs, d)
 	await(t, msgs, "a checkpoint trigger", func(m *weirpb.JobManagerMessage) bool { return m.GetTrigger() != nil })
 	var stats struct {
 		Counts struct {
@@ -192,4 +185,15 @@ func TestACheckpointNoTaskAcknowledgesExpiresAtTheJobManagersTimeout(t *testing.
 			t.Fatalf("checkpoints: %d %s (%v)", rec.Code, rec.Body, err)
 		}
 	}
+}
+
+// openDeployment answers deployment d as a task manager whose tasks
+// prepared and opened: Prepared, then, once asked, Opened.
+func openDeployment(t *testing.T, send func(*weirpb.TaskManagerMessage), msgs <-chan *weirpb.JobManagerMessage, d *weirpb.DeployTasks) {
+	t.Helper()
+	send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Prepared{Prepared: &weirpb.Prepared{
+		JobId: d.JobId, Attempt: d.Attempt, DataAddress: "127.0.0.1:1"}}})
+	await(t, msgs, "OpenTasks", func(m *weirpb.JobManagerMessage) bool { return m.GetOpen() != nil })
+	send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Opened{Opened: &weirpb.Opened{
+		JobId: d.JobId, Attempt: d.Attempt}}})
 }

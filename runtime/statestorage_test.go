@@ -219,15 +219,7 @@ func TestARestoreFromAMissingOrCorruptSegmentFailsNamingTheObject(t *testing.T) 
 		}, "CRC-32C"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st, err := storage.Open(t.Context(), "mem://")
-			if err != nil {
-				t.Fatal(err)
-			}
-			store, err := checkpoint.OpenStore(t.TempDir())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer store.Close()
+			st, store := memStores(t)
 			stoppedRun(t, store, st, "mem://", 3)
 			c, err := store.Latest(t.Context(), "seq")
 			if err != nil {
