@@ -33,8 +33,8 @@ func stores(t *testing.T) map[string]storage.Storage {
 	urls := map[string]string{
 		"file":         "file://" + t.TempDir(),
 		"file-beneath": "file://" + filepath.Join(root, "a", "b"),
-		"mem":  "mem://",
-		"s3":   srv.URL("weir", "cluster-a/checkpoints"),
+		"mem":          "mem://",
+		"s3":           srv.URL("weir", "cluster-a/checkpoints"),
 	}
 	out := map[string]storage.Storage{}
 	for name, u := range urls {
