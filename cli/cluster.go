@@ -155,7 +155,7 @@ SIGINT/SIGTERM (a leader resigns, so a standby takes over at once).`,
 	cmd.Flags().StringVar(&httpAddr, "http", "127.0.0.1:8081", "HTTP address (REST API and /metrics)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the job store and completed checkpoints (created; default: in memory)")
 	cmd.Flags().StringVar(&savepointDir, "savepoint-dir", "", "default directory or savepoint URL (s3://bucket/prefix?endpoint=..., opened with the --checkpoint-storage credentials) savepoints are written under (savepoint, stop --savepoint); may be on another disk than --data-dir")
-	addSavepointAllowed(cmd, &savepointAllowed)
+	addSavepointAllowed(cmd, &savepointAllowed, "--savepoint-dir and --data-dir")
 	stor.add(cmd, false)
 	cmd.Flags().DurationVar(&cpTimeout, "checkpoint-timeout", runtime.DefaultCheckpointTimeout,
 		"how long a checkpoint of any job may take from its trigger before it expires (Flink's execution.checkpointing.timeout); raise it for large state")
@@ -184,9 +184,10 @@ type jmSecurity struct {
 
 // addSavepointAllowed adds --savepoint-allowed-locations to a command that
 // runs a job manager.
-func addSavepointAllowed(cmd *cobra.Command, locs *[]string) {
+// besides names the command's flags whose locations are allowed too.
+func addSavepointAllowed(cmd *cobra.Command, locs *[]string, besides string) {
 	cmd.Flags().StringSliceVar(locs, "savepoint-allowed-locations", nil,
-		"directories and savepoint URLs under which clients may name savepoints (submit --from-savepoint, savepoint --target, stop --savepoint), besides --savepoint-dir and --data-dir (comma-separated); no symbolic link below a directory is followed, and a URL's endpoint and region are never a client's")
+		"directories and savepoint URLs under which clients may name savepoints (submit --from-savepoint, savepoint --target, stop --savepoint), besides "+besides+" (comma-separated); no symbolic link below a directory is followed, and a URL's endpoint and region are never a client's")
 }
 
 // warn logs each of warnings once, at warn level.

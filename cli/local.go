@@ -230,7 +230,7 @@ cancelled).`,
 	f.StringVar(&metricsAddr, "metrics", "", "HTTP address of the task managers' Prometheus /metrics (default: none)")
 	f.StringVar(&haMode, "ha", "standalone", `"standalone" (one job manager) or "embedded" (an etcd in this process and --jobmanagers job managers electing a leader, as --ha etcd does)`)
 	f.IntVar(&jms, "jobmanagers", 1, "job managers to run (more than one needs --ha embedded)")
-	addSavepointAllowed(cmd, &savepointAllowed)
+	addSavepointAllowed(cmd, &savepointAllowed, "--data-dir")
 	stor.add(cmd, true)
 	return cmd
 }
