@@ -72,8 +72,6 @@ func savepointRoots(c cfg) ([]savepointRoot, error) {
 				return nil, bad("a file URL names an absolute local directory (file:///abs/dir)")
 			}
 			roots = append(roots, savepointRoot{dir: filepath.Clean(filepath.FromSlash(u.Path))})
-		case u.Host == "":
-			return nil, bad("no bucket")
 		default:
 			r := *u
 			r.Path, r.RawPath = "/"+strings.Trim(u.Path, "/"), ""
