@@ -110,15 +110,21 @@ func (s *Server) savepointLocation(loc string) (string, []checkpoint.SavepointOp
 	if err != nil {
 		return refuse("")
 	}
+	// The most specific allowed directory: one the operator allowed below
+	// another (the data directory) may itself be a link.
+	root := ""
 	for _, r := range s.savepointRoots {
-		if r.dir == "" {
+		if r.dir == "" || len(r.dir) <= len(root) {
 			continue
 		}
 		if rel, err := filepath.Rel(r.dir, abs); err == nil && (rel == "." || filepath.IsLocal(rel)) {
-			return abs, []checkpoint.SavepointOpt{checkpoint.Beneath(r.dir)}, nil
+			root = r.dir
 		}
 	}
-	return refuse("")
+	if root == "" {
+		return refuse("")
+	}
+	return abs, []checkpoint.SavepointOpt{checkpoint.Beneath(root)}, nil
 }
 
 // savepointURL is savepointLocation for a URL of object storage.

@@ -65,6 +65,12 @@ func TestClientNamedSavepointLocationsAreConfinedToTheAllowedOnes(t *testing.T) 
 	if err := os.Symlink(filepath.Join(outside, "sp"), filepath.Join(allowed, "dir-link")); err != nil {
 		t.Fatal(err)
 	}
+	// An allowed directory below another one (the data directory), itself
+	// a link the operator made.
+	linkedRoot := filepath.Join(dataDir, "linked-root")
+	if err := os.Symlink(filepath.Join(outside), linkedRoot); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Mkdir(filepath.Join(allowed, "meta-link"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +80,7 @@ func TestClientNamedSavepointLocationsAreConfinedToTheAllowedOnes(t *testing.T) 
 
 	s, err := jobmanager.New(jobmanager.Jobs(numbersRegistry(t)), jobmanager.HeartbeatTimeout(time.Hour), jobmanager.DataDir(dataDir),
 		jobmanager.CheckpointStorage(srv.URL("weir", "cp"), creds), jobmanager.SavepointDir(srv.URL("weir", "sp")),
-		jobmanager.SavepointAllowedLocations(allowed))
+		jobmanager.SavepointAllowedLocations(allowed, linkedRoot))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +110,7 @@ func TestClientNamedSavepointLocationsAreConfinedToTheAllowedOnes(t *testing.T) 
 		{"an allowed directory", filepath.Join(allowed, "good"), nil},
 		{"an allowed file URL", "file://" + filepath.Join(allowed, "good"), nil},
 		{"the data directory", filepath.Join(dataDir, "retained", "good"), nil},
+		{"an allowed link below the data directory", filepath.Join(linkedRoot, "sp"), nil},
 		{"the savepoint URL without its endpoint", "s3://weir/sp/good", nil},
 		{"the savepoint URL with its endpoint", srv.URL("weir", "sp/good"), nil},
 	} {
