@@ -89,7 +89,10 @@ func (s *Server) savepointLocation(loc string) (string, []checkpoint.SavepointOp
 	refuse := func(hint string) (string, []checkpoint.SavepointOpt, error) {
 		return "", nil, fmt.Errorf("savepoint location %q: %w (allowed: the job manager's --savepoint-dir, --data-dir and --savepoint-allowed-locations%s)", loc, ErrSavepointLocation, hint)
 	}
-	if slices.Contains(strings.FieldsFunc(loc, func(r rune) bool { return r == '/' || r == '\\' }), "..") {
+	dotDot := func(p string) bool {
+		return slices.Contains(strings.FieldsFunc(p, func(r rune) bool { return r == '/' || r == '\\' }), "..")
+	}
+	if dotDot(loc) {
 		return refuse("; no \"..\"")
 	}
 	dir := loc
@@ -97,6 +100,9 @@ func (s *Server) savepointLocation(loc string) (string, []checkpoint.SavepointOp
 		u, err := url.Parse(loc)
 		if err != nil || u.User != nil || u.Fragment != "" || u.Opaque != "" {
 			return refuse("")
+		}
+		if dotDot(u.Path) { // escaped: %2e%2e
+			return refuse("; no \"..\"")
 		}
 		if u.Scheme != "file" {
 			return s.savepointURL(u, refuse)

@@ -100,6 +100,8 @@ func TestClientNamedSavepointLocationsAreConfinedToTheAllowedOnes(t *testing.T) 
 		{"dot-dot out of an allowed directory", filepath.Join(allowed, "..", filepath.Base(outside), "sp"), jobmanager.ErrSavepointLocation},
 		{"dot-dot back in", allowed + "/x/../good", jobmanager.ErrSavepointLocation},
 		{"a file URL outside", "file://" + filepath.Join(outside, "sp"), jobmanager.ErrSavepointLocation},
+		{"escaped dot-dot in a URL", "s3://weir/sp/%2e%2e/cp/good", jobmanager.ErrSavepointLocation},
+		{"escaped dot-dot in a file URL", "file://" + allowed + "/%2E%2E/" + filepath.Base(outside) + "/sp", jobmanager.ErrSavepointLocation},
 		{"a linked directory", filepath.Join(allowed, "dir-link"), storage.ErrSymlink},
 		{"a linked _metadata", filepath.Join(allowed, "meta-link"), storage.ErrSymlink},
 		{"another endpoint", "s3://weir/sp/good?endpoint=" + elsewhere.URL, jobmanager.ErrSavepointLocation},
