@@ -3,9 +3,13 @@ package weirtest_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/weirstream/weir/examples/uppercase"
 	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/weirtest"
 )
@@ -215,4 +219,62 @@ func (c *counter) Process(key string, _ Event, out runtime.Collector[string]) er
 	c.n.Update(n + 1)
 	out.Collect(key + " " + strconv.FormatInt(n+1, 10))
 	return nil
+}
+
+// A whole job against the embedded broker: input written before it starts,
+// one transaction of it aborted, the job run on the mini cluster with
+// short checkpoints, and its output read read_committed once a checkpoint
+// committed it, each record once.
+func ExampleStartJob() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k, err := weirtest.StartKafka(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer k.Close()
+	for _, topic := range []string{"lines", "upper"} {
+		if err := k.CreateTopic(ctx, topic, 2, nil); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	if err := k.ProduceValues(ctx, "lines", "hello", "world"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	aborted := &kgo.Record{Value: []byte("never seen")}
+	if err := k.ProduceTxn(ctx, "input-writer", false, "lines", aborted); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := k.ProduceTxn(ctx, "input-writer", true, "lines", &kgo.Record{Value: []byte("weir")}); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	job, err := uppercase.Build(runtime.Params{"brokers": k.Addr(), "input": "lines", "group": "upper", "output": "upper"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	run, err := weirtest.StartJob(job, weirtest.CheckpointEvery(50*time.Millisecond))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	out, err := run.WaitCommitted(ctx, k, "upper", func(recs []*kgo.Record) bool { return len(recs) >= 3 })
+	if _, serr := run.Stop(); err == nil {
+		err = serr
+	}
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	got := weirtest.Values(out)
+	slices.Sort(got)
+	fmt.Println(got, weirtest.CheckEachOnce(got, []string{"HELLO", "WORLD", "WEIR"}))
+	// Output:
+	// [HELLO WEIR WORLD] <nil>
 }
