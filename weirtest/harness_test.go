@@ -244,7 +244,9 @@ func (s splitter) ProcessElement(ctx *runtime.KeyedContext[string], v int, out r
 	out.Collect(v)
 	return nil
 }
-func (s splitter) OnTimer(*runtime.KeyedContext[string], int64, runtime.Collector[int]) error { return nil }
+func (s splitter) OnTimer(*runtime.KeyedContext[string], int64, runtime.Collector[int]) error {
+	return nil
+}
 
 func TestEverySideOutputIsCollectedWithTimestampsInOrder(t *testing.T) {
 	odd, big := runtime.NewOutputTag[int]("odd"), runtime.NewOutputTag[int]("big")
@@ -311,7 +313,9 @@ func (s *spend) ProcessElement2(_ *runtime.KeyedContext[string], b Bid, _ runtim
 	s.total.Update(n + b.Price)
 	return nil
 }
-func (s *spend) OnTimer(*runtime.KeyedContext[string], int64, runtime.Collector[string]) error { return nil }
+func (s *spend) OnTimer(*runtime.KeyedContext[string], int64, runtime.Collector[string]) error {
+	return nil
+}
 
 func TestAConnectedOperatorSharesKeyedStateBetweenItsInputsAcrossARestore(t *testing.T) {
 	build := func(l *runtime.KeyedStream[string, Event], r *runtime.KeyedStream[string, Bid]) *runtime.Stream[string] {
