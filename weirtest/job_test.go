@@ -114,6 +114,55 @@ func TestAJobsOutputStaysExactlyOnceThroughEveryFailureTheKitInjects(t *testing.
 	t.Logf("%+v", run.Status())
 }
 
+// A broker SIGKILLed while the wordcount runs, with input written before
+// and after the kill (some in aborted transactions): the broker repairs
+// what the crash lost at its start, the job recovers, and the committed
+// output is every word's running count 1..n, each once.
+func TestAJobsOutputStaysExactlyOnceThroughABrokerKill(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	k := startKafka(t, weirtest.BrokerInChildProcess())
+	must(t, k.CreateTopic(ctx, "lines", 4, nil))
+	job, err := wordcount.Build(runtime.Params{"brokers": k.Addr(), "input": "lines", "output": "counts", "group": "wc",
+		"guarantee": "exactly-once", "parallelism": "2"})
+	must(t, err)
+	run, err := weirtest.StartJob(job, weirtest.WithClusterOpts(runtime.Restarts(50, 50*time.Millisecond)))
+	must(t, err)
+	defer func() {
+		if _, err := run.Stop(); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	}()
+	in := lines(0, 400)
+	must(t, k.ProduceValues(ctx, "lines", in[:200]...))
+	must(t, k.ProduceTxn(ctx, "writer", false, "lines", &kgo.Record{Value: []byte("aborted words")}))
+	must(t, run.WaitCheckpoints(ctx, 2))
+	must(t, k.KillBroker(ctx))
+	must(t, k.ProduceValues(ctx, "lines", in[200:]...))
+	want := wordcount.Expected(in)
+	total := 0
+	for _, n := range want {
+		total += n
+	}
+	if _, err := run.WaitCommitted(ctx, k, "counts", func(recs []*kgo.Record) bool { return len(recs) >= total }); err != nil {
+		t.Fatal(err)
+	}
+	must(t, run.WaitCheckpoints(ctx, 2))
+	out, err := k.ReadCommitted(ctx, "counts")
+	must(t, err)
+	if err := weirtest.CheckRunningCounts(out, want); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", run.Status())
+}
+
+func TestKillBrokerNeedsTheBrokerInAChildProcess(t *testing.T) {
+	k := startKafka(t)
+	if err := k.KillBroker(t.Context()); err == nil {
+		t.Fatal("KillBroker of an in-process broker succeeded")
+	}
+}
+
 func TestWaitingEndsWithTheJobsFailure(t *testing.T) {
 	j := runtime.NewJob("failing")
 	in := runtime.FromSource(j, "in", runtime.SliceSource([]int{1, 2, 3}, 0))

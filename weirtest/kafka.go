@@ -1,16 +1,24 @@
 package weirtest
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"regexp"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/broker/brokerproc"
 	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/internal/proctest"
 )
 
 // Kafka is Weir's embedded Kafka broker (the one behind `streamctl
@@ -19,12 +27,15 @@ import (
 // holds. It speaks the real Kafka protocol: share groups, transactions,
 // read_committed. Close it when the test ends.
 type Kafka struct {
-	mu     sync.Mutex
-	b      *broker.Broker
-	addr   string
-	dir    string
-	ownDir bool
-	opts   []broker.Opt
+	mu      sync.Mutex
+	b       *broker.Broker // in process
+	child   *brokerChild   // in a child process (BrokerInChildProcess)
+	inChild bool
+	addr    string
+	dir     string
+	ownDir  bool
+	opts    []broker.Opt
+	configs []string // key=value, for a child
 }
 
 // KafkaOpt configures StartKafka.
@@ -34,6 +45,7 @@ type kafkaCfg struct {
 	dir        string
 	partitions int
 	configs    [][2]string
+	child      bool
 }
 
 type kafkaOpt func(*kafkaCfg)
@@ -54,6 +66,18 @@ func DefaultPartitions(n int) KafkaOpt { return kafkaOpt(func(c *kafkaCfg) { c.p
 // directory Close removes).
 func KafkaDataDir(dir string) KafkaOpt { return kafkaOpt(func(c *kafkaCfg) { c.dir = dir }) }
 
+// BrokerInChildProcess runs the broker in a child process (the test
+// binary itself, started again) instead of the test's own, so that
+// KillBroker can SIGKILL it as a crash would. The test package's TestMain
+// must call Main first. DefaultPartitions does not apply to it.
+func BrokerInChildProcess() KafkaOpt { return kafkaOpt(func(c *kafkaCfg) { c.child = true }) }
+
+// Main runs the embedded broker and exits, if this process is the child
+// process of a Kafka started with BrokerInChildProcess; otherwise it
+// returns at once. Call it first in the TestMain of a package whose tests
+// use BrokerInChildProcess.
+func Main() { brokerproc.Main() }
+
 // StartKafka starts the embedded broker and returns once it accepts
 // connections.
 func StartKafka(ctx context.Context, opts ...KafkaOpt) (*Kafka, error) {
@@ -61,7 +85,10 @@ func StartKafka(ctx context.Context, opts ...KafkaOpt) (*Kafka, error) {
 	for _, o := range opts {
 		o.applyKafka(&c)
 	}
-	k := &Kafka{dir: c.dir}
+	if c.child && c.partitions > 0 {
+		return nil, fmt.Errorf("weirtest: DefaultPartitions does not apply to a broker in a child process")
+	}
+	k := &Kafka{dir: c.dir, inChild: c.child}
 	if k.dir == "" {
 		dir, err := os.MkdirTemp("", "weirtest-kafka-")
 		if err != nil {
@@ -75,6 +102,16 @@ func StartKafka(ctx context.Context, opts ...KafkaOpt) (*Kafka, error) {
 	}
 	for _, kv := range c.configs {
 		k.opts = append(k.opts, broker.Config(kv[0], kv[1]))
+		k.configs = append(k.configs, kv[0]+"="+kv[1])
+	}
+	if k.inChild {
+		child, addr, err := startChild(ctx, k.dir, "127.0.0.1:0", k.configs)
+		if err != nil {
+			k.removeDir()
+			return nil, err
+		}
+		k.child, k.addr = child, addr
+		return k, nil
 	}
 	b, err := broker.Start(ctx, append([]broker.Opt{broker.Listen("127.0.0.1:0")}, k.opts...)...)
 	if err != nil {
@@ -108,6 +145,10 @@ func (k *Kafka) Close() error {
 		err = k.b.Close()
 		k.b = nil
 	}
+	if k.child != nil {
+		err = k.child.stop()
+		k.child = nil
+	}
 	k.removeDir()
 	return err
 }
@@ -121,6 +162,15 @@ func (k *Kafka) Close() error {
 func (k *Kafka) RestartBroker(ctx context.Context) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.inChild {
+		if k.child == nil {
+			return fmt.Errorf("weirtest: restart broker: it is closed")
+		}
+		if err := k.child.stop(); err != nil {
+			return err
+		}
+		return k.startChildAgain(ctx)
+	}
 	if k.b == nil {
 		return fmt.Errorf("weirtest: restart broker: it is closed")
 	}
@@ -133,6 +183,102 @@ func (k *Kafka) RestartBroker(ctx context.Context) error {
 		return fmt.Errorf("weirtest: start broker again: %w", err)
 	}
 	k.b = b
+	return nil
+}
+
+// KillBroker SIGKILLs the broker's process, as a crash kills it, and
+// starts it again on the same address and data directory: what survives
+// is what the broker wrote as it went (records, topics, producer ids), and
+// its start repairs what a crash loses (share-group state, group configs,
+// transactions left open: see the embedded broker's guide). Clients
+// reconnect. It needs BrokerInChildProcess.
+func (k *Kafka) KillBroker(ctx context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.inChild {
+		return fmt.Errorf("weirtest: kill broker: it runs in the test's process; start it with BrokerInChildProcess")
+	}
+	if k.child == nil {
+		return fmt.Errorf("weirtest: kill broker: it is closed")
+	}
+	k.child.kill()
+	return k.startChildAgain(ctx)
+}
+
+func (k *Kafka) startChildAgain(ctx context.Context) error {
+	k.child = nil
+	child, _, err := startChild(ctx, k.dir, k.addr, k.configs)
+	if err != nil {
+		return err
+	}
+	k.child = child
+	return nil
+}
+
+// brokerChild is the broker's child process.
+type brokerChild struct {
+	cmd    *exec.Cmd
+	done   chan struct{} // closed once it exited
+	stderr proctest.Buffer
+}
+
+var listeningLine = regexp.MustCompile(`^broker listening on (\S+)$`)
+
+// startChild starts the broker process and returns once it listens.
+func startChild(ctx context.Context, dir, listen string, configs []string) (*brokerChild, string, error) {
+	c := &brokerChild{cmd: brokerproc.Command(dir, listen, configs...), done: make(chan struct{})}
+	c.cmd.Stderr = &c.stderr
+	out, err := c.cmd.StdoutPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := c.cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("weirtest: start the broker process: %w", err)
+	}
+	addr := make(chan string, 1)
+	go func() {
+		defer close(c.done)
+		sc := bufio.NewScanner(out)
+		for first := true; sc.Scan(); first = false {
+			if m := listeningLine.FindStringSubmatch(sc.Text()); first && m != nil {
+				addr <- m[1]
+			}
+		}
+		_ = c.cmd.Wait()
+	}()
+	select {
+	case a := <-addr:
+		return c, a, nil
+	case <-c.done:
+		return nil, "", fmt.Errorf("weirtest: the broker process exited (%v) before it listened (did TestMain call weirtest.Main?): %s",
+			c.cmd.ProcessState, c.stderr.Tail(20))
+	case <-ctx.Done():
+		c.kill()
+		return nil, "", fmt.Errorf("weirtest: start the broker process: %w", ctx.Err())
+	}
+}
+
+// kill SIGKILLs the process and waits for it to exit.
+func (c *brokerChild) kill() {
+	_ = c.cmd.Process.Signal(syscall.SIGKILL)
+	<-c.done
+}
+
+// stop stops the process cleanly (SIGTERM: the broker writes what it
+// holds), or kills it after a minute.
+func (c *brokerChild) stop() error {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(time.Minute)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-t.C:
+		c.kill()
+		return errors.New("weirtest: the broker process did not stop within a minute of SIGTERM; killed")
+	}
+	if code := c.cmd.ProcessState.ExitCode(); code != 0 {
+		return fmt.Errorf("weirtest: the broker process exited %d at its stop: %s", code, c.stderr.Tail(20))
+	}
 	return nil
 }
 
