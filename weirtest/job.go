@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -69,7 +70,8 @@ type RunningJob struct {
 	restored  checkpoint.ID // what the latest attempt restored (0: none)
 	attempts  int
 	changed   chan struct{} // closed and replaced at every event
-	failNext  bool
+
+	failNext atomic.Bool // FailNextRecord
 }
 
 // StartJob runs job on the mini cluster (runtime.NewMiniCluster) until
@@ -145,14 +147,8 @@ func (r *RunningJob) event(fn func()) {
 // Inject implements runtime.Failpointer: FailNextRecord's failure, then the
 // WithFailpoints ones.
 func (r *RunningJob) Inject(name string) error {
-	if name == "task.process" {
-		r.mu.Lock()
-		fail := r.failNext
-		r.failNext = false
-		r.mu.Unlock()
-		if fail {
-			return ErrInjected
-		}
+	if name == "task.process" && r.failNext.Load() && r.failNext.CompareAndSwap(true, false) {
+		return ErrInjected
 	}
 	if r.cfg.fp != nil {
 		return r.cfg.fp.Inject(name)
@@ -255,11 +251,7 @@ func (r *RunningJob) WaitCheckpoints(ctx context.Context, n int) error {
 // state rolled back to it and the transactions of later checkpoints
 // aborted. It returns at once; the failure needs a record to process
 // (write input after it), and WaitRestarts waits for the restart.
-func (r *RunningJob) FailNextRecord() {
-	r.mu.Lock()
-	r.failNext = true
-	r.mu.Unlock()
-}
+func (r *RunningJob) FailNextRecord() { r.failNext.Store(true) }
 
 // WaitRestarts waits until the job restarted after failures n times in
 // all (Status.Restarts).
