@@ -95,13 +95,12 @@ type AnyHarness interface {
 // harness is what every harness shares: the runtime's operator harness,
 // the collected output, the clock.
 type harness struct {
-	op      *runtime.OperatorHarness
-	out     []Record[any]
-	sides   []sideRecord
-	now     int64
-	nextID  checkpoint.ID
-	maxPar  int
-	closeFn func() error
+	op     *runtime.OperatorHarness
+	out    []Record[any]
+	sides  []sideRecord
+	now    int64
+	nextID checkpoint.ID
+	maxPar int
 }
 
 type sideRecord struct {

@@ -78,15 +78,13 @@ func TestAJobsOutputStaysExactlyOnceThroughEveryFailureTheKitInjects(t *testing.
 		for _, n := range want {
 			total += n
 		}
-		out, err := run.WaitCommitted(ctx, k, "counts", func(recs []*kgo.Record) bool { return len(recs) >= total })
-		if err != nil {
+		if _, err := run.WaitCommitted(ctx, k, "counts", func(recs []*kgo.Record) bool { return len(recs) >= total }); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
-		// One more checkpoint: nothing beyond the input may follow.
+		// More checkpoints: nothing beyond the input may follow.
 		must(t, run.WaitCheckpoints(ctx, 2))
-		if out, err = k.ReadCommitted(ctx, "counts"); err != nil {
-			t.Fatal(err)
-		}
+		out, err := k.ReadCommitted(ctx, "counts")
+		must(t, err)
 		if err := weirtest.CheckRunningCounts(out, want); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}

@@ -69,14 +69,14 @@ func TestUppercaseIsExactlyOnceAcrossAJobRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	write(500, 1000)
-	out, err := run.WaitCommitted(ctx, k, "upper", func(recs []*kgo.Record) bool { return len(recs) >= len(want) })
+	if _, err := run.WaitCommitted(ctx, k, "upper", func(recs []*kgo.Record) bool { return len(recs) >= len(want) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := run.WaitCheckpoints(ctx, 2); err != nil { // nothing more may come
+		t.Fatal(err)
+	}
+	out, err := k.ReadCommitted(ctx, "upper")
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := run.WaitCheckpoints(ctx, 2); err != nil {
-		t.Fatal(err)
-	}
-	if out, err = k.ReadCommitted(ctx, "upper"); err != nil {
 		t.Fatal(err)
 	}
 	if err := weirtest.CheckEachOnce(weirtest.Values(out), want); err != nil {
