@@ -51,9 +51,10 @@ func TestAJobsOutputStaysExactlyOnceThroughEveryFailureTheKitInjects(t *testing.
 	must(t, err)
 	run, err := weirtest.StartJob(job, weirtest.WithClusterOpts(runtime.Restarts(10, 10*time.Millisecond)))
 	must(t, err)
+	stopped := false
 	defer func() {
-		if _, err := run.Stop(); err != nil {
-			t.Errorf("stop: %v", err)
+		if !stopped {
+			_, _ = run.Stop()
 		}
 	}()
 
@@ -110,6 +111,16 @@ func TestAJobsOutputStaysExactlyOnceThroughEveryFailureTheKitInjects(t *testing.
 	write()
 	caughtUp("after a broker restart")
 	t.Logf("%+v", run.Status())
+
+	stopped = true
+	if _, err := run.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	open, err := k.Unfinished(ctx, "counts")
+	must(t, err)
+	if len(open) > 0 {
+		t.Fatalf("still open at the broker after Stop: %v", open)
+	}
 }
 
 // A broker SIGKILLed while the wordcount runs, with input written before

@@ -369,3 +369,17 @@ func withTopic(topic string, recs []*kgo.Record) []*kgo.Record {
 func (k *Kafka) ReadCommitted(ctx context.Context, topic string) ([]*kgo.Record, error) {
 	return kafkatest.ReadCommitted(ctx, k.Seeds(), topic)
 }
+
+// Unfinished lists what the broker still holds open: transactions not
+// ended (ongoing, or preparing their commit or abort), and the partitions
+// of topics whose last stable offset is below their high watermark (a
+// read_committed reader does not see all of them yet). A job stopped for
+// good (RunningJob.Stop) leaves nothing open.
+func (k *Kafka) Unfinished(ctx context.Context, topics ...string) ([]string, error) {
+	cl, err := k.Client()
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	return kafkatest.Unfinished(ctx, kadm.NewClient(cl), topics...)
+}
