@@ -69,8 +69,8 @@ type OperatorHarness struct {
 // those inputs itself (PushInput).
 func NewOperatorHarness[U any](ctx context.Context, s *Stream[U], cfg HarnessConfig) (*OperatorHarness, error) {
 	j := s.job
-	if j.err != nil {
-		return nil, j.err
+	if _, err := compile(j); err != nil { // the checks a job's start makes
+		return nil, err
 	}
 	n := s.node
 	if s.side != "" {

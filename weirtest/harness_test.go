@@ -405,3 +405,28 @@ func TestARestoreOfAnotherOperatorsSnapshotIsRefused(t *testing.T) {
 		t.Fatalf("restoring sorter's snapshot into another operator: %v, want ErrIncompatibleState", err)
 	}
 }
+
+func TestAHarnessRefusesWhatAJobWouldRefuse(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		build func(ks *runtime.KeyedStream[string, Event]) *runtime.Stream[string]
+		opts  []weirtest.Opt
+	}{
+		{"an operator uid taken by the harness's input", func(ks *runtime.KeyedStream[string, Event]) *runtime.Stream[string] {
+			return runtime.ProcessKeyed(ks, "sorter", newIdleCounter, runtime.UID("weirtest.input"))
+		}, nil},
+		{"a parallelism above the max parallelism", func(ks *runtime.KeyedStream[string, Event]) *runtime.Stream[string] {
+			return runtime.ProcessKeyed(ks, "sorter", newIdleCounter)
+		}, []weirtest.Opt{weirtest.MaxParallelism(4), weirtest.Subtask(0, 8)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, err := weirtest.NewKeyedHarness(func(e Event) string { return e.User }, nil, tc.build, tc.opts...)
+			if !errors.Is(err, runtime.ErrInvalidJob) {
+				if h != nil {
+					h.Close()
+				}
+				t.Fatalf("got %v, want ErrInvalidJob", err)
+			}
+		})
+	}
+}
