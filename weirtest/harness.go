@@ -69,6 +69,32 @@ func (s Snapshot) Merge(others ...Snapshot) Snapshot {
 	return out
 }
 
+// SnapshotOf returns what c, a job's completed checkpoint or savepoint
+// (checkpoint.ReadSavepoint reads one), holds of the operator uid, every
+// subtask's, to restore into a harness with RestoreFrom as the job would
+// restore it: a test of a new version of an operator against the state an
+// older one saved. State c keeps in checkpoint storage (references, not
+// bytes) is refused: read a savepoint, which holds its state.
+func SnapshotOf(c checkpoint.Completed, uid string) (Snapshot, error) {
+	var s Snapshot
+	for _, t := range c.Tasks {
+		for _, op := range t.Operators {
+			if op.UID != uid {
+				continue
+			}
+			if len(op.StateRefs) > 0 || len(op.KeyGroupRefs) > 0 {
+				return Snapshot{}, fmt.Errorf("weirtest: checkpoint %d keeps operator %q's state in checkpoint storage: restore from a savepoint", c.ID, uid)
+			}
+			s.ops = append(s.ops, op)
+		}
+	}
+	if len(s.ops) == 0 {
+		return Snapshot{}, fmt.Errorf("weirtest: checkpoint %d holds no operator %q", c.ID, uid)
+	}
+	sort.Slice(s.ops, func(i, j int) bool { return s.ops[i].Subtask < s.ops[j].Subtask })
+	return s, nil
+}
+
 // Operators returns the operator snapshots s holds, one per subtask.
 func (s Snapshot) Operators() []checkpoint.OperatorSnapshot {
 	return append([]checkpoint.OperatorSnapshot(nil), s.ops...)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/weirtest"
 )
@@ -428,5 +429,50 @@ func TestAHarnessRefusesWhatAJobWouldRefuse(t *testing.T) {
 				t.Fatalf("got %v, want ErrInvalidJob", err)
 			}
 		})
+	}
+}
+
+// A harness restores what a real job checkpointed: the final checkpoint
+// of a bounded job run on the mini cluster at parallelism 2, restored into
+// one harness, holds every key's count.
+func TestAHarnessRestoresTheStateAJobCheckpointed(t *testing.T) {
+	store, err := checkpoint.OpenStore("checkpoints", checkpoint.InMemory())
+	must(t, err)
+	defer store.Close()
+	var events []Event
+	want := map[string]int64{}
+	for i := range 60 {
+		u := fmt.Sprintf("u%d", i%7)
+		events = append(events, Event{User: u})
+		want[u]++
+	}
+	key := func(e Event) string { return e.User }
+	counts := func(ks *runtime.KeyedStream[string, Event]) *runtime.Stream[string] {
+		return runtime.Process(ks, "count", func() runtime.KeyedProcessFunction[string, Event, string] { return &counter{} })
+	}
+	j := runtime.NewJob("counts", runtime.DefaultParallelism(2))
+	in := runtime.FromSource(j, "events", runtime.SliceSource(events, 5))
+	runtime.SinkTo(counts(runtime.KeyBy(in, key, nil)), "out", runtime.SinkFunc(func(context.Context, string) error { return nil }))
+	if _, err := runtime.NewMiniCluster(runtime.CheckpointStore(store), runtime.CheckpointInterval(10*time.Millisecond)).Run(t.Context(), j); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := store.LatestUsable(t.Context(), "counts")
+	must(t, err)
+	snap, err := weirtest.SnapshotOf(c, "count")
+	must(t, err)
+	if n := len(snap.Operators()); n != 2 {
+		t.Fatalf("the checkpoint holds %d subtasks of count, want 2", n)
+	}
+	h, err := weirtest.NewKeyedHarness(key, nil, counts, weirtest.RestoreFrom(snap))
+	must(t, err)
+	defer h.Close()
+	for u, n := range want {
+		got, ok, err := weirtest.Value[int64](h, "count", u)
+		if err != nil || !ok || got != n {
+			t.Fatalf("%s's count restored: %d, %v, %v; want %d", u, got, ok, err, n)
+		}
+	}
+	if _, err := weirtest.SnapshotOf(c, "nothing"); err == nil {
+		t.Fatal("SnapshotOf an operator the checkpoint does not hold succeeded")
 	}
 }
