@@ -476,3 +476,35 @@ func TestAHarnessRestoresTheStateAJobCheckpointed(t *testing.T) {
 		t.Fatal("SnapshotOf an operator the checkpoint does not hold succeeded")
 	}
 }
+
+// committer is a keyed function that is a checkpoint listener.
+type committer struct {
+	idleCounter
+	completed *[]checkpoint.ID
+}
+
+func (c *committer) NotifyCheckpointComplete(_ context.Context, id checkpoint.ID) error {
+	*c.completed = append(*c.completed, id)
+	return nil
+}
+func (c *committer) NotifyCheckpointAborted(context.Context, checkpoint.ID) error { return nil }
+
+func TestAFunctionThatListensToCheckpointsHearsTheHarnessSnapshotComplete(t *testing.T) {
+	var completed []checkpoint.ID
+	h, err := weirtest.NewKeyedHarness(func(e Event) string { return e.User }, nil,
+		func(ks *runtime.KeyedStream[string, Event]) *runtime.Stream[string] {
+			return runtime.ProcessKeyed(ks, "committer", func() runtime.KeyedProcessor[string, Event, string] {
+				return &committer{completed: &completed}
+			})
+		})
+	must(t, err)
+	defer h.Close()
+	for range 2 {
+		_, err := h.Snapshot()
+		must(t, err)
+		must(t, h.NotifyCheckpointComplete())
+	}
+	if !slices.Equal(completed, []checkpoint.ID{1, 2}) {
+		t.Fatalf("completed checkpoints heard: %v, want [1 2]", completed)
+	}
+}
