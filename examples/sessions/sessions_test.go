@@ -14,6 +14,7 @@ import (
 	"github.com/weirstream/weir/examples/sessions"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/runtime"
+	"github.com/weirstream/weir/weirtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -110,26 +111,15 @@ func waitFor(t *testing.T, env *kafkatest.Env, done <-chan error, topic string, 
 func key(k, v []byte) string { return string(k) + "\x00" + string(v) }
 
 // requireExactly fails unless got holds each of want exactly once and
-// nothing else.
+// nothing else (weirtest.CheckEachOnce on key and value).
 func requireExactly(t *testing.T, topic string, got []*kgo.Record, want []string) {
 	t.Helper()
-	count := map[string]int{}
-	for _, w := range want {
-		count[w]++
+	keys := make([]string, len(got))
+	for i, r := range got {
+		keys[i] = key(r.Key, r.Value)
 	}
-	for _, r := range got {
-		count[key(r.Key, r.Value)]--
-	}
-	for k, n := range count {
-		switch {
-		case n > 0:
-			t.Errorf("%s: missing %q", topic, k)
-		case n < 0:
-			t.Errorf("%s: %q %d extra times", topic, k, -n)
-		}
-	}
-	if len(got) != len(want) {
-		t.Errorf("%s: %d records, want %d", topic, len(got), len(want))
+	if err := weirtest.CheckEachOnce(keys, want); err != nil {
+		t.Errorf("%s: %v", topic, err)
 	}
 }
 
