@@ -177,6 +177,11 @@ func (p *windowProcessor[K, T, ACC, OUT]) Open(_ context.Context, st *StateRegis
 		return err
 	}
 	p.op.ctxHook = func(wc *WindowContext[K]) { wc.kctx = p.ctx }
+	p.op.stamp = func(ts int64) int64 {
+		prev := p.ctx.now.ts
+		p.ctx.now.ts = ts
+		return prev
+	}
 	return nil
 }
 

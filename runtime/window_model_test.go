@@ -32,7 +32,8 @@ func outOfOrderInput(seed uint64, n int, keys []string, bound int64) []windowInp
 // referenceWindows computes what windows of records that are never late
 // hold, straight from the definitions: every aligned window holding a
 // record's timestamp; sessions as the runs of a key's sorted timestamps
-// less than gap apart. Lines as the harness prints them (fn=sum).
+// at most gap apart in event time (Flink's sessions: windows that touch
+// merge), less than gap apart in processing time. Lines as the harness prints them (fn=sum).
 func referenceWindows(c windowHarnessConfig, in []windowInput) []string {
 	type kw struct {
 		key string
@@ -50,9 +51,17 @@ func referenceWindows(c windowHarnessConfig, in []windowInput) []string {
 		}
 		for key, rs := range byKey {
 			slices.SortStableFunc(rs, func(a, b windowInput) int { return cmpInt64(a.ts, b.ts) })
+			// In event time windows that touch merge (a record exactly
+			// gap after the previous one joins its session); in
+			// processing time the harness's clock reaches a session's
+			// end, firing it, before a record processed at that time.
+			next := func(a, b int64) bool { return b > a+c.gap }
+			if c.time == "processing" {
+				next = func(a, b int64) bool { return b >= a+c.gap }
+			}
 			start := 0
 			for i := range rs {
-				if i+1 == len(rs) || rs[i+1].ts >= rs[i].ts+c.gap {
+				if i+1 == len(rs) || next(rs[i].ts, rs[i+1].ts) {
 					w := TimeWindow{Start: rs[start].ts, End: rs[i].ts + c.gap}
 					for _, r := range rs[start : i+1] {
 						add(kw{key, w}, r.v)

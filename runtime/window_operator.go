@@ -23,7 +23,8 @@ import (
 // tumbling window is its single pane.
 //
 // Session windows are Flink's merging windows: each record opens the window
-// [ts, ts+gap); a window overlapping existing windows of the key merges
+// [ts, ts+gap); a window intersecting existing windows of the key (they
+// overlap or touch: Flink's TimeWindow.intersects is inclusive) merges
 // with them into their cover, their accumulators merged, their timers
 // deleted (unless another window of the key still needs the same time) and
 // the cover's timers registered. The state is kept under the merged window
@@ -219,6 +220,9 @@ type windowOperator[K comparable, IN, ACC, OUT any] struct {
 	// ctxHook completes the context of a firing (the keyed context, for side
 	// outputs); nil in the transcripts.
 	ctxHook func(*WindowContext[K])
+	// stamp sets the event timestamp of what a firing emits and returns the
+	// one it replaces (restored after the firing); nil in the transcripts.
+	stamp func(ts int64) (prev int64)
 }
 
 // windowCollector hands a firing's results to emit, keeping the first error.
@@ -423,7 +427,11 @@ func cmpInt64(a, b int64) int {
 	return 0
 }
 
-// fire emits acc's result as w's.
+// fire emits acc's result as w's. Every result (and side output of the
+// window function) carries w's last millisecond as its event timestamp:
+// on-time and late firings alike, in event and in processing time, as
+// Flink's WindowOperator.emitWindowContents stamps every result with
+// window.maxTimestamp().
 func (op *windowOperator[K, IN, ACC, OUT]) fire(key K, w TimeWindow, acc ACC, late bool) error {
 	wm := int64(math.MinInt64)
 	if op.asg.eventTime {
@@ -433,8 +441,16 @@ func (op *windowOperator[K, IN, ACC, OUT]) fire(key K, w TimeWindow, acc ACC, la
 	if op.ctxHook != nil {
 		op.ctxHook(&op.wctx)
 	}
+	var prev int64
+	if op.stamp != nil {
+		prev = op.stamp(w.MaxTimestamp())
+	}
 	op.col.w, op.col.err = w, nil
-	if err := op.fn.result(&op.wctx, acc, &op.col); err != nil {
+	err := op.fn.result(&op.wctx, acc, &op.col)
+	if op.stamp != nil {
+		op.stamp(prev)
+	}
+	if err != nil {
 		return err
 	}
 	return op.col.err
@@ -489,7 +505,7 @@ func (op *windowOperator[K, IN, ACC, OUT]) processSession(key K, ts int64, v IN)
 	var merged []TimeWindow
 	cover := nw
 	for _, w := range op.sessions() {
-		if w.overlaps(nw) {
+		if w.intersects(nw) {
 			merged = append(merged, w)
 			cover.Start, cover.End = min(cover.Start, w.Start), max(cover.End, w.End)
 		}
