@@ -379,7 +379,8 @@ func alignedWindowsOf(c windowHarnessConfig, ts int64) []TimeWindow {
 // referenceWindowJoin is what a window join (every pair) or a window
 // co-group (one line per window with records) emits, by definition:
 // aligned windows holding both records' timestamps; sessions as the runs
-// of a key's sorted timestamps of both sides less than gap apart.
+// of a key's sorted timestamps of both sides at most gap apart (windows
+// that touch merge, as in Flink).
 func referenceWindowJoin(c windowHarnessConfig, cs []click, bs []bid, cogroup bool) []string {
 	type members struct {
 		ls []click
@@ -412,7 +413,7 @@ func referenceWindowJoin(c windowHarnessConfig, cs []click, bs []bid, cogroup bo
 			slices.SortFunc(es, func(a, b ev) int { return int(a.ts - b.ts) })
 			for i := 0; i < len(es); {
 				k := i + 1
-				for k < len(es) && es[k].ts-es[k-1].ts < c.gap {
+				for k < len(es) && es[k].ts-es[k-1].ts <= c.gap {
 					k++
 				}
 				m := add(key, TimeWindow{Start: es[i].ts, End: es[k-1].ts + c.gap})
