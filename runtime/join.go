@@ -309,7 +309,9 @@ func CoGroupWindow[K comparable, A, B, U any](left *KeyedStream[K, A], right *Ke
 		}
 		return fn(ctx, as, bs, out)
 	})
-	wf := processWindowFunc[K](ProcessWindowFunction[K, tagged[A, B], U](pw), Codec[tagged[A, B]](taggedCodec[A, B]{ca, cb}))
+	// pw only reads the window's records (it copies them into as and bs):
+	// no copy for it.
+	wf := processWindowFunc[K](ProcessWindowFunction[K, tagged[A, B], U](pw), Codec[tagged[A, B]](taggedCodec[A, B]{ca, cb}), false)
 	return coProcess(Connect(left, right), name, func() KeyedProcessor[K, tagged[A, B], U] {
 		return &windowProcessor[K, tagged[A, B], []tagged[A, B], U]{name: name, asg: asg, fn: wf}
 	}, opts)

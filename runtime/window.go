@@ -281,8 +281,10 @@ type WindowContext[K comparable] struct {
 // ProcessWindowFunction sees all the records of a window when it fires, with
 // the window's key and bounds. The runtime keeps every record of the window
 // until then (prefer an AggregateFunction when the result can be computed
-// incrementally). elements must not be retained or changed after Process
-// returns.
+// incrementally). elements is a copy of the window's records, never the
+// window state itself: Process may sort or change it without changing what
+// a later firing of the window sees. It must not be retained after Process
+// returns (the runtime reuses its array for the next firing).
 type ProcessWindowFunction[K comparable, IN, OUT any] interface {
 	Process(ctx *WindowContext[K], elements []IN, out Collector[OUT]) error
 }

@@ -86,7 +86,8 @@ func Window[K comparable, T any](ks *KeyedStream[K, T], asg WindowAssigner, opts
 // DefaultCodec).
 func Aggregate[K comparable, T, ACC, OUT any](ws *WindowedStream[K, T], name string, agg AggregateFunction[T, ACC, OUT], ac Codec[ACC], opts ...OpOpt) *Stream[OUT] {
 	ac = windowStateCodec(ws, name, "accumulator", ac)
-	return windowed(ws, name, aggregateWindowFunc[K](agg, ac), opts)
+	wf := aggregateWindowFunc[K](agg, ac)
+	return windowed(ws, name, func() windowFunc[K, T, ACC, OUT] { return wf }, opts)
 }
 
 // AggregateProcess is Aggregate whose result goes through fn with the
@@ -104,7 +105,7 @@ func AggregateProcess[K comparable, T, ACC, R, OUT any](ws *WindowedStream[K, T]
 		},
 		codec: ac,
 	}
-	return windowed(ws, name, wf, opts)
+	return windowed(ws, name, func() windowFunc[K, T, ACC, OUT] { return wf }, opts)
 }
 
 // ReduceWindow reduces each window's records with fn, which must be
@@ -113,7 +114,8 @@ func AggregateProcess[K comparable, T, ACC, R, OUT any](ws *WindowedStream[K, T]
 // encodes T in checkpoints (nil: DefaultCodec).
 func ReduceWindow[K comparable, T any](ws *WindowedStream[K, T], name string, fn func(a, b T) (T, error), c Codec[T], opts ...OpOpt) *Stream[T] {
 	c = windowStateCodec(ws, name, "value", c)
-	return windowed(ws, name, reduceWindowFunc[K](fn, c), opts)
+	wf := reduceWindowFunc[K](fn, c)
+	return windowed(ws, name, func() windowFunc[K, T, reduceAcc[T], T] { return wf }, opts)
 }
 
 // ProcessWindow keeps each window's records and hands them to fn with the
@@ -125,7 +127,7 @@ func ReduceWindow[K comparable, T any](ws *WindowedStream[K, T], name string, fn
 // incrementally: ProcessWindow keeps every record until its window goes.
 func ProcessWindow[K comparable, T, OUT any](ws *WindowedStream[K, T], name string, fn ProcessWindowFunction[K, T, OUT], c Codec[T], opts ...OpOpt) *Stream[OUT] {
 	c = windowStateCodec(ws, name, "records", c)
-	return windowed(ws, name, processWindowFunc[K](fn, c), opts)
+	return windowed(ws, name, func() windowFunc[K, T, []T, OUT] { return processWindowFunc[K](fn, c, true) }, opts)
 }
 
 // windowStateCodec returns c, or DefaultCodec if it can encode V (else the
@@ -140,10 +142,11 @@ func windowStateCodec[K comparable, T, V any](ws *WindowedStream[K, T], name, wh
 	return DefaultCodec[V]()
 }
 
-// windowed adds the window operator to the job.
-func windowed[K comparable, T, ACC, OUT any](ws *WindowedStream[K, T], name string, fn windowFunc[K, T, ACC, OUT], opts []OpOpt) *Stream[OUT] {
+// windowed adds the window operator to the job; newFn makes its window
+// function, once per subtask and attempt.
+func windowed[K comparable, T, ACC, OUT any](ws *WindowedStream[K, T], name string, newFn func() windowFunc[K, T, ACC, OUT], opts []OpOpt) *Stream[OUT] {
 	return ProcessKeyed(ws.ks, name, func() KeyedProcessor[K, T, OUT] {
-		p := &windowProcessor[K, T, ACC, OUT]{name: name, asg: ws.asg, lateness: ws.cfg.lateness, fn: fn}
+		p := &windowProcessor[K, T, ACC, OUT]{name: name, asg: ws.asg, lateness: ws.cfg.lateness, fn: newFn()}
 		if tag, ok := ws.cfg.lateTag.(OutputTag[T]); ok {
 			p.late = func(v T) error {
 				Output(p.ctx, tag, v)

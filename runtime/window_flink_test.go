@@ -166,3 +166,47 @@ func TestProcessingTimeWindowResultsCarryTheirMaxTimestamp(t *testing.T) {
 		t.Fatalf("the event-time window after the processing-time one counted %d clicks, want %d", total.Load(), n)
 	}
 }
+
+// A ProcessWindowFunction gets a copy of the window's records: sorting it
+// in place does not rewrite the window state, so a later (late) firing
+// still sees the records in arrival order, and a snapshot encoding the
+// state on another goroutine never reads a slice the function changes.
+func TestAProcessWindowFunctionSortingItsElementsDoesNotChangeTheWindow(t *testing.T) {
+	cs := []click{
+		{Key: "ann", TS: 5, ID: 3},
+		{Key: "ann", TS: 6, ID: 1},
+		{Key: "ann", TS: 7, ID: 2},
+		{Key: "ann", TS: 40, ID: 0}, // the watermark after it, 19, fires [0,10)
+		{Key: "ann", TS: 8, ID: 4},  // a late firing of [0,10)
+	}
+	var mu sync.Mutex
+	var seen []string
+	j := NewJob("windows", MaxParallelism(8))
+	events := FromSource(j, "clicks", SliceSource(cs, 1), Parallelism(1),
+		Watermarks(ForGenerator(func() WatermarkGenerator[click] { return &punctuatedWatermarks{bound: 20} },
+			WithTimestampAssigner(func(c click, _ int64) int64 { return c.TS }))))
+	ws := Window(KeyBy(events, func(c click) string { return c.Key }, nil), TumblingEventTimeWindows(10*time.Millisecond),
+		AllowedLateness(100*time.Millisecond))
+	out := ProcessWindow(ws, "sorted", ProcessWindowFunc[string, click, string](func(ctx *WindowContext[string], cs []click, out Collector[string]) error {
+		ids := make([]int, len(cs))
+		for i, c := range cs {
+			ids[i] = c.ID
+		}
+		mu.Lock()
+		seen = append(seen, fmt.Sprintf("%v %v", ctx.Window, ids))
+		mu.Unlock()
+		slices.SortFunc(cs, func(a, b click) int { return a.ID - b.ID }) // in place
+		out.Collect(fmt.Sprint(cs))
+		return nil
+	}), nil)
+	SinkTo(out, "sink", func() Sink[string] { return discardSink[string]{} })
+	if _, err := NewMiniCluster().Run(t.Context(), j); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"[0,10) [3 1 2]", "[40,50) [0]", "[0,10) [3 1 2 4]"}
+	slices.Sort(want)
+	slices.Sort(seen)
+	if !slices.Equal(seen, want) {
+		t.Fatalf("the function saw %q, want %q (arrival order at every firing)", seen, want)
+	}
+}

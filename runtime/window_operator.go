@@ -145,10 +145,30 @@ func (r reduceAccCodec[T]) Decode(b []byte) (reduceAcc[T], error) {
 
 // processWindowFunc keeps the records of a window for fn. The records of
 // one window are in arrival order within a pane, and panes in time order.
-func processWindowFunc[K comparable, IN, OUT any](fn ProcessWindowFunction[K, IN, OUT], c Codec[IN]) windowFunc[K, IN, []IN, OUT] {
+//
+// With copyElements, fn gets a copy of the window's records, never the
+// state's own slice: sorting it in place would rewrite the stored window
+// (a later firing would see another order), and a snapshot encoding the
+// state on another goroutine could read it while fn changes it. The copy
+// goes into a buffer reused from firing to firing (so each processWindowFunc
+// must serve one subtask), cleared after fn returns so that it does not
+// keep the records alive. Without copyElements, fn must only read them.
+func processWindowFunc[K comparable, IN, OUT any](fn ProcessWindowFunction[K, IN, OUT], c Codec[IN], copyElements bool) windowFunc[K, IN, []IN, OUT] {
 	var lc Codec[[]IN]
 	if c != nil {
 		lc = listCodec[IN]{c}
+	}
+	var buf []IN
+	result := func(ctx *WindowContext[K], acc []IN, out Collector[OUT]) error {
+		return fn.Process(ctx, acc, out)
+	}
+	if copyElements {
+		result = func(ctx *WindowContext[K], acc []IN, out Collector[OUT]) error {
+			buf = append(buf[:0], acc...)
+			err := fn.Process(ctx, buf[:len(acc):len(acc)], out)
+			clear(buf)
+			return err
+		}
 	}
 	return windowFunc[K, IN, []IN, OUT]{
 		create: func() []IN { return nil },
@@ -159,10 +179,8 @@ func processWindowFunc[K comparable, IN, OUT any](fn ProcessWindowFunction[K, IN
 			out := make([]IN, 0, len(a)+len(b))
 			return append(append(out, a...), b...), nil
 		},
-		result: func(ctx *WindowContext[K], acc []IN, out Collector[OUT]) error {
-			return fn.Process(ctx, acc, out)
-		},
-		codec: lc,
+		result: result,
+		codec:  lc,
 	}
 }
 

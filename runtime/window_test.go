@@ -302,7 +302,7 @@ func newWindowHarness(t *testing.T, c windowHarnessConfig) (*windowHarness, erro
 				out.Collect(s)
 				return nil
 			})
-			return newWindowOperator(r, asg, lateness, processWindowFunc[string, int64, string](pf, Int64Codec()), st.timers, emit, lateFn)
+			return newWindowOperator(r, asg, lateness, processWindowFunc[string, int64, string](pf, Int64Codec(), true), st.timers, emit, lateFn)
 		}
 		t.Fatalf("fn %q", fn)
 		return nil, nil
