@@ -108,10 +108,13 @@ func AggregateProcess[K comparable, T, ACC, R, OUT any](ws *WindowedStream[K, T]
 	return windowed(ws, name, func() windowFunc[K, T, ACC, OUT] { return wf }, opts)
 }
 
-// ReduceWindow reduces each window's records with fn, which must be
-// associative (panes of sliding windows and merged sessions are reduced
-// apart, then together), and emits the result when the window fires. c
-// encodes T in checkpoints (nil: DefaultCodec).
+// ReduceWindow reduces each window's records with fn and emits the result
+// when the window fires. As in Flink, each window keeps one reduced value
+// and reduces its records in arrival order (a sliding window's too: a
+// record goes into each of its size/slide windows), so fn need not be
+// commutative ("keep the last record to arrive" gives Flink's result);
+// it must be associative, as merged sessions are reduced apart, then
+// together. c encodes T in checkpoints (nil: DefaultCodec).
 func ReduceWindow[K comparable, T any](ws *WindowedStream[K, T], name string, fn func(a, b T) (T, error), c Codec[T], opts ...OpOpt) *Stream[T] {
 	c = windowStateCodec(ws, name, "value", c)
 	wf := reduceWindowFunc[K](fn, c)

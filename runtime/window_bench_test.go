@@ -70,3 +70,20 @@ func BenchmarkProcessWindowFiring(b *testing.B) {
 		})
 	}
 }
+
+// A sliding ReduceWindow (size/slide = 6) reducing every window in arrival
+// order (one accumulator per window, as Flink) against reducing per pane
+// and merging the panes (as before; not Flink's result for a function that
+// is not commutative).
+func BenchmarkSlidingReduceWindow(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		ordered bool
+	}{{"per-window", true}, {"panes", false}} {
+		b.Run(tc.name, func(b *testing.B) {
+			wf := reduceWindowFunc[string](func(a, b int64) (int64, error) { return a + b, nil }, Int64Codec())
+			wf.ordered = tc.ordered
+			benchWindowOperator(b, SlidingEventTimeWindows(6*time.Millisecond, time.Millisecond), wf)
+		})
+	}
+}
