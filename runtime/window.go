@@ -15,7 +15,8 @@ type TimeWindow struct {
 }
 
 // MaxTimestamp is the last millisecond inside the window (End-1): an
-// event-time window fires when the watermark reaches it.
+// event-time window fires when the watermark reaches it, and every result
+// of a window carries it as its event timestamp (as in Flink).
 func (w TimeWindow) MaxTimestamp() int64 { return w.End - 1 }
 
 // String formats w as [Start,End).

@@ -56,7 +56,10 @@ func LateOutput[T any](tag OutputTag[T]) WindowOpt {
 // Records of an event-time window must carry event timestamps (a source
 // with a WatermarkStrategy, see Watermarks); a record without one fails the
 // job. The window fires when the operator's watermark passes its end: a
-// bounded input's final watermark fires every window.
+// bounded input's final watermark fires every window. Every result carries
+// the window's MaxTimestamp (End-1) as its event timestamp, late firings
+// and processing-time windows included, as Flink's window operator stamps
+// them, so an event-time operator can follow any window.
 //
 // A record whose windows have all been cleaned up (the watermark passed
 // their end plus the allowed lateness) is late: it goes into no window, is
