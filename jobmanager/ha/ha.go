@@ -308,6 +308,42 @@ func (l *Leadership) txn(ctx context.Context, what string, cond []clientv3.Cmp, 
 	return fmt.Errorf("%s: %w", what, ErrExists)
 }
 
+// List calls fn for every key under prefix with its value, in key order,
+// read in one etcd transaction with the check that this job manager still
+// leads (ErrNotLeader otherwise): a fenced read. What it returns was the
+// data while this leadership lasted, so a decision taken on it (which
+// objects no checkpoint references any more) is the leader's, never a
+// deposed one's.
+func (l *Leadership) List(ctx context.Context, prefix string, fn func(key string, value []byte) error) error {
+	if !l.valid() {
+		l.markLost(fmt.Errorf("the lease was not renewed for %v, half its time-to-live", l.s.cfg.ttl/2))
+		return fmt.Errorf("fenced list %s: %w", prefix, ErrNotLeader)
+	}
+	base := l.s.ns + "data/"
+	resp, err := l.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)).
+		Then(clientv3.OpGet(base+prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("fenced list %s: etcd: %w", prefix, err)
+	}
+	if !resp.Succeeded {
+		l.markLost(errors.New("the leader key is gone or another job manager's"))
+		return fmt.Errorf("fenced list %s: %w", prefix, ErrNotLeader)
+	}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		if err := fn(strings.TrimPrefix(string(kv.Key), base), kv.Value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeletePrefix removes every key under prefix if this job manager still
+// leads, in one transaction.
+func (l *Leadership) DeletePrefix(ctx context.Context, prefix string) error {
+	return l.txn(ctx, "delete "+prefix+"*", nil, clientv3.OpDelete(l.s.ns+"data/"+prefix, clientv3.WithPrefix()))
+}
+
 // Put writes key if this job manager still leads.
 func (l *Leadership) Put(ctx context.Context, key string, value []byte) error {
 	return l.txn(ctx, "put "+key, nil, clientv3.OpPut(l.s.ns+"data/"+key, string(value)))
