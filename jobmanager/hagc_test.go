@@ -3,6 +3,9 @@ package jobmanager
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -224,5 +227,127 @@ func TestADeposedJobMasterDeletesNothingTheNewLeadersCheckpointsUse(t *testing.T
 			t.Fatalf("metadata of retained checkpoint %d: %v", s.ID, err)
 		}
 		rc.Close()
+	}
+}
+
+// lateStore is a job master's checkpoint store whose save of checkpoint at
+// times out and is applied later by etcd: its Save says the outcome is
+// unknown and writes nothing; the write lands just before the next
+// attempt reads where to restore from, after that attempt's job master
+// rebuilt its registry.
+type lateStore struct {
+	*haCheckpointStore
+	at checkpoint.ID
+
+	mu      sync.Mutex
+	pending *checkpoint.Completed
+	applied bool
+}
+
+func (s *lateStore) Save(ctx context.Context, c checkpoint.Completed) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.ID >= s.at && !s.applied && s.pending == nil {
+		s.pending = &c
+		return fmt.Errorf("save checkpoint %d: %w: etcd did not answer in time", c.ID, checkpoint.ErrOutcomeUnknown)
+	}
+	return s.haCheckpointStore.Save(ctx, c)
+}
+
+func (s *lateStore) LatestUsable(ctx context.Context, job string) (checkpoint.Completed, []checkpoint.Skipped, error) {
+	s.mu.Lock()
+	if s.pending != nil {
+		if err := s.haCheckpointStore.Save(ctx, *s.pending); err != nil {
+			s.mu.Unlock()
+			return checkpoint.Completed{}, nil, err
+		}
+		s.pending, s.applied = nil, true
+	}
+	s.mu.Unlock()
+	return s.haCheckpointStore.LatestUsable(ctx, job)
+}
+
+// A checkpoint whose pointer write timed out and was applied afterwards:
+// the next attempt restores it, so its objects must not have been deleted
+// as a failed checkpoint's when that attempt started.
+func TestACheckpointWhosePointerWriteLandedLateKeepsItsObjects(t *testing.T) {
+	ctx := t.Context()
+	endpoints := startEtcd(t)
+	st := memStorage(t)
+	a := connectHA(t, endpoints, "prod")
+	store := &lateStore{haCheckpointStore: newHACheckpointStore(a, campaign(t, a, "jm-a:6123"), st), at: 4}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var mu sync.Mutex
+	var restored []checkpoint.ID
+	_, err := runtime.NewMiniCluster(runtime.CheckpointStore(store), runtime.StateStorage(st, "mem://test"),
+		runtime.StateInlineLimit(-1), runtime.CheckpointInterval(5*time.Millisecond), runtime.JobID("job1"),
+		runtime.RestartStrategy(runtime.FixedDelayRestart(3, 10*time.Millisecond)), runtime.OrphanGrace(runtime.DefaultOrphanGrace),
+		runtime.OnRestore(func(_ int, from checkpoint.ID) {
+			mu.Lock()
+			restored = append(restored, from)
+			mu.Unlock()
+		}),
+		runtime.OnCheckpointComplete(func(e runtime.CheckpointEvent) {
+			mu.Lock()
+			defer mu.Unlock()
+			if n := len(restored); n > 1 && e.ID >= restored[n-1]+2 {
+				cancel()
+			}
+		})).Run(rctx, keyedSumJob())
+	mu.Lock()
+	defer mu.Unlock()
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: %v (restored from %v), want it to run on until cancelled", err, restored)
+	}
+	if len(restored) != 2 || restored[1] < store.at {
+		t.Fatalf("restored from %v, want one restart from the checkpoint whose save landed late (%d or later)", restored, store.at)
+	}
+	c, err := store.Latest(ctx, "job1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkpoint.ReadRefs(ctx, st, c.Refs()); err != nil {
+		t.Fatalf("latest checkpoint %d: %v", c.ID, err)
+	}
+}
+
+// Metadata objects no pointer names (the pointer write failed, or the job
+// manager died between the two) are swept once older than the cutoff, on
+// a fenced read: a deposed leader sweeps nothing.
+func TestMetadataObjectsNoPointerNamesAreSweptOnlyByTheLeaderAfterTheGrace(t *testing.T) {
+	ctx := t.Context()
+	endpoints := startEtcd(t)
+	st := memStorage(t)
+	a := connectHA(t, endpoints, "prod")
+	la := campaign(t, a, "jm-a:6123")
+	cps := newHACheckpointStore(a, la, st)
+	for id := checkpoint.ID(1); id <= 2; id++ {
+		if err := cps.Save(ctx, completed("job1", id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orphan := metadataKey("job1", 3)
+	other := metadataKey("job2", 3)
+	for _, k := range []string{orphan, other} {
+		if err := st.Put(ctx, k, strings.NewReader("a checkpoint whose pointer write failed")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := cps.SweepOrphans(ctx, "job1", time.Now().Add(-time.Minute)); err != nil || n != 0 {
+		t.Fatalf("sweep with a cutoff before the orphan was written: %d deleted, %v; want none", n, err)
+	}
+	// A deposed leader sweeps nothing.
+	revokeAllLeases(t, endpoints)
+	b := connectHA(t, endpoints, "prod")
+	lb := campaign(t, b, "jm-b:6123")
+	if n, err := cps.SweepOrphans(ctx, "job1", time.Now().Add(time.Minute)); !errors.Is(err, ha.ErrNotLeader) || n != 0 {
+		t.Fatalf("a deposed leader's sweep: %d deleted, %v; want none and ErrNotLeader", n, err)
+	}
+	if n, err := newHACheckpointStore(b, lb, st).SweepOrphans(ctx, "job1", time.Now().Add(time.Minute)); err != nil || n != 1 {
+		t.Fatalf("the leader's sweep: %d deleted, %v; want the orphan", n, err)
+	}
+	if got, want := objectKeys(t, st), []string{metadataKey("job1", 1), metadataKey("job1", 2), other}; !slices.Equal(got, want) {
+		t.Fatalf("objects after the sweep %q, want %q", got, want)
 	}
 }

@@ -337,6 +337,12 @@ func (g *stateGC) aborted(ctx context.Context, id checkpoint.ID) {
 	}
 	g.mu.Lock()
 	objs := g.inFlight[id]
+	if _, late := g.lister.(FencedCheckpoints); late && g.doubtful[id] {
+		// Its save may still land: the next attempt's registry, or the
+		// orphan sweep after its grace period, decides.
+		g.mu.Unlock()
+		return
+	}
 	delete(g.inFlight, id)
 	g.mu.Unlock()
 	var keys []string
