@@ -47,6 +47,28 @@ func TestLocalWithEmbeddedCheckpointStorageWritesTaskStateThere(t *testing.T) {
 	if _, err := c.cli(t, "cancel", id); err != nil {
 		t.Fatal(err)
 	}
+	// A job cancelled without --retain-on-cancel leaves no checkpoint
+	// behind (Flink discards a cancelled job's checkpoints): neither in the
+	// checkpoint store nor in the checkpoint storage; status still says
+	// which checkpoint it completed last.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var left []string
+		if err := st.List(t.Context(), id+"/", func(o storage.Object) error { left = append(left, o.Key); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cancelled job left %d objects, e.g. %s", len(left), left[0])
+		}
+	}
+	if out, err := c.cli(t, "checkpoints", id, "--output", "json"); err != nil || strings.TrimSpace(out) != "[]" {
+		t.Fatalf("checkpoints of the cancelled job: %q, %v; want none", out, err)
+	}
+	if got := c.status(t, id); got.State != "CANCELED" || got.LastCompletedCheckpoint == 0 {
+		t.Fatalf("status after the cancel: %+v, want CANCELED with its last completed checkpoint", got)
+	}
 }
 
 func TestStorageFlagsRefuseWhatCannotWork(t *testing.T) {

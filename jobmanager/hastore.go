@@ -43,6 +43,9 @@ type checkpointStore interface {
 	Latest(ctx context.Context, job string) (checkpoint.Completed, error)
 	// List summarises the completed checkpoints of job, newest first.
 	List(ctx context.Context, job string) ([]checkpoint.Summary, error)
+	// DeleteJob deletes every completed checkpoint of job (a cancelled
+	// job's, Flink's discard on cancel); ids are not handed out again.
+	DeleteJob(ctx context.Context, job string) error
 	Close() error
 }
 

@@ -51,6 +51,10 @@ type JobRecord struct {
 	// checkpoint out as a savepoint, RetainedSavepoint.
 	RetainOnCancel    bool     `json:"retain_on_cancel,omitempty"`
 	RetainedSavepoint string   `json:"retained_savepoint,omitempty"`
+	// LastCheckpoint is the last completed checkpoint of a cancelled job
+	// whose checkpoints were deleted (it is no longer in the checkpoint
+	// store; status still shows it).
+	LastCheckpoint checkpoint.ID `json:"last_checkpoint,omitempty"`
 	State             JobState `json:"state"`
 	// ChangedUnixMs is when the job last changed state (Flink's
 	// last-modification); 0 in records written before it was kept.
