@@ -49,13 +49,13 @@ type JobRecord struct {
 	AllowNonRestoredState bool   `json:"allow_non_restored_state,omitempty"`
 	// RetainOnCancel: a cancel writes the job's latest completed
 	// checkpoint out as a savepoint, RetainedSavepoint.
-	RetainOnCancel    bool     `json:"retain_on_cancel,omitempty"`
-	RetainedSavepoint string   `json:"retained_savepoint,omitempty"`
+	RetainOnCancel    bool   `json:"retain_on_cancel,omitempty"`
+	RetainedSavepoint string `json:"retained_savepoint,omitempty"`
 	// LastCheckpoint is the last completed checkpoint of a cancelled job
 	// whose checkpoints were deleted (it is no longer in the checkpoint
 	// store; status still shows it).
 	LastCheckpoint checkpoint.ID `json:"last_checkpoint,omitempty"`
-	State             JobState `json:"state"`
+	State          JobState      `json:"state"`
 	// ChangedUnixMs is when the job last changed state (Flink's
 	// last-modification); 0 in records written before it was kept.
 	ChangedUnixMs int64  `json:"changed_unix_ms,omitempty"`
