@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/jobmanager/ha"
 	"github.com/weirstream/weir/runtime"
 )
@@ -349,5 +351,74 @@ func TestMetadataObjectsNoPointerNamesAreSweptOnlyByTheLeaderAfterTheGrace(t *te
 	}
 	if got, want := objectKeys(t, st), []string{metadataKey("job1", 1), metadataKey("job1", 2), other}; !slices.Equal(got, want) {
 		t.Fatalf("objects after the sweep %q, want %q", got, want)
+	}
+}
+
+// countingStorage counts the objects opened for reading.
+type countingStorage struct {
+	storage.Storage
+	mu    sync.Mutex
+	opens int
+}
+
+func (c *countingStorage) Open(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	c.mu.Lock()
+	c.opens++
+	c.mu.Unlock()
+	return c.Storage.Open(ctx, key, off, n)
+}
+
+func (c *countingStorage) reads() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.opens
+	c.opens = 0
+	return n
+}
+
+// List (status, list, the REST API) reads each retained checkpoint's
+// metadata object once: an object a pointer names never changes.
+// Latest, which a restore reads, reads afresh.
+func TestListingCheckpointsReadsEachMetadataObjectOnce(t *testing.T) {
+	ctx := t.Context()
+	endpoints := startEtcd(t)
+	st := &countingStorage{Storage: memStorage(t)}
+	a := connectHA(t, endpoints, "prod")
+	cps := newHACheckpointStore(a, campaign(t, a, "jm-a:6123"), st)
+	for id := checkpoint.ID(1); id <= 3; id++ {
+		if err := cps.Save(ctx, completed("job1", id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.reads()
+	for i, want := range []int{3, 0, 0} {
+		sums, err := cps.List(ctx, "job1")
+		if err != nil || len(sums) != 3 {
+			t.Fatalf("List: %d checkpoints, %v", len(sums), err)
+		}
+		if got := st.reads(); got != want {
+			t.Fatalf("List %d read %d metadata objects, want %d", i+1, got, want)
+		}
+	}
+	// A new checkpoint: retention drops the oldest; List reads only the
+	// new one, and the cache forgets the dropped one.
+	if err := cps.Save(ctx, completed("job1", 4)); err != nil {
+		t.Fatal(err)
+	}
+	st.reads()
+	if sums, err := cps.List(ctx, "job1"); err != nil || len(sums) != 3 || sums[0].ID != 4 {
+		t.Fatalf("List after checkpoint 4: %+v, %v", sums, err)
+	}
+	if got := st.reads(); got != 1 {
+		t.Fatalf("List after a new checkpoint read %d metadata objects, want 1", got)
+	}
+	if n := cps.cachedObjects(); n != 3 {
+		t.Fatalf("%d metadata objects cached, want the 3 retained", n)
+	}
+	if _, err := cps.Latest(ctx, "job1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.reads(); got != 1 {
+		t.Fatalf("Latest read %d metadata objects, want 1 (afresh)", got)
 	}
 }
