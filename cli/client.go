@@ -34,10 +34,12 @@ var ErrJobManager = errors.New("job manager")
 
 // client is a connection to the job manager at addr.
 type client struct {
-	addr string
-	tls  bool // the connection uses TLS
-	jm   weirpb.JobManagerClient
-	cc   interface{ Close() error }
+	addr     string
+	tls      bool // the connection uses TLS
+	jm       weirpb.JobManagerClient
+	cc       interface{ Close() error }
+	opts     []rpc.DialOpt
+	followed bool // a standby's refusal was followed to the leader once
 }
 
 // dialJobManager connects to the job manager at addr, or to the leader
@@ -59,10 +61,61 @@ func dialJobManager(addr string, access *accessFlags) (*client, error) {
 		jms.Close()
 		return nil, fmt.Errorf("%w: %w", ErrJobManager, err)
 	}
-	return &client{addr: leader, tls: access.tlsOn(), jm: jm, cc: jms}, nil
+	return &client{addr: leader, tls: access.tlsOn(), jm: jm, cc: jms, opts: opts}, nil
 }
 
 func (c *client) Close() { _ = c.cc.Close() }
+
+// refusedByStandby reports whether err is a standby's refusal of a call:
+// it did nothing, so the call may be made again on the leader.
+func refusedByStandby(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "standby")
+}
+
+// follow connects c to the leader the standby it is connected to names,
+// once per client (a standby named by the user's only address, or a
+// leader that stepped down since it was found). It fails when no job
+// manager leads or the leader is c's own address (no loop).
+func (c *client) follow(ctx context.Context) error {
+	if c.followed {
+		return errors.New("already followed the leader once")
+	}
+	c.followed = true
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := c.jm.Leader(actx, &weirpb.LeaderRequest{})
+	if err != nil {
+		return err
+	}
+	if info.Leading || info.LeaderAddress == "" || info.LeaderAddress == c.addr {
+		return errors.New("no other job manager leads")
+	}
+	jms, err := rpc.DialAll(info.LeaderAddress, c.opts...)
+	if err != nil {
+		return err
+	}
+	_, jm, err := jms.Leader(ctx)
+	if err != nil {
+		jms.Close()
+		return err
+	}
+	old := c.cc
+	c.cc = closers{jms, old}
+	c.addr, c.jm = info.LeaderAddress, jm
+	return nil
+}
+
+// closers closes each in turn.
+type closers []interface{ Close() error }
+
+func (cs closers) Close() error {
+	var errs []error
+	for _, c := range cs {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
 
 // explain turns a call's error into what the user needs to read.
 func (c *client) explain(err error) error {
@@ -98,10 +151,16 @@ func plaintextToTLS(msg string) bool {
 	return strings.Contains(msg, "EOF") || strings.Contains(msg, "connection reset")
 }
 
+// call makes the call fn with c (which reads c.jm when it runs). A call a
+// standby refused is made again, once, on the leader the standby names.
 func (c *client) call(ctx context.Context, fn func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	if err := fn(ctx); err != nil {
+	err := fn(ctx)
+	if refusedByStandby(err) && c.follow(ctx) == nil {
+		err = fn(ctx)
+	}
+	if err != nil {
 		return c.explain(err)
 	}
 	return nil
