@@ -215,6 +215,7 @@ type jobJSON struct {
 	Params                  map[string]string `json:"params"`
 	Submitted               string            `json:"submitted,omitempty"`
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
+	CheckpointTimeoutMs     int64             `json:"checkpoint_timeout_ms"`
 	RestartStrategy         string            `json:"restart_strategy"`
 	RestoredFromCheckpoint  uint64            `json:"restored_from_checkpoint"`
 	RecordsIn               int64             `json:"records_in"`
@@ -239,7 +240,7 @@ type jobFailureJSON struct {
 
 func toJobJSON(s *weirpb.JobStatus) jobJSON {
 	j := jobJSON{ID: s.Id, Name: s.Name, State: s.State, JobType: s.JobType, Waiting: s.Waiting, Restarts: s.Restarts, LastCompletedCheckpoint: s.LastCompletedCheckpoint,
-		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, RestartStrategy: s.RestartStrategy,
+		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, CheckpointTimeoutMs: s.CheckpointTimeoutMs, RestartStrategy: s.RestartStrategy,
 		RestoredFromCheckpoint: s.RestoredFromCheckpoint, RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut,
 		RetainedSavepoint: s.RetainedSavepoint}
 	if j.Params == nil {
@@ -394,7 +395,7 @@ or was CANCELED.`,
 			var id string
 			err = c.call(cmd.Context(), func(ctx context.Context) error {
 				r, err := c.jm.SubmitJob(ctx, &weirpb.SubmitJobRequest{JobType: cmd.Flags().Arg(0), Params: params,
-					CheckpointIntervalMs: jf.interval.Milliseconds(), RestartStrategy: restart, Name: name,
+					CheckpointIntervalMs: jf.interval.Milliseconds(), CheckpointTimeoutMs: jf.timeout.Milliseconds(), RestartStrategy: restart, Name: name,
 					FromSavepoint: from.path, AllowNonRestoredState: from.allowNonRestored, RetainOnCancel: retain})
 				if err == nil {
 					id = r.JobId

@@ -88,6 +88,9 @@ transactions are aborted, its held share records released).`,
 				return err
 			}
 			opts := []runtime.ClusterOpt{runtime.Logger(log), runtime.CheckpointInterval(jf.interval), runtime.Failpoints(fp)}
+			if jf.timeout > 0 {
+				opts = append(opts, runtime.CheckpointTimeout(jf.timeout))
+			}
 			if from.path != "" {
 				c, err := checkpoint.ReadSavepoint(cmd.Context(), from.path)
 				if err != nil {
@@ -200,12 +203,15 @@ func openRunStore(checkpointDir string, log *zap.Logger) (*checkpoint.Store, err
 type jobFlags struct {
 	parallelism int
 	interval    time.Duration
+	timeout     time.Duration
 	sets        []string
 }
 
 func (j *jobFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&j.parallelism, "parallelism", 0, "default parallelism of the job's operators (0: the job type's)")
 	cmd.Flags().DurationVar(&j.interval, "checkpoint-interval", time.Second, "checkpoint trigger period, a whole number of milliseconds; also the least pause between two checkpoints")
+	cmd.Flags().DurationVar(&j.timeout, "checkpoint-timeout", 0,
+		"how long one of the job's checkpoints may take before it expires (0: the job manager's --checkpoint-timeout; run: "+runtime.DefaultCheckpointTimeout.String()+")")
 	cmd.Flags().StringArrayVar(&j.sets, "set", nil, "job parameter key=value (repeatable)")
 }
 
@@ -232,6 +238,9 @@ func (j *jobFlags) params(cmd *cobra.Command) (map[string]string, error) {
 	// would silently change (500us became 0, then the default 1s).
 	if j.interval%time.Millisecond != 0 {
 		return nil, flagError(cmd, fmt.Errorf("--checkpoint-interval %v: want a whole number of milliseconds (at least 1ms)", j.interval))
+	}
+	if j.timeout < 0 || j.timeout%time.Millisecond != 0 {
+		return nil, flagError(cmd, fmt.Errorf("--checkpoint-timeout %v: want a positive whole number of milliseconds, or 0 for the default", j.timeout))
 	}
 	return params, nil
 }

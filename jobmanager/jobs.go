@@ -295,7 +295,7 @@ func (s *Server) start(r JobRecord, job *runtime.Job, failover bool) error {
 			runtime.OrphanGrace(s.cfg.orphanGrace), runtime.OnStateDeleted(stats.stateDeleted))
 	}
 	mc := runtime.NewMiniCluster(append(extra, runtime.Deployment(d), runtime.CheckpointStore(s.jobs.cps), runtime.JobID(r.ID),
-		runtime.CheckpointInterval(interval), runtime.CheckpointTimeout(s.cfg.cpTimeout), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
+		runtime.CheckpointInterval(interval), runtime.CheckpointTimeout(s.cpTimeout(r)), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
 		runtime.Failpoints(s.cfg.fp), runtime.SuspendWith(s.jobs.ctx),
 		runtime.FailoverDelays(s.cfg.timeout, s.cfg.slotTimeout),
 		runtime.OnCheckpointTriggered(stats.triggered),
@@ -466,6 +466,7 @@ type submitCfg struct {
 	fromSavepoint    string
 	allowNonRestored bool
 	retainOnCancel   bool
+	cpTimeout        time.Duration
 }
 
 type submitOpt func(*submitCfg)
@@ -504,6 +505,22 @@ func RetainOnCancel() SubmitOpt {
 	return submitOpt(func(c *submitCfg) { c.retainOnCancel = true })
 }
 
+// JobCheckpointTimeout sets how long the job's checkpoints may take before
+// they expire (Flink's per-job execution.checkpointing.timeout), instead of
+// the job manager's CheckpointTimeout. It must be positive.
+func JobCheckpointTimeout(d time.Duration) SubmitOpt {
+	return submitOpt(func(c *submitCfg) { c.cpTimeout = d })
+}
+
+// cpTimeout is job r's checkpoint timeout in force: its own, else the job
+// manager's.
+func (s *Server) cpTimeout(r JobRecord) time.Duration {
+	if r.CheckpointTimeoutMs > 0 {
+		return time.Duration(r.CheckpointTimeoutMs) * time.Millisecond
+	}
+	return s.cfg.cpTimeout
+}
+
 // Submit records and starts a job; it returns the job's new id.
 func (s *Server) Submit(ctx context.Context, jobType string, params map[string]string, interval time.Duration, restart string, opts ...SubmitOpt) (string, error) {
 	var cfg submitCfg
@@ -512,6 +529,9 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	}
 	if interval <= 0 {
 		return "", fmt.Errorf("%w: checkpoint interval %v must be positive", runtime.ErrInvalidOption, interval)
+	}
+	if cfg.cpTimeout < 0 || (cfg.cpTimeout > 0 && cfg.cpTimeout < time.Millisecond) {
+		return "", fmt.Errorf("%w: checkpoint timeout %v must be positive (at least 1ms)", runtime.ErrInvalidOption, cfg.cpTimeout)
 	}
 	if restart != "" {
 		if _, err := runtime.ParseRestartStrategy(restart); err != nil {
@@ -568,7 +588,8 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	}
 	r := JobRecord{ID: id, Type: jobType, Name: cfg.name, Params: maps.Clone(params), CheckpointIntervalMs: interval.Milliseconds(),
 		State: StateCreated, RestartStrategy: restart, SubmittedUnixMs: time.Now().UnixMilli(),
-		FromSavepoint: cfg.fromSavepoint, AllowNonRestoredState: cfg.allowNonRestored, RetainOnCancel: cfg.retainOnCancel}
+		FromSavepoint: cfg.fromSavepoint, AllowNonRestoredState: cfg.allowNonRestored, RetainOnCancel: cfg.retainOnCancel,
+		CheckpointTimeoutMs: cfg.cpTimeout.Milliseconds()}
 	r.ChangedUnixMs = r.SubmittedUnixMs
 	if r.Params == nil {
 		r.Params = map[string]string{}
@@ -723,7 +744,7 @@ func rpcError(err error) error {
 		c = codes.NotFound
 	case errors.Is(err, ErrNotEnoughSlots), errors.Is(err, ErrCheckFailed):
 		c = codes.FailedPrecondition
-	case errors.Is(err, runtime.ErrUnknownJob), errors.Is(err, runtime.ErrBadParam), runtime.IsUnrecoverable(err),
+	case errors.Is(err, runtime.ErrUnknownJob), errors.Is(err, runtime.ErrBadParam), runtime.IsUnrecoverable(err), errors.Is(err, runtime.ErrInvalidOption),
 		badSavepoint(err):
 		c = codes.InvalidArgument
 	case errors.Is(err, ErrJobEnded), errors.Is(err, runtime.ErrNotRunning):
@@ -762,6 +783,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*
 	if req.RetainOnCancel {
 		opts = append(opts, RetainOnCancel())
 	}
+	if req.CheckpointTimeoutMs != 0 {
+		opts = append(opts, JobCheckpointTimeout(time.Duration(req.CheckpointTimeoutMs)*time.Millisecond))
+	}
 	id, err := s.Submit(ctx, req.JobType, params, interval, req.RestartStrategy, opts...)
 	if err != nil {
 		return nil, rpcError(err)
@@ -769,11 +793,12 @@ func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*
 	return &weirpb.SubmitJobResponse{JobId: id}, nil
 }
 
-func toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
+func (s *Server) toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
 	st := &weirpb.JobStatus{Id: r.ID, Name: r.DisplayName(), State: string(r.State), Restarts: int32(r.Restarts),
 		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
 		RestartStrategy: restartStrategyInForce(r.RestartStrategy), CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
-		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting, RetainedSavepoint: r.RetainedSavepoint}
+		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting, RetainedSavepoint: r.RetainedSavepoint,
+		CheckpointTimeoutMs: s.cpTimeout(r).Milliseconds()}
 	if e := r.LastException(); e != nil {
 		st.LastFailure = &weirpb.JobFailure{UnixMs: e.UnixMs, Message: e.Message, Task: e.Task, TaskManager: e.TaskManager, Restarted: e.Restarted}
 	}
@@ -788,7 +813,7 @@ func (s *Server) ListJobs(ctx context.Context, _ *weirpb.ListJobsRequest) (*weir
 	}
 	out := &weirpb.ListJobsResponse{}
 	for _, r := range recs {
-		out.Jobs = append(out.Jobs, toStatus(r, s.latestOf(ctx, r.ID, r.LastCheckpoint)))
+		out.Jobs = append(out.Jobs, s.toStatus(r, s.latestOf(ctx, r.ID, r.LastCheckpoint)))
 	}
 	return out, nil
 }
@@ -799,7 +824,7 @@ func (s *Server) GetJob(ctx context.Context, req *weirpb.GetJobRequest) (*weirpb
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	return toStatus(r, last), nil
+	return s.toStatus(r, last), nil
 }
 
 // CancelJob implements weirpb.JobManagerServer.

@@ -39,8 +39,11 @@ type JobRecord struct {
 	Name                 string            `json:"name,omitempty"`
 	Params               map[string]string `json:"params"`
 	CheckpointIntervalMs int64             `json:"checkpoint_interval_ms"`
-	RestartStrategy      string            `json:"restart_strategy,omitempty"`
-	SubmittedUnixMs      int64             `json:"submitted_unix_ms,omitempty"`
+	// CheckpointTimeoutMs is the job's own checkpoint timeout (0: the job
+	// manager's, CheckpointTimeout).
+	CheckpointTimeoutMs int64  `json:"checkpoint_timeout_ms,omitempty"`
+	RestartStrategy     string `json:"restart_strategy,omitempty"`
+	SubmittedUnixMs     int64  `json:"submitted_unix_ms,omitempty"`
 	// FromSavepoint is the savepoint the job was submitted from (its
 	// state was imported into the checkpoint store at submit), and
 	// AllowNonRestoredState whether it may drop state of operators the
