@@ -127,7 +127,10 @@ func (c *client) explain(err error) error {
 	case codes.Unauthenticated:
 		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, st.Message())
 	case codes.Unavailable, codes.DeadlineExceeded:
-		if strings.Contains(st.Message(), "standby") { // the leader changed since this client found it
+		switch {
+		case strings.Contains(st.Message(), "etcd unreachable"): // running again cannot help
+			return fmt.Errorf("%w at %s: %s (the job managers cannot reach etcd: no job manager leads until they do)", ErrJobManager, c.addr, st.Message())
+		case strings.Contains(st.Message(), "standby"): // the leader changed since this client found it
 			return fmt.Errorf("%w at %s: %s (run the command again: it finds the leader)", ErrJobManager, c.addr, st.Message())
 		}
 		hint := ""

@@ -186,6 +186,9 @@ type Server struct {
 	// announced.
 	leadership atomic.Pointer[ha.Leadership]
 	advertised string
+	// etcdDown is why etcd was unreachable at the last check made while
+	// campaigning (nil: it answered, or no check failed yet).
+	etcdDown atomic.Pointer[error]
 	// storage is the checkpoint storage (nil: none).
 	storage storage.Storage
 }

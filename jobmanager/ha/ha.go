@@ -18,6 +18,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,8 @@ var (
 	ErrExists = errors.New("key exists")
 	// ErrBadCluster is returned for a cluster id that cannot name a namespace.
 	ErrBadCluster = errors.New("bad cluster id")
+	// ErrUnreachable is wrapped by Check's error when etcd does not answer.
+	ErrUnreachable = errors.New("etcd unreachable")
 )
 
 // Opt configures New.
@@ -79,9 +82,27 @@ func Logger(l *zap.Logger) Opt { return opt(func(c *cfg) { c.logger = l }) }
 
 // Services are one job manager's connection to the HA services of a cluster.
 type Services struct {
-	client *clientv3.Client
-	ns     string // "/weir/<cluster>/"
-	cfg    cfg
+	client    *clientv3.Client
+	ns        string // "/weir/<cluster>/"
+	cfg       cfg
+	endpoints []string
+}
+
+// Endpoints are the etcd client URLs the Services were given.
+func (s *Services) Endpoints() []string { return slices.Clone(s.endpoints) }
+
+// Check reads one key within timeout and returns an error wrapping
+// ErrUnreachable, naming the endpoints, when etcd does not answer.
+func (s *Services) Check(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := s.client.Get(ctx, s.electionPrefix(), clientv3.WithCountOnly()); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("no answer within %v (%w)", timeout, err)
+		}
+		return fmt.Errorf("%w at %s: %w", ErrUnreachable, strings.Join(s.endpoints, ","), err)
+	}
+	return nil
 }
 
 // New connects to etcd at endpoints for the cluster named cluster. Close
@@ -99,7 +120,7 @@ func New(ctx context.Context, endpoints []string, cluster string, opts ...Opt) (
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(endpoints, ","), err)
 	}
-	return &Services{client: client, ns: "/weir/" + cluster + "/", cfg: c}, nil
+	return &Services{client: client, ns: "/weir/" + cluster + "/", cfg: c, endpoints: slices.Clone(endpoints)}, nil
 }
 
 // Close closes the connection to etcd.
