@@ -126,6 +126,9 @@ transactions are aborted, its held share records released).`,
 					return flagError(cmd, fmt.Errorf("--checkpoint-storage: %w", err))
 				}
 				defer st.Close()
+				if err := probeStorage(cmd.Context(), st, stor.url); err != nil {
+					return err
+				}
 				opts = append(opts, runtime.StateStorage(st, stor.url), runtime.StateInlineLimit(stor.inlineLimit()), runtime.OrphanGrace(stor.grace))
 			}
 			log.Info("running job", zap.String("job", cmd.Flags().Arg(0)), zap.String("job_id", id), zap.String("checkpoint_dir", dir))
@@ -301,4 +304,19 @@ func newRunID() (string, error) {
 		return "", fmt.Errorf("run: job id: %w", err)
 	}
 	return "run-" + hex.EncodeToString(b[:]), nil
+}
+
+// probeTimeout bounds the startup check of the checkpoint storage.
+const probeTimeout = 30 * time.Second
+
+// probeStorage checks at startup that the checkpoint storage at u can be
+// written to (storage.Probe): a missing bucket fails the command now, not
+// its first checkpoint.
+func probeStorage(ctx context.Context, st storage.Storage, u string) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	if err := storage.Probe(ctx, st); err != nil {
+		return fmt.Errorf("--checkpoint-storage %s: %w", u, err)
+	}
+	return nil
 }

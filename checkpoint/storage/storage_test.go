@@ -331,3 +331,37 @@ func TestAnUnreachableEndpointIsAnErrorNotAHang(t *testing.T) {
 		t.Errorf("put to an unreachable store: %v; want a connection error naming the key", err)
 	}
 }
+
+// Probe finds a bucket that does not exist at once, saying so in S3's
+// words without the request ids, and passes on a store it can write to,
+// leaving nothing behind.
+func TestProbeFindsAMissingBucketAndLeavesNothingBehind(t *testing.T) {
+	srv, err := s3server.Start(t.Context(), s3server.Buckets("weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	missing, err := storage.Open(t.Context(), srv.URL("no-such-bucket", "cp"), storage.Credentials("weir", "weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer missing.Close()
+	err = storage.Probe(t.Context(), missing)
+	if !errors.Is(err, storage.ErrUnusable) || !strings.Contains(err.Error(), "NoSuchBucket") ||
+		strings.Contains(err.Error(), "RequestID") || strings.Contains(err.Error(), "HostID") {
+		t.Fatalf("probe of a missing bucket: %v; want ErrUnusable saying NoSuchBucket, without request ids", err)
+	}
+	for name, u := range map[string]string{"s3": srv.URL("weir", "cp"), "file": "file://" + t.TempDir(), "mem": "mem://"} {
+		s, err := storage.Open(t.Context(), u, storage.Credentials("weir", "weir"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := storage.Probe(t.Context(), s); err != nil {
+			t.Errorf("%s: probe: %v", name, err)
+		}
+		if err := s.List(t.Context(), "", func(o storage.Object) error { return fmt.Errorf("left %s behind", o.Key) }); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		s.Close()
+	}
+}
