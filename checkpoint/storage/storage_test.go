@@ -365,3 +365,35 @@ func TestProbeFindsAMissingBucketAndLeavesNothingBehind(t *testing.T) {
 		s.Close()
 	}
 }
+
+// An S3 endpoint on loopback (the embedded S3 server `streamctl local`
+// prints) works without AWS credentials in the environment, so its URLs
+// work as printed; given credentials are still used.
+func TestALoopbackS3EndpointWorksWithoutAWSCredentials(t *testing.T) {
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_PROFILE": "",
+		"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"} {
+		t.Setenv(k, v)
+	}
+	srv, err := s3server.Start(t.Context(), s3server.Buckets("weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	s, err := storage.Open(t.Context(), srv.URL("weir", "cp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Put(t.Context(), "k", strings.NewReader("v")); err != nil {
+		t.Fatalf("put without AWS credentials to a loopback endpoint: %v", err)
+	}
+	rc, err := s.Open(t.Context(), "k", 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "v" {
+		t.Fatalf("read back %q", b)
+	}
+}
