@@ -34,10 +34,12 @@ var ErrJobManager = errors.New("job manager")
 
 // client is a connection to the job manager at addr.
 type client struct {
-	addr string
-	tls  bool // the connection uses TLS
-	jm   weirpb.JobManagerClient
-	cc   interface{ Close() error }
+	addr     string
+	tls      bool // the connection uses TLS
+	jm       weirpb.JobManagerClient
+	cc       interface{ Close() error }
+	opts     []rpc.DialOpt
+	followed bool // a standby's refusal was followed to the leader once
 }
 
 // dialJobManager connects to the job manager at addr, or to the leader
@@ -59,10 +61,61 @@ func dialJobManager(addr string, access *accessFlags) (*client, error) {
 		jms.Close()
 		return nil, fmt.Errorf("%w: %w", ErrJobManager, err)
 	}
-	return &client{addr: leader, tls: access.tlsOn(), jm: jm, cc: jms}, nil
+	return &client{addr: leader, tls: access.tlsOn(), jm: jm, cc: jms, opts: opts}, nil
 }
 
 func (c *client) Close() { _ = c.cc.Close() }
+
+// refusedByStandby reports whether err is a standby's refusal of a call:
+// it did nothing, so the call may be made again on the leader.
+func refusedByStandby(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "standby")
+}
+
+// follow connects c to the leader the standby it is connected to names,
+// once per client (a standby named by the user's only address, or a
+// leader that stepped down since it was found). It fails when no job
+// manager leads or the leader is c's own address (no loop).
+func (c *client) follow(ctx context.Context) error {
+	if c.followed {
+		return errors.New("already followed the leader once")
+	}
+	c.followed = true
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := c.jm.Leader(actx, &weirpb.LeaderRequest{})
+	if err != nil {
+		return err
+	}
+	if info.Leading || info.LeaderAddress == "" || info.LeaderAddress == c.addr {
+		return errors.New("no other job manager leads")
+	}
+	jms, err := rpc.DialAll(info.LeaderAddress, c.opts...)
+	if err != nil {
+		return err
+	}
+	_, jm, err := jms.Leader(ctx)
+	if err != nil {
+		jms.Close()
+		return err
+	}
+	old := c.cc
+	c.cc = closers{jms, old}
+	c.addr, c.jm = info.LeaderAddress, jm
+	return nil
+}
+
+// closers closes each in turn.
+type closers []interface{ Close() error }
+
+func (cs closers) Close() error {
+	var errs []error
+	for _, c := range cs {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
 
 // explain turns a call's error into what the user needs to read.
 func (c *client) explain(err error) error {
@@ -74,7 +127,10 @@ func (c *client) explain(err error) error {
 	case codes.Unauthenticated:
 		return fmt.Errorf("%w at %s refused the call: %s (give its token with --auth-token-file)", ErrJobManager, c.addr, st.Message())
 	case codes.Unavailable, codes.DeadlineExceeded:
-		if strings.Contains(st.Message(), "standby") { // the leader changed since this client found it
+		switch {
+		case strings.Contains(st.Message(), "etcd unreachable"): // running again cannot help
+			return fmt.Errorf("%w at %s: %s (the job managers cannot reach etcd: no job manager leads until they do)", ErrJobManager, c.addr, st.Message())
+		case strings.Contains(st.Message(), "standby"): // the leader changed since this client found it
 			return fmt.Errorf("%w at %s: %s (run the command again: it finds the leader)", ErrJobManager, c.addr, st.Message())
 		}
 		hint := ""
@@ -98,10 +154,16 @@ func plaintextToTLS(msg string) bool {
 	return strings.Contains(msg, "EOF") || strings.Contains(msg, "connection reset")
 }
 
+// call makes the call fn with c (which reads c.jm when it runs). A call a
+// standby refused is made again, once, on the leader the standby names.
 func (c *client) call(ctx context.Context, fn func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	if err := fn(ctx); err != nil {
+	err := fn(ctx)
+	if refusedByStandby(err) && c.follow(ctx) == nil {
+		err = fn(ctx)
+	}
+	if err != nil {
 		return c.explain(err)
 	}
 	return nil
@@ -156,6 +218,7 @@ type jobJSON struct {
 	Params                  map[string]string `json:"params"`
 	Submitted               string            `json:"submitted,omitempty"`
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
+	CheckpointTimeoutMs     int64             `json:"checkpoint_timeout_ms"`
 	RestartStrategy         string            `json:"restart_strategy"`
 	RestoredFromCheckpoint  uint64            `json:"restored_from_checkpoint"`
 	RecordsIn               int64             `json:"records_in"`
@@ -180,7 +243,7 @@ type jobFailureJSON struct {
 
 func toJobJSON(s *weirpb.JobStatus) jobJSON {
 	j := jobJSON{ID: s.Id, Name: s.Name, State: s.State, JobType: s.JobType, Waiting: s.Waiting, Restarts: s.Restarts, LastCompletedCheckpoint: s.LastCompletedCheckpoint,
-		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, RestartStrategy: s.RestartStrategy,
+		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, CheckpointTimeoutMs: s.CheckpointTimeoutMs, RestartStrategy: s.RestartStrategy,
 		RestoredFromCheckpoint: s.RestoredFromCheckpoint, RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut,
 		RetainedSavepoint: s.RetainedSavepoint}
 	if j.Params == nil {
@@ -335,7 +398,7 @@ or was CANCELED.`,
 			var id string
 			err = c.call(cmd.Context(), func(ctx context.Context) error {
 				r, err := c.jm.SubmitJob(ctx, &weirpb.SubmitJobRequest{JobType: cmd.Flags().Arg(0), Params: params,
-					CheckpointIntervalMs: jf.interval.Milliseconds(), RestartStrategy: restart, Name: name,
+					CheckpointIntervalMs: jf.interval.Milliseconds(), CheckpointTimeoutMs: jf.timeout.Milliseconds(), RestartStrategy: restart, Name: name,
 					FromSavepoint: from.path, AllowNonRestoredState: from.allowNonRestored, RetainOnCancel: retain})
 				if err == nil {
 					id = r.JobId

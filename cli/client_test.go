@@ -100,3 +100,22 @@ func TestClientErrorsForCommonFailuresNameNoGoPackage(t *testing.T) {
 		})
 	}
 }
+
+// A job manager that cannot reach etcd: the CLI says so, and does not
+// advise running the command again (it would not help).
+func TestTheCLISaysWhenTheJobManagersCannotReachEtcd(t *testing.T) {
+	jm := startJobManager(t, "--ha", "etcd", "--etcd-endpoints", "http://127.0.0.1:1",
+		"--checkpoint-storage", "file://"+filepath.Join(t.TempDir(), "cp"))
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, _, err := runCLI(t, "list", "--jobmanager", jm)
+		if err != nil && strings.Contains(err.Error(), "etcd unreachable at http://127.0.0.1:1") {
+			if !strings.Contains(err.Error(), "cannot reach etcd") || strings.Contains(err.Error(), "run the command again") {
+				t.Fatalf("list: %v; want it to say the job managers cannot reach etcd, without advising to run it again", err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("list 30 s after the job manager started: %v; want it to say etcd is unreachable", err)
+		}
+	}
+}

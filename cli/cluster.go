@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/jobmanager"
@@ -334,6 +335,15 @@ header must be a loopback name, the --metrics host or one of
 				opts = append(opts, taskmanager.Metrics(reg))
 			}
 			if storageURL != "" {
+				st, err := storage.Open(cmd.Context(), storageURL)
+				if err != nil {
+					return flagError(cmd, fmt.Errorf("--checkpoint-storage: %w", err))
+				}
+				err = probeStorage(cmd.Context(), st, storageURL)
+				st.Close()
+				if err != nil {
+					return err
+				}
 				opts = append(opts, taskmanager.CheckpointStorage(storageURL))
 			}
 			err = taskmanager.Run(cmd.Context(), jm, opts...)

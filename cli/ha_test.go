@@ -89,4 +89,13 @@ func TestLocalWithEmbeddedHARunsALeaderAndAStandby(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "the leader is at "+c.jm) {
 		t.Fatalf("the standby's GET /jobs: %d %s; want 503 naming the leader %s", resp.StatusCode, body, c.jm)
 	}
+	// A client given only the standby's address follows it to the leader.
+	m := regexp.MustCompile(`(?m)^jobmanager listening on \S+\n(?s:.*)^jobmanager listening on (\S+)$`).FindStringSubmatch(c.out.String())
+	if m == nil || m[1] == c.jm {
+		t.Fatalf("local printed no standby control address: %q", c.out.String())
+	}
+	out, _, err := runCLI(t, "list", "--jobmanager", m[1])
+	if err != nil || !strings.Contains(out, "wordcount") {
+		t.Fatalf("list --jobmanager STANDBY: %q, %v; want the leader's jobs", out, err)
+	}
 }

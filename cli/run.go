@@ -88,6 +88,9 @@ transactions are aborted, its held share records released).`,
 				return err
 			}
 			opts := []runtime.ClusterOpt{runtime.Logger(log), runtime.CheckpointInterval(jf.interval), runtime.Failpoints(fp)}
+			if jf.timeout > 0 {
+				opts = append(opts, runtime.CheckpointTimeout(jf.timeout))
+			}
 			if from.path != "" {
 				c, err := checkpoint.ReadSavepoint(cmd.Context(), from.path)
 				if err != nil {
@@ -123,6 +126,9 @@ transactions are aborted, its held share records released).`,
 					return flagError(cmd, fmt.Errorf("--checkpoint-storage: %w", err))
 				}
 				defer st.Close()
+				if err := probeStorage(cmd.Context(), st, stor.url); err != nil {
+					return err
+				}
 				opts = append(opts, runtime.StateStorage(st, stor.url), runtime.StateInlineLimit(stor.inlineLimit()), runtime.OrphanGrace(stor.grace))
 			}
 			log.Info("running job", zap.String("job", cmd.Flags().Arg(0)), zap.String("job_id", id), zap.String("checkpoint_dir", dir))
@@ -200,12 +206,15 @@ func openRunStore(checkpointDir string, log *zap.Logger) (*checkpoint.Store, err
 type jobFlags struct {
 	parallelism int
 	interval    time.Duration
+	timeout     time.Duration
 	sets        []string
 }
 
 func (j *jobFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&j.parallelism, "parallelism", 0, "default parallelism of the job's operators (0: the job type's)")
 	cmd.Flags().DurationVar(&j.interval, "checkpoint-interval", time.Second, "checkpoint trigger period, a whole number of milliseconds; also the least pause between two checkpoints")
+	cmd.Flags().DurationVar(&j.timeout, "checkpoint-timeout", 0,
+		"how long one of the job's checkpoints may take before it expires (0: the job manager's --checkpoint-timeout; run: "+runtime.DefaultCheckpointTimeout.String()+")")
 	cmd.Flags().StringArrayVar(&j.sets, "set", nil, "job parameter key=value (repeatable)")
 }
 
@@ -232,6 +241,9 @@ func (j *jobFlags) params(cmd *cobra.Command) (map[string]string, error) {
 	// would silently change (500us became 0, then the default 1s).
 	if j.interval%time.Millisecond != 0 {
 		return nil, flagError(cmd, fmt.Errorf("--checkpoint-interval %v: want a whole number of milliseconds (at least 1ms)", j.interval))
+	}
+	if j.timeout < 0 || j.timeout%time.Millisecond != 0 {
+		return nil, flagError(cmd, fmt.Errorf("--checkpoint-timeout %v: want a positive whole number of milliseconds, or 0 for the default", j.timeout))
 	}
 	return params, nil
 }
@@ -292,4 +304,19 @@ func newRunID() (string, error) {
 		return "", fmt.Errorf("run: job id: %w", err)
 	}
 	return "run-" + hex.EncodeToString(b[:]), nil
+}
+
+// probeTimeout bounds the startup check of the checkpoint storage.
+const probeTimeout = 30 * time.Second
+
+// probeStorage checks at startup that the checkpoint storage at u can be
+// written to (storage.Probe): a missing bucket fails the command now, not
+// its first checkpoint.
+func probeStorage(ctx context.Context, st storage.Storage, u string) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	if err := storage.Probe(ctx, st); err != nil {
+		return fmt.Errorf("--checkpoint-storage %s: %w", u, err)
+	}
+	return nil
 }

@@ -31,6 +31,9 @@ func (s *savepointFlags) trigger(a *app, cmd *cobra.Command, req *weirpb.Trigger
 	ctx, cancel := context.WithTimeout(cmd.Context(), savepointCallTimeout)
 	defer cancel()
 	r, err := c.jm.TriggerSavepoint(ctx, req)
+	if refusedByStandby(err) && c.follow(ctx) == nil {
+		r, err = c.jm.TriggerSavepoint(ctx, req)
+	}
 	if err != nil {
 		return c.explain(err)
 	}

@@ -181,6 +181,10 @@ func TestRetainOnCancelLeavesASavepointThatContinuesTheJob(t *testing.T) {
 	if got := c.status(t, id).RetainedSavepoint; got != st.RetainedSavepoint {
 		t.Errorf("status names retained savepoint %q, cancel %q", got, st.RetainedSavepoint)
 	}
+	// Retained: the job's checkpoints stay too.
+	if out, err := c.cli(t, "checkpoints", id, "--output", "json"); err != nil || strings.TrimSpace(out) == "[]" {
+		t.Fatalf("checkpoints of the job cancelled with --retain-on-cancel: %q, %v; want them kept", out, err)
+	}
 
 	second := testLines(300, "q")
 	produceLines(t, c.broker, "lines", second)

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/s3server"
 )
 
 // local --checkpoint-storage embedded: the wordcount's task state goes to
@@ -46,6 +48,28 @@ func TestLocalWithEmbeddedCheckpointStorageWritesTaskStateThere(t *testing.T) {
 	}
 	if _, err := c.cli(t, "cancel", id); err != nil {
 		t.Fatal(err)
+	}
+	// A job cancelled without --retain-on-cancel leaves no checkpoint
+	// behind (Flink discards a cancelled job's checkpoints): neither in the
+	// checkpoint store nor in the checkpoint storage; status still says
+	// which checkpoint it completed last.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var left []string
+		if err := st.List(t.Context(), id+"/", func(o storage.Object) error { left = append(left, o.Key); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cancelled job left %d objects, e.g. %s", len(left), left[0])
+		}
+	}
+	if out, err := c.cli(t, "checkpoints", id, "--output", "json"); err != nil || strings.TrimSpace(out) != "[]" {
+		t.Fatalf("checkpoints of the cancelled job: %q, %v; want none", out, err)
+	}
+	if got := c.status(t, id); got.State != "CANCELED" || got.LastCompletedCheckpoint == 0 {
+		t.Fatalf("status after the cancel: %+v, want CANCELED with its last completed checkpoint", got)
 	}
 }
 
@@ -105,5 +129,35 @@ func TestInspectOfACheckpointWithStateInStorageReadsItFromThere(t *testing.T) {
 	in := inspectJSON(t, dir, "--checkpoint-storage", u)
 	if in.Bytes != 300 || len(in.Operators) != 1 || in.Operators[0].Subtasks[0].KeyGroupsWithState != 2 {
 		t.Fatalf("inspection %+v: want 300 bytes in 2 key groups", in)
+	}
+}
+
+// A checkpoint storage that cannot be written to (here a bucket that does
+// not exist) stops the job manager, the task manager and run at startup,
+// with S3's words and without the AWS SDK's request ids.
+func TestAMissingBucketStopsEveryCommandAtStartup(t *testing.T) {
+	srv, err := s3server.Start(t.Context(), s3server.Buckets("weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	t.Setenv("AWS_ACCESS_KEY_ID", "weir")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "weir")
+	u := srv.URL("no-such-bucket", "cp")
+	for _, args := range [][]string{
+		{"jobmanager", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--checkpoint-storage", u},
+		{"taskmanager", "--jobmanager", "127.0.0.1:1", "--checkpoint-storage", u},
+		{"run", "wordcount", "--checkpoint-dir", t.TempDir(), "--checkpoint-storage", u},
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		var out, errs bytes.Buffer
+		root := newRootCmd(testRegistry(t), &out, &errs)
+		root.SetArgs(args)
+		err := root.ExecuteContext(ctx)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "NoSuchBucket") || strings.Contains(err.Error(), "RequestID") ||
+			!strings.Contains(err.Error(), "checkpoint storage unusable") {
+			t.Errorf("%s with a missing bucket: %v; want it refused at startup saying NoSuchBucket, without request ids", args[0], err)
+		}
 	}
 }

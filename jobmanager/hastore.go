@@ -43,6 +43,9 @@ type checkpointStore interface {
 	Latest(ctx context.Context, job string) (checkpoint.Completed, error)
 	// List summarises the completed checkpoints of job, newest first.
 	List(ctx context.Context, job string) ([]checkpoint.Summary, error)
+	// DeleteJob deletes every completed checkpoint of job (a cancelled
+	// job's, Flink's discard on cancel); ids are not handed out again.
+	DeleteJob(ctx context.Context, job string) error
 	Close() error
 }
 
@@ -169,10 +172,19 @@ type haCheckpointStore struct {
 	retained int
 
 	mu sync.Mutex // one NextID or Save at a time
+
+	// cache holds the metadata objects read for List and Get, by key: an
+	// object never changes once a pointer names it, so status, list and
+	// the REST API read etcd and decode nothing again. Entries whose
+	// pointer is gone are dropped at the next read of their job.
+	cacheMu sync.Mutex
+	cache   map[string][]byte
+	sums    map[string]checkpoint.Summary // decoded summaries, by metadata key
 }
 
 func newHACheckpointStore(svc *ha.Services, l *ha.Leadership, objects storage.Storage) *haCheckpointStore {
-	return &haCheckpointStore{svc: svc, leader: l, objects: objects, retained: haRetained}
+	return &haCheckpointStore{svc: svc, leader: l, objects: objects, retained: haRetained,
+		cache: map[string][]byte{}, sums: map[string]checkpoint.Summary{}}
 }
 
 // haPointer is what etcd holds of a completed checkpoint.
@@ -203,10 +215,21 @@ func checkHAJob(job string) error {
 
 // pointers returns job's checkpoint pointers, oldest first.
 func (s *haCheckpointStore) pointers(ctx context.Context, job string) ([]checkpoint.ID, []haPointer, error) {
+	return s.listPointers(ctx, job, s.svc.List)
+}
+
+// fencedPointers returns job's checkpoint pointers, oldest first, read in
+// one step with the check that this job manager still leads: what every
+// deletion decides on.
+func (s *haCheckpointStore) fencedPointers(ctx context.Context, job string) ([]checkpoint.ID, []haPointer, error) {
+	return s.listPointers(ctx, job, s.leader.List)
+}
+
+func (s *haCheckpointStore) listPointers(ctx context.Context, job string, list func(context.Context, string, func(string, []byte) error) error) ([]checkpoint.ID, []haPointer, error) {
 	var ids []checkpoint.ID
 	var ps []haPointer
 	prefix := pointerPrefix(job)
-	err := s.svc.List(ctx, prefix, func(key string, v []byte) error {
+	err := list(ctx, prefix, func(key string, v []byte) error {
 		n, err := strconv.ParseUint(strings.TrimPrefix(key, prefix), 10, 64)
 		if err != nil {
 			return nil // not a pointer
@@ -331,7 +354,11 @@ func (s *haCheckpointStore) read(ctx context.Context, key string) ([]byte, error
 // scan calls fn with each checkpoint of job, newest first, and its
 // metadata (nil, with the error, if it cannot be read), until fn returns
 // false or an error.
-func (s *haCheckpointStore) scan(ctx context.Context, job string, fn func(id checkpoint.ID, b []byte, err error) (bool, error)) (err error) {
+//
+// With cached, a metadata object read before is not read again (its
+// pointer still names it, so it has not changed); without, every object is
+// read afresh (a restore must see the storage as it is).
+func (s *haCheckpointStore) scan(ctx context.Context, job string, cached bool, fn func(id checkpoint.ID, b []byte, err error) (bool, error)) (err error) {
 	defer func() { err = fenced(s.leader, err) }()
 	ctx, cancel := bound(ctx, s.leader)
 	defer cancel()
@@ -342,12 +369,13 @@ func (s *haCheckpointStore) scan(ctx context.Context, job string, fn func(id che
 	if err != nil {
 		return err
 	}
+	s.pruneCache(job, ps)
 	for i := len(ids) - 1; i >= 0; i-- {
 		var b []byte
 		var rerr error
 		if ps[i].Metadata == "" {
 			rerr = errors.New("pointer unreadable")
-		} else if b, rerr = s.read(ctx, ps[i].Metadata); errors.Is(rerr, storage.ErrNotFound) {
+		} else if b, rerr = s.readCached(ctx, ps[i].Metadata, cached); errors.Is(rerr, storage.ErrNotFound) {
 			rerr = fmt.Errorf("metadata %s missing: %w", ps[i].Metadata, rerr)
 		} else if rerr != nil {
 			return rerr // storage unreachable: not a verdict on the checkpoint
@@ -364,6 +392,53 @@ func (s *haCheckpointStore) scan(ctx context.Context, job string, fn func(id che
 	return nil
 }
 
+// readCached reads the metadata object key, from the cache if cached and
+// it is there; an object read whole is cached.
+func (s *haCheckpointStore) readCached(ctx context.Context, key string, cached bool) ([]byte, error) {
+	if cached {
+		s.cacheMu.Lock()
+		b, ok := s.cache[key]
+		s.cacheMu.Unlock()
+		if ok {
+			return b, nil
+		}
+	}
+	b, err := s.read(ctx, key)
+	if err == nil {
+		s.cacheMu.Lock()
+		s.cache[key] = b
+		s.cacheMu.Unlock()
+	}
+	return b, err
+}
+
+// pruneCache drops the cached metadata of job that no pointer in ps names.
+func (s *haCheckpointStore) pruneCache(job string, ps []haPointer) {
+	named := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		named[p.Metadata] = true
+	}
+	s.cacheMu.Lock()
+	defer s.cacheMu.Unlock()
+	for k := range s.cache {
+		if strings.HasPrefix(k, job+"/") && !named[k] {
+			delete(s.cache, k)
+		}
+	}
+	for k := range s.sums {
+		if strings.HasPrefix(k, job+"/") && !named[k] {
+			delete(s.sums, k)
+		}
+	}
+}
+
+// cachedObjects is the number of metadata objects in the cache.
+func (s *haCheckpointStore) cachedObjects() int {
+	s.cacheMu.Lock()
+	defer s.cacheMu.Unlock()
+	return len(s.cache)
+}
+
 func (s *haCheckpointStore) Latest(ctx context.Context, job string) (checkpoint.Completed, error) {
 	c, err := s.decode(ctx, job, 0)
 	if err != nil {
@@ -372,11 +447,12 @@ func (s *haCheckpointStore) Latest(ctx context.Context, job string) (checkpoint.
 	return c, nil
 }
 
-// decode reads and decodes checkpoint id of job, the newest for id 0.
+// decode reads and decodes checkpoint id of job, the newest for id 0
+// (read afresh; a given id from the cache).
 func (s *haCheckpointStore) decode(ctx context.Context, job string, id checkpoint.ID) (checkpoint.Completed, error) {
 	var c checkpoint.Completed
 	found := false
-	err := s.scan(ctx, job, func(got checkpoint.ID, b []byte, err error) (bool, error) {
+	err := s.scan(ctx, job, id != 0, func(got checkpoint.ID, b []byte, err error) (bool, error) {
 		if id != 0 && got != id {
 			return got > id, nil
 		}
@@ -397,7 +473,7 @@ func (s *haCheckpointStore) LatestUsable(ctx context.Context, job string) (check
 	var c checkpoint.Completed
 	var skipped []checkpoint.Skipped
 	found := false
-	err := s.scan(ctx, job, func(id checkpoint.ID, b []byte, err error) (bool, error) {
+	err := s.scan(ctx, job, false, func(id checkpoint.ID, b []byte, err error) (bool, error) {
 		if err == nil {
 			if c, err = checkpoint.DecodeCompleted(job, id, b); err == nil {
 				found = true
@@ -421,11 +497,24 @@ func (s *haCheckpointStore) LatestUsable(ctx context.Context, job string) (check
 
 func (s *haCheckpointStore) List(ctx context.Context, job string) ([]checkpoint.Summary, error) {
 	var out []checkpoint.Summary
-	err := s.scan(ctx, job, func(id checkpoint.ID, b []byte, err error) (bool, error) {
+	err := s.scan(ctx, job, true, func(id checkpoint.ID, b []byte, err error) (bool, error) {
 		sum := checkpoint.Summary{ID: id, Err: err}
 		if err == nil {
-			if sum, err = checkpoint.DecodeSummary(job, id, b); err != nil {
-				sum = checkpoint.Summary{ID: id, Err: err}
+			key := metadataKey(job, id)
+			s.cacheMu.Lock()
+			got, ok := s.sums[key]
+			s.cacheMu.Unlock()
+			switch {
+			case ok:
+				sum = got
+			default:
+				if sum, err = checkpoint.DecodeSummary(job, id, b); err != nil {
+					sum = checkpoint.Summary{ID: id, Err: err}
+					break
+				}
+				s.cacheMu.Lock()
+				s.sums[key] = sum
+				s.cacheMu.Unlock()
 			}
 		}
 		out = append(out, sum)
@@ -447,6 +536,111 @@ func (s *haCheckpointStore) Get(ctx context.Context, job string, id checkpoint.I
 		return checkpoint.Completed{}, fmt.Errorf("checkpoint %d of job %q: %w", id, job, err)
 	}
 	return c, nil
+}
+
+var (
+	_ runtime.FencedCheckpoints = (*haCheckpointStore)(nil)
+	_ runtime.OrphanSweeper     = (*haCheckpointStore)(nil)
+)
+
+// RetainedIDs implements runtime.FencedCheckpoints: the ids of job's
+// retained checkpoints, read with the check that this job manager still
+// leads, in one etcd transaction. A deposed leader gets ErrNotLeader, so
+// its state GC deletes nothing.
+func (s *haCheckpointStore) RetainedIDs(ctx context.Context, job string) (_ []checkpoint.ID, err error) {
+	defer func() { err = fenced(s.leader, err) }()
+	ctx, cancel := bound(ctx, s.leader)
+	defer cancel()
+	if err := checkHAJob(job); err != nil {
+		return nil, err
+	}
+	ids, _, err := s.fencedPointers(ctx, job)
+	if err != nil {
+		return nil, fmt.Errorf("retained checkpoints of job %q: %w", job, err)
+	}
+	return ids, nil
+}
+
+// SweepOrphans implements runtime.OrphanSweeper: it deletes the metadata
+// objects of job (<job>/chk-<id>/_metadata) modified before cutoff that no
+// pointer names, as the fenced read of the pointers (after the objects
+// were listed) says: those of checkpoints whose pointer write failed or
+// was never made (the job manager died between the two). An object whose
+// pointer write's outcome was unknown is kept until cutoff passes it.
+func (s *haCheckpointStore) SweepOrphans(ctx context.Context, job string, cutoff time.Time) (_ int, err error) {
+	defer func() { err = fenced(s.leader, err) }()
+	ctx, cancel := bound(ctx, s.leader)
+	defer cancel()
+	if err := checkHAJob(job); err != nil {
+		return 0, err
+	}
+	var old []string
+	if err := s.objects.List(ctx, job+"/chk-", func(o storage.Object) error {
+		if strings.HasSuffix(o.Key, "/_metadata") && o.Modified.Before(cutoff) {
+			old = append(old, o.Key)
+		}
+		return nil
+	}); err != nil {
+		return 0, fmt.Errorf("sweep checkpoint metadata of job %q: %w", job, err)
+	}
+	if len(old) == 0 {
+		return 0, nil
+	}
+	// The pointers are read after the listing: a pointer created since
+	// names an object listed, and keeps it.
+	_, ps, err := s.fencedPointers(ctx, job)
+	if err != nil {
+		return 0, fmt.Errorf("sweep checkpoint metadata of job %q: %w", job, err)
+	}
+	named := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		named[p.Metadata] = true
+	}
+	n := 0
+	for _, k := range old {
+		if named[k] {
+			continue
+		}
+		if err := s.objects.Delete(ctx, k); err != nil {
+			return n, fmt.Errorf("sweep checkpoint metadata of job %q: %w", job, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// DeleteJob deletes every checkpoint of job: its pointers, in one fenced
+// etcd transaction (a deposed leader deletes nothing), then their metadata
+// objects. The id counter stays, so ids never repeat. The job's state
+// objects are the caller's to delete.
+func (s *haCheckpointStore) DeleteJob(ctx context.Context, job string) (err error) {
+	defer func() { err = fenced(s.leader, err) }()
+	ctx, cancel := bound(ctx, s.leader)
+	defer cancel()
+	if err := checkHAJob(job); err != nil {
+		return fmt.Errorf("delete checkpoints: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.leader.DeletePrefix(ctx, pointerPrefix(job)); err != nil {
+		return fmt.Errorf("delete checkpoints of job %q: %w", job, err)
+	}
+	s.pruneCache(job, nil)
+	var keys []string
+	if err := s.objects.List(ctx, job+"/chk-", func(o storage.Object) error {
+		if strings.HasSuffix(o.Key, "/_metadata") {
+			keys = append(keys, o.Key)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("delete checkpoints of job %q: %w", job, err)
+	}
+	for _, k := range keys {
+		if err := s.objects.Delete(ctx, k); err != nil && !errors.Is(err, storage.ErrNotFound) {
+			return fmt.Errorf("delete checkpoints of job %q: %w", job, err)
+		}
+	}
+	return nil
 }
 
 // Reopen implements runtime.CheckpointStorage: etcd and the object storage

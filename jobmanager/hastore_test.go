@@ -351,4 +351,21 @@ func TestANewLeaderResumesOnlyJobsThatHaveNotEnded(t *testing.T) {
 			t.Errorf("job %s after the new leader started: %+v, %v; want %s, untouched", id, r.State, err, want)
 		}
 	}
+	// The failover is recorded in each resumed job: a restart, and an
+	// entry of its exception history naming the new leader.
+	want := "job manager failover: resumed by " + s.advertised + " with no completed checkpoint (from the start)"
+	for _, id := range running {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			r, err := s.jobs.store.Get(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e := r.LastException(); r.Restarts == 1 && e != nil && e.Message == want && e.Restarted {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("job %s after the failover: %d restarts, exceptions %+v; want 1 restart and %q", id, r.Restarts, r.Exceptions, want)
+			}
+		}
+	}
 }

@@ -222,7 +222,7 @@ func (s *Server) resume() error {
 		s.cfg.log.Info("resuming job", zap.String("job_id", r.ID), zap.String("job", r.Type), zap.String("state", string(r.State)))
 		job, err := s.cfg.jobs.Build(r.Type, r.Params)
 		if err == nil {
-			err = s.start(r, job)
+			err = s.start(r, job, s.cfg.ha != nil)
 		}
 		if err != nil {
 			r.State, r.Error, r.ChangedUnixMs = StateFailed, err.Error(), time.Now().UnixMilli()
@@ -251,8 +251,12 @@ func (s *Server) suspendAll() {
 	}
 }
 
-// start runs the job master loop of r, whose graph is job.
-func (s *Server) start(r JobRecord, job *runtime.Job) error {
+// start runs the job master loop of r, whose graph is job. failover says
+// that this job manager took the job over as the cluster's new leader: its
+// first restore is then recorded as a restart, with an entry in the
+// exception history saying so (a failover is otherwise invisible in the
+// job's status).
+func (s *Server) start(r JobRecord, job *runtime.Job, failover bool) error {
 	policy, err := restartPolicy(r.RestartStrategy)
 	if err != nil {
 		return err
@@ -291,7 +295,7 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 			runtime.OrphanGrace(s.cfg.orphanGrace), runtime.OnStateDeleted(stats.stateDeleted))
 	}
 	mc := runtime.NewMiniCluster(append(extra, runtime.Deployment(d), runtime.CheckpointStore(s.jobs.cps), runtime.JobID(r.ID),
-		runtime.CheckpointInterval(interval), runtime.CheckpointTimeout(s.cfg.cpTimeout), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
+		runtime.CheckpointInterval(interval), runtime.CheckpointTimeout(s.cpTimeout(r)), runtime.RestartStrategy(policy), runtime.Logger(s.cfg.log),
 		runtime.Failpoints(s.cfg.fp), runtime.SuspendWith(s.jobs.ctx),
 		runtime.FailoverDelays(s.cfg.timeout, s.cfg.slotTimeout),
 		runtime.OnCheckpointTriggered(stats.triggered),
@@ -302,11 +306,14 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 			rj.last = e.ID
 			rj.mu.Unlock()
 		}),
-		runtime.OnRestore(func(_ int, from checkpoint.ID) {
+		runtime.OnRestore(func(attempt int, from checkpoint.ID) {
 			stats.restoredFrom(from)
 			rj.mu.Lock()
 			rj.restored = from
 			rj.mu.Unlock()
+			if failover && attempt == 0 {
+				s.recordFailover(rj, from)
+			}
 		}),
 		runtime.OnRestart(func(_ int, err error) {
 			stats.restart(err)
@@ -348,7 +355,13 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 			log.Info("job suspended; a job manager started on the same data directory resumes it", zap.Error(err))
 		case err != nil && ctx.Err() != nil:
 			retained := s.retain(r, log)
-			s.setState(rj, StateCanceled, nil, func(r *JobRecord) { r.RetainedSavepoint = retained })
+			var last checkpoint.ID
+			if !r.RetainOnCancel {
+				last = s.latest(context.Background(), r.ID)
+			}
+			if s.setState(rj, StateCanceled, nil, func(r *JobRecord) { r.RetainedSavepoint, r.LastCheckpoint = retained, last }) == nil && !r.RetainOnCancel {
+				s.discardCheckpoints(r.ID, log)
+			}
 			log.Info("job cancelled")
 		case err != nil:
 			s.setState(rj, StateFailed, err)
@@ -365,7 +378,8 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 // to its record in the same update; a job that ends keeps the record
 // counts of its last attempt, and the failure that ended it in its
 // exception history.
-func (s *Server) setState(rj *runningJob, st JobState, err error, also ...func(*JobRecord)) {
+// It returns the job store's error (logged).
+func (s *Server) setState(rj *runningJob, st JobState, err error, also ...func(*JobRecord)) error {
 	rj.mu.Lock()
 	for _, f := range also {
 		f(&rj.rec)
@@ -383,7 +397,65 @@ func (s *Server) setState(rj *runningJob, st JobState, err error, also ...func(*
 	rj.mu.Unlock()
 	if err := s.jobs.store.Put(r); err != nil {
 		s.cfg.log.Error("cannot record job state", zap.String("job_id", r.ID), zap.String("state", string(st)), zap.Error(err))
+		return err
 	}
+	return nil
+}
+
+// recordFailover records in rj's job record that this job manager, the
+// cluster's new leader, resumed the job from checkpoint from (0: none): a
+// restart, and an entry of the exception history.
+func (s *Server) recordFailover(rj *runningJob, from checkpoint.ID) {
+	by := cmp.Or(s.advertised, "the new leader")
+	msg := fmt.Sprintf("job manager failover: resumed from checkpoint %d by %s", from, by)
+	if from == 0 {
+		msg = fmt.Sprintf("job manager failover: resumed by %s with no completed checkpoint (from the start)", by)
+	}
+	rj.mu.Lock()
+	rj.rec.Restarts++
+	rj.rec.addException(JobException{UnixMs: time.Now().UnixMilli(), Message: msg, Restarted: true})
+	r := rj.rec
+	rj.mu.Unlock()
+	if err := s.jobs.store.Put(r); err != nil {
+		s.cfg.log.Error("cannot record the failover in the job's record", zap.String("job_id", r.ID), zap.Error(err))
+	}
+}
+
+// discardTimeout bounds deleting a cancelled job's checkpoints.
+const discardTimeout = time.Minute
+
+// discardCheckpoints deletes the checkpoints of cancelled job id, as Flink
+// discards a cancelled job's checkpoints unless they are retained: the
+// checkpoint store's records (with high availability: the pointers, in a
+// fenced etcd transaction, and the metadata objects) and then every object
+// below the job's prefix of the checkpoint storage. A failure is logged
+// and leaves the rest in place.
+func (s *Server) discardCheckpoints(id string, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), discardTimeout)
+	defer cancel()
+	if err := s.jobs.cps.DeleteJob(ctx, id); err != nil {
+		log.Warn("cannot delete the cancelled job's checkpoints; they stay", zap.Error(err))
+		return
+	}
+	n := 0
+	if s.storage != nil {
+		var keys []string
+		err := s.storage.List(ctx, checkpoint.SharedPrefix(id), func(o storage.Object) error {
+			keys = append(keys, o.Key)
+			return nil
+		})
+		for _, k := range keys {
+			if err == nil {
+				if err = s.storage.Delete(ctx, k); err == nil {
+					n++
+				}
+			}
+		}
+		if err != nil {
+			log.Warn("cannot delete the cancelled job's state objects; they stay", zap.Error(err))
+		}
+	}
+	log.Info("deleted the cancelled job's checkpoints (submit with --retain-on-cancel to keep the latest)", zap.Int("objects", n))
 }
 
 // SubmitOpt is an option of Submit.
@@ -394,6 +466,7 @@ type submitCfg struct {
 	fromSavepoint    string
 	allowNonRestored bool
 	retainOnCancel   bool
+	cpTimeout        time.Duration
 }
 
 type submitOpt func(*submitCfg)
@@ -433,6 +506,22 @@ func RetainOnCancel() SubmitOpt {
 	return submitOpt(func(c *submitCfg) { c.retainOnCancel = true })
 }
 
+// JobCheckpointTimeout sets how long the job's checkpoints may take before
+// they expire (Flink's per-job execution.checkpointing.timeout), instead of
+// the job manager's CheckpointTimeout. It must be positive.
+func JobCheckpointTimeout(d time.Duration) SubmitOpt {
+	return submitOpt(func(c *submitCfg) { c.cpTimeout = d })
+}
+
+// cpTimeout is job r's checkpoint timeout in force: its own, else the job
+// manager's.
+func (s *Server) cpTimeout(r JobRecord) time.Duration {
+	if r.CheckpointTimeoutMs > 0 {
+		return time.Duration(r.CheckpointTimeoutMs) * time.Millisecond
+	}
+	return s.cfg.cpTimeout
+}
+
 // Submit records and starts a job; it returns the job's new id.
 func (s *Server) Submit(ctx context.Context, jobType string, params map[string]string, interval time.Duration, restart string, opts ...SubmitOpt) (string, error) {
 	var cfg submitCfg
@@ -441,6 +530,9 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	}
 	if interval <= 0 {
 		return "", fmt.Errorf("%w: checkpoint interval %v must be positive", runtime.ErrInvalidOption, interval)
+	}
+	if cfg.cpTimeout < 0 || (cfg.cpTimeout > 0 && cfg.cpTimeout < time.Millisecond) {
+		return "", fmt.Errorf("%w: checkpoint timeout %v must be positive (at least 1ms)", runtime.ErrInvalidOption, cfg.cpTimeout)
 	}
 	if restart != "" {
 		if _, err := runtime.ParseRestartStrategy(restart); err != nil {
@@ -501,7 +593,8 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	}
 	r := JobRecord{ID: id, Type: jobType, Name: cfg.name, Params: maps.Clone(params), CheckpointIntervalMs: interval.Milliseconds(),
 		State: StateCreated, RestartStrategy: restart, SubmittedUnixMs: time.Now().UnixMilli(),
-		FromSavepoint: cfg.fromSavepoint, AllowNonRestoredState: cfg.allowNonRestored, RetainOnCancel: cfg.retainOnCancel}
+		FromSavepoint: cfg.fromSavepoint, AllowNonRestoredState: cfg.allowNonRestored, RetainOnCancel: cfg.retainOnCancel,
+		CheckpointTimeoutMs: cfg.cpTimeout.Milliseconds()}
 	r.ChangedUnixMs = r.SubmittedUnixMs
 	if r.Params == nil {
 		r.Params = map[string]string{}
@@ -509,7 +602,7 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	if err := s.jobs.store.Put(r); err != nil {
 		return "", err
 	}
-	if err := s.start(r, job); err != nil {
+	if err := s.start(r, job, false); err != nil {
 		return "", err
 	}
 	s.cfg.log.Info("job submitted", zap.String("job_id", id), zap.String("job", jobType), zap.Any("params", params))
@@ -592,20 +685,26 @@ func (s *Server) Job(ctx context.Context, id string) (JobRecord, checkpoint.ID, 
 	if ok {
 		r.Records = end.records
 	}
-	return r, s.latest(ctx, id), nil
+	return r, s.latestOf(ctx, id, r.LastCheckpoint), nil
 }
 
 func (s *Server) latest(ctx context.Context, id string) checkpoint.ID {
+	return s.latestOf(ctx, id, 0)
+}
+
+// latestOf is job id's latest completed checkpoint, or kept (the record's
+// LastCheckpoint) if the store holds none.
+func (s *Server) latestOf(ctx context.Context, id string, kept checkpoint.ID) checkpoint.ID {
 	sums, err := s.jobs.cps.List(ctx, id)
 	if err != nil {
-		return 0
+		return kept
 	}
 	for _, c := range sums {
 		if c.Err == nil {
 			return c.ID
 		}
 	}
-	return 0
+	return kept
 }
 
 // LatestCheckpoint returns job id's latest completed checkpoint.
@@ -651,7 +750,7 @@ func rpcError(err error) error {
 		c = codes.NotFound
 	case errors.Is(err, ErrNotEnoughSlots), errors.Is(err, ErrCheckFailed):
 		c = codes.FailedPrecondition
-	case errors.Is(err, runtime.ErrUnknownJob), errors.Is(err, runtime.ErrBadParam), runtime.IsUnrecoverable(err),
+	case errors.Is(err, runtime.ErrUnknownJob), errors.Is(err, runtime.ErrBadParam), runtime.IsUnrecoverable(err), errors.Is(err, runtime.ErrInvalidOption),
 		badSavepoint(err):
 		c = codes.InvalidArgument
 	case errors.Is(err, ErrJobEnded), errors.Is(err, runtime.ErrNotRunning):
@@ -690,6 +789,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*
 	if req.RetainOnCancel {
 		opts = append(opts, RetainOnCancel())
 	}
+	if req.CheckpointTimeoutMs != 0 {
+		opts = append(opts, JobCheckpointTimeout(time.Duration(req.CheckpointTimeoutMs)*time.Millisecond))
+	}
 	id, err := s.Submit(ctx, req.JobType, params, interval, req.RestartStrategy, opts...)
 	if err != nil {
 		return nil, rpcError(err)
@@ -697,11 +799,12 @@ func (s *Server) SubmitJob(ctx context.Context, req *weirpb.SubmitJobRequest) (*
 	return &weirpb.SubmitJobResponse{JobId: id}, nil
 }
 
-func toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
+func (s *Server) toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
 	st := &weirpb.JobStatus{Id: r.ID, Name: r.DisplayName(), State: string(r.State), Restarts: int32(r.Restarts),
 		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
 		RestartStrategy: restartStrategyInForce(r.RestartStrategy), CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
-		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting, RetainedSavepoint: r.RetainedSavepoint}
+		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting, RetainedSavepoint: r.RetainedSavepoint,
+		CheckpointTimeoutMs: s.cpTimeout(r).Milliseconds()}
 	if e := r.LastException(); e != nil {
 		st.LastFailure = &weirpb.JobFailure{UnixMs: e.UnixMs, Message: e.Message, Task: e.Task, TaskManager: e.TaskManager, Restarted: e.Restarted}
 	}
@@ -716,7 +819,7 @@ func (s *Server) ListJobs(ctx context.Context, _ *weirpb.ListJobsRequest) (*weir
 	}
 	out := &weirpb.ListJobsResponse{}
 	for _, r := range recs {
-		out.Jobs = append(out.Jobs, toStatus(r, s.latest(ctx, r.ID)))
+		out.Jobs = append(out.Jobs, s.toStatus(r, s.latestOf(ctx, r.ID, r.LastCheckpoint)))
 	}
 	return out, nil
 }
@@ -727,7 +830,7 @@ func (s *Server) GetJob(ctx context.Context, req *weirpb.GetJobRequest) (*weirpb
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	return toStatus(r, last), nil
+	return s.toStatus(r, last), nil
 }
 
 // CancelJob implements weirpb.JobManagerServer.

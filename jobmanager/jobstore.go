@@ -39,8 +39,11 @@ type JobRecord struct {
 	Name                 string            `json:"name,omitempty"`
 	Params               map[string]string `json:"params"`
 	CheckpointIntervalMs int64             `json:"checkpoint_interval_ms"`
-	RestartStrategy      string            `json:"restart_strategy,omitempty"`
-	SubmittedUnixMs      int64             `json:"submitted_unix_ms,omitempty"`
+	// CheckpointTimeoutMs is the job's own checkpoint timeout (0: the job
+	// manager's, CheckpointTimeout).
+	CheckpointTimeoutMs int64  `json:"checkpoint_timeout_ms,omitempty"`
+	RestartStrategy     string `json:"restart_strategy,omitempty"`
+	SubmittedUnixMs     int64  `json:"submitted_unix_ms,omitempty"`
 	// FromSavepoint is the savepoint the job was submitted from (its
 	// state was imported into the checkpoint store at submit), and
 	// AllowNonRestoredState whether it may drop state of operators the
@@ -49,9 +52,13 @@ type JobRecord struct {
 	AllowNonRestoredState bool   `json:"allow_non_restored_state,omitempty"`
 	// RetainOnCancel: a cancel writes the job's latest completed
 	// checkpoint out as a savepoint, RetainedSavepoint.
-	RetainOnCancel    bool     `json:"retain_on_cancel,omitempty"`
-	RetainedSavepoint string   `json:"retained_savepoint,omitempty"`
-	State             JobState `json:"state"`
+	RetainOnCancel    bool   `json:"retain_on_cancel,omitempty"`
+	RetainedSavepoint string `json:"retained_savepoint,omitempty"`
+	// LastCheckpoint is the last completed checkpoint of a cancelled job
+	// whose checkpoints were deleted (it is no longer in the checkpoint
+	// store; status still shows it).
+	LastCheckpoint checkpoint.ID `json:"last_checkpoint,omitempty"`
+	State          JobState      `json:"state"`
 	// ChangedUnixMs is when the job last changed state (Flink's
 	// last-modification); 0 in records written before it was kept.
 	ChangedUnixMs int64  `json:"changed_unix_ms,omitempty"`

@@ -85,12 +85,15 @@ func (s *Server) standby(ctx context.Context) error {
 	if s.cfg.ha == nil || s.leadingTerm() != nil {
 		return nil
 	}
+	if down := s.etcdDown.Load(); down != nil {
+		return fmt.Errorf("%w; no job manager can lead while %w", ErrStandby, *down)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	addr, _, err := s.cfg.ha.svc.Leader(ctx)
 	switch {
 	case err != nil:
-		return fmt.Errorf("%w; the leader is unknown: %w", ErrStandby, err)
+		return fmt.Errorf("%w; the leader is unknown: %w", ErrStandby, s.cfg.ha.svc.Check(context.WithoutCancel(ctx), 2*time.Second))
 	case addr == "":
 		return fmt.Errorf("%w; no job manager leads yet", ErrStandby)
 	}
@@ -140,6 +143,9 @@ func (s *Server) gateHTTP(next http.Handler) http.Handler {
 // readiness is the body of GET /readyz.
 type readiness struct {
 	Leading bool `json:"leading"`
+	// Error says why a job manager that does not lead cannot (etcd is
+	// unreachable); empty otherwise.
+	Error string `json:"error,omitempty"`
 }
 
 // restReady answers GET /readyz without the token: 200 when this job
@@ -149,7 +155,11 @@ type readiness struct {
 // token.
 func (s *Server) restReady(w http.ResponseWriter, _ *http.Request) {
 	if s.cfg.ha != nil && s.leadingTerm() == nil {
-		writeJSON(w, http.StatusServiceUnavailable, readiness{})
+		var r readiness
+		if down := s.etcdDown.Load(); down != nil {
+			r.Error = (*down).Error()
+		}
+		writeJSON(w, http.StatusServiceUnavailable, r)
 		return
 	}
 	writeJSON(w, http.StatusOK, readiness{Leading: true})
@@ -162,6 +172,9 @@ func (s *Server) Leader(ctx context.Context, _ *weirpb.LeaderRequest) (*weirpb.L
 	}
 	if l := s.leadingTerm(); l != nil {
 		return &weirpb.LeaderInfo{Leading: true, LeaderAddress: s.advertised, Token: l.Token()}, nil
+	}
+	if down := s.etcdDown.Load(); down != nil {
+		return nil, status.Error(codes.Unavailable, fmt.Errorf("%w; no job manager can lead while %w", ErrStandby, *down).Error())
 	}
 	addr, token, err := s.cfg.ha.svc.Leader(ctx)
 	if err != nil {
@@ -191,6 +204,12 @@ func (s *Server) lead(ctx context.Context, addr string, stop <-chan error) error
 		s.cfg.log.Info("campaigning for leadership", zap.String("address", addr))
 		l, err = s.cfg.ha.svc.Campaign(cctx, addr)
 	}()
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		s.watchEtcd(cctx, campaigned)
+	}()
+	defer func() { <-watched }()
 	select {
 	case <-campaigned:
 	case serr := <-stop:
@@ -230,6 +249,52 @@ func (s *Server) lead(ctx context.Context, addr string, stop <-chan error) error
 		s.stopping.Store(true)
 		s.suspendAll()
 		return fmt.Errorf("%w: %w", ErrLeadershipLost, l.Err())
+	}
+}
+
+// etcdCheckEvery is how often a campaigning job manager checks that etcd
+// answers, and etcdWarnEvery how often it repeats its warning while etcd
+// does not.
+const (
+	etcdCheckEvery = 2 * time.Second
+	etcdWarnEvery  = 30 * time.Second
+)
+
+// watchEtcd checks, while this job manager campaigns (until campaigned
+// closes or ctx ends), that etcd answers: a campaign against an
+// unreachable etcd waits silently for as long as it lasts. When etcd does
+// not answer it logs a warning naming the endpoints and the error, at
+// once and then every etcdWarnEvery, and the standby's refusals and
+// /readyz say so (etcdDown); when it answers again it says that too.
+func (s *Server) watchEtcd(ctx context.Context, campaigned <-chan struct{}) {
+	defer s.etcdDown.Store(nil)
+	var lastWarn time.Time
+	tick := time.NewTicker(etcdCheckEvery)
+	defer tick.Stop()
+	for {
+		err := s.cfg.ha.svc.Check(ctx, etcdCheckEvery)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			s.etcdDown.Store(&err)
+			if time.Since(lastWarn) >= etcdWarnEvery {
+				lastWarn = time.Now()
+				s.cfg.log.Warn("etcd is unreachable: no job manager can lead until it answers",
+					zap.Strings("endpoints", s.cfg.ha.svc.Endpoints()), zap.Error(err))
+			}
+		case !lastWarn.IsZero():
+			lastWarn = time.Time{}
+			s.etcdDown.Store(nil)
+			s.cfg.log.Info("etcd answers again", zap.Strings("endpoints", s.cfg.ha.svc.Endpoints()))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-campaigned:
+			return
+		case <-tick.C:
+		}
 	}
 }
 

@@ -3,12 +3,19 @@ package jobmanager_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/internal/chaosproxy"
@@ -166,5 +173,75 @@ func TestAJobManagerCutOffFromEtcdStepsDownBeforeTheStandbyLeads(t *testing.T) {
 	}
 	if info := b.leader(t); info.Token <= 0 {
 		t.Fatalf("new leader's token %d", info.Token)
+	}
+}
+
+// A job manager whose etcd does not answer says so: a warning naming the
+// endpoints and the error within seconds (a campaign alone would wait in
+// silence for ever), and its refusals (the client API, REST) and /readyz
+// say that etcd is unreachable.
+func TestAJobManagerWhoseEtcdIsUnreachableSaysSoWithinSeconds(t *testing.T) {
+	const endpoint = "http://127.0.0.1:1"
+	svc, err := ha.New(t.Context(), []string{endpoint}, "test", ha.DialTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close() })
+	st, err := storage.Open(t.Context(), "mem://shared")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	core, logs := observer.New(zapcore.WarnLevel)
+	s, err := jobmanager.New(jobmanager.Jobs(numbersRegistry(t)), jobmanager.HighAvailability(svc, st),
+		jobmanager.Logger(zap.New(core)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		<-served
+	})
+	start := time.Now()
+	for {
+		if l := logs.FilterMessageSnippet("etcd is unreachable").All(); len(l) > 0 {
+			if f := l[0].ContextMap(); !strings.Contains(fmt.Sprint(f["endpoints"]), "127.0.0.1:1") || !strings.Contains(fmt.Sprint(f["error"]), "etcd unreachable at "+endpoint) {
+				t.Fatalf("the warning %q %v names neither the endpoints nor the error", l[0].Message, f)
+			}
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("no warning 10 s after the job manager started; logged %v", logs.All())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("warned %v after the start", time.Since(start).Round(time.Millisecond))
+
+	w := httptest.NewRecorder()
+	s.HTTPHandler().ServeHTTP(w, httptest.NewRequestWithContext(t.Context(), http.MethodGet, "http://localhost/readyz", nil))
+	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "etcd unreachable at "+endpoint) {
+		t.Fatalf("/readyz: %d %s; want 503 saying etcd is unreachable", w.Code, w.Body)
+	}
+	w = httptest.NewRecorder()
+	s.HTTPHandler().ServeHTTP(w, httptest.NewRequestWithContext(t.Context(), http.MethodGet, "http://localhost/jobs", nil))
+	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "etcd unreachable") {
+		t.Fatalf("GET /jobs: %d %s; want 503 saying etcd is unreachable", w.Code, w.Body)
+	}
+	cc, err := rpc.Dial(lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	_, err = weirpb.NewJobManagerClient(cc).ListJobs(t.Context(), &weirpb.ListJobsRequest{})
+	if st, _ := status.FromError(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "etcd unreachable at "+endpoint) {
+		t.Fatalf("ListJobs: %v; want Unavailable saying etcd is unreachable", err)
 	}
 }

@@ -143,14 +143,50 @@ func TestTheCheckpointTimeoutIsReportedAndANonPositiveOneRefused(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &cfg); err != nil || rec.Code != http.StatusOK || cfg.Timeout != (10*time.Minute).Milliseconds() {
 		t.Fatalf("checkpoint config: %d %s (%v); want timeout %d", rec.Code, rec.Body, err, (10 * time.Minute).Milliseconds())
 	}
+	// A job's own timeout is what REST and the status report for it; a
+	// negative one is refused at submit.
+	own, err := s.Submit(t.Context(), "numbers", nil, time.Hour, "", jobmanager.JobCheckpointTimeout(90*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec = httptest.NewRecorder()
+	s.HTTPHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://localhost/jobs/"+own+"/checkpoints/config", nil))
+	if err := json.Unmarshal(rec.Body.Bytes(), &cfg); err != nil || cfg.Timeout != (90*time.Second).Milliseconds() {
+		t.Fatalf("checkpoint config of a job with its own timeout: %d %s (%v); want timeout %d", rec.Code, rec.Body, err, (90 * time.Second).Milliseconds())
+	}
+	st, err := s.GetJob(t.Context(), &weirpb.GetJobRequest{JobId: own})
+	if err != nil || st.CheckpointTimeoutMs != (90*time.Second).Milliseconds() {
+		t.Fatalf("status of a job with its own timeout: %v, %v; want checkpoint_timeout_ms %d", st, err, (90 * time.Second).Milliseconds())
+	}
+	if _, err := s.Submit(t.Context(), "numbers", nil, time.Hour, "", jobmanager.JobCheckpointTimeout(-time.Second)); !errors.Is(err, runtime.ErrInvalidOption) {
+		t.Fatalf("submit with a negative checkpoint timeout: %v, want ErrInvalidOption", err)
+	}
 }
 
-// The job manager's checkpoint timeout reaches its jobs: a checkpoint no
-// task acknowledges expires after 300 ms (the default would wait a minute)
-// and REST counts it failed.
+// The job manager's checkpoint timeout reaches its jobs, and a job's own
+// (submit --checkpoint-timeout) overrides it: a checkpoint no task
+// acknowledges expires after 300 ms (the default would wait a minute) and
+// REST counts it failed.
 func TestACheckpointNoTaskAcknowledgesExpiresAtTheJobManagersTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		jm      time.Duration
+		job     []jobmanager.SubmitOpt
+		comment string
+	}{
+		{"the job manager's timeout", 300 * time.Millisecond, nil, "the job manager's 300 ms checkpoint timeout"},
+		{"the job's own timeout", time.Hour, []jobmanager.SubmitOpt{jobmanager.JobCheckpointTimeout(300 * time.Millisecond)},
+			"the job's own 300 ms checkpoint timeout (the job manager's is an hour)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testACheckpointNoTaskAcknowledgesExpires(t, tc.jm, tc.job, tc.comment)
+		})
+	}
+}
+
+func testACheckpointNoTaskAcknowledgesExpires(t *testing.T, jmTimeout time.Duration, job []jobmanager.SubmitOpt, comment string) {
 	s, err := jobmanager.New(jobmanager.Jobs(numbersRegistry(t)), jobmanager.HeartbeatTimeout(time.Hour),
-		jobmanager.CheckpointTimeout(300*time.Millisecond))
+		jobmanager.CheckpointTimeout(jmTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +194,7 @@ func TestACheckpointNoTaskAcknowledgesExpiresAtTheJobManagersTimeout(t *testing.
 	addr, _ := serve(t, s)
 	stream := register(t, addr, "tm-1", 1)
 	waitFor(t, s, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
-	id, err := s.Submit(t.Context(), "numbers", nil, 100*time.Millisecond, "")
+	id, err := s.Submit(t.Context(), "numbers", nil, 100*time.Millisecond, "", job...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +213,7 @@ func TestACheckpointNoTaskAcknowledgesExpiresAtTheJobManagersTimeout(t *testing.
 	}
 	for deadline := time.Now().Add(20 * time.Second); stats.Counts.Failed == 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("no checkpoint failed within 20 s of its trigger; the job manager's 300 ms checkpoint timeout did not reach the job")
+			t.Fatalf("no checkpoint failed within 20 s of its trigger; %s did not reach the job", comment)
 		}
 		rec := httptest.NewRecorder()
 		s.HTTPHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://localhost/jobs/"+id+"/checkpoints", nil))

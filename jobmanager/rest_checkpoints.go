@@ -329,18 +329,20 @@ type cpConfig struct {
 
 // restCheckpointConfig is Flink's GET .../checkpoints/config: how the job
 // manager checkpoints the job (aligned barriers, exactly once, one at a
-// time, the job manager's checkpoint timeout, the default minimum pause).
+// time, the job's checkpoint timeout, else the job manager's, the default
+// minimum pause).
 func (s *Server) restCheckpointConfig(w http.ResponseWriter, r *http.Request) {
 	rec, err := s.jobs.store.Get(r.PathValue("id"))
 	if err != nil {
 		restError(w, err)
 		return
 	}
-	c := cpConfig{Mode: "exactly_once", Interval: rec.CheckpointIntervalMs, Timeout: s.cfg.cpTimeout.Milliseconds(),
+	c := cpConfig{Mode: "exactly_once", Interval: rec.CheckpointIntervalMs, Timeout: s.cpTimeout(rec).Milliseconds(),
 		MinPause:      checkpoint.EffectiveMinPause(0, time.Duration(rec.CheckpointIntervalMs)*time.Millisecond).Milliseconds(),
 		MaxConcurrent: 1, StateBackend: "weir", CheckpointStorage: "jobmanager", TolerableFailedCheckpoints: checkpoint.DefaultTolerableFailures,
 		CheckpointsAfterTasksFinish: true}
 	c.Externalization.Enabled = true
+	c.Externalization.DeleteOnCancellation = !rec.RetainOnCancel
 	writeJSON(w, http.StatusOK, c)
 }
 

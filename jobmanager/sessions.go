@@ -129,6 +129,10 @@ func HeartbeatInterval(d time.Duration) Opt { return optFunc(func(c *cfg) { c.in
 // (default rpc.DefaultHeartbeatTimeout).
 func HeartbeatTimeout(d time.Duration) Opt { return optFunc(func(c *cfg) { c.timeout = d }) }
 
+// storageProbeTimeout bounds the check, at New, that the checkpoint
+// storage can be written to.
+const storageProbeTimeout = 30 * time.Second
+
 // Logger sets the logger (default: none).
 func Logger(l *zap.Logger) Opt { return optFunc(func(c *cfg) { c.log = l }) }
 
@@ -189,6 +193,9 @@ type Server struct {
 	// announced.
 	leadership atomic.Pointer[ha.Leadership]
 	advertised string
+	// etcdDown is why etcd was unreachable at the last check made while
+	// campaigning (nil: it answered, or no check failed yet).
+	etcdDown atomic.Pointer[error]
 	// storage is the checkpoint storage (nil: none).
 	storage storage.Storage
 	// savepointRoots are where clients may name savepoint locations.
@@ -228,6 +235,15 @@ func New(opts ...Opt) (*Server, error) {
 		st, err := storage.Open(context.Background(), c.storageURL, c.storageOpts...)
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint storage: %w", err)
+		}
+		// A missing bucket or a read-only store is found now, not when
+		// the first checkpoint fails.
+		pctx, cancel := context.WithTimeout(context.Background(), storageProbeTimeout)
+		err = storage.Probe(pctx, st)
+		cancel()
+		if err != nil {
+			st.Close()
+			return nil, fmt.Errorf("checkpoint storage %s: %w", c.storageURL, err)
 		}
 		s.storage = st
 	}

@@ -1128,6 +1128,9 @@ func (p notingPersister) Save(ctx context.Context, c checkpoint.Completed) error
 		return err
 	}
 	if err := p.CheckpointStorage.Save(ctx, c); err != nil {
+		if errors.Is(err, checkpoint.ErrOutcomeUnknown) {
+			p.gc.outcomeUnknown(c.ID)
+		}
 		return err
 	}
 	if n, ok := p.dep.(completedNoter); ok {

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -39,6 +40,34 @@ type RetainedCheckpoints interface {
 
 var _ RetainedCheckpoints = (*checkpoint.Store)(nil)
 
+// FencedCheckpoints is implemented by checkpoint storages that another job
+// master may take over while this one still runs (the job manager's
+// high-availability store): RetainedIDs reads the ids of job's retained
+// checkpoints in one step with the check that this job master still leads,
+// and fails otherwise. Every deletion from checkpoint storage is decided on
+// such a read, so a deposed job master (paused across its lease's expiry)
+// deletes nothing a new leader's checkpoints use. A storage without it is
+// the job master's alone (checkpoint.Store: its directory is locked), and
+// List is that read.
+//
+// Such a storage may also apply a save whose outcome was unknown (etcd
+// timed out, then applied it): the objects of a checkpoint whose save's
+// outcome was unknown are not deleted as a failed checkpoint's; only the
+// orphan sweep, past its grace period, deletes them if no retained
+// checkpoint references them.
+type FencedCheckpoints interface {
+	RetainedIDs(ctx context.Context, job string) ([]checkpoint.ID, error)
+}
+
+// OrphanSweeper is implemented by checkpoint storages that keep objects of
+// their own in checkpoint storage (the high-availability store's metadata
+// objects): SweepOrphans deletes those of job modified before cutoff that
+// no retained checkpoint names (decided on a fenced read), and returns how
+// many it deleted. The orphan sweep calls it.
+type OrphanSweeper interface {
+	SweepOrphans(ctx context.Context, job string, cutoff time.Time) (int, error)
+}
+
 // stateGC is the job master's reference tracking and garbage collection.
 type stateGC struct {
 	st      storage.Storage
@@ -51,8 +80,9 @@ type stateGC struct {
 	deleted func(n int)
 
 	mu        sync.Mutex
-	unknown   bool                                  // a retained checkpoint is unreadable: delete nothing
+	unknown   bool                                  // a retained checkpoint is unreadable or unknown: delete nothing
 	inFlight  map[checkpoint.ID]map[string]struct{} // objects acked for checkpoints not (yet) completed
+	doubtful  map[checkpoint.ID]bool                // checkpoints whose save's outcome was unknown
 	lastSweep time.Time
 }
 
@@ -61,7 +91,7 @@ func newStateGC(cfg clusterCfg, store CheckpointStorage) *stateGC {
 		return nil
 	}
 	g := &stateGC{st: cfg.stateStorage, job: cfg.jobID, grace: cfg.orphanGrace, every: max(cfg.orphanGrace, cfg.timeout), log: cfg.log,
-		reg: checkpoint.NewSharedRegistry(cfg.jobID), inFlight: map[checkpoint.ID]map[string]struct{}{}, deleted: cfg.onStateDeleted}
+		reg: checkpoint.NewSharedRegistry(cfg.jobID), inFlight: map[checkpoint.ID]map[string]struct{}{}, doubtful: map[checkpoint.ID]bool{}, deleted: cfg.onStateDeleted}
 	if l, ok := store.(RetainedCheckpoints); ok {
 		g.lister = l
 	} else {
@@ -90,9 +120,16 @@ func (g *stateGC) rebuild(ctx context.Context) error {
 	g.mu.Lock()
 	g.reg, g.unknown = reg, unknown
 	// Checkpoints acknowledged in an earlier attempt that the store does
-	// not hold never completed: their objects go.
+	// not hold never completed: their objects go. Not those of a
+	// checkpoint whose save's outcome was unknown in a store that may
+	// still apply it (FencedCheckpoints): the orphan sweep's grace period
+	// decides those.
+	_, late := g.lister.(FencedCheckpoints)
 	var stale []string
-	for _, m := range g.inFlight {
+	for id, m := range g.inFlight {
+		if late && g.doubtful[id] {
+			continue
+		}
 		for k := range m {
 			if !reg.Live(k) {
 				stale = append(stale, k)
@@ -100,11 +137,77 @@ func (g *stateGC) rebuild(ctx context.Context) error {
 		}
 	}
 	clear(g.inFlight)
+	clear(g.doubtful)
 	g.mu.Unlock()
-	if !unknown {
-		g.delete(ctx, stale, "failed checkpoint")
+	if !unknown && len(stale) > 0 {
+		if _, ok := g.fenced(ctx, reg, "failed checkpoint"); ok {
+			g.delete(ctx, stale, "failed checkpoint")
+		}
 	}
 	return nil
+}
+
+// fenced reads the ids of the retained checkpoints for a deletion (why):
+// with the check that this job master still leads, where the store can be
+// taken over (FencedCheckpoints). ok is false, and nothing may be deleted,
+// when the read failed or names a checkpoint reg does not know: another
+// job master wrote it, so this one is deposed or its view is stale; what
+// the retained checkpoints reference is then unknown until rebuilt.
+func (g *stateGC) fenced(ctx context.Context, reg *checkpoint.SharedRegistry, why string) ([]checkpoint.ID, bool) {
+	var ids []checkpoint.ID
+	if f, ok := g.lister.(FencedCheckpoints); ok {
+		got, err := f.RetainedIDs(ctx, g.job)
+		if err != nil {
+			g.log.Warn("checkpoint storage: cannot confirm the retained checkpoints (is this job manager still the leader?); nothing deleted",
+				zap.String("job", g.job), zap.String("reason", why), zap.Error(err))
+			return nil, false
+		}
+		ids = got
+	} else {
+		sums, err := g.lister.List(ctx, g.job)
+		if err != nil {
+			g.log.Warn("checkpoint storage: cannot list retained checkpoints; nothing deleted", zap.String("job", g.job),
+				zap.String("reason", why), zap.Error(err))
+			return nil, false
+		}
+		for _, s := range sums {
+			if s.Err != nil {
+				g.markUnknown()
+				return nil, false
+			}
+			ids = append(ids, s.ID)
+		}
+	}
+	known := map[checkpoint.ID]bool{}
+	for _, id := range reg.Checkpoints() {
+		known[id] = true
+	}
+	for _, id := range ids {
+		if !known[id] {
+			g.log.Warn("checkpoint storage: the retained checkpoints include one this job master does not know (another job manager leads, or its view is stale); nothing deleted until it learns them again",
+				zap.String("job", g.job), zap.String("reason", why), zap.Uint64("checkpoint", uint64(id)))
+			g.markUnknown()
+			return nil, false
+		}
+	}
+	return ids, true
+}
+
+func (g *stateGC) markUnknown() {
+	g.mu.Lock()
+	g.unknown = true
+	g.mu.Unlock()
+}
+
+// outcomeUnknown notes that the save of checkpoint id may or may not have
+// landed.
+func (g *stateGC) outcomeUnknown(id checkpoint.ID) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	g.doubtful[id] = true
+	g.mu.Unlock()
 }
 
 // ended is called once the job master stopped running the job (its last
@@ -217,20 +320,9 @@ func (g *stateGC) saved(ctx context.Context, c checkpoint.Completed) {
 		g.mu.Unlock()
 		reg = fresh
 	}
-	sums, err := g.lister.List(ctx, g.job)
-	if err != nil {
-		g.log.Warn("checkpoint storage: cannot list retained checkpoints; unreferenced objects stay until the next sweep", zap.Error(err))
+	ids, ok := g.fenced(ctx, reg, "subsumed")
+	if !ok {
 		return
-	}
-	ids := make([]checkpoint.ID, 0, len(sums))
-	for _, s := range sums {
-		if s.Err != nil {
-			g.mu.Lock()
-			g.unknown = true
-			g.mu.Unlock()
-			return
-		}
-		ids = append(ids, s.ID)
 	}
 	g.delete(ctx, reg.Retain(ids), "subsumed")
 	if sweep {
@@ -245,6 +337,12 @@ func (g *stateGC) aborted(ctx context.Context, id checkpoint.ID) {
 	}
 	g.mu.Lock()
 	objs := g.inFlight[id]
+	if _, late := g.lister.(FencedCheckpoints); late && g.doubtful[id] {
+		// Its save may still land: the next attempt's registry, or the
+		// orphan sweep after its grace period, decides.
+		g.mu.Unlock()
+		return
+	}
 	delete(g.inFlight, id)
 	g.mu.Unlock()
 	var keys []string
@@ -253,6 +351,13 @@ func (g *stateGC) aborted(ctx context.Context, id checkpoint.ID) {
 		if !reg.Live(k) {
 			keys = append(keys, k)
 		}
+	}
+	if len(keys) == 0 || g.lister == nil {
+		return
+	}
+	ids, ok := g.fenced(ctx, reg, "failed checkpoint")
+	if !ok || slices.Contains(ids, id) {
+		return
 	}
 	g.delete(ctx, keys, "failed checkpoint")
 }
@@ -278,7 +383,24 @@ func (g *stateGC) sweep(ctx context.Context, grace time.Duration) {
 		return
 	}
 	reg := g.registry()
+	// The cutoff is taken before the fenced read: an object a later leader
+	// wrote is younger than the read, so younger than the cutoff.
 	cutoff := time.Now().Add(-grace)
+	if _, ok := g.fenced(ctx, reg, "orphan"); !ok {
+		return
+	}
+	if s, ok := g.lister.(OrphanSweeper); ok {
+		n, err := s.SweepOrphans(ctx, g.job, cutoff)
+		if err != nil {
+			g.log.Warn("checkpoint storage: orphan sweep of the checkpoint metadata failed", zap.String("job", g.job), zap.Error(err))
+		}
+		if n > 0 {
+			g.log.Debug("checkpoint storage: objects deleted", zap.String("job", g.job), zap.String("reason", "orphan metadata"), zap.Int("objects", n))
+			if g.deleted != nil {
+				g.deleted(n)
+			}
+		}
+	}
 	var orphans []string
 	err := g.st.List(ctx, checkpoint.SharedPrefix(g.job), func(o storage.Object) error {
 		if !reg.Live(o.Key) && !inFlight[o.Key] && o.Modified.Before(cutoff) {

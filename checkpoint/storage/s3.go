@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -74,6 +75,9 @@ func openS3(ctx context.Context, u *url.URL, c cfg) (Storage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint storage %s: AWS configuration: %w", u.String(), err)
 	}
+	if c.accessKey == "" && loopback(endpoint) {
+		awsCfg.Credentials = loopbackCredentials{awsCfg.Credentials}
+	}
 	// S3-compatible stores other than AWS reject or mishandle the SDK's
 	// default request checksums: compute them only when an API requires.
 	awsCfg.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
@@ -92,6 +96,37 @@ func openS3(ctx context.Context, u *url.URL, c cfg) (Storage, error) {
 		prefix += "/"
 	}
 	return &s3Store{client: client, bucket: u.Host, prefix: prefix, partSize: c.partSize}, nil
+}
+
+// loopback reports whether endpoint is an http(s) URL on this machine's
+// loopback interface (the embedded S3 server `streamctl local` prints).
+func loopback(endpoint string) bool {
+	eu, err := url.Parse(endpoint)
+	if err != nil || eu.Host == "" {
+		return false
+	}
+	host := eu.Hostname()
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// loopbackCredentials are the standard AWS credentials, or, when there
+// are none, placeholder ones: an S3 endpoint on loopback is a development
+// store (the embedded S3 server, which checks no signature), and its URLs,
+// as `streamctl local` prints them, then work without AWS configuration. A
+// store there that checks signatures refuses them, naming the access key.
+type loopbackCredentials struct{ aws.CredentialsProvider }
+
+func (l loopbackCredentials) Retrieve(ctx context.Context) (aws.Credentials, error) {
+	if l.CredentialsProvider != nil {
+		if c, err := l.CredentialsProvider.Retrieve(ctx); err == nil {
+			return c, nil
+		}
+	}
+	return aws.Credentials{AccessKeyID: "weir-loopback", SecretAccessKey: "weir-loopback", Source: "weir: loopback endpoint without AWS credentials"}, nil
 }
 
 // s3Err maps S3's answers onto the package's errors.

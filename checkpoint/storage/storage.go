@@ -11,12 +11,15 @@ package storage
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/aws/smithy-go"
 )
 
 var (
@@ -28,7 +31,40 @@ var (
 	ErrBadURL = errors.New("bad checkpoint storage URL")
 	// ErrBadKey is returned for a key that is not a clean relative path.
 	ErrBadKey = errors.New("bad object key")
+	// ErrUnusable is wrapped by Probe's error: the storage cannot be
+	// written to (a bucket that does not exist, no permission).
+	ErrUnusable = errors.New("checkpoint storage unusable")
 )
+
+// Probe checks that st can be written to and deleted from, as checkpoints
+// need: it writes a small object below "_weir-probe/" and deletes it.
+// Processes call it at startup, so that a missing bucket or a read-only
+// store is found then rather than at the first checkpoint. Its error wraps
+// ErrUnusable and says what the store answered (an S3 error's code and
+// message, without its request ids).
+func Probe(ctx context.Context, st Storage) error {
+	var r [8]byte
+	_, _ = rand.Read(r[:])
+	key := fmt.Sprintf("_weir-probe/%x", r)
+	if err := st.Put(ctx, key, strings.NewReader("weir checkpoint storage probe")); err != nil {
+		return fmt.Errorf("%w: cannot write an object: %s", ErrUnusable, Describe(err))
+	}
+	if err := st.Delete(ctx, key); err != nil {
+		return fmt.Errorf("%w: cannot delete an object it wrote (%s): %s", ErrUnusable, key, Describe(err))
+	}
+	return nil
+}
+
+// Describe is err as a person reads it: for an error of S3, its code and
+// message ("NoSuchBucket: The specified bucket does not exist") instead of
+// the client's whole chain with its request ids.
+func Describe(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode() + ": " + ae.ErrorMessage()
+	}
+	return err.Error()
+}
 
 // Storage is an object store. Every method is safe for concurrent use.
 type Storage interface {

@@ -339,3 +339,69 @@ func TestAnUnreachableEndpointIsAnErrorNotAHang(t *testing.T) {
 		t.Errorf("put to an unreachable store: %v; want a connection error naming the key", err)
 	}
 }
+
+// Probe finds a bucket that does not exist at once, saying so in S3's
+// words without the request ids, and passes on a store it can write to,
+// leaving nothing behind.
+func TestProbeFindsAMissingBucketAndLeavesNothingBehind(t *testing.T) {
+	srv, err := s3server.Start(t.Context(), s3server.Buckets("weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	missing, err := storage.Open(t.Context(), srv.URL("no-such-bucket", "cp"), storage.Credentials("weir", "weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer missing.Close()
+	err = storage.Probe(t.Context(), missing)
+	if !errors.Is(err, storage.ErrUnusable) || !strings.Contains(err.Error(), "NoSuchBucket") ||
+		strings.Contains(err.Error(), "RequestID") || strings.Contains(err.Error(), "HostID") {
+		t.Fatalf("probe of a missing bucket: %v; want ErrUnusable saying NoSuchBucket, without request ids", err)
+	}
+	for name, u := range map[string]string{"s3": srv.URL("weir", "cp"), "file": "file://" + t.TempDir(), "mem": "mem://"} {
+		s, err := storage.Open(t.Context(), u, storage.Credentials("weir", "weir"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := storage.Probe(t.Context(), s); err != nil {
+			t.Errorf("%s: probe: %v", name, err)
+		}
+		if err := s.List(t.Context(), "", func(o storage.Object) error { return fmt.Errorf("left %s behind", o.Key) }); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		s.Close()
+	}
+}
+
+// An S3 endpoint on loopback (the embedded S3 server `streamctl local`
+// prints) works without AWS credentials in the environment, so its URLs
+// work as printed; given credentials are still used.
+func TestALoopbackS3EndpointWorksWithoutAWSCredentials(t *testing.T) {
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_PROFILE": "",
+		"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"} {
+		t.Setenv(k, v)
+	}
+	srv, err := s3server.Start(t.Context(), s3server.Buckets("weir"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	s, err := storage.Open(t.Context(), srv.URL("weir", "cp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Put(t.Context(), "k", strings.NewReader("v")); err != nil {
+		t.Fatalf("put without AWS credentials to a loopback endpoint: %v", err)
+	}
+	rc, err := s.Open(t.Context(), "k", 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "v" {
+		t.Fatalf("read back %q", b)
+	}
+}

@@ -199,7 +199,8 @@ func TestStateOnS3SurvivesATaskManagerAndALeaderSIGKILLExactlyOnceAndLeavesNoOrp
 
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
-	id := c.Submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
+	// Kept on cancel (--retain-on-cancel): what is left is then checked against them.
+	id := c.Submit(append(wordcountArgs(c.env.Addr, "wc", "lines", "counts"), "--retain-on-cancel")...)
 	before := len(c.waitOutput(ctx, "counts", 600))
 	c.TMs["tm-a"].Kill(t)
 	c.WaitStatus(id, "restart on the task managers left", func(s proctest.JobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })

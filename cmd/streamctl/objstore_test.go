@@ -61,7 +61,8 @@ func TestWordcountWithStateOnS3IsExactlyOnceAcrossATaskManagerSIGKILLAndLeavesNo
 	c := newS3ProcCluster(t, "--checkpoint-storage", u, "--state-inline-limit", "0", "--checkpoint-orphan-grace", "0s")
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
-	id := c.Submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
+	// Kept on cancel (--retain-on-cancel): what is left is then checked against them.
+	id := c.Submit(append(wordcountArgs(c.env.Addr, "wc", "lines", "counts"), "--retain-on-cancel")...)
 	before := len(c.waitOutput(ctx, "counts", 600))
 	c.TMs["tm-a"].Kill(t)
 	st := c.WaitStatus(id, "restart on the task manager left", func(s proctest.JobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })

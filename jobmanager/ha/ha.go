@@ -18,6 +18,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,8 @@ var (
 	ErrExists = errors.New("key exists")
 	// ErrBadCluster is returned for a cluster id that cannot name a namespace.
 	ErrBadCluster = errors.New("bad cluster id")
+	// ErrUnreachable is wrapped by Check's error when etcd does not answer.
+	ErrUnreachable = errors.New("etcd unreachable")
 )
 
 // Opt configures New.
@@ -79,9 +82,27 @@ func Logger(l *zap.Logger) Opt { return opt(func(c *cfg) { c.logger = l }) }
 
 // Services are one job manager's connection to the HA services of a cluster.
 type Services struct {
-	client *clientv3.Client
-	ns     string // "/weir/<cluster>/"
-	cfg    cfg
+	client    *clientv3.Client
+	ns        string // "/weir/<cluster>/"
+	cfg       cfg
+	endpoints []string
+}
+
+// Endpoints are the etcd client URLs the Services were given.
+func (s *Services) Endpoints() []string { return slices.Clone(s.endpoints) }
+
+// Check reads one key within timeout and returns an error wrapping
+// ErrUnreachable, naming the endpoints, when etcd does not answer.
+func (s *Services) Check(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := s.client.Get(ctx, s.electionPrefix(), clientv3.WithCountOnly()); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("no answer within %v (%w)", timeout, err)
+		}
+		return fmt.Errorf("%w at %s: %w", ErrUnreachable, strings.Join(s.endpoints, ","), err)
+	}
+	return nil
 }
 
 // New connects to etcd at endpoints for the cluster named cluster. Close
@@ -99,7 +120,7 @@ func New(ctx context.Context, endpoints []string, cluster string, opts ...Opt) (
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(endpoints, ","), err)
 	}
-	return &Services{client: client, ns: "/weir/" + cluster + "/", cfg: c}, nil
+	return &Services{client: client, ns: "/weir/" + cluster + "/", cfg: c, endpoints: slices.Clone(endpoints)}, nil
 }
 
 // Close closes the connection to etcd.
@@ -306,6 +327,42 @@ func (l *Leadership) txn(ctx context.Context, what string, cond []clientv3.Cmp, 
 		return fmt.Errorf("%s: %w", what, ErrNotLeader)
 	}
 	return fmt.Errorf("%s: %w", what, ErrExists)
+}
+
+// List calls fn for every key under prefix with its value, in key order,
+// read in one etcd transaction with the check that this job manager still
+// leads (ErrNotLeader otherwise): a fenced read. What it returns was the
+// data while this leadership lasted, so a decision taken on it (which
+// objects no checkpoint references any more) is the leader's, never a
+// deposed one's.
+func (l *Leadership) List(ctx context.Context, prefix string, fn func(key string, value []byte) error) error {
+	if !l.valid() {
+		l.markLost(fmt.Errorf("the lease was not renewed for %v, half its time-to-live", l.s.cfg.ttl/2))
+		return fmt.Errorf("fenced list %s: %w", prefix, ErrNotLeader)
+	}
+	base := l.s.ns + "data/"
+	resp, err := l.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)).
+		Then(clientv3.OpGet(base+prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("fenced list %s: etcd: %w", prefix, err)
+	}
+	if !resp.Succeeded {
+		l.markLost(errors.New("the leader key is gone or another job manager's"))
+		return fmt.Errorf("fenced list %s: %w", prefix, ErrNotLeader)
+	}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		if err := fn(strings.TrimPrefix(string(kv.Key), base), kv.Value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeletePrefix removes every key under prefix if this job manager still
+// leads, in one transaction.
+func (l *Leadership) DeletePrefix(ctx context.Context, prefix string) error {
+	return l.txn(ctx, "delete "+prefix+"*", nil, clientv3.OpDelete(l.s.ns+"data/"+prefix, clientv3.WithPrefix()))
 }
 
 // Put writes key if this job manager still leads.

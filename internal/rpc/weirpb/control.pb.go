@@ -2242,8 +2242,11 @@ type SubmitJobRequest struct {
 	// checkpoint is written out as a savepoint (Flink's retained
 	// externalized checkpoints).
 	RetainOnCancel bool `protobuf:"varint,9,opt,name=retain_on_cancel,json=retainOnCancel,proto3" json:"retain_on_cancel,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// checkpoint_timeout_ms is how long the job's checkpoints may take
+	// before they expire (0: the job manager's --checkpoint-timeout).
+	CheckpointTimeoutMs int64 `protobuf:"varint,10,opt,name=checkpoint_timeout_ms,json=checkpointTimeoutMs,proto3" json:"checkpoint_timeout_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *SubmitJobRequest) Reset() {
@@ -2337,6 +2340,13 @@ func (x *SubmitJobRequest) GetRetainOnCancel() bool {
 		return x.RetainOnCancel
 	}
 	return false
+}
+
+func (x *SubmitJobRequest) GetCheckpointTimeoutMs() int64 {
+	if x != nil {
+		return x.CheckpointTimeoutMs
+	}
+	return 0
 }
 
 type TriggerSavepointRequest struct {
@@ -2714,8 +2724,11 @@ type JobStatus struct {
 	// retained_savepoint is the savepoint a cancelled job submitted with
 	// retain_on_cancel left (empty: none).
 	RetainedSavepoint string `protobuf:"bytes,17,opt,name=retained_savepoint,json=retainedSavepoint,proto3" json:"retained_savepoint,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// checkpoint_timeout_ms is the job's checkpoint timeout in force (its
+	// own, else the job manager's).
+	CheckpointTimeoutMs int64 `protobuf:"varint,18,opt,name=checkpoint_timeout_ms,json=checkpointTimeoutMs,proto3" json:"checkpoint_timeout_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *JobStatus) Reset() {
@@ -2865,6 +2878,13 @@ func (x *JobStatus) GetRetainedSavepoint() string {
 		return x.RetainedSavepoint
 	}
 	return ""
+}
+
+func (x *JobStatus) GetCheckpointTimeoutMs() int64 {
+	if x != nil {
+		return x.CheckpointTimeoutMs
+	}
+	return 0
 }
 
 // JobFailure is one failure of a job, from its exception history.
@@ -3315,7 +3335,7 @@ const file_control_proto_rawDesc = "" +
 	"\x11CheckpointRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xcc\x03\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x80\x04\n" +
 	"\x10SubmitJobRequest\x12\x19\n" +
 	"\bjob_type\x18\x01 \x01(\tR\ajobType\x12A\n" +
 	"\x06params\x18\x02 \x03(\v2).weir.rpc.v1.SubmitJobRequest.ParamsEntryR\x06params\x12 \n" +
@@ -3325,7 +3345,9 @@ const file_control_proto_rawDesc = "" +
 	"\x04name\x18\x06 \x01(\tR\x04name\x12%\n" +
 	"\x0efrom_savepoint\x18\a \x01(\tR\rfromSavepoint\x127\n" +
 	"\x18allow_non_restored_state\x18\b \x01(\bR\x15allowNonRestoredState\x12(\n" +
-	"\x10retain_on_cancel\x18\t \x01(\bR\x0eretainOnCancel\x1a9\n" +
+	"\x10retain_on_cancel\x18\t \x01(\bR\x0eretainOnCancel\x122\n" +
+	"\x15checkpoint_timeout_ms\x18\n" +
+	" \x01(\x03R\x13checkpointTimeoutMs\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x85\x01\n" +
@@ -3347,7 +3369,7 @@ const file_control_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\")\n" +
 	"\x10CancelJobRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xd1\x05\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\x85\x06\n" +
 	"\tJobStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -3368,7 +3390,8 @@ const file_control_proto_rawDesc = "" +
 	"\bjob_type\x18\x0e \x01(\tR\ajobType\x12\x18\n" +
 	"\awaiting\x18\x0f \x01(\tR\awaiting\x12:\n" +
 	"\flast_failure\x18\x10 \x01(\v2\x17.weir.rpc.v1.JobFailureR\vlastFailure\x12-\n" +
-	"\x12retained_savepoint\x18\x11 \x01(\tR\x11retainedSavepoint\x1a9\n" +
+	"\x12retained_savepoint\x18\x11 \x01(\tR\x11retainedSavepoint\x122\n" +
+	"\x15checkpoint_timeout_ms\x18\x12 \x01(\x03R\x13checkpointTimeoutMs\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x01\n" +
