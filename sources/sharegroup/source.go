@@ -119,10 +119,20 @@ type Source[T any] struct {
 	// completed is the latest checkpoint whose ack markers this subtask
 	// committed: the lanes' goroutines ACCEPT the epochs it covers.
 	completed checkpoint.Latest
-	// lockDur is the group's record-lock duration (as the brokers report
-	// it); wmHold the watermark hold (watermark.go), task goroutine only.
-	lockDur time.Duration
-	wmHold  watermarkHold
+	// The group's frontier (watermark.go): the loop's latest reading
+	// (fversion, fsplits, under fmu) and the partitions ahead that lanes
+	// pause (ahead, under fmu); fdecoded and fcache are the task
+	// goroutine's decoded copy of reading fdecoded.
+	fmu           sync.Mutex
+	fversion      int64
+	fsplits       []runtime.Frontier[*kgo.Record]
+	ahead         map[string][]int32
+	fdecoded      int64
+	fcache        []runtime.Frontier[T]
+	startFrontier sync.Once
+	frontierCtx   context.Context
+	stopFrontier  context.CancelFunc
+	fwg           sync.WaitGroup // the frontier loop
 	// below is the lineage position (lineage.go), task goroutine only.
 	below int64
 }
@@ -167,8 +177,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	}
 	adm := kadm.NewClient(s.admin)
 	s.limit = brokerIntConfig(sctx, adm, "group.share.partition.max.record.locks", 2000)
-	s.lockDur = lockDuration(sctx, s.admin, adm, s.cfg.group)
-	s.holdAfterRestart(sctx, adm, oc)
+	s.frontierCtx, s.stopFrontier = context.WithCancel(context.Background())
 	limit := brokerIntConfig(sctx, adm, "group.share.delivery.count.limit", 5)
 	// Without transactions a record with at most one delivery left is
 	// dead-lettered (MaxDeliveries) before the broker archives it. With
@@ -371,7 +380,7 @@ func (s *Source[T]) startLaneLocked() error {
 // anything) bounds the finishing.
 func (s *Source[T]) runLane(ctx, fctx context.Context, l *lane) {
 	for {
-		if !l.acquire(ctx, s.cfg.batch, s.cfg.testAcquired) {
+		if !l.acquire(ctx, s.cfg.batch, func() { s.alignLane(l) }, s.cfg.testAcquired) {
 			return
 		}
 		select {
@@ -427,8 +436,15 @@ func (s *Source[T]) stopFetching() {
 				continue // never started
 			}
 			// A fetch the client builds from now on forgets every
-			// partition and acquires nothing.
+			// partition and acquires nothing. Partitions paused for
+			// alignment are resumed (their topics stay paused), so
+			// that takeUnpolled's polls return what the client
+			// buffered of them instead of releasing it unseen.
 			l.cl.PauseFetchTopics(s.inputs()...)
+			if len(l.paused) > 0 {
+				l.cl.ResumeFetchPartitions(l.paused)
+				l.paused = nil
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -970,7 +986,6 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	if l.fetchErr != nil {
 		s.log.Warn("share fetch error", zap.String("lane", l.name), zap.Error(l.fetchErr))
 	}
-	l.admittedAt = acquiredAt(l.batch, s.lockDur)
 	batch := l.batch
 	l.batch, l.state, l.epoch = nil, laneAdmitting, 0
 	margin := lockMargin(s.cfg.lockMargin, l.clock.dur)
@@ -1019,7 +1034,6 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 		emitted = append(emitted, r)
 	}
 	if len(stale) > 0 {
-		s.holdUntilRefetched(now, "records released unprocessed come back")
 		s.counters.nearExpiry.Add(int64(len(stale)))
 		s.log.Info("releasing records whose lock was too close to expiry to process", zap.String("lane", l.name), zap.Int("records", len(stale)))
 		if refused, err := l.ack.ack(ctx, kgo.AckRelease, stale...); err != nil || len(refused) > 0 {
@@ -1602,6 +1616,10 @@ func (s *Source[T]) Close() error {
 		return nil
 	}
 	s.closed = true
+	if s.stopFrontier != nil {
+		s.stopFrontier()
+		s.fwg.Wait()
+	}
 	s.stopLanes()
 	if s.sib != nil {
 		s.sib.leave(s.sibKey, s)
