@@ -46,15 +46,19 @@ type Frontier[T any] struct {
 	// Split names the split (a Kafka partition: "topic/partition").
 	Split string
 	// Pending reports that the group has not finished every record of the
-	// split: Value is the earliest such record. Not pending: the group has
-	// finished them all, and Value, if Known, is the split's last record.
+	// split: Records holds the earliest such record. Not pending: the group
+	// has finished them all, and Records holds the split's last records
+	// (the largest time among them need not be the last one's).
 	Pending bool
-	// Known reports that Value, Timestamp and Offset are set. A pending
-	// split whose earliest record could not be read (or decoded) holds its
-	// watermark where it is.
-	Known bool
-	// Offset orders a split's records: a record is fed to the split's
-	// generator once.
+	// Records in offset order; none when they could not be read (or
+	// decoded): the split's watermark stays where it is.
+	Records []FrontierRecord[T]
+}
+
+// FrontierRecord is a record at a split's frontier.
+type FrontierRecord[T any] struct {
+	// Offset orders a split's records: the split's generator sees each
+	// record once.
 	Offset    int64
 	Value     T
 	Timestamp int64 // as the source would emit Value (Kafka's timestamp)
@@ -133,15 +137,20 @@ func (m *splitWatermarks[T]) read(now time.Time, version int64, fs []Frontier[T]
 		case s.caughtUpSince.IsZero():
 			s.caughtUpSince = now
 		}
-		if !f.Known || s.gen == nil || s.fed && f.Offset <= s.offset {
+		if s.gen == nil {
 			continue
 		}
-		s.offset, s.fed = f.Offset, true
-		ts := f.Timestamp
-		if m.assign != nil {
-			ts = m.assign(f.Value, ts)
+		for _, r := range f.Records {
+			if s.fed && r.Offset <= s.offset {
+				continue
+			}
+			s.offset, s.fed = r.Offset, true
+			ts := r.Timestamp
+			if m.assign != nil {
+				ts = m.assign(r.Value, ts)
+			}
+			s.gen.OnEvent(r.Value, ts, s)
 		}
-		s.gen.OnEvent(f.Value, ts, s)
 		s.gen.OnPeriodicEmit(s)
 	}
 	for name := range m.splits {

@@ -28,7 +28,7 @@ func TestAFrontierSourcesWatermarkFollowsTheFrontierNotItsOwnRecords(t *testing.
 	got := runFrontierSource(t, 0, func(f *fakeFrontier, step func(time.Duration, ...int64)) {
 		step(0, 100, 200)
 		step(5*time.Second, 300) // far past the idleness timeout, nothing read yet
-		f.version, f.splits = 1, []Frontier[int64]{{Split: "t/0", Pending: true, Known: true, Offset: 7, Value: 150}}
+		f.version, f.splits = 1, []Frontier[int64]{{Split: "t/0", Pending: true, Records: []FrontierRecord[int64]{{Offset: 7, Value: 150}}}}
 		step(6*time.Second, 400)
 		step(9 * time.Second) // no records for long: not idle, the frontier is pending
 	})

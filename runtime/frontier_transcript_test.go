@@ -20,7 +20,7 @@ import (
 //	read at=dur                           a reading, one split a line:
 //	                                      "p0 pending 12 1000" (earliest unfinished record: offset, ts),
 //	                                      "p0 pending ?" (one exists, unreadable),
-//	                                      "p0 done 40 2000" (all finished; the last record), "p0 done"
+//	                                      "p0 done 39 2100 40 2000" (all finished; its last records), "p0 done"
 //	tick at=dur                           the clock alone
 //
 // Each prints the watermark and its state, then the splits ahead (paused)
@@ -65,10 +65,10 @@ func TestSplitFrontierTranscripts(t *testing.T) {
 						d.Fatalf(t, "bad split line %q", line)
 					}
 					fr := Frontier[int64]{Split: f[0], Pending: f[1] == "pending"}
-					if len(f) == 4 {
-						off, _ := strconv.ParseInt(f[2], 10, 64)
-						ts, _ := strconv.ParseInt(f[3], 10, 64)
-						fr.Known, fr.Offset, fr.Value, fr.Timestamp = true, off, ts, ts
+					for i := 2; i+1 < len(f); i += 2 {
+						off, _ := strconv.ParseInt(f[i], 10, 64)
+						ts, _ := strconv.ParseInt(f[i+1], 10, 64)
+						fr.Records = append(fr.Records, FrontierRecord[int64]{Offset: off, Value: ts, Timestamp: ts})
 					}
 					fs = append(fs, fr)
 				}

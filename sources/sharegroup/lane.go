@@ -79,14 +79,19 @@ func newLane(id int, name string) *lane {
 func (l *lane) acquire(ctx context.Context, batch int, beforePoll func(), acquired func(string, []*kgo.Record)) bool {
 	for {
 		beforePoll()
-		fs := l.cl.PollRecords(ctx, batch)
+		// A poll gives up after a while, so that a change of the
+		// partitions to fetch (alignment) applies even when every
+		// partition the lane is assigned was paused.
+		pctx, cancel := context.WithTimeout(ctx, laneFetchWait)
+		fs := l.cl.PollRecords(pctx, batch)
+		cancel()
 		if fs.IsClientClosed() {
 			return false
 		}
 		var recs []*kgo.Record
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.Canceled) && ferr == nil {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && ferr == nil {
 				ferr = err
 			}
 		})

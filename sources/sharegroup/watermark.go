@@ -92,10 +92,12 @@ func (s *Source[T]) Frontier() (int64, []runtime.Frontier[T]) {
 	}
 	out := make([]runtime.Frontier[T], 0, len(raw))
 	for _, f := range raw {
-		d := runtime.Frontier[T]{Split: f.Split, Pending: f.Pending, Offset: f.Offset}
-		if f.Known {
-			if val, err := s.decode(f.Value); err == nil {
-				d.Known, d.Value, d.Timestamp = true, val, f.Timestamp
+		d := runtime.Frontier[T]{Split: f.Split, Pending: f.Pending}
+		for _, r := range f.Records {
+			// An undecodable record (dead-lettered when delivered)
+			// tells nothing of event time.
+			if val, err := s.decode(r.Value); err == nil {
+				d.Records = append(d.Records, runtime.FrontierRecord[T]{Offset: r.Offset, Value: val, Timestamp: r.Timestamp})
 			}
 		}
 		out = append(out, d)
@@ -239,7 +241,7 @@ func (s *Source[T]) readFrontier(ctx context.Context, prev map[acklog.TopicParti
 				next[tp] = partFrontier{start: -1, f: runtime.Frontier[*kgo.Record]{Split: splitName(tp)}}
 				continue
 			}
-			if old, ok := prev[tp]; ok && old.start == start && old.f.Pending && old.f.Known {
+			if old, ok := prev[tp]; ok && old.start == start && old.f.Pending && len(old.f.Records) > 0 {
 				next[tp] = old // the same record is still the earliest unfinished one
 				continue
 			}
@@ -278,8 +280,7 @@ func (s *Source[T]) fetchFrontier(ctx context.Context, leader int32, ids map[str
 		f := runtime.Frontier[*kgo.Record]{Split: splitName(tp), Pending: true}
 		switch recs := first[tp]; {
 		case len(recs) > 0:
-			r := recs[0]
-			f.Known, f.Offset, f.Value, f.Timestamp = true, r.Offset, r, r.Timestamp.UnixMilli()
+			f.Records = frontierRecords(recs[:1])
 		case lso[tp] <= start:
 			f.Pending = false
 			if old, ok := prev[tp]; ok && old.start == start && !old.f.Pending {
@@ -299,14 +300,19 @@ func (s *Source[T]) fetchFrontier(ctx context.Context, leader int32, ids map[str
 	}
 	for tp, recs := range last {
 		pf := out[tp]
-		for _, r := range recs {
-			if r.Offset < pf.start {
-				pf.f.Known, pf.f.Offset, pf.f.Value, pf.f.Timestamp = true, r.Offset, r, r.Timestamp.UnixMilli()
-			}
-		}
+		pf.f.Records = frontierRecords(slices.DeleteFunc(recs, func(r *kgo.Record) bool { return r.Offset >= pf.start }))
 		out[tp] = pf
 	}
 	return out, nil
+}
+
+// frontierRecords wraps Kafka records as frontier records.
+func frontierRecords(recs []*kgo.Record) []runtime.FrontierRecord[*kgo.Record] {
+	out := make([]runtime.FrontierRecord[*kgo.Record], len(recs))
+	for i, r := range recs {
+		out[i] = runtime.FrontierRecord[*kgo.Record]{Offset: r.Offset, Value: r, Timestamp: r.Timestamp.UnixMilli()}
+	}
+	return out
 }
 
 // fetchAt sends one read_committed Fetch to broker leader for parts
