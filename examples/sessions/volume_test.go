@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"os"
-	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -18,41 +16,6 @@ import (
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/runtime"
 )
-
-// volumeClicks returns about 74 clicks per user, in production order: every
-// user clicks every 0.5-15 s, with a pause of 31-120 s (a new session) one
-// time in seven, over span; production order is event-time order with up to
-// 2 s of jitter (within the 5 s bound).
-func volumeClicks(users int, span time.Duration, seed uint64) []click {
-	rng := rand.New(rand.NewPCG(seed, seed^0x5e55))
-	var cs []click
-	for u := range users {
-		user := "u" + strconv.Itoa(u)
-		for ts := t0 + rng.Int64N(60_000); ts < t0+span.Milliseconds(); {
-			cs = append(cs, click{user, ts})
-			if rng.IntN(7) == 0 {
-				ts += 31_000 + rng.Int64N(89_000)
-			} else {
-				ts += 500 + rng.Int64N(14_500)
-			}
-		}
-	}
-	slices.SortFunc(cs, func(a, b click) int { return int(a.ts - b.ts) })
-	order := make([]int64, len(cs))
-	for i := range cs {
-		order[i] = cs[i].ts + rng.Int64N(2_000)
-	}
-	idx := make([]int, len(cs))
-	for i := range idx {
-		idx[i] = i
-	}
-	slices.SortStableFunc(idx, func(a, b int) int { return int(order[a] - order[b]) })
-	out := make([]click, len(cs))
-	for i, j := range idx {
-		out[i] = cs[j]
-	}
-	return out
-}
 
 // At volume a share fetch hands a subtask a batch spanning many seconds of
 // event time, often from one partition; a watermark made from what each
@@ -82,13 +45,13 @@ func TestSessionsAtVolumeHaveNoLateClickAndEverySessionOnce(t *testing.T) {
 			}
 			env := kafkatest.New(t, opts...)
 			env.CreateTopic(t, "clicks", int32(c.partitions), nil)
-			cs := volumeClicks(c.users, 20*time.Minute, uint64(c.users*c.partitions))
+			cs := sessions.Generate(c.users, t0, 20*time.Minute, 2*time.Second, uint64(c.users*c.partitions))
 			recs := make([]*kgo.Record, len(cs))
 			for i, cl := range cs {
-				recs[i] = cl.record("clicks")
+				recs[i] = cl.Record("clicks")
 			}
 			produce(t, env, recs...)
-			want := expectedSessions(cs)
+			want := sessions.Expected(cs, gap*time.Millisecond, ooo*time.Millisecond)
 			wantOut := make([]string, len(want))
 			for i, s := range want {
 				b, err := json.Marshal(s)
