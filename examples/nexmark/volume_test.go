@@ -1,10 +1,12 @@
 package nexmark_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -36,7 +38,7 @@ func TestWindowedQueriesFromATopicEqualTheInProcessSource(t *testing.T) {
 	}
 	cases := []tc{{events: 20_000, partitions: 4, parallelism: 2}}
 	if os.Getenv("WEIR_VOLUME") != "" {
-		cases = []tc{{200_000, 4, 1, 0}, {200_000, 16, 3, 200}, {200_000, 16, 4, 0}}
+		cases = []tc{{200_000, 4, 1, 0}, {200_000, 16, 3, 200}}
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("events=%d/partitions=%d/parallelism=%d/cap=%d", c.events, c.partitions, c.parallelism, c.capN), func(t *testing.T) {
@@ -60,7 +62,15 @@ func TestWindowedQueriesFromATopicEqualTheInProcessSource(t *testing.T) {
 					got := runFromTopic(t, env, q, c.parallelism, func(n int) bool { return n > 0 })
 					took := time.Since(start)
 					if q == "q4" {
-						checkQ4(t, decodeAll[nexmark.Q4Result](t, got), batchQ4(evs))
+						// The output topic's partitions keep no order
+						// across them: the changelog is checked in
+						// count order.
+						results := decodeAll[nexmark.Q4Result](t, got)
+						slices.SortFunc(results, func(a, b any) int {
+							x, y := a.(nexmark.Q4Result), b.(nexmark.Q4Result)
+							return cmp.Or(cmp.Compare(x.Category, y.Category), cmp.Compare(x.Count, y.Count))
+						})
+						checkQ4(t, results, batchQ4(evs))
 					} else {
 						want := runQuery(t, g, q, c.parallelism)
 						if len(want) == 0 {
