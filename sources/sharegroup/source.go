@@ -552,7 +552,7 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 		return err
 	}
 	if s.cfg.mode != Transactional {
-		starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
+		starts, err := StartOffsets(ctx, s.admin, s.cfg.group)
 		if err == nil {
 			err = s.measurePending(ctx, starts)
 		}
@@ -676,7 +676,7 @@ func (s *Source[T]) checkIsolation(ctx context.Context) error {
 // partition the group has not fetched yet gets one at its log start offset
 // (unstarted).
 func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]int64, error) {
-	starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
+	starts, err := StartOffsets(ctx, s.admin, s.cfg.group)
 	if err != nil {
 		return nil, err
 	}
@@ -889,9 +889,11 @@ func (s *Source[T]) collectMarkers(ctx context.Context, starts map[acklog.TopicP
 	return nil
 }
 
-// shareStartOffsets reads the share-partition start offsets of a group
-// (DescribeShareGroupOffsets): below them every record is done.
-func shareStartOffsets(ctx context.Context, cl *kgo.Client, group string) (map[acklog.TopicPartition]int64, error) {
+// StartOffsets reads the share-partition start offsets of a group
+// (DescribeShareGroupOffsets): below them every record is done
+// (acknowledged or archived). A partition the group has not read yet is
+// missing.
+func StartOffsets(ctx context.Context, cl *kgo.Client, group string) (map[acklog.TopicPartition]int64, error) {
 	req := kmsg.NewPtrDescribeShareGroupOffsetsRequest()
 	g := kmsg.NewDescribeShareGroupOffsetsRequestGroup()
 	g.GroupID = group

@@ -194,7 +194,7 @@ func (s *Source[T]) frontierLoop(ctx context.Context) {
 // committed record at or after it (pending) or, if there is none up to the
 // last stable offset, the last one below it (caught up).
 func (s *Source[T]) readFrontier(ctx context.Context, prev map[acklog.TopicPartition]partFrontier) (map[acklog.TopicPartition]partFrontier, error) {
-	starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
+	starts, err := StartOffsets(ctx, s.admin, s.cfg.group)
 	if err != nil {
 		return nil, err
 	}
