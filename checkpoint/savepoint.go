@@ -231,25 +231,27 @@ func ReadSavepoint(ctx context.Context, loc string, opts ...SavepointOpt) (Compl
 		b, ok := files[ref.File]
 		if !ok {
 			r, err := st.Open(ctx, ref.File, 0, -1)
-			if err != nil {
-				return nil, corrupt("%v", err)
+			if err == nil {
+				b, err = io.ReadAll(r)
+				r.Close()
 			}
-			b, err = io.ReadAll(r)
-			r.Close()
 			if err != nil {
-				return nil, corrupt("%v", err)
+				return nil, fmt.Errorf("%w %s: %s: %s: %w", ErrCorruptSavepoint, loc, ref.File, what, err)
 			}
 			files[ref.File] = b
 		}
 		if ref.Offset < 0 || ref.Length < 0 || ref.Length > 1<<40 {
 			return nil, corrupt("bad range %d+%d", ref.Offset, ref.Length)
 		}
+		// The errors name neither the file's size nor the checksum it
+		// has: a reader (a job manager) must not tell a client anything
+		// of a file's contents it could not read itself.
 		if end := ref.Offset + ref.Length; end > int64(len(b)) {
-			return nil, corrupt("truncated: needs bytes %d-%d, the file has %d", ref.Offset, end, len(b))
+			return nil, corrupt("truncated: needs bytes %d-%d", ref.Offset, end)
 		}
 		e := b[ref.Offset : ref.Offset+ref.Length : ref.Offset+ref.Length]
-		if sum := crc32.Checksum(e, castagnoli); sum != ref.CRC32C {
-			return nil, corrupt("checksum %08x, want %08x", sum, ref.CRC32C)
+		if crc32.Checksum(e, castagnoli) != ref.CRC32C {
+			return nil, corrupt("checksum mismatch")
 		}
 		return e, nil
 	}
@@ -315,7 +317,11 @@ func JoinSavepointLocation(base, name string) (string, error) {
 // directory, the file storage rooted at it (created only to write).
 func openSavepoint(ctx context.Context, loc string, write bool, cfg savepointConfig) (storage.Storage, error) {
 	if IsSavepointURL(loc) {
-		st, err := storage.Open(ctx, loc, cfg.storage...)
+		opts := cfg.storage
+		if cfg.beneath != "" {
+			opts = append(slices.Clip(opts), storage.Beneath(cfg.beneath))
+		}
+		st, err := storage.Open(ctx, loc, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("savepoint %s: %w", loc, err)
 		}
@@ -324,6 +330,16 @@ func openSavepoint(ctx context.Context, loc string, write bool, cfg savepointCon
 	abs, err := filepath.Abs(loc)
 	if err != nil {
 		return nil, fmt.Errorf("savepoint %s: %w", loc, err)
+	}
+	fileURL := (&url.URL{Scheme: "file", Path: filepath.ToSlash(abs)}).String()
+	if cfg.beneath != "" {
+		// Nothing is looked at before the confined store: it follows no
+		// link, and a missing _metadata says "not a savepoint".
+		st, err := storage.Open(ctx, fileURL, storage.Beneath(cfg.beneath))
+		if err != nil {
+			return nil, fmt.Errorf("savepoint %s: %w", loc, err)
+		}
+		return st, nil
 	}
 	if !write {
 		fi, err := os.Stat(abs)
@@ -334,7 +350,7 @@ func openSavepoint(ctx context.Context, loc string, write bool, cfg savepointCon
 			return nil, fmt.Errorf("%w: %s is not a directory", ErrNotSavepoint, loc)
 		}
 	}
-	st, err := storage.Open(ctx, (&url.URL{Scheme: "file", Path: filepath.ToSlash(abs)}).String())
+	st, err := storage.Open(ctx, fileURL)
 	if err != nil {
 		return nil, fmt.Errorf("savepoint %s: %w", loc, err)
 	}
@@ -388,28 +404,30 @@ func readSavepointMeta(ctx context.Context, st storage.Storage, loc string) (sav
 	if !ok {
 		return corrupt("no header line")
 	}
+	// The errors never quote the file: what it holds is not echoed to
+	// whoever named it (a job manager's client).
 	if !bytes.HasPrefix(header, []byte(savepointMagic+" ")) {
-		return corrupt("header %q does not start with %q", header, savepointMagic)
+		return corrupt("the first line is not a %q header", savepointMagic)
 	}
 	var (
 		version, length int
 		sum             uint32
 	)
 	if _, err := fmt.Sscanf(string(header), savepointMagic+" %d crc32c=%x length=%d", &version, &sum, &length); err != nil {
-		return corrupt("header %q: %v", header, err)
+		return corrupt("malformed %q header", savepointMagic)
 	}
 	if version > SavepointVersion || version < 1 {
 		return savepointMeta{}, fmt.Errorf("%w: %s is format %d; this Weir reads formats 1 to %d", ErrSavepointVersion, file, version, SavepointVersion)
 	}
 	if len(body) != length {
-		return corrupt("truncated: %d bytes of metadata, the header says %d", len(body), length)
+		return corrupt("truncated metadata")
 	}
-	if got := crc32.Checksum(body, castagnoli); got != sum {
-		return corrupt("checksum %08x, want %08x", got, sum)
+	if crc32.Checksum(body, castagnoli) != sum {
+		return corrupt("checksum mismatch")
 	}
 	var meta savepointMeta
 	if err := json.Unmarshal(body, &meta); err != nil {
-		return corrupt("%v", err)
+		return corrupt("the metadata is not the JSON of a savepoint")
 	}
 	meta.version = version
 	return meta, nil
@@ -422,6 +440,7 @@ type savepointConfig struct {
 	jobType   string
 	jobParams map[string]string
 	storage   []storage.Opt
+	beneath   string
 }
 
 func newSavepointConfig(opts []SavepointOpt) savepointConfig {
@@ -441,6 +460,17 @@ func (o savepointOpt) apply(c *savepointConfig) { o(c) }
 // ignore it.
 func StorageOptions(opts ...storage.Opt) SavepointOpt {
 	return savepointOpt(func(c *savepointConfig) { c.storage = append(c.storage, opts...) })
+}
+
+// Beneath confines a savepoint directory (or file:// URL) to the directory
+// root, as storage.Beneath does: it must be root or below it, and no path
+// component below root, of the location or of its files, may be a symbolic
+// link; none is followed, however the tree changes while it is read or
+// written. It is how a job manager reads and writes a location a client
+// named (after checking that it lies under an allowed root); object
+// storage URLs ignore it.
+func Beneath(root string) SavepointOpt {
+	return savepointOpt(func(c *savepointConfig) { c.beneath = root })
 }
 
 // WithJob records the registered job type and the parameters the job was

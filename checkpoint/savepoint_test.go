@@ -371,3 +371,76 @@ func TestSavepointLocationsJoinAsDirectoriesOrURLs(t *testing.T) {
 		}
 	}
 }
+
+// A savepoint read Beneath a root (as a job manager reads one a client
+// named) follows no symbolic link: not a _metadata or state file linked to
+// a secret, not a savepoint directory linked to one outside, and it writes
+// through none. Read without it (the CLI, with its user's own rights), the
+// same links are followed, but no error quotes what the file holds, its
+// size or its checksum.
+func TestASavepointReadBeneathARootFollowsNoLinkAndItsErrorsQuoteNothing(t *testing.T) {
+	root, outside := t.TempDir(), t.TempDir()
+	secretText := "SECRET-FIRST-LINE token=abc\nmore secret bytes\n"
+	secret := filepath.Join(outside, "secret")
+	if err := os.WriteFile(secret, []byte(secretText), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	real := filepath.Join(outside, "real")
+	if err := WriteSavepoint(t.Context(), real, savepointFixture(), time.Unix(100, 0)); err != nil {
+		t.Fatal(err)
+	}
+	link := func(target, name string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A _metadata linked to the secret.
+	metaLink := filepath.Join(root, "meta-link")
+	link(secret, filepath.Join(metaLink, SavepointMetadataFile))
+	// A valid savepoint whose state file is linked to the secret.
+	stateLink := filepath.Join(root, "state-link")
+	if err := WriteSavepoint(t.Context(), stateLink, savepointFixture(), time.Unix(100, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(stateLink, "state", "count.bin")); err != nil {
+		t.Fatal(err)
+	}
+	link(secret, filepath.Join(stateLink, "state", "count.bin"))
+	// The savepoint directory itself a link out of the root.
+	dirLink := filepath.Join(root, "dir-link")
+	link(real, dirLink)
+	secretSum := fmt.Sprintf("%08x", crc32.Checksum([]byte(secretText), castagnoli))
+	quotes := func(err error) bool {
+		s := err.Error()
+		return strings.Contains(s, "SECRET") || strings.Contains(s, secretSum) || strings.Contains(s, fmt.Sprint(len(secretText)))
+	}
+	for _, loc := range []string{metaLink, stateLink, dirLink} {
+		t.Run(filepath.Base(loc), func(t *testing.T) {
+			c, err := ReadSavepoint(t.Context(), loc, Beneath(root))
+			if !errors.Is(err, storage.ErrSymlink) || quotes(err) {
+				t.Errorf("read beneath the root: %d tasks, %v; want ErrSymlink quoting nothing", len(c.Tasks), err)
+			}
+			if _, err := ReadSavepoint(t.Context(), loc); loc != dirLink && (err == nil || quotes(err)) {
+				t.Errorf("read unconfined: %v; want an error quoting nothing of the file", err)
+			}
+		})
+	}
+	if err := WriteSavepoint(t.Context(), filepath.Join(dirLink, "new"), savepointFixture(), time.Unix(100, 0), Beneath(root)); !errors.Is(err, storage.ErrSymlink) {
+		t.Errorf("write through a linked directory: %v; want ErrSymlink", err)
+	}
+	if _, err := os.Stat(filepath.Join(real, "new")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the write went through the link: %v", err)
+	}
+	// A regular savepoint below the root reads as before.
+	ok := filepath.Join(root, "a", "ok")
+	if err := WriteSavepoint(t.Context(), ok, savepointFixture(), time.Unix(100, 0), Beneath(root)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadSavepoint(t.Context(), ok, Beneath(root)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -39,7 +39,7 @@ func defaultJobManager() string {
 func newJobManagerCmd(a *app) *cobra.Command {
 	var listen, httpAddr, dataDir, tokenFile, certFile, keyFile, savepointDir string
 	var stor storageFlags
-	var allowedHosts []string
+	var allowedHosts, savepointAllowed []string
 	var haf haFlags
 	var cpTimeout time.Duration
 	cmd := &cobra.Command{
@@ -70,6 +70,16 @@ whose Host header is a loopback name, the --http host or one of
 --rest-allowed-hosts (421 otherwise), and refuses a POST, PUT, PATCH or DELETE
 without Content-Type: application/json or an X-Weir-Request header (403): what
 a web page cannot send cross-site.
+
+Savepoint locations a client names (submit --from-savepoint, savepoint
+--target, stop --savepoint, POST /jobs/ID/savepoints and /stop) must lie
+under --savepoint-dir, --data-dir or one of --savepoint-allowed-locations:
+anything else is refused as "not an allowed savepoint location" before the
+job manager looks at it. Below an allowed directory no symbolic link is
+followed and ".." is refused; a savepoint URL must name the bucket and a path
+under the prefix of an allowed one, and its endpoint, region and path-style
+are the allowed URL's (a client may leave them out), so the job manager sends
+its storage credentials nowhere a client chose. See docs/guide/security.md.
 
 High availability: --ha etcd --etcd-endpoints URL,... runs this job manager
 as one of several of a cluster (--ha-cluster-id) whose leader is elected in
@@ -117,6 +127,7 @@ SIGINT/SIGTERM (a leader resigns, so a standby takes over at once).`,
 			}
 			sec.httpHosts = allowedHosts
 			sec.savepointDir = savepointDir
+			sec.savepointAllowed = savepointAllowed
 			if cpTimeout <= 0 {
 				return flagError(cmd, fmt.Errorf("--checkpoint-timeout %v must be positive", cpTimeout))
 			}
@@ -144,6 +155,7 @@ SIGINT/SIGTERM (a leader resigns, so a standby takes over at once).`,
 	cmd.Flags().StringVar(&httpAddr, "http", "127.0.0.1:8081", "HTTP address (REST API and /metrics)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the job store and completed checkpoints (created; default: in memory)")
 	cmd.Flags().StringVar(&savepointDir, "savepoint-dir", "", "default directory or savepoint URL (s3://bucket/prefix?endpoint=..., opened with the --checkpoint-storage credentials) savepoints are written under (savepoint, stop --savepoint); may be on another disk than --data-dir")
+	addSavepointAllowed(cmd, &savepointAllowed, "--savepoint-dir and --data-dir")
 	stor.add(cmd, false)
 	cmd.Flags().DurationVar(&cpTimeout, "checkpoint-timeout", runtime.DefaultCheckpointTimeout,
 		"how long a checkpoint of any job may take from its trigger before it expires (Flink's execution.checkpointing.timeout); raise it for large state")
@@ -165,6 +177,17 @@ type jmSecurity struct {
 	httpHosts []string
 	// savepointDir is the default savepoint target ("": none).
 	savepointDir string
+	// savepointAllowed are where else clients may name savepoints
+	// (--savepoint-allowed-locations).
+	savepointAllowed []string
+}
+
+// addSavepointAllowed adds --savepoint-allowed-locations to a command that
+// runs a job manager.
+// besides names the command's flags whose locations are allowed too.
+func addSavepointAllowed(cmd *cobra.Command, locs *[]string, besides string) {
+	cmd.Flags().StringSliceVar(locs, "savepoint-allowed-locations", nil,
+		"directories and savepoint URLs under which clients may name savepoints (submit --from-savepoint, savepoint --target, stop --savepoint), besides "+besides+" (comma-separated); no symbolic link below a directory is followed, and a URL's endpoint and region are never a client's")
 }
 
 // warn logs each of warnings once, at warn level.
@@ -190,7 +213,8 @@ func (a *app) runJobManager(ctx context.Context, log *zap.Logger, listen, httpAd
 	}
 	opts := []jobmanager.Opt{jobmanager.Logger(log), jobmanager.DataDir(dataDir), jobmanager.Jobs(a.reg),
 		jobmanager.Failpoints(fp), jobmanager.AuthToken(sec.token), jobmanager.TLS(sec.tls),
-		jobmanager.HTTPHosts(append([]string{httpAddr}, sec.httpHosts...)...), jobmanager.SavepointDir(sec.savepointDir)}
+		jobmanager.HTTPHosts(append([]string{httpAddr}, sec.httpHosts...)...), jobmanager.SavepointDir(sec.savepointDir),
+		jobmanager.SavepointAllowedLocations(sec.savepointAllowed...)}
 	srv, err := jobmanager.New(append(opts, extra...)...)
 	if err != nil {
 		return err

@@ -35,7 +35,8 @@ func stopSessionsWithDrain(t *testing.T, via string) {
 	if err := sessions.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	c := startLocalWith(t, reg, "--taskmanagers", "1", "--slots", "2")
+	dir := t.TempDir()
+	c := startLocalWith(t, reg, "--taskmanagers", "1", "--slots", "2", "--savepoint-allowed-locations", dir)
 	const gap = 30 * time.Second
 	var clicks []sessions.Click
 	var recs []*kgo.Record
@@ -76,7 +77,6 @@ func stopSessionsWithDrain(t *testing.T, via string) {
 		t.Fatalf("sessions before the stop: %d, %v; want none (every session open)", len(got), err)
 	}
 
-	dir := t.TempDir()
 	var sp string
 	if via == "rest" {
 		jm := "http://" + c.addr(t, "jobmanager http on")
@@ -115,13 +115,13 @@ func stopSessionsWithDrain(t *testing.T, via string) {
 // parameters (the job manager writes them with it): "state dump" decodes
 // it without --job, every word's count equal to the input's.
 func TestStateDumpDecodesASavepointOfTheJobManagerWithoutJob(t *testing.T) {
-	c := startLocal(t, "--taskmanagers", "1", "--slots", "2")
+	dir := t.TempDir()
+	c := startLocal(t, "--taskmanagers", "1", "--slots", "2", "--savepoint-allowed-locations", dir)
 	lines := testLines(300, "d")
 	produceLines(t, c.broker, "lines", lines)
 	id := c.submitWordcount(t, "100ms")
 	want := wordcount.Expected(lines)
 	waitCounted(t, c.broker, "counts", want)
-	dir := t.TempDir()
 	out, err := c.cli(t, "savepoint", id, "--target", dir)
 	sp := strings.TrimSpace(out)
 	if err != nil || filepath.Dir(sp) != dir {

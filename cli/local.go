@@ -28,6 +28,7 @@ func newLocalCmd(a *app) *cobra.Command {
 		brokerAddr, dataDir, listen, httpAddr, metricsAddr, haMode string
 		tms, slots, brokerPort, jms                                int
 		stor                                                       storageFlags
+		savepointAllowed                                           []string
 	)
 	cmd := &cobra.Command{
 		Use:   "local [--broker embedded|HOST:PORT] [--broker-port 9092] [--taskmanagers 2] [--slots 2] [--data-dir DIR] [--ha embedded --jobmanagers N]",
@@ -46,6 +47,10 @@ jobs and checkpoints (DIR/jobmanager): started again on the same directory (and
 the same --broker-port: a job keeps the broker address it was submitted with),
 the cluster resumes its jobs. --metrics serves every task manager's Prometheus
 metrics on one address (GET /metrics; the job manager's are on --http).
+
+Savepoints a client names (submit --from-savepoint, savepoint --target, stop
+--savepoint) must lie under --data-dir or --savepoint-allowed-locations, as
+with "streamctl jobmanager"; without either, none can be named.
 
 --ha embedded --jobmanagers N runs an etcd in the process and N job managers
 electing a leader, as "jobmanager --ha etcd" does (checkpoint metadata in
@@ -146,6 +151,12 @@ cancelled).`,
 					<-jmDone
 				}
 			}()
+			// The job manager's allowed savepoint locations: all of
+			// --data-dir, not only its jobmanager/ part.
+			allowed := slices.Clip(savepointAllowed)
+			if dataDir != "" {
+				allowed = append(allowed, dataDir)
+			}
 			var jmAddrs []string
 			for i, opts := range haOpts {
 				extra, err := opts()
@@ -159,7 +170,7 @@ cancelled).`,
 				addrs := make(chan string, 1)
 				running++
 				go func() {
-					jmDone <- a.runJobManager(ctx, log.Named(name), l, h, jmDir, jmSecurity{}, func(addr string) { addrs <- addr }, append(st.jobManagerOpts(), extra...)...)
+					jmDone <- a.runJobManager(ctx, log.Named(name), l, h, jmDir, jmSecurity{savepointAllowed: allowed}, func(addr string) { addrs <- addr }, append(st.jobManagerOpts(), extra...)...)
 				}()
 				select {
 				case addr := <-addrs:
@@ -219,6 +230,7 @@ cancelled).`,
 	f.StringVar(&metricsAddr, "metrics", "", "HTTP address of the task managers' Prometheus /metrics (default: none)")
 	f.StringVar(&haMode, "ha", "standalone", `"standalone" (one job manager) or "embedded" (an etcd in this process and --jobmanagers job managers electing a leader, as --ha etcd does)`)
 	f.IntVar(&jms, "jobmanagers", 1, "job managers to run (more than one needs --ha embedded)")
+	addSavepointAllowed(cmd, &savepointAllowed, "--data-dir")
 	stor.add(cmd, true)
 	return cmd
 }

@@ -85,13 +85,13 @@ func triggerAndWait(t *testing.T, jm, path, body string) string {
 // it cannot do (no target directory, cancel-job) with 400, and the
 // stopped job ends FINISHED with its output exactly-once.
 func TestRESTTriggersSavepointsAndStopsAJobInFlinksShapes(t *testing.T) {
-	c := startLocal(t, "--taskmanagers", "1", "--slots", "2")
+	dir := t.TempDir()
+	c := startLocal(t, "--taskmanagers", "1", "--slots", "2", "--savepoint-allowed-locations", dir)
 	jm := "http://" + c.addr(t, "jobmanager http on")
 	lines := testLines(400, "s")
 	produceLines(t, c.broker, "lines", lines)
 	id := c.submitWordcount(t, "100ms")
 	waitCounted(t, c.broker, "counts", wordcount.Expected(lines))
-	dir := t.TempDir()
 
 	for _, bad := range []struct{ path, body, want string }{
 		{"/savepoints", `{}`, "--savepoint-dir"},

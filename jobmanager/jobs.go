@@ -407,7 +407,8 @@ func JobName(name string) SubmitOpt { return submitOpt(func(c *submitCfg) { c.na
 // FromSavepoint starts the job from the savepoint at dir (a directory or
 // savepoint URL checkpoint.WriteSavepoint wrote, on this cluster or
 // another; read by the job manager's process, a URL with the
-// CheckpointStorage options): its state is matched to the job's operators by
+// CheckpointStorage options; it must lie under SavepointAllowedLocations,
+// ErrSavepointLocation otherwise): its state is matched to the job's operators by
 // UID, keyed state goes to the key groups' owners at the job's
 // parallelism, and its pending transactions are committed as a restored
 // checkpoint's. A savepoint that cannot be read (damaged, truncated, not a
@@ -460,7 +461,11 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	}
 	var from checkpoint.Completed
 	if cfg.fromSavepoint != "" {
-		if from, err = checkpoint.ReadSavepoint(ctx, cfg.fromSavepoint, s.savepointOpts()...); err != nil {
+		loc, opts, err := s.savepointLocation(cfg.fromSavepoint)
+		if err != nil {
+			return "", err
+		}
+		if from, err = checkpoint.ReadSavepoint(ctx, loc, s.savepointOpts(opts...)...); err != nil {
 			return "", err
 		}
 		if err := runtime.CheckRestore(job, from, cfg.allowNonRestored); err != nil {
@@ -630,7 +635,8 @@ func (s *Server) Jobs(ctx context.Context) ([]JobRecord, error) {
 // savepoint: one the caller must change, not retry.
 func badSavepoint(err error) bool {
 	for _, e := range []error{checkpoint.ErrNotSavepoint, checkpoint.ErrCorruptSavepoint, checkpoint.ErrSavepointVersion,
-		checkpoint.ErrSavepointExists, runtime.ErrIncompatibleState, ErrNoSavepointTarget, storage.ErrBadURL} {
+		checkpoint.ErrSavepointExists, runtime.ErrIncompatibleState, ErrNoSavepointTarget, storage.ErrBadURL,
+		ErrSavepointLocation, storage.ErrSymlink, storage.ErrNotBeneath} {
 		if errors.Is(err, e) {
 			return true
 		}

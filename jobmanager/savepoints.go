@@ -62,7 +62,8 @@ type SavepointOp struct {
 // StartSavepoint starts a savepoint of running job id into a new
 // location under target (a directory or a savepoint URL such as
 // s3://bucket/savepoints, checkpoint.JoinSavepointLocation; "" for the job
-// manager's SavepointDir) and
+// manager's SavepointDir; under SavepointAllowedLocations,
+// ErrSavepointLocation otherwise) and
 // returns its trigger id at once; SavepointStatus or WaitSavepoint follow
 // it. With stop, the job ends FINISHED once the savepoint is written
 // (stop-with-savepoint): its sources stop being read, the savepoint is its
@@ -75,6 +76,10 @@ func (s *Server) StartSavepoint(ctx context.Context, id, target string, stop, dr
 	target = cmpOr(target, s.cfg.savepointDir)
 	if target == "" {
 		return "", ErrNoSavepointTarget
+	}
+	target, confine, err := s.savepointLocation(target)
+	if err != nil {
+		return "", err
 	}
 	if _, err := checkpoint.JoinSavepointLocation(target, "x"); err != nil {
 		return "", fmt.Errorf("savepoint target: %w", err)
@@ -118,7 +123,7 @@ func (s *Server) StartSavepoint(ctx context.Context, id, target string, stop, dr
 				return err
 			}
 			// The job's type and parameters let state dump decode it.
-			if err := checkpoint.WriteSavepoint(s.jobs.ctx, dir, c, time.Now(), s.savepointOpts(checkpoint.WithJob(rj.rec.Type, rj.rec.Params))...); err != nil {
+			if err := checkpoint.WriteSavepoint(s.jobs.ctx, dir, c, time.Now(), s.savepointOpts(append(confine, checkpoint.WithJob(rj.rec.Type, rj.rec.Params))...)...); err != nil {
 				return err
 			}
 			location = dir

@@ -76,6 +76,9 @@ type cfg struct {
 	hosts       []string
 	// savepointDir is where savepoints go by default ("": nowhere).
 	savepointDir string
+	// savepointAllowed are the locations clients may name savepoints
+	// under besides savepointDir and dir (SavepointAllowedLocations).
+	savepointAllowed []string
 	// ha makes the job manager highly available (nil: standalone).
 	ha        *haCfg
 	advertise string
@@ -188,6 +191,8 @@ type Server struct {
 	advertised string
 	// storage is the checkpoint storage (nil: none).
 	storage storage.Storage
+	// savepointRoots are where clients may name savepoint locations.
+	savepointRoots []savepointRoot
 }
 
 // New opens a job manager's stores (DataDir); Close closes them.
@@ -214,6 +219,11 @@ func New(opts ...Opt) (*Server, error) {
 	if c.orphanGrace < 0 {
 		return nil, fmt.Errorf("orphan grace %v must not be negative", c.orphanGrace)
 	}
+	roots, err := savepointRoots(c)
+	if err != nil {
+		return nil, err
+	}
+	s.savepointRoots = roots
 	if c.storageURL != "" {
 		st, err := storage.Open(context.Background(), c.storageURL, c.storageOpts...)
 		if err != nil {

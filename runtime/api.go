@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -101,6 +102,15 @@ type OperatorContext struct {
 	// interrupt is the task's signal of a waiting control message
 	// (Interrupt); nil outside a deployment.
 	interrupt chan struct{}
+
+	// sideAny receives what the operator emits to a side output that has
+	// no push in sides (an OperatorHarness collects every side output);
+	// nil: such records go nowhere.
+	sideAny func(tag string, v any) error
+
+	// clock is the processing time of a keyed operator's timer service
+	// (an OperatorHarness's clock); nil: the wall clock.
+	clock func() time.Time
 }
 
 // Interrupt returns a channel that receives when the operator's task has a
@@ -593,6 +603,7 @@ func setOutputType[T any](n *node) {
 		})
 	}
 	n.discard = func() any { return pushFn[T](func(T) error { return nil }) }
+	n.collect = func(fn func(any) error) any { return pushFn[T](func(v T) error { return fn(v) }) }
 }
 
 // withFailpoint returns push, preceded by the task.process failpoint if fp

@@ -50,6 +50,9 @@ type node struct {
 	newUser func() any
 	fanout  func(pushes []any) any
 	discard func() any
+	// collect makes the node's output push (a pushFn of its type) that
+	// hands every record to fn untyped (an OperatorHarness's output).
+	collect func(fn func(any) error) any
 	// watermarks is a source's WatermarkStrategy[T] (Watermarks), nil if none.
 	watermarks any
 	// sides are the node's side outputs read by SideOutput, by tag id.

@@ -245,7 +245,10 @@ func newKeyedInstance[K comparable, T, U any](name string, ks *KeyedStream[K, T]
 	}
 	k := &keyedInstance[K, T, U]{name: name, ks: ks, fn: fn, hash: hash, maxPar: maxPar,
 		backend: newKeyedBackend[K](ks.codec, maxPar), c: &collector[U]{push: out}, oc: oc, owned: owned, now: oc.recordTime()}
-	k.kctx = &KeyedContext[K]{host: k.backend.timers, now: k.now, side: sideOutputs{pushes: oc.sides}}
+	k.kctx = &KeyedContext[K]{host: k.backend.timers, now: k.now, side: sideOutputs{pushes: oc.sides, catchAll: oc.sideAny}}
+	if oc.clock != nil {
+		k.backend.timers.clock = oc.clock
+	}
 	if fn.proc != nil {
 		k.backend.timers.onTimer = k.onTimer
 	}

@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -90,17 +91,19 @@ func IntervalJoinLateRight[B any]() OutputTag[B] { return NewOutputTag[B]("inter
 //
 // Each side's records are kept in keyed state, by key and timestamp, until
 // the watermark shows no record of the other side can join them any more
-// (an event-time timer at l.ts+upper for a left record, r.ts-lower for a
-// right one, at the record's own timestamp if that is later), and are
+// (an event-time timer one millisecond after l.ts+upper for a left record,
+// r.ts-lower for a right one, or after the record's own timestamp if that
+// is later), and are
 // checkpointed by key group and restored at any parallelism. A pair is
 // emitted when the second of its records arrives, so each pair exactly
 // once.
 //
-// A record at or below the operator's watermark when it arrives is late:
-// it joins nothing (what it could join may already be gone), is counted in
-// the operator's numLateRecords_total metric and goes to the side output
-// IntervalJoinLateLeft or IntervalJoinLateRight (if the job reads it), so
-// none is lost silently. Both sides' record types must be encodable by
+// A record below the operator's watermark when it arrives is late (as in
+// Flink; one exactly at the watermark still joins): it joins nothing (what
+// it could join may already be gone), is counted in the operator's
+// numLateRecords_total metric (which counts every record at or below the
+// watermark) and goes to the side output IntervalJoinLateLeft or
+// IntervalJoinLateRight (if the job reads it), so none is lost silently. Both sides' record types must be encodable by
 // DefaultCodec (the state codec).
 func IntervalJoin[K comparable, A, B, U any](left *KeyedStream[K, A], right *KeyedStream[K, B], name string, iv Interval,
 	fn ProcessJoinFunc[K, A, B, U], opts ...OpOpt) *Stream[U] {
@@ -137,13 +140,18 @@ func (p *intervalJoiner[K, A, B, U]) Open(_ context.Context, st *StateRegistry[K
 	return err
 }
 
-// timestamp is the record's event timestamp, and whether it is late.
+// timestamp is the record's event timestamp, and whether it is late: below
+// the watermark. A record exactly at the watermark joins, as in Flink
+// (IntervalJoinOperator.isLate: timestamp < currentWatermark); every
+// record it can join is still in state, since a record is cleaned up only
+// once the watermark passed its last possible partner's timestamp (see
+// OnTimer).
 func (p *intervalJoiner[K, A, B, U]) timestamp(ctx *KeyedContext[K]) (ts int64, late bool, err error) {
 	ts = ctx.Timestamp()
 	if ts == NoTimestamp {
 		return 0, false, Unrecoverable(fmt.Errorf("interval join %q: a record without event timestamp: give the sources a WatermarkStrategy (Watermarks)", p.name))
 	}
-	return ts, ts <= ctx.CurrentWatermark(), nil
+	return ts, ts < ctx.CurrentWatermark(), nil
 }
 
 func (p *intervalJoiner[K, A, B, U]) ProcessElement1(ctx *KeyedContext[K], v A, out Collector[U]) error {
@@ -168,7 +176,7 @@ func (p *intervalJoiner[K, A, B, U]) ProcessElement1(ctx *KeyedContext[K], v A, 
 		}
 		return true
 	})
-	ctx.TimerService().RegisterEventTimeTimer(max(lt, addSat(lt, p.hi)))
+	ctx.TimerService().RegisterEventTimeTimer(addSat(p.lastLeftPartner(lt), 1))
 	return err
 }
 
@@ -194,7 +202,7 @@ func (p *intervalJoiner[K, A, B, U]) ProcessElement2(ctx *KeyedContext[K], v B, 
 		}
 		return true
 	})
-	ctx.TimerService().RegisterEventTimeTimer(max(rt, addSat(rt, -p.lo)))
+	ctx.TimerService().RegisterEventTimeTimer(addSat(p.lastRightPartner(rt), 1))
 	return err
 }
 
@@ -208,21 +216,58 @@ func (p *intervalJoiner[K, A, B, U]) emit(ctx *KeyedContext[K], a A, b B, lt, rt
 	return err
 }
 
-// OnTimer removes the records whose last possible partner the watermark
-// passed: a timer at T is the cleanup time of the left records at T-upper
-// (T if upper <= 0) and of the right records at T+lower (T if lower >= 0),
-// a one-to-one mapping, so a timer removes exactly the records it was
-// registered for.
-func (p *intervalJoiner[K, A, B, U]) OnTimer(_ *KeyedContext[K], ts int64, _ Collector[U]) error {
-	lt, rt := ts, ts
+// lastLeftPartner is the timestamp of the last right record that can join
+// a left record at lt (lt itself if that is later: a record is kept at
+// least until the watermark passes it), lastRightPartner the same for a
+// right record. Both are one-to-one, so a timestamp names the records of
+// each side it is the last partner time of.
+func (p *intervalJoiner[K, A, B, U]) lastLeftPartner(lt int64) int64 {
+	return max(lt, addSat(lt, p.hi))
+}
+func (p *intervalJoiner[K, A, B, U]) lastRightPartner(rt int64) int64 {
+	return max(rt, addSat(rt, -p.lo))
+}
+
+// leftAt and rightAt invert lastLeftPartner and lastRightPartner.
+func (p *intervalJoiner[K, A, B, U]) leftAt(last int64) int64 {
 	if p.hi > 0 {
-		lt = ts - p.hi
+		return last - p.hi
 	}
+	return last
+}
+
+func (p *intervalJoiner[K, A, B, U]) rightAt(last int64) int64 {
 	if p.lo < 0 {
-		rt = ts + p.lo
+		return last + p.lo
 	}
-	p.left.Delete(lt)
-	p.right.Delete(rt)
+	return last
+}
+
+// OnTimer removes the records whose last possible partner the watermark
+// passed. A record's cleanup timer is one millisecond after its last
+// partner's timestamp: a record exactly at the watermark is not late (as
+// in Flink) and must still find every partner. (Flink's timer at the last
+// partner's timestamp itself removes the partners of such a record before
+// it arrives: it joins only some of them, and the missing pairs are lost
+// silently.) The timer at T removes the records whose last partner is at
+// T-1; those whose last partner is at T (cleanup timers of checkpoints
+// taken before the timer moved one millisecond later) go too if the
+// watermark is past T, or get their timer at T+1.
+func (p *intervalJoiner[K, A, B, U]) OnTimer(ctx *KeyedContext[K], ts int64, _ Collector[U]) error {
+	if ts != math.MinInt64 {
+		p.left.Delete(p.leftAt(ts - 1))
+		p.right.Delete(p.rightAt(ts - 1))
+	}
+	if ts == math.MaxInt64 || ctx.CurrentWatermark() > ts {
+		p.left.Delete(p.leftAt(ts))
+		p.right.Delete(p.rightAt(ts))
+		return nil
+	}
+	_, l := p.left.Get(p.leftAt(ts))
+	_, r := p.right.Get(p.rightAt(ts))
+	if l || r {
+		ctx.TimerService().RegisterEventTimeTimer(ts + 1)
+	}
 	return nil
 }
 
@@ -264,7 +309,9 @@ func CoGroupWindow[K comparable, A, B, U any](left *KeyedStream[K, A], right *Ke
 		}
 		return fn(ctx, as, bs, out)
 	})
-	wf := processWindowFunc[K](ProcessWindowFunction[K, tagged[A, B], U](pw), Codec[tagged[A, B]](taggedCodec[A, B]{ca, cb}))
+	// pw only reads the window's records (it copies them into as and bs):
+	// no copy for it.
+	wf := processWindowFunc[K](ProcessWindowFunction[K, tagged[A, B], U](pw), Codec[tagged[A, B]](taggedCodec[A, B]{ca, cb}), false)
 	return coProcess(Connect(left, right), name, func() KeyedProcessor[K, tagged[A, B], U] {
 		return &windowProcessor[K, tagged[A, B], []tagged[A, B], U]{name: name, asg: asg, fn: wf}
 	}, opts)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -234,6 +235,133 @@ func TestIntervalJoinRefusesAnEmptyInterval(t *testing.T) {
 	}
 }
 
+// joinHarness runs an interval join's operator as its task runs it (its
+// keyed instance: records, the watermark and timers in; pairs and side
+// outputs out, with their timestamps), so which record meets which
+// watermark is exact.
+type joinHarness struct {
+	t      *testing.T
+	k      *keyedInstance[string, tagged[click, bid], string]
+	joiner *intervalJoiner[string, click, bid, string]
+	push   pushFn[tagged[click, bid]]
+	out    []string
+}
+
+func newJoinHarness(t *testing.T, lo, hi int64) *joinHarness {
+	h := &joinHarness{t: t}
+	lateL, lateR := IntervalJoinLateLeft[click](), IntervalJoinLateRight[bid]()
+	oc := &OperatorContext{sides: map[string]any{
+		lateL.ID(): pushFn[click](func(c click) error { h.out = append(h.out, fmt.Sprintf("late L%d", c.ID)); return nil }),
+		lateR.ID(): pushFn[bid](func(b bid) error { h.out = append(h.out, fmt.Sprintf("late R%d", b.N)); return nil }),
+	}}
+	ks := &KeyedStream[string, tagged[click, bid]]{codec: StringCodec(), key: func(v tagged[click, bid]) string {
+		if v.second {
+			return v.b.User
+		}
+		return v.a.Key
+	}}
+	h.joiner = &intervalJoiner[string, click, bid, string]{name: "join", lo: lo, hi: hi, lateL: lateL, lateR: lateR,
+		fn: func(_ *JoinContext[string], c click, b bid, out Collector[string]) error {
+			out.Collect(fmt.Sprintf("L%d+R%d", c.ID, b.N))
+			return nil
+		}}
+	h.k = newKeyedInstance("join", ks, keyedFunction[string, tagged[click, bid], string]{proc: coProcessor[string, click, bid, string]{fn: h.joiner}},
+		keyHasher(StringCodec()), 8, oc, pushFn[string](func(s string) error {
+			h.out = append(h.out, fmt.Sprintf("%s@%d", s, h.k.now.ts))
+			return nil
+		}))
+	if err := h.k.open(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	h.push = h.k.input().(pushFn[tagged[click, bid]])
+	return h
+}
+
+func (h *joinHarness) left(c click) {
+	h.t.Helper()
+	h.k.now.ts = c.TS
+	if err := h.push(tagged[click, bid]{a: c}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *joinHarness) right(b bid) {
+	h.t.Helper()
+	h.k.now.ts = b.At
+	if err := h.push(tagged[click, bid]{second: true, b: b}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *joinHarness) watermark(wm int64) {
+	h.t.Helper()
+	if err := h.k.advanceWatermark(h.t.Context(), wm); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// held is the number of timestamps each side keeps for key.
+func (h *joinHarness) held(key string) (left, right int) {
+	h.k.backend.scope.setKey(key, int(keyHasher(StringCodec())(key)%8))
+	return h.joiner.left.Len(), h.joiner.right.Len()
+}
+
+// A record exactly at the join's watermark is not late: it joins, as in
+// Flink, whose IntervalJoinOperator.isLate is timestamp < currentWatermark.
+// Only a record below the watermark goes to the late side output. It joins
+// every partner, also those whose last possible partner time is the
+// watermark (Flink's cleanup timer at that time removes them first).
+func TestIntervalJoinJoinsARecordExactlyAtTheWatermark(t *testing.T) {
+	h := newJoinHarness(t, -5, 5)
+	h.left(click{Key: "ann", TS: 95, ID: 1}) // joins bids at 90..100
+	h.watermark(100)
+	h.right(bid{User: "ann", At: 100, N: 1})  // at the watermark: joins L1
+	h.left(click{Key: "ann", TS: 100, ID: 2}) // at the watermark: joins R1
+	h.right(bid{User: "ann", At: 99, N: 2})   // below it: late
+	h.left(click{Key: "ann", TS: 99, ID: 3})  // below it: late
+	h.watermark(101)
+	h.right(bid{User: "ann", At: 101, N: 3}) // L1's last partner was 100: joins only L2
+	h.watermark(math.MaxInt64)
+	want := []string{"L1+R1@100", "L2+R1@100", "late R2", "late L3", "L2+R3@101"}
+	if !slices.Equal(h.out, want) {
+		t.Fatalf("emitted %q, want %q", h.out, want)
+	}
+	if l, r := h.held("ann"); l != 0 || r != 0 {
+		t.Fatalf("after the last watermark the join still holds %d left and %d right timestamps", l, r)
+	}
+}
+
+// State restored from a checkpoint taken while cleanup timers were at the
+// last partner's timestamp itself (one millisecond earlier than now) is
+// still cleaned up, and kept while a record at the watermark may join it.
+func TestIntervalJoinCleansUpRecordsUnderTheEarlierCleanupTimers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wm   []int64 // watermarks after the old timer's time (100)
+	}{{"watermark-past-the-timer", []int64{120}}, {"watermark-at-the-timer", []int64{100, 101}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newJoinHarness(t, -5, 5)
+			h.left(click{Key: "ann", TS: 95, ID: 1})
+			h.right(bid{User: "ann", At: 200, N: 1}) // last partner 205: stays
+			// The timers of the earlier version: at the last partner's time.
+			svc := h.k.kctx.service
+			svc.DeleteEventTimeTimer(101)
+			svc.RegisterEventTimeTimer(100)
+			for i, wm := range tc.wm {
+				h.watermark(wm)
+				if l, _ := h.held("ann"); wm == 100 && l != 1 {
+					t.Fatalf("at watermark 100 the left record whose last partner is 100 is gone")
+				} else if i == len(tc.wm)-1 && l != 0 {
+					t.Fatalf("after watermark %d the join still holds %d left timestamps", wm, l)
+				}
+			}
+			if _, r := h.held("ann"); r != 1 {
+				t.Fatalf("the join holds %d right timestamps, want 1 (the bid at 200)", r)
+			}
+		})
+	}
+}
+
 // windowOf returns the windows of c holding ts (tumbling, sliding), by
 // definition.
 func alignedWindowsOf(c windowHarnessConfig, ts int64) []TimeWindow {
@@ -251,7 +379,8 @@ func alignedWindowsOf(c windowHarnessConfig, ts int64) []TimeWindow {
 // referenceWindowJoin is what a window join (every pair) or a window
 // co-group (one line per window with records) emits, by definition:
 // aligned windows holding both records' timestamps; sessions as the runs
-// of a key's sorted timestamps of both sides less than gap apart.
+// of a key's sorted timestamps of both sides at most gap apart (windows
+// that touch merge, as in Flink).
 func referenceWindowJoin(c windowHarnessConfig, cs []click, bs []bid, cogroup bool) []string {
 	type members struct {
 		ls []click
@@ -284,7 +413,7 @@ func referenceWindowJoin(c windowHarnessConfig, cs []click, bs []bid, cogroup bo
 			slices.SortFunc(es, func(a, b ev) int { return int(a.ts - b.ts) })
 			for i := 0; i < len(es); {
 				k := i + 1
-				for k < len(es) && es[k].ts-es[k-1].ts < c.gap {
+				for k < len(es) && es[k].ts-es[k-1].ts <= c.gap {
 					k++
 				}
 				m := add(key, TimeWindow{Start: es[i].ts, End: es[k-1].ts + c.gap})

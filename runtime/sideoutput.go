@@ -70,7 +70,10 @@ var errSideOutputType = errors.New("side output read as another type")
 // code).
 type sideOutputs struct {
 	pushes map[string]any
-	err    error
+	// catchAll receives a record of a tag without a push (nil: it is
+	// dropped).
+	catchAll func(tag string, v any) error
+	err      error
 }
 
 func (s *sideOutputs) take() error {
@@ -92,6 +95,9 @@ func emitSide[T any](s *sideOutputs, tag OutputTag[T], v T) {
 	}
 	p, ok := s.pushes[tag.id]
 	if !ok {
+		if s.catchAll != nil {
+			s.err = s.catchAll(tag.id, v)
+		}
 		return
 	}
 	push, ok := p.(pushFn[T])

@@ -15,16 +15,19 @@ type TimeWindow struct {
 }
 
 // MaxTimestamp is the last millisecond inside the window (End-1): an
-// event-time window fires when the watermark reaches it.
+// event-time window fires when the watermark reaches it, and every result
+// of a window carries it as its event timestamp (as in Flink).
 func (w TimeWindow) MaxTimestamp() int64 { return w.End - 1 }
 
 // String formats w as [Start,End).
 func (w TimeWindow) String() string { return fmt.Sprintf("[%d,%d)", w.Start, w.End) }
 
-// overlaps reports whether w and o share a millisecond. Windows that only
-// touch ([0,10) and [10,20)) do not overlap: a session element at or after
-// the previous element's timestamp plus the gap starts a new session.
-func (w TimeWindow) overlaps(o TimeWindow) bool { return w.Start < o.End && o.Start < w.End }
+// intersects reports whether w and o overlap or touch: session windows
+// that intersect merge. As Flink's TimeWindow.intersects it is inclusive
+// (start <= other.end && end >= other.start), so [0,10) and [10,20) merge
+// into [0,20): a session element exactly the gap after the previous one
+// joins its session, one more than the gap after starts a new session.
+func (w TimeWindow) intersects(o TimeWindow) bool { return w.Start <= o.End && o.Start <= w.End }
 
 // windowCodec encodes a TimeWindow as two big-endian int64.
 type windowCodec struct{}
@@ -116,9 +119,11 @@ func SlidingProcessingTimeWindows(size, slide time.Duration, opts ...WindowAssig
 }
 
 // EventTimeSessionWindows assigns each record to the window [ts, ts+gap) and
-// merges the windows of a key that overlap: a session ends when its key has
-// no record for gap. A record at or after the previous record's timestamp
-// plus gap starts a new session.
+// merges the windows of a key that overlap or touch (as Flink, whose
+// TimeWindow.intersects is inclusive): a session ends when its key has no
+// record for more than gap. A record exactly gap after the previous one
+// joins its session ([0,10) and [10,20) merge into [0,20)); a record more
+// than gap after it starts a new session.
 func EventTimeSessionWindows(gap time.Duration) WindowAssigner {
 	a := WindowAssigner{kind: windowSession, eventTime: true}
 	a.gap = a.millis("gap", gap, false)
@@ -277,8 +282,10 @@ type WindowContext[K comparable] struct {
 // ProcessWindowFunction sees all the records of a window when it fires, with
 // the window's key and bounds. The runtime keeps every record of the window
 // until then (prefer an AggregateFunction when the result can be computed
-// incrementally). elements must not be retained or changed after Process
-// returns.
+// incrementally). elements is a copy of the window's records, never the
+// window state itself: Process may sort or change it without changing what
+// a later firing of the window sees. It must not be retained after Process
+// returns (the runtime reuses its array for the next firing).
 type ProcessWindowFunction[K comparable, IN, OUT any] interface {
 	Process(ctx *WindowContext[K], elements []IN, out Collector[OUT]) error
 }

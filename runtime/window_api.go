@@ -56,7 +56,10 @@ func LateOutput[T any](tag OutputTag[T]) WindowOpt {
 // Records of an event-time window must carry event timestamps (a source
 // with a WatermarkStrategy, see Watermarks); a record without one fails the
 // job. The window fires when the operator's watermark passes its end: a
-// bounded input's final watermark fires every window.
+// bounded input's final watermark fires every window. Every result carries
+// the window's MaxTimestamp (End-1) as its event timestamp, late firings
+// and processing-time windows included, as Flink's window operator stamps
+// them, so an event-time operator can follow any window.
 //
 // A record whose windows have all been cleaned up (the watermark passed
 // their end plus the allowed lateness) is late: it goes into no window, is
@@ -86,7 +89,8 @@ func Window[K comparable, T any](ks *KeyedStream[K, T], asg WindowAssigner, opts
 // DefaultCodec).
 func Aggregate[K comparable, T, ACC, OUT any](ws *WindowedStream[K, T], name string, agg AggregateFunction[T, ACC, OUT], ac Codec[ACC], opts ...OpOpt) *Stream[OUT] {
 	ac = windowStateCodec(ws, name, "accumulator", ac)
-	return windowed(ws, name, aggregateWindowFunc[K](agg, ac), opts)
+	wf := aggregateWindowFunc[K](agg, ac)
+	return windowed(ws, name, func() windowFunc[K, T, ACC, OUT] { return wf }, opts)
 }
 
 // AggregateProcess is Aggregate whose result goes through fn with the
@@ -104,16 +108,20 @@ func AggregateProcess[K comparable, T, ACC, R, OUT any](ws *WindowedStream[K, T]
 		},
 		codec: ac,
 	}
-	return windowed(ws, name, wf, opts)
+	return windowed(ws, name, func() windowFunc[K, T, ACC, OUT] { return wf }, opts)
 }
 
-// ReduceWindow reduces each window's records with fn, which must be
-// associative (panes of sliding windows and merged sessions are reduced
-// apart, then together), and emits the result when the window fires. c
-// encodes T in checkpoints (nil: DefaultCodec).
+// ReduceWindow reduces each window's records with fn and emits the result
+// when the window fires. As in Flink, each window keeps one reduced value
+// and reduces its records in arrival order (a sliding window's too: a
+// record goes into each of its size/slide windows), so fn need not be
+// commutative ("keep the last record to arrive" gives Flink's result);
+// it must be associative, as merged sessions are reduced apart, then
+// together. c encodes T in checkpoints (nil: DefaultCodec).
 func ReduceWindow[K comparable, T any](ws *WindowedStream[K, T], name string, fn func(a, b T) (T, error), c Codec[T], opts ...OpOpt) *Stream[T] {
 	c = windowStateCodec(ws, name, "value", c)
-	return windowed(ws, name, reduceWindowFunc[K](fn, c), opts)
+	wf := reduceWindowFunc[K](fn, c)
+	return windowed(ws, name, func() windowFunc[K, T, reduceAcc[T], T] { return wf }, opts)
 }
 
 // ProcessWindow keeps each window's records and hands them to fn with the
@@ -125,7 +133,7 @@ func ReduceWindow[K comparable, T any](ws *WindowedStream[K, T], name string, fn
 // incrementally: ProcessWindow keeps every record until its window goes.
 func ProcessWindow[K comparable, T, OUT any](ws *WindowedStream[K, T], name string, fn ProcessWindowFunction[K, T, OUT], c Codec[T], opts ...OpOpt) *Stream[OUT] {
 	c = windowStateCodec(ws, name, "records", c)
-	return windowed(ws, name, processWindowFunc[K](fn, c), opts)
+	return windowed(ws, name, func() windowFunc[K, T, []T, OUT] { return processWindowFunc[K](fn, c, true) }, opts)
 }
 
 // windowStateCodec returns c, or DefaultCodec if it can encode V (else the
@@ -140,10 +148,11 @@ func windowStateCodec[K comparable, T, V any](ws *WindowedStream[K, T], name, wh
 	return DefaultCodec[V]()
 }
 
-// windowed adds the window operator to the job.
-func windowed[K comparable, T, ACC, OUT any](ws *WindowedStream[K, T], name string, fn windowFunc[K, T, ACC, OUT], opts []OpOpt) *Stream[OUT] {
+// windowed adds the window operator to the job; newFn makes its window
+// function, once per subtask and attempt.
+func windowed[K comparable, T, ACC, OUT any](ws *WindowedStream[K, T], name string, newFn func() windowFunc[K, T, ACC, OUT], opts []OpOpt) *Stream[OUT] {
 	return ProcessKeyed(ws.ks, name, func() KeyedProcessor[K, T, OUT] {
-		p := &windowProcessor[K, T, ACC, OUT]{name: name, asg: ws.asg, lateness: ws.cfg.lateness, fn: fn}
+		p := &windowProcessor[K, T, ACC, OUT]{name: name, asg: ws.asg, lateness: ws.cfg.lateness, fn: newFn()}
 		if tag, ok := ws.cfg.lateTag.(OutputTag[T]); ok {
 			p.late = func(v T) error {
 				Output(p.ctx, tag, v)
@@ -177,6 +186,11 @@ func (p *windowProcessor[K, T, ACC, OUT]) Open(_ context.Context, st *StateRegis
 		return err
 	}
 	p.op.ctxHook = func(wc *WindowContext[K]) { wc.kctx = p.ctx }
+	p.op.stamp = func(ts int64) int64 {
+		prev := p.ctx.now.ts
+		p.ctx.now.ts = ts
+		return prev
+	}
 	return nil
 }
 

@@ -402,8 +402,8 @@ func TestProcessingTimeWindowJobsPutEveryRecordInItsWindows(t *testing.T) {
 						t.Fatalf("session %v of %s shorter than the gap", a, key)
 					}
 					for _, b := range ss[i+1:] {
-						if a.overlaps(b) {
-							t.Fatalf("sessions %v and %v of %s overlap", a, b, key)
+						if a.intersects(b) {
+							t.Fatalf("sessions %v and %v of %s overlap or touch (they should have merged)", a, b, key)
 						}
 					}
 				}

@@ -32,7 +32,8 @@ func outOfOrderInput(seed uint64, n int, keys []string, bound int64) []windowInp
 // referenceWindows computes what windows of records that are never late
 // hold, straight from the definitions: every aligned window holding a
 // record's timestamp; sessions as the runs of a key's sorted timestamps
-// less than gap apart. Lines as the harness prints them (fn=sum).
+// at most gap apart in event time (Flink's sessions: windows that touch
+// merge), less than gap apart in processing time. Lines as the harness prints them (fn=sum).
 func referenceWindows(c windowHarnessConfig, in []windowInput) []string {
 	type kw struct {
 		key string
@@ -50,9 +51,17 @@ func referenceWindows(c windowHarnessConfig, in []windowInput) []string {
 		}
 		for key, rs := range byKey {
 			slices.SortStableFunc(rs, func(a, b windowInput) int { return cmpInt64(a.ts, b.ts) })
+			// In event time windows that touch merge (a record exactly
+			// gap after the previous one joins its session); in
+			// processing time the harness's clock reaches a session's
+			// end, firing it, before a record processed at that time.
+			next := func(a, b int64) bool { return b > a+c.gap }
+			if c.time == "processing" {
+				next = func(a, b int64) bool { return b >= a+c.gap }
+			}
 			start := 0
 			for i := range rs {
-				if i+1 == len(rs) || rs[i+1].ts >= rs[i].ts+c.gap {
+				if i+1 == len(rs) || next(rs[i].ts, rs[i+1].ts) {
 					w := TimeWindow{Start: rs[start].ts, End: rs[i].ts + c.gap}
 					for _, r := range rs[start : i+1] {
 						add(kw{key, w}, r.v)
@@ -406,6 +415,202 @@ func TestWindowSnapshotIsTheStateWhenTakenWhateverChangesAfter(t *testing.T) {
 					}
 				}
 				h.out.Reset()
+			}
+		})
+	}
+}
+
+// A reduce over sliding windows reduces each window's records in arrival
+// order, as Flink's WindowOperator (one reducing state per window, each
+// record added to every window it belongs to): with a function that is
+// associative but not commutative, the last record to arrive, every
+// window's result is its last record by arrival, whatever the panes, the
+// out-of-order input, the time domain and a rescale in the middle.
+func TestSlidingReduceWindowsReduceInArrivalOrder(t *testing.T) {
+	const n, bound = 3000, 20
+	keys := []string{"ann", "bob", "cyd"}
+	for _, c := range []windowHarnessConfig{
+		{kind: "sliding", size: 30, slide: 10},
+		{kind: "sliding", size: 25, slide: 10, offset: 3},
+		{kind: "sliding", size: 12, slide: 8},
+	} {
+		for _, tm := range []string{"event", "processing"} {
+			for _, rescale := range []bool{false, true} {
+				c := c
+				c.time, c.fn, c.late, c.parallelism, c.maxPar = tm, "last", "side", 1, 16
+				t.Run(fmt.Sprintf("size=%d,slide=%d,offset=%d/%s/rescale=%v", c.size, c.slide, c.offset, tm, rescale), func(t *testing.T) {
+					in := outOfOrderInput(7, n, keys, bound)
+					if tm == "processing" {
+						slices.SortStableFunc(in, func(a, b windowInput) int { return cmpInt64(a.ts, b.ts) })
+					}
+					type kw struct {
+						key string
+						w   TimeWindow
+					}
+					last := map[kw]int64{}
+					for _, r := range in {
+						for s := windowStart(r.ts, c.offset, c.slide); s > r.ts-c.size; s -= c.slide {
+							last[kw{r.key, TimeWindow{Start: s, End: s + c.size}}] = r.v
+						}
+					}
+					var want []string
+					for k, v := range last {
+						want = append(want, fmt.Sprintf("fire %s %v last=%d", k.key, k.w, v))
+					}
+					slices.Sort(want)
+					got := runWindowHarness(t, c, in, tm == "event", rescale, bound)
+					if !slices.Equal(got, want) {
+						t.Fatalf("%d firings, want %d; first difference:\n%s", len(got), len(want), firstDiff(got, want))
+					}
+				})
+			}
+		}
+	}
+}
+
+// runWindowHarness feeds in to a harness of c (event time: a watermark of
+// bound every 7 records; processing time: the clock at each record's ts),
+// rescaling 1 -> 3 -> 2 subtasks with rescale, and returns every line,
+// sorted, after the last watermark or the end of time.
+func runWindowHarness(t *testing.T, c windowHarnessConfig, in []windowInput, event, rescale bool, bound int64) []string {
+	t.Helper()
+	h, err := newWindowHarness(t, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	maxTs := int64(math.MinInt64)
+	for i, r := range in {
+		if rescale && (i == len(in)/3 || i == 2*len(in)/3) {
+			if err := h.rescale(map[bool]int{true: 3, false: 2}[i == len(in)/3]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !event {
+			if err := h.advance(false, r.ts); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := h.add(r.key, r.ts, r.v); err != nil {
+			t.Fatal(err)
+		}
+		maxTs = max(maxTs, r.ts)
+		if event && i%7 == 0 {
+			if err := h.advance(true, maxTs-bound-1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := h.advance(event, math.MaxInt64); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(h.out.String()), "\n") {
+		if l != "" {
+			got = append(got, l)
+		}
+	}
+	slices.Sort(got)
+	return got
+}
+
+// A sliding reduce restored from a checkpoint taken when it kept one
+// accumulator per pane (before reduces went per window) turns each key's
+// panes into its windows: with a commutative function (max) the results
+// are those of the definition, record by record, and no pane is left in
+// state once every window has fired and gone.
+func TestSlidingReduceRestoredFromPanesFiresEveryWindowOfItsDefinition(t *testing.T) {
+	const n, bound = 2000, 20
+	keys := []string{"ann", "bob", "cyd", "dee"}
+	for _, lateness := range []int64{0, 15} {
+		t.Run(fmt.Sprintf("lateness=%d", lateness), func(t *testing.T) {
+			c := windowHarnessConfig{kind: "sliding", size: 30, slide: 10, lateness: lateness, time: "event", fn: "max-panes", late: "side", parallelism: 1, maxPar: 8}
+			in := outOfOrderInput(11, n, keys, bound)
+			before, err := newWindowHarness(t, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.fn = "max"
+			after, err := newWindowHarness(t, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := before
+			maxTs := int64(math.MinInt64)
+			for i, r := range in {
+				if i == n/2 {
+					st := before.subtasks[0]
+					after.keys = before.keys
+					if err := after.buildAt(1, st.b.snapshot()(), st.timers.event, nil, st.timers.wm, 0); err != nil {
+						t.Fatal(err)
+					}
+					h = after
+				}
+				if err := h.add(r.key, r.ts, r.v); err != nil {
+					t.Fatal(err)
+				}
+				maxTs = max(maxTs, r.ts)
+				if i%7 == 0 {
+					if err := h.advance(true, maxTs-bound-1); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := h.advance(true, math.MaxInt64); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, l := range strings.Split(before.out.String()+after.out.String(), "\n") {
+				if l != "" && !strings.Contains(l, "late") {
+					got = append(got, l)
+				}
+			}
+			// The last firing of each window is its result (a late firing
+			// repeats it with the records it gained).
+			final := map[string]string{}
+			var order []string
+			for _, l := range got {
+				f := strings.Fields(l) // fire key [s,e) max=v
+				id := f[1] + " " + f[2]
+				if _, ok := final[id]; !ok {
+					order = append(order, id)
+				}
+				final[id] = l
+			}
+			got = got[:0]
+			for _, id := range order {
+				got = append(got, final[id])
+			}
+			slices.Sort(got)
+			type kw struct {
+				key string
+				w   TimeWindow
+			}
+			mx := map[kw]int64{}
+			for _, r := range in {
+				for s := windowStart(r.ts, 0, c.slide); s > r.ts-c.size; s -= c.slide {
+					k := kw{r.key, TimeWindow{Start: s, End: s + c.size}}
+					if v, ok := mx[k]; !ok || r.v > v {
+						mx[k] = r.v
+					}
+				}
+			}
+			var want []string
+			for k, v := range mx {
+				want = append(want, fmt.Sprintf("fire %s %v max=%d", k.key, k.w, v))
+			}
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Fatalf("%d windows, want %d; first difference:\n%s", len(got), len(want), firstDiff(got, want))
+			}
+			if h.late() != 0 {
+				t.Fatalf("%d late records (none is late within the bound)", h.late())
+			}
+			after.out.Reset()
+			after.printState()
+			for _, l := range strings.Split(strings.TrimSpace(after.out.String()), "\n") {
+				if !strings.Contains(l, "state {}") || !strings.Contains(l, "event-timers []") {
+					t.Fatalf("state left after the end of time: %s", l)
+				}
 			}
 		})
 	}

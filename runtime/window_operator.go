@@ -20,10 +20,16 @@ import (
 // merges its size/pane panes when it fires. Copying each record into every
 // window, as Flink's WindowOperator does, multiplies both the state and the
 // Add calls by size/slide (a 1h window sliding every 1m: 60 copies). A
-// tumbling window is its single pane.
+// tumbling window is its single pane. Panes give Flink's result only for a
+// function whose result does not depend on how the records were split
+// (an AggregateFunction must be so, see its Merge); a reduce need not be
+// commutative, so sliding windows of a reduce (an ordered windowFunc)
+// keep one accumulator per window, each record added to every window in
+// arrival order, as Flink does.
 //
 // Session windows are Flink's merging windows: each record opens the window
-// [ts, ts+gap); a window overlapping existing windows of the key merges
+// [ts, ts+gap); a window intersecting existing windows of the key (they
+// overlap or touch: Flink's TimeWindow.intersects is inclusive) merges
 // with them into their cover, their accumulators merged, their timers
 // deleted (unless another window of the key still needs the same time) and
 // the cover's timers registered. The state is kept under the merged window
@@ -67,6 +73,11 @@ type windowFunc[K comparable, IN, ACC, OUT any] struct {
 	merge  func(a, b ACC) (ACC, error)
 	result func(ctx *WindowContext[K], acc ACC, out Collector[OUT]) error
 	codec  Codec[ACC]
+	// ordered: the result may depend on the order of the records (a
+	// reduce, whose function need not be commutative), so each window of
+	// a sliding assigner keeps its own accumulator and gets every record
+	// in arrival order, as in Flink, instead of merging its panes.
+	ordered bool
 }
 
 // aggregateWindowFunc accumulates with an AggregateFunction.
@@ -90,8 +101,9 @@ type reduceAcc[T any] struct {
 }
 
 // reduceWindowFunc reduces the records of a window with fn, which must be
-// associative: panes and merged sessions are reduced separately and then
-// together.
+// associative: merged sessions are reduced separately and then together.
+// fn need not be commutative: the operator reduces each window of a sliding
+// assigner in arrival order (ordered), never pane by pane.
 func reduceWindowFunc[K comparable, T any](fn func(a, b T) (T, error), c Codec[T]) windowFunc[K, T, reduceAcc[T], T] {
 	red := func(a, b reduceAcc[T]) (reduceAcc[T], error) {
 		if !a.Set {
@@ -117,7 +129,8 @@ func reduceWindowFunc[K comparable, T any](fn func(a, b T) (T, error), c Codec[T
 			}
 			return nil
 		},
-		codec: ac,
+		codec:   ac,
+		ordered: true,
 	}
 }
 
@@ -144,10 +157,30 @@ func (r reduceAccCodec[T]) Decode(b []byte) (reduceAcc[T], error) {
 
 // processWindowFunc keeps the records of a window for fn. The records of
 // one window are in arrival order within a pane, and panes in time order.
-func processWindowFunc[K comparable, IN, OUT any](fn ProcessWindowFunction[K, IN, OUT], c Codec[IN]) windowFunc[K, IN, []IN, OUT] {
+//
+// With copyElements, fn gets a copy of the window's records, never the
+// state's own slice: sorting it in place would rewrite the stored window
+// (a later firing would see another order), and a snapshot encoding the
+// state on another goroutine could read it while fn changes it. The copy
+// goes into a buffer reused from firing to firing (so each processWindowFunc
+// must serve one subtask), cleared after fn returns so that it does not
+// keep the records alive. Without copyElements, fn must only read them.
+func processWindowFunc[K comparable, IN, OUT any](fn ProcessWindowFunction[K, IN, OUT], c Codec[IN], copyElements bool) windowFunc[K, IN, []IN, OUT] {
 	var lc Codec[[]IN]
 	if c != nil {
 		lc = listCodec[IN]{c}
+	}
+	var buf []IN
+	result := func(ctx *WindowContext[K], acc []IN, out Collector[OUT]) error {
+		return fn.Process(ctx, acc, out)
+	}
+	if copyElements {
+		result = func(ctx *WindowContext[K], acc []IN, out Collector[OUT]) error {
+			buf = append(buf[:0], acc...)
+			err := fn.Process(ctx, buf[:len(acc):len(acc)], out)
+			clear(buf)
+			return err
+		}
 	}
 	return windowFunc[K, IN, []IN, OUT]{
 		create: func() []IN { return nil },
@@ -158,10 +191,8 @@ func processWindowFunc[K comparable, IN, OUT any](fn ProcessWindowFunction[K, IN
 			out := make([]IN, 0, len(a)+len(b))
 			return append(append(out, a...), b...), nil
 		},
-		result: func(ctx *WindowContext[K], acc []IN, out Collector[OUT]) error {
-			return fn.Process(ctx, acc, out)
-		},
-		codec: lc,
+		result: result,
+		codec:  lc,
 	}
 }
 
@@ -204,6 +235,13 @@ type windowOperator[K comparable, IN, ACC, OUT any] struct {
 	lateness int64 // ms, event time only
 	fn       windowFunc[K, IN, ACC, OUT]
 	timers   windowTimers
+	// perWindow: the aligned windows keep one accumulator each, not one per
+	// pane (an ordered function on sliding windows). mayHoldPanes: the
+	// operator was restored from a checkpoint, which may hold panes of such
+	// windows (taken before reduces went per window): the key's panes are
+	// turned into windows when the key is next in scope.
+	perWindow    bool
+	mayHoldPanes bool
 	// state maps each window (a pane, for aligned windows) of the key in
 	// scope to its accumulator.
 	state *MapState[TimeWindow, ACC]
@@ -219,6 +257,9 @@ type windowOperator[K comparable, IN, ACC, OUT any] struct {
 	// ctxHook completes the context of a firing (the keyed context, for side
 	// outputs); nil in the transcripts.
 	ctxHook func(*WindowContext[K])
+	// stamp sets the event timestamp of what a firing emits and returns the
+	// one it replaces (restored after the firing); nil in the transcripts.
+	stamp func(ts int64) (prev int64)
 }
 
 // windowCollector hands a firing's results to emit, keeping the first error.
@@ -243,11 +284,14 @@ func newWindowOperator[K comparable, IN, ACC, OUT any](r *StateRegistry[K], asg 
 	if !asg.eventTime {
 		lateness = 0 // processing time has no late records
 	}
+	perWindow := fn.ordered && asg.kind == windowSliding && asg.paneSize() != asg.size
+	restored := len(r.b.restored[windowState]) > 0
 	st, err := NewMapState[TimeWindow, ACC](r, windowState, windowCodec{}, fn.codec)
 	if err != nil {
 		return nil, err
 	}
-	op := &windowOperator[K, IN, ACC, OUT]{asg: asg, lateness: lateness, fn: fn, timers: timers, state: st, emit: emit, late: late}
+	op := &windowOperator[K, IN, ACC, OUT]{asg: asg, lateness: lateness, fn: fn, timers: timers, state: st, emit: emit, late: late,
+		perWindow: perWindow, mayHoldPanes: perWindow && restored}
 	op.col.emit = emit
 	return op, nil
 }
@@ -309,6 +353,9 @@ func (op *windowOperator[K, IN, ACC, OUT]) processElement(key K, ts int64, v IN)
 	}
 	if op.asg.kind == windowSession {
 		return op.processSession(key, ts, v)
+	}
+	if op.perWindow {
+		return op.processPerWindow(key, ts, v)
 	}
 	return op.processAligned(key, ts, v)
 }
@@ -389,6 +436,107 @@ func (op *windowOperator[K, IN, ACC, OUT]) processAligned(key K, ts int64, v IN)
 	})
 }
 
+// processPerWindow adds v to each of its windows that is not late, in
+// arrival order, as Flink's WindowOperator adds a record to every window
+// of its assigner (and skips the late ones): each window keeps its own
+// accumulator, so a function that is not commutative ("keep the last
+// record") gives Flink's result. A record costs one Add per window
+// (size/slide of them), where panes cost one.
+func (op *windowOperator[K, IN, ACC, OUT]) processPerWindow(key K, ts int64, v IN) error {
+	if err := op.migratePanes(); err != nil {
+		return err
+	}
+	if op.isLate(op.lastWindowOf(ts)) {
+		return op.lateRecord(v)
+	}
+	wm := op.timers.currentWatermark()
+	return op.windowsOf(ts, func(w TimeWindow) error {
+		if op.isLate(w) {
+			return nil
+		}
+		acc, existed := op.state.Get(w)
+		if !existed {
+			acc = op.fn.create()
+		}
+		acc, err := op.fn.add(acc, v)
+		if err != nil {
+			return err
+		}
+		op.state.Put(w, acc)
+		if !existed {
+			op.registerFireTimer(w)
+			op.registerTimer(op.cleanupTime(w))
+		}
+		if op.asg.eventTime && w.MaxTimestamp() <= wm {
+			return op.fire(key, w, acc, true) // a late firing
+		}
+		return nil
+	})
+}
+
+// migratePanes turns the panes of the key in scope, restored from a
+// checkpoint taken when every aligned window kept one accumulator per
+// pane, into one accumulator per window: its panes merged in time order,
+// the result it had then. Every window of a pane is made, also one whose
+// time passed: its timer may not have fired yet (the watermark moves
+// before the timers up to it fire), and one that is gone already is
+// cleaned up by the key's next timer. Its timers are those the panes set
+// (every window's fire time, the last window's cleanup time) plus each
+// window's own cleanup time.
+func (op *windowOperator[K, IN, ACC, OUT]) migratePanes() error {
+	if !op.mayHoldPanes {
+		return nil
+	}
+	size := op.asg.paneSize()
+	var panes []TimeWindow
+	op.state.Range(func(w TimeWindow, _ ACC) bool {
+		if w.End-w.Start == size {
+			panes = append(panes, w)
+		}
+		return true
+	})
+	if len(panes) == 0 {
+		return nil
+	}
+	slices.SortFunc(panes, func(a, b TimeWindow) int { return cmpInt64(a.Start, b.Start) })
+	wins := map[TimeWindow]ACC{}
+	var order []TimeWindow
+	for _, p := range panes {
+		acc, _ := op.state.Get(p)
+		op.state.Delete(p)
+		if err := op.windowsOf(p.Start, func(w TimeWindow) error {
+			cur, ok := wins[w]
+			if !ok {
+				wins[w] = acc
+				order = append(order, w)
+				return nil
+			}
+			m, err := op.fn.merge(cur, acc)
+			wins[w] = m
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	// A window whose time passed already has its timers from the panes,
+	// still to fire or fired (a timer registered again at or before the
+	// current time would fire twice); one whose cleanup time passed goes
+	// with the key's next timer, which the panes set.
+	now := op.timers.currentProcessingTime()
+	if op.asg.eventTime {
+		now = op.timers.currentWatermark()
+	}
+	for _, w := range order {
+		op.state.Put(w, wins[w])
+		for _, ts := range []int64{op.fireTime(w), op.cleanupTime(w)} {
+			if ts > now {
+				op.registerTimer(ts)
+			}
+		}
+	}
+	return nil
+}
+
 // fireAligned emits w's result from its panes, if it has any.
 func (op *windowOperator[K, IN, ACC, OUT]) fireAligned(key K, w TimeWindow, late bool) error {
 	var panes []TimeWindow
@@ -423,7 +571,11 @@ func cmpInt64(a, b int64) int {
 	return 0
 }
 
-// fire emits acc's result as w's.
+// fire emits acc's result as w's. Every result (and side output of the
+// window function) carries w's last millisecond as its event timestamp:
+// on-time and late firings alike, in event and in processing time, as
+// Flink's WindowOperator.emitWindowContents stamps every result with
+// window.maxTimestamp().
 func (op *windowOperator[K, IN, ACC, OUT]) fire(key K, w TimeWindow, acc ACC, late bool) error {
 	wm := int64(math.MinInt64)
 	if op.asg.eventTime {
@@ -433,8 +585,16 @@ func (op *windowOperator[K, IN, ACC, OUT]) fire(key K, w TimeWindow, acc ACC, la
 	if op.ctxHook != nil {
 		op.ctxHook(&op.wctx)
 	}
+	var prev int64
+	if op.stamp != nil {
+		prev = op.stamp(w.MaxTimestamp())
+	}
 	op.col.w, op.col.err = w, nil
-	if err := op.fn.result(&op.wctx, acc, &op.col); err != nil {
+	err := op.fn.result(&op.wctx, acc, &op.col)
+	if op.stamp != nil {
+		op.stamp(prev)
+	}
+	if err != nil {
 		return err
 	}
 	return op.col.err
@@ -455,14 +615,27 @@ func (op *windowOperator[K, IN, ACC, OUT]) onTimer(key K, ts int64, eventTime bo
 		end = addSat(ts, 1) // event time: the window whose last millisecond is ts
 	}
 	w := TimeWindow{Start: end - op.asg.size, End: end}
+	if err := op.migratePanes(); err != nil {
+		return err
+	}
 	if windowStart(w.Start, op.asg.offset, op.asg.slide) == w.Start {
-		if err := op.fireAligned(key, w, false); err != nil {
+		var err error
+		if !op.perWindow {
+			err = op.fireAligned(key, w, false)
+		} else if acc, ok := op.state.Get(w); ok {
+			err = op.fire(key, w, acc, false)
+		}
+		if err != nil {
 			return err
 		}
 	}
 	var gone []TimeWindow
 	op.state.Range(func(p TimeWindow, _ ACC) bool {
-		if op.cleanupTime(op.lastWindowOf(p.Start)) <= ts {
+		last := p // a window, or the pane of its last window
+		if !op.perWindow {
+			last = op.lastWindowOf(p.Start)
+		}
+		if op.cleanupTime(last) <= ts {
 			gone = append(gone, p)
 		}
 		return true
@@ -489,7 +662,7 @@ func (op *windowOperator[K, IN, ACC, OUT]) processSession(key K, ts int64, v IN)
 	var merged []TimeWindow
 	cover := nw
 	for _, w := range op.sessions() {
-		if w.overlaps(nw) {
+		if w.intersects(nw) {
 			merged = append(merged, w)
 			cover.Start, cover.End = min(cover.Start, w.Start), max(cover.End, w.End)
 		}

@@ -23,7 +23,7 @@ import (
 // Commands:
 //
 //	init kind=tumbling|sliding|session time=event|processing [size=ms] [slide=ms] [gap=ms]
-//	     [offset=ms] [lateness=ms] fn=sum|max|list [late=side|drop] [parallelism=n] [maxpar=n]
+//	     [offset=ms] [lateness=ms] fn=sum|max|max-panes|last|last-panes|list [late=side|drop] [parallelism=n] [maxpar=n]
 //	add              one record a line: key ts value (ts ignored in processing time)
 //	watermark ts     advance the watermark, firing the event-time timers up to it
 //	advance ts       advance the clock, firing the processing-time timers up to it
@@ -212,7 +212,7 @@ func (c countingSum) Merge(a, b sumAcc) sumAcc {
 
 // windowHarnessConfig is a window operator's configuration in the
 // harness: kind tumbling|sliding|session, time event|processing, durations
-// in ms, fn sum|max|list, late side|drop.
+// in ms, fn sum|max|max-panes|last|last-panes|list, late side|drop.
 type windowHarnessConfig struct {
 	kind, time, fn, late               string
 	size, slide, gap, offset, lateness int64
@@ -277,10 +277,13 @@ func newWindowHarness(t *testing.T, c windowHarnessConfig) (*windowHarness, erro
 		switch fn {
 		case "sum":
 			return newWindowOperator(r, asg, lateness, aggregateWindowFunc[string](AggregateFunction[int64, sumAcc, string](countingSum{h}), nil), st.timers, emit, lateFn)
-		case "max":
+		case "max", "max-panes":
+			// "max-panes" reduces sliding windows pane by pane (as
+			// ReduceWindow did before it went per window).
 			wf := reduceWindowFunc[string](func(a, b int64) (int64, error) { return max(a, b), nil }, Int64Codec())
+			wf.ordered = fn == "max"
 			return newWindowOperator(r, asg, lateness, windowFunc[string, int64, reduceAcc[int64], string]{
-				create: wf.create, codec: wf.codec,
+				create: wf.create, codec: wf.codec, ordered: wf.ordered,
 				add: func(acc reduceAcc[int64], v int64) (reduceAcc[int64], error) {
 					h.adds++
 					return wf.add(acc, v)
@@ -293,6 +296,22 @@ func newWindowHarness(t *testing.T, c windowHarnessConfig) (*windowHarness, erro
 					return wf.result(ctx, acc, &mapCollector[int64, string]{out, func(v int64) string { return fmt.Sprintf("max=%d", v) }})
 				},
 			}, st.timers, emit, lateFn)
+		case "last", "last-panes":
+			// A reduce that is associative but not commutative: the last
+			// record to arrive. "last-panes" reduces sliding windows pane by
+			// pane (as ReduceWindow did before it went per window).
+			wf := reduceWindowFunc[string](func(_, b int64) (int64, error) { return b, nil }, Int64Codec())
+			wf.ordered = fn == "last"
+			return newWindowOperator(r, asg, lateness, windowFunc[string, int64, reduceAcc[int64], string]{
+				create: wf.create, codec: wf.codec, merge: wf.merge, ordered: wf.ordered,
+				add: func(acc reduceAcc[int64], v int64) (reduceAcc[int64], error) {
+					h.adds++
+					return wf.add(acc, v)
+				},
+				result: func(ctx *WindowContext[string], acc reduceAcc[int64], out Collector[string]) error {
+					return wf.result(ctx, acc, &mapCollector[int64, string]{out, func(v int64) string { return fmt.Sprintf("last=%d", v) }})
+				},
+			}, st.timers, emit, lateFn)
 		case "list":
 			pf := ProcessWindowFunc[string, int64, string](func(ctx *WindowContext[string], els []int64, out Collector[string]) error {
 				s := fmt.Sprintf("key=%s window=%v elements=%v", ctx.Key, ctx.Window, els)
@@ -302,7 +321,7 @@ func newWindowHarness(t *testing.T, c windowHarnessConfig) (*windowHarness, erro
 				out.Collect(s)
 				return nil
 			})
-			return newWindowOperator(r, asg, lateness, processWindowFunc[string, int64, string](pf, Int64Codec()), st.timers, emit, lateFn)
+			return newWindowOperator(r, asg, lateness, processWindowFunc[string, int64, string](pf, Int64Codec(), true), st.timers, emit, lateFn)
 		}
 		t.Fatalf("fn %q", fn)
 		return nil, nil

@@ -93,8 +93,25 @@ const MaxFrameSize = 64 << 20
 const maxHandshakeFrame = 4 << 10
 
 // handshakeTimeout bounds the handshake: a peer that connects and says
-// nothing is cut off.
-const handshakeTimeout = 30 * time.Second
+// nothing is cut off. A sender's handshake takes a few round trips.
+const handshakeTimeout = 10 * time.Second
+
+// MaxHandshakes bounds the connections a Receiver holds in their handshake,
+// before the peer proved anything: when one more arrives, the one that
+// has waited longest is closed. A sender's handshake takes milliseconds,
+// so a flood of connections that say nothing costs at most this many
+// goroutines and file handles, and a sender still gets through unless the
+// flood opens this many connections during its handshake.
+const MaxHandshakes = 32
+
+// Accept errors (out of file handles, say) are retried after a pause that
+// doubles from acceptRetryMin up to acceptRetryMax, as net/http's
+// Server.Serve does, and logged at most once per acceptLogInterval.
+const (
+	acceptRetryMin    = 5 * time.Millisecond
+	acceptRetryMax    = time.Second
+	acceptLogInterval = 10 * time.Second
+)
 
 const (
 	nonceLen = 32
@@ -532,7 +549,17 @@ type Receiver struct {
 	mu    sync.Mutex
 	chans map[uint32]*inbox // the declared channels
 	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	// pending are the connections in their handshake, oldest first
+	// (at most MaxHandshakes).
+	pending []*pendingConn
+	wg      sync.WaitGroup
+}
+
+// pendingConn is a connection in its handshake; cut is set (under
+// Receiver.mu) when it was closed to make room for a newer one.
+type pendingConn struct {
+	conn net.Conn
+	cut  bool
 }
 
 type inbox struct {
@@ -634,30 +661,86 @@ func (r *Receiver) Serve(ctx context.Context, lis net.Listener) error {
 	})
 	defer stop()
 	defer r.wg.Wait()
+	var (
+		delay     time.Duration // the pause before the next accept after an error
+		logged    time.Time     // when an accept error was last logged
+		failures  int           // accept errors since
+		lastError error
+	)
 	for {
 		conn, err := lis.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("data plane accept: %w", err)
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("data plane accept: %w", err)
+			}
+			// Out of file handles, or another passing failure: returning
+			// would leave the port listening but never accepting, and
+			// every sender of the attempt hanging. Retry, as net/http's
+			// Server.Serve does.
+			delay = min(max(2*delay, acceptRetryMin), acceptRetryMax)
+			failures++
+			lastError = err
+			if now := time.Now(); now.Sub(logged) >= acceptLogInterval {
+				r.log.Warn("data-plane accept failed; retrying", zap.Stringer("attempt", r.id), zap.Error(err),
+					zap.Int("failures", failures), zap.Duration("retry_in", delay))
+				logged, failures = now, 0
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			}
+			continue
+		}
+		if delay > 0 {
+			r.log.Info("data-plane accept works again", zap.Stringer("attempt", r.id), zap.Int("failures_since_logged", failures),
+				zap.NamedError("last_error", lastError))
+			delay, failures = 0, 0
 		}
 		if tc, ok := conn.(*net.TCPConn); ok {
 			_ = tc.SetKeepAliveConfig(dataKeepAlive())
 		}
+		p := &pendingConn{conn: conn}
 		r.mu.Lock()
 		r.conns[conn] = struct{}{}
+		if len(r.pending) >= MaxHandshakes {
+			// Room for the newest: the oldest has had the longest to
+			// prove itself.
+			old := r.pending[0]
+			r.pending = slices.Delete(r.pending, 0, 1)
+			old.cut = true
+			old.conn.Close()
+			r.c.rejects.Rejected(old.conn.RemoteAddr().String(), "data plane of "+r.id.String(),
+				fmt.Sprintf("data-plane connection cut off in its handshake: more than %d connections were in theirs", MaxHandshakes))
+		}
+		r.pending = append(r.pending, p)
 		r.mu.Unlock()
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
-			_ = r.serveConn(conn)
+			_ = r.serveConn(p)
 			r.mu.Lock()
 			delete(r.conns, conn)
 			r.mu.Unlock()
 			conn.Close()
 		}()
 	}
+}
+
+// handshaken takes p off the connections in their handshake and reports
+// whether it was cut off to make room.
+func (r *Receiver) handshaken(p *pendingConn) (cut bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if i := slices.Index(r.pending, p); i >= 0 {
+		r.pending = slices.Delete(r.pending, i, i+1)
+	}
+	return p.cut
 }
 
 // serveConn receives the frames of one sender's connection, once the
@@ -668,12 +751,17 @@ func (r *Receiver) Serve(ctx context.Context, lis net.Listener) error {
 // runs, every channel it opened reports ErrConnectionLost once its
 // buffered frames are taken: a channel that ended normally (its end of
 // stream came first) is not read again.
-func (r *Receiver) serveConn(conn net.Conn) (err error) {
+func (r *Receiver) serveConn(p *pendingConn) (err error) {
+	conn := p.conn
 	from := conn.RemoteAddr().String()
 	_ = conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	conn, rd, w, err := r.handshake(conn)
+	cut := r.handshaken(p)
+	if cut && err == nil {
+		err = fmt.Errorf("%w: cut off in its handshake", ErrNotAuthenticated)
+	}
 	if err != nil {
-		if !r.stopping.Load() {
+		if !r.stopping.Load() && !cut {
 			r.c.rejects.Rejected(from, "data plane of "+r.id.String(), "data-plane connection refused: "+err.Error())
 		}
 		return err

@@ -10,6 +10,8 @@ type cfg struct {
 	accessKey  string
 	secretKey  string
 	httpClient *http.Client
+	// beneath confines a file:// store (Beneath; "": not confined).
+	beneath string
 }
 
 type opt func(*cfg)

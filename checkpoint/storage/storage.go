@@ -89,6 +89,9 @@ func Open(ctx context.Context, rawURL string, opts ...Opt) (Storage, error) {
 		if u.Path == "" || !strings.HasPrefix(u.Path, "/") {
 			return nil, fmt.Errorf("%w %q: the directory must be an absolute path (file:///abs/dir)", ErrBadURL, rawURL)
 		}
+		if cfg.beneath != "" {
+			return openBeneath(cfg.beneath, u.Path)
+		}
 		return openFile(u.Path)
 	case "mem":
 		return newMem(), nil

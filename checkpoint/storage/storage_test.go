@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,8 +19,9 @@ import (
 	"github.com/weirstream/weir/internal/s3server"
 )
 
-// stores opens one store of every kind for a test: a directory, memory, and
-// a bucket of the embedded S3 server through the real AWS client.
+// stores opens one store of every kind for a test: a directory (also one
+// confined Beneath a root), memory, and a bucket of the embedded S3 server
+// through the real AWS client.
 func stores(t *testing.T) map[string]storage.Storage {
 	t.Helper()
 	srv, err := s3server.Start(t.Context(), s3server.Buckets("weir"))
@@ -27,14 +29,20 @@ func stores(t *testing.T) map[string]storage.Storage {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
+	root := t.TempDir()
 	urls := map[string]string{
-		"file": "file://" + t.TempDir(),
-		"mem":  "mem://",
-		"s3":   srv.URL("weir", "cluster-a/checkpoints"),
+		"file":         "file://" + t.TempDir(),
+		"file-beneath": "file://" + filepath.Join(root, "a", "b"),
+		"mem":          "mem://",
+		"s3":           srv.URL("weir", "cluster-a/checkpoints"),
 	}
 	out := map[string]storage.Storage{}
 	for name, u := range urls {
-		s, err := storage.Open(t.Context(), u, storage.Credentials("weir", "weir"))
+		opts := []storage.Opt{storage.Credentials("weir", "weir")}
+		if name == "file-beneath" {
+			opts = append(opts, storage.Beneath(root))
+		}
+		s, err := storage.Open(t.Context(), u, opts...)
 		if err != nil {
 			t.Fatalf("open %s: %v", u, err)
 		}

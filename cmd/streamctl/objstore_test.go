@@ -170,6 +170,9 @@ func TestWordcountStoppedWithASavepointOnS3ResumesOnAFreshClusterAtAnotherParall
 
 	fresh := &procCluster{Cluster: proctest.NewCluster(t, streamctlBin), t: t, env: c.env}
 	fresh.JM.Stop(t)
+	// The fresh job manager allows the savepoints' place, its endpoint
+	// with it.
+	fresh.JMArgs = []string{"--savepoint-allowed-locations", spBase}
 	fresh.StartJMEnv(s3Env)
 	fresh.twoTMs()
 	fresh.Submit(append(args, "--parallelism", "3", "--from-savepoint", sp)...)

@@ -45,7 +45,8 @@ func TestWordcountStoppedWithASavepointResumesAtAnotherParallelismAndWithAnOpera
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
 	c.twoTMs()
-	spDir := t.TempDir()
+	// Under the job manager's --data-dir: an allowed savepoint location.
+	spDir := filepath.Join(c.DataDir, "savepoints")
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
 	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
@@ -89,13 +90,16 @@ func TestSavepointCopiedToAFreshClusterRestoresExactlyOnceAndADamagedOneIsRefuse
 	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
 	id1 := c.Submit(args...)
 	n1 := len(c.waitOutput(ctx, "counts", 600))
-	sp := c.stopWithSavepoint(id1, t.TempDir())
+	sp := c.stopWithSavepoint(id1, filepath.Join(c.DataDir, "savepoints"))
 	for _, p := range []*proctest.Proc{c.TMs["tm-a"], c.TMs["tm-b"], c.JM} {
 		p.Stop(t)
 	}
 
-	moved := filepath.Join(t.TempDir(), "copied")
-	damaged := filepath.Join(t.TempDir(), "damaged")
+	// Copied under the fresh job manager's --data-dir, a location it
+	// allows.
+	fresh := &procCluster{Cluster: proctest.NewCluster(t, streamctlBin), t: t, env: c.env}
+	moved := filepath.Join(fresh.DataDir, "copied")
+	damaged := filepath.Join(fresh.DataDir, "damaged")
 	for _, dst := range []string{moved, damaged} {
 		if out, err := exec.Command("cp", "-r", sp, dst).CombinedOutput(); err != nil {
 			t.Fatalf("cp: %v: %s", err, out)
@@ -110,7 +114,6 @@ func TestSavepointCopiedToAFreshClusterRestoresExactlyOnceAndADamagedOneIsRefuse
 		t.Fatal(err)
 	}
 
-	fresh := &procCluster{Cluster: proctest.NewCluster(t, streamctlBin), t: t, env: c.env}
 	fresh.twoTMs()
 	out, err := fresh.Run(append([]string{"submit"}, append(args, "--from-savepoint", damaged)...)...)
 	if err == nil || !strings.Contains(err.Error(), "corrupt savepoint") || !strings.Contains(err.Error(), "state/count.bin") ||
@@ -137,7 +140,7 @@ func TestAnOlderSavepointAfterLaterAcknowledgementsCommittedIsRefused(t *testing
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
 	c.twoTMs()
-	dir := t.TempDir()
+	dir := filepath.Join(c.DataDir, "savepoints")
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
 	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
@@ -197,7 +200,7 @@ func TestASavepointTakenWhileIdleIsRefusedAfterLaterAcknowledgements(t *testing.
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
 	c.twoTMs()
-	dir := t.TempDir()
+	dir := filepath.Join(c.DataDir, "savepoints")
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	args := wordcountArgs(c.env.Addr, "wc", "lines", "counts")
 	id1 := c.Submit(args...)

@@ -37,7 +37,7 @@ var Type = runtime.JobType{
 		{Name: "output", Default: "sessions", Description: "session summaries topic, created when missing"},
 		{Name: "late", Default: "late-clicks", Description: "late clicks topic, created when missing"},
 		{Name: "group", Default: "sessions", Description: "share group"},
-		{Name: "gap", Default: "30s", Description: "session gap: a click at or after the previous one plus gap starts a new session"},
+		{Name: "gap", Default: "30s", Description: "session gap: a click more than gap after the previous one starts a new session (exactly gap after joins it, as in Flink)"},
 	}, sharegroup.EventTimeParams()...),
 	Build: Build,
 	Check: sharegroup.CheckBrokersParam,

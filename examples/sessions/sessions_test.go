@@ -3,6 +3,7 @@ package sessions_test
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/weirstream/weir/examples/sessions"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/runtime"
+	"github.com/weirstream/weir/weirtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -33,7 +35,7 @@ func (c click) record(topic string) *kgo.Record {
 }
 
 // onTimeClicks are clicks of four users whose gaps straddle the session gap
-// (29.999 s, exactly 30 s, more), in production order: out of order, but
+// (29.999 s, exactly 30 s: the same session, 31 s: a new one), in production order: out of order, but
 // never by as much as the out-of-orderness bound.
 func onTimeClicks(t *testing.T) []click {
 	t.Helper()
@@ -65,6 +67,21 @@ func onTimeClicks(t *testing.T) []click {
 	}
 	if swapped < 10 {
 		t.Fatalf("test data: only %d clicks out of order", swapped)
+	}
+	// The job must merge a click exactly gap after its user's previous one
+	// into that session (as Flink: windows that touch merge); the data
+	// must hold such clicks for the comparison with Expected to check it.
+	last, touching := map[string]int64{}, 0
+	byTS := slices.Clone(cs)
+	sort.SliceStable(byTS, func(i, j int) bool { return byTS[i].ts < byTS[j].ts })
+	for _, c := range byTS {
+		if prev, ok := last[c.user]; ok && c.ts-prev == gap {
+			touching++
+		}
+		last[c.user] = c.ts
+	}
+	if touching == 0 {
+		t.Fatal("test data: no click exactly gap after its user's previous click")
 	}
 	return cs
 }
@@ -108,26 +125,15 @@ func waitFor(t *testing.T, env *kafkatest.Env, done <-chan error, topic string, 
 func key(k, v []byte) string { return string(k) + "\x00" + string(v) }
 
 // requireExactly fails unless got holds each of want exactly once and
-// nothing else.
+// nothing else (weirtest.CheckEachOnce on key and value).
 func requireExactly(t *testing.T, topic string, got []*kgo.Record, want []string) {
 	t.Helper()
-	count := map[string]int{}
-	for _, w := range want {
-		count[w]++
+	keys := make([]string, len(got))
+	for i, r := range got {
+		keys[i] = key(r.Key, r.Value)
 	}
-	for _, r := range got {
-		count[key(r.Key, r.Value)]--
-	}
-	for k, n := range count {
-		switch {
-		case n > 0:
-			t.Errorf("%s: missing %q", topic, k)
-		case n < 0:
-			t.Errorf("%s: %q %d extra times", topic, k, -n)
-		}
-	}
-	if len(got) != len(want) {
-		t.Errorf("%s: %d records, want %d", topic, len(got), len(want))
+	if err := weirtest.CheckEachOnce(keys, want); err != nil {
+		t.Errorf("%s: %v", topic, err)
 	}
 }
 
@@ -215,5 +221,19 @@ func TestSessionsEmitsEverySessionOnceAndLateClicksToTheLateTopic(t *testing.T) 
 			t.Logf("%d clicks on time, %d sessions, %d late clicks, %d dead letters: each exactly once",
 				len(onTime), len(want), len(late), len(malformed))
 		})
+	}
+}
+
+// Expected, the reference the job's output is compared with, merges as
+// Flink merges session windows (TimeWindow.intersects is inclusive): a
+// click exactly gap after the previous one joins its session, one more
+// than gap after starts a new one.
+func TestExpectedJoinsAClickExactlyTheGapAfterThePreviousOne(t *testing.T) {
+	const g = 10
+	clicks := []sessions.Click{{User: "ann", TS: 0}, {User: "ann", TS: 10}, {User: "ann", TS: 31}, {User: "ann", TS: 100}}
+	got := sessions.Expected(clicks, g*time.Millisecond, 0)
+	want := []sessions.Session{{User: "ann", Start: 0, End: 20, Clicks: 2}, {User: "ann", Start: 31, End: 41, Clicks: 1}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("sessions %v, want %v", got, want)
 	}
 }

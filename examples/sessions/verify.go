@@ -6,8 +6,10 @@ import (
 )
 
 // Expected is the contract's sessions of clicks, computed without the
-// runtime: per user, clicks in ts order, a click at or after the previous
-// one plus gap starts a new session; a session is emitted once the
+// runtime: per user, clicks in ts order, a click more than gap after the
+// previous one starts a new session (one exactly gap after it joins its
+// session: Flink's session windows merge windows that touch, its
+// TimeWindow.intersects being inclusive); a session is emitted once the
 // watermark (the largest ts minus outOfOrderness minus 1 ms) reaches its
 // end - 1. Every click must be on time (none late). Tests compare a job's
 // output with it record by record.
@@ -25,7 +27,7 @@ func Expected(clicks []Click, gap, outOfOrderness time.Duration) []Session {
 		slices.Sort(ts)
 		cur := Session{User: user, Start: ts[0], End: ts[0] + g, Clicks: 1}
 		for _, x := range ts[1:] {
-			if x >= cur.End {
+			if x > cur.End {
 				if cur.End-1 <= wm {
 					out = append(out, cur)
 				}

@@ -35,6 +35,8 @@ var rules = []rule{
 		"the shared Kafka transaction code knows no operator and no cluster"},
 	{"internal/rpc", []string{"runtime", "jobmanager", "taskmanager", "sources", "sinks"},
 		"the RPC contract carries ids and bytes; it is what the job manager and task managers share"},
+	{"weirtest", []string{"jobmanager", "taskmanager", "cli", "cmd", "examples", "test", "internal/clustertest", "internal/demo", "internal/bench"},
+		"weirtest is a user's test kit: it drives runtime, checkpoint, the connectors and the embedded broker, never a cluster process or the product's commands"},
 }
 
 // private lists packages (module-relative prefixes) that only the packages
@@ -46,6 +48,8 @@ var private = []struct {
 }{
 	{"cli", []string{"cmd", "examples"},
 		"cli is the command line as a library for a program's main (cmd/streamctl, a user's own main as in examples/...); no other package may depend on it"},
+	{"weirtest", nil,
+		"weirtest is the test kit for users' tests: no package of the product imports it (tests may, examples' tests among them)"},
 }
 
 // importAllowed reports whether the package pkg may import imp under the
@@ -150,6 +154,11 @@ func TestPrivateImports(t *testing.T) {
 		{"internal/demo", "cli", false},
 		{"clix", "cli", false},
 		{"runtime", "clix", true},
+		{"runtime", "weirtest", false},
+		{"examples/wordcount", "weirtest", false},
+		{"internal/kafkatest", "weirtest", false},
+		{"weirtest", "weirtest", true},
+		{"weirtest", "runtime", true},
 	} {
 		if got, _ := importAllowed(c.pkg, c.imp); got != c.want {
 			t.Errorf("importAllowed(%q, %q) = %v, want %v", c.pkg, c.imp, got, c.want)

@@ -7,7 +7,8 @@
 // environment variable that makes Main run a broker instead of the tests.
 //
 // It owns nothing but the child process; it must not be imported by
-// non-test code.
+// non-test code, except weirtest, the test kit (whose users' tests run the
+// broker in a child process the same way).
 package brokerproc
 
 import (
@@ -91,12 +92,20 @@ type Proc struct {
 // is killed at cleanup.
 func Start(t testing.TB, dir, listen string, configs ...string) *Proc {
 	t.Helper()
+	return Run(t, Command(dir, listen, configs...))
+}
+
+// Command is the command that runs a broker on dir in a child process
+// (this test binary, whose TestMain calls Main), listening on listen, with
+// the given broker configs (key=value). The child prints "broker listening
+// on HOST:PORT" once it accepts connections, and stops cleanly on SIGTERM.
+func Command(dir, listen string, configs ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envDir+"="+dir, envListen+"="+listen)
 	if len(configs) > 0 {
 		cmd.Env = append(cmd.Env, envConfig+"="+strings.Join(configs, ";"))
 	}
-	return Run(t, cmd)
+	return cmd
 }
 
 // Run starts cmd, a broker process that prints "broker listening on
