@@ -669,7 +669,7 @@ func (s *Source[T]) checkIsolation(ctx context.Context) error {
 // marker: if not, the broker skipped records the job never processed (share
 // state lost or reset, records archived), and the job fails with
 // ErrRecordsSkipped naming them, never silently. Offsets an Open marker
-// covers are undecided (Index.OpenOver): the partition is judged again at
+// covers are undecided (Index.WithoutOpen): the partition is judged again at
 // the next check, its watermark unmoved. A start that moved back
 // (state reset to an earlier offset) is fine: the lookup recognises what
 // comes back. Watermarks then advance to the start offsets, and an input
@@ -699,22 +699,24 @@ func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]
 			}
 		}
 		if start > wm {
-			uncovered := s.ix.Uncovered(tp, wm, start)
-			if s.ix.OpenOver(tp, uncovered) {
-				// Undecided: a marker over them may have committed, its
-				// commit not readable yet, while its committer already
-				// acknowledged the records. The next check decides;
-				// the watermark stays.
-				s.log.Debug("share start offset check: open markers cover the offsets below the start; decided at the next check",
-					zap.Stringer("partition", tp), zap.Int64("watermark", wm), zap.Int64("start", start))
-				continue
-			}
-			gaps, err := s.deliverable(ctx, tp, uncovered)
+			// What an open marker covers is undecided: the marker may
+			// have committed, its commit not readable yet, while its
+			// committer already acknowledged the records. The rest is
+			// judged now: a skip beside an open marker is reported at
+			// once, not when the marker resolves.
+			decided, undecided := s.ix.WithoutOpen(tp, s.ix.Uncovered(tp, wm, start))
+			gaps, err := s.deliverable(ctx, tp, decided)
 			if err != nil {
 				return nil, err
 			}
 			if len(gaps) > 0 {
 				skipped = append(skipped, fmt.Sprintf("%s offsets %s", tp, fmtRanges(gaps)))
+				continue
+			}
+			if undecided {
+				// The next check decides; the watermark stays.
+				s.log.Debug("share start offset check: open markers cover offsets below the start; decided at the next check",
+					zap.Stringer("partition", tp), zap.Int64("watermark", wm), zap.Int64("start", start))
 				continue
 			}
 		} else if ok {
