@@ -334,7 +334,9 @@ func DeadLetterTopic(t string) SourceOpt {
 }
 
 // TransactionalIDPrefix sets the prefix of a Source's ack-marker
-// transactional ids, overriding "weir-<job>-<operator uid>".
+// transactional ids, overriding "weir-<job>-<operator uid>". It must not
+// end with "-rq": the source's re-queue writer uses "<prefix>-rq", and a
+// job with such a prefix would share another job's transactional ids.
 func TransactionalIDPrefix(p string) SourceOpt {
 	return sourceOpt{"TransactionalIDPrefix", func(c *cfg) { c.txnPrefix = p }}
 }
@@ -457,6 +459,8 @@ func (c *cfg) validateSource() error {
 		return bad("unknown mode %d", c.mode)
 	case c.idleCommit < 0:
 		return bad("idle-commit time %v < 0", c.idleCommit)
+	case strings.HasSuffix(c.txnPrefix, requeuePrefixSuffix):
+		return bad("transactional-id prefix %q ends with %q, the suffix of another job's re-queue writer", c.txnPrefix, requeuePrefixSuffix)
 	case c.frontierEvery <= 0:
 		return bad("frontier interval %v <= 0", c.frontierEvery)
 	}

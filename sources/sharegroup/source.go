@@ -199,6 +199,9 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	s.prefix = s.cfg.txnPrefix
 	if s.prefix == "" {
 		s.prefix = unsafeChars.ReplaceAllString("weir-"+oc.Job+"-"+oc.UID, "_")
+		if strings.HasSuffix(s.prefix, requeuePrefixSuffix) {
+			s.prefix += "_" // never another source's re-queue prefix
+		}
 	}
 	wopts := []kafkatxn.Opt{kafkatxn.Brokers(s.cfg.brokers...), kafkatxn.TransactionalIDPrefix(s.prefix),
 		kafkatxn.Subtask(oc.Subtask, oc.Parallelism), kafkatxn.TransactionTimeout(s.cfg.txnTimeout),
@@ -1040,7 +1043,16 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	if len(stale) > 0 {
 		s.counters.nearExpiry.Add(int64(len(stale)))
 		s.log.Info("releasing records whose lock was too close to expiry to process", zap.String("lane", l.name), zap.Int("records", len(stale)))
-		if refused, err := l.ack.ack(ctx, kgo.AckRelease, stale...); err != nil || len(refused) > 0 {
+		// Out of held before the release, under the acknowledgement
+		// lock: a renewal after it must not renew released records (the
+		// broker would refuse the partition, and the epoch roll back).
+		l.ack.mu.Lock()
+		l.mu.Lock()
+		l.drop(stale)
+		l.mu.Unlock()
+		refused, err := l.ack.ackLocked(ctx, kgo.AckRelease, stale...)
+		l.ack.mu.Unlock()
+		if err != nil || len(refused) > 0 {
 			s.log.Warn("releasing stale records failed; they come back when their lock expires", zap.String("lane", l.name),
 				zap.Error(errors.Join(err, refusedErr(refused))))
 		}
@@ -1058,7 +1070,6 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 			zap.Int("rejected", len(rejected)), zap.Int("released_stale", len(stale)), zap.Int("requeued", len(requeue)))
 	}
 	l.mu.Lock()
-	l.drop(stale)
 	l.emitted, l.rejected, l.accepted, l.aside = emitted, rejected, accepted, aside
 	l.state, l.admitted = laneHolding, true
 	l.count()

@@ -132,6 +132,7 @@ func TestOwnMarkersAreTheIDsOfThisJobsWritersOnly(t *testing.T) {
 		{"a-b-0-0", false},
 		{"a-1-0-0", false},
 		{"a-rq-x-0-0", false},
+		{"a-rq-1-0-0", false}, // a marker of job "a-rq-1": prefixes never end with -rq, so no job is "a-rq"
 		{"ab-0-0", false},
 		{"a-0", false},
 		{"a-00-1", false},
