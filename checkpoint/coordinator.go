@@ -105,7 +105,12 @@ type CoordinatorConfig struct {
 	// end of the previous checkpoint at once (EffectiveMinPause).
 	MinPause time.Duration
 	// MaxConcurrent bounds the checkpoints in flight (triggered, or waiting for
-	// an id, and not yet completed or aborted). 0 means 1.
+	// an id, and not yet completed or aborted). 0 means 1. Jobs get 1, and no
+	// job option may raise it until the share-group source's restore check
+	// covers concurrent checkpoints: its lineage position moves only past a
+	// subtask's own markers, so with two checkpoints in flight the older
+	// one's restore could be accepted behind acknowledgements the newer one
+	// committed (sources/sharegroup/lineage.go).
 	MaxConcurrent int
 	// TolerableFailures is how many consecutive failed checkpoints (declined,
 	// timed out, failed to trigger or to persist) are tolerated; the next one

@@ -83,9 +83,6 @@ func (s *sourceInstance[T]) setMarkEmitter(emit func(envelope) error, backPressu
 // and idleness after a Poll, the final watermark at the end of the input.
 func (s *sourceInstance[T]) poll(ctx context.Context) error {
 	before := s.c.n
-	if s.wms.strategy {
-		s.wms.hold(time.Now()) // a generator's watermark on an event waits too
-	}
 	err := s.src.Poll(ctx, s.c)
 	if perr := s.c.take(); perr != nil {
 		return perr
@@ -130,7 +127,7 @@ func (s *sourceInstance[T]) open(ctx context.Context) error {
 	s.c = &sourceCollector[T]{collector: collector[T]{push: s.out}, now: s.oc.recordTime()}
 	if s.wms.strategy {
 		s.c.wms = s.wms
-		s.wms.holder, _ = s.src.(WatermarkHolder)
+		s.wms.useFrontier(s.src)
 	}
 	return s.src.Open(ctx, s.oc)
 }

@@ -48,6 +48,7 @@ type WatermarkStrategy[T any] struct {
 	assigner TimestampAssigner[T]
 	idle     time.Duration
 	interval time.Duration
+	drift    time.Duration
 	err      error
 }
 
@@ -58,6 +59,7 @@ type watermarkCfg struct {
 	assigner any // a TimestampAssigner[T]
 	idle     time.Duration
 	interval time.Duration
+	drift    time.Duration
 	err      error
 }
 
@@ -96,6 +98,23 @@ func WithWatermarkInterval(d time.Duration) WatermarkOpt {
 	})
 }
 
+// WithWatermarkAlignment bounds how far ahead of the subtask's watermark a
+// source reads (Flink's withWatermarkAlignment, FLIP-182): a source whose
+// subtasks share their splits (SplitFrontier: the share-group source) stops
+// fetching a split whose own watermark runs more than maxDrift ahead, until
+// it is back within half of it, so that neither the state of later windows
+// nor the latency grows without bound while one split lags. The splits
+// that hold the watermark back are never paused. 0 (the default) reads
+// every split as fast as it comes; sources that own their splits ignore it.
+func WithWatermarkAlignment(maxDrift time.Duration) WatermarkOpt {
+	return watermarkOpt(func(c *watermarkCfg) {
+		if maxDrift < 0 {
+			c.err = fmt.Errorf("%w: watermark alignment drift %v < 0", ErrInvalidOption, maxDrift)
+		}
+		c.drift = maxDrift
+	})
+}
+
 // ForGenerator is a strategy with a custom generator; newGen is called once
 // per source subtask and attempt.
 func ForGenerator[T any](newGen func() WatermarkGenerator[T], opts ...WatermarkOpt) WatermarkStrategy[T] {
@@ -103,7 +122,7 @@ func ForGenerator[T any](newGen func() WatermarkGenerator[T], opts ...WatermarkO
 	for _, o := range opts {
 		o.apply(&c)
 	}
-	ws := WatermarkStrategy[T]{newGen: newGen, idle: c.idle, interval: c.interval, err: c.err}
+	ws := WatermarkStrategy[T]{newGen: newGen, idle: c.idle, interval: c.interval, drift: c.drift, err: c.err}
 	if c.assigner != nil {
 		a, ok := c.assigner.(TimestampAssigner[T])
 		if !ok {
@@ -153,18 +172,6 @@ func (g *boundedOutOfOrderness[T]) OnPeriodicEmit(out WatermarkOutput) {
 	out.EmitWatermark(g.maxTS - g.bound - 1)
 }
 
-// WatermarkHolder is implemented by a Source that may still deliver records
-// older than those it already emitted, for a reason its records cannot show
-// the WatermarkGenerator: a share group redelivers, after a restart, the
-// records a crashed consumer held once their locks lapse. While
-// HoldWatermark returns true the source subtask emits no watermark and is
-// never marked idle, so every operator downstream waits for it; records
-// still flow and the generator still sees them. The task calls it on the
-// source's goroutine, around each Poll, with the current time.
-type WatermarkHolder interface {
-	HoldWatermark(now time.Time) bool
-}
-
 // Watermarks applies a watermark strategy to a source (an option of
 // FromSource only; the strategy's type must be the source's).
 func Watermarks[T any](ws WatermarkStrategy[T]) OpOpt {
@@ -181,6 +188,7 @@ func newSourceWatermarks[T any](ws *WatermarkStrategy[T]) *sourceWatermarks[T] {
 		if ws.newGen != nil {
 			w.gen = ws.newGen()
 		}
+		w.splits = newSplitWatermarks(ws.newGen, ws.assigner, ws.idle, ws.drift)
 	}
 	return w
 }
@@ -213,14 +221,36 @@ type sourceWatermarks[T any] struct {
 	lastRecord    time.Time
 	backPressured time.Duration
 	readPressure  func() time.Duration // the task's back-pressure counter
-	// holder is the source when it is a WatermarkHolder; held is its
-	// last answer: no watermark goes out, and the source is not idle.
-	holder WatermarkHolder
-	held   bool
+	// frontier is the source when it is a SplitFrontier, and splits the
+	// rule over its splits' frontiers. gated: the frontier rules (or is
+	// not read yet), so the subtask's own generator and idleness clock
+	// emit nothing; only followFrontier sends watermarks.
+	frontier SplitFrontier[T]
+	splits   *splitWatermarks[T]
+	gated    bool
+}
+
+// useFrontier makes the source's frontier rule its watermark, if it gives
+// one (SplitFrontier, a version not below 0): until its first reading,
+// nothing goes out.
+func (w *sourceWatermarks[T]) useFrontier(src any) {
+	if f, ok := src.(SplitFrontier[T]); ok && w.strategy {
+		if v, _ := f.Frontier(); v >= 0 {
+			w.frontier, w.gated = f, true
+		}
+	}
 }
 
 func (w *sourceWatermarks[T]) EmitWatermark(ts int64) {
-	if ts <= w.lastWM || w.err != nil || w.held && ts != MaxWatermark {
+	if w.gated && ts != MaxWatermark {
+		return
+	}
+	w.emitWatermark(ts)
+}
+
+// emitWatermark sends ts unless a watermark at or past it went out.
+func (w *sourceWatermarks[T]) emitWatermark(ts int64) {
+	if ts <= w.lastWM || w.err != nil {
 		return
 	}
 	w.MarkActive()
@@ -229,7 +259,7 @@ func (w *sourceWatermarks[T]) EmitWatermark(ts int64) {
 }
 
 func (w *sourceWatermarks[T]) MarkIdle() {
-	if w.idle || w.err != nil || w.held {
+	if w.idle || w.err != nil || w.gated {
 		return
 	}
 	w.idle = true
@@ -262,20 +292,13 @@ func (w *sourceWatermarks[T]) observe(v T, ts int64) {
 	}
 }
 
-// hold asks the source, at now, whether its watermark is held.
-func (w *sourceWatermarks[T]) hold(now time.Time) {
-	w.held = w.holder != nil && w.holder.HoldWatermark(now)
-}
-
-// afterPoll runs after each Poll, at now, which emitted emitted records. It
+// afterPoll runs after each Poll, at now, which emitted emitted records. A
+// source that gives a frontier (SplitFrontier) follows it. Otherwise it
 // marks the source idle once it has had nothing to read for the idleness
 // timeout (the time since its last records, less the time it was blocked
-// downstream since), and emits the periodic watermark when due. While the
-// source holds its watermark (WatermarkHolder) neither happens, and the
-// idleness clock starts again when the hold ends.
+// downstream since), and emits the periodic watermark when due.
 func (w *sourceWatermarks[T]) afterPoll(now time.Time, emitted int64) error {
-	if w.hold(now); w.held {
-		w.lastRecord, w.backPressured = now, w.readPressure()
+	if w.frontier != nil && w.followFrontier(now) {
 		return w.take()
 	}
 	if w.idleness > 0 {
@@ -291,6 +314,32 @@ func (w *sourceWatermarks[T]) afterPoll(now time.Time, emitted int64) error {
 		w.gen.OnPeriodicEmit(w)
 	}
 	return w.take()
+}
+
+// followFrontier applies the frontier rule at now (see SplitFrontier): it
+// takes the source's latest reading, emits the splits' watermark every
+// interval, and tells the source which splits to pause. It returns false
+// when the source gives no frontier: its own records rule then.
+func (w *sourceWatermarks[T]) followFrontier(now time.Time) bool {
+	v, fs := w.frontier.Frontier()
+	if v < 0 {
+		w.gated = false
+		return false
+	}
+	w.gated = true
+	if v == 0 {
+		return true
+	}
+	w.splits.read(now, v, fs)
+	wm, _ := w.splits.watermark(now)
+	if !now.Before(w.nextEmit) {
+		w.nextEmit = now.Add(w.interval)
+		w.emitWatermark(wm)
+	}
+	if ahead, changed := w.splits.alignment(now, wm); changed {
+		w.frontier.AlignSplits(ahead)
+	}
+	return true
 }
 
 // end emits the final watermark: everything downstream fires.

@@ -44,7 +44,7 @@ const (
 var Type = runtime.JobType{
 	Name:        Name,
 	Description: "a Nexmark query (q0 q1 q2 q3 q4 q5 q7 q8 q11 q14) on generated auction events, to a discarding sink or a Kafka topic exactly once",
-	Params: []runtime.ParamSpec{
+	Params: append([]runtime.ParamSpec{
 		{Name: "query", Default: "q0", Description: "the query: " + joinNames()},
 		{Name: "source", Default: SourceGenerator, Description: "generator (in-process) or sharegroup (JSON events on topic, see streamctl nexmark generate)"},
 		{Name: "sink", Default: SinkDiscard, Description: "discard, or kafka (JSON results to output, exactly once)"},
@@ -55,10 +55,8 @@ var Type = runtime.JobType{
 		sharegroup.BrokersParam(),
 		{Name: "topic", Default: "nexmark", Description: "sharegroup: input topic of JSON events"},
 		{Name: "group", Default: "nexmark", Description: "sharegroup: share group"},
-		{Name: "out-of-orderness", Default: "5s", Description: "sharegroup: bound on how far event time may go back"},
-		{Name: "idle", Default: "10s", Description: "sharegroup: a source subtask with nothing to read for this long does not hold the watermark back"},
 		{Name: "output", Default: "nexmark-results", Description: "kafka sink: output topic, created when missing"},
-	},
+	}, sharegroup.EventTimeParams()...),
 	Build: Build,
 	Check: check,
 }
@@ -212,11 +210,7 @@ func Build(p runtime.Params) (*runtime.Job, error) {
 		g, _ := NewGenerator(c)
 		j, events = GeneratorJob(Name, g, jopts...)
 	case SourceShareGroup:
-		ooo, err := p.Duration("out-of-orderness")
-		if err != nil {
-			return nil, err
-		}
-		idle, err := p.Duration("idle")
+		wms, err := sharegroup.ParamWatermarks(p, Event.Time)
 		if err != nil {
 			return nil, err
 		}
@@ -226,9 +220,7 @@ func Build(p runtime.Params) (*runtime.Job, error) {
 			return nil, err
 		}
 		j = runtime.NewJob(Name, jopts...)
-		events = runtime.FromSource(j, "events", s, runtime.Watermarks(runtime.ForBoundedOutOfOrderness[Event](ooo,
-			runtime.WithTimestampAssigner(func(e Event, _ int64) int64 { return e.Time() }),
-			runtime.WithIdleness(idle))))
+		events = runtime.FromSource(j, "events", s, runtime.Watermarks(wms))
 	}
 	sinks := Sinks{}
 	if snk == SinkKafka {

@@ -40,7 +40,7 @@ func TestASessionClosesOnTheWatermarkAndALateClickGoesToTheLateOutput(t *testing
 		t.Fatal(err)
 	}
 	job, err := sessions.Build(runtime.Params{"brokers": k.Addr(), "input": "clicks", "output": "sessions", "late": "late-clicks",
-		"group": "sessions", "gap": "30s", "out-of-orderness": "5s", "idle": "10s"})
+		"group": "sessions", "gap": "30s", "out-of-orderness": "5s", "idle": "10s", "max-drift": "1m"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,16 +31,14 @@ const Name = "sessions"
 var Type = runtime.JobType{
 	Name:        Name,
 	Description: "event-time sessions: JSON clicks from a share group -> session windows per user -> summaries to output, late clicks to late, exactly once",
-	Params: []runtime.ParamSpec{
+	Params: append([]runtime.ParamSpec{
 		sharegroup.BrokersParam(),
 		{Name: "input", Default: "clicks", Description: "input topic of JSON clicks (read as a share group)"},
 		{Name: "output", Default: "sessions", Description: "session summaries topic, created when missing"},
 		{Name: "late", Default: "late-clicks", Description: "late clicks topic, created when missing"},
 		{Name: "group", Default: "sessions", Description: "share group"},
 		{Name: "gap", Default: "30s", Description: "session gap: a click more than gap after the previous one starts a new session (exactly gap after joins it, as in Flink)"},
-		{Name: "out-of-orderness", Default: "5s", Description: "bound on how far event time may go back"},
-		{Name: "idle", Default: "10s", Description: "a source subtask with nothing to read for this long does not hold the watermark back"},
-	},
+	}, sharegroup.EventTimeParams()...),
 	Build: Build,
 	Check: sharegroup.CheckBrokersParam,
 }
@@ -109,11 +107,7 @@ func Build(p runtime.Params) (*runtime.Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	ooo, err := p.Duration("out-of-orderness")
-	if err != nil {
-		return nil, err
-	}
-	idle, err := p.Duration("idle")
+	wms, err := sharegroup.ParamWatermarks(p, func(c Click) int64 { return c.TS })
 	if err != nil {
 		return nil, err
 	}
@@ -141,9 +135,7 @@ func Build(p runtime.Params) (*runtime.Job, error) {
 	}
 
 	j := runtime.NewJob(Name, jopts...)
-	clicks := runtime.FromSource(j, "clicks", src, runtime.Watermarks(runtime.ForBoundedOutOfOrderness[Click](ooo,
-		runtime.WithTimestampAssigner(func(c Click, _ int64) int64 { return c.TS }),
-		runtime.WithIdleness(idle))))
+	clicks := runtime.FromSource(j, "clicks", src, runtime.Watermarks(wms))
 	byUser := runtime.KeyBy(clicks, func(c Click) string { return c.User }, nil)
 	lateTag := runtime.NewOutputTag[Click]("late-clicks")
 	windows := runtime.Window(byUser, runtime.EventTimeSessionWindows(gap), runtime.LateOutput(lateTag))

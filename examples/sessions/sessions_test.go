@@ -3,7 +3,6 @@ package sessions_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"slices"
 	"sort"
 	"testing"
@@ -32,8 +31,7 @@ type click struct {
 }
 
 func (c click) record(topic string) *kgo.Record {
-	return &kgo.Record{Topic: topic, Key: []byte(c.user),
-		Value: fmt.Appendf(nil, `{"user":%q,"ts":%d,"url":"/p/%d"}`, c.user, c.ts, c.ts%97)}
+	return sessions.Click{User: c.user, TS: c.ts}.Record(topic)
 }
 
 // onTimeClicks are clicks of four users whose gaps straddle the session gap

@@ -134,6 +134,7 @@ func All() []Benchmark {
 		{Name: "failover", Run: Failover},
 		{Name: "limits", Run: Limits},
 		{Name: "nexmark", Run: Nexmark},
+		{Name: "sharegroup-watermark", Run: ShareGroupWatermark},
 	}
 }
 

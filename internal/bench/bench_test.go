@@ -84,6 +84,7 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 		"limit-share-consume":     {"records_per_s"},
 		"limit-wordcount":         {"records_per_s"},
 		"nexmark-generator":       {"events_per_cpu_s"},
+		"sharegroup-watermark":    {"clicks_per_s", "watermark_lag_p50_ms", "watermark_lag_p99_ms"},
 	}
 	var nexmarkQueries []string
 	for _, q := range nexmark.Queries() {
@@ -93,7 +94,7 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 			nexmarkQueries = append(nexmarkQueries, b)
 		}
 	}
-	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "window-wordcount", "eos-sink", "eos-wordcount", "limit-wordcount", "recovery", "failover"}
+	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "window-wordcount", "eos-sink", "eos-wordcount", "limit-wordcount", "recovery", "failover", "sharegroup-watermark"}
 	limits := []string{"limit-produce", "limit-share-consume"}
 	const runs = 2
 	var buf bytes.Buffer

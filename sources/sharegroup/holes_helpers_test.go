@@ -164,7 +164,7 @@ func shareStart(t *testing.T, env *kafkatest.Env, group string, tp acklog.TopicP
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	starts, err := shareStartOffsets(ctx, cl, group)
+	starts, err := StartOffsets(ctx, cl, group)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,12 +61,11 @@ type lane struct {
 	fetches  inFlight // the client's ShareFetch requests in flight
 	unpolled unpolled // records the client buffered that no poll returned yet
 	admitted bool     // a batch of the lane's was admitted (lanes start one by one)
-	// admittedAt is when the last admitted batch was acquired: the
-	// watermark hold (watermark.go) waits for a fetch of every lane after
-	// its end.
-	admittedAt time.Time
-	wake       chan struct{} // signals the lane's goroutine to look at its state (idle again, epoch completed)
-	closeOnce  sync.Once
+	// paused is what the lane's client does not fetch (watermark
+	// alignment, Source.alignLane); the lane's goroutine only.
+	paused    map[string][]int32
+	wake      chan struct{} // signals the lane's goroutine to look at its state (idle again, epoch completed)
+	closeOnce sync.Once
 }
 
 func newLane(id int, name string) *lane {
@@ -77,16 +76,22 @@ func newLane(id int, name string) *lane {
 // returns false once ctx ended or the client closed. A batch a poll
 // returns as ctx ends (the source stopped fetching) stays with the lane,
 // ready, for Close to judge: the broker counted its delivery.
-func (l *lane) acquire(ctx context.Context, batch int, acquired func(string, []*kgo.Record)) bool {
+func (l *lane) acquire(ctx context.Context, batch int, beforePoll func(), acquired func(string, []*kgo.Record)) bool {
 	for {
-		fs := l.cl.PollRecords(ctx, batch)
+		beforePoll()
+		// A poll gives up after a while, so that a change of the
+		// partitions to fetch (alignment) applies even when every
+		// partition the lane is assigned was paused.
+		pctx, cancel := context.WithTimeout(ctx, laneFetchWait)
+		fs := l.cl.PollRecords(pctx, batch)
+		cancel()
 		if fs.IsClientClosed() {
 			return false
 		}
 		var recs []*kgo.Record
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.Canceled) && ferr == nil {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && ferr == nil {
 				ferr = err
 			}
 		})
@@ -144,16 +149,10 @@ const laneFetchWait = time.Second
 // end before anything is released. One being built as Close pauses can
 // still slip through: it costs a record at most one delivery no lane
 // sees, which restartBurn's margin covers.
-//
-// It also keeps when the fetches of the last two responses were sent (the
-// oldest outstanding one's time for each response: conservative across
-// brokers), for the watermark hold (fetchedTwiceSince).
 type inFlight struct {
 	mu   sync.Mutex
 	n    int
 	zero chan struct{} // closed when n reaches 0; nil while nobody waits
-	sent []time.Time   // of the fetches in flight, oldest first
-	done [2]time.Time  // sent times of the last two answered fetches, newest last
 	read time.Time     // when the last answer was read
 }
 
@@ -168,14 +167,6 @@ func (f *inFlight) sinceRead() time.Duration {
 	return time.Since(f.read)
 }
 
-// fetchedTwiceSince returns whether the last two answered fetches were both
-// sent at or after t.
-func (f *inFlight) fetchedTwiceSince(t time.Time) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return !f.done[0].IsZero() && !f.done[0].Before(t)
-}
-
 // shareFetchKey is ShareFetch's API key.
 const shareFetchKey = 78
 
@@ -186,7 +177,6 @@ func (f *inFlight) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ ti
 	}
 	f.mu.Lock()
 	f.n++
-	f.sent = append(f.sent, time.Now())
 	f.mu.Unlock()
 }
 
@@ -200,10 +190,6 @@ func (f *inFlight) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ tim
 	f.read = time.Now()
 	if f.n > 0 {
 		f.n--
-	}
-	if len(f.sent) > 0 {
-		f.done = [2]time.Time{f.done[1], f.sent[0]}
-		f.sent = f.sent[1:]
 	}
 	if f.n == 0 && f.zero != nil {
 		close(f.zero)

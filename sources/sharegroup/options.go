@@ -126,6 +126,11 @@ type cfg struct {
 	// paused stops lock renewal: tests use it to play a process that is
 	// paused (GC, partition) while it holds records.
 	paused bool
+	// frontierEvery is how often a subtask reads the group's frontier
+	// (FrontierInterval); ownWatermarks switches the frontier off
+	// (SubtaskWatermarks).
+	frontierEvery time.Duration
+	ownWatermarks bool
 	// testAcquired, when set (tests), sees every batch a lane acquires,
 	// admitted or not: it measures deliveries per record.
 	testAcquired func(lane string, recs []*kgo.Record)
@@ -150,12 +155,15 @@ const (
 	// re-queue is no processing failure; the job's restart strategy bounds
 	// a record that fails its job every time.
 	DefaultMaxRequeues = 0
+	// DefaultFrontierInterval is the Source's default FrontierInterval.
+	DefaultFrontierInterval = 250 * time.Millisecond
 )
 
 func sourceDefaults() cfg {
 	return cfg{mode: Transactional, txnTimeout: DefaultTransactionTimeout, resetEarliest: true, maxRequeues: DefaultMaxRequeues,
 		pollWait: 50 * time.Millisecond, tombstoneEvery: time.Minute, openWait: DefaultOpenMarkerWait,
-		checkEvery: 5 * time.Second, renewTick: 100 * time.Millisecond, stagger: 250 * time.Millisecond}
+		checkEvery: 5 * time.Second, renewTick: 100 * time.Millisecond, stagger: 250 * time.Millisecond,
+		frontierEvery: DefaultFrontierInterval}
 }
 
 // Session defaults.
@@ -326,7 +334,9 @@ func DeadLetterTopic(t string) SourceOpt {
 }
 
 // TransactionalIDPrefix sets the prefix of a Source's ack-marker
-// transactional ids, overriding "weir-<job>-<operator uid>".
+// transactional ids, overriding "weir-<job>-<operator uid>". It must not
+// end with "-rq": the source's re-queue writer uses "<prefix>-rq", and a
+// job with such a prefix would share another job's transactional ids.
 func TransactionalIDPrefix(p string) SourceOpt {
 	return sourceOpt{"TransactionalIDPrefix", func(c *cfg) { c.txnPrefix = p }}
 }
@@ -362,6 +372,29 @@ func CommitWhenIdle(d time.Duration) SourceOpt {
 // metric; fn must return quickly.
 func ObserveInFlight(fn func(held map[acklog.TopicPartition]int, limit int)) SourceOpt {
 	return sourceOpt{"ObserveInFlight", func(c *cfg) { c.observe = fn }}
+}
+
+// FrontierInterval sets how often each Source subtask reads the group's
+// frontier, which makes its watermark when the job has a
+// runtime.WatermarkStrategy (docs/internals/event-time.md, "Watermarks
+// from a share group"): the share start offset of every input partition
+// (one DescribeShareGroupOffsets) and, for each partition whose start
+// moved, the record there (one Fetch to each leader). The default,
+// DefaultFrontierInterval, adds at most that much to the watermark's lag
+// behind the group's progress.
+func FrontierInterval(d time.Duration) SourceOpt {
+	return sourceOpt{"FrontierInterval", func(c *cfg) { c.frontierEvery = d }}
+}
+
+// SubtaskWatermarks makes each Source subtask's watermark follow only the
+// records it emitted, not the group's frontier: the rule before the
+// frontier existed, kept to measure what the frontier costs (the
+// sharegroup-watermark benchmark). A share group spreads every partition
+// over every subtask, so a subtask's watermark then passes records that
+// no subtask has fetched yet, and they are late: do not use it for
+// event-time results.
+func SubtaskWatermarks() SourceOpt {
+	return sourceOpt{"SubtaskWatermarks", func(c *cfg) { c.ownWatermarks = true }}
 }
 
 // TransactionalID sets the transactional.id of a Session's producer,
@@ -426,6 +459,10 @@ func (c *cfg) validateSource() error {
 		return bad("unknown mode %d", c.mode)
 	case c.idleCommit < 0:
 		return bad("idle-commit time %v < 0", c.idleCommit)
+	case strings.HasSuffix(c.txnPrefix, requeuePrefixSuffix):
+		return bad("transactional-id prefix %q ends with %q, the suffix of another job's re-queue writer", c.txnPrefix, requeuePrefixSuffix)
+	case c.frontierEvery <= 0:
+		return bad("frontier interval %v <= 0", c.frontierEvery)
 	}
 	return nil
 }

@@ -52,7 +52,11 @@ const HeaderRequeues = "weir.requeues"
 const restartBurn = 2
 
 // requeuePrefixSuffix makes the re-queue writer's transactional-id prefix
-// from the source's.
+// from the source's. No source's prefix ends with it (a configured one is
+// refused, a default one gets a '_' appended), so the re-queue ids of job
+// "a" are never the marker ids of another job: a job whose prefix was
+// "a-rq" fenced and aborted job "a"'s re-queue transactions, and each took
+// the other's markers for its own (issue 38).
 const requeuePrefixSuffix = "-rq"
 
 // requeueWriter is the transactional writer of re-queue transactions, with

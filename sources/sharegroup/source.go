@@ -119,10 +119,20 @@ type Source[T any] struct {
 	// completed is the latest checkpoint whose ack markers this subtask
 	// committed: the lanes' goroutines ACCEPT the epochs it covers.
 	completed checkpoint.Latest
-	// lockDur is the group's record-lock duration (as the brokers report
-	// it); wmHold the watermark hold (watermark.go), task goroutine only.
-	lockDur time.Duration
-	wmHold  watermarkHold
+	// The group's frontier (watermark.go): the loop's latest reading
+	// (fversion, fsplits, under fmu) and the partitions ahead that lanes
+	// pause (ahead, under fmu); fdecoded and fcache are the task
+	// goroutine's decoded copy of reading fdecoded.
+	fmu           sync.Mutex
+	fversion      int64
+	fsplits       []runtime.Frontier[*kgo.Record]
+	ahead         map[string][]int32
+	fdecoded      int64
+	fcache        []runtime.Frontier[T]
+	startFrontier sync.Once
+	frontierCtx   context.Context
+	stopFrontier  context.CancelFunc
+	fwg           sync.WaitGroup // the frontier loop
 	// below is the lineage position (lineage.go), task goroutine only.
 	below int64
 }
@@ -167,8 +177,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	}
 	adm := kadm.NewClient(s.admin)
 	s.limit = brokerIntConfig(sctx, adm, "group.share.partition.max.record.locks", 2000)
-	s.lockDur = lockDuration(sctx, s.admin, adm, s.cfg.group)
-	s.holdAfterRestart(sctx, adm, oc)
+	s.frontierCtx, s.stopFrontier = context.WithCancel(context.Background())
 	limit := brokerIntConfig(sctx, adm, "group.share.delivery.count.limit", 5)
 	// Without transactions a record with at most one delivery left is
 	// dead-lettered (MaxDeliveries) before the broker archives it. With
@@ -190,6 +199,9 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	s.prefix = s.cfg.txnPrefix
 	if s.prefix == "" {
 		s.prefix = unsafeChars.ReplaceAllString("weir-"+oc.Job+"-"+oc.UID, "_")
+		if strings.HasSuffix(s.prefix, requeuePrefixSuffix) {
+			s.prefix += "_" // never another source's re-queue prefix
+		}
 	}
 	wopts := []kafkatxn.Opt{kafkatxn.Brokers(s.cfg.brokers...), kafkatxn.TransactionalIDPrefix(s.prefix),
 		kafkatxn.Subtask(oc.Subtask, oc.Parallelism), kafkatxn.TransactionTimeout(s.cfg.txnTimeout),
@@ -371,7 +383,7 @@ func (s *Source[T]) startLaneLocked() error {
 // anything) bounds the finishing.
 func (s *Source[T]) runLane(ctx, fctx context.Context, l *lane) {
 	for {
-		if !l.acquire(ctx, s.cfg.batch, s.cfg.testAcquired) {
+		if !l.acquire(ctx, s.cfg.batch, func() { s.alignLane(l) }, s.cfg.testAcquired) {
 			return
 		}
 		select {
@@ -427,8 +439,15 @@ func (s *Source[T]) stopFetching() {
 				continue // never started
 			}
 			// A fetch the client builds from now on forgets every
-			// partition and acquires nothing.
+			// partition and acquires nothing. Partitions paused for
+			// alignment are resumed (their topics stay paused), so
+			// that takeUnpolled's polls return what the client
+			// buffered of them instead of releasing it unseen.
 			l.cl.PauseFetchTopics(s.inputs()...)
+			if len(l.paused) > 0 {
+				l.cl.ResumeFetchPartitions(l.paused)
+				l.paused = nil
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -536,7 +555,7 @@ func (s *Source[T]) housekeep(ctx context.Context) error {
 		return err
 	}
 	if s.cfg.mode != Transactional {
-		starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
+		starts, err := StartOffsets(ctx, s.admin, s.cfg.group)
 		if err == nil {
 			err = s.measurePending(ctx, starts)
 		}
@@ -653,14 +672,14 @@ func (s *Source[T]) checkIsolation(ctx context.Context) error {
 // marker: if not, the broker skipped records the job never processed (share
 // state lost or reset, records archived), and the job fails with
 // ErrRecordsSkipped naming them, never silently. Offsets an Open marker
-// covers are undecided (Index.OpenOver): the partition is judged again at
+// covers are undecided (Index.WithoutOpen): the partition is judged again at
 // the next check, its watermark unmoved. A start that moved back
 // (state reset to an earlier offset) is fine: the lookup recognises what
 // comes back. Watermarks then advance to the start offsets, and an input
 // partition the group has not fetched yet gets one at its log start offset
 // (unstarted).
 func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]int64, error) {
-	starts, err := shareStartOffsets(ctx, s.admin, s.cfg.group)
+	starts, err := StartOffsets(ctx, s.admin, s.cfg.group)
 	if err != nil {
 		return nil, err
 	}
@@ -683,22 +702,24 @@ func (s *Source[T]) checkStarts(ctx context.Context) (map[acklog.TopicPartition]
 			}
 		}
 		if start > wm {
-			uncovered := s.ix.Uncovered(tp, wm, start)
-			if s.ix.OpenOver(tp, uncovered) {
-				// Undecided: a marker over them may have committed, its
-				// commit not readable yet, while its committer already
-				// acknowledged the records. The next check decides;
-				// the watermark stays.
-				s.log.Debug("share start offset check: open markers cover the offsets below the start; decided at the next check",
-					zap.Stringer("partition", tp), zap.Int64("watermark", wm), zap.Int64("start", start))
-				continue
-			}
-			gaps, err := s.deliverable(ctx, tp, uncovered)
+			// What an open marker covers is undecided: the marker may
+			// have committed, its commit not readable yet, while its
+			// committer already acknowledged the records. The rest is
+			// judged now: a skip beside an open marker is reported at
+			// once, not when the marker resolves.
+			decided, undecided := s.ix.WithoutOpen(tp, s.ix.Uncovered(tp, wm, start))
+			gaps, err := s.deliverable(ctx, tp, decided)
 			if err != nil {
 				return nil, err
 			}
 			if len(gaps) > 0 {
 				skipped = append(skipped, fmt.Sprintf("%s offsets %s", tp, fmtRanges(gaps)))
+				continue
+			}
+			if undecided {
+				// The next check decides; the watermark stays.
+				s.log.Debug("share start offset check: open markers cover offsets below the start; decided at the next check",
+					zap.Stringer("partition", tp), zap.Int64("watermark", wm), zap.Int64("start", start))
 				continue
 			}
 		} else if ok {
@@ -873,9 +894,11 @@ func (s *Source[T]) collectMarkers(ctx context.Context, starts map[acklog.TopicP
 	return nil
 }
 
-// shareStartOffsets reads the share-partition start offsets of a group
-// (DescribeShareGroupOffsets): below them every record is done.
-func shareStartOffsets(ctx context.Context, cl *kgo.Client, group string) (map[acklog.TopicPartition]int64, error) {
+// StartOffsets reads the share-partition start offsets of a group
+// (DescribeShareGroupOffsets): below them every record is done
+// (acknowledged or archived). A partition the group has not read yet is
+// missing.
+func StartOffsets(ctx context.Context, cl *kgo.Client, group string) (map[acklog.TopicPartition]int64, error) {
 	req := kmsg.NewPtrDescribeShareGroupOffsetsRequest()
 	g := kmsg.NewDescribeShareGroupOffsetsRequestGroup()
 	g.GroupID = group
@@ -970,7 +993,6 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	if l.fetchErr != nil {
 		s.log.Warn("share fetch error", zap.String("lane", l.name), zap.Error(l.fetchErr))
 	}
-	l.admittedAt = acquiredAt(l.batch, s.lockDur)
 	batch := l.batch
 	l.batch, l.state, l.epoch = nil, laneAdmitting, 0
 	margin := lockMargin(s.cfg.lockMargin, l.clock.dur)
@@ -1019,10 +1041,18 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 		emitted = append(emitted, r)
 	}
 	if len(stale) > 0 {
-		s.holdUntilRefetched(now, "records released unprocessed come back")
 		s.counters.nearExpiry.Add(int64(len(stale)))
 		s.log.Info("releasing records whose lock was too close to expiry to process", zap.String("lane", l.name), zap.Int("records", len(stale)))
-		if refused, err := l.ack.ack(ctx, kgo.AckRelease, stale...); err != nil || len(refused) > 0 {
+		// Out of held before the release, under the acknowledgement
+		// lock: a renewal after it must not renew released records (the
+		// broker would refuse the partition, and the epoch roll back).
+		l.ack.mu.Lock()
+		l.mu.Lock()
+		l.drop(stale)
+		l.mu.Unlock()
+		refused, err := l.ack.ackLocked(ctx, kgo.AckRelease, stale...)
+		l.ack.mu.Unlock()
+		if err != nil || len(refused) > 0 {
 			s.log.Warn("releasing stale records failed; they come back when their lock expires", zap.String("lane", l.name),
 				zap.Error(errors.Join(err, refusedErr(refused))))
 		}
@@ -1040,7 +1070,6 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 			zap.Int("rejected", len(rejected)), zap.Int("released_stale", len(stale)), zap.Int("requeued", len(requeue)))
 	}
 	l.mu.Lock()
-	l.drop(stale)
 	l.emitted, l.rejected, l.accepted, l.aside = emitted, rejected, accepted, aside
 	l.state, l.admitted = laneHolding, true
 	l.count()
@@ -1602,6 +1631,10 @@ func (s *Source[T]) Close() error {
 		return nil
 	}
 	s.closed = true
+	if s.stopFrontier != nil {
+		s.stopFrontier()
+		s.fwg.Wait()
+	}
 	s.stopLanes()
 	if s.sib != nil {
 		s.sib.leave(s.sibKey, s)

@@ -287,6 +287,8 @@ func TestBadOptionsAreRefused(t *testing.T) {
 		{"max deliveries 1", []Opt{Brokers("b"), Topics("t"), Group("g"), MaxDeliveries(1)}},
 		{"negative batch", []Opt{Brokers("b"), Topics("t"), Group("g"), BatchSize(-1)}},
 		{"negative idle-commit time", []Opt{Brokers("b"), Topics("t"), Group("g"), CommitWhenIdle(-time.Millisecond)}},
+		{"a transactional-id prefix ending with the re-queue suffix", []Opt{Brokers("b"), Topics("t"), Group("g"), TransactionalIDPrefix("a-rq")}},
+		{"a frontier interval of 0", []Opt{Brokers("b"), Topics("t"), Group("g"), FrontierInterval(0)}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -639,28 +639,48 @@ func (ix *Index) Uncovered(tp TopicPartition, from, to int64) []Range {
 	return out
 }
 
-// OpenOver reports whether a marker whose transaction is still Open (its
-// commit or abort not read yet) covers an offset of tp in one of ranges.
-// On Apache Kafka a transaction's markers become readable after EndTxn
-// returns (the coordinator writes them asynchronously), so a committer may
-// already have acknowledged what a committed marker covers while a reader
-// still sees the marker Open. Call CatchUpToEnd first.
-func (ix *Index) OpenOver(tp TopicPartition, ranges []Range) bool {
+// WithoutOpen splits ranges of tp into what no Open marker (its commit or
+// abort not read yet) covers, and whether an Open marker covers any of
+// them. On Apache Kafka a transaction's markers become readable after
+// EndTxn returns (the coordinator writes them asynchronously), so a
+// committer may already have acknowledged what a committed marker covers
+// while a reader still sees the marker Open: what an Open marker covers is
+// undecided, the rest is not. Call CatchUpToEnd first.
+func (ix *Index) WithoutOpen(tp TopicPartition, ranges []Range) (rest []Range, open bool) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	l := ix.byTP[tp]
 	if l == nil {
-		return false
+		return ranges, false
 	}
-	open := false
+	var covered []Range
 	for _, r := range ranges {
 		l.each(r.Start, r.End, func(iv interval) {
 			if iv.e.status == Open {
-				open = true
+				covered = append(covered, Range{Start: max(iv.start, r.Start), End: min(iv.end, r.End)})
 			}
 		})
 	}
-	return open
+	if len(covered) == 0 {
+		return ranges, false
+	}
+	covered = normalize(covered)
+	for _, r := range ranges {
+		next := r.Start
+		for _, c := range covered {
+			if c.End <= next || c.Start >= r.End {
+				continue
+			}
+			if c.Start > next {
+				rest = append(rest, Range{Start: next, End: c.Start})
+			}
+			next = max(next, c.End)
+		}
+		if next < r.End {
+			rest = append(rest, Range{Start: next, End: r.End})
+		}
+	}
+	return rest, true
 }
 
 // Status returns the marker at ack-log offset with its current status, and
