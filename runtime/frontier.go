@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"maps"
 	"slices"
 	"time"
 )
@@ -216,6 +215,3 @@ func (m *splitWatermarks[T]) alignment(now time.Time, wm int64) ([]string, bool)
 	m.ahead = ahead
 	return ahead, true
 }
-
-// splitNames returns the known splits, sorted (transcripts).
-func (m *splitWatermarks[T]) splitNames() []string { return slices.Sorted(maps.Keys(m.splits)) }

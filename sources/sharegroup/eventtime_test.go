@@ -139,10 +139,9 @@ func TestMoreSubtasksThanPartitionsDoNotStallTheWatermark(t *testing.T) {
 // watermark) and the largest distance of a record's time ahead of the
 // watermark it arrives under.
 type driftMeter struct {
-	mu          sync.Mutex
-	late, seen  int
-	maxAhead    int64
-	firstWMSeen bool
+	mu         sync.Mutex
+	late, seen int
+	maxAhead   int64
 }
 
 func (m *driftMeter) Open(context.Context, *runtime.StateRegistry[string]) error { return nil }
