@@ -75,12 +75,9 @@ func ShareGroupWatermark(ctx context.Context, cfg Config) ([]Line, error) {
 	l.Note = fmt.Sprintf("a backlog of %d clicks of %d users, 8 partitions, parallelism 2, until all acknowledged; "+
 		"late clicks (backlog and paced runs) weir %v, subtask-watermarks %v; %s", len(clicks), users, res[0].late, res[1].late, l.Note)
 	lag := func(metric string, w, b []float64) Line {
-		x := spread(Line{Bench: "sharegroup-watermark", Metric: metric, Baseline: "subtask-watermarks", BaselineValue: median(b)}, w)
-		if x.BaselineValue > 0 {
-			x.Ratio = round3(x.Value / x.BaselineValue)
-		}
+		x := compared("sharegroup-watermark", metric, "subtask-watermarks", w, b)
 		x.Note = fmt.Sprintf("clicks written while the job runs (20 min of event time in 10 s): ms the window operator's watermark "+
-			"trails the newest click time it has seen, per click; weir %s, subtask-watermarks %s", rates(w), rates(b))
+			"trails the newest click time it has seen, per click; %s", x.Note)
 		return x
 	}
 	return []Line{l, lag("watermark_lag_p50_ms", res[0].p50, res[1].p50), lag("watermark_lag_p99_ms", res[0].p99, res[1].p99)}, nil
