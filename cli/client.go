@@ -315,7 +315,8 @@ where. --from-savepoint starts a job from it.
 --wait follows the job until it ends, with a progress line on stderr (state,
 restarts, last completed checkpoint, records in and out of the current
 attempt), and exits non-zero unless it FINISHED
-or was CANCELED.`,
+or was CANCELED. A streaming job never ends: Ctrl-C stops following it and
+the job runs on.`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			params, err := jf.params(cmd)
@@ -356,7 +357,7 @@ or was CANCELED.`,
 	jf.add(cmd)
 	cmd.Flags().StringVar(&restart, "restart-strategy", "", "restart strategy (default exponential-delay)")
 	cmd.Flags().StringVar(&name, "name", "", "the job's name, shown by list, status and REST (default: its job type)")
-	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends")
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends (a streaming job never does; Ctrl-C stops following)")
 	from.add(cmd, "read by the job manager, on its machine")
 	cmd.Flags().BoolVar(&retain, "retain-on-cancel", false,
 		"when the job is cancelled, write its latest completed checkpoint out as a savepoint (under the job manager's --savepoint-dir, else DATA_DIR/retained); cancel and status print it")
