@@ -167,6 +167,10 @@ type jobJSON struct {
 	// RetainedSavepoint is where a cancelled job submitted with
 	// --retain-on-cancel left its latest checkpoint ("": none).
 	RetainedSavepoint string `json:"retained_savepoint,omitempty"`
+	// NextAttemptAt is when a RESTARTING job's next attempt starts, its
+	// restart strategy's delay over (RFC 3339; absent when it waits for
+	// none).
+	NextAttemptAt string `json:"next_attempt_at,omitempty"`
 }
 
 // jobFailureJSON is a job's latest failure as --output json prints it.
@@ -189,6 +193,9 @@ func toJobJSON(s *weirpb.JobStatus) jobJSON {
 	if s.SubmittedUnixMs > 0 {
 		j.Submitted = time.UnixMilli(s.SubmittedUnixMs).UTC().Format(time.RFC3339)
 	}
+	if s.NextAttemptUnixMs > 0 {
+		j.NextAttemptAt = time.UnixMilli(s.NextAttemptUnixMs).UTC().Format(time.RFC3339Nano)
+	}
 	if f := s.LastFailure; f != nil {
 		j.LastFailure = &jobFailureJSON{Time: failureTime(f), Message: f.Message, Task: f.Task, TaskManager: f.TaskManager, Restarted: f.Restarted}
 	}
@@ -200,12 +207,25 @@ func failureTime(f *weirpb.JobFailure) string {
 	return time.UnixMilli(f.UnixMs).UTC().Format(time.RFC3339)
 }
 
-// stateOf is a job's state as the tables print it, with why it waits.
+// stateOf is a job's state as the tables print it, with why it waits and,
+// while the restart strategy's delay runs, when its next attempt starts.
 func stateOf(j *weirpb.JobStatus) string {
-	if j.Waiting != "" {
-		return fmt.Sprintf("%s (%s)", j.State, j.Waiting)
+	var why []string
+	if j.NextAttemptUnixMs > 0 {
+		at := time.UnixMilli(j.NextAttemptUnixMs)
+		next := "next attempt at " + at.UTC().Format(time.RFC3339)
+		if in := time.Until(at); in > 0 {
+			next += ", in " + in.Round(time.Second).String()
+		}
+		why = append(why, next)
 	}
-	return j.State
+	if j.Waiting != "" {
+		why = append(why, j.Waiting)
+	}
+	if len(why) == 0 {
+		return j.State
+	}
+	return fmt.Sprintf("%s (%s)", j.State, strings.Join(why, "; "))
 }
 
 // failureLine says where and when f happened and what it was.
@@ -428,7 +448,9 @@ func newStatusCmd(a *app) *cobra.Command {
 		Long: `status shows one job: its state (CREATED, RUNNING, RESTARTING, FAILED,
 CANCELED, FINISHED), how often it restarted, its last completed checkpoint, and
 the error that failed it, why it waits if it is CREATED or RESTARTING
-("waiting for 2 slots, 0 free"), and its last failure: when, in which task on
+("waiting for 2 slots, 0 free"; while the restart strategy's delay runs, when
+the next attempt starts: "next attempt at TIME, in 42s", next_attempt_at in
+--output json), and its last failure: when, in which task on
 which task manager, and what (the whole history is on the REST API at
 GET /jobs/JOB_ID/exceptions).`,
 		Args: cobra.ExactArgs(1),

@@ -105,6 +105,9 @@ type runningJob struct {
 	restored checkpoint.ID     // what the current attempt restored
 	current  *remoteDeployment // the current attempt (nil before the first)
 	waiting  string            // why the job waits for its next attempt ("": it does not)
+	// nextAttempt is when the restart strategy's delay ends and the next
+	// attempt starts (zero once it started, or before the first failure).
+	nextAttempt time.Time
 }
 
 // endedAttempt is the last attempt of a job that stopped here.
@@ -134,6 +137,9 @@ func (j *runningJob) record() (JobRecord, checkpoint.ID) {
 	}
 	if r.State == StateCreated || r.State == StateRestarting {
 		r.Waiting = j.waiting
+	}
+	if r.State == StateRestarting && !j.nextAttempt.IsZero() {
+		r.NextAttemptUnixMs = j.nextAttempt.UnixMilli()
 	}
 	return r, j.last
 }
@@ -306,6 +312,12 @@ func (s *Server) start(r JobRecord, job *runtime.Job) error {
 			stats.restoredFrom(from)
 			rj.mu.Lock()
 			rj.restored = from
+			rj.nextAttempt = time.Time{}
+			rj.mu.Unlock()
+		}),
+		runtime.OnNextAttempt(func(at time.Time) {
+			rj.mu.Lock()
+			rj.nextAttempt = at
 			rj.mu.Unlock()
 		}),
 		runtime.OnRestart(func(_ int, err error) {
@@ -695,7 +707,8 @@ func toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
 	st := &weirpb.JobStatus{Id: r.ID, Name: r.DisplayName(), State: string(r.State), Restarts: int32(r.Restarts),
 		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
 		RestartStrategy: restartStrategyInForce(r.RestartStrategy), CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
-		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting, RetainedSavepoint: r.RetainedSavepoint}
+		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting, RetainedSavepoint: r.RetainedSavepoint,
+		NextAttemptUnixMs: r.NextAttemptUnixMs}
 	if e := r.LastException(); e != nil {
 		st.LastFailure = &weirpb.JobFailure{UnixMs: e.UnixMs, Message: e.Message, Task: e.Task, TaskManager: e.TaskManager, Restarted: e.Restarted}
 	}

@@ -70,6 +70,10 @@ type JobRecord struct {
 	// ("waiting for 2 slots, 1 free"; not stored: it is known while the
 	// job waits).
 	Waiting string `json:"-"`
+	// NextAttemptUnixMs is when a RESTARTING job's next attempt starts,
+	// the restart strategy's delay over (0: not waiting for one; not
+	// stored: it is known while the job waits).
+	NextAttemptUnixMs int64 `json:"-"`
 	// RestoredFrom is the checkpoint the running attempt restored (not
 	// stored: it is known while the job runs).
 	RestoredFrom checkpoint.ID `json:"-"`

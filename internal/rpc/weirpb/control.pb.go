@@ -2714,6 +2714,9 @@ type JobStatus struct {
 	// retained_savepoint is the savepoint a cancelled job submitted with
 	// retain_on_cancel left (empty: none).
 	RetainedSavepoint string `protobuf:"bytes,17,opt,name=retained_savepoint,json=retainedSavepoint,proto3" json:"retained_savepoint,omitempty"`
+	// next_attempt_unix_ms is when a RESTARTING job's next attempt starts,
+	// its restart strategy's delay over (0: it waits for none).
+	NextAttemptUnixMs int64 `protobuf:"varint,18,opt,name=next_attempt_unix_ms,json=nextAttemptUnixMs,proto3" json:"next_attempt_unix_ms,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -2865,6 +2868,13 @@ func (x *JobStatus) GetRetainedSavepoint() string {
 		return x.RetainedSavepoint
 	}
 	return ""
+}
+
+func (x *JobStatus) GetNextAttemptUnixMs() int64 {
+	if x != nil {
+		return x.NextAttemptUnixMs
+	}
+	return 0
 }
 
 // JobFailure is one failure of a job, from its exception history.
@@ -3347,7 +3357,7 @@ const file_control_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\")\n" +
 	"\x10CancelJobRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xd1\x05\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\x82\x06\n" +
 	"\tJobStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -3368,7 +3378,8 @@ const file_control_proto_rawDesc = "" +
 	"\bjob_type\x18\x0e \x01(\tR\ajobType\x12\x18\n" +
 	"\awaiting\x18\x0f \x01(\tR\awaiting\x12:\n" +
 	"\flast_failure\x18\x10 \x01(\v2\x17.weir.rpc.v1.JobFailureR\vlastFailure\x12-\n" +
-	"\x12retained_savepoint\x18\x11 \x01(\tR\x11retainedSavepoint\x1a9\n" +
+	"\x12retained_savepoint\x18\x11 \x01(\tR\x11retainedSavepoint\x12/\n" +
+	"\x14next_attempt_unix_ms\x18\x12 \x01(\x03R\x11nextAttemptUnixMs\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x01\n" +
