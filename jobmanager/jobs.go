@@ -509,6 +509,9 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 	r := JobRecord{ID: id, Type: jobType, Name: cfg.name, Params: maps.Clone(params), CheckpointIntervalMs: interval.Milliseconds(),
 		State: StateCreated, RestartStrategy: restart, SubmittedUnixMs: time.Now().UnixMilli(),
 		FromSavepoint: cfg.fromSavepoint, AllowNonRestoredState: cfg.allowNonRestored, RetainOnCancel: cfg.retainOnCancel}
+	if cfg.fromSavepoint != "" {
+		r.FromSavepointCheckpoint = from.ID
+	}
 	r.ChangedUnixMs = r.SubmittedUnixMs
 	if r.Params == nil {
 		r.Params = map[string]string{}

@@ -47,6 +47,10 @@ type JobRecord struct {
 	// job no longer has.
 	FromSavepoint         string `json:"from_savepoint,omitempty"`
 	AllowNonRestoredState bool   `json:"allow_non_restored_state,omitempty"`
+	// FromSavepointCheckpoint is the savepoint's checkpoint id: the job's
+	// first completed checkpoint, which a restore of it restores (REST's
+	// latest.restored then says is_savepoint and names FromSavepoint).
+	FromSavepointCheckpoint checkpoint.ID `json:"from_savepoint_checkpoint,omitempty"`
 	// RetainOnCancel: a cancel writes the job's latest completed
 	// checkpoint out as a savepoint, RetainedSavepoint.
 	RetainOnCancel    bool     `json:"retain_on_cancel,omitempty"`
