@@ -400,6 +400,14 @@ func (s *Server) details(rec JobRecord, last checkpoint.ID) jobDetails {
 				Start: -1, End: -1, Duration: -1, StatusDuration: map[string]int64{}}
 			if p, ok := placed[t]; ok {
 				si.TaskManager, si.Host, si.Endpoint = p.taskManager, p.dataHost, p.dataHost
+				if !p.started.IsZero() {
+					si.Start = p.started.UnixMilli()
+					si.Duration = now - si.Start
+					if !p.endedAt.IsZero() {
+						si.End = p.endedAt.UnixMilli()
+						si.Duration = si.End - si.Start
+					}
+				}
 				si.Status = taskStatus(rec.State, p, true)
 				si.Metrics = ioMetrics{ReadRecords: p.stats.RecordsIn, ReadRecordsComplete: p.known,
 					WriteRecords: p.stats.RecordsOut, WriteRecordsComplete: p.known, BackPressuredMs: p.stats.BackPressured.Milliseconds()}
