@@ -1,6 +1,7 @@
 package jobmanager
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -275,6 +276,10 @@ func (ss *session) receive(asm *rpc.Assembler, m *weirpb.TaskManagerMessage, inb
 	switch v := m.Msg.(type) {
 	case *weirpb.TaskManagerMessage_Heartbeat:
 		ss.handle(m)
+		return
+	case *weirpb.TaskManagerMessage_Goodbye:
+		reason := cmp.Or(v.Goodbye.Reason, "it said goodbye")
+		ss.goodbye.Store(&reason)
 		return
 	case *weirpb.TaskManagerMessage_Chunk:
 		if err := asm.Add(v.Chunk); err != nil {

@@ -287,7 +287,18 @@ func reconnectDelay(prev, base time.Duration, err error) time.Duration {
 func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) error {
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
-	st, err := client.Connect(ctx)
+	// The stream outlives parent just long enough to say goodbye when the
+	// task manager stops (parent done): the job manager then logs a stop,
+	// not a lost task manager. It ends with the session.
+	sctx, scancel := context.WithCancel(context.WithoutCancel(parent))
+	defer scancel()
+	go func() {
+		<-ctx.Done()
+		if parent.Err() == nil {
+			scancel() // the session failed: the stream goes with it at once
+		}
+	}()
+	st, err := client.Connect(sctx)
 	if err != nil {
 		return fmt.Errorf("%w: %w", rpc.ErrUnreachable, err)
 	}
@@ -379,6 +390,34 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 		}
 	}()
 	<-ctx.Done()
+	if parent.Err() != nil {
+		goodbye(st, send, c.id, context.Cause(parent))
+	}
+	scancel()
 	wg.Wait()
 	return context.Cause(ctx)
+}
+
+// goodbyeTimeout bounds the wait to say goodbye to a job manager that does
+// not read.
+const goodbyeTimeout = time.Second
+
+// goodbye tells the job manager that the task manager ends the session on
+// purpose (why: it is stopping) and closes the stream's sending side.
+func goodbye(st interface{ CloseSend() error }, send func(*weirpb.TaskManagerMessage) error, id string, why error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		reason := "task manager " + id + " is stopping"
+		if why != nil && !errors.Is(why, context.Canceled) {
+			reason += ": " + why.Error()
+		}
+		if send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Goodbye{Goodbye: &weirpb.Goodbye{Reason: reason}}}) == nil {
+			_ = st.CloseSend()
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(goodbyeTimeout):
+	}
 }
