@@ -618,6 +618,10 @@ func NewMiniCluster(opts ...ClusterOpt) *MiniCluster {
 type Result struct {
 	Restarts       int
 	LastCheckpoint checkpoint.ID
+	// Records are what the last attempt's sources emitted and its sinks
+	// wrote (Deployed.Counts once its tasks ended): a run without
+	// restarts counts every record once.
+	Records RecordCounts
 }
 
 // Run runs job until every source ended and the final checkpoint completed
@@ -757,6 +761,9 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 			m.mu.Lock()
 			m.current = nil
 			m.mu.Unlock()
+			if a.dep != nil {
+				res.Records = a.dep.Counts()
+			}
 			if last > res.LastCheckpoint {
 				res.LastCheckpoint = last
 			}
