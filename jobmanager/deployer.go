@@ -376,6 +376,7 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 		default:
 		}
 	case *weirpb.TaskManagerMessage_Ended:
+		sh.setStats(v.Ended.Tasks) // the final counts, before anyone reads them as such
 		sh.end(v.Ended.Finished)
 	case *weirpb.TaskManagerMessage_Ack:
 		a := v.Ack

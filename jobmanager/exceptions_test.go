@@ -300,3 +300,48 @@ func TestARestartingJobSaysWhenItsNextAttemptStarts(t *testing.T) {
 		t.Errorf("cancelled: REST next_attempt_at %d, want none", details.NextAttemptAt)
 	}
 }
+
+// A job's final record counts are those its tasks ended with (sent with
+// the end of the deployment), not those of the last heartbeat: what a
+// drain's final watermark or a bounded input's end fired after it counts
+// (Nexmark q5 stopped with --drain reported 7 records out against 15
+// written).
+func TestAJobsFinalCountsAreThoseItsTasksEndedWith(t *testing.T) {
+	s, err := jobmanager.New(jobmanager.Jobs(numbersRegistry(t)), jobmanager.DataDir(t.TempDir()), jobmanager.HeartbeatTimeout(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	addr, _ := serve(t, s)
+	st := register(t, addr, "tm-1", 1)
+	waitFor(t, s, "registered task manager", func(tms []jobmanager.TaskManager) bool { return len(tms) == 1 })
+	id, err := s.Submit(t.Context(), "numbers", nil, time.Hour, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := pump(t, st)
+	d := await(t, msgs, "a deployment", isDeploy).GetDeploy()
+	send := func(m *weirpb.TaskManagerMessage) {
+		t.Helper()
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	openDeployment(t, send, msgs, d)
+	canceled := make(chan error, 1)
+	go func() { _, err := s.Cancel(t.Context(), id); canceled <- err }()
+	await(t, msgs, "CancelTasks", func(m *weirpb.JobManagerMessage) bool { return m.GetCancel() != nil })
+	final := &weirpb.TaskCounts{TaskId: d.TaskIds[0], RecordsIn: 3, RecordsOut: 3, Source: true, Sink: true}
+	send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Ended{Ended: &weirpb.DeploymentEnded{
+		JobId: d.JobId, Attempt: d.Attempt, Tasks: []*weirpb.TaskCounts{final}}}})
+	if err := <-canceled; err != nil {
+		t.Fatal(err)
+	}
+	rec, _, err := s.Job(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != jobmanager.StateCanceled || rec.Records.In != 3 || rec.Records.Out != 3 {
+		t.Errorf("job %s with records %+v, want CANCELED with the 3 in and 3 out its tasks ended with", rec.State, rec.Records)
+	}
+}

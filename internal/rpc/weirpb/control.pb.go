@@ -1858,10 +1858,14 @@ func (x *NotifyCheckpoint) GetComplete() bool {
 // DeploymentEnded: every task of the share ended; finished reports whether
 // each finished its stream.
 type DeploymentEnded struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	Attempt       int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	Finished      bool                   `protobuf:"varint,3,opt,name=finished,proto3" json:"finished,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	JobId    string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Attempt  int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Finished bool                   `protobuf:"varint,3,opt,name=finished,proto3" json:"finished,omitempty"`
+	// tasks are its tasks' final counters, as a heartbeat carries them: what
+	// they counted after the last heartbeat (a drain's or a bounded input's
+	// final firings) is in the job's final counts.
+	Tasks         []*TaskCounts `protobuf:"bytes,4,rep,name=tasks,proto3" json:"tasks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1915,6 +1919,13 @@ func (x *DeploymentEnded) GetFinished() bool {
 		return x.Finished
 	}
 	return false
+}
+
+func (x *DeploymentEnded) GetTasks() []*TaskCounts {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
 }
 
 type TaskFailed struct {
@@ -3358,11 +3369,12 @@ const file_control_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
 	"\rcheckpoint_id\x18\x03 \x01(\x04R\fcheckpointId\x12\x1a\n" +
-	"\bcomplete\x18\x04 \x01(\bR\bcomplete\"^\n" +
+	"\bcomplete\x18\x04 \x01(\bR\bcomplete\"\x8d\x01\n" +
 	"\x0fDeploymentEnded\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1a\n" +
-	"\bfinished\x18\x03 \x01(\bR\bfinished\"\x92\x01\n" +
+	"\bfinished\x18\x03 \x01(\bR\bfinished\x12-\n" +
+	"\x05tasks\x18\x04 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasks\"\x92\x01\n" +
 	"\n" +
 	"TaskFailed\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
@@ -3566,33 +3578,34 @@ var file_control_proto_depIdxs = []int32{
 	39, // 23: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
 	5,  // 24: weir.rpc.v1.DeployTasks.restore_chunked:type_name -> weir.rpc.v1.Chunked
 	40, // 25: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
-	5,  // 26: weir.rpc.v1.CheckpointAck.snapshot_chunked:type_name -> weir.rpc.v1.Chunked
-	41, // 27: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	34, // 28: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
-	42, // 29: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
-	35, // 30: weir.rpc.v1.JobStatus.last_failure:type_name -> weir.rpc.v1.JobFailure
-	38, // 31: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
-	2,  // 32: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
-	26, // 33: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
-	30, // 34: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
-	32, // 35: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
-	33, // 36: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
-	36, // 37: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
-	27, // 38: weir.rpc.v1.JobManager.TriggerSavepoint:input_type -> weir.rpc.v1.TriggerSavepointRequest
-	0,  // 39: weir.rpc.v1.JobManager.Leader:input_type -> weir.rpc.v1.LeaderRequest
-	4,  // 40: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
-	29, // 41: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
-	31, // 42: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
-	34, // 43: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
-	34, // 44: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
-	37, // 45: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
-	28, // 46: weir.rpc.v1.JobManager.TriggerSavepoint:output_type -> weir.rpc.v1.SavepointResult
-	1,  // 47: weir.rpc.v1.JobManager.Leader:output_type -> weir.rpc.v1.LeaderInfo
-	40, // [40:48] is the sub-list for method output_type
-	32, // [32:40] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	11, // 26: weir.rpc.v1.DeploymentEnded.tasks:type_name -> weir.rpc.v1.TaskCounts
+	5,  // 27: weir.rpc.v1.CheckpointAck.snapshot_chunked:type_name -> weir.rpc.v1.Chunked
+	41, // 28: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	34, // 29: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
+	42, // 30: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
+	35, // 31: weir.rpc.v1.JobStatus.last_failure:type_name -> weir.rpc.v1.JobFailure
+	38, // 32: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
+	2,  // 33: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
+	26, // 34: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
+	30, // 35: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
+	32, // 36: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
+	33, // 37: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
+	36, // 38: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
+	27, // 39: weir.rpc.v1.JobManager.TriggerSavepoint:input_type -> weir.rpc.v1.TriggerSavepointRequest
+	0,  // 40: weir.rpc.v1.JobManager.Leader:input_type -> weir.rpc.v1.LeaderRequest
+	4,  // 41: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
+	29, // 42: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
+	31, // 43: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
+	34, // 44: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
+	34, // 45: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
+	37, // 46: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
+	28, // 47: weir.rpc.v1.JobManager.TriggerSavepoint:output_type -> weir.rpc.v1.SavepointResult
+	1,  // 48: weir.rpc.v1.JobManager.Leader:output_type -> weir.rpc.v1.LeaderInfo
+	41, // [41:49] is the sub-list for method output_type
+	33, // [33:41] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_control_proto_init() }
