@@ -432,7 +432,16 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) (re
 	}()
 	<-ctx.Done()
 	if parent.Err() != nil {
-		goodbye(st, send, c.id, context.Cause(parent))
+		goodbye(func(m *weirpb.TaskManagerMessage) error {
+			// Under the send lock: CloseSend must not run beside a Send
+			// (a deployment's last replies).
+			sendMu.Lock()
+			defer sendMu.Unlock()
+			if err := st.Send(m); err != nil {
+				return err
+			}
+			return st.CloseSend()
+		}, c.id, context.Cause(parent))
 	}
 	scancel()
 	wg.Wait()
@@ -444,8 +453,9 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) (re
 const goodbyeTimeout = time.Second
 
 // goodbye tells the job manager that the task manager ends the session on
-// purpose (why: it is stopping) and closes the stream's sending side.
-func goodbye(st interface{ CloseSend() error }, send func(*weirpb.TaskManagerMessage) error, id string, why error) {
+// purpose (why: it is stopping): sendLast sends it and closes the stream's
+// sending side.
+func goodbye(sendLast func(*weirpb.TaskManagerMessage) error, id string, why error) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -453,9 +463,7 @@ func goodbye(st interface{ CloseSend() error }, send func(*weirpb.TaskManagerMes
 		if why != nil && !errors.Is(why, context.Canceled) {
 			reason += ": " + why.Error()
 		}
-		if send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Goodbye{Goodbye: &weirpb.Goodbye{Reason: reason}}}) == nil {
-			_ = st.CloseSend()
-		}
+		_ = sendLast(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Goodbye{Goodbye: &weirpb.Goodbye{Reason: reason}}})
 	}()
 	select {
 	case <-done:
