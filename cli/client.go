@@ -230,6 +230,10 @@ type jobJSON struct {
 	// RetainedSavepoint is where a cancelled job submitted with
 	// --retain-on-cancel left its latest checkpoint ("": none).
 	RetainedSavepoint string `json:"retained_savepoint,omitempty"`
+	// NextAttemptAt is when a RESTARTING job's next attempt starts, its
+	// restart strategy's delay over (RFC 3339; absent when it waits for
+	// none).
+	NextAttemptAt string `json:"next_attempt_at,omitempty"`
 }
 
 // jobFailureJSON is a job's latest failure as --output json prints it.
@@ -252,6 +256,9 @@ func toJobJSON(s *weirpb.JobStatus) jobJSON {
 	if s.SubmittedUnixMs > 0 {
 		j.Submitted = time.UnixMilli(s.SubmittedUnixMs).UTC().Format(time.RFC3339)
 	}
+	if s.NextAttemptUnixMs > 0 {
+		j.NextAttemptAt = time.UnixMilli(s.NextAttemptUnixMs).UTC().Format(time.RFC3339Nano)
+	}
 	if f := s.LastFailure; f != nil {
 		j.LastFailure = &jobFailureJSON{Time: failureTime(f), Message: f.Message, Task: f.Task, TaskManager: f.TaskManager, Restarted: f.Restarted}
 	}
@@ -263,12 +270,25 @@ func failureTime(f *weirpb.JobFailure) string {
 	return time.UnixMilli(f.UnixMs).UTC().Format(time.RFC3339)
 }
 
-// stateOf is a job's state as the tables print it, with why it waits.
+// stateOf is a job's state as the tables print it, with why it waits and,
+// while the restart strategy's delay runs, when its next attempt starts.
 func stateOf(j *weirpb.JobStatus) string {
-	if j.Waiting != "" {
-		return fmt.Sprintf("%s (%s)", j.State, j.Waiting)
+	var why []string
+	if j.NextAttemptUnixMs > 0 {
+		at := time.UnixMilli(j.NextAttemptUnixMs)
+		next := "next attempt at " + at.UTC().Format(time.RFC3339)
+		if in := time.Until(at); in > 0 {
+			next += ", in " + in.Round(time.Second).String()
+		}
+		why = append(why, next)
 	}
-	return j.State
+	if j.Waiting != "" {
+		why = append(why, j.Waiting)
+	}
+	if len(why) == 0 {
+		return j.State
+	}
+	return fmt.Sprintf("%s (%s)", j.State, strings.Join(why, "; "))
 }
 
 // failureLine says where and when f happened and what it was.
@@ -378,7 +398,8 @@ where. --from-savepoint starts a job from it.
 --wait follows the job until it ends, with a progress line on stderr (state,
 restarts, last completed checkpoint, records in and out of the current
 attempt), and exits non-zero unless it FINISHED
-or was CANCELED.`,
+or was CANCELED. A streaming job never ends: Ctrl-C stops following it and
+the job runs on.`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			params, err := jf.params(cmd)
@@ -419,7 +440,7 @@ or was CANCELED.`,
 	jf.add(cmd)
 	cmd.Flags().StringVar(&restart, "restart-strategy", "", "restart strategy (default exponential-delay)")
 	cmd.Flags().StringVar(&name, "name", "", "the job's name, shown by list, status and REST (default: its job type)")
-	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends")
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends (a streaming job never does; Ctrl-C stops following)")
 	from.add(cmd, "read by the job manager, on its machine")
 	cmd.Flags().BoolVar(&retain, "retain-on-cancel", false,
 		"when the job is cancelled, write its latest completed checkpoint out as a savepoint (under the job manager's --savepoint-dir, else DATA_DIR/retained); cancel and status print it")
@@ -490,7 +511,9 @@ func newStatusCmd(a *app) *cobra.Command {
 		Long: `status shows one job: its state (CREATED, RUNNING, RESTARTING, FAILED,
 CANCELED, FINISHED), how often it restarted, its last completed checkpoint, and
 the error that failed it, why it waits if it is CREATED or RESTARTING
-("waiting for 2 slots, 0 free"), and its last failure: when, in which task on
+("waiting for 2 slots, 0 free"; while the restart strategy's delay runs, when
+the next attempt starts: "next attempt at TIME, in 42s", next_attempt_at in
+--output json), and its last failure: when, in which task on
 which task manager, and what (the whole history is on the REST API at
 GET /jobs/JOB_ID/exceptions).`,
 		Args: cobra.ExactArgs(1),

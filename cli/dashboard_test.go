@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/jobmanager"
 )
 
@@ -299,4 +300,65 @@ func TestDashboardShowsLiveRatesAndCancelsAJobInRealTime(t *testing.T) {
 		const boxes = [...document.querySelectorAll("#graph g.vertex")];
 		return boxes.length >= 2 && boxes.every(g => { const m = g.textContent.match(/(\d+) in, (\d+) out/); return m && +m[1] > 0 && +m[2] > 0; });
 	})()`, 10*time.Second)
+}
+
+// What the dashboard shows of a failing job, in a real browser: the last
+// failure's banner names its task and task manager once and its message
+// once (in the body); the exception history is there, collapsed, one entry
+// per failure; while the restart strategy's delay runs, when the next
+// attempt starts; and once the job ended, how long it ran and when it
+// ended, not "running for".
+func TestDashboardShowsTheFailureHistoryTheNextAttemptAndAnEndedJob(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a cluster and a browser")
+	}
+	chromium(t)
+	t.Setenv(failpoint.EnvVar, failpoint.SinkAfterPrecommit+"=error")
+	c := startLocal(t, "--taskmanagers", "1", "--slots", "2")
+	jm := "http://" + c.addr(t, "jobmanager http on")
+	produceLines(t, c.broker, "lines", testLines(50, "h"))
+	// Delays of 50 ms, 2 s, then 80 s: three failures, then a long wait.
+	out, err := c.cli(t, "submit", "wordcount", "--parallelism", "2", "--checkpoint-interval", "100ms",
+		"--restart-strategy", "exponential-delay:initial-backoff=50ms,multiplier=40,max-backoff=5m,jitter=0",
+		"--set", "brokers="+c.broker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	st := c.waitStatus(t, id, "three failures and a long wait", func(j jobJSON) bool {
+		return j.Restarts >= 3 && j.State == "RESTARTING" && j.NextAttemptAt != ""
+	})
+	dom := render(t, jm+"/", 3*time.Second)
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Errorf(format+"\nrendered DOM:\n%s", append(args, dom)...)
+	}
+	head := regexp.MustCompile(`id="job-failure-head">([^<]*)<`).FindStringSubmatch(dom)
+	if head == nil || strings.Count(head[1], st.LastFailure.TaskManager) != 1 || !strings.Contains(head[1], " in "+html.EscapeString(st.LastFailure.Task)) ||
+		strings.Contains(head[1], failpoint.ErrInjected.Error()) {
+		fail("the failure banner's head %q, want the task and %s named once, and not the message (the body has it)", head, st.LastFailure.TaskManager)
+	}
+	if body := regexp.MustCompile(`id="job-failure-text">([^<]*)<`).FindStringSubmatch(dom); body == nil ||
+		strings.Count(body[1], failpoint.ErrInjected.Error()) != 1 {
+		fail("the failure banner's body %q, want the message once", body)
+	}
+	history := regexp.MustCompile(`(?s)<details id="job-exceptions"[^>]*>.*?</details></li></ol></details>`).FindString(dom)
+	if strings.Contains(history, " open") || strings.Contains(history, "hidden") ||
+		strings.Count(history, "<li data-exception=") < 3 {
+		fail("the exception history %q, want it collapsed with an entry per failure", history)
+	}
+	if !regexp.MustCompile(`<dt>next attempt</dt><dd>[^<]+ \(in [0-9.]+ (s|min)`).MatchString(dom) {
+		fail("the job's facts do not say when the next attempt starts")
+	}
+	if _, err := c.cli(t, "cancel", id); err != nil {
+		t.Fatal(err)
+	}
+	dom = render(t, jm+"/", 3*time.Second)
+	row := regexp.MustCompile(`<tr class="job selected" data-job="` + id + `">.*?</tr>`).FindString(dom)
+	if !regexp.MustCompile(`<td class="duration">ran [^<]+, ended [^<]+</td>`).MatchString(row) || strings.Contains(dom, "running for") {
+		fail("the ended job's row %q, want how long it ran and when it ended, and no \"running for\" anywhere", row)
+	}
+	if !strings.Contains(dom, "<dt>ended at</dt>") || !strings.Contains(dom, "<dt>ran for</dt>") || strings.Contains(dom, "<dt>next attempt</dt>") {
+		fail("the ended job's facts do not say how long it ran and when it ended, or still show a next attempt")
+	}
 }

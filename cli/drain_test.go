@@ -22,8 +22,9 @@ import (
 // --savepoint DIR --drain": its sources stop reading and emit the final
 // watermark before the savepoint's barrier, so every session of the input
 // is emitted exactly once (read_committed, record by record), the
-// savepoint is written and the job ends FINISHED. The same through REST
-// (POST /jobs/{id}/stop with "drain": true).
+// savepoint is written and the job ends FINISHED, its records out the
+// sessions written. The same through REST (POST /jobs/{id}/stop with
+// "drain": true).
 func TestStopWithDrainEmitsEverySessionOfTheSessionsExampleOnce(t *testing.T) {
 	for _, via := range []string{"cli", "rest"} {
 		t.Run(via, func(t *testing.T) { stopSessionsWithDrain(t, via) })
@@ -107,6 +108,12 @@ func stopSessionsWithDrain(t *testing.T, via string) {
 		case n < 0:
 			t.Errorf("session %q emitted %d extra times", k, -n)
 		}
+	}
+	// The job's records out are the sessions its sink wrote, though the
+	// drain fired every one of them after the last heartbeat (the task
+	// managers' final counts come with the end of their tasks).
+	if st := c.status(t, id); st.Restarts == 0 && st.RecordsOut != int64(len(got)) {
+		t.Errorf("status: records out %d, want the %d sessions committed", st.RecordsOut, len(got))
 	}
 	t.Logf("%d clicks, %d sessions emitted by the stop with drain into %s", len(clicks), len(got), sp)
 }

@@ -36,7 +36,7 @@ func (f *haFlags) add(cmd *cobra.Command) {
 	fl.StringSliceVar(&f.endpoints, "etcd-endpoints", nil, "etcd client URLs, comma-separated (--ha etcd)")
 	fl.StringVar(&f.cluster, "ha-cluster-id", "default", "name of the cluster in etcd: job managers with the same id form one cluster; clusters sharing an etcd never see each other's jobs")
 	fl.StringVar(&f.advertise, "advertise-address", "", "control-plane address the leader announces to task managers and clients (default: the --listen address bound)")
-	fl.DurationVar(&f.leaseTTL, "ha-lease-ttl", 15*time.Second, "time-to-live of the leader's etcd lease (whole seconds, at least 2s): a crashed leader is replaced after it; a leader cut off from etcd steps down after half of it")
+	fl.DurationVar(&f.leaseTTL, "ha-lease-ttl", 15*time.Second, "time-to-live of the leader's etcd lease (whole seconds, at least 2s; anything else is refused): a crashed leader is replaced after it; a leader cut off from etcd steps down after half of it")
 	fl.StringVar(&f.cacert, "etcd-cacert", "", "PEM CA bundle that verifies etcd's certificate (connects over TLS)")
 	fl.StringVar(&f.cert, "etcd-cert", "", "PEM client certificate for etcd (with --etcd-key)")
 	fl.StringVar(&f.key, "etcd-key", "", "PEM private key of --etcd-cert")
@@ -92,6 +92,11 @@ func (f *haFlags) open(ctx context.Context, cmd *cobra.Command, log *zap.Logger,
 		}
 	default:
 		return nil, none, flagError(cmd, fmt.Errorf("%w: --ha %q: want standalone, etcd or embedded", errHAFlags, f.mode))
+	}
+	// etcd grants leases in whole seconds: refused rather than rounded, so
+	// that the failover takes the time the operator asked for.
+	if f.leaseTTL < 2*time.Second || f.leaseTTL%time.Second != 0 {
+		return nil, none, flagError(cmd, fmt.Errorf("%w: --ha-lease-ttl %v: want whole seconds, at least 2s (etcd leases count in seconds)", errHAFlags, f.leaseTTL))
 	}
 	if f.storageURL == "" {
 		return nil, none, flagError(cmd, fmt.Errorf("%w: --ha %s needs --checkpoint-storage: every job manager of the cluster must reach the completed checkpoints' metadata (file:///shared/dir, s3://bucket/prefix)", errHAFlags, f.mode))

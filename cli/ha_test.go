@@ -15,7 +15,8 @@ import (
 // The high-availability flags are refused, with what to do, when they do
 // not make a cluster: HA without shared checkpoint storage (a new leader
 // could not read the checkpoints), etcd without endpoints, HA options on a
-// standalone job manager, an unknown mode.
+// standalone job manager, an unknown mode, a lease that is not whole
+// seconds of at least 2 s (etcd's leases count in seconds).
 func TestJobManagerRefusesHighAvailabilityFlagsThatCannotWork(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -29,6 +30,9 @@ func TestJobManagerRefusesHighAvailabilityFlagsThatCannotWork(t *testing.T) {
 		{[]string{"--ha", "zookeeper"}, `--ha "zookeeper": want standalone, etcd or embedded`},
 		{[]string{"--ha", "embedded", "--etcd-endpoints", "http://127.0.0.1:1", "--checkpoint-storage", "mem://x"}, "--ha embedded runs its own etcd"},
 		{[]string{"--ha", "etcd", "--etcd-endpoints", "http://127.0.0.1:1", "--checkpoint-storage", "mem://x", "--etcd-cert", "c.pem"}, "--etcd-cert and --etcd-key go together"},
+		{[]string{"--ha", "etcd", "--etcd-endpoints", "http://127.0.0.1:1", "--checkpoint-storage", "mem://x", "--ha-lease-ttl", "1500ms"}, "--ha-lease-ttl 1.5s: want whole seconds, at least 2s"},
+		{[]string{"--ha", "embedded", "--checkpoint-storage", "mem://x", "--ha-lease-ttl", "1s"}, "--ha-lease-ttl 1s: want whole seconds, at least 2s"},
+		{[]string{"--ha", "etcd", "--etcd-endpoints", "http://127.0.0.1:1", "--checkpoint-storage", "mem://x", "--ha-lease-ttl", "2500ms"}, "--ha-lease-ttl 2.5s: want whole seconds"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, _, err := runCLI(t, append([]string{"jobmanager", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"}, tc.args...)...)

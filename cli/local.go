@@ -58,9 +58,9 @@ DIR/checkpoints, or in memory): the first leads (its addresses are printed
 first, the others' after), the task managers are given every job manager.
 For trying high availability out; it is not highly available (one process).
 
-It prints "broker listening on HOST:PORT",
-"jobmanager listening on HOST:PORT" and "jobmanager http on HOST:PORT" on
-stdout, and stops on SIGINT/SIGTERM (running jobs are suspended, not
+It prints "broker listening on HOST:PORT" (with --broker HOST:PORT, "using
+broker HOST:PORT": it runs none), "jobmanager listening on HOST:PORT" and
+"jobmanager http on HOST:PORT" on stdout, and stops on SIGINT/SIGTERM (running jobs are suspended, not
 cancelled).`,
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
@@ -98,8 +98,11 @@ cancelled).`,
 				}
 				defer b.Close()
 				brokerAddr = b.Addr()
+				fmt.Fprintf(a.stdout, "broker listening on %s\n", brokerAddr)
+			} else {
+				// No broker runs here: say which one the jobs use.
+				fmt.Fprintf(a.stdout, "using broker %s\n", brokerAddr)
 			}
-			fmt.Fprintf(a.stdout, "broker listening on %s\n", brokerAddr)
 			jmDir := ""
 			if dataDir != "" {
 				jmDir = filepath.Join(dataDir, "jobmanager")

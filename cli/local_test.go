@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/internal/proctest"
 	weirruntime "github.com/weirstream/weir/runtime"
 )
@@ -52,7 +53,7 @@ func startLocalWith(t *testing.T, reg *weirruntime.Registry, args ...string) *lo
 			t.Logf("local stderr:\n%s", c.errs.String())
 		}
 	})
-	re := regexp.MustCompile(`(?m)^broker listening on (\S+)\n(?s:.*)^jobmanager listening on (\S+)$`)
+	re := regexp.MustCompile(`(?m)^(?:broker listening on|using broker) (\S+)\n(?s:.*)^jobmanager listening on (\S+)$`)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if m := re.FindStringSubmatch(c.out.String()); m != nil {
@@ -188,5 +189,16 @@ func TestSubmittedWordcountRunsExactlyOnceOnTheTaskManagers(t *testing.T) {
 	var cj jobJSON
 	if err := json.Unmarshal([]byte(out), &cj); err != nil || cj.State != "CANCELED" {
 		t.Fatalf("cancel answered %q (%v), want state CANCELED", out, err)
+	}
+}
+
+// local --broker HOST:PORT runs no broker, and says which one it uses
+// instead of "broker listening on".
+func TestLocalWithABrokerAddressSaysItUsesItAndRunsNone(t *testing.T) {
+	env := kafkatest.New(t)
+	c := startLocal(t, "--broker", env.Addr, "--taskmanagers", "1")
+	out := c.out.String()
+	if c.broker != env.Addr || !strings.Contains(out, "using broker "+env.Addr+"\n") || strings.Contains(out, "broker listening") {
+		t.Errorf("local --broker %s printed %q; want \"using broker %s\" and no \"broker listening\"", env.Addr, out, env.Addr)
 	}
 }

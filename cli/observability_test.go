@@ -136,6 +136,9 @@ type restJob struct {
 			TaskID      string `json:"task_id"`
 			TaskManager string `json:"taskmanager-id"`
 			Status      string `json:"status"`
+			Start       int64  `json:"start-time"`
+			End         int64  `json:"end-time"`
+			Duration    int64  `json:"duration"`
 		} `json:"subtasks"`
 	} `json:"vertices"`
 	Plan struct {
@@ -269,6 +272,12 @@ func TestMetricsAndRESTShowARunningJob(t *testing.T) {
 		for _, s := range v.Subtasks {
 			if s.TaskManager == "" || s.TaskID == "" {
 				t.Errorf("vertex %s: subtask %+v without its task manager", v.Name, s)
+			}
+			// A running subtask started when it was deployed, after the
+			// job was submitted, and has not ended.
+			if s.Start < job.Start || s.Start > time.Now().UnixMilli() || s.End != -1 || s.Duration < 0 {
+				t.Errorf("vertex %s: subtask %s start-time %d, end-time %d, duration %d; want its deployment's time (job started %d), -1, its age",
+					v.Name, s.TaskID, s.Start, s.End, s.Duration, job.Start)
 			}
 			tms[s.TaskManager] = true
 		}

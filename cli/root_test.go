@@ -5,13 +5,16 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/weirstream/weir/examples/nexmark"
 	"github.com/weirstream/weir/examples/wordcount"
 	weirruntime "github.com/weirstream/weir/runtime"
 )
@@ -159,5 +162,28 @@ func TestLogFormatJSONWritesJSONToStderr(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(errb.String()), "\n")
 	if len(lines) != 1 || !strings.HasPrefix(lines[0], "{") || !strings.Contains(lines[0], `"msg":"shown"`) {
 		t.Fatalf("stderr = %q, want one JSON line for the info message only", errb.String())
+	}
+}
+
+// `run` of a bounded job ends with what it read and wrote and how fast it
+// read: with Nexmark's discarding sink nothing else would say it.
+func TestRunPrintsTheRecordsInAndOutAndTheRateAtTheEnd(t *testing.T) {
+	reg := weirruntime.NewRegistry()
+	if err := nexmark.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	root := newRootCmd(reg, &out, &errb)
+	root.SetArgs([]string{"run", "nexmark", "--set", "query=q1", "--set", "events=3000", "--parallelism", "2", "--checkpoint-interval", "50ms"})
+	if err := root.ExecuteContext(t.Context()); err != nil {
+		t.Fatalf("run: %v\n%s", err, errb.String())
+	}
+	re := regexp.MustCompile(`(?m)^job \S+ finished: 0 restarts, last completed checkpoint \d+, records in 3000, out (\d+) in [0-9.]+(ms|s) \((\d+) records/s in\)$`)
+	m := re.FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("run printed %q; want the records in (3000) and out and the rate", out.String())
+	}
+	if n, _ := strconv.Atoi(m[1]); n == 0 {
+		t.Errorf("q1 wrote %d records, want one per bid", n)
 	}
 }

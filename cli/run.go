@@ -132,9 +132,11 @@ transactions are aborted, its held share records released).`,
 				opts = append(opts, runtime.StateStorage(st, stor.url), runtime.StateInlineLimit(stor.inlineLimit()), runtime.OrphanGrace(stor.grace))
 			}
 			log.Info("running job", zap.String("job", cmd.Flags().Arg(0)), zap.String("job_id", id), zap.String("checkpoint_dir", dir))
+			began := time.Now()
 			res, err := runtime.NewMiniCluster(opts...).Run(cmd.Context(), job)
+			took := time.Since(began)
 			if err != nil && cmd.Context().Err() != nil && errors.Is(err, cmd.Context().Err()) {
-				fmt.Fprintf(a.stdout, "job %s cancelled: %d restarts, last completed checkpoint %d\n", id, res.Restarts, res.LastCheckpoint)
+				fmt.Fprintf(a.stdout, "job %s cancelled: %d restarts, last completed checkpoint %d, %s\n", id, res.Restarts, res.LastCheckpoint, recordsLine(res, took))
 				if retain.on {
 					return retain.write(a, checkpoint.Resolving(store, st), id, dir, cmd.Flags().Arg(0), params, log)
 				}
@@ -143,7 +145,7 @@ transactions are aborted, its held share records released).`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "job %s finished: %d restarts, last completed checkpoint %d\n", id, res.Restarts, res.LastCheckpoint)
+			fmt.Fprintf(a.stdout, "job %s finished: %d restarts, last completed checkpoint %d, %s\n", id, res.Restarts, res.LastCheckpoint, recordsLine(res, took))
 			return nil
 		}),
 	}
@@ -319,4 +321,19 @@ func probeStorage(ctx context.Context, st storage.Storage, u string) error {
 		return fmt.Errorf("--checkpoint-storage %s: %w", u, err)
 	}
 	return nil
+}
+
+// recordsLine says what the run's last attempt read and wrote, and how
+// fast it read over took, the run's wall time (what a discarding sink
+// would otherwise leave unsaid).
+func recordsLine(res runtime.Result, took time.Duration) string {
+	rate := 0.0
+	if took > 0 {
+		rate = float64(res.Records.In) / took.Seconds()
+	}
+	attempt := ""
+	if res.Restarts > 0 {
+		attempt = " (last attempt)"
+	}
+	return fmt.Sprintf("records in %d, out %d%s in %v (%.0f records/s in)", res.Records.In, res.Records.Out, attempt, took.Round(time.Millisecond), rate)
 }

@@ -188,9 +188,25 @@ func TestRetainOnCancelLeavesASavepointThatContinuesTheJob(t *testing.T) {
 
 	second := testLines(300, "q")
 	produceLines(t, c.broker, "lines", second)
-	if _, err := c.cli(t, "submit", "wordcount", "--parallelism", "1", "--checkpoint-interval", "100ms",
-		"--set", "brokers="+c.broker, "--from-savepoint", st.RetainedSavepoint); err != nil {
+	out, err = c.cli(t, "submit", "wordcount", "--parallelism", "1", "--checkpoint-interval", "100ms",
+		"--set", "brokers="+c.broker, "--from-savepoint", st.RetainedSavepoint)
+	if err != nil {
 		t.Fatal(err)
 	}
 	waitCounted(t, c.broker, "counts", wordcount.Expected(append(first, second...)))
+	// REST says the job restored a savepoint, and where it is (Flink's
+	// latest.restored), not an anonymous checkpoint.
+	var cps struct {
+		Latest struct {
+			Restored *struct {
+				ID           uint64 `json:"id"`
+				IsSavepoint  bool   `json:"is_savepoint"`
+				ExternalPath string `json:"external_path"`
+			} `json:"restored"`
+		} `json:"latest"`
+	}
+	getJSON(t, "http://"+c.addr(t, "jobmanager http on")+"/jobs/"+strings.TrimSpace(out)+"/checkpoints", &cps)
+	if r := cps.Latest.Restored; r == nil || !r.IsSavepoint || r.ExternalPath != st.RetainedSavepoint {
+		t.Errorf("checkpoints' latest.restored %+v, want the savepoint %s", r, st.RetainedSavepoint)
+	}
 }

@@ -3,7 +3,9 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/weirstream/weir/internal/rpc/weirpb"
 )
@@ -31,5 +33,47 @@ func TestStatusJSONOfAHealthyJobHasErrorAndRestartStrategy(t *testing.T) {
 		if doc["restart_strategy"] != st.RestartStrategy {
 			t.Errorf("restart_strategy %v, want %q", doc["restart_strategy"], st.RestartStrategy)
 		}
+	}
+}
+
+// A RESTARTING job waiting out its restart strategy's delay shows when
+// its next attempt starts: next_attempt_at in --output json, and in the
+// table's state column; a job that waits for none shows neither.
+func TestStatusShowsWhenARestartingJobsNextAttemptStarts(t *testing.T) {
+	at := time.Date(2026, 12, 6, 1, 30, 0, 0, time.UTC)
+	tests := []struct {
+		name      string
+		st        *weirpb.JobStatus
+		wantJSON  string // "" for absent
+		wantTable string
+	}{
+		{"waiting out the delay", &weirpb.JobStatus{Id: "0123456789abcdef0123456789abcdef", Name: "wordcount", State: "RESTARTING",
+			NextAttemptUnixMs: at.UnixMilli()}, "2026-12-06T01:30:00Z", "RESTARTING (next attempt at 2026-12-06T01:30:00Z)"},
+		{"and for slots", &weirpb.JobStatus{Id: "0123456789abcdef0123456789abcdef", Name: "wordcount", State: "RESTARTING",
+			NextAttemptUnixMs: at.UnixMilli(), Waiting: "waiting for 2 slots, 0 free"}, "2026-12-06T01:30:00Z",
+			"RESTARTING (next attempt at 2026-12-06T01:30:00Z; waiting for 2 slots, 0 free)"},
+		{"running", &weirpb.JobStatus{Id: "0123456789abcdef0123456789abcdef", Name: "wordcount", State: "RUNNING"}, "", "RUNNING  "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			if err := printJobs(&buf, "json", []*weirpb.JobStatus{tt.st}, true); err != nil {
+				t.Fatal(err)
+			}
+			var doc map[string]any
+			if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+				t.Fatalf("%v: %q", err, buf.String())
+			}
+			if got, ok := doc["next_attempt_at"]; tt.wantJSON == "" && ok || tt.wantJSON != "" && got != tt.wantJSON {
+				t.Errorf("next_attempt_at %v (present %v), want %q", got, ok, tt.wantJSON)
+			}
+			buf.Reset()
+			if err := printJobs(&buf, "table", []*weirpb.JobStatus{tt.st}, true); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(buf.String(), tt.wantTable) {
+				t.Errorf("table %q lacks %q", buf.String(), tt.wantTable)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package jobmanager
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -66,6 +67,10 @@ type share struct {
 	endOnce  sync.Once
 	ended    chan struct{}
 	finished bool
+	// deployedAt is when the job manager deployed the tasks (their
+	// start-time, Flink's DEPLOYING), endedAt when they ended (set
+	// before ended is closed).
+	deployedAt, endedAt time.Time
 
 	completed checkpoint.Latest // newest checkpoint persisted (NoteCompleted), notified complete or restored
 
@@ -139,6 +144,9 @@ type placedTask struct {
 	dataHost      string
 	ended         bool
 	finished      bool
+	// started is when the task was deployed, endedAt when it ended (zero
+	// while it runs).
+	started, endedAt time.Time
 }
 
 // tasks returns every task of the attempt by id.
@@ -149,16 +157,17 @@ func (rd *remoteDeployment) tasks() map[checkpoint.TaskID]placedTask {
 		stats, busy := sh.stats, sh.busy
 		sh.statsMu.Unlock()
 		ended, finished := false, false
+		var endedAt time.Time
 		select {
 		case <-sh.ended:
-			ended, finished = true, sh.finished
+			ended, finished, endedAt = true, sh.finished, sh.endedAt
 		default:
 		}
 		for _, t := range sh.tasks {
 			st, ok := stats[t]
 			bp, bpKnown := busy[t]
 			out[t] = placedTask{taskManager: sh.ss.tm.ID, dataHost: sh.ss.tm.DataHost, stats: st, known: ok, backPressured: bp,
-				bpKnown: bpKnown, ended: ended, finished: finished}
+				bpKnown: bpKnown, ended: ended, finished: finished, started: sh.deployedAt, endedAt: endedAt}
 		}
 	}
 	return out
@@ -254,7 +263,7 @@ func (sh *share) setPrepared(p runtime.Prepared, addr string, err error) {
 
 func (sh *share) end(finished bool) {
 	sh.endOnce.Do(func() {
-		sh.finished = finished
+		sh.finished, sh.endedAt = finished, time.Now()
 		close(sh.ended)
 	})
 }
@@ -267,6 +276,10 @@ func (ss *session) receive(asm *rpc.Assembler, m *weirpb.TaskManagerMessage, inb
 	switch v := m.Msg.(type) {
 	case *weirpb.TaskManagerMessage_Heartbeat:
 		ss.handle(m)
+		return
+	case *weirpb.TaskManagerMessage_Goodbye:
+		reason := cmp.Or(v.Goodbye.Reason, "it said goodbye")
+		ss.goodbye.Store(&reason)
 		return
 	case *weirpb.TaskManagerMessage_Chunk:
 		if err := asm.Add(v.Chunk); err != nil {
@@ -363,6 +376,7 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 		default:
 		}
 	case *weirpb.TaskManagerMessage_Ended:
+		sh.setStats(v.Ended.Tasks) // the final counts, before anyone reads them as such
 		sh.end(v.Ended.Finished)
 	case *weirpb.TaskManagerMessage_Ack:
 		a := v.Ack
@@ -478,7 +492,7 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 	for _, ss := range order {
 		tasks := byTM[ss]
 		sh := &share{ss: ss, key: key, tasks: tasks, local: map[checkpoint.TaskID]bool{}, rep: rep, log: d.log,
-			anyTask: tasks[0], prepared: make(chan struct{}), opened: make(chan error, 1), ended: make(chan struct{})}
+			anyTask: tasks[0], prepared: make(chan struct{}), opened: make(chan error, 1), ended: make(chan struct{}), deployedAt: time.Now()}
 		sh.completed.Note(spec.LastCompleted)
 		ids := make([]string, len(tasks))
 		for i, t := range tasks {

@@ -105,6 +105,9 @@ type runningJob struct {
 	restored checkpoint.ID     // what the current attempt restored
 	current  *remoteDeployment // the current attempt (nil before the first)
 	waiting  string            // why the job waits for its next attempt ("": it does not)
+	// nextAttempt is when the restart strategy's delay ends and the next
+	// attempt starts (zero once it started, or before the first failure).
+	nextAttempt time.Time
 }
 
 // endedAttempt is the last attempt of a job that stopped here.
@@ -134,6 +137,9 @@ func (j *runningJob) record() (JobRecord, checkpoint.ID) {
 	}
 	if r.State == StateCreated || r.State == StateRestarting {
 		r.Waiting = j.waiting
+	}
+	if r.State == StateRestarting && !j.nextAttempt.IsZero() {
+		r.NextAttemptUnixMs = j.nextAttempt.UnixMilli()
 	}
 	return r, j.last
 }
@@ -310,10 +316,16 @@ func (s *Server) start(r JobRecord, job *runtime.Job, failover bool) error {
 			stats.restoredFrom(from)
 			rj.mu.Lock()
 			rj.restored = from
+			rj.nextAttempt = time.Time{}
 			rj.mu.Unlock()
 			if failover && attempt == 0 {
 				s.recordFailover(rj, from)
 			}
+		}),
+		runtime.OnNextAttempt(func(at time.Time) {
+			rj.mu.Lock()
+			rj.nextAttempt = at
+			rj.mu.Unlock()
 		}),
 		runtime.OnRestart(func(_ int, err error) {
 			stats.restart(err)
@@ -595,6 +607,9 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 		State: StateCreated, RestartStrategy: restart, SubmittedUnixMs: time.Now().UnixMilli(),
 		FromSavepoint: cfg.fromSavepoint, AllowNonRestoredState: cfg.allowNonRestored, RetainOnCancel: cfg.retainOnCancel,
 		CheckpointTimeoutMs: cfg.cpTimeout.Milliseconds()}
+	if cfg.fromSavepoint != "" {
+		r.FromSavepointCheckpoint = from.ID
+	}
 	r.ChangedUnixMs = r.SubmittedUnixMs
 	if r.Params == nil {
 		r.Params = map[string]string{}
@@ -804,7 +819,7 @@ func (s *Server) toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
 		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
 		RestartStrategy: restartStrategyInForce(r.RestartStrategy), CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
 		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting, RetainedSavepoint: r.RetainedSavepoint,
-		CheckpointTimeoutMs: s.cpTimeout(r).Milliseconds()}
+		CheckpointTimeoutMs: s.cpTimeout(r).Milliseconds(), NextAttemptUnixMs: r.NextAttemptUnixMs}
 	if e := r.LastException(); e != nil {
 		st.LastFailure = &weirpb.JobFailure{UnixMs: e.UnixMs, Message: e.Message, Task: e.Task, TaskManager: e.TaskManager, Restarted: e.Restarted}
 	}

@@ -50,6 +50,10 @@ type JobRecord struct {
 	// job no longer has.
 	FromSavepoint         string `json:"from_savepoint,omitempty"`
 	AllowNonRestoredState bool   `json:"allow_non_restored_state,omitempty"`
+	// FromSavepointCheckpoint is the savepoint's checkpoint id: the job's
+	// first completed checkpoint, which a restore of it restores (REST's
+	// latest.restored then says is_savepoint and names FromSavepoint).
+	FromSavepointCheckpoint checkpoint.ID `json:"from_savepoint_checkpoint,omitempty"`
 	// RetainOnCancel: a cancel writes the job's latest completed
 	// checkpoint out as a savepoint, RetainedSavepoint.
 	RetainOnCancel    bool   `json:"retain_on_cancel,omitempty"`
@@ -77,6 +81,10 @@ type JobRecord struct {
 	// ("waiting for 2 slots, 1 free"; not stored: it is known while the
 	// job waits).
 	Waiting string `json:"-"`
+	// NextAttemptUnixMs is when a RESTARTING job's next attempt starts,
+	// the restart strategy's delay over (0: not waiting for one; not
+	// stored: it is known while the job waits).
+	NextAttemptUnixMs int64 `json:"-"`
 	// RestoredFrom is the checkpoint the running attempt restored (not
 	// stored: it is known while the job runs).
 	RestoredFrom checkpoint.ID `json:"-"`

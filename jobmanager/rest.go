@@ -349,6 +349,7 @@ type jobDetails struct {
 	RecordsOut              int64             `json:"records_out"`
 	Error                   string            `json:"error"`
 	Waiting                 string            `json:"waiting"`
+	NextAttemptAt           int64             `json:"next_attempt_at,omitempty"`
 	Params                  map[string]string `json:"params"`
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
 	RestartStrategy         string            `json:"restart_strategy"`
@@ -376,7 +377,7 @@ func (s *Server) jobDetails(ctx context.Context, id string) (jobDetails, error) 
 // details renders rec, whose last completed checkpoint is last.
 func (s *Server) details(rec JobRecord, last checkpoint.ID) jobDetails {
 	now := time.Now().UnixMilli()
-	d := jobDetails{ID: rec.ID, Name: rec.DisplayName(), Waiting: rec.Waiting, State: string(rec.State), JobType: "STREAMING", jobTimes: s.times(rec), Now: now,
+	d := jobDetails{ID: rec.ID, Name: rec.DisplayName(), Waiting: rec.Waiting, NextAttemptAt: rec.NextAttemptUnixMs, State: string(rec.State), JobType: "STREAMING", jobTimes: s.times(rec), Now: now,
 		Restarts: rec.Restarts, LastCompletedCheckpoint: uint64(last), RestoredFromCheckpoint: uint64(rec.RestoredFrom),
 		RecordsIn: rec.Records.In, RecordsOut: rec.Records.Out, Error: rec.Error, Params: rec.Params,
 		CheckpointIntervalMs: rec.CheckpointIntervalMs, RestartStrategy: restartStrategyInForce(rec.RestartStrategy),
@@ -399,6 +400,14 @@ func (s *Server) details(rec JobRecord, last checkpoint.ID) jobDetails {
 				Start: -1, End: -1, Duration: -1, StatusDuration: map[string]int64{}}
 			if p, ok := placed[t]; ok {
 				si.TaskManager, si.Host, si.Endpoint = p.taskManager, p.dataHost, p.dataHost
+				if !p.started.IsZero() {
+					si.Start = p.started.UnixMilli()
+					si.Duration = now - si.Start
+					if !p.endedAt.IsZero() {
+						si.End = p.endedAt.UnixMilli()
+						si.Duration = si.End - si.Start
+					}
+				}
 				si.Status = taskStatus(rec.State, p, true)
 				si.Metrics = ioMetrics{ReadRecords: p.stats.RecordsIn, ReadRecordsComplete: p.known,
 					WriteRecords: p.stats.RecordsOut, WriteRecordsComplete: p.known, BackPressuredMs: p.stats.BackPressured.Milliseconds()}

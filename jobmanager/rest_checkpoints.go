@@ -278,6 +278,12 @@ func (s *Server) checkpointStats(ctx context.Context, id string, n int) (cpRespo
 	if snap.LastRestore != nil {
 		out.Latest.Restored = &cpRestored{ID: uint64(snap.LastRestore.ID), RestoreTimestamp: snap.LastRestore.At.UnixMilli(),
 			ExternalPath: notExternallyAddressable}
+		// The savepoint the job was submitted from is its first completed
+		// checkpoint (imported at submit): restoring it is restoring the
+		// savepoint, whose path is external.
+		if rec.FromSavepoint != "" && snap.LastRestore.ID == rec.FromSavepointCheckpoint {
+			out.Latest.Restored.IsSavepoint, out.Latest.Restored.ExternalPath = true, rec.FromSavepoint
+		}
 	}
 	return out, nil
 }

@@ -54,7 +54,15 @@ type session struct {
 
 	mu     sync.Mutex
 	shares map[shareKey]*share
+
+	// goodbye is the reason the task manager gave for ending the session
+	// on purpose (nil: it gave none).
+	goodbye atomic.Pointer[string]
 }
+
+// errStopped is why a session ends whose task manager said goodbye: it
+// stopped on purpose (SIGINT/SIGTERM), it was not lost.
+var errStopped = errors.New("the task manager stopped")
 
 // Opt configures a Server.
 type Opt interface{ apply(*cfg) }
@@ -514,8 +522,18 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 		}
 	}
 	wg.Wait()
+	bye := ss.goodbye.Load()
+	if bye != nil && !errors.Is(err, errSilent) {
+		err = fmt.Errorf("%w (%s)", errStopped, *bye)
+	}
 	ss.end(fmt.Errorf("%w: %s: %w", ErrTaskManagerLost, tm.ID, err))
-	s.cfg.log.Warn("task manager lost", zap.String("task_manager", tm.ID), zap.Uint64("session", tm.Session), zap.Error(err))
+	if bye != nil || s.stopping.Load() {
+		// A clean stop on either side is no loss to warn about; its
+		// tasks fail over all the same.
+		s.cfg.log.Info("task manager session ended", zap.String("task_manager", tm.ID), zap.Uint64("session", tm.Session), zap.Error(err))
+	} else {
+		s.cfg.log.Warn("task manager lost", zap.String("task_manager", tm.ID), zap.Uint64("session", tm.Session), zap.Error(err))
+	}
 	if errors.Is(err, errSilent) {
 		return err // returning ends the stream; the pending Recv then returns
 	}

@@ -99,6 +99,7 @@ type clusterCfg struct {
 	suspend           context.Context
 	onRestart         func(restarts int, err error)
 	onRestore         func(attempt int, from checkpoint.ID)
+	onNextAttempt     func(at time.Time)
 	detection         time.Duration
 	slotWait          time.Duration
 	stateStorage      storage.Storage
@@ -514,6 +515,14 @@ func OnRestore(fn func(attempt int, from checkpoint.ID)) ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) { c.onRestore = fn })
 }
 
+// OnNextAttempt calls fn each time the job fails and the restart strategy
+// restarts it (after OnRestart), with the time the restart strategy's
+// delay ends and the next attempt starts: what a job waiting in
+// RESTARTING waits for (status's next_attempt_at). fn must return quickly.
+func OnNextAttempt(fn func(at time.Time)) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.onNextAttempt = fn })
+}
+
 // Failpoints injects faults into every operator and the checkpoint driver.
 func Failpoints(fp Failpointer) ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) {
@@ -609,6 +618,10 @@ func NewMiniCluster(opts ...ClusterOpt) *MiniCluster {
 type Result struct {
 	Restarts       int
 	LastCheckpoint checkpoint.ID
+	// Records are what the last attempt's sources emitted and its sinks
+	// wrote (Deployed.Counts once its tasks ended): a run without
+	// restarts counts every record once.
+	Records RecordCounts
 }
 
 // Run runs job until every source ended and the final checkpoint completed
@@ -748,6 +761,9 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 			m.mu.Lock()
 			m.current = nil
 			m.mu.Unlock()
+			if a.dep != nil {
+				res.Records = a.dep.Counts()
+			}
 			if last > res.LastCheckpoint {
 				res.LastCheckpoint = last
 			}
@@ -783,10 +799,14 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 		if cfg.restart.name == StrategyFixedDelay {
 			fields = append(fields, zap.Int("max_restarts", cfg.restart.attempts))
 		}
+		next := time.Now().Add(d.Delay)
+		if cfg.onNextAttempt != nil {
+			cfg.onNextAttempt(next)
+		}
 		cfg.log.Warn("job failed, restarting from the latest completed checkpoint",
-			append(fields, zap.Duration("delay", d.Delay), zap.Error(runErr))...)
+			append(fields, zap.Duration("delay", d.Delay), zap.Time("next_attempt_at", next), zap.Error(runErr))...)
 		select {
-		case <-time.After(d.Delay):
+		case <-time.After(time.Until(next)):
 		case <-ctx.Done():
 			return res, m.endCanceled(ctx, cfg, store, p, pending, attempt+1)
 		case <-cfg.suspended():

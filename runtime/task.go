@@ -282,7 +282,12 @@ func (t *task) end(ctx context.Context, restore []*SubtaskState) error {
 func (t *task) runSource(ctx context.Context) error {
 	src := t.ops[0].(interface{ poll(context.Context) error })
 	ended := false
+	defer t.publishRecords()
 	for {
+		// What the last round wrote is published before the next wait:
+		// a chained sink also writes on a checkpoint's or a drain's
+		// control message (the final watermark fires its windows).
+		t.publishRecords()
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -409,7 +414,13 @@ func (t *task) runInputs(ctx context.Context) error {
 		t.armProcessingTime()
 	}
 	sel := newSelector(t)
+	defer t.publishRecords()
 	for t.aligner.live() > 0 {
+		// What the last element made the chain write is published
+		// before the next wait, whatever the element was: a sink writes
+		// what a watermark, a processing-time timer or the end of input
+		// fired as well as what a batch brought.
+		t.publishRecords()
 		idx, e, c, err := sel.next(ctx)
 		if err != nil {
 			return err
@@ -430,7 +441,6 @@ func (t *task) runInputs(ctx context.Context) error {
 		case e.batch != nil:
 			n, err := t.inputs[idx].deliver(e.batch)
 			t.stats.in.Add(int64(n))
-			t.publishRecords()
 			if err != nil {
 				return err
 			}
@@ -466,6 +476,7 @@ func (t *task) runInputs(ctx context.Context) error {
 	// Every input ended: the stream ends once the last snapshot is resolved.
 	done, err := t.execute(ctx, t.seq.endOfInputs(), 0)
 	for !done && err == nil {
+		t.publishRecords()
 		select {
 		case c := <-t.ctrl:
 			done, err = t.handleControl(ctx, c)

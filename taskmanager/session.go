@@ -241,13 +241,18 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 	}
 	defer jms.Close()
 	var authDelay time.Duration // the last pause, while the token is refused
+	var out outage              // the attempts since the last session that registered
 	for {
 		target, client, err := jms.Leader(ctx)
+		registered := false
 		if err == nil {
-			err = session(ctx, client, &c)
+			registered, err = session(ctx, client, &c)
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if registered {
+			out = outage{}
 		}
 		delay := reconnectDelay(authDelay, c.reconnect, err)
 		authDelay = 0
@@ -256,8 +261,7 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 			c.log.Warn("job manager refused the auth token; retrying with backoff (check --auth-token-file)",
 				zap.String("job_manager", target), zap.Duration("delay", delay), zap.Error(err))
 		} else {
-			c.log.Warn("job manager session lost; reconnecting", zap.String("job_manager", cmp.Or(target, addr)),
-				zap.Duration("delay", delay), zap.Error(err))
+			out.failed(c.log, time.Now(), cmp.Or(target, addr), delay, err)
 		}
 		select {
 		case <-time.After(delay):
@@ -265,6 +269,42 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// outageLogInterval is how often a task manager that keeps failing to
+// reach its job manager (a job-manager failover, a job manager down) says
+// so again: one warning when the session is lost, then one summary per
+// interval instead of one per attempt (every 500 ms).
+const outageLogInterval = 10 * time.Second
+
+// outage counts the failed attempts to reach the job manager since the
+// last session that registered, and rate-limits their warnings.
+type outage struct {
+	start, logged time.Time
+	attempts      int // failed attempts in all
+	quiet         int // failed attempts since the last warning
+}
+
+// failed records one more failed attempt (it ended with err, the next
+// comes after delay) and logs it: the first at once, the following ones in
+// a summary at most every outageLogInterval.
+func (o *outage) failed(log *zap.Logger, now time.Time, jm string, delay time.Duration, err error) {
+	o.attempts++
+	if o.attempts == 1 {
+		o.start, o.logged = now, now
+		log.Warn("job manager session lost; reconnecting", zap.String("job_manager", jm),
+			zap.Duration("delay", delay), zap.Error(err))
+		return
+	}
+	o.quiet++
+	if now.Sub(o.logged) < outageLogInterval {
+		log.Debug("job manager still unreachable", zap.String("job_manager", jm), zap.Error(err))
+		return
+	}
+	log.Warn("still reconnecting to the job manager", zap.String("job_manager", jm),
+		zap.Int("attempts", o.attempts), zap.Int("attempts_since_last_logged", o.quiet),
+		zap.Duration("for", now.Sub(o.start).Round(time.Millisecond)), zap.Duration("delay", delay), zap.Error(err))
+	o.logged, o.quiet = now, 0
 }
 
 // maxAuthBackoff caps the pause between attempts the job manager refuses
@@ -283,13 +323,25 @@ func reconnectDelay(prev, base time.Duration, err error) time.Duration {
 	return min(2*prev, max(maxAuthBackoff, base))
 }
 
-// session runs one registration until it is lost.
-func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) error {
+// session runs one registration until it is lost; registered says
+// whether the job manager took the registration.
+func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) (registered bool, err error) {
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
-	st, err := client.Connect(ctx)
+	// The stream outlives parent just long enough to say goodbye when the
+	// task manager stops (parent done): the job manager then logs a stop,
+	// not a lost task manager. It ends with the session.
+	sctx, scancel := context.WithCancel(context.WithoutCancel(parent))
+	defer scancel()
+	go func() {
+		<-ctx.Done()
+		if parent.Err() == nil {
+			scancel() // the session failed: the stream goes with it at once
+		}
+	}()
+	st, err := client.Connect(sctx)
 	if err != nil {
-		return fmt.Errorf("%w: %w", rpc.ErrUnreachable, err)
+		return false, fmt.Errorf("%w: %w", rpc.ErrUnreachable, err)
 	}
 	if err := st.Send(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Register{Register: &weirpb.Register{
 		TaskManagerId: c.id, Slots: int32(c.slots), DataHost: c.announcedHost()}}}); err != nil {
@@ -298,23 +350,23 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 				err = rerr
 			}
 		}
-		return fmt.Errorf("register: %w", err)
+		return false, fmt.Errorf("register: %w", err)
 	}
 	first, err := st.Recv()
 	if err != nil {
-		return fmt.Errorf("register: %w", err)
+		return false, fmt.Errorf("register: %w", err)
 	}
 	reg := first.GetRegistered()
 	if reg == nil {
-		return fmt.Errorf("the job manager answered the registration with %v", first)
+		return false, fmt.Errorf("the job manager answered the registration with %v", first)
 	}
 	if err := c.fence.admit(first.LeaderToken); err != nil {
-		return fmt.Errorf("register: %w", err)
+		return false, fmt.Errorf("register: %w", err)
 	}
 	interval := time.Duration(reg.HeartbeatIntervalMs) * time.Millisecond
 	timeout := time.Duration(reg.HeartbeatTimeoutMs) * time.Millisecond
 	if interval <= 0 || timeout <= interval {
-		return fmt.Errorf("the job manager announced heartbeat interval %v, timeout %v", interval, timeout)
+		return false, fmt.Errorf("the job manager announced heartbeat interval %v, timeout %v", interval, timeout)
 	}
 	c.log.Info("registered with the job manager", zap.String("task_manager", c.id), zap.Uint64("session", reg.Session))
 	if c.onRegistered != nil {
@@ -379,6 +431,42 @@ func session(parent context.Context, client weirpb.JobManagerClient, c *cfg) err
 		}
 	}()
 	<-ctx.Done()
+	if parent.Err() != nil {
+		goodbye(func(m *weirpb.TaskManagerMessage) error {
+			// Under the send lock: CloseSend must not run beside a Send
+			// (a deployment's last replies).
+			sendMu.Lock()
+			defer sendMu.Unlock()
+			if err := st.Send(m); err != nil {
+				return err
+			}
+			return st.CloseSend()
+		}, c.id, context.Cause(parent))
+	}
+	scancel()
 	wg.Wait()
-	return context.Cause(ctx)
+	return true, context.Cause(ctx)
+}
+
+// goodbyeTimeout bounds the wait to say goodbye to a job manager that does
+// not read.
+const goodbyeTimeout = time.Second
+
+// goodbye tells the job manager that the task manager ends the session on
+// purpose (why: it is stopping): sendLast sends it and closes the stream's
+// sending side.
+func goodbye(sendLast func(*weirpb.TaskManagerMessage) error, id string, why error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		reason := "task manager " + id + " is stopping"
+		if why != nil && !errors.Is(why, context.Canceled) {
+			reason += ": " + why.Error()
+		}
+		_ = sendLast(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Goodbye{Goodbye: &weirpb.Goodbye{Reason: reason}}})
+	}()
+	select {
+	case <-done:
+	case <-time.After(goodbyeTimeout):
+	}
 }

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
 
 	"github.com/weirstream/weir/internal/rpc/weirpb"
@@ -98,5 +101,28 @@ func TestTaskManagerReconnectsToARestartedJobManager(t *testing.T) {
 func TestTaskManagerRefusesZeroSlots(t *testing.T) {
 	if err := taskmanager.Run(t.Context(), "127.0.0.1:1", taskmanager.Slots(0)); err == nil {
 		t.Fatal("Run with 0 slots succeeded")
+	}
+}
+
+// A task manager whose job manager is unreachable (down, or failing over)
+// retries every reconnect delay but warns once, not at every attempt.
+func TestAnUnreachableJobManagerIsWarnedOfOnceNotAtEveryAttempt(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := lis.Addr().String()
+	lis.Close()
+	core, logs := observer.New(zapcore.DebugLevel)
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	err = taskmanager.Run(ctx, dead, taskmanager.ID("tm-a"), taskmanager.Logger(zap.New(core)),
+		taskmanager.ReconnectDelay(50*time.Millisecond))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Run: %v, want the context's deadline", err)
+	}
+	attempts := logs.FilterMessage("job manager still unreachable").Len() + 1
+	if warns := logs.FilterLevelExact(zapcore.WarnLevel).All(); len(warns) != 1 || attempts < 5 {
+		t.Errorf("%d attempts, %d warnings %v; want several attempts and one warning", attempts, len(warns), warns)
 	}
 }

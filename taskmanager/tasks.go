@@ -124,15 +124,23 @@ func (ds *deployments) handle(m *weirpb.JobManagerMessage) {
 func (ds *deployments) counts() []*weirpb.DeploymentCounts {
 	var out []*weirpb.DeploymentCounts
 	for _, b := range ds.built() {
-		dc := &weirpb.DeploymentCounts{JobId: b.key.job, Attempt: b.key.attempt}
-		if sr, ok := b.dep.(statsReader); ok {
-			for _, t := range sr.TaskStats() {
-				dc.Tasks = append(dc.Tasks, &weirpb.TaskCounts{TaskId: string(t.Task), RecordsIn: t.RecordsIn,
-					RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds(), Source: t.Source, Sink: t.Sink,
-					PendingRecords: t.PendingRecords, InputWatermark: t.InputWatermark, OutputWatermark: t.OutputWatermark})
-			}
-		}
-		out = append(out, dc)
+		out = append(out, &weirpb.DeploymentCounts{JobId: b.key.job, Attempt: b.key.attempt, Tasks: taskCounts(b.dep)})
+	}
+	return out
+}
+
+// taskCounts are the counters of dep's tasks, as the job manager reads
+// them.
+func taskCounts(dep runtime.Deployed) []*weirpb.TaskCounts {
+	sr, ok := dep.(statsReader)
+	if !ok {
+		return nil
+	}
+	var out []*weirpb.TaskCounts
+	for _, t := range sr.TaskStats() {
+		out = append(out, &weirpb.TaskCounts{TaskId: string(t.Task), RecordsIn: t.RecordsIn,
+			RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds(), Source: t.Source, Sink: t.Sink,
+			PendingRecords: t.PendingRecords, InputWatermark: t.InputWatermark, OutputWatermark: t.OutputWatermark})
 	}
 	return out
 }
@@ -349,7 +357,7 @@ func (d *deployment) run(m *weirpb.DeployTasks) {
 				execute(c)
 			}
 		case finished := <-ended:
-			d.end(finished)
+			d.end(dep, finished)
 			return
 		case <-d.ctx.Done():
 			// The session is lost or the job manager cancelled the tasks
@@ -358,7 +366,7 @@ func (d *deployment) run(m *weirpb.DeployTasks) {
 			if !opened {
 				go wait()
 			}
-			d.end(<-ended)
+			d.end(dep, <-ended)
 			return
 		}
 	}
@@ -370,9 +378,12 @@ func (d *deployment) forGoodNow() bool {
 	return d.forGood
 }
 
-func (d *deployment) end(finished bool) {
+// end tells the job manager dep's tasks ended, with their final counters
+// (what they counted after the last heartbeat included).
+func (d *deployment) end(dep runtime.Deployed, finished bool) {
 	d.log().Info("tasks ended", zap.Bool("finished", finished))
-	d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Ended{Ended: &weirpb.DeploymentEnded{JobId: d.key.job, Attempt: d.key.attempt, Finished: finished}}})
+	d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Ended{Ended: &weirpb.DeploymentEnded{JobId: d.key.job, Attempt: d.key.attempt,
+		Finished: finished, Tasks: taskCounts(dep)}}})
 }
 
 // build builds the job from the registry and deploys this share of it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,4 +84,59 @@ func TestQueryThroughAShareGroupToTheExactlyOnceSinkMatchesTheBatchComputation(t
 	sameRecords(t, got, want)
 	env.RequireNothingOpen(t, "q1-results")
 	t.Log(strconv.Itoa(len(got)) + " results read_committed, each once")
+}
+
+// keepDeployments deploys every attempt in process and keeps them, to read
+// their record counts once the job ended.
+type keepDeployments struct {
+	job  *runtime.Job
+	mu   sync.Mutex
+	deps []runtime.Deployed
+}
+
+func (k *keepDeployments) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runtime.TaskReports) (runtime.Deployed, error) {
+	d, err := runtime.Deploy(ctx, k.job, spec, nil, rep)
+	if err == nil {
+		k.mu.Lock()
+		k.deps = append(k.deps, d)
+		k.mu.Unlock()
+	}
+	return d, err
+}
+
+// The job's records out (what `list`, `status` and REST's write-records
+// report) are the results its Kafka sink wrote: q5's sliding windows fire
+// on watermarks, the last ones on the final watermark after the last
+// batch, and every one of them counts, as many as the output topic holds
+// committed.
+func TestQ5sRecordsOutAreTheResultsCommittedToKafka(t *testing.T) {
+	env := kafkatest.New(t)
+	reg := runtime.NewRegistry()
+	if err := nexmark.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	params := map[string]string{"query": "q5", "source": "generator", "events": "3000", "rate": "1000",
+		"sink": "kafka", "brokers": env.Addr, "output": "q5-results", "parallelism": "2"}
+	if err := reg.Check(t.Context(), nexmark.Name, params); err != nil {
+		t.Fatal(err)
+	}
+	job, err := reg.Build(nexmark.Name, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep := &keepDeployments{job: job}
+	if _, err := runtime.NewMiniCluster(runtime.Deployment(dep), runtime.Restarts(0, 0),
+		runtime.CheckpointInterval(50*time.Millisecond)).Run(t.Context(), job); err != nil {
+		t.Fatal(err)
+	}
+	if len(dep.deps) != 1 {
+		t.Fatalf("%d attempts, want 1", len(dep.deps))
+	}
+	committed := len(env.ReadCommitted(t, "q5-results"))
+	if committed == 0 {
+		t.Fatal("no committed q5 result")
+	}
+	if out := dep.deps[0].Counts().Out; out != int64(committed) {
+		t.Errorf("records out %d, want the %d results committed to q5-results", out, committed)
+	}
 }

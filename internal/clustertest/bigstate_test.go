@@ -350,7 +350,7 @@ func (c *cluster) startTM(id string) {
 	}()
 }
 
-// stopTM stops task manager id as a crash would: its session and tasks end.
+// stopTM stops task manager id (as SIGTERM does): its session and tasks end.
 func (c *cluster) stopTM(id string) {
 	c.tms[id]()
 	delete(c.tms, id)

@@ -241,6 +241,7 @@ func NewSession(ctx context.Context, opts ...Opt) (*Session, error) {
 	if err := acklog.EnsureTopic(ctx, s.adm, c.ackLogTopic); err != nil {
 		return nil, fmt.Errorf("session: ack-log: %w", err)
 	}
+	warnShortDeleteRetention(ctx, s.log, s.adm, c.ackLogTopic)
 	if err := prepareGroup(ctx, s.admin, s.cfg.group, c.resetEarliest); err != nil {
 		return nil, err
 	}
@@ -1132,4 +1133,19 @@ func (s *Session) checkTopics(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// warnShortDeleteRetention warns, loudly and once per open, when the
+// ack-log's tombstones do not last acklog.DeleteRetention, or when that
+// cannot be verified. It warns rather than refuses: the setting bounds how
+// far back the savepoint restore check sees, not the exactly-once of the
+// running job, and an ack-log made by an older Weir has Kafka's default.
+func warnShortDeleteRetention(ctx context.Context, log *zap.Logger, adm *kadm.Client, topic string) {
+	if _, err := acklog.CheckDeleteRetention(ctx, adm, topic); err != nil {
+		if errors.Is(err, acklog.ErrShortDeleteRetention) {
+			log.Warn("the ack-log's tombstones are deleted too soon for the savepoint restore check", zap.String("topic", topic), zap.Error(err))
+		} else {
+			log.Warn("cannot verify the ack-log's delete.retention.ms", zap.String("topic", topic), zap.Error(err))
+		}
+	}
 }

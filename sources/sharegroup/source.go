@@ -210,6 +210,9 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 		if err := acklog.EnsureTopic(sctx, adm, s.cfg.ackLogTopic); err != nil {
 			return fmt.Errorf("ack-log: %w", err)
 		}
+		if oc.Subtask == 0 {
+			warnShortDeleteRetention(sctx, s.log, adm, s.cfg.ackLogTopic)
+		}
 		if err := ensureTopic(sctx, adm, s.cfg.requeueTopic, 1); err != nil {
 			return err
 		}

@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kversion"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/internal/broker"
@@ -405,4 +408,40 @@ func markersIn(recs []*kgo.Record) []*kgo.Record {
 		}
 	}
 	return out
+}
+
+// A source opening an ack-log whose tombstones go sooner than
+// acklog.DeleteRetention (made before Weir set it, or by hand) warns, once
+// (subtask 0), and runs on; on the ack-log it creates itself it does not.
+func TestASourceWarnsOfAnAckLogThatDropsTombstonesTooSoon(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		existing bool
+	}{{"an ack-log made with Kafka's default", true}, {"the ack-log the source creates", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := kafkatest.New(t)
+			env.CreateTopic(t, "in", 1, nil)
+			produceN(t, env, "in", 1)
+			if tc.existing {
+				adm := kadm.NewClient(env.Client(t))
+				if _, err := adm.CreateTopic(t.Context(), 1, -1, map[string]*string{"cleanup.policy": kadm.StringPtr("compact")}, acklog.TopicFor("g")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			core, logs := observer.New(zapcore.WarnLevel)
+			s := testSources(t, env)().(*Source[string])
+			oc := &runtime.OperatorContext{Job: "job", Name: "src", UID: "src", Subtask: 0, Parallelism: 1, Logger: zap.New(core)}
+			t.Cleanup(func() { s.Close() })
+			if err := s.Open(t.Context(), oc); err != nil {
+				t.Fatal(err)
+			}
+			warned := logs.FilterMessage("the ack-log's tombstones are deleted too soon for the savepoint restore check").All()
+			if tc.existing && (len(warned) != 1 || !strings.Contains(fmt.Sprint(warned[0].ContextMap()["error"]), "keeps tombstones 24h0m0s, Weir needs 168h0m0s")) {
+				t.Errorf("warnings %v; want one saying the ack-log keeps tombstones a day where Weir needs a week", logs.All())
+			}
+			if !tc.existing && logs.Len() != 0 {
+				t.Errorf("warnings %v on the ack-log the source created; want none", logs.All())
+			}
+		})
+	}
 }

@@ -140,6 +140,7 @@ type TaskManagerMessage struct {
 	//	*TaskManagerMessage_Ended
 	//	*TaskManagerMessage_RequestCheckpoint
 	//	*TaskManagerMessage_Chunk
+	//	*TaskManagerMessage_Goodbye
 	Msg           isTaskManagerMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -281,6 +282,15 @@ func (x *TaskManagerMessage) GetChunk() *Chunk {
 	return nil
 }
 
+func (x *TaskManagerMessage) GetGoodbye() *Goodbye {
+	if x != nil {
+		if x, ok := x.Msg.(*TaskManagerMessage_Goodbye); ok {
+			return x.Goodbye
+		}
+	}
+	return nil
+}
+
 type isTaskManagerMessage_Msg interface {
 	isTaskManagerMessage_Msg()
 }
@@ -329,6 +339,10 @@ type TaskManagerMessage_Chunk struct {
 	Chunk *Chunk `protobuf:"bytes,11,opt,name=chunk,proto3,oneof"`
 }
 
+type TaskManagerMessage_Goodbye struct {
+	Goodbye *Goodbye `protobuf:"bytes,12,opt,name=goodbye,proto3,oneof"`
+}
+
 func (*TaskManagerMessage_Register) isTaskManagerMessage_Msg() {}
 
 func (*TaskManagerMessage_Heartbeat) isTaskManagerMessage_Msg() {}
@@ -350,6 +364,55 @@ func (*TaskManagerMessage_Ended) isTaskManagerMessage_Msg() {}
 func (*TaskManagerMessage_RequestCheckpoint) isTaskManagerMessage_Msg() {}
 
 func (*TaskManagerMessage_Chunk) isTaskManagerMessage_Msg() {}
+
+func (*TaskManagerMessage_Goodbye) isTaskManagerMessage_Msg() {}
+
+// Goodbye is a task manager's last message on a session it ends on
+// purpose (it is stopping: SIGINT/SIGTERM): the job manager logs the end
+// as a stop, not as a loss, and fails over its tasks at once.
+type Goodbye struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Goodbye) Reset() {
+	*x = Goodbye{}
+	mi := &file_control_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Goodbye) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Goodbye) ProtoMessage() {}
+
+func (x *Goodbye) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
+func (*Goodbye) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Goodbye) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
 
 type JobManagerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -376,7 +439,7 @@ type JobManagerMessage struct {
 
 func (x *JobManagerMessage) Reset() {
 	*x = JobManagerMessage{}
-	mi := &file_control_proto_msgTypes[3]
+	mi := &file_control_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -388,7 +451,7 @@ func (x *JobManagerMessage) String() string {
 func (*JobManagerMessage) ProtoMessage() {}
 
 func (x *JobManagerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[3]
+	mi := &file_control_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -401,7 +464,7 @@ func (x *JobManagerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobManagerMessage.ProtoReflect.Descriptor instead.
 func (*JobManagerMessage) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{3}
+	return file_control_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *JobManagerMessage) GetMsg() isJobManagerMessage_Msg {
@@ -574,7 +637,7 @@ type Chunked struct {
 
 func (x *Chunked) Reset() {
 	*x = Chunked{}
-	mi := &file_control_proto_msgTypes[4]
+	mi := &file_control_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +649,7 @@ func (x *Chunked) String() string {
 func (*Chunked) ProtoMessage() {}
 
 func (x *Chunked) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[4]
+	mi := &file_control_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +662,7 @@ func (x *Chunked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunked.ProtoReflect.Descriptor instead.
 func (*Chunked) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{4}
+	return file_control_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Chunked) GetTransfer() uint64 {
@@ -642,7 +705,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_control_proto_msgTypes[5]
+	mi := &file_control_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +717,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[5]
+	mi := &file_control_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +730,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{5}
+	return file_control_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Chunk) GetTransfer() uint64 {
@@ -706,7 +769,7 @@ type Register struct {
 
 func (x *Register) Reset() {
 	*x = Register{}
-	mi := &file_control_proto_msgTypes[6]
+	mi := &file_control_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -718,7 +781,7 @@ func (x *Register) String() string {
 func (*Register) ProtoMessage() {}
 
 func (x *Register) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[6]
+	mi := &file_control_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -731,7 +794,7 @@ func (x *Register) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Register.ProtoReflect.Descriptor instead.
 func (*Register) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{6}
+	return file_control_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Register) GetTaskManagerId() string {
@@ -767,7 +830,7 @@ type Registered struct {
 
 func (x *Registered) Reset() {
 	*x = Registered{}
-	mi := &file_control_proto_msgTypes[7]
+	mi := &file_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +842,7 @@ func (x *Registered) String() string {
 func (*Registered) ProtoMessage() {}
 
 func (x *Registered) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[7]
+	mi := &file_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +855,7 @@ func (x *Registered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Registered.ProtoReflect.Descriptor instead.
 func (*Registered) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{7}
+	return file_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Registered) GetSession() uint64 {
@@ -828,7 +891,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_control_proto_msgTypes[8]
+	mi := &file_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +903,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[8]
+	mi := &file_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +916,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{8}
+	return file_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Heartbeat) GetSentUnixMs() int64 {
@@ -885,7 +948,7 @@ type DeploymentCounts struct {
 
 func (x *DeploymentCounts) Reset() {
 	*x = DeploymentCounts{}
-	mi := &file_control_proto_msgTypes[9]
+	mi := &file_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -897,7 +960,7 @@ func (x *DeploymentCounts) String() string {
 func (*DeploymentCounts) ProtoMessage() {}
 
 func (x *DeploymentCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[9]
+	mi := &file_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -910,7 +973,7 @@ func (x *DeploymentCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentCounts.ProtoReflect.Descriptor instead.
 func (*DeploymentCounts) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{9}
+	return file_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeploymentCounts) GetJobId() string {
@@ -962,7 +1025,7 @@ type TaskCounts struct {
 
 func (x *TaskCounts) Reset() {
 	*x = TaskCounts{}
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1037,7 @@ func (x *TaskCounts) String() string {
 func (*TaskCounts) ProtoMessage() {}
 
 func (x *TaskCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1050,7 @@ func (x *TaskCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskCounts.ProtoReflect.Descriptor instead.
 func (*TaskCounts) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{10}
+	return file_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TaskCounts) GetTaskId() string {
@@ -1093,7 +1156,7 @@ type DeployTasks struct {
 
 func (x *DeployTasks) Reset() {
 	*x = DeployTasks{}
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1168,7 @@ func (x *DeployTasks) String() string {
 func (*DeployTasks) ProtoMessage() {}
 
 func (x *DeployTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1181,7 @@ func (x *DeployTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployTasks.ProtoReflect.Descriptor instead.
 func (*DeployTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{11}
+	return file_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeployTasks) GetJobId() string {
@@ -1238,7 +1301,7 @@ type Prepared struct {
 
 func (x *Prepared) Reset() {
 	*x = Prepared{}
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1313,7 @@ func (x *Prepared) String() string {
 func (*Prepared) ProtoMessage() {}
 
 func (x *Prepared) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1326,7 @@ func (x *Prepared) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Prepared.ProtoReflect.Descriptor instead.
 func (*Prepared) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{12}
+	return file_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Prepared) GetJobId() string {
@@ -1339,7 +1402,7 @@ type OpenTasks struct {
 
 func (x *OpenTasks) Reset() {
 	*x = OpenTasks{}
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1414,7 @@ func (x *OpenTasks) String() string {
 func (*OpenTasks) ProtoMessage() {}
 
 func (x *OpenTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1427,7 @@ func (x *OpenTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenTasks.ProtoReflect.Descriptor instead.
 func (*OpenTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{13}
+	return file_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *OpenTasks) GetJobId() string {
@@ -1462,7 +1525,7 @@ type Opened struct {
 
 func (x *Opened) Reset() {
 	*x = Opened{}
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1537,7 @@ func (x *Opened) String() string {
 func (*Opened) ProtoMessage() {}
 
 func (x *Opened) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1550,7 @@ func (x *Opened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Opened.ProtoReflect.Descriptor instead.
 func (*Opened) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{14}
+	return file_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Opened) GetJobId() string {
@@ -1522,7 +1585,7 @@ type StartTasks struct {
 
 func (x *StartTasks) Reset() {
 	*x = StartTasks{}
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1597,7 @@ func (x *StartTasks) String() string {
 func (*StartTasks) ProtoMessage() {}
 
 func (x *StartTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1610,7 @@ func (x *StartTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTasks.ProtoReflect.Descriptor instead.
 func (*StartTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{15}
+	return file_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StartTasks) GetJobId() string {
@@ -1582,7 +1645,7 @@ type CancelTasks struct {
 
 func (x *CancelTasks) Reset() {
 	*x = CancelTasks{}
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1657,7 @@ func (x *CancelTasks) String() string {
 func (*CancelTasks) ProtoMessage() {}
 
 func (x *CancelTasks) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1670,7 @@ func (x *CancelTasks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTasks.ProtoReflect.Descriptor instead.
 func (*CancelTasks) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{16}
+	return file_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CancelTasks) GetJobId() string {
@@ -1654,7 +1717,7 @@ type TriggerCheckpoint struct {
 
 func (x *TriggerCheckpoint) Reset() {
 	*x = TriggerCheckpoint{}
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1729,7 @@ func (x *TriggerCheckpoint) String() string {
 func (*TriggerCheckpoint) ProtoMessage() {}
 
 func (x *TriggerCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1742,7 @@ func (x *TriggerCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TriggerCheckpoint.ProtoReflect.Descriptor instead.
 func (*TriggerCheckpoint) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{17}
+	return file_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TriggerCheckpoint) GetJobId() string {
@@ -1736,7 +1799,7 @@ type NotifyCheckpoint struct {
 
 func (x *NotifyCheckpoint) Reset() {
 	*x = NotifyCheckpoint{}
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +1811,7 @@ func (x *NotifyCheckpoint) String() string {
 func (*NotifyCheckpoint) ProtoMessage() {}
 
 func (x *NotifyCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +1824,7 @@ func (x *NotifyCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyCheckpoint.ProtoReflect.Descriptor instead.
 func (*NotifyCheckpoint) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{18}
+	return file_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NotifyCheckpoint) GetJobId() string {
@@ -1795,17 +1858,21 @@ func (x *NotifyCheckpoint) GetComplete() bool {
 // DeploymentEnded: every task of the share ended; finished reports whether
 // each finished its stream.
 type DeploymentEnded struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	Attempt       int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	Finished      bool                   `protobuf:"varint,3,opt,name=finished,proto3" json:"finished,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	JobId    string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Attempt  int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Finished bool                   `protobuf:"varint,3,opt,name=finished,proto3" json:"finished,omitempty"`
+	// tasks are its tasks' final counters, as a heartbeat carries them: what
+	// they counted after the last heartbeat (a drain's or a bounded input's
+	// final firings) is in the job's final counts.
+	Tasks         []*TaskCounts `protobuf:"bytes,4,rep,name=tasks,proto3" json:"tasks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeploymentEnded) Reset() {
 	*x = DeploymentEnded{}
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1817,7 +1884,7 @@ func (x *DeploymentEnded) String() string {
 func (*DeploymentEnded) ProtoMessage() {}
 
 func (x *DeploymentEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1830,7 +1897,7 @@ func (x *DeploymentEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentEnded.ProtoReflect.Descriptor instead.
 func (*DeploymentEnded) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{19}
+	return file_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeploymentEnded) GetJobId() string {
@@ -1854,6 +1921,13 @@ func (x *DeploymentEnded) GetFinished() bool {
 	return false
 }
 
+func (x *DeploymentEnded) GetTasks() []*TaskCounts {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
 type TaskFailed struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	JobId   string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -1868,7 +1942,7 @@ type TaskFailed struct {
 
 func (x *TaskFailed) Reset() {
 	*x = TaskFailed{}
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +1954,7 @@ func (x *TaskFailed) String() string {
 func (*TaskFailed) ProtoMessage() {}
 
 func (x *TaskFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +1967,7 @@ func (x *TaskFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskFailed.ProtoReflect.Descriptor instead.
 func (*TaskFailed) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{20}
+	return file_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TaskFailed) GetJobId() string {
@@ -1948,7 +2022,7 @@ type CheckpointAck struct {
 
 func (x *CheckpointAck) Reset() {
 	*x = CheckpointAck{}
-	mi := &file_control_proto_msgTypes[21]
+	mi := &file_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2034,7 @@ func (x *CheckpointAck) String() string {
 func (*CheckpointAck) ProtoMessage() {}
 
 func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[21]
+	mi := &file_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2047,7 @@ func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointAck.ProtoReflect.Descriptor instead.
 func (*CheckpointAck) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{21}
+	return file_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CheckpointAck) GetJobId() string {
@@ -2038,7 +2112,7 @@ type CheckpointDecline struct {
 
 func (x *CheckpointDecline) Reset() {
 	*x = CheckpointDecline{}
-	mi := &file_control_proto_msgTypes[22]
+	mi := &file_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2050,7 +2124,7 @@ func (x *CheckpointDecline) String() string {
 func (*CheckpointDecline) ProtoMessage() {}
 
 func (x *CheckpointDecline) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[22]
+	mi := &file_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2063,7 +2137,7 @@ func (x *CheckpointDecline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointDecline.ProtoReflect.Descriptor instead.
 func (*CheckpointDecline) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{22}
+	return file_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CheckpointDecline) GetJobId() string {
@@ -2112,7 +2186,7 @@ type SourceEnded struct {
 
 func (x *SourceEnded) Reset() {
 	*x = SourceEnded{}
-	mi := &file_control_proto_msgTypes[23]
+	mi := &file_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2198,7 @@ func (x *SourceEnded) String() string {
 func (*SourceEnded) ProtoMessage() {}
 
 func (x *SourceEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[23]
+	mi := &file_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2211,7 @@ func (x *SourceEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceEnded.ProtoReflect.Descriptor instead.
 func (*SourceEnded) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{23}
+	return file_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SourceEnded) GetJobId() string {
@@ -2172,7 +2246,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_control_proto_msgTypes[24]
+	mi := &file_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2184,7 +2258,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[24]
+	mi := &file_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2197,7 +2271,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{24}
+	return file_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CheckpointRequest) GetJobId() string {
@@ -2251,7 +2325,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_control_proto_msgTypes[25]
+	mi := &file_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2263,7 +2337,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[25]
+	mi := &file_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2276,7 +2350,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{25}
+	return file_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SubmitJobRequest) GetJobType() string {
@@ -2363,7 +2437,7 @@ type TriggerSavepointRequest struct {
 
 func (x *TriggerSavepointRequest) Reset() {
 	*x = TriggerSavepointRequest{}
-	mi := &file_control_proto_msgTypes[26]
+	mi := &file_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2449,7 @@ func (x *TriggerSavepointRequest) String() string {
 func (*TriggerSavepointRequest) ProtoMessage() {}
 
 func (x *TriggerSavepointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[26]
+	mi := &file_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2462,7 @@ func (x *TriggerSavepointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TriggerSavepointRequest.ProtoReflect.Descriptor instead.
 func (*TriggerSavepointRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{26}
+	return file_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TriggerSavepointRequest) GetJobId() string {
@@ -2431,7 +2505,7 @@ type SavepointResult struct {
 
 func (x *SavepointResult) Reset() {
 	*x = SavepointResult{}
-	mi := &file_control_proto_msgTypes[27]
+	mi := &file_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2443,7 +2517,7 @@ func (x *SavepointResult) String() string {
 func (*SavepointResult) ProtoMessage() {}
 
 func (x *SavepointResult) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[27]
+	mi := &file_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2456,7 +2530,7 @@ func (x *SavepointResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SavepointResult.ProtoReflect.Descriptor instead.
 func (*SavepointResult) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{27}
+	return file_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SavepointResult) GetTriggerId() string {
@@ -2489,7 +2563,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_control_proto_msgTypes[28]
+	mi := &file_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2501,7 +2575,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[28]
+	mi := &file_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2514,7 +2588,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{28}
+	return file_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -2532,7 +2606,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_control_proto_msgTypes[29]
+	mi := &file_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2544,7 +2618,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[29]
+	mi := &file_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2557,7 +2631,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{29}
+	return file_control_proto_rawDescGZIP(), []int{30}
 }
 
 type ListJobsResponse struct {
@@ -2569,7 +2643,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_control_proto_msgTypes[30]
+	mi := &file_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2581,7 +2655,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[30]
+	mi := &file_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2594,7 +2668,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{30}
+	return file_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListJobsResponse) GetJobs() []*JobStatus {
@@ -2613,7 +2687,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_control_proto_msgTypes[31]
+	mi := &file_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2625,7 +2699,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[31]
+	mi := &file_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2638,7 +2712,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{31}
+	return file_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -2657,7 +2731,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_control_proto_msgTypes[32]
+	mi := &file_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2669,7 +2743,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[32]
+	mi := &file_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2682,7 +2756,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{32}
+	return file_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -2727,13 +2801,16 @@ type JobStatus struct {
 	// checkpoint_timeout_ms is the job's checkpoint timeout in force (its
 	// own, else the job manager's).
 	CheckpointTimeoutMs int64 `protobuf:"varint,18,opt,name=checkpoint_timeout_ms,json=checkpointTimeoutMs,proto3" json:"checkpoint_timeout_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// next_attempt_unix_ms is when a RESTARTING job's next attempt starts,
+	// its restart strategy's delay over (0: it waits for none).
+	NextAttemptUnixMs int64 `protobuf:"varint,19,opt,name=next_attempt_unix_ms,json=nextAttemptUnixMs,proto3" json:"next_attempt_unix_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_control_proto_msgTypes[33]
+	mi := &file_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2745,7 +2822,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[33]
+	mi := &file_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2758,7 +2835,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{33}
+	return file_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *JobStatus) GetId() string {
@@ -2887,6 +2964,13 @@ func (x *JobStatus) GetCheckpointTimeoutMs() int64 {
 	return 0
 }
 
+func (x *JobStatus) GetNextAttemptUnixMs() int64 {
+	if x != nil {
+		return x.NextAttemptUnixMs
+	}
+	return 0
+}
+
 // JobFailure is one failure of a job, from its exception history.
 type JobFailure struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -2903,7 +2987,7 @@ type JobFailure struct {
 
 func (x *JobFailure) Reset() {
 	*x = JobFailure{}
-	mi := &file_control_proto_msgTypes[34]
+	mi := &file_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2915,7 +2999,7 @@ func (x *JobFailure) String() string {
 func (*JobFailure) ProtoMessage() {}
 
 func (x *JobFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[34]
+	mi := &file_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2928,7 +3012,7 @@ func (x *JobFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobFailure.ProtoReflect.Descriptor instead.
 func (*JobFailure) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{34}
+	return file_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *JobFailure) GetUnixMs() int64 {
@@ -2975,7 +3059,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_control_proto_msgTypes[35]
+	mi := &file_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2987,7 +3071,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[35]
+	mi := &file_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3000,7 +3084,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{35}
+	return file_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListCheckpointsRequest) GetJobId() string {
@@ -3019,7 +3103,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_control_proto_msgTypes[36]
+	mi := &file_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3031,7 +3115,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[36]
+	mi := &file_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3044,7 +3128,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{36}
+	return file_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointInfo {
@@ -3070,7 +3154,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_control_proto_msgTypes[37]
+	mi := &file_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3166,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[37]
+	mi := &file_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3179,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{37}
+	return file_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CheckpointInfo) GetId() uint64 {
@@ -3157,7 +3241,7 @@ const file_control_proto_rawDesc = "" +
 	"LeaderInfo\x12\x18\n" +
 	"\aleading\x18\x01 \x01(\bR\aleading\x12%\n" +
 	"\x0eleader_address\x18\x02 \x01(\tR\rleaderAddress\x12\x14\n" +
-	"\x05token\x18\x03 \x01(\x03R\x05token\"\xfd\x04\n" +
+	"\x05token\x18\x03 \x01(\x03R\x05token\"\xaf\x05\n" +
 	"\x12TaskManagerMessage\x123\n" +
 	"\bregister\x18\x01 \x01(\v2\x15.weir.rpc.v1.RegisterH\x00R\bregister\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.weir.rpc.v1.HeartbeatH\x00R\theartbeat\x121\n" +
@@ -3170,8 +3254,11 @@ const file_control_proto_rawDesc = "" +
 	"\x05ended\x18\t \x01(\v2\x1c.weir.rpc.v1.DeploymentEndedH\x00R\x05ended\x12O\n" +
 	"\x12request_checkpoint\x18\n" +
 	" \x01(\v2\x1e.weir.rpc.v1.CheckpointRequestH\x00R\x11requestCheckpoint\x12*\n" +
-	"\x05chunk\x18\v \x01(\v2\x12.weir.rpc.v1.ChunkH\x00R\x05chunkB\x05\n" +
-	"\x03msg\"\x98\x04\n" +
+	"\x05chunk\x18\v \x01(\v2\x12.weir.rpc.v1.ChunkH\x00R\x05chunk\x120\n" +
+	"\agoodbye\x18\f \x01(\v2\x14.weir.rpc.v1.GoodbyeH\x00R\agoodbyeB\x05\n" +
+	"\x03msg\"!\n" +
+	"\aGoodbye\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x98\x04\n" +
 	"\x11JobManagerMessage\x129\n" +
 	"\n" +
 	"registered\x18\x01 \x01(\v2\x17.weir.rpc.v1.RegisteredH\x00R\n" +
@@ -3302,11 +3389,12 @@ const file_control_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
 	"\rcheckpoint_id\x18\x03 \x01(\x04R\fcheckpointId\x12\x1a\n" +
-	"\bcomplete\x18\x04 \x01(\bR\bcomplete\"^\n" +
+	"\bcomplete\x18\x04 \x01(\bR\bcomplete\"\x8d\x01\n" +
 	"\x0fDeploymentEnded\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1a\n" +
-	"\bfinished\x18\x03 \x01(\bR\bfinished\"\x92\x01\n" +
+	"\bfinished\x18\x03 \x01(\bR\bfinished\x12-\n" +
+	"\x05tasks\x18\x04 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasks\"\x92\x01\n" +
 	"\n" +
 	"TaskFailed\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
@@ -3369,7 +3457,7 @@ const file_control_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\")\n" +
 	"\x10CancelJobRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\x85\x06\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xb6\x06\n" +
 	"\tJobStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -3391,7 +3479,8 @@ const file_control_proto_rawDesc = "" +
 	"\awaiting\x18\x0f \x01(\tR\awaiting\x12:\n" +
 	"\flast_failure\x18\x10 \x01(\v2\x17.weir.rpc.v1.JobFailureR\vlastFailure\x12-\n" +
 	"\x12retained_savepoint\x18\x11 \x01(\tR\x11retainedSavepoint\x122\n" +
-	"\x15checkpoint_timeout_ms\x18\x12 \x01(\x03R\x13checkpointTimeoutMs\x1a9\n" +
+	"\x15checkpoint_timeout_ms\x18\x12 \x01(\x03R\x13checkpointTimeoutMs\x12/\n" +
+	"\x14next_attempt_unix_ms\x18\x13 \x01(\x03R\x11nextAttemptUnixMs\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x01\n" +
@@ -3439,104 +3528,107 @@ func file_control_proto_rawDescGZIP() []byte {
 	return file_control_proto_rawDescData
 }
 
-var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_control_proto_goTypes = []any{
 	(*LeaderRequest)(nil),           // 0: weir.rpc.v1.LeaderRequest
 	(*LeaderInfo)(nil),              // 1: weir.rpc.v1.LeaderInfo
 	(*TaskManagerMessage)(nil),      // 2: weir.rpc.v1.TaskManagerMessage
-	(*JobManagerMessage)(nil),       // 3: weir.rpc.v1.JobManagerMessage
-	(*Chunked)(nil),                 // 4: weir.rpc.v1.Chunked
-	(*Chunk)(nil),                   // 5: weir.rpc.v1.Chunk
-	(*Register)(nil),                // 6: weir.rpc.v1.Register
-	(*Registered)(nil),              // 7: weir.rpc.v1.Registered
-	(*Heartbeat)(nil),               // 8: weir.rpc.v1.Heartbeat
-	(*DeploymentCounts)(nil),        // 9: weir.rpc.v1.DeploymentCounts
-	(*TaskCounts)(nil),              // 10: weir.rpc.v1.TaskCounts
-	(*DeployTasks)(nil),             // 11: weir.rpc.v1.DeployTasks
-	(*Prepared)(nil),                // 12: weir.rpc.v1.Prepared
-	(*OpenTasks)(nil),               // 13: weir.rpc.v1.OpenTasks
-	(*Opened)(nil),                  // 14: weir.rpc.v1.Opened
-	(*StartTasks)(nil),              // 15: weir.rpc.v1.StartTasks
-	(*CancelTasks)(nil),             // 16: weir.rpc.v1.CancelTasks
-	(*TriggerCheckpoint)(nil),       // 17: weir.rpc.v1.TriggerCheckpoint
-	(*NotifyCheckpoint)(nil),        // 18: weir.rpc.v1.NotifyCheckpoint
-	(*DeploymentEnded)(nil),         // 19: weir.rpc.v1.DeploymentEnded
-	(*TaskFailed)(nil),              // 20: weir.rpc.v1.TaskFailed
-	(*CheckpointAck)(nil),           // 21: weir.rpc.v1.CheckpointAck
-	(*CheckpointDecline)(nil),       // 22: weir.rpc.v1.CheckpointDecline
-	(*SourceEnded)(nil),             // 23: weir.rpc.v1.SourceEnded
-	(*CheckpointRequest)(nil),       // 24: weir.rpc.v1.CheckpointRequest
-	(*SubmitJobRequest)(nil),        // 25: weir.rpc.v1.SubmitJobRequest
-	(*TriggerSavepointRequest)(nil), // 26: weir.rpc.v1.TriggerSavepointRequest
-	(*SavepointResult)(nil),         // 27: weir.rpc.v1.SavepointResult
-	(*SubmitJobResponse)(nil),       // 28: weir.rpc.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 29: weir.rpc.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 30: weir.rpc.v1.ListJobsResponse
-	(*GetJobRequest)(nil),           // 31: weir.rpc.v1.GetJobRequest
-	(*CancelJobRequest)(nil),        // 32: weir.rpc.v1.CancelJobRequest
-	(*JobStatus)(nil),               // 33: weir.rpc.v1.JobStatus
-	(*JobFailure)(nil),              // 34: weir.rpc.v1.JobFailure
-	(*ListCheckpointsRequest)(nil),  // 35: weir.rpc.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 36: weir.rpc.v1.ListCheckpointsResponse
-	(*CheckpointInfo)(nil),          // 37: weir.rpc.v1.CheckpointInfo
-	nil,                             // 38: weir.rpc.v1.DeployTasks.ParamsEntry
-	nil,                             // 39: weir.rpc.v1.OpenTasks.TaskAddressesEntry
-	nil,                             // 40: weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	nil,                             // 41: weir.rpc.v1.JobStatus.ParamsEntry
+	(*Goodbye)(nil),                 // 3: weir.rpc.v1.Goodbye
+	(*JobManagerMessage)(nil),       // 4: weir.rpc.v1.JobManagerMessage
+	(*Chunked)(nil),                 // 5: weir.rpc.v1.Chunked
+	(*Chunk)(nil),                   // 6: weir.rpc.v1.Chunk
+	(*Register)(nil),                // 7: weir.rpc.v1.Register
+	(*Registered)(nil),              // 8: weir.rpc.v1.Registered
+	(*Heartbeat)(nil),               // 9: weir.rpc.v1.Heartbeat
+	(*DeploymentCounts)(nil),        // 10: weir.rpc.v1.DeploymentCounts
+	(*TaskCounts)(nil),              // 11: weir.rpc.v1.TaskCounts
+	(*DeployTasks)(nil),             // 12: weir.rpc.v1.DeployTasks
+	(*Prepared)(nil),                // 13: weir.rpc.v1.Prepared
+	(*OpenTasks)(nil),               // 14: weir.rpc.v1.OpenTasks
+	(*Opened)(nil),                  // 15: weir.rpc.v1.Opened
+	(*StartTasks)(nil),              // 16: weir.rpc.v1.StartTasks
+	(*CancelTasks)(nil),             // 17: weir.rpc.v1.CancelTasks
+	(*TriggerCheckpoint)(nil),       // 18: weir.rpc.v1.TriggerCheckpoint
+	(*NotifyCheckpoint)(nil),        // 19: weir.rpc.v1.NotifyCheckpoint
+	(*DeploymentEnded)(nil),         // 20: weir.rpc.v1.DeploymentEnded
+	(*TaskFailed)(nil),              // 21: weir.rpc.v1.TaskFailed
+	(*CheckpointAck)(nil),           // 22: weir.rpc.v1.CheckpointAck
+	(*CheckpointDecline)(nil),       // 23: weir.rpc.v1.CheckpointDecline
+	(*SourceEnded)(nil),             // 24: weir.rpc.v1.SourceEnded
+	(*CheckpointRequest)(nil),       // 25: weir.rpc.v1.CheckpointRequest
+	(*SubmitJobRequest)(nil),        // 26: weir.rpc.v1.SubmitJobRequest
+	(*TriggerSavepointRequest)(nil), // 27: weir.rpc.v1.TriggerSavepointRequest
+	(*SavepointResult)(nil),         // 28: weir.rpc.v1.SavepointResult
+	(*SubmitJobResponse)(nil),       // 29: weir.rpc.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 30: weir.rpc.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 31: weir.rpc.v1.ListJobsResponse
+	(*GetJobRequest)(nil),           // 32: weir.rpc.v1.GetJobRequest
+	(*CancelJobRequest)(nil),        // 33: weir.rpc.v1.CancelJobRequest
+	(*JobStatus)(nil),               // 34: weir.rpc.v1.JobStatus
+	(*JobFailure)(nil),              // 35: weir.rpc.v1.JobFailure
+	(*ListCheckpointsRequest)(nil),  // 36: weir.rpc.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 37: weir.rpc.v1.ListCheckpointsResponse
+	(*CheckpointInfo)(nil),          // 38: weir.rpc.v1.CheckpointInfo
+	nil,                             // 39: weir.rpc.v1.DeployTasks.ParamsEntry
+	nil,                             // 40: weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	nil,                             // 41: weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	nil,                             // 42: weir.rpc.v1.JobStatus.ParamsEntry
 }
 var file_control_proto_depIdxs = []int32{
-	6,  // 0: weir.rpc.v1.TaskManagerMessage.register:type_name -> weir.rpc.v1.Register
-	8,  // 1: weir.rpc.v1.TaskManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
-	20, // 2: weir.rpc.v1.TaskManagerMessage.failed:type_name -> weir.rpc.v1.TaskFailed
-	21, // 3: weir.rpc.v1.TaskManagerMessage.ack:type_name -> weir.rpc.v1.CheckpointAck
-	22, // 4: weir.rpc.v1.TaskManagerMessage.decline:type_name -> weir.rpc.v1.CheckpointDecline
-	23, // 5: weir.rpc.v1.TaskManagerMessage.source_ended:type_name -> weir.rpc.v1.SourceEnded
-	12, // 6: weir.rpc.v1.TaskManagerMessage.prepared:type_name -> weir.rpc.v1.Prepared
-	14, // 7: weir.rpc.v1.TaskManagerMessage.opened:type_name -> weir.rpc.v1.Opened
-	19, // 8: weir.rpc.v1.TaskManagerMessage.ended:type_name -> weir.rpc.v1.DeploymentEnded
-	24, // 9: weir.rpc.v1.TaskManagerMessage.request_checkpoint:type_name -> weir.rpc.v1.CheckpointRequest
-	5,  // 10: weir.rpc.v1.TaskManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
-	7,  // 11: weir.rpc.v1.JobManagerMessage.registered:type_name -> weir.rpc.v1.Registered
-	8,  // 12: weir.rpc.v1.JobManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
-	11, // 13: weir.rpc.v1.JobManagerMessage.deploy:type_name -> weir.rpc.v1.DeployTasks
-	17, // 14: weir.rpc.v1.JobManagerMessage.trigger:type_name -> weir.rpc.v1.TriggerCheckpoint
-	18, // 15: weir.rpc.v1.JobManagerMessage.notify:type_name -> weir.rpc.v1.NotifyCheckpoint
-	16, // 16: weir.rpc.v1.JobManagerMessage.cancel:type_name -> weir.rpc.v1.CancelTasks
-	13, // 17: weir.rpc.v1.JobManagerMessage.open:type_name -> weir.rpc.v1.OpenTasks
-	15, // 18: weir.rpc.v1.JobManagerMessage.start:type_name -> weir.rpc.v1.StartTasks
-	5,  // 19: weir.rpc.v1.JobManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
-	9,  // 20: weir.rpc.v1.Heartbeat.counts:type_name -> weir.rpc.v1.DeploymentCounts
-	10, // 21: weir.rpc.v1.DeploymentCounts.tasks:type_name -> weir.rpc.v1.TaskCounts
-	38, // 22: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
-	4,  // 23: weir.rpc.v1.DeployTasks.restore_chunked:type_name -> weir.rpc.v1.Chunked
-	39, // 24: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
-	4,  // 25: weir.rpc.v1.CheckpointAck.snapshot_chunked:type_name -> weir.rpc.v1.Chunked
-	40, // 26: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
-	33, // 27: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
-	41, // 28: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
-	34, // 29: weir.rpc.v1.JobStatus.last_failure:type_name -> weir.rpc.v1.JobFailure
-	37, // 30: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
-	2,  // 31: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
-	25, // 32: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
-	29, // 33: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
-	31, // 34: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
-	32, // 35: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
-	35, // 36: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
-	26, // 37: weir.rpc.v1.JobManager.TriggerSavepoint:input_type -> weir.rpc.v1.TriggerSavepointRequest
-	0,  // 38: weir.rpc.v1.JobManager.Leader:input_type -> weir.rpc.v1.LeaderRequest
-	3,  // 39: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
-	28, // 40: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
-	30, // 41: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
-	33, // 42: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
-	33, // 43: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
-	36, // 44: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
-	27, // 45: weir.rpc.v1.JobManager.TriggerSavepoint:output_type -> weir.rpc.v1.SavepointResult
-	1,  // 46: weir.rpc.v1.JobManager.Leader:output_type -> weir.rpc.v1.LeaderInfo
-	39, // [39:47] is the sub-list for method output_type
-	31, // [31:39] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	7,  // 0: weir.rpc.v1.TaskManagerMessage.register:type_name -> weir.rpc.v1.Register
+	9,  // 1: weir.rpc.v1.TaskManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
+	21, // 2: weir.rpc.v1.TaskManagerMessage.failed:type_name -> weir.rpc.v1.TaskFailed
+	22, // 3: weir.rpc.v1.TaskManagerMessage.ack:type_name -> weir.rpc.v1.CheckpointAck
+	23, // 4: weir.rpc.v1.TaskManagerMessage.decline:type_name -> weir.rpc.v1.CheckpointDecline
+	24, // 5: weir.rpc.v1.TaskManagerMessage.source_ended:type_name -> weir.rpc.v1.SourceEnded
+	13, // 6: weir.rpc.v1.TaskManagerMessage.prepared:type_name -> weir.rpc.v1.Prepared
+	15, // 7: weir.rpc.v1.TaskManagerMessage.opened:type_name -> weir.rpc.v1.Opened
+	20, // 8: weir.rpc.v1.TaskManagerMessage.ended:type_name -> weir.rpc.v1.DeploymentEnded
+	25, // 9: weir.rpc.v1.TaskManagerMessage.request_checkpoint:type_name -> weir.rpc.v1.CheckpointRequest
+	6,  // 10: weir.rpc.v1.TaskManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
+	3,  // 11: weir.rpc.v1.TaskManagerMessage.goodbye:type_name -> weir.rpc.v1.Goodbye
+	8,  // 12: weir.rpc.v1.JobManagerMessage.registered:type_name -> weir.rpc.v1.Registered
+	9,  // 13: weir.rpc.v1.JobManagerMessage.heartbeat:type_name -> weir.rpc.v1.Heartbeat
+	12, // 14: weir.rpc.v1.JobManagerMessage.deploy:type_name -> weir.rpc.v1.DeployTasks
+	18, // 15: weir.rpc.v1.JobManagerMessage.trigger:type_name -> weir.rpc.v1.TriggerCheckpoint
+	19, // 16: weir.rpc.v1.JobManagerMessage.notify:type_name -> weir.rpc.v1.NotifyCheckpoint
+	17, // 17: weir.rpc.v1.JobManagerMessage.cancel:type_name -> weir.rpc.v1.CancelTasks
+	14, // 18: weir.rpc.v1.JobManagerMessage.open:type_name -> weir.rpc.v1.OpenTasks
+	16, // 19: weir.rpc.v1.JobManagerMessage.start:type_name -> weir.rpc.v1.StartTasks
+	6,  // 20: weir.rpc.v1.JobManagerMessage.chunk:type_name -> weir.rpc.v1.Chunk
+	10, // 21: weir.rpc.v1.Heartbeat.counts:type_name -> weir.rpc.v1.DeploymentCounts
+	11, // 22: weir.rpc.v1.DeploymentCounts.tasks:type_name -> weir.rpc.v1.TaskCounts
+	39, // 23: weir.rpc.v1.DeployTasks.params:type_name -> weir.rpc.v1.DeployTasks.ParamsEntry
+	5,  // 24: weir.rpc.v1.DeployTasks.restore_chunked:type_name -> weir.rpc.v1.Chunked
+	40, // 25: weir.rpc.v1.OpenTasks.task_addresses:type_name -> weir.rpc.v1.OpenTasks.TaskAddressesEntry
+	11, // 26: weir.rpc.v1.DeploymentEnded.tasks:type_name -> weir.rpc.v1.TaskCounts
+	5,  // 27: weir.rpc.v1.CheckpointAck.snapshot_chunked:type_name -> weir.rpc.v1.Chunked
+	41, // 28: weir.rpc.v1.SubmitJobRequest.params:type_name -> weir.rpc.v1.SubmitJobRequest.ParamsEntry
+	34, // 29: weir.rpc.v1.ListJobsResponse.jobs:type_name -> weir.rpc.v1.JobStatus
+	42, // 30: weir.rpc.v1.JobStatus.params:type_name -> weir.rpc.v1.JobStatus.ParamsEntry
+	35, // 31: weir.rpc.v1.JobStatus.last_failure:type_name -> weir.rpc.v1.JobFailure
+	38, // 32: weir.rpc.v1.ListCheckpointsResponse.checkpoints:type_name -> weir.rpc.v1.CheckpointInfo
+	2,  // 33: weir.rpc.v1.JobManager.Connect:input_type -> weir.rpc.v1.TaskManagerMessage
+	26, // 34: weir.rpc.v1.JobManager.SubmitJob:input_type -> weir.rpc.v1.SubmitJobRequest
+	30, // 35: weir.rpc.v1.JobManager.ListJobs:input_type -> weir.rpc.v1.ListJobsRequest
+	32, // 36: weir.rpc.v1.JobManager.GetJob:input_type -> weir.rpc.v1.GetJobRequest
+	33, // 37: weir.rpc.v1.JobManager.CancelJob:input_type -> weir.rpc.v1.CancelJobRequest
+	36, // 38: weir.rpc.v1.JobManager.ListCheckpoints:input_type -> weir.rpc.v1.ListCheckpointsRequest
+	27, // 39: weir.rpc.v1.JobManager.TriggerSavepoint:input_type -> weir.rpc.v1.TriggerSavepointRequest
+	0,  // 40: weir.rpc.v1.JobManager.Leader:input_type -> weir.rpc.v1.LeaderRequest
+	4,  // 41: weir.rpc.v1.JobManager.Connect:output_type -> weir.rpc.v1.JobManagerMessage
+	29, // 42: weir.rpc.v1.JobManager.SubmitJob:output_type -> weir.rpc.v1.SubmitJobResponse
+	31, // 43: weir.rpc.v1.JobManager.ListJobs:output_type -> weir.rpc.v1.ListJobsResponse
+	34, // 44: weir.rpc.v1.JobManager.GetJob:output_type -> weir.rpc.v1.JobStatus
+	34, // 45: weir.rpc.v1.JobManager.CancelJob:output_type -> weir.rpc.v1.JobStatus
+	37, // 46: weir.rpc.v1.JobManager.ListCheckpoints:output_type -> weir.rpc.v1.ListCheckpointsResponse
+	28, // 47: weir.rpc.v1.JobManager.TriggerSavepoint:output_type -> weir.rpc.v1.SavepointResult
+	1,  // 48: weir.rpc.v1.JobManager.Leader:output_type -> weir.rpc.v1.LeaderInfo
+	41, // [41:49] is the sub-list for method output_type
+	33, // [33:41] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_control_proto_init() }
@@ -3556,8 +3648,9 @@ func file_control_proto_init() {
 		(*TaskManagerMessage_Ended)(nil),
 		(*TaskManagerMessage_RequestCheckpoint)(nil),
 		(*TaskManagerMessage_Chunk)(nil),
+		(*TaskManagerMessage_Goodbye)(nil),
 	}
-	file_control_proto_msgTypes[3].OneofWrappers = []any{
+	file_control_proto_msgTypes[4].OneofWrappers = []any{
 		(*JobManagerMessage_Registered)(nil),
 		(*JobManagerMessage_Heartbeat)(nil),
 		(*JobManagerMessage_Deploy)(nil),
@@ -3574,7 +3667,7 @@ func file_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_control_proto_rawDesc), len(file_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -153,7 +153,15 @@ function drawJobs(overview) {
   fill(document.querySelector("#jobs tbody"), jobs.map(j =>
     el("tr", { class: "job" + (j.jid === selected ? " selected" : ""), "data-job": j.jid, onclick: () => select(j.jid) },
       el("td", {}, el("code", {}, j.jid)), el("td", {}, j.name), el("td", {}, state(j.state)),
-      el("td", {}, j.restarts), el("td", {}, duration(j.duration)))), "no jobs yet: streamctl submit JOB");
+      el("td", {}, j.restarts), el("td", { class: "duration" }, jobDuration(j)))), "no jobs yet: streamctl submit JOB");
+}
+
+// jobDuration says how long a job has been running, or, once it ended, how
+// long it ran and when it ended.
+function jobDuration(j) {
+  if (!ENDED.includes(j.state)) return "running for " + duration(j.duration);
+  const end = j["end-time"] > 0 ? ", ended " + new Date(j["end-time"]).toLocaleString() : "";
+  return (j.duration >= 0 ? "ran " + duration(j.duration) : "ended") + end;
 }
 
 // drawTaskManagers lists the registered task managers, then the lost ones
@@ -353,24 +361,45 @@ function drawSavepoints(sps) {
   fill(document.querySelector("#savepoints tbody"), rows, "no savepoint taken here");
 }
 
+// failureWhere says where a failure of the exception history happened: in
+// which task on which task manager (each named once).
+function failureWhere(e) {
+  const tm = e.taskManagerId || e.location || e.endpoint;
+  return (e.taskName ? " in " + e.taskName : "") + (tm ? " on " + tm : "");
+}
+
 // drawFailure shows the job's last failure (GET /jobs/{id}/exceptions,
-// Flink's exception history), or hides it when there is none (or the job
-// manager does not serve the route).
+// Flink's exception history) and, collapsed, the whole history, newest
+// first; or hides them when there is none (or the job manager does not
+// serve the route). The history is redrawn only when it changed, so that
+// an entry the user opened stays open across refreshes.
+let shownHistory = null; // the exception history drawn, as drawFailure compares it
 function drawFailure(exc) {
   const box = document.getElementById("job-failure");
-  const last = exc && exc.exceptionHistory && exc.exceptionHistory.entries && exc.exceptionHistory.entries[0];
+  const entries = (exc && exc.exceptionHistory && exc.exceptionHistory.entries) || [];
+  const last = entries[0];
   if (!last && !(exc && exc["root-exception"])) {
     box.hidden = true;
+    document.getElementById("job-exceptions").hidden = true;
     return;
   }
   box.hidden = false;
   const when = (last ? last.timestamp : exc.timestamp) || 0;
-  const where = last ? [last.taskName, last.endpoint || last.location, last.taskManagerId].filter(Boolean).join(" on ") : "";
-  const text = last ? (last.stacktrace || last.exceptionName) : exc["root-exception"];
   document.getElementById("job-failure-head").textContent =
-    `last failure${when ? " at " + new Date(when).toLocaleString() : ""}${where ? " (" + where + ")" : ""}: ` +
-    ((last && last.exceptionName) || "");
-  document.getElementById("job-failure-text").textContent = text || "";
+    `last failure${when ? " at " + new Date(when).toLocaleString() : ""}${last ? failureWhere(last) : ""}`;
+  document.getElementById("job-failure-text").textContent = (last ? (last.stacktrace || last.exceptionName) : exc["root-exception"]) || "";
+  const history = document.getElementById("job-exceptions");
+  const truncated = exc.exceptionHistory && exc.exceptionHistory.truncated;
+  const sig = entries.map(e => e.timestamp + " " + e.exceptionName).join("\n") + (truncated ? " +" : "");
+  history.hidden = entries.length === 0;
+  if (shownHistory === sig) return;
+  shownHistory = sig;
+  document.getElementById("job-exceptions-count").textContent =
+    `exception history: ${entries.length} failure${entries.length === 1 ? "" : "s"}${truncated ? " (older ones dropped)" : ""}`;
+  document.getElementById("job-exceptions-list").replaceChildren(...entries.map(e =>
+    el("li", { "data-exception": e.timestamp }, el("details", {},
+      el("summary", {}, new Date(e.timestamp).toLocaleString() + failureWhere(e) + ": " + e.exceptionName),
+      el("pre", {}, e.stacktrace || "")))));
 }
 
 const ENDED = ["FINISHED", "FAILED", "CANCELED"];
@@ -405,14 +434,19 @@ function drawJob(job, cps, exc) {
     button.textContent = "Cancel job";
     button.dataset.job = job.jid;
   }
-  const facts = [
-    [ended ? "ran for" : "running for", duration(job.duration)], ["restarts", job.restarts],
+  const facts = [[ended ? "ran for" : "running for", duration(job.duration)]];
+  if (ended && job["end-time"] > 0) facts.push(["ended at", new Date(job["end-time"]).toLocaleString()]);
+  if (job.next_attempt_at) {
+    const left = job.next_attempt_at - job.now;
+    facts.push(["next attempt", new Date(job.next_attempt_at).toLocaleString() + (left > 0 ? " (in " + duration(left) + ")" : "")]);
+  }
+  if (job.waiting) facts.push(["waiting", job.waiting]);
+  facts.push(["restarts", job.restarts],
     [ended ? "records in / out (last attempt)" : "records in / out (this attempt)", `${job.records_in} / ${job.records_out}`],
     ["last completed checkpoint", job.last_completed_checkpoint || "none"],
     ["restored from checkpoint", job.restored_from_checkpoint || "none"],
     ["checkpoint interval", duration(job.checkpoint_interval_ms)],
-    ["restart strategy", job.restart_strategy || "default"],
-  ];
+    ["restart strategy", job.restart_strategy || "default"]);
   if (job.error) facts.push(["error", job.error]);
   document.getElementById("job-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   noteRates(job);

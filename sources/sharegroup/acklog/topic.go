@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -72,12 +74,31 @@ func validTopic(name string) error {
 	return nil
 }
 
+// DeleteRetention is the delete.retention.ms EnsureTopic gives an ack-log
+// it creates: how long compaction keeps a tombstone after its marker is
+// gone. The savepoint restore check judges a later committed
+// acknowledgement from its marker or, once the marker was collected, from
+// its tombstone (which names the marker's offset and outcome); when both
+// are gone the check no longer sees it, and a savepoint older than that
+// may pass. Kafka's default (1 day) would let a savepoint kept over a long
+// weekend through; 7 days is the horizon Kafka gives records by default
+// (retention.ms), at the cost of a week of small tombstones in the ack-log
+// (read once when a source opens its index).
+const DeleteRetention = 7 * 24 * time.Hour
+
+// ErrShortDeleteRetention is wrapped by CheckDeleteRetention's error about
+// an ack-log whose tombstones compaction removes sooner than
+// DeleteRetention.
+var ErrShortDeleteRetention = errors.New("ack-log delete.retention.ms shorter than Weir's")
+
 // EnsureTopic makes sure the ack-log topic exists with exactly one
 // partition. A missing topic is created with one partition, the broker's
-// default replication factor and cleanup.policy=compact (markers are keyed
-// per marker and deleted by tombstones). An existing topic with more than one
-// partition is refused with an error wrapping ErrBadTopic; its other configs
-// are left alone. It is idempotent and safe to call concurrently.
+// default replication factor, cleanup.policy=compact (markers are keyed
+// per marker and deleted by tombstones) and delete.retention.ms of
+// DeleteRetention. An existing topic with more than one partition is
+// refused with an error wrapping ErrBadTopic; its other configs are left
+// alone (CheckDeleteRetention says whether its tombstones last long
+// enough). It is idempotent and safe to call concurrently.
 func EnsureTopic(ctx context.Context, adm *kadm.Client, topic string) error {
 	if err := validTopic(topic); err != nil {
 		return err
@@ -86,7 +107,8 @@ func EnsureTopic(ctx context.Context, adm *kadm.Client, topic string) error {
 	if err != nil || exists {
 		return err
 	}
-	resp, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": kadm.StringPtr("compact")}, topic)
+	resp, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": kadm.StringPtr("compact"),
+		"delete.retention.ms": kadm.StringPtr(strconv.FormatInt(DeleteRetention.Milliseconds(), 10))}, topic)
 	if err == nil {
 		err = resp.Err
 	}
@@ -140,4 +162,41 @@ func partitionCount(ctx context.Context, adm *kadm.Client, topic string) (int, e
 		return 0, fmt.Errorf("describe topic %q: %w", topic, td.Err)
 	}
 	return len(td.Partitions), nil
+}
+
+// CheckDeleteRetention reads the ack-log topic's delete.retention.ms
+// (DescribeConfigs) and returns it, with an error wrapping
+// ErrShortDeleteRetention when it is shorter than DeleteRetention (an
+// ack-log created by an older Weir, by hand, or altered since): the
+// savepoint restore check then sees later acknowledgements only that far
+// back. A source warns and runs on: the setting bounds that check's
+// horizon, not the exactly-once of the running job.
+func CheckDeleteRetention(ctx context.Context, adm *kadm.Client, topic string) (time.Duration, error) {
+	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return 0, fmt.Errorf("describe configs of %q: %w", topic, err)
+	}
+	rc, err := rcs.On(topic, nil)
+	if err == nil {
+		err = rc.Err
+	}
+	if err != nil {
+		return 0, fmt.Errorf("describe configs of %q: %w", topic, err)
+	}
+	for _, c := range rc.Configs {
+		if c.Key != "delete.retention.ms" || c.Value == nil {
+			continue
+		}
+		ms, err := strconv.ParseInt(c.MaybeValue(), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("topic %q: delete.retention.ms %q: %w", topic, c.MaybeValue(), err)
+		}
+		d := time.Duration(ms) * time.Millisecond
+		if d < DeleteRetention {
+			return d, fmt.Errorf("%w: topic %q keeps tombstones %v, Weir needs %v: the savepoint restore check sees later acknowledgements only that far back, so an older savepoint may pass it; set it with kafka-configs --alter --entity-type topics --entity-name %s --add-config delete.retention.ms=%d",
+				ErrShortDeleteRetention, topic, d, DeleteRetention, topic, DeleteRetention.Milliseconds())
+		}
+		return d, nil
+	}
+	return 0, fmt.Errorf("topic %q: the broker reports no delete.retention.ms", topic)
 }

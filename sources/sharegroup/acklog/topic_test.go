@@ -5,6 +5,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
 )
 
 func TestTopicForIsLegalAndDistinct(t *testing.T) {
@@ -142,5 +145,49 @@ func TestNewIndexRefusesMissingOrWideTopic(t *testing.T) {
 			}
 			t.Errorf("NewIndex(%q) error = %v, want ErrBadTopic", topic, err)
 		}
+	}
+}
+
+// An ack-log EnsureTopic creates keeps tombstones DeleteRetention (the
+// savepoint restore check's horizon), and CheckDeleteRetention says so;
+// one created otherwise (Kafka's default of a day, or an operator's
+// shorter value) is reported as short, a longer one is fine.
+func TestTheAckLogKeepsTombstonesLongEnoughAndIsChecked(t *testing.T) {
+	f := newFixture(t)
+	ctx := testCtx(t)
+	adm := f.admin()
+	created := TopicFor("retained")
+	if err := EnsureTopic(ctx, adm, created); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		topic string
+		value *string // delete.retention.ms at creation; nil: the broker's default
+	}{{"default-retention", nil}, {"hour-retention", kadm.StringPtr("3600000")}, {"month-retention", kadm.StringPtr("2592000000")}} {
+		configs := map[string]*string{"cleanup.policy": kadm.StringPtr("compact")}
+		if c.value != nil {
+			configs["delete.retention.ms"] = c.value
+		}
+		if _, err := adm.CreateTopic(ctx, 1, -1, configs, c.topic); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		topic string
+		want  time.Duration
+		short bool
+	}{
+		{created, DeleteRetention, false},
+		{"default-retention", 24 * time.Hour, true},
+		{"hour-retention", time.Hour, true},
+		{"month-retention", 30 * 24 * time.Hour, false},
+	} {
+		d, err := CheckDeleteRetention(ctx, adm, tc.topic)
+		if d != tc.want || errors.Is(err, ErrShortDeleteRetention) != tc.short || (err != nil) != tc.short {
+			t.Errorf("CheckDeleteRetention(%s) = %v, %v; want %v, short %v", tc.topic, d, err, tc.want, tc.short)
+		}
+	}
+	if _, err := CheckDeleteRetention(ctx, adm, "no-such-topic"); err == nil {
+		t.Error("CheckDeleteRetention of a missing topic succeeded")
 	}
 }
