@@ -11,7 +11,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
 	"strings"
 )
 
@@ -278,13 +277,7 @@ func (s *beneathStore) List(ctx context.Context, prefix string, fn func(Object) 
 	if err != nil {
 		return s.err("list", prefix, err)
 	}
-	sort.Slice(objs, func(i, j int) bool { return objs[i].Key < objs[j].Key })
-	for _, o := range objs {
-		if err := fn(o); err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachByKey(objs, fn)
 }
 
 func (s *beneathStore) Delete(ctx context.Context, key string) error {

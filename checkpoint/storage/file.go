@@ -167,13 +167,7 @@ func (s *fileStore) List(ctx context.Context, prefix string, fn func(Object) err
 	if err != nil {
 		return fmt.Errorf("list %s: %w", prefix, err)
 	}
-	sort.Slice(objs, func(i, j int) bool { return objs[i].Key < objs[j].Key })
-	for _, o := range objs {
-		if err := fn(o); err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachByKey(objs, fn)
 }
 
 func (s *fileStore) Delete(ctx context.Context, key string) error {
@@ -195,3 +189,15 @@ func (s *fileStore) Delete(ctx context.Context, key string) error {
 }
 
 func (s *fileStore) Close() error { return nil }
+
+// eachByKey calls fn with objs in key order (a listing of the file
+// stores), stopping at its first error.
+func eachByKey(objs []Object, fn func(Object) error) error {
+	sort.Slice(objs, func(i, j int) bool { return objs[i].Key < objs[j].Key })
+	for _, o := range objs {
+		if err := fn(o); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -378,23 +378,10 @@ func TestSessionsAtVolumeThroughATaskManagerSIGKILLHaveNoLateClick(t *testing.T)
 	}()
 	id := c.Submit("sessions", "--parallelism", "2", "--checkpoint-interval", "200ms",
 		"--set", "brokers="+b.addr, "--set", "idle=2s")
-	committedAtLeast := func(n int, what string) int {
-		t.Helper()
-		for {
-			recs, err := kafkatest.ReadCommitted(ctx, []string{b.addr}, "sessions")
-			if err == nil && len(recs) >= n {
-				return len(recs)
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("sessions: %d read_committed (%v), want %d %s", len(recs), err, n, what)
-			}
-			time.Sleep(250 * time.Millisecond)
-		}
-	}
-	before := committedAtLeast(1, "before the kill")
+	before := len(atLeast(t, ctx, b.addr, "sessions", 1))
 	c.TMs["tm-a"].Kill(t)
 	c.WaitStatus(id, "restart on the task manager left", func(s proctest.JobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })
-	committedAtLeast(len(wantOut), "in all")
+	atLeast(t, ctx, b.addr, "sessions", len(wantOut))
 	if _, err := c.Run("cancel", id); err != nil {
 		t.Logf("cancel: %v", err) // the checks below read what is committed
 	}
