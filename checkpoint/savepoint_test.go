@@ -415,7 +415,9 @@ func TestASavepointReadBeneathARootFollowsNoLinkAndItsErrorsQuoteNothing(t *test
 	link(real, dirLink)
 	secretSum := fmt.Sprintf("%08x", crc32.Checksum([]byte(secretText), castagnoli))
 	quotes := func(err error) bool {
-		s := err.Error()
+		// The temporary root's random digits may hold the secret's
+		// length: only the rest of the message counts.
+		s := strings.ReplaceAll(err.Error(), root, "ROOT")
 		return strings.Contains(s, "SECRET") || strings.Contains(s, secretSum) || strings.Contains(s, fmt.Sprint(len(secretText)))
 	}
 	for _, loc := range []string{metaLink, stateLink, dirLink} {
