@@ -263,16 +263,8 @@ func (s *beneathStore) List(ctx context.Context, prefix string, fn func(Object) 
 		if e.IsDir() {
 			return ctx.Err()
 		}
-		key := path.Join(dir, p)
-		if !strings.HasPrefix(key, prefix) {
-			return nil
-		}
-		info, err := e.Info()
-		if err != nil {
-			return err
-		}
-		objs = append(objs, Object{Key: key, Size: info.Size(), Modified: info.ModTime()})
-		return nil
+		objs, err = appendObject(objs, path.Join(dir, p), prefix, e)
+		return err
 	})
 	if err != nil {
 		return s.err("list", prefix, err)

@@ -153,16 +153,8 @@ func (s *fileStore) List(ctx context.Context, prefix string, fn func(Object) err
 		if err != nil {
 			return err
 		}
-		key := filepath.ToSlash(rel)
-		if !strings.HasPrefix(key, prefix) {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		objs = append(objs, Object{Key: key, Size: info.Size(), Modified: info.ModTime()})
-		return nil
+		objs, err = appendObject(objs, filepath.ToSlash(rel), prefix, d)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("list %s: %w", prefix, err)
@@ -189,6 +181,19 @@ func (s *fileStore) Delete(ctx context.Context, key string) error {
 }
 
 func (s *fileStore) Close() error { return nil }
+
+// appendObject appends the object of file d, stored under key, to objs
+// when key has prefix (a listing of the file stores).
+func appendObject(objs []Object, key, prefix string, d fs.DirEntry) ([]Object, error) {
+	if !strings.HasPrefix(key, prefix) {
+		return objs, nil
+	}
+	info, err := d.Info()
+	if err != nil {
+		return objs, err
+	}
+	return append(objs, Object{Key: key, Size: info.Size(), Modified: info.ModTime()}), nil
+}
 
 // eachByKey calls fn with objs in key order (a listing of the file
 // stores), stopping at its first error.

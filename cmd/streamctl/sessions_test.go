@@ -212,17 +212,8 @@ func TestSessionsJobSurvivesSIGKILLsWithNoLateClickAndEverySessionOnce(t *testin
 func sessionsThroughASIGKILL(t *testing.T, kill string) {
 	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
-	b := &crashingBroker{t: t, dir: t.TempDir()}
-	b.start()
+	b, _ := clicksBroker(t, ctx, 4)
 	addr := func() string { b.mu.Lock(); defer b.mu.Unlock(); return b.addr }
-	adm, err := kgo.NewClient(kgo.SeedBrokers(b.addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer adm.Close()
-	if _, err := kadm.NewClient(adm).CreateTopic(ctx, 4, 1, nil, "clicks"); err != nil {
-		t.Fatal(err)
-	}
 	c := proctest.NewCluster(t, streamctlBin)
 	c.StartTM("tm-a", 2)
 	c.StartTM("tm-b", 2)
@@ -340,16 +331,7 @@ func sessionsThroughASIGKILL(t *testing.T, kill string) {
 func TestSessionsAtVolumeThroughATaskManagerSIGKILLHaveNoLateClick(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()
-	b := &crashingBroker{t: t, dir: t.TempDir()}
-	b.start()
-	adm, err := kgo.NewClient(kgo.SeedBrokers(b.addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer adm.Close()
-	if _, err := kadm.NewClient(adm).CreateTopic(ctx, 8, 1, nil, "clicks"); err != nil {
-		t.Fatal(err)
-	}
+	b, adm := clicksBroker(t, ctx, 8)
 	clicks := sessions.Generate(700, time.Now().Add(-time.Hour).UnixMilli(), 20*time.Minute, 2*time.Second, 36)
 	recs := make([]*kgo.Record, len(clicks))
 	for i, c := range clicks {
@@ -388,4 +370,22 @@ func TestSessionsAtVolumeThroughATaskManagerSIGKILLHaveNoLateClick(t *testing.T)
 	requireRecords(t, "sessions", committed(t, ctx, b.addr, "sessions"), wantOut)
 	requireRecords(t, "late-clicks", committed(t, ctx, b.addr, "late-clicks"), nil)
 	t.Logf("%d clicks, %d sessions (%d committed before the SIGKILL) each once, none late", len(clicks), len(want), before)
+}
+
+// clicksBroker starts `streamctl broker` on a data dir of its own, with
+// the topic "clicks" of partitions partitions, and returns it with a
+// client of it (closed when the test ends).
+func clicksBroker(t *testing.T, ctx context.Context, partitions int32) (*crashingBroker, *kgo.Client) {
+	t.Helper()
+	b := &crashingBroker{t: t, dir: t.TempDir()}
+	b.start()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, nil, "clicks"); err != nil {
+		t.Fatal(err)
+	}
+	return b, cl
 }
