@@ -46,6 +46,11 @@ import (
 
 var _ runtime.SplitFrontier[int] = (*Source[int])(nil)
 
+// frontierMetadataAge is how long the frontier reader keeps the topics'
+// metadata (partitions, leaders) before it asks again: new partitions join
+// the frontier within it, and a failed reading asks again at once.
+const frontierMetadataAge = 5 * time.Second
+
 // frontierBack is how far below a caught-up partition's start offset the
 // reader looks for the partition's last record (a transaction marker, or
 // aborted records, may sit right below the start).
@@ -156,9 +161,24 @@ func (s *Source[T]) frontierLoop(ctx context.Context) {
 	defer t.Stop()
 	prev := map[acklog.TopicPartition]partFrontier{}
 	warned := time.Time{}
+	var md kadm.Metadata // the topics' partitions and leaders, read again every frontierMetadataAge or after a failure
+	var mdAt time.Time
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		next, err := s.readFrontier(rctx, prev)
+		var err error
+		if time.Since(mdAt) >= frontierMetadataAge {
+			if md, err = kadm.NewClient(s.admin).Metadata(rctx, s.cfg.topics...); err == nil {
+				mdAt = time.Now()
+			} else {
+				err = fmt.Errorf("metadata: %w", err)
+			}
+		}
+		var next map[acklog.TopicPartition]partFrontier
+		if err == nil {
+			if next, err = s.readFrontier(rctx, prev, md); err != nil {
+				mdAt = time.Time{} // a leader may have moved
+			}
+		}
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -193,16 +213,12 @@ func (s *Source[T]) frontierLoop(ctx context.Context) {
 // there), then, for each partition whose start moved since prev, the first
 // committed record at or after it (pending) or, if there is none up to the
 // last stable offset, the last one below it (caught up).
-func (s *Source[T]) readFrontier(ctx context.Context, prev map[acklog.TopicPartition]partFrontier) (map[acklog.TopicPartition]partFrontier, error) {
+func (s *Source[T]) readFrontier(ctx context.Context, prev map[acklog.TopicPartition]partFrontier, md kadm.Metadata) (map[acklog.TopicPartition]partFrontier, error) {
 	starts, err := StartOffsets(ctx, s.admin, s.cfg.group)
 	if err != nil {
 		return nil, err
 	}
 	adm := kadm.NewClient(s.admin)
-	md, err := adm.Metadata(ctx, s.cfg.topics...)
-	if err != nil {
-		return nil, fmt.Errorf("metadata: %w", err)
-	}
 	var unstarted []string
 	for _, td := range md.Topics {
 		for p := range td.Partitions {
