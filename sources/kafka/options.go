@@ -82,7 +82,7 @@ type cfg struct {
 }
 
 func defaults() cfg {
-	return cfg{start: Earliest(), discovery: DefaultDiscoveryInterval, txnTimeout: time.Minute, maxPoll: 10000}
+	return cfg{start: Earliest(), discovery: DefaultDiscoveryInterval, txnTimeout: 15 * time.Minute, maxPoll: 10000}
 }
 
 // Brokers sets the seed brokers (required).
@@ -135,7 +135,7 @@ func DeadLetterTopic(t string) Opt { return opt{func(c *cfg) { c.dlqTopic = t }}
 func TransactionalIDPrefix(p string) Opt { return opt{func(c *cfg) { c.txnPrefix = p }} }
 
 // TransactionTimeout sets the dead-letter writer's transaction timeout
-// (default 1 minute); it must exceed the job's checkpoint timing
+// (default 15 minutes, as the Kafka sink's); it must exceed the job's checkpoint timing
 // (checked when the source opens).
 func TransactionTimeout(d time.Duration) Opt { return opt{func(c *cfg) { c.txnTimeout = d }} }
 
