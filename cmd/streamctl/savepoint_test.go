@@ -286,10 +286,15 @@ func TestAnOlderSavepointOfThePartitionSourceReprocessesToABoundedStopAndFinishe
 	}
 
 	// Each input partition's offset in the older savepoint.
-	js, err := c.Run("savepoint", "inspect", older, "--output", "json")
-	if err != nil {
-		t.Fatal(err)
+	inspect := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(streamctlBin, append([]string{"savepoint", "inspect", older}, args...)...).Output()
+		if err != nil {
+			t.Fatalf("savepoint inspect %s %v: %v", older, args, err)
+		}
+		return string(out)
 	}
+	js := inspect("--output", "json")
 	var insp struct {
 		Operators []struct {
 			UID     string `json:"uid"`
@@ -315,9 +320,8 @@ func TestAnOlderSavepointOfThePartitionSourceReprocessesToABoundedStopAndFinishe
 	if len(at) != 4 {
 		t.Fatalf("inspect shows offsets of partitions %v, want lines' 4: %s", at, js)
 	}
-	table, err := c.Run("savepoint", "inspect", older)
-	if err != nil || !regexp.MustCompile(`(?m)^\s+lines/0\s+\d+\s+\d+$`).MatchString(table) {
-		t.Fatalf("inspect (table): %v; want a line per partition with its offset:\n%s", err, table)
+	if table := inspect(); !regexp.MustCompile(`(?m)^\s+lines/0\s+\d+\s+\d+$`).MatchString(table) {
+		t.Fatalf("inspect (table): want a line per partition with its offset:\n%s", table)
 	}
 
 	// The words of the lines before the savepoint's offsets are its
