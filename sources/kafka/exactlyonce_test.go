@@ -93,7 +93,7 @@ func TestAbortedTransactionsInTheInputAreNeverRead(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100 * time.Millisecond)).Run(ctx, j)
+		_, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond)).Run(ctx, j)
 		done <- err
 	}()
 	waitFor(t, time.Minute, "the committed records before the open transaction", func() bool {

@@ -39,6 +39,8 @@ func (s *Source[T]) registerMetrics(m runtime.Metrics) {
 		func() float64 { return float64(s.skipped.Load()) })
 	m.Counter("kafka_deadLetters_total", "Records that failed to decode, copied to the dead-letter topic.",
 		func() float64 { return float64(s.deadLetters.Load()) })
+	w := s.dlq
+	runtime.TransactionMetrics(m, func() int { return len(w.Pending()) }, w.LostTransactions)
 	m.Counter("kafka_commitsFailed_total", "Commits of checkpoint offsets to the consumer group that failed (monitoring only: what is read is unaffected).",
 		func() float64 { return float64(s.commitFails.Load()) })
 }

@@ -24,7 +24,9 @@ func (lateCheck) ProcessElement(ctx *runtime.KeyedContext[int], v string, out ru
 	out.Collect("ok")
 	return nil
 }
-func (lateCheck) OnTimer(*runtime.KeyedContext[int], int64, runtime.Collector[string]) error { return nil }
+func (lateCheck) OnTimer(*runtime.KeyedContext[int], int64, runtime.Collector[string]) error {
+	return nil
+}
 
 // Two partitions at very different event-time speeds, read by one subtask
 // in many small polls with a watermark after each: the runtime keeps a
