@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/runtime"
@@ -165,4 +166,51 @@ func TestRestoringSavepointsRescalesAndReprocessesFromTheirOffsets(t *testing.T)
 	sameSet(t, values(t, env, "later"), names("r", 6000, 1000))
 	run(s1, "again", 1)
 	sameSet(t, values(t, env, "again"), names("r", 3000, 4000))
+}
+
+// A broker restart (its state persisted in its data directory) while a
+// checkpoint is being prepared, after a sink pre-committed its
+// transaction: the source's clients reconnect and resume at their
+// positions (or the job restarts from its latest checkpoint's offsets),
+// and the output stays exactly once.
+func TestExactlyOnceThroughABrokerRestartDuringPrepare(t *testing.T) {
+	dir := t.TempDir()
+	env := kafkatest.New(t, broker.DataDir(dir))
+	env.CreateTopic(t, "in", 4, nil)
+	env.CreateTopic(t, "out", 2, nil)
+	const n = 20_000
+	produce(t, env, "in", 4, 0, n, "r", nil)
+	var restarted atomic.Bool
+	var restartErr error
+	var next *broker.Broker
+	t.Cleanup(func() {
+		if next != nil {
+			_ = next.Close()
+		}
+	})
+	var precommits atomic.Int64
+	fp := failpoint.New(failpoint.WithHook(failpoint.SinkAfterPrecommit, func() error {
+		if precommits.Add(1) < 3 || restarted.Swap(true) {
+			return nil
+		}
+		if err := env.Broker.Close(); err != nil {
+			restartErr = err
+			return nil
+		}
+		next, restartErr = broker.Start(context.Background(), broker.Listen(env.Addr), broker.DataDir(dir))
+		return nil
+	}))
+	j := copyJob(t, env, "restart", "in", "out", 2, StopAt(Latest()), MaxPollRecords(200))
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	res, err := runtime.NewMiniCluster(runtime.CheckpointInterval(50*time.Millisecond), runtime.Failpoints(fp),
+		runtime.Restarts(10, 100*time.Millisecond)).Run(ctx, j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restartErr != nil || !restarted.Load() {
+		t.Fatalf("broker restart: %v (restarted %v)", restartErr, restarted.Load())
+	}
+	sameSet(t, values(t, env, "out"), names("r", 0, n))
+	t.Logf("job restarts: %d", res.Restarts)
 }
