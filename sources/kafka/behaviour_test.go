@@ -3,12 +3,14 @@ package kafka
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/weirstream/weir/internal/deadletter"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/runtime"
 )
@@ -216,5 +218,58 @@ func TestCompletedCheckpointCommitsItsOffsetsToTheGroup(t *testing.T) {
 		if cur[k] != float64(o) || pending[k] != float64(20-o) {
 			t.Fatalf("partition %s: currentOffset %v, pendingRecords %v; want %d and %d", k, cur[k], pending[k], o, 20-o)
 		}
+	}
+}
+
+// A record that fails to decode goes to the dead-letter topic through the
+// share-group source's code (internal/deadletter: its headers), inside
+// the checkpoint's transaction: invisible to read_committed readers until
+// the checkpoint completes, then there once; it is not emitted.
+func TestUndecodableRecordsGoToTheDeadLetterTopicWithTheCheckpoint(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "in", 1, nil)
+	produce(t, env, "in", 1, 0, 10, "r", nil)
+	f, err := New(func(r *kgo.Record) (string, error) {
+		if string(r.Value) == "r4" {
+			return "", errors.New("not a click")
+		}
+		return string(r.Value), nil
+	}, Brokers(env.Addr), Topics("in"), Group("g"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := f().(*Source[string])
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.Open(t.Context(), &runtime.OperatorContext{Job: "j", UID: "src", Parallelism: 1}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := pollUntil(t, s, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameSet(t, got, append(names("r", 0, 4), names("r", 5, 5)...))
+	st, err := s.Snapshot(t.Context(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Handles) != 1 {
+		t.Fatalf("snapshot names %d transactions, want the dead letter's", len(st.Handles))
+	}
+	if dl := env.ReadCommitted(t, "g-dlq"); len(dl) != 0 {
+		t.Fatalf("%d dead letters visible before the checkpoint completed", len(dl))
+	}
+	if err := s.NotifyCheckpointComplete(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+	dl := env.ReadCommitted(t, "g-dlq")
+	if len(dl) != 1 || string(dl[0].Value) != "r4" {
+		t.Fatalf("dead letters %v, want r4 once", values(t, env, "g-dlq"))
+	}
+	hs := map[string]string{}
+	for _, h := range dl[0].Headers {
+		hs[h.Key] = string(h.Value)
+	}
+	if !strings.Contains(hs[deadletter.HeaderError], "not a click") || hs[deadletter.HeaderTopic] != "in" || hs[deadletter.HeaderOffset] != "4" {
+		t.Fatalf("dead-letter headers %v, want the reason, topic in, offset 4", hs)
 	}
 }
