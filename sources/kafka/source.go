@@ -572,7 +572,7 @@ func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.
 			delete(s.snaps, cid)
 		}
 	}
-	if pos == nil || s.cfg.group == "" {
+	if pos == nil || s.cfg.group == "" || s.commitc == nil {
 		return nil
 	}
 	select { // the newest positions replace ones not yet sent
@@ -641,10 +641,12 @@ func (s *Source[T]) Close() error {
 	if s.stopDiscov != nil {
 		s.stopDiscov()
 		s.discoveryWG.Wait()
+		s.stopDiscov = nil
 	}
 	if s.commitc != nil {
 		close(s.commitc)
 		s.commitWG.Wait()
+		s.commitc = nil
 	}
 	if s.cl != nil {
 		s.cl.Close()
