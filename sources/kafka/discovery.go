@@ -27,7 +27,7 @@ func (s *Source[T]) discoverLoop(ctx context.Context, restored map[tp]int64) {
 		switch {
 		case ctx.Err() != nil:
 			return
-		case err != nil && !errors.Is(err, ErrTopicGone) && !errors.Is(err, ErrOffsetOutOfRange):
+		case err != nil && !errors.Is(err, ErrTopicGone) && !errors.Is(err, ErrOffsetOutOfRange) && !errors.Is(err, ErrUnknownTopic):
 			s.log.Warn("partition discovery failed; retrying", zap.Error(err))
 			select {
 			case <-ctx.Done():
@@ -78,7 +78,12 @@ func (s *Source[T]) discover(ctx context.Context, known map[tp]bool, restored ma
 	present := map[string]kadm.TopicDetail{}
 	for t, td := range tds {
 		switch {
+		case errors.Is(td.Err, kerr.UnknownTopicOrPartition) && s.cfg.stop != nil:
+			return found{}, fmt.Errorf("kafka source: %w: %q: a bounded source would read nothing of it", ErrUnknownTopic, t)
 		case errors.Is(td.Err, kerr.UnknownTopicOrPartition):
+			if first {
+				s.log.Info("topic does not exist (yet): it is read once discovery finds it", zap.String("topic", t))
+			}
 			continue
 		case td.Err != nil:
 			return found{}, fmt.Errorf("topic %q: %w", t, td.Err)

@@ -72,6 +72,39 @@ func TestStartAndStopOffsets(t *testing.T) {
 	}
 }
 
+// A bounded source given a topic that does not exist fails instead of
+// ending at once with nothing read; an unbounded one waits for it.
+func TestBoundedSourceFailsOnAnUnknownTopic(t *testing.T) {
+	env := kafkatest.New(t)
+	s, err := openSource(t, env, nil, Topics("missing"), StopAt(Latest()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		err := s.Poll(t.Context(), &sliceCollector{})
+		if errors.Is(err, ErrUnknownTopic) {
+			break
+		}
+		if err != nil || time.Now().After(deadline) {
+			t.Fatalf("Poll: %v; want an error wrapping ErrUnknownTopic", err)
+		}
+	}
+	u, err := openSource(t, env, nil, Topics("later"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Poll(t.Context(), &sliceCollector{}); err != nil {
+		t.Fatalf("an unbounded source polling a missing topic: %v", err)
+	}
+	env.CreateTopic(t, "later", 1, nil)
+	produce(t, env, "later", 1, 0, 3, "l", nil)
+	got, err := pollUntil(t, u, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameSet(t, got, names("l", 0, 3))
+}
+
 // Options that cannot work are refused when the job is built.
 func TestInvalidOptionsAreRefused(t *testing.T) {
 	for _, tc := range []struct {
