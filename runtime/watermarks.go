@@ -77,7 +77,10 @@ func WithTimestampAssigner[T any](fn TimestampAssigner[T]) WatermarkOpt {
 // for d (Flink's withIdleness): downstream operators stop waiting for its
 // watermark. Only time the source spent finding nothing counts: time
 // blocked sending downstream (back-pressure) never makes it idle. 0 (the
-// default) never marks it idle.
+// default) never marks it idle. For a source that tags its records with
+// their splits (SplitCollector) idleness is per split: a split idle for d
+// no longer holds the subtask's watermark, and the subtask is idle once
+// every split is.
 func WithIdleness(d time.Duration) WatermarkOpt {
 	return watermarkOpt(func(c *watermarkCfg) {
 		if d < 0 {
