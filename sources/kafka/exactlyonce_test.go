@@ -188,9 +188,17 @@ func TestExactlyOnceThroughABrokerRestartDuringPrepare(t *testing.T) {
 			_ = next.Close()
 		}
 	})
-	var precommits atomic.Int64
-	fp := failpoint.New(failpoint.WithHook(failpoint.SinkAfterPrecommit, func() error {
-		if precommits.Add(1) < 3 || restarted.Swap(true) {
+	// Records are slowed (1 ms per 50) so that checkpoints are taken
+	// while input remains; the restart comes at the first pre-commit
+	// after a tenth of the input was written.
+	var written atomic.Int64
+	fp := failpoint.New(failpoint.WithHook(failpoint.TaskProcess, func() error {
+		if written.Add(1)%50 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		return nil
+	}), failpoint.WithHook(failpoint.SinkAfterPrecommit, func() error {
+		if written.Load() < n/10 || restarted.Swap(true) {
 			return nil
 		}
 		if err := env.Broker.Close(); err != nil {
