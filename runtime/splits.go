@@ -21,8 +21,9 @@ type UnionState interface {
 // Flink does per split, and the subtask's watermark is the minimum over the
 // splits that are not idle. A split is idle once it emitted nothing for the
 // strategy's idleness timeout (time spent blocked downstream does not
-// count); when every split is idle, or the subtask reads none, the subtask
-// is idle. A split that has emitted nothing yet holds the watermark back
+// count); when every split is idle the subtask emits the largest watermark
+// any split reached and is idle, and a subtask that reads no split is
+// idle. A split that has emitted nothing yet holds the watermark back
 // until it is idle. Without a strategy both methods only emit (or do
 // nothing).
 type SplitCollector[T any] interface {

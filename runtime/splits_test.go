@@ -174,3 +174,22 @@ func TestSplitWatermarksAreTheMinimumOverSplitsThatAreNotIdle(t *testing.T) {
 		t.Fatalf("status %v, want a subtask without splits idle", out.idle)
 	}
 }
+
+// When every split is idle the subtask emits the largest watermark any
+// split reached, then turns idle: nothing waits for an idle split.
+func TestAllIdleSplitsEmitTheLargestWatermarkThenIdle(t *testing.T) {
+	w, out, c := newSplitMachine(time.Second)
+	t0 := time.Now()
+	c.SetSplits([]string{"a", "b"})
+	c.CollectFromSplit("a", 1, 100)
+	c.CollectFromSplit("b", 2, 300)
+	if err := w.afterPoll(t0, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.afterPoll(t0.Add(2*time.Second), 0); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(out.wms, []int64{99, 299}) || !slices.Equal(out.idle, []bool{true}) {
+		t.Fatalf("watermarks %v, status %v; want 99 then 299 once both are idle, then idle", out.wms, out.idle)
+	}
+}

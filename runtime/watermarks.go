@@ -77,7 +77,10 @@ func WithTimestampAssigner[T any](fn TimestampAssigner[T]) WatermarkOpt {
 // for d (Flink's withIdleness): downstream operators stop waiting for its
 // watermark. Only time the source spent finding nothing counts: time
 // blocked sending downstream (back-pressure) never makes it idle. 0 (the
-// default) never marks it idle.
+// default) never marks it idle. For a source that tags its records with
+// their splits (SplitCollector) idleness is per split: a split idle for d
+// no longer holds the subtask's watermark, and the subtask is idle once
+// every split is.
 func WithIdleness(d time.Duration) WatermarkOpt {
 	return watermarkOpt(func(c *watermarkCfg) {
 		if d < 0 {
@@ -295,16 +298,17 @@ func (w *sourceWatermarks[T]) setSplits(splits []string) {
 
 // followSplits is afterPoll for a source that tags its records with their
 // splits: every interval each split's generator emits, and the subtask
-// emits the minimum over the splits that are not idle; when every split
-// is idle, or there is none, the subtask is idle (Flink's
-// WatermarkOutputMultiplexer: an all-idle subtask does not advance).
+// emits the minimum over the splits that are not idle. When every split
+// is idle the subtask emits the largest watermark any split reached
+// (nothing waits for an idle split, as the valve does for idle channels)
+// and turns idle; with no split at all it turns idle.
 func (w *sourceWatermarks[T]) followSplits(now time.Time) error {
 	bp := w.readPressure()
 	due := !now.Before(w.nextEmit)
 	if due {
 		w.nextEmit = now.Add(w.interval)
 	}
-	lo, active := MaxWatermark, false
+	lo, hi, active := MaxWatermark, MinWatermark, false
 	for _, s := range w.own {
 		if s.emitted {
 			s.emitted, s.last, s.bp = false, now, bp
@@ -312,12 +316,14 @@ func (w *sourceWatermarks[T]) followSplits(now time.Time) error {
 		if due && s.gen != nil {
 			s.gen.OnPeriodicEmit(s)
 		}
+		hi = max(hi, s.wm)
 		if w.idleness > 0 && now.Sub(s.last)-(bp-s.bp) >= w.idleness {
 			continue
 		}
 		lo, active = min(lo, s.wm), true
 	}
 	if !active {
+		w.emitWatermark(hi)
 		w.MarkIdle()
 		return w.take()
 	}

@@ -17,17 +17,17 @@ import (
 // discovery interval (once for a bounded source), resolves where new ones
 // start (and stop) and hands them to the task goroutine. A failed round is
 // retried at the next tick; a deleted topic is an error for the task.
-func (s *Source[T]) discoverLoop(ctx context.Context) {
+func (s *Source[T]) discoverLoop(ctx context.Context, restored map[tp]int64) {
 	defer s.discoveryWG.Done()
 	known := map[tp]bool{}
 	first := true
 	retry := 500 * time.Millisecond
 	for {
-		f, err := s.discover(ctx, known, first)
+		f, err := s.discover(ctx, known, restored, first)
 		switch {
 		case ctx.Err() != nil:
 			return
-		case err != nil && !errors.Is(err, ErrTopicGone) && !errors.Is(err, ErrOffsetOutOfRange):
+		case err != nil && !errors.Is(err, ErrTopicGone) && !errors.Is(err, ErrOffsetOutOfRange) && !errors.Is(err, ErrUnknownTopic):
 			s.log.Warn("partition discovery failed; retrying", zap.Error(err))
 			select {
 			case <-ctx.Done():
@@ -62,7 +62,7 @@ func (s *Source[T]) discoverLoop(ctx context.Context) {
 
 // discover is one discovery round: the partitions of the selected topics
 // that this subtask owns and known does not hold, with their offsets.
-func (s *Source[T]) discover(ctx context.Context, known map[tp]bool, first bool) (found, error) {
+func (s *Source[T]) discover(ctx context.Context, known map[tp]bool, restored map[tp]int64, first bool) (found, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var tds kadm.TopicDetails
@@ -78,7 +78,12 @@ func (s *Source[T]) discover(ctx context.Context, known map[tp]bool, first bool)
 	present := map[string]kadm.TopicDetail{}
 	for t, td := range tds {
 		switch {
+		case errors.Is(td.Err, kerr.UnknownTopicOrPartition) && s.cfg.stop != nil:
+			return found{}, fmt.Errorf("kafka source: %w: %q: a bounded source would read nothing of it", ErrUnknownTopic, t)
 		case errors.Is(td.Err, kerr.UnknownTopicOrPartition):
+			if first {
+				s.log.Info("topic does not exist (yet): it is read once discovery finds it", zap.String("topic", t))
+			}
 			continue
 		case td.Err != nil:
 			return found{}, fmt.Errorf("topic %q: %w", t, td.Err)
@@ -108,7 +113,7 @@ func (s *Source[T]) discover(ctx context.Context, known map[tp]bool, first bool)
 		}
 	}
 	if first {
-		for k := range s.restored {
+		for k := range restored {
 			if err := check(k); err != nil {
 				return found{}, err
 			}
@@ -123,18 +128,19 @@ func (s *Source[T]) discover(ctx context.Context, known map[tp]bool, first bool)
 			}
 		}
 	}
+	f := found{parts: map[tp]resolved{}}
 	if first {
-		for k := range s.restored {
+		for k := range restored {
 			if !s.selected(k.topic) {
 				s.log.Info("dropping the restored offset of a topic the source no longer reads", zap.Stringer("partition", k))
+				f.drop = append(f.drop, k)
 			}
 		}
 	}
-	f := found{parts: map[tp]resolved{}}
 	if len(owned) == 0 {
 		return f, nil
 	}
-	if err := s.resolve(ctx, owned, first, f.parts); err != nil {
+	if err := s.resolve(ctx, owned, restored, first, f.parts); err != nil {
 		return found{}, err
 	}
 	return f, nil
@@ -152,7 +158,7 @@ func (s *Source[T]) selected(topic string) bool {
 // position first; else StartAt on the job's first discovery (no partition
 // in restored state), the earliest offset for partitions found later.
 // Positions outside the log take the out-of-range policy.
-func (s *Source[T]) resolve(ctx context.Context, owned map[tp]bool, first bool, out map[tp]resolved) error {
+func (s *Source[T]) resolve(ctx context.Context, owned map[tp]bool, restored map[tp]int64, first bool, out map[tp]resolved) error {
 	var topics []string
 	for k := range owned {
 		if !slices.Contains(topics, k.topic) {
@@ -226,8 +232,8 @@ func (s *Source[T]) resolve(ctx context.Context, owned map[tp]bool, first bool, 
 	for k := range owned {
 		lo, _ := starts.Lookup(k.topic, k.partition)
 		hi, _ := ends.Lookup(k.topic, k.partition)
-		start, restored := s.restored[k]
-		if !restored {
+		start, ok := restored[k]
+		if !ok {
 			var err error
 			if start, err = at(startAt, k, committed); err != nil {
 				return err

@@ -2,7 +2,6 @@ package kafka
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strconv"
 	"testing"
@@ -32,6 +31,19 @@ func produce(t *testing.T, env *kafkatest.Env, topic string, partitions, from, n
 	defer cancel()
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatalf("produce: %v", err)
+	}
+}
+
+// produceB is produce for a benchmark.
+func produceB(b *testing.B, env *kafkatest.Env, topic string, partitions, from, n int) {
+	b.Helper()
+	cl := env.Client(b, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	recs := make([]*kgo.Record, 0, n)
+	for i := from; i < from+n; i++ {
+		recs = append(recs, &kgo.Record{Topic: topic, Partition: int32(i % partitions), Value: []byte("r" + strconv.Itoa(i))})
+	}
+	if err := cl.ProduceSync(b.Context(), recs...).FirstErr(); err != nil {
+		b.Fatalf("produce: %v", err)
 	}
 }
 
@@ -115,5 +127,3 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		}
 	}
 }
-
-var _ = fmt.Sprint

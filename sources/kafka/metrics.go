@@ -39,15 +39,21 @@ func (s *Source[T]) registerMetrics(m runtime.Metrics) {
 		func() float64 { return float64(s.skipped.Load()) })
 	m.Counter("kafka_deadLetters_total", "Records that failed to decode, copied to the dead-letter topic.",
 		func() float64 { return float64(s.deadLetters.Load()) })
+	w := s.dlq
+	runtime.TransactionMetrics(m, func() int { return len(w.Pending()) }, w.LostTransactions)
 	m.Counter("kafka_commitsFailed_total", "Commits of checkpoint offsets to the consumer group that failed (monitoring only: what is read is unaffected).",
 		func() float64 { return float64(s.commitFails.Load()) })
 }
 
-// lag is a partition's pendingRecords, unknown before its first fetch.
+// lag is a partition's pendingRecords, unknown before its first fetch; a
+// bounded partition's end is its stop offset at most.
 func lag(ps *partition) (float64, bool) {
 	end := ps.end.Load()
 	if end < 0 {
 		return 0, false
+	}
+	if ps.stop >= 0 {
+		end = min(end, ps.stop)
 	}
 	return float64(max(0, end-ps.next.Load())), true
 }

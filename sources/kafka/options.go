@@ -26,6 +26,12 @@ var ErrReadUncommitted = errors.New("the Kafka source reads committed records on
 // be meaningless for a topic created again under the same name.
 var ErrTopicGone = errors.New("topic deleted while read")
 
+// ErrUnknownTopic is wrapped by the error with which a bounded source
+// fails its task when a topic it was given (Topics) does not exist: it
+// would end at once having read nothing. An unbounded source waits for the
+// topic instead (discovery finds it once created).
+var ErrUnknownTopic = errors.New("unknown topic")
+
 // ErrOffsetOutOfRange is wrapped by the error with which a source fails its
 // task when a partition's position left the log (its records were deleted
 // by retention, or the log was truncated) and OnOutOfRange(FailOnOutOfRange)

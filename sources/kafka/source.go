@@ -53,6 +53,7 @@ func (p tp) String() string { return p.topic + "-" + strconv.Itoa(int(p.partitio
 
 // partition is what a subtask knows of one partition it reads.
 type partition struct {
+	name      string       // the split name (tp.String)
 	next      atomic.Int64 // the next offset to read (the position)
 	end       atomic.Int64 // the log end (high watermark) of the last fetch; -1: none yet
 	committed atomic.Int64 // last offset committed to the group; -1: none
@@ -63,6 +64,7 @@ type partition struct {
 // found is one discovery's outcome, for the task goroutine.
 type found struct {
 	parts map[tp]resolved
+	drop  []tp // restored partitions of topics no longer read
 	err   error
 }
 
@@ -174,7 +176,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	dctx, cancel := context.WithCancel(context.Background())
 	s.stopDiscov = cancel
 	s.discoveryWG.Add(1)
-	go s.discoverLoop(dctx)
+	go s.discoverLoop(dctx, maps.Clone(s.restored))
 	return nil
 }
 
@@ -349,7 +351,7 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 			ts := r.Timestamp.UnixMilli()
 			switch {
 			case sc != nil:
-				sc.CollectFromSplit(k.String(), v, ts)
+				sc.CollectFromSplit(ps.name, v, ts)
 			default:
 				if tc, ok := out.(runtime.TimestampCollector[T]); ok {
 					tc.CollectWithTimestamp(v, ts)
@@ -388,7 +390,9 @@ var canceled = func() context.Context {
 // finish ends a bounded partition: it reached its stop offset.
 func (s *Source[T]) finish(k tp, ps *partition) {
 	ps.done = true
-	ps.next.Store(max(ps.next.Load(), min(ps.stop, ps.next.Load())))
+	// Nothing below stop is left to read (what lies between is a control
+	// record, aborted or compacted away): the position is stop.
+	ps.next.Store(max(ps.next.Load(), ps.stop))
 	s.cl.RemoveConsumePartitions(map[string][]int32{k.topic: {k.partition}})
 	s.log.Info("partition reached its stop offset", zap.Stringer("partition", k), zap.Int64("stop", ps.stop))
 }
@@ -494,6 +498,9 @@ func (s *Source[T]) takeFound(ctx context.Context, wait bool) error {
 		return f.err
 	}
 	s.discovered = true
+	for _, k := range f.drop {
+		delete(s.restored, k)
+	}
 	if len(f.parts) == 0 {
 		return nil
 	}
@@ -503,7 +510,7 @@ func (s *Source[T]) takeFound(ctx context.Context, wait bool) error {
 		if s.parts[k] != nil {
 			continue
 		}
-		ps := &partition{stop: r.stop}
+		ps := &partition{name: k.String(), stop: r.stop}
 		ps.next.Store(r.start)
 		ps.end.Store(-1)
 		ps.committed.Store(-1)
@@ -565,7 +572,7 @@ func (s *Source[T]) NotifyCheckpointComplete(ctx context.Context, id checkpoint.
 			delete(s.snaps, cid)
 		}
 	}
-	if pos == nil || s.cfg.group == "" {
+	if pos == nil || s.cfg.group == "" || s.commitc == nil {
 		return nil
 	}
 	select { // the newest positions replace ones not yet sent
@@ -634,10 +641,12 @@ func (s *Source[T]) Close() error {
 	if s.stopDiscov != nil {
 		s.stopDiscov()
 		s.discoveryWG.Wait()
+		s.stopDiscov = nil
 	}
 	if s.commitc != nil {
 		close(s.commitc)
 		s.commitWG.Wait()
+		s.commitc = nil
 	}
 	if s.cl != nil {
 		s.cl.Close()
