@@ -256,7 +256,6 @@ func TestTaskStatsCountWhatASinkWroteOnAWatermark(t *testing.T) {
 // they are given (none for a subtask without an entry).
 type lagSource struct {
 	pending map[int]map[string]float64
-	done    bool
 }
 
 func (s *lagSource) Open(_ context.Context, oc *OperatorContext) error {
