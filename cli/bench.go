@@ -40,14 +40,17 @@ otherwise).
 Benchmarks (--only NAME, repeatable; in run order; runtime-wordcount also
 reports limit-runtime-wordcount, window-wordcount also reports
 window-state-per-key, eos-wordcount also reports limit-wordcount and
-share-inflight, recovery reports seconds from a task-manager SIGKILL to
+share-inflight, eos-wordcount-kafka reports the wordcount on the partition
+source against the share group's (eos-wordcount-kafka) and against a
+hand-written partition loop (eos-wordcount-kafka-ceiling), recovery reports seconds from a task-manager SIGKILL to
 output resuming against a clean task failure, failover seconds from a
 SIGKILL of the leading job manager of two (etcd, lease 3s) to output
 resuming against the lease, limits reports limit-produce
 and limit-share-consume, nexmark reports nexmark-generator and
 nexmark-QUERY-cp10s and -cp1s per query, each in events per CPU-second with
-events_per_s; WEIR_NEXMARK_CPUPROFILE=DIR writes a CPU profile of each query
-run):
+events_per_s (WEIR_NEXMARK_CPUPROFILE=DIR writes a CPU profile of each query
+run), nexmark-topic reports nexmark-topic-q0-kafka: q0 from a topic on the
+partition source against the share group, in events per CPU-second):
   ` + strings.Join(bench.Names(), "\n  "),
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {

@@ -84,13 +84,27 @@ func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 		Vertices []struct {
 			Name        string `json:"name"`
 			Parallelism int    `json:"parallelism"`
-			Subtasks    []struct {
+			Metrics     struct {
+				Pending *int64 `json:"pendingRecords"`
+				LagMax  *int64 `json:"records-lag-max"`
+			} `json:"metrics"`
+			Subtasks []struct {
 				TaskID      string `json:"task_id"`
 				TaskManager string `json:"taskmanager-id"`
 			} `json:"subtasks"`
 		} `json:"vertices"`
 	}
-	getJSON(t, jm+"/jobs/"+id, &job)
+	// And for the source's backlog (the share-group source measures it
+	// every 5 s): its vertex shows its lag.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		getJSON(t, jm+"/jobs/"+id, &job)
+		if len(job.Vertices) > 0 && job.Vertices[0].Metrics.Pending != nil && job.Vertices[0].Metrics.LagMax != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the source vertex reported no pendingRecords and records-lag-max in 60s: %+v", job)
+		}
+	}
 	var list struct {
 		TaskManagers []struct {
 			ID string `json:"id"`
@@ -132,6 +146,12 @@ func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 		// a subtask has none (the wordcount's source sets no watermarks).
 		if !regexp.MustCompile(`watermark (–|\d\d:\d\d:\d\d\.\d{3} · lags [0-9.]+ (ms|s|min))`).MatchString(box) {
 			fail("vertex %q shows no watermark line: %s", v.Name, box)
+		}
+		// A source that reports its backlog shows its lag: the vertex's
+		// pendingRecords and its most lagging partition's.
+		lagLine := regexp.MustCompile(`lag \d+ records · \d+ in the most lagging partition`)
+		if has := lagLine.MatchString(box); has != (v.Metrics.Pending != nil) {
+			fail("vertex %q (pendingRecords in REST: %v) shows a lag line: %v: %s", v.Name, v.Metrics.Pending != nil, has, box)
 		}
 		if len(v.Subtasks) != v.Parallelism {
 			t.Errorf("REST shows %d subtasks of %q, want %d", len(v.Subtasks), v.Name, v.Parallelism)

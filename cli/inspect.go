@@ -20,6 +20,7 @@ import (
 	"github.com/weirstream/weir/checkpoint/storage"
 	"github.com/weirstream/weir/jobmanager"
 	"github.com/weirstream/weir/runtime"
+	"github.com/weirstream/weir/sources/kafka"
 )
 
 // snapshotFlags name the snapshot a command reads: a savepoint directory,
@@ -198,6 +199,41 @@ type inspectedOp struct {
 	// StateError says why the keyed state could not be split by name.
 	StateError string                 `json:"state_error,omitempty"`
 	Handles    []checkpoint.TxnHandle `json:"pending_transactions,omitempty"`
+	// Offsets are a Kafka partition source's positions (sources/kafka):
+	// per partition, the offset of the next record to read, and the
+	// subtask whose state holds it.
+	Offsets []inspectedOffset `json:"partition_offsets,omitempty"`
+}
+
+type inspectedOffset struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	Offset    int64  `json:"offset"`
+	Subtask   int    `json:"subtask"`
+}
+
+// partitionOffsets decodes op's operator state as a Kafka partition
+// source's offsets; nil when any entry is not one (another operator).
+func partitionOffsets(ops []checkpoint.OperatorSnapshot) []inspectedOffset {
+	var out []inspectedOffset
+	for _, op := range ops {
+		for _, e := range op.State {
+			pos, err := kafka.DecodeOffsets(e)
+			if err != nil {
+				return nil
+			}
+			for _, p := range pos {
+				out = append(out, inspectedOffset{Topic: p.Topic, Partition: p.Partition, Offset: p.Offset, Subtask: op.Subtask})
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Topic != out[j].Topic {
+			return out[i].Topic < out[j].Topic
+		}
+		return out[i].Partition < out[j].Partition
+	})
+	return out
 }
 
 type inspectedSubtask struct {
@@ -272,6 +308,7 @@ func inspect(s snapshot) inspection {
 		for _, n := range order {
 			o.States = append(o.States, *states[n])
 		}
+		o.Offsets = partitionOffsets(ops)
 		out.Operators = append(out.Operators, o)
 	}
 	return out
@@ -290,7 +327,9 @@ func newSavepointInspectCmd(a *app) *cobra.Command {
 savepoint format version, and per operator UID its parallelism, max
 parallelism, each subtask's key-group range, the size in bytes and number of
 entries of each keyed state name, its operator state, and its pending
-transaction handles (transactional id, producer id and epoch, partitions).
+transaction handles (transactional id, producer id and epoch, partitions); for
+a Kafka partition source (sources/kafka), each partition's offset: the next
+record a job restored from it reads.
 Every byte is verified: a damaged or truncated savepoint fails with one error
 naming the file.
 
@@ -359,6 +398,12 @@ func printInspection(w io.Writer, in inspection) error {
 		}
 		if o.StateError != "" {
 			fmt.Fprintf(tw, "  state not readable by name: %s\n", o.StateError)
+		}
+		if len(o.Offsets) > 0 {
+			fmt.Fprintf(tw, "  PARTITION\tOFFSET\tSUBTASK\n")
+			for _, p := range o.Offsets {
+				fmt.Fprintf(tw, "  %s/%d\t%d\t%d\n", p.Topic, p.Partition, p.Offset, p.Subtask)
+			}
 		}
 		for _, h := range o.Handles {
 			parts := make([]string, 0, len(h.Partitions))

@@ -12,7 +12,8 @@ import (
 // The share-group source's pendingRecords (Flink's metric: the group's
 // records not yet done, per input partition) are on the task managers'
 // /metrics and, summed per source task and vertex, in the job's REST
-// details; once the job has counted every line they are 0.
+// details, with records-lag-max (the most lagging partition's); once the
+// job has counted every line they are 0.
 func TestPendingRecordsShowInTheMetricsAndTheJobsDetails(t *testing.T) {
 	c := startLocal(t, "--taskmanagers", "2", "--slots", "2", "--metrics", "127.0.0.1:0")
 	jm := "http://" + c.addr(t, "jobmanager http on")
@@ -44,7 +45,14 @@ func TestPendingRecordsShowInTheMetricsAndTheJobsDetails(t *testing.T) {
 				Name    string `json:"name"`
 				Metrics struct {
 					Pending *int64 `json:"pendingRecords"`
+					LagMax  *int64 `json:"records-lag-max"`
 				} `json:"metrics"`
+				Subtasks []struct {
+					Metrics struct {
+						Pending *int64 `json:"pendingRecords"`
+						LagMax  *int64 `json:"records-lag-max"`
+					} `json:"metrics"`
+				} `json:"subtasks"`
 			} `json:"vertices"`
 		}
 		getJSON(t, jm+"/jobs/"+id, &details)
@@ -53,7 +61,15 @@ func TestPendingRecordsShowInTheMetricsAndTheJobsDetails(t *testing.T) {
 		for _, v := range details.Vertices {
 			if p := v.Metrics.Pending; p != nil {
 				sources++
-				restOK = restOK && *p == 0
+				restOK = restOK && *p == 0 && v.Metrics.LagMax != nil && *v.Metrics.LagMax == 0
+				// The subtask that measures the group reports both.
+				reporting := 0
+				for _, st := range v.Subtasks {
+					if st.Metrics.Pending != nil && st.Metrics.LagMax != nil && *st.Metrics.LagMax == 0 {
+						reporting++
+					}
+				}
+				restOK = restOK && reporting == 1
 			}
 		}
 		restOK = restOK && sources == 1

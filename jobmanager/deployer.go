@@ -103,7 +103,7 @@ func (sh *share) setStats(tasks []*weirpb.TaskCounts) {
 	for _, t := range tasks {
 		m[checkpoint.TaskID(t.TaskId)] = runtime.TaskStats{Task: checkpoint.TaskID(t.TaskId), RecordsIn: t.RecordsIn,
 			RecordsOut: t.RecordsOut, BackPressured: time.Duration(t.BackPressuredMs) * time.Millisecond,
-			Source: t.Source, Sink: t.Sink, PendingRecords: t.PendingRecords,
+			Source: t.Source, Sink: t.Sink, PendingRecords: t.PendingRecords, RecordsLagMax: t.RecordsLagMax,
 			InputWatermark: t.InputWatermark, OutputWatermark: t.OutputWatermark}
 	}
 	now := time.Now()

@@ -256,6 +256,10 @@ type ioMetrics struct {
 	// PendingRecords is Flink's source metric pendingRecords (records of
 	// the input not yet done), on a source that reports it.
 	PendingRecords *int64 `json:"pendingRecords,omitempty"`
+	// RecordsLagMax is Flink's records-lag-max: the records not yet done
+	// of the most lagging input partition (of the subtask; of the vertex's
+	// subtasks), on a source that reports pendingRecords per partition.
+	RecordsLagMax *int64 `json:"records-lag-max,omitempty"`
 }
 
 // subtaskInfo is Flink's SubtaskExecutionAttemptDetailsInfo and Weir's
@@ -416,6 +420,10 @@ func (s *Server) details(rec JobRecord, last checkpoint.ID) jobDetails {
 				if n := p.stats.PendingRecords; p.known && n >= 0 {
 					si.Metrics.PendingRecords = &n
 					vi.Metrics.PendingRecords = ptr(n + deref(vi.Metrics.PendingRecords))
+				}
+				if n := p.stats.RecordsLagMax; p.known && n >= 0 && p.stats.PendingRecords >= 0 {
+					si.Metrics.RecordsLagMax = &n
+					vi.Metrics.RecordsLagMax = ptr(max(n, deref(vi.Metrics.RecordsLagMax)))
 				}
 			}
 			vi.Metrics.ReadRecords += si.Metrics.ReadRecords

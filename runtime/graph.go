@@ -211,6 +211,9 @@ func (p *plan) layout() []OperatorLayout {
 		if n.keyed {
 			l.MaxParallelism = p.job.maxParallelism
 		}
+		if n.newUser != nil {
+			_, l.Union = n.newUser().(UnionState)
+		}
 		ops = append(ops, l)
 	}
 	return ops

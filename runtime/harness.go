@@ -100,6 +100,9 @@ func NewOperatorHarness[U any](ctx context.Context, s *Stream[U], cfg HarnessCon
 		if n.keyed {
 			layout.MaxParallelism = j.maxParallelism
 		}
+		if n.newUser != nil {
+			_, layout.Union = n.newUser().(UnionState)
+		}
 		snaps := make([]checkpoint.OperatorSnapshot, len(cfg.Restore))
 		copy(snaps, cfg.Restore)
 		c := checkpoint.Completed{Job: j.name, ID: 1, Tasks: map[checkpoint.TaskID]checkpoint.TaskSnapshot{}}

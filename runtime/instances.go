@@ -163,6 +163,28 @@ func (c *sourceCollector[T]) CollectWithTimestamp(v T, ts int64) {
 	c.wms.observe(v, ts)
 }
 
+// CollectFromSplit implements SplitCollector.
+func (c *sourceCollector[T]) CollectFromSplit(split string, v T, ts int64) {
+	if c.wms == nil {
+		c.now.ts = ts
+		c.collector.Collect(v)
+		return
+	}
+	ts = c.wms.assign(v, ts)
+	c.now.ts = ts
+	c.collector.Collect(v)
+	c.wms.observeSplit(split, v, ts)
+}
+
+// SetSplits implements SplitCollector.
+func (c *sourceCollector[T]) SetSplits(splits []string) {
+	if c.wms != nil {
+		c.wms.setSplits(splits)
+	}
+}
+
+var _ SplitCollector[int] = (*sourceCollector[int])(nil)
+
 // sinkInstance runs a user Sink.
 type sinkInstance[T any] struct {
 	sink    Sink[T]

@@ -54,7 +54,9 @@ const PendingRecords = "pendingRecords"
 
 // PendingRecordsMetric registers a source's pendingRecords with m, by
 // label (e.g. partition); read returns nil while the source has not
-// measured them (the task then reports none).
+// measured them (the task then reports none). The task's stats carry their
+// sum (TaskStats.PendingRecords) and their largest value
+// (TaskStats.RecordsLagMax, Flink's records-lag-max).
 func PendingRecordsMetric(m Metrics, help, label string, read func() map[string]float64) {
 	m.Gauges("pendingRecords", help, label, read) // PendingRecords, spelled out for the metrics reference's lint
 }
@@ -112,6 +114,10 @@ type TaskStats struct {
 	// PendingRecords is the sum of the pendingRecords its operators
 	// reported (PendingRecordsMetric), -1 when none did.
 	PendingRecords int64
+	// RecordsLagMax is the largest pendingRecords of one label value
+	// (partition) its operators reported: the lag of the subtask's most
+	// lagging partition, Flink's records-lag-max; -1 when none reported.
+	RecordsLagMax int64
 }
 
 // CountRecords sums the records that entered the job (the source tasks'
@@ -189,6 +195,7 @@ func (m *operatorMetrics) Gauges(name, help, label string, read func() map[strin
 // TaskStats returns the counters of the deployment's tasks, in task order.
 func (d *localDeployment) TaskStats() []TaskStats {
 	pending := map[string]int64{} // by operator name and subtask
+	lagMax := map[string]int64{}  // the largest value of one label, by the same key
 	d.metrics.mu.Lock()
 	for _, m := range d.metrics.metrics {
 		if m.Name != PendingRecords {
@@ -198,6 +205,9 @@ func (d *localDeployment) TaskStats() []TaskStats {
 			k := m.Operator + "\x00" + strconv.Itoa(m.Subtask)
 			for _, v := range vals {
 				pending[k] += int64(v)
+				if l, ok := lagMax[k]; !ok || int64(v) > l {
+					lagMax[k] = int64(v)
+				}
 			}
 		}
 	}
@@ -207,10 +217,14 @@ func (d *localDeployment) TaskStats() []TaskStats {
 		out[i] = TaskStats{Task: t.id, Vertex: t.v.name(), Subtask: t.subtask, RecordsIn: t.stats.in.Load(),
 			RecordsOut: t.stats.out.Load(), BackPressured: time.Duration(t.stats.backPressuredNs.Load()),
 			InputWatermark: t.stats.inputWatermark.Load(), OutputWatermark: t.stats.outputWatermark.Load(),
-			Source: t.v.isSource(), Sink: t.v.isSink(), PendingRecords: -1}
+			Source: t.v.isSource(), Sink: t.v.isSink(), PendingRecords: -1, RecordsLagMax: -1}
 		for _, n := range t.v.nodes {
-			if p, ok := pending[n.name+"\x00"+strconv.Itoa(t.subtask)]; ok {
+			k := n.name + "\x00" + strconv.Itoa(t.subtask)
+			if p, ok := pending[k]; ok {
 				out[i].PendingRecords = max(out[i].PendingRecords, 0) + p
+			}
+			if l, ok := lagMax[k]; ok {
+				out[i].RecordsLagMax = max(out[i].RecordsLagMax, l)
 			}
 		}
 	}

@@ -251,3 +251,46 @@ func TestTaskStatsCountWhatASinkWroteOnAWatermark(t *testing.T) {
 		t.Errorf("Counts().Out = %d, want %d", c.Out, written.Load())
 	}
 }
+
+// lagSource is a bounded source whose subtasks report the pendingRecords
+// they are given (none for a subtask without an entry).
+type lagSource struct {
+	pending map[int]map[string]float64
+}
+
+func (s *lagSource) Open(_ context.Context, oc *OperatorContext) error {
+	p, ok := s.pending[oc.Subtask]
+	PendingRecordsMetric(oc.Metrics(), "test backlog", "partition", func() map[string]float64 {
+		if !ok {
+			return nil
+		}
+		return p
+	})
+	return nil
+}
+
+func (s *lagSource) Poll(context.Context, Collector[int]) error { return ErrEndOfInput }
+func (s *lagSource) Snapshot(context.Context, checkpoint.ID) (OperatorState, error) {
+	return OperatorState{}, nil
+}
+func (s *lagSource) Close() error { return nil }
+
+// A source subtask's stats carry the sum of its partitions' pendingRecords
+// and the largest of them (Flink's records-lag-max); a subtask that
+// reports none has -1 for both.
+func TestTaskStatsCarryTheSumAndTheLargestPartitionLag(t *testing.T) {
+	pending := map[int]map[string]float64{0: {"in-0": 5, "in-1": 12, "in-2": 0}, 1: {"in-3": 0}}
+	j := NewJob("lag")
+	src := FromSource(j, "in", func() Source[int] { return &lagSource{pending: pending} }, Parallelism(3))
+	SinkTo(src, "sink", func() Sink[int] { return discardSink[int]{} }, Parallelism(3))
+	dep := &capturingDeployer{job: j}
+	if _, err := NewMiniCluster(Deployment(dep)).Run(t.Context(), j); err != nil {
+		t.Fatal(err)
+	}
+	want := map[int][2]int64{0: {17, 12}, 1: {0, 0}, 2: {-1, -1}}
+	for _, s := range dep.deps[0].TaskStats() {
+		if got := [2]int64{s.PendingRecords, s.RecordsLagMax}; got != want[s.Subtask] {
+			t.Errorf("task %s: pendingRecords %d, records-lag-max %d; want %v", s.Task, got[0], got[1], want[s.Subtask])
+		}
+	}
+}

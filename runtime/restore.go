@@ -38,6 +38,9 @@ type OperatorLayout struct {
 	// MaxParallelism is the number of key groups of a keyed operator, 0 for
 	// an operator without keyed state.
 	MaxParallelism int
+	// Union: the operator's state is union list state (UnionState): every
+	// subtask restores every entry.
+	Union bool
 }
 
 // SubtaskState is the part of a checkpoint assigned to one operator subtask.
@@ -122,7 +125,8 @@ func (a *StateAssignment) handleCount() int {
 //   - At the parallelism of the checkpoint, subtask i gets the operator
 //     state entries of subtask i; at another parallelism, the entries of all
 //     subtasks are dealt round-robin (so operator state must be a list of
-//     independent entries). Keyed state moves by key group.
+//     independent entries). An operator with union state (UnionState) gets
+//     every entry in every subtask. Keyed state moves by key group.
 //   - Every subtask of an operator gets every completed transaction of the
 //     operator (the restored checkpoint's and the skipped ones'), so that
 //     whichever subtask fences or reuses transactional ids first has
@@ -231,7 +235,13 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 				if same {
 					dst = s.Subtask
 				}
-				subs[dst].Entries = append(subs[dst].Entries, e)
+				if op.Union {
+					for _, sub := range subs {
+						sub.Entries = append(sub.Entries, e)
+					}
+				} else {
+					subs[dst].Entries = append(subs[dst].Entries, e)
+				}
 				k++
 			}
 			for _, r := range s.StateRefs {
@@ -239,7 +249,13 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 				if same {
 					dst = s.Subtask
 				}
-				subs[dst].EntryRefs = append(subs[dst].EntryRefs, r)
+				if op.Union {
+					for _, sub := range subs {
+						sub.EntryRefs = append(sub.EntryRefs, r)
+					}
+				} else {
+					subs[dst].EntryRefs = append(subs[dst].EntryRefs, r)
+				}
 				k++
 			}
 		}

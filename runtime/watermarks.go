@@ -77,7 +77,10 @@ func WithTimestampAssigner[T any](fn TimestampAssigner[T]) WatermarkOpt {
 // for d (Flink's withIdleness): downstream operators stop waiting for its
 // watermark. Only time the source spent finding nothing counts: time
 // blocked sending downstream (back-pressure) never makes it idle. 0 (the
-// default) never marks it idle.
+// default) never marks it idle. For a source that tags its records with
+// their splits (SplitCollector) idleness is per split: a split idle for d
+// no longer holds the subtask's watermark, and the subtask is idle once
+// every split is.
 func WithIdleness(d time.Duration) WatermarkOpt {
 	return watermarkOpt(func(c *watermarkCfg) {
 		if d < 0 {
@@ -189,6 +192,7 @@ func newSourceWatermarks[T any](ws *WatermarkStrategy[T]) *sourceWatermarks[T] {
 			w.gen = ws.newGen()
 		}
 		w.splits = newSplitWatermarks(ws.newGen, ws.assigner, ws.idle, ws.drift)
+		w.newGen = ws.newGen
 	}
 	return w
 }
@@ -228,6 +232,105 @@ type sourceWatermarks[T any] struct {
 	frontier SplitFrontier[T]
 	splits   *splitWatermarks[T]
 	gated    bool
+	// own are the generators of the splits of a source that tags its
+	// records with them (SplitCollector); nil until it does: then the
+	// subtask's watermark is the minimum over its splits that are not idle.
+	own    map[string]*ownSplit[T]
+	newGen func() WatermarkGenerator[T]
+}
+
+// ownSplit is one split's generator (SplitCollector) and its idleness clock.
+type ownSplit[T any] struct {
+	gen     WatermarkGenerator[T]
+	wm      int64
+	emitted bool          // records since the last afterPoll
+	last    time.Time     // when it last emitted (or was declared)
+	bp      time.Duration // the task's back-pressure counter then
+}
+
+func (s *ownSplit[T]) EmitWatermark(ts int64) { s.wm = max(s.wm, ts) }
+func (s *ownSplit[T]) MarkIdle()              {}
+func (s *ownSplit[T]) MarkActive()            {}
+
+// split returns the generator of split, made (idle clock started at now)
+// if new.
+func (w *sourceWatermarks[T]) split(name string, now time.Time) *ownSplit[T] {
+	if w.own == nil {
+		w.own = map[string]*ownSplit[T]{}
+	}
+	s := w.own[name]
+	if s == nil {
+		s = &ownSplit[T]{wm: MinWatermark, last: now, bp: w.readPressure()}
+		if w.newGen != nil {
+			s.gen = w.newGen()
+		}
+		w.own[name] = s
+	}
+	return s
+}
+
+// observeSplit shows split's generator a record that went out.
+func (w *sourceWatermarks[T]) observeSplit(split string, v T, ts int64) {
+	s := w.split(split, time.Now())
+	s.emitted = true
+	if s.gen != nil {
+		s.gen.OnEvent(v, ts, s)
+	}
+}
+
+// setSplits declares the splits the source reads now.
+func (w *sourceWatermarks[T]) setSplits(splits []string) {
+	now := time.Now()
+	if w.own == nil {
+		w.own = map[string]*ownSplit[T]{}
+	}
+	keep := make(map[string]bool, len(splits))
+	for _, name := range splits {
+		keep[name] = true
+		w.split(name, now)
+	}
+	for name := range w.own {
+		if !keep[name] {
+			delete(w.own, name)
+		}
+	}
+}
+
+// followSplits is afterPoll for a source that tags its records with their
+// splits: every interval each split's generator emits, and the subtask
+// emits the minimum over the splits that are not idle. When every split
+// is idle the subtask emits the largest watermark any split reached
+// (nothing waits for an idle split, as the valve does for idle channels)
+// and turns idle; with no split at all it turns idle.
+func (w *sourceWatermarks[T]) followSplits(now time.Time) error {
+	bp := w.readPressure()
+	due := !now.Before(w.nextEmit)
+	if due {
+		w.nextEmit = now.Add(w.interval)
+	}
+	lo, hi, active := MaxWatermark, MinWatermark, false
+	for _, s := range w.own {
+		if s.emitted {
+			s.emitted, s.last, s.bp = false, now, bp
+		}
+		if due && s.gen != nil {
+			s.gen.OnPeriodicEmit(s)
+		}
+		hi = max(hi, s.wm)
+		if w.idleness > 0 && now.Sub(s.last)-(bp-s.bp) >= w.idleness {
+			continue
+		}
+		lo, active = min(lo, s.wm), true
+	}
+	if !active {
+		w.emitWatermark(hi)
+		w.MarkIdle()
+		return w.take()
+	}
+	if due {
+		w.emitWatermark(lo)
+	}
+	return w.take()
 }
 
 // useFrontier makes the source's frontier rule its watermark, if it gives
@@ -300,6 +403,9 @@ func (w *sourceWatermarks[T]) observe(v T, ts int64) {
 func (w *sourceWatermarks[T]) afterPoll(now time.Time, emitted int64) error {
 	if w.frontier != nil && w.followFrontier(now) {
 		return w.take()
+	}
+	if w.own != nil {
+		return w.followSplits(now)
 	}
 	if w.idleness > 0 {
 		bp := w.readPressure()

@@ -140,7 +140,7 @@ func taskCounts(dep runtime.Deployed) []*weirpb.TaskCounts {
 	for _, t := range sr.TaskStats() {
 		out = append(out, &weirpb.TaskCounts{TaskId: string(t.Task), RecordsIn: t.RecordsIn,
 			RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds(), Source: t.Source, Sink: t.Sink,
-			PendingRecords: t.PendingRecords, InputWatermark: t.InputWatermark, OutputWatermark: t.OutputWatermark})
+			PendingRecords: t.PendingRecords, RecordsLagMax: t.RecordsLagMax, InputWatermark: t.InputWatermark, OutputWatermark: t.OutputWatermark})
 	}
 	return out
 }

@@ -45,7 +45,7 @@ func crashArtifacts(t *testing.T, b *crashingBroker, jobLog string) {
 	if out, err := exec.CommandContext(ctx, "cp", "-a", b.dir, filepath.Join(dir, "data")).CombinedOutput(); err != nil {
 		t.Logf("artifacts: copy data dir: %v: %s", err, out)
 	}
-	for _, topic := range []string{"counts", "lines"} {
+	for _, topic := range []string{"counts", "counts-kafka", "lines"} {
 		s, err := dumpTopic(ctx, b.addr, topic)
 		if err != nil {
 			s += fmt.Sprintf("\nerror: %v\n", err)

@@ -73,7 +73,9 @@ func (b *crashingBroker) stderr() string {
 
 // TestExactlyOnceWordcountSurvivesBrokerCrashes runs the exactly-once
 // wordcount on the in-process runtime against `streamctl broker --data-dir`
-// as a process, with input arriving throughout, SIGKILLs the broker at random
+// as a process, on each source at once (the share group, and the partition
+// source with offsets in checkpoint state: two jobs, one input, the same
+// crashes), with input arriving throughout, SIGKILLs the broker at random
 // moments and inside checkpoints (after a sink pre-committed; after the job
 // manager persisted a completed checkpoint, before any commit), and
 // restarts it on the same dir each time. The committed output must then
@@ -205,11 +207,33 @@ func crashRun(t *testing.T, seed uint64) {
 		}
 	}()
 
-	// Two crashes land in a checkpoint: after a sink pre-committed its
-	// transaction (before it acknowledged the barrier), and after the job
-	// manager persisted a completed checkpoint (before any commit), each at
-	// a random checkpoint.
-	crashes := make(chan string, 2)
+	// The wordcount runs on each source at once, against the same broker
+	// and input: the crashes hit both.
+	type crashJob struct {
+		source, group, output string
+		log                   proctest.Buffer
+	}
+	jobs := []*crashJob{{source: "sharegroup", group: "wc", output: "counts"}, {source: "kafka", group: "wck", output: "counts-kafka"}}
+	level := zapcore.InfoLevel
+	if os.Getenv("WEIR_BROKER_CRASH_DEBUG") == "1" {
+		level = zapcore.DebugLevel
+	}
+	defer func() {
+		if t.Failed() {
+			var all strings.Builder
+			for _, j := range jobs {
+				fmt.Fprintf(&all, "==== source=%s\n%s", j.source, j.log.String())
+				t.Logf("source=%s job log (tail):\n%s", j.source, j.log.Tail(200))
+			}
+			crashArtifacts(t, b, all.String())
+		}
+	}()
+
+	// Two crashes per job land in a checkpoint: after a sink pre-committed
+	// its transaction (before it acknowledged the barrier), and after the
+	// job manager persisted a completed checkpoint (before any commit),
+	// each at a random checkpoint.
+	crashes := make(chan string, 2*len(jobs))
 	atHit := func(name string, n int64) func() error {
 		var hits atomic.Int64
 		return func() error {
@@ -219,35 +243,30 @@ func crashRun(t *testing.T, seed uint64) {
 			return nil
 		}
 	}
-	fp := failpoint.New(
-		failpoint.WithHook(failpoint.SinkAfterPrecommit, atHit(failpoint.SinkAfterPrecommit, 2+rng.Int64N(10))),
-		failpoint.WithHook(failpoint.JMAfterCheckpointPersisted, atHit(failpoint.JMAfterCheckpointPersisted, 15+rng.Int64N(10))),
-	)
-	job, err := wordcount.Build(runtime.Params{"brokers": b.addr, "input": "lines", "output": "counts",
-		"group": "wc", "guarantee": "exactly-once", "parallelism": "2"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logBuf proctest.Buffer
-	level := zapcore.InfoLevel
-	if os.Getenv("WEIR_BROKER_CRASH_DEBUG") == "1" {
-		level = zapcore.DebugLevel
-	}
-	jobLog := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), &logBuf, level))
-	defer func() {
-		if t.Failed() {
-			crashArtifacts(t, b, logBuf.String())
-			t.Logf("job log (tail):\n%s", logBuf.Tail(200))
-		}
-	}()
 	jobCtx, stopJob := context.WithCancel(ctx)
 	defer stopJob()
-	jobDone := make(chan error, 1)
-	go func() {
-		_, err := runtime.NewMiniCluster(runtime.Logger(jobLog), runtime.CheckpointInterval(100*time.Millisecond),
-			runtime.Restarts(1000, 200*time.Millisecond), runtime.Failpoints(fp)).Run(jobCtx, job)
-		jobDone <- err
-	}()
+	type ended struct {
+		source string
+		err    error
+	}
+	jobDone := make(chan ended, len(jobs))
+	for _, j := range jobs {
+		fp := failpoint.New(
+			failpoint.WithHook(failpoint.SinkAfterPrecommit, atHit(j.source+": "+failpoint.SinkAfterPrecommit, 2+rng.Int64N(10))),
+			failpoint.WithHook(failpoint.JMAfterCheckpointPersisted, atHit(j.source+": "+failpoint.JMAfterCheckpointPersisted, 15+rng.Int64N(10))),
+		)
+		job, err := wordcount.Build(runtime.Params{"brokers": b.addr, "input": "lines", "output": j.output,
+			"group": j.group, "guarantee": "exactly-once", "parallelism": "2", "source": j.source})
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobLog := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), &j.log, level))
+		go func() {
+			_, err := runtime.NewMiniCluster(runtime.Logger(jobLog), runtime.CheckpointInterval(100*time.Millisecond),
+				runtime.Restarts(1000, 200*time.Millisecond), runtime.Failpoints(fp)).Run(jobCtx, job)
+			jobDone <- ended{j.source, err}
+		}()
+	}
 
 	// Random crashes, plus the checkpoint ones, while input arrives.
 	for i := 0; i < 5; i++ {
@@ -258,8 +277,8 @@ func crashRun(t *testing.T, seed uint64) {
 		case <-time.After(time.Duration(1500+rng.IntN(2500)) * time.Millisecond):
 			b.crash(time.Duration(rng.IntN(500)) * time.Millisecond)
 			t.Logf("crashed the broker at a random moment")
-		case err := <-jobDone:
-			jobEnded(t, b, err)
+		case e := <-jobDone:
+			jobEnded(t, b, e.source, e.err)
 			return
 		}
 	}
@@ -271,65 +290,75 @@ func crashRun(t *testing.T, seed uint64) {
 
 	// Expected counts come from the input as it is in the topic.
 	want, total, lines := expectedCounts(t, ctx, b.addr)
-	for {
-		// Each attempt reads up to the last stable offsets listed when it
-		// starts. Records just below such an offset whose transaction is
-		// aborted later, with its marker past that offset, are never
-		// delivered, so that attempt cannot finish: bound it, and the
-		// next attempt lists offsets past the marker.
-		actx, acancel := context.WithTimeout(ctx, 20*time.Second)
-		recs, err := kafkatest.ReadCommitted(actx, []string{b.addr}, "counts")
-		acancel()
-		if err == nil && len(recs) >= total {
-			break
-		}
-		select {
-		case err := <-jobDone:
-			jobEnded(t, b, err)
-			return
-		case <-ctx.Done():
-			t.Fatalf("output did not reach %d records (read committed: %d, %v) within the deadline; broker logs:\n%s",
-				total, len(recs), err, b.stderr())
-		case <-time.After(250 * time.Millisecond):
+	for _, j := range jobs {
+		for {
+			// Each attempt reads up to the last stable offsets listed when it
+			// starts. Records just below such an offset whose transaction is
+			// aborted later, with its marker past that offset, are never
+			// delivered, so that attempt cannot finish: bound it, and the
+			// next attempt lists offsets past the marker.
+			actx, acancel := context.WithTimeout(ctx, 20*time.Second)
+			recs, err := kafkatest.ReadCommitted(actx, []string{b.addr}, j.output)
+			acancel()
+			if err == nil && len(recs) >= total {
+				break
+			}
+			select {
+			case e := <-jobDone:
+				jobEnded(t, b, e.source, e.err)
+				return
+			case <-ctx.Done():
+				t.Fatalf("source=%s: output did not reach %d records (read committed: %d, %v) within the deadline; broker logs:\n%s",
+					j.source, total, len(recs), err, b.stderr())
+			case <-time.After(250 * time.Millisecond):
+			}
 		}
 	}
 	stopJob()
-	<-jobDone
-	out, err := kafkatest.ReadCommitted(ctx, []string{b.addr}, "counts")
-	if err != nil {
-		t.Fatal(err)
+	for range jobs {
+		<-jobDone
 	}
-	for _, topic := range []string{"counts", "__weir-acklog-wc"} {
-		continued, torn, err := lostTxnCommits(ctx, b.addr, topic)
+	for _, j := range jobs {
+		out, err := kafkatest.ReadCommitted(ctx, []string{b.addr}, j.output)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, c := range continued {
-			t.Errorf("%s: a transaction the broker lost was continued and committed: %s", topic, c)
+		topics := []string{j.output}
+		if j.source == "sharegroup" {
+			topics = append(topics, "__weir-acklog-"+j.group)
 		}
-		for _, c := range torn {
-			t.Logf("%s: a commit torn by a crash in the middle of EndTxn, the rest re-committed by copies: %s", topic, c)
+		for _, topic := range topics {
+			continued, torn, err := lostTxnCommits(ctx, b.addr, topic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range continued {
+				t.Errorf("%s: a transaction the broker lost was continued and committed: %s", topic, c)
+			}
+			for _, c := range torn {
+				t.Logf("%s: a commit torn by a crash in the middle of EndTxn, the rest re-committed by copies: %s", topic, c)
+			}
 		}
-	}
-	rep := wordcount.Check(out, want)
-	if !rep.OK() {
-		t.Fatalf("after %d broker crashes: %s", b.kills, rep)
+		rep := wordcount.Check(out, want)
+		if !rep.OK() {
+			t.Fatalf("source=%s: after %d broker crashes: %s", j.source, b.kills, rep)
+		}
+		t.Logf("source=%s: %d lines, %d broker crashes: %s", j.source, lines, b.kills, rep)
 	}
 	if !strings.Contains(b.stderr(), "did not stop cleanly") {
 		t.Errorf("no restarted broker warned about the unclean stop; logs:\n%s", b.stderr())
 	}
-	t.Logf("%d lines, %d broker crashes: %s", lines, b.kills, rep)
 }
 
 // jobEnded fails the test: the job must survive every crash. A loss the
 // broker-lost-transaction recovery cannot repair ends it with an error
 // naming the lost transaction (kafkatxn.ErrTxnLost), reported here.
-func jobEnded(t *testing.T, b *crashingBroker, err error) {
+func jobEnded(t *testing.T, b *crashingBroker, source string, err error) {
 	t.Helper()
 	if errors.Is(err, kafkatxn.ErrTxnLost) {
-		t.Fatalf("job failed with a lost transaction after %d broker crashes: %v", b.kills, err)
+		t.Fatalf("source=%s: job failed with a lost transaction after %d broker crashes: %v", source, b.kills, err)
 	}
-	t.Fatalf("job ended after %d broker crashes: %v; broker logs:\n%s", b.kills, err, b.stderr())
+	t.Fatalf("source=%s: job ended after %d broker crashes: %v; broker logs:\n%s", source, b.kills, err, b.stderr())
 }
 
 // TestBrokerWarnsAfterAnUncleanStopAndKeepsServing: SIGKILL, then a restart

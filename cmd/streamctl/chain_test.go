@@ -114,22 +114,24 @@ func atLeast(t *testing.T, ctx context.Context, addr, topic string, n int, jobs 
 	}
 }
 
-// Two exactly-once jobs chained through a topic, each its own process: the
-// uppercase job reads the share group on "lines" and writes "upper"; the
-// wordcount reads the share group on "upper" and writes "counts". The input
-// is written in transactions with aborted ones between the committed ones,
-// and one transaction stays open for a while, then is aborted. Each job's
-// process is SIGKILLed once while input flows (leaving transactions in
-// "upper" and "counts" that its next process aborts) and started again on
-// its checkpoint dir. Record by record, read_committed: "upper" holds each
-// committed line once, upper-cased, and "counts" counts each of their words
-// 1..n; nothing of an aborted or open transaction is read by either job.
+// Exactly-once jobs chained through a topic, each its own process: the
+// uppercase job reads the share group on "lines" and writes "upper"; a
+// wordcount reads the share group on "upper" and writes "counts", another
+// reads "upper"'s partitions (source=kafka, offsets in checkpoint state)
+// and writes "counts-kafka". The input is written in transactions with
+// aborted ones between the committed ones, and one transaction stays open
+// for a while, then is aborted. Each job's process is SIGKILLed once while
+// input flows (leaving transactions in "upper" and the counts that its next
+// process aborts) and started again on its checkpoint dir. Record by
+// record, read_committed: "upper" holds each committed line once,
+// upper-cased, and each counts topic counts each of their words 1..n;
+// nothing of an aborted or open transaction is read by any job.
 func TestChainedExactlyOnceJobsSurviveSIGKILLsOfEither(t *testing.T) {
 	if out, err := exec.Command(streamctlBin, "jobs").Output(); err != nil || !strings.Contains(string(out), "uppercase ") {
 		t.Fatalf("streamctl jobs: %q, %v; want the uppercase job listed", out, err)
 	}
 	env := kafkatest.New(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 150*time.Second)
 	defer cancel()
 	env.CreateTopic(t, "lines", 4, nil)
 	env.CreateTopic(t, "upper", 4, nil)
@@ -146,13 +148,18 @@ func TestChainedExactlyOnceJobsSurviveSIGKILLsOfEither(t *testing.T) {
 
 	up := startRunJob(t, "uppercase", t.TempDir(), "brokers="+env.Addr, "group=up", "input=lines", "output=upper")
 	wc := startRunJob(t, "wordcount", t.TempDir(), "brokers="+env.Addr, "group=wc", "input=upper", "output=counts")
-	atLeast(t, ctx, env.Addr, "upper", 200, up, wc)
+	wck := startRunJob(t, "wordcount", t.TempDir(), "brokers="+env.Addr, "group=wck", "input=upper", "output=counts-kafka", "source=kafka")
+	atLeast(t, ctx, env.Addr, "upper", 200, up, wc, wck)
 	endOpen(false)
-	atLeast(t, ctx, env.Addr, "counts", 300, up, wc)
+	atLeast(t, ctx, env.Addr, "counts", 300, up, wc, wck)
+	atLeast(t, ctx, env.Addr, "counts-kafka", 300, up, wc, wck)
 	up.kill()
-	before := len(atLeast(t, ctx, env.Addr, "counts", 800, up, wc))
+	before := len(atLeast(t, ctx, env.Addr, "counts", 800, up, wc, wck))
 	wc.kill()
-	atLeast(t, ctx, env.Addr, "counts", before+300, up, wc)
+	atLeast(t, ctx, env.Addr, "counts", before+300, up, wc, wck)
+	beforeK := len(atLeast(t, ctx, env.Addr, "counts-kafka", 800, up, wc, wck))
+	wck.kill()
+	atLeast(t, ctx, env.Addr, "counts-kafka", beforeK+300, up, wc, wck)
 	in.Halt(t)
 
 	lines := env.ReadCommitted(t, "lines")
@@ -165,7 +172,7 @@ func TestChainedExactlyOnceJobsSurviveSIGKILLsOfEither(t *testing.T) {
 		upper[i] = strings.ToUpper(string(r.Value))
 		want[upper[i]]++
 	}
-	got := atLeast(t, ctx, env.Addr, "upper", len(lines), up, wc)
+	got := atLeast(t, ctx, env.Addr, "upper", len(lines), up, wc, wck)
 	seen := make(map[string]int, len(got))
 	for _, r := range got {
 		seen[string(r.Value)]++
@@ -196,12 +203,17 @@ func TestChainedExactlyOnceJobsSurviveSIGKILLsOfEither(t *testing.T) {
 	for _, n := range counts {
 		total += n
 	}
-	out := atLeast(t, ctx, env.Addr, "counts", total, up, wc)
+	out := atLeast(t, ctx, env.Addr, "counts", total, up, wc, wck)
 	if rep := wordcount.Check(out, counts); !rep.OK() {
 		t.Fatalf("counts: %s", rep)
 	}
+	outK := atLeast(t, ctx, env.Addr, "counts-kafka", total, up, wc, wck)
+	if rep := wordcount.Check(outK, counts); !rep.OK() {
+		t.Fatalf("counts-kafka (source=kafka): %s", rep)
+	}
 	up.stop()
 	wc.stop()
-	t.Logf("%d committed input lines, %d output records; %d counted when the wordcount was killed; "+
-		"%d records of aborted upstream transactions in upper, not counted", in.n, len(out), before, dirty)
+	wck.stop()
+	t.Logf("%d committed input lines, %d output records each; %d counted when the share-group wordcount was killed, %d when the "+
+		"partition-source one was; %d records of aborted upstream transactions in upper, not counted", in.n, len(out), before, beforeK, dirty)
 }

@@ -104,18 +104,19 @@ func (c *haCluster) haLogs() string {
 }
 
 // Three job managers on etcd, two task managers, the exactly-once
-// wordcount running. The leader crashes right after it committed a
-// checkpoint (SIGKILL from the jm.after-checkpoint-persisted failpoint,
-// before any notification went out); a standby takes over after the lease
-// expires and is SIGKILLed while it resumes the job; the last one takes
-// over, resumes the job from its latest checkpoint in etcd and the
+// wordcount running on each source. The leader crashes right after it
+// committed a checkpoint (SIGKILL from the jm.after-checkpoint-persisted
+// failpoint, before any notification went out); a standby takes over after
+// the lease expires and is SIGKILLed while it resumes the jobs; the last one
+// takes over, resumes the jobs from their latest checkpoints in etcd and the
 // checkpoint storage, the task managers find it by themselves, and every
-// word is counted 1..n, read_committed.
+// word is counted 1..n, read_committed, by each job.
 func TestHAJobManagersFailOverTwiceAndTheWordcountStaysExactlyOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	c := newHACluster(t)
 	c.env = kafkatest.New(t)
+	// Both jobs' checkpoints count: the 15th comes after a few of each.
 	first := c.startJM("WEIR_FAILPOINTS=jm.after-checkpoint-persisted=crash@15")
 	c.waitLeader(first)
 	second, third := c.startJM(), c.startJM()
@@ -123,17 +124,24 @@ func TestHAJobManagersFailOverTwiceAndTheWordcountStaysExactlyOnce(t *testing.T)
 
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
-	id := c.Submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
-	c.waitOutput(ctx, "counts", 300)
+	jobs := wordcountOnEachSource()
+	for _, j := range jobs {
+		j.id = c.Submit(j.args(c.env.Addr, "lines")...)
+	}
+	for _, j := range jobs {
+		c.waitOutput(ctx, j.output, 300)
+	}
 	select {
 	case <-first.p.Done:
 	case <-time.After(90 * time.Second):
 		t.Fatalf("the leader did not crash at its 15th persisted checkpoint; %s", c.haLogs())
 	}
 	crashed := time.Now()
-	before := len(committed(t, ctx, c.env.Addr, "counts"))
+	for _, j := range jobs {
+		j.before = len(committed(t, ctx, c.env.Addr, j.output))
+	}
 
-	// The next leader is SIGKILLed as soon as it starts resuming the job.
+	// The next leader is SIGKILLed as soon as it starts resuming a job.
 	var next *haJM
 	for deadline := time.Now().Add(60 * time.Second); next == nil; time.Sleep(5 * time.Millisecond) {
 		for _, jm := range []*haJM{second, third} {
@@ -158,17 +166,24 @@ func TestHAJobManagersFailOverTwiceAndTheWordcountStaysExactlyOnce(t *testing.T)
 	c.JMAddr = strings.Join([]string{second.addr, third.addr, first.addr}, ",") // dead ones too: clients find the leader
 	c.waitLeader(last)
 	c.WaitTMs("tm-a,tm-b")
-	c.WaitStatus(id, "the job running on the last job manager", func(s proctest.JobStatus) bool { return s.State == "RUNNING" })
-	c.waitOutput(ctx, "counts", before+1)
-	resumed := time.Since(crashed)
-	c.waitOutput(ctx, "counts", before+300)
-	in.halt()
-	total := c.verify(ctx, "lines", "counts")
-	if before >= total {
-		t.Fatalf("all %d output records were committed before the failover", total)
+	var resumed time.Duration
+	for _, j := range jobs {
+		c.WaitStatus(j.id, "the job running on the last job manager", func(s proctest.JobStatus) bool { return s.State == "RUNNING" })
+		c.waitOutput(ctx, j.output, j.before+1)
+		resumed = max(resumed, time.Since(crashed))
 	}
-	t.Logf("%d lines, %d of %d output records committed at the first leader's crash; output resumed %v after it (two failovers, lease 3s)",
-		in.n, before, total, resumed.Round(100*time.Millisecond))
+	for _, j := range jobs {
+		c.waitOutput(ctx, j.output, j.before+300)
+	}
+	in.halt()
+	for _, j := range jobs {
+		total := c.verify(ctx, "lines", j.output)
+		if j.before >= total {
+			t.Fatalf("source=%s: all %d output records were committed before the failover", j.source, total)
+		}
+		t.Logf("source=%s: %d lines, %d of %d output records committed at the first leader's crash", j.source, in.n, j.before, total)
+	}
+	t.Logf("output of both jobs resumed %v after the first leader's crash (two failovers, lease 3s)", resumed.Round(100*time.Millisecond))
 }
 
 // Two job managers on etcd with the checkpoint storage on the embedded S3

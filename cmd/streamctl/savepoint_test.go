@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/proctest"
 )
 
@@ -241,4 +245,141 @@ func TestASavepointTakenWhileIdleIsRefusedAfterLaterAcknowledgements(t *testing.
 		t.Fatalf("job %s from the latest savepoint: %+v, want RUNNING without restarts", id2, st)
 	}
 	t.Logf("%d lines, %d output records, %d at the stop", in.n, total, stopped)
+}
+
+// The partition source (source=kafka) rewinds, as Flink's KafkaSource: a
+// savepoint taken while the job ran, older than everything it committed
+// later, is accepted by submit (the share group's refusal does not apply),
+// and with a bounded stop (stop=latest) the restored job reprocesses the
+// input from the savepoint's offsets to the end offsets it found at its
+// start, then ends FINISHED. savepoint inspect shows each input partition's
+// offset; record by record, the reprocessing's output continues each
+// word's count from the savepoint's state: the words of the lines before
+// those offsets are its restored counts k, and it emits exactly k+1..n.
+func TestAnOlderSavepointOfThePartitionSourceReprocessesToABoundedStopAndFinishes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	c := newProcCluster(t, streamctlBin)
+	c.twoTMs()
+	dir := filepath.Join(c.DataDir, "savepoints")
+	in := newInput(t, ctx, c.env.Addr, "lines", 300)
+	in.run(ctx)
+	onKafka := func(out string, set ...string) []string {
+		args := append(wordcountArgs(c.env.Addr, "wck", "lines", out), "--set", "source=kafka")
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		return args
+	}
+	id1 := c.Submit(onKafka("counts")...)
+	n1 := len(c.waitOutput(ctx, "counts", 600))
+	out, err := c.Run("savepoint", id1, "--target", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	older := strings.TrimSpace(out)
+	c.waitOutput(ctx, "counts", n1+900) // later checkpoints commit, and commit offsets to the group
+	in.halt()
+	total := c.verify(ctx, "lines", "counts")
+	if _, err := c.Run("cancel", id1); err != nil {
+		t.Fatal(err)
+	}
+
+	// Each input partition's offset in the older savepoint.
+	inspect := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(streamctlBin, append([]string{"savepoint", "inspect", older}, args...)...).Output()
+		if err != nil {
+			t.Fatalf("savepoint inspect %s %v: %v", older, args, err)
+		}
+		return string(out)
+	}
+	js := inspect("--output", "json")
+	var insp struct {
+		Operators []struct {
+			UID     string `json:"uid"`
+			Offsets []struct {
+				Topic     string `json:"topic"`
+				Partition int32  `json:"partition"`
+				Offset    int64  `json:"offset"`
+			} `json:"partition_offsets"`
+		} `json:"operators"`
+	}
+	if err := json.Unmarshal([]byte(js), &insp); err != nil {
+		t.Fatalf("inspect --output json: %v: %s", err, js)
+	}
+	at := map[int32]int64{}
+	for _, op := range insp.Operators {
+		for _, o := range op.Offsets {
+			if op.UID != "lines" || o.Topic != "lines" {
+				t.Fatalf("inspect shows partition offsets of operator %s, topic %s; want only the source's (lines): %s", op.UID, o.Topic, js)
+			}
+			at[o.Partition] = o.Offset
+		}
+	}
+	if len(at) != 4 {
+		t.Fatalf("inspect shows offsets of partitions %v, want lines' 4: %s", at, js)
+	}
+	if table := inspect(); !regexp.MustCompile(`(?m)^\s+lines/0\s+\d+\s+\d+$`).MatchString(table) {
+		t.Fatalf("inspect (table): want a line per partition with its offset:\n%s", table)
+	}
+
+	// The words of the lines before the savepoint's offsets are its
+	// counts; all the lines make the final counts.
+	lines := committed(t, ctx, c.env.Addr, "lines")
+	before, all := map[string]int{}, map[string]int{}
+	read := 0
+	for _, r := range lines {
+		for _, w := range wordcount.Words(string(r.Value)) {
+			all[w]++
+			if r.Offset < at[r.Partition] {
+				before[w]++
+			}
+		}
+		if r.Offset < at[r.Partition] {
+			read++
+		}
+	}
+	if read == 0 || read == len(lines) {
+		t.Fatalf("the older savepoint's offsets %v cover %d of %d lines; want a savepoint taken mid-way", at, read, len(lines))
+	}
+
+	id2 := c.Submit(append(onKafka("recounts", "stop=latest"), "--from-savepoint", older)...)
+	st := c.WaitStatus(id2, "the reprocessing finished", func(s proctest.JobStatus) bool {
+		return s.State == "FINISHED" || s.State == "FAILED" || s.State == "CANCELED"
+	})
+	if st.State != "FINISHED" || st.Restarts != 0 {
+		t.Fatalf("the reprocessing job: %+v, want FINISHED without restarts; %s", st, c.Logs(60))
+	}
+	// Record by record, in offset order per word: k+1..n.
+	next := map[string]int{}
+	for w, k := range before {
+		next[w] = k + 1
+	}
+	recs := committed(t, ctx, c.env.Addr, "recounts")
+	bad := 0
+	for _, r := range recs {
+		w := string(r.Key)
+		if next[w] == 0 {
+			next[w] = 1
+		}
+		if got := string(r.Value); got != strconv.Itoa(next[w]) {
+			if bad++; bad <= 5 {
+				t.Errorf("recounts: word %q counted %s, want %d", w, got, next[w])
+			}
+		}
+		next[w]++
+	}
+	for w, n := range all {
+		if next[w]-1 != n {
+			if bad++; bad <= 10 {
+				t.Errorf("recounts: word %q ends at %d, want %d", w, next[w]-1, n)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d problems in %d reprocessed records", bad, len(recs))
+	}
+	t.Logf("%d lines, %d counted by the first job (%d when the older savepoint was taken, offsets %v); the reprocessing read %d lines and emitted %d records, then FINISHED",
+		len(lines), total, n1, at, len(lines)-read, len(recs))
 }

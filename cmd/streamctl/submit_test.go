@@ -133,36 +133,70 @@ func wordcountArgs(brokers, group, in, out string) []string {
 		"--set", "brokers=" + brokers, "--set", "group=" + group, "--set", "input=" + in, "--set", "output=" + out}
 }
 
-// A task manager SIGKILLed while the job runs: the job restarts from its
-// latest completed checkpoint on the task managers left, and every word is
-// counted 1..n, read_committed.
+// wordcountJob is one exactly-once wordcount of a test that runs the same
+// scenario on both sources at once, on one cluster and one input topic:
+// the failure hits both jobs, and the added test time stays small.
+type wordcountJob struct {
+	source, group, output string
+	id                    string
+	before                int // output records committed at the failure
+}
+
+// wordcountOnEachSource is a wordcount job on each source: the share group
+// (group wc, output counts) and the partition source (group wck, output
+// counts-kafka).
+func wordcountOnEachSource() []*wordcountJob {
+	return []*wordcountJob{{source: "sharegroup", group: "wc", output: "counts"}, {source: "kafka", group: "wck", output: "counts-kafka"}}
+}
+
+// args are the job's submit arguments reading topic in.
+func (j *wordcountJob) args(brokers, in string) []string {
+	return append(wordcountArgs(brokers, j.group, in, j.output), "--set", "source="+j.source)
+}
+
+// A task manager SIGKILLed while the jobs run (a wordcount on each source,
+// both with a subtask on it): each job restarts from its latest completed
+// checkpoint on the task manager left, and every word is counted 1..n,
+// read_committed, by each.
 func TestSubmittedJobIsExactlyOnceAcrossATaskManagerSIGKILL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
-	c.twoTMs()
+	// Four slots each: the task manager left runs both jobs.
+	c.StartTM("tm-a", 4)
+	c.StartTM("tm-b", 4)
+	c.WaitTMs("tm-a,tm-b")
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
-	id := c.Submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
-	before := len(c.waitOutput(ctx, "counts", 600))
+	jobs := wordcountOnEachSource()
+	for _, j := range jobs {
+		j.id = c.Submit(j.args(c.env.Addr, "lines")...)
+	}
+	for _, j := range jobs {
+		j.before = len(c.waitOutput(ctx, j.output, 600))
+	}
 	c.TMs["tm-a"].Kill(t)
-	st := c.WaitStatus(id, "restart on the task manager left", func(s proctest.JobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })
-	c.waitOutput(ctx, "counts", before+300)
+	for _, j := range jobs {
+		st := c.WaitStatus(j.id, "restart on the task manager left", func(s proctest.JobStatus) bool { return s.Restarts >= 1 && s.State == "RUNNING" })
+		if st.LastCompletedCheckpoint == 0 {
+			t.Errorf("source=%s: status after the restart: %+v, want a completed checkpoint", j.source, st)
+		}
+		c.waitOutput(ctx, j.output, j.before+300)
+	}
 	in.halt()
-	total := c.verify(ctx, "lines", "counts")
-	if before >= total {
-		t.Fatalf("all %d output records were committed before the kill", total)
+	for _, j := range jobs {
+		total := c.verify(ctx, "lines", j.output)
+		if j.before >= total {
+			t.Fatalf("source=%s: all %d output records were committed before the kill", j.source, total)
+		}
+		t.Logf("source=%s: %d lines, %d of %d output records committed at the SIGKILL", j.source, in.n, j.before, total)
 	}
-	if st.LastCompletedCheckpoint == 0 {
-		t.Errorf("status after the restart: %+v, want a completed checkpoint", st)
-	}
-	t.Logf("%d lines, %d of %d output records committed at the SIGKILL, %d restarts", in.n, before, total, st.Restarts)
 }
 
-// The job manager SIGKILLed while a job runs and started again on the same
-// data directory: it resumes the job from its latest completed checkpoint,
-// the task managers reconnect by themselves, and every word is counted
-// 1..n, read_committed.
+// The job manager SIGKILLed while jobs run (a wordcount on each source) and
+// started again on the same data directory: it resumes each job from its
+// latest completed checkpoint, the task managers reconnect by themselves,
+// and every word is counted 1..n, read_committed, by each.
 func TestSubmittedJobContinuesExactlyOnceAfterTheJobManagerIsSIGKILLed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -170,29 +204,40 @@ func TestSubmittedJobContinuesExactlyOnceAfterTheJobManagerIsSIGKILLed(t *testin
 	c.twoTMs()
 	in := newInput(t, ctx, c.env.Addr, "lines", 300)
 	in.run(ctx)
-	id := c.Submit(wordcountArgs(c.env.Addr, "wc", "lines", "counts")...)
-	before := len(c.waitOutput(ctx, "counts", 600))
+	jobs := wordcountOnEachSource()
+	for _, j := range jobs {
+		j.id = c.Submit(j.args(c.env.Addr, "lines")...)
+	}
+	for _, j := range jobs {
+		j.before = len(c.waitOutput(ctx, j.output, 600))
+	}
 	c.JM.Kill(t)
 	c.StartJM()
 	c.WaitTMs("tm-a,tm-b")
-	c.WaitStatus(id, "resumed job", func(s proctest.JobStatus) bool { return s.State == "RUNNING" })
-	c.waitOutput(ctx, "counts", before+300)
+	for _, j := range jobs {
+		c.WaitStatus(j.id, "resumed job", func(s proctest.JobStatus) bool { return s.State == "RUNNING" })
+		c.waitOutput(ctx, j.output, j.before+300)
+	}
 	in.halt()
-	total := c.verify(ctx, "lines", "counts")
-	if before >= total {
-		t.Fatalf("all %d output records were committed before the kill", total)
+	for _, j := range jobs {
+		total := c.verify(ctx, "lines", j.output)
+		if j.before >= total {
+			t.Fatalf("source=%s: all %d output records were committed before the kill", j.source, total)
+		}
+		t.Logf("source=%s: %d lines, %d of %d output records committed at the SIGKILL", j.source, in.n, j.before, total)
 	}
 	if !strings.Contains(c.JM.Stderr.Tail(1<<20), "resuming job") {
 		t.Errorf("the restarted job manager did not log resuming the job; stderr:\n%s", c.JM.Stderr.Tail(40))
 	}
 	list, err := c.Run("list", "--output", "json")
-	if err != nil || !strings.Contains(list, id) {
-		t.Fatalf("list after the restart: %q, %v; want job %s", list, err, id)
+	for _, j := range jobs {
+		if err != nil || !strings.Contains(list, j.id) {
+			t.Fatalf("list after the restart: %q, %v; want job %s", list, err, j.id)
+		}
 	}
 	for _, p := range []*proctest.Proc{c.TMs["tm-a"], c.TMs["tm-b"], c.JM} {
 		p.Stop(t)
 	}
-	t.Logf("%d lines, %d of %d output records committed at the SIGKILL", in.n, before, total)
 }
 
 // lineIDs returns the l<i> tokens of lines.

@@ -4,8 +4,9 @@
 // parallel, checkpointed, rescalable source of its events, and the queries
 // q0, q1, q2, q3, q4, q5, q7, q8, q11 and q14 as the job type "nexmark".
 //
-// A query reads either the generator in-process or a share group on a topic
-// `streamctl nexmark generate` filled with the same events as JSON, and
+// A query reads either the generator in-process or a topic `streamctl
+// nexmark generate` filled with the same events as JSON (a share group, or
+// the partition source: examples/input), and
 // writes to a discarding sink or, exactly once, to a Kafka topic as JSON.
 // docs/guide/nexmark.md defines each query and how to check it.
 //
@@ -23,6 +24,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/weirstream/weir/examples/input"
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/sinks/kafka"
@@ -35,7 +37,8 @@ const Name = "nexmark"
 // Source and sink choices of the job type.
 const (
 	SourceGenerator  = "generator"
-	SourceShareGroup = "sharegroup"
+	SourceShareGroup = input.ShareGroup
+	SourceKafka      = input.Partitions
 	SinkDiscard      = "discard"
 	SinkKafka        = "kafka"
 )
@@ -44,19 +47,19 @@ const (
 var Type = runtime.JobType{
 	Name:        Name,
 	Description: "a Nexmark query (q0 q1 q2 q3 q4 q5 q7 q8 q11 q14) on generated auction events, to a discarding sink or a Kafka topic exactly once",
-	Params: append([]runtime.ParamSpec{
+	Params: append(append([]runtime.ParamSpec{
 		{Name: "query", Default: "q0", Description: "the query: " + joinNames()},
-		{Name: "source", Default: SourceGenerator, Description: "generator (in-process) or sharegroup (JSON events on topic, see streamctl nexmark generate)"},
+		{Name: "source", Default: SourceGenerator, Description: "generator (in-process), sharegroup (a share group on topic's JSON events, see streamctl nexmark generate) or kafka (topic's partitions, offsets in checkpoint state)"},
 		{Name: "sink", Default: SinkDiscard, Description: "discard, or kafka (JSON results to output, exactly once)"},
 		{Name: "events", Default: "1000000", Description: "generator: number of events (0: no end)"},
 		{Name: "rate", Default: "10000", Description: "generator: events per second of event time (sets event times; does not throttle)"},
 		{Name: "base-time", Default: strconv.FormatInt(DefaultBaseTime, 10), Description: "generator: time of event 0, epoch ms"},
 		{Name: "out-of-order-group", Default: "1", Description: "generator: permute event ids within groups of this many events (1: none)"},
 		sharegroup.BrokersParam(),
-		{Name: "topic", Default: "nexmark", Description: "sharegroup: input topic of JSON events"},
-		{Name: "group", Default: "nexmark", Description: "sharegroup: share group"},
+		{Name: "topic", Default: "nexmark", Description: "sharegroup, kafka: input topic of JSON events"},
+		{Name: "group", Default: "nexmark", Description: "sharegroup: share group; kafka: consumer group the offsets are committed to for monitoring"},
 		{Name: "output", Default: "nexmark-results", Description: "kafka sink: output topic, created when missing"},
-	}, sharegroup.EventTimeParams()...),
+	}, sharegroup.EventTimeParams()...), input.OffsetParams()...),
 	Build: Build,
 	Check: check,
 }
@@ -66,7 +69,10 @@ func Register(r *runtime.Registry) error { return r.Register(Type) }
 
 // check checks the brokers when the job uses Kafka.
 func check(ctx context.Context, p runtime.Params) error {
-	if p.String("source") == SourceShareGroup || p.String("sink") == SinkKafka {
+	switch {
+	case p.String("source") == SourceShareGroup || p.String("source") == SourceKafka:
+		return input.Check(ctx, p)
+	case p.String("sink") == SinkKafka:
 		return sharegroup.CheckBrokersParam(ctx, p)
 	}
 	return nil
@@ -184,7 +190,7 @@ func ParseEvent(r *kgo.Record) (Event, error) { return UnmarshalEvent(r.Value) }
 
 // Build builds the nexmark job from its parameters.
 func Build(p runtime.Params) (*runtime.Job, error) {
-	src, err := p.OneOf("source", SourceGenerator, SourceShareGroup)
+	src, err := p.OneOf("source", SourceGenerator, SourceShareGroup, SourceKafka)
 	if err != nil {
 		return nil, err
 	}
@@ -209,13 +215,12 @@ func Build(p runtime.Params) (*runtime.Job, error) {
 		}
 		g, _ := NewGenerator(c)
 		j, events = GeneratorJob(Name, g, jopts...)
-	case SourceShareGroup:
-		wms, err := sharegroup.ParamWatermarks(p, Event.Time)
+	case SourceShareGroup, SourceKafka:
+		wms, err := input.Watermarks(p, Event.Time)
 		if err != nil {
 			return nil, err
 		}
-		s, err := sharegroup.New(ParseEvent, sharegroup.Brokers(brokers...), sharegroup.Topics(p.String("topic")),
-			sharegroup.Group(p.String("group")), sharegroup.Mode(sharegroup.Transactional))
+		s, err := input.New(p, ParseEvent, input.Config{Brokers: brokers, Topic: p.String("topic"), Group: p.String("group")})
 		if err != nil {
 			return nil, err
 		}

@@ -171,3 +171,61 @@ func decodeAll[T any](t *testing.T, recs []*kgo.Record) []any {
 	}
 	return out
 }
+
+// The windowed queries on the topic's partitions (source=kafka: offsets in
+// checkpoint state, a watermark per partition) with a bounded stop
+// (stop=latest): each job ends by itself, its last watermark firing every
+// window, and its results, read_committed, equal the in-process source's.
+func TestWindowedQueriesOnTheTopicsPartitionsToABoundedStopEqualTheInProcessSource(t *testing.T) {
+	const events, par = 10_000, 2
+	env := kafkatest.New(t)
+	g := newGen(t, nexmark.GeneratorConfig{Events: events, Rate: 200})
+	if err := nexmark.WriteToKafka(t.Context(), []string{env.Addr}, "events", 4, g, nil); err != nil {
+		t.Fatal(err)
+	}
+	evs := make([]nexmark.Event, events)
+	for i := range evs {
+		evs[i] = g.Event(int64(i))
+	}
+	reg := runtime.NewRegistry()
+	if err := nexmark.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"q4", "q5", "q7", "q8", "q11"} {
+		t.Run(q, func(t *testing.T) {
+			out := q + "-partitions"
+			params := map[string]string{"query": q, "source": "kafka", "stop": "latest", "sink": "kafka",
+				"brokers": env.Addr, "topic": "events", "group": "nexmark-partitions-" + q, "output": out,
+				"parallelism": strconv.Itoa(par), "idle": "2s"}
+			if err := reg.Check(t.Context(), nexmark.Name, params); err != nil {
+				t.Fatal(err)
+			}
+			job, err := reg.Build(nexmark.Name, params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+			defer cancel()
+			if _, err := runtime.NewMiniCluster(runtime.CheckpointInterval(100*time.Millisecond)).Run(ctx, job); err != nil {
+				t.Fatalf("%s on the partitions with stop=latest: %v", q, err)
+			}
+			got := env.ReadCommitted(t, out)
+			if q == "q4" {
+				results := decodeAll[nexmark.Q4Result](t, got)
+				slices.SortFunc(results, func(a, b any) int {
+					x, y := a.(nexmark.Q4Result), b.(nexmark.Q4Result)
+					return cmp.Or(cmp.Compare(x.Category, y.Category), cmp.Compare(x.Count, y.Count))
+				})
+				checkQ4(t, results, batchQ4(evs))
+			} else {
+				want := runQuery(t, g, q, par)
+				if len(want) == 0 {
+					t.Fatalf("%s has no result on these events: the test proves nothing", q)
+				}
+				sameRecords(t, raw(got), want)
+			}
+			env.RequireNothingOpen(t, out)
+			t.Logf("%s: %d results equal to the in-process source's", q, len(got))
+		})
+	}
+}

@@ -1,11 +1,12 @@
 // Package sessions owns the sessions job, Weir's event-time example
-// (DESIGN.md's "Sessions contract"): JSON clicks read from a share group,
+// (DESIGN.md's "Sessions contract"): JSON clicks read from a share group
+// (or, with --set source=kafka, the topic's partitions; examples/input),
 // their ts as event time with bounded out-of-orderness and idleness,
 // event-time session windows per user, one JSON summary per session to the
 // output topic through an exactly-once Kafka sink, and late clicks (their
 // session already fired) unchanged to the late topic through a second
-// exactly-once sink. A value that is not a click goes to the share-group
-// source's dead-letter topic ("<group>-dlq").
+// exactly-once sink. A value that is not a click goes to the source's
+// dead-letter topic ("<group>-dlq").
 //
 // Like wordcount it uses only what a Weir user may use: runtime's operator
 // API and the public connectors. streamctl registers it.
@@ -18,6 +19,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/weirstream/weir/examples/input"
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/sinks/kafka"
@@ -30,17 +32,17 @@ const Name = "sessions"
 // Type is the sessions job type.
 var Type = runtime.JobType{
 	Name:        Name,
-	Description: "event-time sessions: JSON clicks from a share group -> session windows per user -> summaries to output, late clicks to late, exactly once",
-	Params: append([]runtime.ParamSpec{
+	Description: "event-time sessions: JSON clicks from a topic (share group or partitions) -> session windows per user -> summaries to output, late clicks to late, exactly once",
+	Params: append(append([]runtime.ParamSpec{
 		sharegroup.BrokersParam(),
-		{Name: "input", Default: "clicks", Description: "input topic of JSON clicks (read as a share group)"},
+		{Name: "input", Default: "clicks", Description: "input topic of JSON clicks"},
 		{Name: "output", Default: "sessions", Description: "session summaries topic, created when missing"},
 		{Name: "late", Default: "late-clicks", Description: "late clicks topic, created when missing"},
-		{Name: "group", Default: "sessions", Description: "share group"},
+		{Name: "group", Default: "sessions", Description: "share group (source=sharegroup), or consumer group the offsets are committed to for monitoring (source=kafka)"},
 		{Name: "gap", Default: "30s", Description: "session gap: a click more than gap after the previous one starts a new session (exactly gap after joins it, as in Flink)"},
-	}, sharegroup.EventTimeParams()...),
+	}, sharegroup.EventTimeParams()...), input.Params()...),
 	Build: Build,
-	Check: sharegroup.CheckBrokersParam,
+	Check: input.Check,
 }
 
 // Register adds the sessions job type to r.
@@ -107,13 +109,12 @@ func Build(p runtime.Params) (*runtime.Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	wms, err := sharegroup.ParamWatermarks(p, func(c Click) int64 { return c.TS })
+	wms, err := input.Watermarks(p, func(c Click) int64 { return c.TS })
 	if err != nil {
 		return nil, err
 	}
 	brokers := sharegroup.ParamBrokers(p)
-	src, err := sharegroup.New(ParseClick, sharegroup.Brokers(brokers...), sharegroup.Topics(p.String("input")),
-		sharegroup.Group(p.String("group")), sharegroup.Mode(sharegroup.Transactional))
+	src, err := input.New(p, ParseClick, input.Config{Brokers: brokers, Topic: p.String("input"), Group: p.String("group")})
 	if err != nil {
 		return nil, err
 	}

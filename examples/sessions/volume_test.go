@@ -26,16 +26,26 @@ import (
 // is late and every session the contract expects is emitted once,
 // read_committed, for several partition counts, parallelisms and fetch
 // sizes (a broker cap of 200 in-flight records per partition clips every
-// fetch to 200). WEIR_VOLUME=1 runs the full size (3000 users, about 220k
-// clicks) over the full matrix; .ci/run does, without the race detector.
+// fetch to 200). The same holds on the partition source (source=kafka: a
+// watermark per partition, no hold-back). WEIR_VOLUME=1 runs the full size
+// (3000 users, about 220k clicks) over the full matrix; .ci/run does,
+// without the race detector.
 func TestSessionsAtVolumeHaveNoLateClickAndEverySessionOnce(t *testing.T) {
-	type tc struct{ users, partitions, parallelism, cap int }
-	cases := []tc{{users: 600, partitions: 4, parallelism: 2}, {users: 400, partitions: 16, parallelism: 3, cap: 200}}
+	type tc struct {
+		users, partitions, parallelism, cap int
+		source                              string
+	}
+	cases := []tc{{users: 600, partitions: 4, parallelism: 2}, {users: 400, partitions: 16, parallelism: 3, cap: 200},
+		{users: 600, partitions: 4, parallelism: 3, source: "kafka"}}
 	if os.Getenv("WEIR_VOLUME") != "" {
-		cases = []tc{{3000, 4, 1, 0}, {3000, 4, 4, 200}, {3000, 16, 2, 200}, {3000, 16, 3, 0}}
+		cases = []tc{{3000, 4, 1, 0, ""}, {3000, 4, 4, 200, ""}, {3000, 16, 2, 200, ""}, {3000, 16, 3, 0, ""}, {3000, 16, 3, 0, "kafka"}}
 	}
 	for _, c := range cases {
-		t.Run(fmt.Sprintf("users=%d/partitions=%d/parallelism=%d/cap=%d", c.users, c.partitions, c.parallelism, c.cap), func(t *testing.T) {
+		name := fmt.Sprintf("users=%d/partitions=%d/parallelism=%d/cap=%d", c.users, c.partitions, c.parallelism, c.cap)
+		if c.source != "" {
+			name += "/source=" + c.source
+		}
+		t.Run(name, func(t *testing.T) {
 			var opts []broker.Opt
 			if c.cap > 0 {
 				opts = append(opts, broker.Config("group.share.partition.max.record.locks", strconv.Itoa(c.cap)))
@@ -62,7 +72,7 @@ func TestSessionsAtVolumeHaveNoLateClickAndEverySessionOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			job, err := reg.Build(sessions.Name, map[string]string{"brokers": env.Addr,
-				"parallelism": strconv.Itoa(c.parallelism), "idle": "2s"})
+				"parallelism": strconv.Itoa(c.parallelism), "idle": "2s", "source": c.source})
 			if err != nil {
 				t.Fatal(err)
 			}

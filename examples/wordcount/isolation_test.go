@@ -17,8 +17,15 @@ import (
 // them, and one left open while the job runs, then aborted. The wordcount,
 // built with the defaults users get (two subtasks, several lanes each,
 // renewals on), must count exactly the committed lines: every word of them
-// 1..n, read_committed, and no word of an aborted or open transaction.
+// 1..n, read_committed, and no word of an aborted or open transaction. So
+// must the wordcount on the partition source (source=kafka).
 func TestWordcountCountsOnlyCommittedInput(t *testing.T) {
+	for _, source := range []string{"sharegroup", "kafka"} {
+		t.Run("source="+source, func(t *testing.T) { countsOnlyCommittedInput(t, source) })
+	}
+}
+
+func countsOnlyCommittedInput(t *testing.T, source string) {
 	env := kafkatest.New(t)
 	env.CreateTopic(t, "lines", 4, nil)
 	lines := corpus(2000)
@@ -52,7 +59,7 @@ func TestWordcountCountsOnlyCommittedInput(t *testing.T) {
 	if err := wordcount.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	job, err := reg.Build("wordcount", map[string]string{"brokers": env.Addr, "parallelism": "2"})
+	job, err := reg.Build("wordcount", map[string]string{"brokers": env.Addr, "parallelism": "2", "source": source})
 	if err != nil {
 		t.Fatal(err)
 	}

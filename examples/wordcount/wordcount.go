@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/examples/input"
 	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/sinks/kafka"
 	"github.com/weirstream/weir/sources/sharegroup"
@@ -23,17 +24,17 @@ const Name = "wordcount"
 // Type is the wordcount job type (docs/architecture.md, "The wordcount contract").
 var Type = runtime.JobType{
 	Name:        Name,
-	Description: "exactly-once wordcount: share group on input -> words -> running count per word -> output",
-	Params: []runtime.ParamSpec{
+	Description: "exactly-once wordcount: input topic (share group or partitions) -> words -> running count per word -> output",
+	Params: append([]runtime.ParamSpec{
 		sharegroup.BrokersParam(),
-		{Name: "input", Default: "lines", Description: "input topic (read as a share group)"},
+		{Name: "input", Default: "lines", Description: "input topic"},
 		{Name: "output", Default: "counts", Description: "output topic, created when missing"},
-		{Name: "group", Default: "wordcount", Description: "share group"},
+		{Name: "group", Default: "wordcount", Description: "share group (source=sharegroup), or consumer group the offsets are committed to for monitoring (source=kafka)"},
 		{Name: "guarantee", Default: "exactly-once", Description: "exactly-once | at-least-once"},
 		{Name: "min-length", Default: "0", Description: "count only words of at least this many bytes; above 0 the job has an operator more (UID filter)"},
-	},
+	}, input.Params()...),
 	Build: Build,
-	Check: sharegroup.CheckBrokersParam,
+	Check: input.Check,
 }
 
 // Register adds the wordcount job type to r.
@@ -52,7 +53,8 @@ type Count struct {
 func Build(p runtime.Params) (*runtime.Job, error) { return BuildWith(p) }
 
 // BuildWith is Build with extra options for the share-group source (e.g.
-// sharegroup.ObserveInFlight for metrics).
+// sharegroup.ObserveInFlight for metrics); they are unused with
+// source=kafka.
 func BuildWith(p runtime.Params, srcOpts ...sharegroup.Opt) (*runtime.Job, error) {
 	guarantee, err := p.OneOf("guarantee", "exactly-once", "at-least-once")
 	if err != nil {
@@ -65,13 +67,13 @@ func BuildWith(p runtime.Params, srcOpts ...sharegroup.Opt) (*runtime.Job, error
 		}
 	}
 	brokers := sharegroup.ParamBrokers(p)
-	mode, sinkG := sharegroup.Transactional, kafka.ExactlyOnce
+	sinkG := kafka.ExactlyOnce
 	if guarantee == "at-least-once" {
-		mode, sinkG = sharegroup.AtLeastOnce, kafka.AtLeastOnce
+		sinkG = kafka.AtLeastOnce
 	}
-	src, err := sharegroup.New(func(r *kgo.Record) (string, error) { return string(r.Value), nil },
-		append([]sharegroup.Opt{sharegroup.Brokers(brokers...), sharegroup.Topics(p.String("input")),
-			sharegroup.Group(p.String("group")), sharegroup.Mode(mode)}, srcOpts...)...)
+	src, err := input.New(p, func(r *kgo.Record) (string, error) { return string(r.Value), nil }, input.Config{
+		Brokers: brokers, Topic: p.String("input"), Group: p.String("group"),
+		AtLeastOnce: guarantee == "at-least-once", ShareGroupOpts: srcOpts})
 	if err != nil {
 		return nil, err
 	}

@@ -130,10 +130,12 @@ func All() []Benchmark {
 		{Name: "window-wordcount", Run: WindowWordcount},
 		{Name: "eos-sink", Run: EOSSink},
 		{Name: "eos-wordcount", Run: EOSWordcount},
+		{Name: "eos-wordcount-kafka", Run: EOSWordcountKafka},
 		{Name: "recovery", Run: Recovery},
 		{Name: "failover", Run: Failover},
 		{Name: "limits", Run: Limits},
 		{Name: "nexmark", Run: Nexmark},
+		{Name: "nexmark-topic", Run: NexmarkTopic},
 		{Name: "sharegroup-watermark", Run: ShareGroupWatermark},
 	}
 }

@@ -69,22 +69,25 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 		t.Skip("runs the benchmarks")
 	}
 	want := map[string][]string{
-		"runtime-wordcount":       {"words_per_s"},
-		"limit-runtime-wordcount": {"words_per_s"},
-		"runtime-wordcount-2tm":   {"words_per_s"},
-		"checkpoint-cycle":        {"p50_ms", "p99_ms", "s3_full_p50_ms", "s3_incremental_p50_ms", "s3_incremental_bytes"},
-		"window-wordcount":        {"words_per_s"},
-		"window-state-per-key":    {"bytes_per_key_window"},
-		"eos-sink":                {"records_per_s"},
-		"eos-wordcount":           {"records_per_s"},
-		"share-inflight":          {"max_held_per_partition"},
-		"recovery":                {"seconds_to_resume"},
-		"failover":                {"seconds_to_resume"},
-		"limit-produce":           {"records_per_s"},
-		"limit-share-consume":     {"records_per_s"},
-		"limit-wordcount":         {"records_per_s"},
-		"nexmark-generator":       {"events_per_cpu_s"},
-		"sharegroup-watermark":    {"clicks_per_s", "watermark_lag_p50_ms", "watermark_lag_p99_ms"},
+		"runtime-wordcount":           {"words_per_s"},
+		"limit-runtime-wordcount":     {"words_per_s"},
+		"runtime-wordcount-2tm":       {"words_per_s"},
+		"checkpoint-cycle":            {"p50_ms", "p99_ms", "s3_full_p50_ms", "s3_incremental_p50_ms", "s3_incremental_bytes"},
+		"window-wordcount":            {"words_per_s"},
+		"window-state-per-key":        {"bytes_per_key_window"},
+		"eos-sink":                    {"records_per_s"},
+		"eos-wordcount":               {"records_per_s"},
+		"eos-wordcount-kafka":         {"records_per_s"},
+		"eos-wordcount-kafka-ceiling": {"records_per_s"},
+		"nexmark-topic-q0-kafka":      {"events_per_cpu_s"},
+		"share-inflight":              {"max_held_per_partition"},
+		"recovery":                    {"seconds_to_resume"},
+		"failover":                    {"seconds_to_resume"},
+		"limit-produce":               {"records_per_s"},
+		"limit-share-consume":         {"records_per_s"},
+		"limit-wordcount":             {"records_per_s"},
+		"nexmark-generator":           {"events_per_cpu_s"},
+		"sharegroup-watermark":        {"clicks_per_s", "watermark_lag_p50_ms", "watermark_lag_p99_ms"},
 	}
 	var nexmarkQueries []string
 	for _, q := range nexmark.Queries() {
@@ -94,7 +97,8 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 			nexmarkQueries = append(nexmarkQueries, b)
 		}
 	}
-	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "window-wordcount", "eos-sink", "eos-wordcount", "limit-wordcount", "recovery", "failover", "sharegroup-watermark"}
+	compared := []string{"runtime-wordcount", "limit-runtime-wordcount", "runtime-wordcount-2tm", "window-wordcount", "eos-sink", "eos-wordcount", "eos-wordcount-kafka",
+		"eos-wordcount-kafka-ceiling", "nexmark-topic-q0-kafka", "limit-wordcount", "recovery", "failover", "sharegroup-watermark"}
 	limits := []string{"limit-produce", "limit-share-consume"}
 	const runs = 2
 	var buf bytes.Buffer

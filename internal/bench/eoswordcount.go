@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/weirstream/weir/examples/input"
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/kafkatxn/committed"
 	"github.com/weirstream/weir/runtime"
@@ -73,7 +74,7 @@ func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 	})
 	vs, err := alternateSides(runs, func(side string, i int) { cfg.progress("run %d/%d: %s", i+1, runs, side) },
 		side{"weir", func(i int) (float64, error) {
-			el, err := weirEOSWordcount(ctx, kb, i, want, words, observe, sharegroup.CommitWhenIdle(eosIdleCommit))
+			el, err := weirEOSWordcount(ctx, kb, i, want, words, input.ShareGroup, observe, sharegroup.CommitWhenIdle(eosIdleCommit))
 			return float64(lines) / el.Seconds(), err
 		}},
 		side{"baseline", func(i int) (float64, error) {
@@ -134,14 +135,15 @@ const (
 	lsoStable = 300 * time.Millisecond
 )
 
-// weirEOSWordcount runs the exactly-once wordcount (run-th run: group and
-// output of its own) until its committed output holds words records, and
-// returns the time from its start until that output was visible. It then
-// checks the output with wordcount.Check and deletes it.
-func weirEOSWordcount(ctx context.Context, kb *kafkaBroker, run int, want map[string]int, words int, opts ...sharegroup.Opt) (time.Duration, error) {
-	out := fmt.Sprintf("bench-weir-out-%d", run)
+// weirEOSWordcount runs the exactly-once wordcount on source (run-th run:
+// group and output of its own; opts are the share-group source's) until its
+// committed output holds words records, and returns the time from its start
+// until that output was visible. It then checks the output with
+// wordcount.Check and deletes it.
+func weirEOSWordcount(ctx context.Context, kb *kafkaBroker, run int, want map[string]int, words int, source string, opts ...sharegroup.Opt) (time.Duration, error) {
+	out := fmt.Sprintf("bench-weir-%s-out-%d", source, run)
 	job, err := wordcount.BuildWith(runtime.Params{"brokers": kb.addr, "input": "bench-lines", "output": out,
-		"group": fmt.Sprintf("bench-weir-%d", run), "guarantee": "exactly-once"}, opts...)
+		"group": fmt.Sprintf("bench-weir-%s-%d", source, run), "guarantee": "exactly-once", "source": source}, opts...)
 	if err != nil {
 		return 0, err
 	}

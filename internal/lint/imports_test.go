@@ -20,7 +20,7 @@ type rule struct {
 }
 
 var rules = []rule{
-	{"runtime", []string{"jobmanager", "taskmanager", "sources", "sinks", "internal/kafkatxn", "internal/broker"},
+	{"runtime", []string{"jobmanager", "taskmanager", "sources", "sinks", "internal/kafkatxn", "internal/deadletter", "internal/broker"},
 		"runtime is the core: it knows no connector and no cluster"},
 	{"checkpoint", []string{"runtime", "jobmanager", "taskmanager", "sources", "sinks"},
 		"checkpoint deals in ids, handles and bytes, not operators"},
@@ -28,6 +28,12 @@ var rules = []rule{
 		"a source is written like user code and never imports a sink: shared Kafka code is internal/kafkatxn"},
 	{"sinks", []string{"sources", "jobmanager", "taskmanager"},
 		"a sink is written like user code and never imports a source: shared Kafka code is internal/kafkatxn"},
+	{"sources/kafka", []string{"sources/sharegroup"},
+		"the partition source never imports the share-group source: what both need is internal/kafkatxn and internal/deadletter"},
+	{"sources/sharegroup", []string{"sources/kafka"},
+		"the share-group source never imports the partition source: what both need is internal/kafkatxn and internal/deadletter"},
+	{"internal/deadletter", []string{"runtime", "sources", "sinks", "jobmanager", "taskmanager"},
+		"the shared dead-letter code knows no operator and no cluster"},
 	{"jobmanager", []string{"taskmanager"}, "the job manager and task managers share only the RPC contract"},
 	{"taskmanager", []string{"jobmanager"}, "the job manager and task managers share only the RPC contract"},
 	{"examples", []string{"internal", "jobmanager", "taskmanager"}, "examples use only what a user may use"},

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/deadletter"
 	"github.com/weirstream/weir/internal/kafkatxn"
 	"github.com/weirstream/weir/sources/sharegroup/acklog"
 )
@@ -546,7 +547,7 @@ func (s *Session) Reject(ctx context.Context, r *kgo.Record, reason error, dlqTo
 		if reason != nil {
 			why = reason.Error()
 		}
-		d := deadLetterRecord(r, dlqTopic, why)
+		d := deadletter.Record(r, dlqTopic, why)
 		if err := s.produce(ctx, d); err != nil {
 			return err
 		}

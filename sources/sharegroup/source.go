@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/internal/deadletter"
 	"github.com/weirstream/weir/internal/kafkatxn"
 	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/sources/sharegroup/acklog"
@@ -31,13 +32,14 @@ const (
 	FailpointAfterAckCommit    = "source.after-ack-commit"
 )
 
-// Dead-letter headers.
+// Dead-letter headers (internal/deadletter, shared with the partition
+// source).
 const (
-	HeaderError         = "weir.error"
-	HeaderDeliveryCount = "weir.delivery.count"
-	HeaderTopic         = "weir.source.topic"
-	HeaderPartition     = "weir.source.partition"
-	HeaderOffset        = "weir.source.offset"
+	HeaderError         = deadletter.HeaderError
+	HeaderDeliveryCount = deadletter.HeaderDeliveryCount
+	HeaderTopic         = deadletter.HeaderTopic
+	HeaderPartition     = deadletter.HeaderPartition
+	HeaderOffset        = deadletter.HeaderOffset
 )
 
 // New returns a source factory reading a share group and decoding each
@@ -1182,29 +1184,12 @@ func (s *Source[T]) inputs() []string {
 	return append(slices.Clone(s.cfg.topics), s.cfg.requeueTopic)
 }
 
-// deadLetterRecord copies r for the dead-letter topic, with the reason and
-// r's origin in headers.
-func deadLetterRecord(r *kgo.Record, topic, reason string) *kgo.Record {
-	return &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: append(append([]kgo.RecordHeader(nil), r.Headers...),
-		kgo.RecordHeader{Key: HeaderError, Value: []byte(reason)},
-		kgo.RecordHeader{Key: HeaderDeliveryCount, Value: []byte(strconv.Itoa(int(r.DeliveryCount())))},
-		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.Topic)},
-		kgo.RecordHeader{Key: HeaderPartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
-		kgo.RecordHeader{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))})}
-}
-
 // deadLetter copies r to the dead-letter topic, in the current transaction in
-// transactional mode.
+// transactional mode (internal/deadletter, shared with the partition
+// source).
 func (s *Source[T]) deadLetter(ctx context.Context, r *kgo.Record, cause error) error {
-	reason := cause.Error()
-	if s.oc.RestartCause != "" {
-		reason += "; last task failure: " + s.oc.RestartCause
-	}
-	d := deadLetterRecord(r, s.cfg.dlqTopic, reason)
-	s.log.Warn("record sent to the dead-letter topic", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
-		zap.Int64("offset", r.Offset), zap.String("dlq", s.cfg.dlqTopic), zap.String("reason", reason))
-	if err := s.txn.Write(ctx, d); err != nil {
-		return fmt.Errorf("dead letter: %w", err)
+	if err := deadletter.Send(ctx, s.txn, s.log, r, s.cfg.dlqTopic, cause, s.oc.RestartCause); err != nil {
+		return err
 	}
 	s.counters.deadLetters.Add(1)
 	return nil

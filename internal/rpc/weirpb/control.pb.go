@@ -1019,8 +1019,12 @@ type TaskCounts struct {
 	// math.MinInt64 before the first watermark).
 	InputWatermark  int64 `protobuf:"varint,8,opt,name=input_watermark,json=inputWatermark,proto3" json:"input_watermark,omitempty"`
 	OutputWatermark int64 `protobuf:"varint,9,opt,name=output_watermark,json=outputWatermark,proto3" json:"output_watermark,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// records_lag_max is the largest pendingRecords of one partition the
+	// task's source reported (Flink's records-lag-max), -1 when it reported
+	// none.
+	RecordsLagMax int64 `protobuf:"varint,10,opt,name=records_lag_max,json=recordsLagMax,proto3" json:"records_lag_max,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TaskCounts) Reset() {
@@ -1112,6 +1116,13 @@ func (x *TaskCounts) GetInputWatermark() int64 {
 func (x *TaskCounts) GetOutputWatermark() int64 {
 	if x != nil {
 		return x.OutputWatermark
+	}
+	return 0
+}
+
+func (x *TaskCounts) GetRecordsLagMax() int64 {
+	if x != nil {
+		return x.RecordsLagMax
 	}
 	return 0
 }
@@ -3298,7 +3309,7 @@ const file_control_proto_rawDesc = "" +
 	"\x10DeploymentCounts\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12-\n" +
-	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasksJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"\xba\x02\n" +
+	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasksJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"\xe2\x02\n" +
 	"\n" +
 	"TaskCounts\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1d\n" +
@@ -3311,7 +3322,9 @@ const file_control_proto_rawDesc = "" +
 	"\x04sink\x18\x06 \x01(\bR\x04sink\x12'\n" +
 	"\x0fpending_records\x18\a \x01(\x03R\x0ependingRecords\x12'\n" +
 	"\x0finput_watermark\x18\b \x01(\x03R\x0einputWatermark\x12)\n" +
-	"\x10output_watermark\x18\t \x01(\x03R\x0foutputWatermark\"\xda\x04\n" +
+	"\x10output_watermark\x18\t \x01(\x03R\x0foutputWatermark\x12&\n" +
+	"\x0frecords_lag_max\x18\n" +
+	" \x01(\x03R\rrecordsLagMax\"\xda\x04\n" +
 	"\vDeployTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\bjob_type\x18\x02 \x01(\tR\ajobType\x12<\n" +

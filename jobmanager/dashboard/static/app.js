@@ -221,6 +221,15 @@ function watermark(wm, now) {
   return `watermark ${new Date(wm).toISOString().slice(11, 23)} · lags ${duration(Math.max(0, now - wm))}`;
 }
 
+// lag describes a source vertex's backlog: Flink's pendingRecords summed
+// over its subtasks, and records-lag-max, the backlog of its most lagging
+// input partition; null for a vertex that reports none.
+function lag(m) {
+  const p = m.pendingRecords, l = m["records-lag-max"];
+  if (p === undefined || p === null) return null;
+  return `lag ${p} records` + (l === undefined || l === null ? "" : ` · ${l} in the most lagging partition`);
+}
+
 // drawGraph lays the vertices out left to right by depth (longest path from
 // a source) and draws the plan's edges between them.
 function drawGraph(job) {
@@ -236,9 +245,10 @@ function drawGraph(job) {
   };
   const cols = [];
   for (const v of job.vertices) (cols[depthOf(v.id)] ||= []).push(v);
-  // Each box's three lines, measured, so the boxes are wide enough for them.
+  // Each box's lines, measured, so the boxes are wide enough for them; a
+  // source that reports its backlog has a fifth line, its lag.
   const lines = {};
-  let widest = 0;
+  let widest = 0, lagLine = false;
   for (const v of job.vertices) {
     const r = rates[v.id];
     lines[v.id] = [
@@ -247,9 +257,14 @@ function drawGraph(job) {
       [`back-pressured ${r ? Math.round(r.bp * 100) + "%" : "–"} · ${v.metrics["read-records"]} in, ${v.metrics["write-records"]} out`, SMALL_FONT],
       [watermark(v.currentInputWatermark, job.now), SMALL_FONT],
     ];
+    const l = lag(v.metrics);
+    if (l !== null) {
+      lines[v.id].push([l, SMALL_FONT]);
+      lagLine = true;
+    }
     for (const [text, font] of lines[v.id]) widest = Math.max(widest, textWidth(text, font));
   }
-  const W = Math.max(230, Math.ceil(widest) + 24), H = 92, GX = 70, GY = 24;
+  const W = Math.max(230, Math.ceil(widest) + 24), H = lagLine ? 110 : 92, GX = 70, GY = 24;
   const pos = {};
   cols.forEach((col, c) => col.forEach((v, r) => { pos[v.id] = { x: 10 + c * (W + GX), y: 10 + r * (H + GY) }; }));
   const width = 20 + cols.length * (W + GX) - GX, height = 20 + Math.max(1, ...cols.map(c => c.length)) * (H + GY) - GY;
@@ -273,11 +288,12 @@ function drawGraph(job) {
     const bp = r ? r.bp : 0;
     const box = svg("g", { class: "vertex" + (bp > 0.5 ? " bp" : ""), "data-vertex": v.name, transform: `translate(${p.x},${p.y})` });
     box.append(svg("rect", { width: W, height: H }));
-    const [title, rate, totals, wm] = lines[v.id];
+    const [title, rate, totals, wm, lagged] = lines[v.id];
     box.append(svg("text", { x: 10, y: 20, class: "title" }, title[0]));
     box.append(svg("text", { x: 10, y: 38 }, rate[0]));
     box.append(svg("text", { x: 10, y: 56, class: "small" }, totals[0]));
     box.append(svg("text", { x: 10, y: 74, class: "small watermark" }, wm[0]));
+    if (lagged) box.append(svg("text", { x: 10, y: 92, class: "small lag" }, lagged[0]));
     g.append(box);
   }
   document.getElementById("graph").replaceChildren(g);

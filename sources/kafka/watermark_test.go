@@ -1,0 +1,146 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/runtime"
+)
+
+// lateCheck is a keyed processor that emits "late <value>" for a record at
+// or behind its input watermark, "ok" otherwise.
+type lateCheck struct{}
+
+func (lateCheck) Open(context.Context, *runtime.StateRegistry[int]) error { return nil }
+func (lateCheck) ProcessElement(ctx *runtime.KeyedContext[int], v string, out runtime.Collector[string]) error {
+	if ctx.Timestamp() <= ctx.CurrentWatermark() {
+		out.Collect("late " + v)
+		return nil
+	}
+	out.Collect("ok")
+	return nil
+}
+func (lateCheck) OnTimer(*runtime.KeyedContext[int], int64, runtime.Collector[string]) error {
+	return nil
+}
+
+// Two partitions at very different event-time speeds, read by one subtask
+// in many small polls with a watermark after each: the runtime keeps a
+// watermark per partition (runtime.SplitCollector) and the subtask's is
+// their minimum, so no record of the slow partition is late, although the
+// fast one runs far ahead in event time (a watermark over the subtask's
+// records would pass the slow partition's records at once).
+func TestPerPartitionWatermarksMakeNoRecordOfASlowPartitionLate(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "clicks", 2, nil)
+	const n = 4000
+	// Partition 0 advances 1 s per record, partition 1 10 ms.
+	produce(t, env, "clicks", 2, 0, n, "c", func(i int) int64 {
+		if i%2 == 0 {
+			return 1_000_000 + int64(i/2)*1000
+		}
+		return 1_000_000 + int64(i/2)*10
+	})
+	src, err := New(decodeString, Brokers(env.Addr), Topics("clicks"), StopAt(Latest()), MaxPollRecords(50))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := runtime.NewJob("wm")
+	s := runtime.FromSource(j, "source", src, runtime.Watermarks(runtime.ForMonotonousTimestamps[string](
+		runtime.WithWatermarkInterval(time.Millisecond))))
+	ks := runtime.KeyBy(s, func(string) int { return 0 }, nil)
+	checked := runtime.ProcessKeyed(ks, "check", func() runtime.KeyedProcessor[int, string, string] { return lateCheck{} })
+	var mu sync.Mutex
+	var late []string
+	ok := 0
+	runtime.SinkTo(checked, "collect", runtime.SinkFunc(func(_ context.Context, v string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.HasPrefix(v, "late ") {
+			late = append(late, v)
+		} else {
+			ok++
+		}
+		return nil
+	}))
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	if _, err := runtime.NewMiniCluster(runtime.CheckpointInterval(time.Second)).Run(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	if len(late) > 0 || ok != n {
+		t.Fatalf("%d records on time, %d late (e.g. %v); want all %d on time", ok, len(late), head(late), n)
+	}
+}
+
+// timerAtRecord registers an event-time timer at each record's timestamp
+// and emits "fired" when one fires: it fires only once the watermark
+// passes the record.
+type timerAtRecord struct{}
+
+func (timerAtRecord) Open(context.Context, *runtime.StateRegistry[int]) error { return nil }
+func (timerAtRecord) ProcessElement(ctx *runtime.KeyedContext[int], _ string, _ runtime.Collector[string]) error {
+	ctx.TimerService().RegisterEventTimeTimer(ctx.Timestamp())
+	return nil
+}
+func (timerAtRecord) OnTimer(_ *runtime.KeyedContext[int], _ int64, out runtime.Collector[string]) error {
+	out.Collect("fired")
+	return nil
+}
+
+// Idleness per partition: a partition of the subtask that never gets a
+// record holds the watermark back (nothing fires) without idleness; with
+// WithIdleness it is idle after the timeout, and the watermark follows
+// the partition that has records.
+func TestAnEmptyPartitionHoldsTheWatermarkOnlyUntilItIsIdle(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "in", 2, nil)
+	// Records in partition 0 only (even i), one second apart.
+	produce(t, env, "in", 2, 0, 1, "r", func(int) int64 { return 1_000_000 })
+	for i := 1; i < 20; i++ {
+		produce(t, env, "in", 1, 0, 1, "r", func(int) int64 { return 1_000_000 + int64(i)*1000 })
+	}
+	// run runs the job for at most d, or until want timers fired.
+	run := func(idle, d time.Duration, want int) int {
+		t.Helper()
+		src, err := New(decodeString, Brokers(env.Addr), Topics("in"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := runtime.NewJob("idle")
+		s := runtime.FromSource(j, "source", src, runtime.Watermarks(runtime.ForMonotonousTimestamps[string](
+			runtime.WithIdleness(idle), runtime.WithWatermarkInterval(10*time.Millisecond))))
+		fired := runtime.ProcessKeyed(runtime.KeyBy(s, func(string) int { return 0 }, nil), "timers",
+			func() runtime.KeyedProcessor[int, string, string] { return timerAtRecord{} })
+		ctx, cancel := context.WithTimeout(t.Context(), d)
+		defer cancel()
+		var mu sync.Mutex
+		n := 0
+		runtime.SinkTo(fired, "count", runtime.SinkFunc(func(context.Context, string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if n++; n == want {
+				cancel()
+			}
+			return nil
+		}))
+		if _, err := runtime.NewMiniCluster(runtime.CheckpointInterval(time.Second)).Run(ctx, j); !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			t.Fatalf("run: %v", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
+	if n := run(0, 3*time.Second, 1); n != 0 {
+		t.Fatalf("without idleness %d timers fired in 3 s; the empty partition must hold the watermark", n)
+	}
+	// All but the last record's timer: the watermark is the largest timestamp minus 1 ms.
+	if n := run(300*time.Millisecond, time.Minute, 19); n != 19 {
+		t.Fatalf("with idleness %d timers fired, want 19", n)
+	}
+}
