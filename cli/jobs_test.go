@@ -11,7 +11,7 @@ import (
 
 // wantWordcountParams are the parameters of the wordcount contract, then the
 // reserved parallelism.
-var wantWordcountParams = []string{"brokers", "input", "output", "group", "guarantee", "min-length", "parallelism"}
+var wantWordcountParams = []string{"brokers", "input", "output", "group", "guarantee", "min-length", "source", "start", "stop", "parallelism"}
 
 func TestJobsTableListsEveryParameterWithoutPromisingFlags(t *testing.T) {
 	out, _, err := runCLI(t, "jobs")
@@ -40,7 +40,7 @@ func TestJobsJSONHasLowerCaseFieldsAndTheReservedParallelism(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, "share group on input -> words") {
+	if !strings.Contains(out, "(share group or partitions) -> words") {
 		t.Errorf("the description is not printed as written (HTML-escaped?):\n%s", out)
 	}
 	// Decode generically: field names must be exactly these, lower case.
