@@ -40,8 +40,11 @@ type node struct {
 	parallelism int
 	kind        nodeKind
 	keyed       bool
-	inputs      []*edge
-	outputs     []*edge
+	// broadcastState: the operator state is broadcast state, one full
+	// copy per subtask (OperatorLayout.BroadcastState).
+	broadcastState bool
+	inputs         []*edge
+	outputs        []*edge
 	// newInstance creates the operator of one subtask; out is the typed
 	// pushFn of its output (nil for sinks).
 	newInstance func(oc *OperatorContext, out any) (instance, error)
@@ -207,7 +210,7 @@ func compile(j *Job) (*plan, error) {
 func (p *plan) layout() []OperatorLayout {
 	var ops []OperatorLayout
 	for _, n := range p.job.nodes {
-		l := OperatorLayout{UID: n.uid, Parallelism: n.parallelism}
+		l := OperatorLayout{UID: n.uid, Parallelism: n.parallelism, BroadcastState: n.broadcastState}
 		if n.keyed {
 			l.MaxParallelism = p.job.maxParallelism
 		}

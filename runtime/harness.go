@@ -96,7 +96,7 @@ func NewOperatorHarness[U any](ctx context.Context, s *Stream[U], cfg HarnessCon
 	h := &OperatorHarness{n: n, maxPar: j.maxParallelism, sub: cfg.Subtask, par: cfg.Parallelism, wm: MinWatermark}
 	var restore *SubtaskState
 	if cfg.Restore != nil {
-		layout := OperatorLayout{UID: n.uid, Parallelism: cfg.Parallelism}
+		layout := OperatorLayout{UID: n.uid, Parallelism: cfg.Parallelism, BroadcastState: n.broadcastState}
 		if n.keyed {
 			layout.MaxParallelism = j.maxParallelism
 		}

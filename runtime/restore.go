@@ -38,6 +38,12 @@ type OperatorLayout struct {
 	// MaxParallelism is the number of key groups of a keyed operator, 0 for
 	// an operator without keyed state.
 	MaxParallelism int
+	// BroadcastState says that the operator state is broadcast state
+	// (ProcessBroadcast): every subtask holds the same entries, so each
+	// subtask restores the entries of one subtask of the checkpoint
+	// (subtask i those of subtask i modulo the checkpoint's parallelism)
+	// instead of a share of all of them.
+	BroadcastState bool
 }
 
 // SubtaskState is the part of a checkpoint assigned to one operator subtask.
@@ -122,7 +128,9 @@ func (a *StateAssignment) handleCount() int {
 //   - At the parallelism of the checkpoint, subtask i gets the operator
 //     state entries of subtask i; at another parallelism, the entries of all
 //     subtasks are dealt round-robin (so operator state must be a list of
-//     independent entries). Keyed state moves by key group.
+//     independent entries). Broadcast state (OperatorLayout.BroadcastState)
+//     is the exception: every subtask gets the entries of one subtask.
+//     Keyed state moves by key group.
 //   - Every subtask of an operator gets every completed transaction of the
 //     operator (the restored checkpoint's and the skipped ones'), so that
 //     whichever subtask fences or reuses transactional ids first has
@@ -225,6 +233,14 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 		}
 		same := len(snaps) == op.Parallelism
 		var k int
+		if op.BroadcastState && len(snaps) > 0 {
+			for i, sub := range subs {
+				s := snaps[i%len(snaps)]
+				sub.Entries = append(sub.Entries, s.State...)
+				sub.EntryRefs = append(sub.EntryRefs, s.StateRefs...)
+			}
+			snaps = nil // the entries are dealt; the key groups were gathered above
+		}
 		for _, s := range snaps {
 			for _, e := range s.State {
 				dst := k % op.Parallelism
