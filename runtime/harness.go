@@ -323,7 +323,10 @@ func (h *OperatorHarness) UID() string { return h.n.uid }
 
 // dumpState implements OperatorHarness.KeyedState.
 func (k *keyedInstance[K, T, U]) dumpState(emit func(StateRecord) error) error {
-	blobs := k.backend.snapshot()()
+	blobs, err := k.backend.snapshot()()
+	if err != nil {
+		return err
+	}
 	kgs := make([]int, 0, len(blobs))
 	for kg := range blobs {
 		kgs = append(kgs, kg)

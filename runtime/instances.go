@@ -339,8 +339,7 @@ func (k *keyedInstance[K, T, U]) nextProcessingTime() (ts int64, ok, changed boo
 }
 
 func (k *keyedInstance[K, T, U]) snapshot(context.Context, checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
-	enc := k.backend.snapshot()
-	return checkpoint.OperatorSnapshot{MaxParallelism: k.maxPar}, func() (map[int][]byte, error) { return enc(), nil }, nil
+	return checkpoint.OperatorSnapshot{MaxParallelism: k.maxPar}, k.backend.snapshot(), nil
 }
 
 func (k *keyedInstance[K, T, U]) restore(r *SubtaskState) error {

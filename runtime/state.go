@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -11,15 +12,7 @@ import (
 // processed. Values are stored by value: a value that holds pointers, slices
 // or maps must not be changed after Update (snapshots may still read it).
 type ValueState[T any] struct {
-	s cell[T]
-}
-
-// cell is the current key's slot of one state, whatever the key type.
-type cell[V any] interface {
-	get() (V, bool)
-	getForWrite() (V, bool)
-	put(V)
-	del()
+	s valueStore[T]
 }
 
 // Value returns the current key's value and whether it is set.
@@ -33,57 +26,27 @@ func (v *ValueState[T]) Clear() { v.s.del() }
 
 // MapState is a map per key, scoped to the key of the record being processed.
 type MapState[UK comparable, UV any] struct {
-	s cell[map[UK]UV]
+	s mapStore[UK, UV]
 }
 
 // Get returns the current key's value for uk.
-func (m *MapState[UK, UV]) Get(uk UK) (UV, bool) {
-	mm, _ := m.s.get()
-	v, ok := mm[uk]
-	return v, ok
-}
+func (m *MapState[UK, UV]) Get(uk UK) (UV, bool) { return m.s.get(uk) }
 
 // Put sets the current key's value for uk.
-func (m *MapState[UK, UV]) Put(uk UK, uv UV) {
-	mm, _ := m.s.getForWrite()
-	if mm == nil {
-		mm = make(map[UK]UV)
-	}
-	mm[uk] = uv
-	m.s.put(mm)
-}
+func (m *MapState[UK, UV]) Put(uk UK, uv UV) { m.s.put(uk, uv) }
 
 // Delete removes uk from the current key's map.
-func (m *MapState[UK, UV]) Delete(uk UK) {
-	mm, ok := m.s.getForWrite()
-	if !ok {
-		return
-	}
-	delete(mm, uk)
-	if len(mm) == 0 {
-		m.s.del()
-	}
-}
+func (m *MapState[UK, UV]) Delete(uk UK) { m.s.remove(uk) }
 
 // Range calls fn for each entry of the current key's map until it returns
 // false. The map must not be changed from fn.
-func (m *MapState[UK, UV]) Range(fn func(UK, UV) bool) {
-	mm, _ := m.s.get()
-	for k, v := range mm {
-		if !fn(k, v) {
-			return
-		}
-	}
-}
+func (m *MapState[UK, UV]) Range(fn func(UK, UV) bool) { m.s.each(fn) }
 
 // Len is the number of entries of the current key's map.
-func (m *MapState[UK, UV]) Len() int {
-	mm, _ := m.s.get()
-	return len(mm)
-}
+func (m *MapState[UK, UV]) Len() int { return m.s.len() }
 
 // Clear removes the current key's map.
-func (m *MapState[UK, UV]) Clear() { m.s.del() }
+func (m *MapState[UK, UV]) Clear() { m.s.clear() }
 
 // keyScope is the current key of a keyed operator, shared by its states.
 // gen changes with every record (setKey), so that a state can keep where it
@@ -105,9 +68,10 @@ type stateSnapshotter interface {
 	name() string
 	// freeze marks every key group copy-on-write and returns a function that
 	// encodes them; it may run on another goroutine while processing goes on.
-	freeze() func() map[int][]byte
+	freeze() func() (map[int][]byte, error)
 	restore(kg int, b []byte) error
-	stateDumper
+	// close releases what the state holds outside the Go heap.
+	close() error
 }
 
 // stateEntry is one key's value of one state.
@@ -253,7 +217,9 @@ func (s *keyedStore[K, V]) del() {
 	s.at = -1
 }
 
-func (s *keyedStore[K, V]) freeze() func() map[int][]byte {
+func (s *keyedStore[K, V]) close() error { return nil }
+
+func (s *keyedStore[K, V]) freeze() func() (map[int][]byte, error) {
 	frozen := make(map[int][]stateEntry[K, V], len(s.groups))
 	for kg, g := range s.groups {
 		if g == nil || len(g.ents) == 0 {
@@ -262,7 +228,7 @@ func (s *keyedStore[K, V]) freeze() func() map[int][]byte {
 		g.shared = true
 		frozen[kg] = g.ents[:len(g.ents):len(g.ents)]
 	}
-	return func() map[int][]byte {
+	return func() (map[int][]byte, error) {
 		out := make(map[int][]byte, len(frozen))
 		var kb, vb []byte
 		for kg, ents := range frozen {
@@ -275,7 +241,7 @@ func (s *keyedStore[K, V]) freeze() func() map[int][]byte {
 			}
 			out[kg] = b
 		}
-		return out
+		return out, nil
 	}
 }
 
@@ -353,8 +319,8 @@ func (b *keyedBackend[K]) register(s stateSnapshotter) error {
 
 // snapshot freezes every state and returns the encoder of the key-group
 // blobs. Each key group's blob holds every state of the operator.
-func (b *keyedBackend[K]) snapshot() func() map[int][]byte {
-	encs := make([]func() map[int][]byte, len(b.states))
+func (b *keyedBackend[K]) snapshot() func() (map[int][]byte, error) {
+	encs := make([]func() (map[int][]byte, error), len(b.states))
 	names := make([]string, len(b.states))
 	for i, s := range b.states {
 		encs[i] = s.freeze()
@@ -363,7 +329,7 @@ func (b *keyedBackend[K]) snapshot() func() map[int][]byte {
 	// State restored but never registered again (the job stopped using it)
 	// is carried along so a later version can still read it.
 	carried := b.restored
-	return func() map[int][]byte {
+	return func() (map[int][]byte, error) {
 		perKG := map[int][]byte{}
 		add := func(name string, kg int, blob []byte) {
 			out := perKG[kg]
@@ -371,10 +337,19 @@ func (b *keyedBackend[K]) snapshot() func() map[int][]byte {
 			out = appendFrame(out, blob)
 			perKG[kg] = out
 		}
+		var errs []error
 		for i, enc := range encs {
-			for kg, blob := range enc() {
+			blobs, err := enc()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("state %q: %w", names[i], err))
+				continue
+			}
+			for kg, blob := range blobs {
 				add(names[i], kg, blob)
 			}
+		}
+		if len(errs) > 0 {
+			return nil, errors.Join(errs...)
 		}
 		cn := make([]string, 0, len(carried))
 		for n := range carried {
@@ -386,7 +361,7 @@ func (b *keyedBackend[K]) snapshot() func() map[int][]byte {
 				add(n, kg, blob)
 			}
 		}
-		return perKG
+		return perKG, nil
 	}
 }
 
@@ -477,7 +452,7 @@ func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name 
 	if err := r.b.register(s); err != nil {
 		return nil, err
 	}
-	return &MapState[UK, UV]{s: s}, nil
+	return &MapState[UK, UV]{s: heapMap[K, UK, UV]{s}}, nil
 }
 
 // mapCodec encodes a map as a count and framed key/value pairs.

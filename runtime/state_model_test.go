@@ -61,7 +61,7 @@ func TestKeyedStateMatchesAModelAcrossSnapshots(t *testing.T) {
 	s := newModelStates(t, maxPar, nil)
 	model := stateModel{n: map[string]int64{}, m: map[string]map[string]int{}}
 	type pending struct {
-		enc  func() map[int][]byte
+		enc  func() (map[int][]byte, error)
 		want stateModel
 	}
 	var snaps []pending
@@ -104,7 +104,7 @@ func TestKeyedStateMatchesAModelAcrossSnapshots(t *testing.T) {
 		}
 		if len(snaps) > 3 || step == 19999 {
 			for _, p := range snaps {
-				check(t, newModelStates(t, maxPar, p.enc()), keys, p.want)
+				check(t, newModelStates(t, maxPar, encoded(t, p.enc)), keys, p.want)
 			}
 			snaps = snaps[:0]
 		}
