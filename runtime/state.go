@@ -112,6 +112,10 @@ type keyedStore[K comparable, V any] struct {
 	entries func(v V, fn func(k, v any) error) error
 	at      int32 // position of scope.key in its group, -1 absent; valid while atGen == scope.gen
 	atGen   uint64
+	// filter, if set, is called by freeze; what it returns maps every
+	// entry's value to what the snapshot writes, or drops it (a state with
+	// TTL drops expired values, state_ttl.go).
+	filter func() func(V) (V, bool)
 }
 
 func (s *keyedStore[K, V]) name() string { return s.stateName }
@@ -228,10 +232,25 @@ func (s *keyedStore[K, V]) freeze() func() (map[int][]byte, error) {
 		g.shared = true
 		frozen[kg] = g.ents[:len(g.ents):len(g.ents)]
 	}
+	var keep func(V) (V, bool)
+	if s.filter != nil {
+		keep = s.filter()
+	}
 	return func() (map[int][]byte, error) {
 		out := make(map[int][]byte, len(frozen))
 		var kb, vb []byte
 		for kg, ents := range frozen {
+			if keep != nil {
+				kept := make([]stateEntry[K, V], 0, len(ents))
+				for _, e := range ents {
+					if v, ok := keep(e.val); ok {
+						kept = append(kept, stateEntry[K, V]{key: e.key, val: v})
+					}
+				}
+				if ents = kept; len(ents) == 0 {
+					continue
+				}
+			}
 			b := binary.AppendUvarint(nil, uint64(len(ents)))
 			for _, e := range ents {
 				kb = s.keyCodec.Append(kb[:0], e.key)
@@ -306,6 +325,9 @@ func (b *keyedBackend[K]) register(s stateSnapshotter) error {
 		if o.name() == s.name() {
 			return fmt.Errorf("state %q registered twice", s.name())
 		}
+	}
+	if err := b.checkKind(s.name()); err != nil {
+		return err
 	}
 	b.states = append(b.states, s)
 	for kg, blob := range b.restored[s.name()] {
@@ -400,14 +422,22 @@ type StateRegistry[K comparable] struct {
 func (r *StateRegistry[K]) Metrics() Metrics { return r.oc.Metrics() }
 
 // NewValueState declares a ValueState named name with codec c (nil: DefaultCodec).
-// Declaring the same name twice is an error.
-func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T]) (*ValueState[T], error) {
+// Declaring the same name twice is an error. Options: WithTTL.
+func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T], opts ...StateOpt) (*ValueState[T], error) {
 	if c == nil {
 		if err := CheckDefaultCodec[T](); err != nil {
 			return nil, Unrecoverable(fmt.Errorf("state %q: %w", name, err))
 		}
 		c = DefaultCodec[T]()
 	}
+	if cfg := stateCfgOf(opts); cfg.ttl != nil {
+		return newTTLValueState[T](r, "", name, c, *cfg.ttl)
+	}
+	return newValueState[T](r, name, c)
+}
+
+// newValueState declares a value state stored under name.
+func newValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T]) (*ValueState[T], error) {
 	s := &keyedStore[K, T]{stateName: name, scope: &r.b.scope, groups: make([]*keyGroupMap[K, T], r.b.maxPar), keyCodec: r.b.keyCodec, valCodec: c}
 	if err := r.b.register(s); err != nil {
 		return nil, err
@@ -416,8 +446,8 @@ func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Code
 }
 
 // NewMapState declares a MapState named name with codecs for its keys and values
-// (nil: DefaultCodec).
-func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name string, kc Codec[UK], vc Codec[UV]) (*MapState[UK, UV], error) {
+// (nil: DefaultCodec). Options: WithTTL (a time-to-live per entry).
+func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name string, kc Codec[UK], vc Codec[UV], opts ...StateOpt) (*MapState[UK, UV], error) {
 	if kc == nil {
 		if err := CheckDefaultCodec[UK](); err != nil {
 			return nil, Unrecoverable(fmt.Errorf("map state %q keys: %w", name, err))
@@ -430,6 +460,14 @@ func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name 
 		}
 		vc = DefaultCodec[UV]()
 	}
+	if cfg := stateCfgOf(opts); cfg.ttl != nil {
+		return newTTLMapState[UK, UV](r, name, kc, vc, *cfg.ttl)
+	}
+	return newMapState[UK, UV](r, name, kc, vc)
+}
+
+// newMapState declares a map state stored under name.
+func newMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name string, kc Codec[UK], vc Codec[UV]) (*MapState[UK, UV], error) {
 	s := &keyedStore[K, map[UK]UV]{
 		stateName: name, scope: &r.b.scope, groups: make([]*keyGroupMap[K, map[UK]UV], r.b.maxPar),
 		keyCodec: r.b.keyCodec, valCodec: mapCodec[UK, UV]{kc, vc},
