@@ -50,7 +50,9 @@ func (a *keyedRuleApplier) ProcessBroadcastElement(_ *BroadcastContext, r seqRec
 	return a.rules.Put(r.Key, r.Seq)
 }
 
-func (a *keyedRuleApplier) OnTimer(*KeyedContext[string], int64, Collector[ruleCount]) error { return nil }
+func (a *keyedRuleApplier) OnTimer(*KeyedContext[string], int64, Collector[ruleCount]) error {
+	return nil
+}
 
 func countRules(key string, rules *BroadcastState[string, int64]) ruleCount {
 	c := ruleCount{Key: key, Rules: rules.Len()}
