@@ -162,6 +162,9 @@ func compile(j *Job) (*plan, error) {
 	if j.maxParallelism < 1 || j.maxParallelism > 1<<15 {
 		return nil, fmt.Errorf("%w: max parallelism %d out of [1, 32768]", ErrInvalidJob, j.maxParallelism)
 	}
+	if _, err := ParseStateBackend(string(j.stateBackend)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidJob, err)
+	}
 	uids := map[string]string{}
 	var sources int
 	for _, n := range j.nodes {
