@@ -291,3 +291,17 @@ func (j *Job) Graph() (Graph, error) {
 	}
 	return g, nil
 }
+
+// keyedSubtasks counts the keyed operator subtasks of the job (at least
+// 1): the pebble instances of a job on the pebble state backend.
+func (p *plan) keyedSubtasks() int {
+	n := 0
+	for _, v := range p.vertices {
+		for _, nd := range v.nodes {
+			if nd.keyed {
+				n += v.parallelism
+			}
+		}
+	}
+	return max(n, 1)
+}

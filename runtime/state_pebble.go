@@ -287,11 +287,11 @@ func eachKeyGroup(s *pebble.Snapshot, maxPar int, sid uint16, fn func(kg int, re
 type pebbleValue[K comparable, V any] struct {
 	st        *pebbleState
 	stateName string
-	sid   uint16
-	key   *pebbleKey[K]
-	codec Codec[V]
-	kbuf  []byte
-	vbuf  []byte
+	sid       uint16
+	key       *pebbleKey[K]
+	codec     Codec[V]
+	kbuf      []byte
+	vbuf      []byte
 	stateDumper
 }
 
@@ -384,13 +384,13 @@ func (s *pebbleValue[K, V]) restore(kg int, blob []byte) error {
 type pebbleMap[K comparable, UK comparable, UV any] struct {
 	st        *pebbleState
 	stateName string
-	sid  uint16
-	key  *pebbleKey[K]
-	kc   Codec[UK]
-	vc   Codec[UV]
-	pbuf []byte // prefix of the current key's entries
-	kbuf []byte
-	vbuf []byte
+	sid       uint16
+	key       *pebbleKey[K]
+	kc        Codec[UK]
+	vc        Codec[UV]
+	pbuf      []byte // prefix of the current key's entries
+	kbuf      []byte
+	vbuf      []byte
 	stateDumper
 }
 
