@@ -165,6 +165,9 @@ func compile(j *Job) (*plan, error) {
 	if j.maxParallelism < 1 || j.maxParallelism > 1<<15 {
 		return nil, fmt.Errorf("%w: max parallelism %d out of [1, 32768]", ErrInvalidJob, j.maxParallelism)
 	}
+	if _, err := ParseStateBackend(string(j.stateBackend)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidJob, err)
+	}
 	uids := map[string]string{}
 	var sources int
 	for _, n := range j.nodes {
@@ -290,4 +293,18 @@ func (j *Job) Graph() (Graph, error) {
 		}
 	}
 	return g, nil
+}
+
+// keyedSubtasks counts the keyed operator subtasks of the job (at least
+// 1): the pebble instances of a job on the pebble state backend.
+func (p *plan) keyedSubtasks() int {
+	n := 0
+	for _, v := range p.vertices {
+		for _, nd := range v.nodes {
+			if nd.keyed {
+				n += v.parallelism
+			}
+		}
+	}
+	return max(n, 1)
 }

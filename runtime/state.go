@@ -312,6 +312,27 @@ type keyedBackend[K comparable] struct {
 	keyCodec Codec[K]
 	states   []stateSnapshotter
 	restored map[string]map[int][]byte // state name -> key group -> bytes
+	// pebble is the subtask's pebble instance (nil: the heap backend),
+	// pkey the current key encoded for it.
+	pebble *pebbleState
+	pkey   *pebbleKey[K]
+}
+
+// usePebble puts the states declared from now on in p.
+func (b *keyedBackend[K]) usePebble(p *pebbleState) {
+	b.pebble, b.pkey = p, &pebbleKey[K]{scope: &b.scope, codec: b.keyCodec}
+}
+
+// close releases the states and the pebble instance.
+func (b *keyedBackend[K]) close() error {
+	var errs []error
+	for _, s := range b.states {
+		errs = append(errs, s.close())
+	}
+	if b.pebble != nil {
+		errs = append(errs, b.pebble.close())
+	}
+	return errors.Join(errs...)
 }
 
 func newKeyedBackend[K comparable](kc Codec[K], maxPar int) *keyedBackend[K] {
@@ -438,6 +459,14 @@ func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Code
 
 // newValueState declares a value state stored under name.
 func newValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T]) (*ValueState[T], error) {
+	if p := r.b.pebble; p != nil {
+		s := &pebbleValue[K, T]{st: p, stateName: name, sid: p.stateID(), key: r.b.pkey, codec: c,
+			stateDumper: &keyedStore[K, T]{stateName: name, keyCodec: r.b.keyCodec, valCodec: c}}
+		if err := r.b.register(s); err != nil {
+			return nil, err
+		}
+		return &ValueState[T]{s: s}, nil
+	}
 	s := &keyedStore[K, T]{stateName: name, scope: &r.b.scope, groups: make([]*keyGroupMap[K, T], r.b.maxPar), keyCodec: r.b.keyCodec, valCodec: c}
 	if err := r.b.register(s); err != nil {
 		return nil, err
@@ -468,6 +497,14 @@ func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name 
 
 // newMapState declares a map state stored under name.
 func newMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name string, kc Codec[UK], vc Codec[UV]) (*MapState[UK, UV], error) {
+	if p := r.b.pebble; p != nil {
+		s := &pebbleMap[K, UK, UV]{st: p, stateName: name, sid: p.stateID(), key: r.b.pkey, kc: kc, vc: vc,
+			stateDumper: &keyedStore[K, map[UK]UV]{stateName: name, keyCodec: r.b.keyCodec, valCodec: mapCodec[UK, UV]{kc, vc}, entries: mapEntries[UK, UV]}}
+		if err := r.b.register(s); err != nil {
+			return nil, err
+		}
+		return &MapState[UK, UV]{s: s}, nil
+	}
 	s := &keyedStore[K, map[UK]UV]{
 		stateName: name, scope: &r.b.scope, groups: make([]*keyGroupMap[K, map[UK]UV], r.b.maxPar),
 		keyCodec: r.b.keyCodec, valCodec: mapCodec[UK, UV]{kc, vc},
@@ -478,19 +515,22 @@ func newMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name 
 			}
 			return c
 		},
-		entries: func(m map[UK]UV, fn func(k, v any) error) error {
-			for k, v := range m {
-				if err := fn(k, v); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
+		entries: mapEntries[UK, UV],
 	}
 	if err := r.b.register(s); err != nil {
 		return nil, err
 	}
 	return &MapState[UK, UV]{s: heapMap[K, UK, UV]{s}}, nil
+}
+
+// mapEntries calls fn for each entry of m (keyedStore.entries).
+func mapEntries[UK comparable, UV any](m map[UK]UV, fn func(k, v any) error) error {
+	for k, v := range m {
+		if err := fn(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // mapCodec encodes a map as a count and framed key/value pairs.

@@ -74,6 +74,9 @@ func NewTimers[N comparable, K comparable](st *StateRegistry[K], name string, nc
 	}
 	t := &Timers[K, N]{svcName: name, host: st.b.timers, keyCodec: st.b.keyCodec, nsCodec: nc,
 		q: [2]timerStore{heapTimers{newTimerQueue()}, heapTimers{newTimerQueue()}}}
+	if p := st.b.pebble; p != nil {
+		t.q = [2]timerStore{newPebbleTimers(p, name), newPebbleTimers(p, name)}
+	}
 	if err := st.b.register(t); err != nil {
 		return nil, err
 	}
