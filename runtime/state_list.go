@@ -133,11 +133,39 @@ func NewListState[T any, K comparable](r *StateRegistry[K], name string, c Codec
 	if cfg.ttl != nil {
 		return newTTLListState[T](r, name, c, *cfg.ttl)
 	}
-	s, err := newHeapList[T](r, storedStateName(kindList, name), c)
+	s, _, err := newListStore[T](r, storedStateName(kindList, name), c)
 	if err != nil {
 		return nil, err
 	}
 	return &ListState[T]{s: s}, nil
+}
+
+// newListStore declares the list store of the backend under stored, and
+// returns the heap's keyedStore too (nil on pebble).
+func newListStore[T any, K comparable](r *StateRegistry[K], stored string, c Codec[T]) (listStore[T], *keyedStore[K, []T], error) {
+	if r.b.pebble != nil {
+		s := newPebbleList[K, T](r, stored, c)
+		if err := r.b.register(s); err != nil {
+			return nil, nil, err
+		}
+		return s, nil, nil
+	}
+	h, err := newHeapList[T](r, stored, c)
+	if err != nil {
+		return nil, nil, err
+	}
+	return h, h.s, nil
+}
+
+// listEntries calls fn for each element of l (keyedStore.entries: a state
+// dump has one record per element).
+func listEntries[T any](l []T, fn func(k, v any) error) error {
+	for _, v := range l {
+		if err := fn(nil, v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // heapList is the heap backend's list store: a slice per key in a
@@ -150,15 +178,8 @@ func newHeapList[T any, K comparable](r *StateRegistry[K], stored string, c Code
 	s := &keyedStore[K, []T]{
 		stateName: stored, scope: &r.b.scope, groups: make([]*keyGroupMap[K, []T], r.b.maxPar),
 		keyCodec: r.b.keyCodec, valCodec: listCodec[T]{c},
-		clone: func(l []T) []T { return append([]T(nil), l...) },
-		entries: func(l []T, fn func(k, v any) error) error {
-			for _, v := range l {
-				if err := fn(nil, v); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
+		clone:   func(l []T) []T { return append([]T(nil), l...) },
+		entries: listEntries[T],
 	}
 	if err := r.b.register(s); err != nil {
 		return heapList[K, T]{}, err

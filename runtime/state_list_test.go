@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
+
 	"github.com/weirstream/weir/checkpoint"
 )
 
@@ -281,5 +283,118 @@ func TestStateDumpShowsListElementsAndReducedValues(t *testing.T) {
 	}
 	if len(got["mean"]) != 1 || got["mean"][0] != [2]int64{9, 2} {
 		t.Errorf("aggregating state dumped as %v, want its accumulator [9 2]", got["mean"])
+	}
+}
+
+// obsCollector collects what kindsProc emits.
+type obsCollector struct{ got []stateObs }
+
+func (c *obsCollector) Collect(o stateObs) { c.got = append(c.got, o) }
+
+// The list, reducing and aggregating states work on the pebble backend as
+// on the heap, their snapshots are the canonical format (a pebble
+// snapshot restores into the heap backend at another parallelism and
+// reads the same), and a list keeps one pebble key per element: Add
+// writes one key and reads nothing.
+func TestStateKindsOnPebbleMatchTheHeapAndRestoreIntoIt(t *testing.T) {
+	const maxPar = 8
+	kc := DefaultCodec[string]()
+	hash := keyHasher(kc)
+	run := func(b *keyedBackend[string], ops []stateOp) []stateObs {
+		t.Helper()
+		p := &kindsProc{}
+		if err := p.Open(t.Context(), &StateRegistry[string]{b: b}); err != nil {
+			t.Fatal(err)
+		}
+		out := &obsCollector{}
+		for _, o := range ops {
+			b.scope.setKey(o.Key, int(hash(o.Key)%maxPar))
+			if err := p.ProcessElement(nil, o, out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return out.got
+	}
+	var ops, reads []stateOp
+	for i := range 40 {
+		k := fmt.Sprint("k", i%10)
+		ops = append(ops, stateOp{k, "add", int64(i)})
+		if i%7 == 0 {
+			ops = append(ops, stateOp{k, "addall", int64(i)})
+		}
+	}
+	ops = append(ops, stateOp{"k3", "update", 5}, stateOp{"k4", "clear", 0})
+	for i := range 10 {
+		reads = append(reads, stateOp{fmt.Sprint("k", i), "read", 0})
+	}
+	heap := newKeyedBackend[string](kc, maxPar)
+	want := run(heap, append(slices.Clone(ops), reads...))
+	peb := newKeyedBackend[string](kc, maxPar)
+	peb.usePebble(testPebbleState(t, maxPar))
+	got := run(peb, append(slices.Clone(ops), reads...))
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("pebble reads\n%v\nheap reads\n%v", got, want)
+	}
+	// One pebble key per list element.
+	var elems int
+	for _, o := range want {
+		elems += len(o.List)
+	}
+	var list *pebbleList[string, int64]
+	for _, s := range peb.states {
+		if l, ok := s.(*pebbleList[string, int64]); ok {
+			list = l
+		}
+	}
+	keys := 0
+	for kg := range maxPar {
+		p := appendStatePrefix(nil, kg, list.m.sid)
+		it, err := list.m.st.db.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for ok := it.First(); ok; ok = it.Next() {
+			keys++
+		}
+		if err := it.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if keys != elems {
+		t.Fatalf("the pebble list holds %d pebble keys for %d elements", keys, elems)
+	}
+	// The pebble snapshot restores into heap backends at parallelism 3.
+	blobs, err := peb.snapshot()()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var restored []stateObs
+	for sub := range 3 {
+		b := newKeyedBackend[string](kc, maxPar)
+		for _, kg := range KeyGroupRange(sub, maxPar, 3) {
+			if blob, ok := blobs[kg]; ok {
+				if err := b.restoreKeyGroup(kg, blob); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		var mine []stateOp
+		for _, r := range reads {
+			if SubtaskOf(int(hash(r.Key)%maxPar), maxPar, 3) == sub {
+				mine = append(mine, r)
+			}
+		}
+		restored = append(restored, run(b, mine)...)
+	}
+	sortObs := func(os []stateObs) string {
+		s := make([]string, len(os))
+		for i, o := range os {
+			s[i] = fmt.Sprint(o)
+		}
+		slices.Sort(s)
+		return strings.Join(s, "\n")
+	}
+	if sortObs(restored) != sortObs(want) {
+		t.Fatalf("restored on the heap\n%s\nwant\n%s", sortObs(restored), sortObs(want))
 	}
 }

@@ -442,12 +442,15 @@ func newTTLListState[T any, K comparable](r *StateRegistry[K], name string, c Co
 	if err != nil {
 		return nil, err
 	}
-	in, err := newHeapList[ttlValue[T]](r, storedStateName(kindList+ttlKindSuffix, name), Codec[ttlValue[T]](ttlCodec[T]{c}))
+	in, heap, err := newListStore[ttlValue[T]](r, storedStateName(kindList+ttlKindSuffix, name), Codec[ttlValue[T]](ttlCodec[T]{c}))
 	if err != nil {
 		return nil, err
 	}
 	s := &ttlListStore[T]{in: in, t: t}
-	s.cleanup = setupHeapTTL[K](in.s, t, func(l []ttlValue[T], now int64) ([]ttlValue[T], bool, bool) {
+	if heap == nil {
+		return &ListState[T]{s: s}, nil
+	}
+	s.cleanup = setupHeapTTL[K](heap, t, func(l []ttlValue[T], now int64) ([]ttlValue[T], bool, bool) {
 		n := 0
 		for _, x := range l {
 			if !t.expired(x.ts, now) {

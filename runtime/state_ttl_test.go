@@ -185,3 +185,38 @@ func TestTTLStateRestoredAfterTheTTLReturnsNothing(t *testing.T) {
 		})
 	}
 }
+
+// On the pebble backend too a state with TTL never returns an expired
+// value, of any kind.
+func TestTTLStateOnPebbleNeverReturnsAnExpiredValue(t *testing.T) {
+	const maxPar = 8
+	now := int64(1_000)
+	b := newKeyedBackend[string](DefaultCodec[string](), maxPar)
+	b.usePebble(testPebbleState(t, maxPar))
+	b.timers.clock = func() time.Time { return time.UnixMilli(now) }
+	p := &kindsProc{opts: ttlOpts(TTLOnCreateAndWrite, 0)}
+	if err := p.Open(t.Context(), &StateRegistry[string]{b: b}); err != nil {
+		t.Fatal(err)
+	}
+	read := func(o stateOp) stateObs {
+		t.Helper()
+		b.scope.setKey(o.Key, int(keyHasher(b.keyCodec)(o.Key)%maxPar))
+		out := &obsCollector{}
+		if err := p.ProcessElement(nil, o, out); err != nil {
+			t.Fatal(err)
+		}
+		if o.Op != "read" {
+			return stateObs{}
+		}
+		return out.got[0]
+	}
+	read(stateOp{"a", "add", 7})
+	now += 99
+	if o := read(stateOp{"a", "read", 0}); !o.full() {
+		t.Fatalf("at 99 ms: %+v, want every state set", o)
+	}
+	now++
+	if o := read(stateOp{"a", "read", 0}); !o.empty() {
+		t.Fatalf("at 100 ms: %+v, want nothing", o)
+	}
+}
