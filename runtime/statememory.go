@@ -191,6 +191,10 @@ func (m *StateMemory) openInstance(name string, maxPar int) (*pebbleState, error
 	m.seq++
 	dir := m.fs.PathJoin(m.cfg.dir, fmt.Sprintf("%s-%d", sanitizeDirName(name), m.seq))
 	m.mu.Unlock()
+	// A new instance is empty: the state comes from the restore only.
+	if err := m.fs.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("pebble state %s: %w", dir, err)
+	}
 	if err := m.fs.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("pebble state %s: %w", dir, err)
 	}
