@@ -69,8 +69,8 @@ checkpoint: PATH"); run --from-savepoint PATH continues the job from it.
 
 --parallelism sets the job's default parallelism (the reserved parameter
 "parallelism"; 0 keeps the job type's). --state-backend pebble keeps the job's
-keyed state and timers in pebble instances under a temporary directory, in at
-most --state-memory of memory, rather than on the Go heap (see
+keyed state and timers in pebble instances under --checkpoint-dir's "state"
+(emptied at start; else a temporary directory), in at most --state-memory of memory, rather than on the Go heap (see
 docs/guide/state-backends.md); checkpoints and savepoints are the same on both. A bounded job ends when its input does;
 a streaming one runs until SIGINT/SIGTERM, which cancels it cleanly (its open
 transactions are aborted, its held share records released).`,
@@ -114,6 +114,9 @@ transactions are aborted, its held share records released).`,
 				return err
 			}
 			opts = append(opts, runtime.JobID(id))
+			if dir != "" {
+				opts = append(opts, runtime.StateMemoryDir(filepath.Join(dir, "state")))
+			}
 			// The store is this command's, so that a cancelled job's latest
 			// checkpoint can be retained after the job ended.
 			store, err := openRunStore(dir, log)
