@@ -97,6 +97,7 @@ type clusterCfg struct {
 	startFrom         *checkpoint.Completed
 	deployer          Deployer
 	stateBudget       int64        // StateMemoryLimit
+	stateDir          string       // StateMemoryDir
 	stateMem          *StateMemory // the run's, for a job on the pebble state backend
 	suspend           context.Context
 	onRestart         func(restarts int, err error)
@@ -665,7 +666,11 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 		cfg.jobID = job.name
 	}
 	if job.StateBackendOf() == PebbleState && cfg.deployer == nil {
-		mem, err := NewStateMemory(StateMemoryBudget(cfg.stateBudget), StateSlots(p.keyedSubtasks()), StateLogger(cfg.log))
+		memOpts := []StateMemoryOpt{StateMemoryBudget(cfg.stateBudget), StateSlots(p.keyedSubtasks()), StateLogger(cfg.log)}
+		if cfg.stateDir != "" {
+			memOpts = append(memOpts, StateDir(cfg.stateDir))
+		}
+		mem, err := NewStateMemory(memOpts...)
 		if err != nil {
 			return Result{}, err
 		}
@@ -948,6 +953,13 @@ func Deployment(d Deployer) ClusterOpt { return clusterOpt(func(c *clusterCfg) {
 // removes when it ends.
 func StateMemoryLimit(bytes int64) ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) { c.stateBudget = bytes })
+}
+
+// StateMemoryDir puts the pebble instances of a job on the pebble state
+// backend in dir, emptied when the run starts (default: a temporary
+// directory removed when the run ends).
+func StateMemoryDir(dir string) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.stateDir = dir })
 }
 
 // localDeployer deploys every task of a plan in this process.

@@ -16,10 +16,28 @@ func benchKeys(n, maxPar int) ([]string, []int) {
 	return keys, kgs
 }
 
+// benchBackend is a keyed backend of the kind for a benchmark.
+func benchBackend(b *testing.B, kind StateBackendKind) *keyedBackend[string] {
+	kb := newKeyedBackend[string](StringCodec(), 128)
+	if kind == PebbleState {
+		kb.usePebble(testPebbleState(b, 128))
+	}
+	return kb
+}
+
+// eachBackend runs the benchmark on both state backends.
+func eachBackend(b *testing.B, fn func(b *testing.B, kind StateBackendKind)) {
+	for _, kind := range []StateBackendKind{HeapState, PebbleState} {
+		b.Run(string(kind), func(b *testing.B) { fn(b, kind) })
+	}
+}
+
 // A read-modify-write of a ValueState[int64] per record over 10000 keys
 // (a running count). ns/op is one record.
-func BenchmarkValueStateUpdate(b *testing.B) {
-	kb := newKeyedBackend[string](StringCodec(), 128)
+func BenchmarkValueStateUpdate(b *testing.B) { eachBackend(b, benchValueStateUpdate) }
+
+func benchValueStateUpdate(b *testing.B, kind StateBackendKind) {
+	kb := benchBackend(b, kind)
 	v, err := NewValueState[int64](&StateRegistry[string]{b: kb}, "count", Int64Codec())
 	if err != nil {
 		b.Fatal(err)
@@ -37,8 +55,10 @@ func BenchmarkValueStateUpdate(b *testing.B) {
 
 // A MapState Put and Get per record: 1000 keys of 16 entries each. ns/op
 // is one record.
-func BenchmarkMapStatePut(b *testing.B) {
-	kb := newKeyedBackend[string](StringCodec(), 128)
+func BenchmarkMapStatePut(b *testing.B) { eachBackend(b, benchMapStatePut) }
+
+func benchMapStatePut(b *testing.B, kind StateBackendKind) {
+	kb := benchBackend(b, kind)
 	m, err := NewMapState[int64, int64](&StateRegistry[string]{b: kb}, "m", Int64Codec(), Int64Codec())
 	if err != nil {
 		b.Fatal(err)
@@ -57,8 +77,10 @@ func BenchmarkMapStatePut(b *testing.B) {
 
 // Event-time timers: each record registers a timer of its key, and every
 // 1000 records the watermark fires what is due. ns/op is one record.
-func BenchmarkEventTimers(b *testing.B) {
-	kb := newKeyedBackend[string](StringCodec(), 128)
+func BenchmarkEventTimers(b *testing.B) { eachBackend(b, benchEventTimers) }
+
+func benchEventTimers(b *testing.B, kind StateBackendKind) {
+	kb := benchBackend(b, kind)
 	t, err := NewTimers[struct{}](&StateRegistry[string]{b: kb}, "", Codec[struct{}](voidCodec{}))
 	if err != nil {
 		b.Fatal(err)

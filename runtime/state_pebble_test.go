@@ -1,10 +1,17 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
 	"github.com/weirstream/weir/checkpoint"
 )
@@ -85,6 +92,144 @@ func TestKeyedStateRestoresAcrossBackendsAtAnotherParallelism(t *testing.T) {
 			if !slices.Equal(perKey(txns.output()), perKey(ref.output())) {
 				t.Error("the restored runs' output differs from the run without failure")
 			}
+		})
+	}
+}
+
+// pebbleModel fills a model's states on instance p: 3000 keys, a count
+// and a map of up to 5 entries each; it returns the model and the keys.
+func pebbleModel(t *testing.T, p *pebbleState, maxPar int, seed uint64) (modelStates, stateModel, []string) {
+	t.Helper()
+	b := newKeyedBackend[string](DefaultCodec[string](), maxPar)
+	b.usePebble(p)
+	r := &StateRegistry[string]{b: b}
+	n, err := NewValueState[int64](r, "n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMapState[string, int](r, "m", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := modelStates{b: b, n: n, m: m}
+	model := stateModel{n: map[string]int64{}, m: map[string]map[string]int{}}
+	rng := rand.New(rand.NewPCG(seed, 7))
+	keys := make([]string, 3000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%d", i)
+	}
+	for step := range 20000 {
+		k := keys[rng.IntN(len(keys))]
+		s.scope(k)
+		s.n.Update(int64(step))
+		model.n[k] = int64(step)
+		uk := fmt.Sprint(rng.IntN(5))
+		s.m.Put(uk, step)
+		if model.m[k] == nil {
+			model.m[k] = map[string]int{}
+		}
+		model.m[k][uk] = step
+	}
+	return s, model, keys
+}
+
+// restoreModel restores blobs into a fresh pebble instance of mem.
+func restoreModel(t *testing.T, mem *StateMemory, maxPar int, blobs map[int][]byte) modelStates {
+	t.Helper()
+	p, err := mem.openInstance("op", maxPar) // the name (and directory) the crashed one had
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.close() })
+	b := newKeyedBackend[string](DefaultCodec[string](), maxPar)
+	b.usePebble(p)
+	for kg, blob := range blobs {
+		if err := b.restoreKeyGroup(kg, blob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &StateRegistry[string]{b: b}
+	n, err := NewValueState[int64](r, "n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMapState[string, int](r, "m", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return modelStates{b: b, n: n, m: m}
+}
+
+// Reads of the pebble instance's files failing while the asynchronous part
+// of a snapshot scans it: the snapshot fails with the I/O error (the
+// checkpoint is declined), it never yields partial key groups; once reads
+// work again, a snapshot of the same instance restores every value.
+func TestPebbleSnapshotFailsWithTheIOErrorAndNeverYieldsPartialState(t *testing.T) {
+	const maxPar = 16
+	var failReads atomic.Bool
+	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if failReads.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsRead && strings.HasSuffix(op.Path, ".sst") {
+			return errorfs.ErrInjected
+		}
+		return nil
+	}))
+	mem := testStateMemory(t, stateFS(fs), StateDir("/tm/state"))
+	p, err := mem.openInstance("op", maxPar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.close() })
+	s, model, keys := pebbleModel(t, p, maxPar, 1)
+	if err := p.db.Flush(); err != nil { // the state in SSTs, which the scan must read
+		t.Fatal(err)
+	}
+	failReads.Store(true)
+	blobs, err := s.b.snapshot()()
+	failReads.Store(false)
+	if !errors.Is(err, errorfs.ErrInjected) || blobs != nil {
+		t.Fatalf("snapshot while reads fail: %d key groups, %v; want none and the injected error", len(blobs), err)
+	}
+	blobs = encoded(t, s.b.snapshot())
+	check(t, restoreModel(t, testStateMemory(t), maxPar, blobs), keys, model)
+}
+
+// A task manager killed with state in its pebble instances (a crash-clone
+// of the filesystem: what was synced, and a random part of the rest): the
+// state directory is emptied when the task manager starts again, and a
+// restore from the checkpoint holds exactly the checkpoint's values, never
+// what the crashed instance wrote after it.
+func TestPebbleStateAfterACrashIsTheCheckpointsNotTheLeftovers(t *testing.T) {
+	const maxPar = 16
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			fs := vfs.NewCrashableMem()
+			mem, err := NewStateMemory(stateFS(fs), StateDir("/tm/state"), StateMemoryBudget(minStateMemory))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := mem.openInstance("op", maxPar)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, model, keys := pebbleModel(t, p, maxPar, seed)
+			blobs := encoded(t, s.b.snapshot()) // the checkpoint
+			for _, k := range keys[:500] {      // written after it
+				s.scope(k)
+				s.n.Update(-1)
+				s.m.Clear()
+			}
+			if err := p.db.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rand.New(rand.NewPCG(seed, 1))})
+			_ = p.close() // the process is gone; nothing of this counts
+			_ = mem.Close()
+
+			again := testStateMemory(t, stateFS(crashed), StateDir("/tm/state"))
+			if left, err := crashed.List("/tm/state"); err != nil || len(left) != 0 {
+				t.Fatalf("state directory after the restart: %v, %v; want it empty", left, err)
+			}
+			check(t, restoreModel(t, again, maxPar, blobs), keys, model)
 		})
 	}
 }

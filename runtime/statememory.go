@@ -50,8 +50,10 @@ type stateMemoryOpt func(*stateMemoryCfg)
 
 func (o stateMemoryOpt) apply(c *stateMemoryCfg) { o(c) }
 
-// StateDir is the directory the pebble instances live in (default: a new
-// temporary directory, removed by Close).
+// StateDir is the directory the pebble instances live in, emptied by
+// NewStateMemory: what a killed task manager left there is of no use, as
+// state is restored from checkpoints (default: a new temporary directory,
+// removed by Close).
 func StateDir(dir string) StateMemoryOpt {
 	return stateMemoryOpt(func(c *stateMemoryCfg) { c.dir = dir })
 }
@@ -62,8 +64,9 @@ func StateMemoryBudget(bytes int64) StateMemoryOpt {
 	return stateMemoryOpt(func(c *stateMemoryCfg) { c.budget = bytes })
 }
 
-// StateSlots is the number of slots sharing the budget's memtables
-// (default 1).
+// StateSlots is the number of pebble instances expected to share the
+// budget's memtables: a task manager's slots, a mini cluster's keyed
+// operator subtasks (default 1).
 func StateSlots(n int) StateMemoryOpt {
 	return stateMemoryOpt(func(c *stateMemoryCfg) { c.slots = n })
 }
@@ -145,8 +148,13 @@ func NewStateMemory(opts ...StateMemoryOpt) (*StateMemory, error) {
 			return nil, fmt.Errorf("state directory: %w", err)
 		}
 		cfg.dir, cfg.removeDir = d, true
-	} else if err := fs.MkdirAll(cfg.dir, 0o755); err != nil {
-		return nil, fmt.Errorf("state directory: %w", err)
+	} else {
+		if err := fs.RemoveAll(cfg.dir); err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
+		if err := fs.MkdirAll(cfg.dir, 0o755); err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
 	}
 	return &StateMemory{cfg: cfg, fs: fs, cache: pebble.NewCache(cfg.budget / 2), open: map[*pebbleState]struct{}{}}, nil
 }
@@ -183,6 +191,10 @@ func (m *StateMemory) openInstance(name string, maxPar int) (*pebbleState, error
 	m.seq++
 	dir := m.fs.PathJoin(m.cfg.dir, fmt.Sprintf("%s-%d", sanitizeDirName(name), m.seq))
 	m.mu.Unlock()
+	// A new instance is empty: the state comes from the restore only.
+	if err := m.fs.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("pebble state %s: %w", dir, err)
+	}
 	if err := m.fs.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("pebble state %s: %w", dir, err)
 	}
