@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -579,27 +580,52 @@ func (m *pebbleMap[K, UK, UV]) restore(kg int, blob []byte) error {
 }
 
 // pebbleTimers is one time domain of one timer service in pebble, ordered
-// by time within each key group; the earliest timer of each key group is
-// cached (heads), and the earliest of those.
+// by time within each key group. Each key group's earliest timers (up to
+// timerCacheSize) are cached in memory, as Flink's RocksDB timers keep
+// the head of each key group's queue: firing, registering before the
+// cached tail and deleting a cached timer need no pebble read; the cache
+// is refilled by one range scan when it runs empty.
 type pebbleTimers struct {
-	st    *pebbleState
-	name  string
-	sid   uint16
-	n     int
-	heads []timerHead // by key group
-	min   int         // key group of the earliest head; -1: none; -2: recompute
-	kbuf  []byte
-	lo    []byte
-	hi    []byte
+	st     *pebbleState
+	name   string
+	sid    uint16
+	n      int
+	caches []timerCache // by key group
+	min    int          // key group of the earliest timer; -1: none; -2: recompute
+	kbuf   []byte
+	lo     []byte
+	hi     []byte
 }
 
-type timerHead struct {
-	ok bool
-	id timerID
+// timerCacheSize is how many of a key group's earliest timers are cached.
+const timerCacheSize = 32
+
+// timerCache is a key group's earliest timers, sorted. complete: they are
+// all of the key group's timers; else every timer not cached is after the
+// last cached one, and ids is not empty.
+type timerCache struct {
+	ids      []timerID
+	complete bool
+}
+
+// find is id's position in the cache and whether it is there.
+func (c *timerCache) find(id timerID) (int, bool) {
+	i := sort.Search(len(c.ids), func(i int) bool { return !c.ids[i].less(id) })
+	return i, i < len(c.ids) && c.ids[i] == id
+}
+
+// covers says whether the cache knows if id exists: every timer up to id
+// is cached.
+func (c *timerCache) covers(id timerID) bool {
+	return c.complete || id.less(c.ids[len(c.ids)-1])
 }
 
 func newPebbleTimers(st *pebbleState, name string) *pebbleTimers {
-	return &pebbleTimers{st: st, name: name, sid: st.stateID(), heads: make([]timerHead, st.maxPar), min: -1}
+	t := &pebbleTimers{st: st, name: name, sid: st.stateID(), caches: make([]timerCache, st.maxPar), min: -1}
+	for i := range t.caches {
+		t.caches[i].complete = true
+	}
+	return t
 }
 
 func appendTimerKey(dst []byte, kg int, sid uint16, owner string, ts int64) []byte {
@@ -608,32 +634,8 @@ func appendTimerKey(dst []byte, kg int, sid uint16, owner string, ts int64) []by
 	return append(dst, owner...)
 }
 
-func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
-	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
-	_, c, err := t.st.db.Get(t.kbuf)
-	switch {
-	case err == nil:
-		_ = c.Close()
-		return false
-	case !errors.Is(err, pebble.ErrNotFound):
-		t.st.fail(t.name, err)
-	}
-	if err := t.st.db.Set(t.kbuf, nil, pebble.NoSync); err != nil {
-		t.st.fail(t.name, err)
-	}
-	t.n++
-	id := timerID{ts: ts, owner: owner}
-	if h := &t.heads[kg]; !h.ok || id.less(h.id) {
-		*h = timerHead{ok: true, id: id}
-		if t.min == -1 || (t.min >= 0 && id.less(t.heads[t.min].id)) {
-			t.min = kg
-		}
-	}
-	return true
-}
-
-func (t *pebbleTimers) remove(kg int, owner string, ts int64) bool {
-	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
+// exists reads whether the timer key in kbuf is in pebble.
+func (t *pebbleTimers) exists() bool {
 	_, c, err := t.st.db.Get(t.kbuf)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false
@@ -642,43 +644,89 @@ func (t *pebbleTimers) remove(kg int, owner string, ts int64) bool {
 		t.st.fail(t.name, err)
 	}
 	_ = c.Close()
-	if err := t.st.db.Delete(t.kbuf, pebble.NoSync); err != nil {
+	return true
+}
+
+func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
+	id := timerID{ts: ts, owner: owner}
+	c := &t.caches[kg]
+	if _, ok := c.find(id); ok {
+		return false
+	}
+	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
+	covered := c.covers(id)
+	if !covered && t.exists() {
+		return false
+	}
+	if err := t.st.db.Set(t.kbuf, nil, pebble.NoSync); err != nil {
 		t.st.fail(t.name, err)
 	}
-	t.n--
-	if h := t.heads[kg]; h.ok && h.id == (timerID{ts: ts, owner: owner}) {
-		t.reloadHead(kg, t.kbuf)
+	t.n++
+	if covered {
+		i, _ := c.find(id)
+		c.ids = slices.Insert(c.ids, i, id)
+		if len(c.ids) > timerCacheSize {
+			c.ids, c.complete = c.ids[:timerCacheSize], false
+		}
+		if i == 0 {
+			t.min = -2
+		}
 	}
 	return true
 }
 
-// reloadHead reads key group kg's earliest timer at or after from (every
-// timer before from is gone).
-func (t *pebbleTimers) reloadHead(kg int, from []byte) {
+func (t *pebbleTimers) remove(kg int, owner string, ts int64) bool {
+	id := timerID{ts: ts, owner: owner}
+	c := &t.caches[kg]
+	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
+	i, cached := c.find(id)
+	if !cached && (c.covers(id) || !t.exists()) {
+		return false
+	}
+	if err := t.st.db.Delete(t.kbuf, pebble.NoSync); err != nil {
+		t.st.fail(t.name, err)
+	}
+	t.n--
+	if cached {
+		c.ids = slices.Delete(c.ids, i, i+1)
+		t.refill(kg)
+		if i == 0 {
+			t.min = -2
+		}
+	}
+	return true
+}
+
+// refill loads key group kg's earliest timers after the key in kbuf (every
+// earlier one is gone) if its cache ran empty while pebble holds more.
+func (t *pebbleTimers) refill(kg int) {
+	c := &t.caches[kg]
+	if len(c.ids) > 0 || c.complete {
+		return
+	}
 	t.hi = appendStatePrefix(t.hi[:0], kg, t.sid)
 	t.hi = prefixEnd(t.hi)
-	t.lo = append(t.lo[:0], from...)
+	t.lo = append(t.lo[:0], t.kbuf...)
 	it, err := t.st.db.NewIter(&pebble.IterOptions{LowerBound: t.lo, UpperBound: t.hi})
 	if err != nil {
 		t.st.fail(t.name, err)
 	}
-	h := timerHead{}
-	if it.First() {
+	for ok := it.First(); ok && len(c.ids) < timerCacheSize; ok = it.Next() {
 		k := it.Key()[4:]
-		h = timerHead{ok: true, id: timerID{ts: int64(binary.BigEndian.Uint64(k) ^ (1 << 63)), owner: string(k[8:])}}
+		c.ids = append(c.ids, timerID{ts: int64(binary.BigEndian.Uint64(k) ^ (1 << 63)), owner: string(k[8:])})
 	}
+	c.complete = !it.Valid()
 	if err := it.Close(); err != nil {
 		t.st.fail(t.name, err)
 	}
-	t.heads[kg] = h
-	t.min = -2
 }
 
 func (t *pebbleTimers) peek() (timerID, bool) {
 	if t.min == -2 {
 		t.min = -1
-		for kg, h := range t.heads {
-			if h.ok && (t.min < 0 || h.id.less(t.heads[t.min].id)) {
+		for kg := range t.caches {
+			c := &t.caches[kg]
+			if len(c.ids) > 0 && (t.min < 0 || c.ids[0].less(t.caches[t.min].ids[0])) {
 				t.min = kg
 			}
 		}
@@ -686,7 +734,7 @@ func (t *pebbleTimers) peek() (timerID, bool) {
 	if t.min < 0 {
 		return timerID{}, false
 	}
-	return t.heads[t.min].id, true
+	return t.caches[t.min].ids[0], true
 }
 
 func (t *pebbleTimers) next(upTo int64) (timerID, int, bool) {
@@ -700,7 +748,10 @@ func (t *pebbleTimers) next(upTo int64) (timerID, int, bool) {
 		t.st.fail(t.name, err)
 	}
 	t.n--
-	t.reloadHead(kg, t.kbuf)
+	c := &t.caches[kg]
+	c.ids = slices.Delete(c.ids, 0, 1)
+	t.refill(kg)
+	t.min = -2
 	return id, kg, true
 }
 

@@ -25,11 +25,15 @@ func rssValue(i int) string {
 // checked, and the process's peak RSS (VmHWM) stays below a bound derived
 // from the budget (twice the budget, plus 160 MiB for the Go runtime and
 // the test binary), whatever the state's size. The default size is 128 MiB
-// of state under a 32 MiB budget; WEIR_VOLUME=1 writes 3 GiB under 128 MiB.
+// of state under a 32 MiB budget; WEIR_VOLUME=1 writes 3 GiB under 128 MiB
+// (measured 2026-12-06 on 2 loaded cores: peak RSS 135 MiB, 12 minutes).
 func TestPebbleStateFarAboveTheBudgetKeepsPeakRSSBounded(t *testing.T) {
 	if spec := os.Getenv(rssChildEnv); spec != "" {
 		rssChild(t, spec)
 		return
+	}
+	if raceEnabled {
+		t.Skip("peak RSS under the race detector measures the detector's shadow memory; .ci/run's volume step runs this without it")
 	}
 	budget, keys := int64(32<<20), 128<<10
 	if os.Getenv("WEIR_VOLUME") != "" {

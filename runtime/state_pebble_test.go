@@ -233,3 +233,67 @@ func TestPebbleStateAfterACrashIsTheCheckpointsNotTheLeftovers(t *testing.T) {
 		})
 	}
 }
+
+// Random registers, deletes and firings, hundreds of timers per key group
+// (beyond what pebble's timer store caches per key group): pebble's timer
+// store fires exactly what the heap's timerQueue fires, in the same order,
+// and holds the same timers at every snapshot.
+func TestPebbleTimerStoreMatchesTheHeapsAtAnySize(t *testing.T) {
+	const maxPar = 4
+	heap, peb := heapTimers{newTimerQueue()}, newPebbleTimers(testPebbleState(t, maxPar), "t")
+	r := rand.New(rand.NewPCG(3, 4))
+	type reg struct {
+		kg    int
+		owner string
+		ts    int64
+	}
+	var live []reg
+	now := int64(0)
+	for step := range 30000 {
+		switch op := r.IntN(10); {
+		case op < 6:
+			k := r.IntN(50) // an owner (key) is in one key group
+			g := reg{kg: k % maxPar, owner: fmt.Sprint("k", k), ts: now + int64(r.IntN(2000))}
+			if a, b := heap.register(g.kg, g.owner, g.ts), peb.register(g.kg, g.owner, g.ts); a != b {
+				t.Fatalf("step %d: register %v: heap %v, pebble %v", step, g, a, b)
+			}
+			live = append(live, g)
+		case op < 8 && len(live) > 0:
+			g := live[r.IntN(len(live))]
+			if a, b := heap.remove(g.kg, g.owner, g.ts), peb.remove(g.kg, g.owner, g.ts); a != b {
+				t.Fatalf("step %d: remove %v: heap %v, pebble %v", step, g, a, b)
+			}
+		default:
+			now += int64(r.IntN(40))
+			for {
+				a, akg, aok := heap.next(now)
+				b, bkg, bok := peb.next(now)
+				if a != b || akg != bkg || aok != bok {
+					t.Fatalf("step %d: next(%d): heap %v %d %v, pebble %v %d %v", step, now, a, akg, aok, b, bkg, bok)
+				}
+				if !aok {
+					break
+				}
+			}
+		}
+		if heap.len() != peb.len() {
+			t.Fatalf("step %d: heap holds %d timers, pebble %d", step, heap.len(), peb.len())
+		}
+		if step%5000 == 4999 {
+			hs, err := heap.snapshot()()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ps, err := peb.snapshot()()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(hs) != fmt.Sprint(ps) {
+				t.Fatalf("step %d: snapshots differ", step)
+			}
+		}
+	}
+	if heap.len() < 4*timerCacheSize {
+		t.Fatalf("only %d timers at the end: want several per key group beyond the cache", heap.len())
+	}
+}
