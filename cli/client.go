@@ -220,6 +220,7 @@ type jobJSON struct {
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
 	CheckpointTimeoutMs     int64             `json:"checkpoint_timeout_ms"`
 	RestartStrategy         string            `json:"restart_strategy"`
+	StateBackend            string            `json:"state_backend"`
 	RestoredFromCheckpoint  uint64            `json:"restored_from_checkpoint"`
 	RecordsIn               int64             `json:"records_in"`
 	RecordsOut              int64             `json:"records_out"`
@@ -249,7 +250,7 @@ func toJobJSON(s *weirpb.JobStatus) jobJSON {
 	j := jobJSON{ID: s.Id, Name: s.Name, State: s.State, JobType: s.JobType, Waiting: s.Waiting, Restarts: s.Restarts, LastCompletedCheckpoint: s.LastCompletedCheckpoint,
 		Error: s.Error, Params: s.Params, CheckpointIntervalMs: s.CheckpointIntervalMs, CheckpointTimeoutMs: s.CheckpointTimeoutMs, RestartStrategy: s.RestartStrategy,
 		RestoredFromCheckpoint: s.RestoredFromCheckpoint, RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut,
-		RetainedSavepoint: s.RetainedSavepoint}
+		RetainedSavepoint: s.RetainedSavepoint, StateBackend: s.StateBackend}
 	if j.Params == nil {
 		j.Params = map[string]string{}
 	}
@@ -337,6 +338,11 @@ func printJobs(w io.Writer, output string, jobs []*weirpb.JobStatus, one bool) e
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if one && jobs[0].StateBackend != "" {
+		if _, err := fmt.Fprintf(w, "state backend: %s\n", jobs[0].StateBackend); err != nil {
+			return err
+		}
 	}
 	if one && jobs[0].LastFailure != nil {
 		if _, err := fmt.Fprintln(w, failureLine(jobs[0].LastFailure)); err != nil {
@@ -510,7 +516,8 @@ func newStatusCmd(a *app) *cobra.Command {
 		Short: "Show a job's state, restarts and last completed checkpoint",
 		Long: `status shows one job: its state (CREATED, RUNNING, RESTARTING, FAILED,
 CANCELED, FINISHED), how often it restarted, its last completed checkpoint, and
-the error that failed it, why it waits if it is CREATED or RESTARTING
+the error that failed it, its state backend ("state backend: pebble";
+state_backend in --output json), why it waits if it is CREATED or RESTARTING
 ("waiting for 2 slots, 0 free"; while the restart strategy's delay runs, when
 the next attempt starts: "next attempt at TIME, in 42s", next_attempt_at in
 --output json), and its last failure: when, in which task on

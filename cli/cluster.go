@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -257,8 +258,9 @@ func newTaskManagerCmd(a *app) *cobra.Command {
 	var metricsHosts []string
 	var access accessFlags
 	var slots int
+	var stateMem byteSize
 	cmd := &cobra.Command{
-		Use:   "taskmanager [--jobmanager 127.0.0.1:6123] [--slots 2] [--data-dir DIR]",
+		Use:   "taskmanager [--jobmanager 127.0.0.1:6123] [--slots 2] [--data-dir DIR] [--state-memory SIZE]",
 		Short: "Run a task manager: runs the tasks the job manager deploys into its slots",
 		Long: `taskmanager registers with the job manager (--jobmanager, default $WEIR_JOBMANAGER
 or 127.0.0.1:6123) offering --slots slots, heartbeats both ways, and reconnects by
@@ -298,7 +300,11 @@ header must be a loopback name, the --metrics host or one of
 				return err
 			}
 			opts := []taskmanager.Opt{taskmanager.ID(id), taskmanager.Slots(slots), taskmanager.Logger(log),
-				taskmanager.Jobs(a.reg), taskmanager.DataHost(dataHost), taskmanager.Failpoints(fp)}
+				taskmanager.Jobs(a.reg), taskmanager.DataHost(dataHost), taskmanager.Failpoints(fp),
+				taskmanager.StateMemory(int64(stateMem))}
+			if dataDir != "" {
+				opts = append(opts, taskmanager.StateDir(filepath.Join(dataDir, "state")))
+			}
 			if dataPorts != "" {
 				lo, hi, err := parsePortRange(dataPorts)
 				if err != nil {
@@ -356,7 +362,8 @@ header must be a loopback name, the --metrics host or one of
 	cmd.Flags().StringVar(&jm, "jobmanager", defaultJobManager(),
 		"job manager address, or several comma-separated (any job managers of a highly available cluster: the leader is found) (default $"+envJobManager+" or 127.0.0.1:6123)")
 	cmd.Flags().IntVar(&slots, "slots", 2, "slots offered to the job manager")
-	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the task manager's state (created; nothing is stored in it yet)")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the task manager's state: the pebble state backend's instances in DIR/state, emptied at start (created; default: a temporary directory)")
+	addStateMemory(cmd, &stateMem)
 	cmd.Flags().StringVar(&dataHost, "data-host", "127.0.0.1", "host the other task managers reach this one's data plane on")
 	cmd.Flags().StringVar(&dataPorts, "data-ports", "", "data-plane port range LO-HI, the first free one per deployment (default: any free port)")
 	cmd.Flags().StringVar(&storageURL, "checkpoint-storage", "",

@@ -41,6 +41,10 @@ func jobTypes(r *runtime.Registry) []jobType {
 			j.Params = append(j.Params, jobParam{Name: runtime.ParamParallelism, Default: "1",
 				Description: "default parallelism of the job's operators", Reserved: true})
 		}
+		if !declared[runtime.ParamStateBackend] {
+			j.Params = append(j.Params, jobParam{Name: runtime.ParamStateBackend, Default: string(runtime.HeapState),
+				Description: `where the job's keyed state lives: "heap" or "pebble"`, Reserved: true})
+		}
 		out = append(out, j)
 	}
 	return out
@@ -52,7 +56,8 @@ func newJobsCmd(a *app) *cobra.Command {
 		Use:   "jobs [--output table|json]",
 		Short: "List the registered job types and their parameters",
 		Long: `jobs lists the job types this binary has registered, with their parameters
-(name, default, meaning). "parallelism" is reserved: every job type takes it.
+(name, default, meaning). "parallelism" and "state-backend" are reserved: every
+job type takes them.
 
 Parameters are key=value strings; a job type refuses parameters it does not
 declare. "streamctl run JOB" runs one in this process, "streamctl submit JOB" on a

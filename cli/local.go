@@ -20,6 +20,7 @@ import (
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/rpc"
 	"github.com/weirstream/weir/jobmanager"
+	"github.com/weirstream/weir/runtime"
 	"github.com/weirstream/weir/taskmanager"
 )
 
@@ -29,6 +30,8 @@ func newLocalCmd(a *app) *cobra.Command {
 		tms, slots, brokerPort, jms                                int
 		stor                                                       storageFlags
 		savepointAllowed                                           []string
+		stateBackend                                               string
+		stateMem                                                   byteSize
 	)
 	cmd := &cobra.Command{
 		Use:   "local [--broker embedded|HOST:PORT] [--broker-port 9092] [--taskmanagers 2] [--slots 2] [--data-dir DIR] [--ha embedded --jobmanagers N]",
@@ -41,6 +44,10 @@ loopback exactly as separate processes do. Submit jobs to it with
 
 The embedded broker listens on 127.0.0.1:--broker-port (default 9092, Kafka's
 port, so --set brokers=127.0.0.1:9092 reaches it; 0 takes a random port).
+
+--state-backend sets the state backend of the jobs submitted without one
+(submit --state-backend wins), --state-memory each task manager's memory budget
+for the pebble state backend.
 
 --data-dir keeps the embedded broker's data (DIR/broker) and the job manager's
 jobs and checkpoints (DIR/jobmanager): started again on the same directory (and
@@ -69,6 +76,14 @@ cancelled).`,
 			}
 			if slots < 1 {
 				return flagError(cmd, fmt.Errorf("--slots %d must be at least 1", slots))
+			}
+			var backendOpts []jobmanager.Opt
+			if stateBackend != "" {
+				k, err := runtime.ParseStateBackend(stateBackend)
+				if err != nil {
+					return flagError(cmd, fmt.Errorf("--state-backend: %w", err))
+				}
+				backendOpts = append(backendOpts, jobmanager.DefaultStateBackend(k))
 			}
 			for _, addr := range []string{listen, httpAddr, metricsAddr} {
 				if addr == "" {
@@ -173,7 +188,7 @@ cancelled).`,
 				addrs := make(chan string, 1)
 				running++
 				go func() {
-					jmDone <- a.runJobManager(ctx, log.Named(name), l, h, jmDir, jmSecurity{savepointAllowed: allowed}, func(addr string) { addrs <- addr }, append(st.jobManagerOpts(), extra...)...)
+					jmDone <- a.runJobManager(ctx, log.Named(name), l, h, jmDir, jmSecurity{savepointAllowed: allowed}, func(addr string) { addrs <- addr }, append(append(st.jobManagerOpts(), backendOpts...), extra...)...)
 				}()
 				select {
 				case addr := <-addrs:
@@ -194,7 +209,8 @@ cancelled).`,
 				}
 			}
 			jmAddr := strings.Join(jmAddrs, ",")
-			tmOpts := []taskmanager.Opt{taskmanager.Slots(slots), taskmanager.Jobs(a.reg), taskmanager.Failpoints(fp)}
+			tmOpts := []taskmanager.Opt{taskmanager.Slots(slots), taskmanager.Jobs(a.reg), taskmanager.Failpoints(fp),
+				taskmanager.StateMemory(int64(stateMem))}
 			if st.url != "" {
 				tmOpts = append(tmOpts, taskmanager.CheckpointStorage(st.url, st.opts...))
 			}
@@ -233,6 +249,8 @@ cancelled).`,
 	f.StringVar(&metricsAddr, "metrics", "", "HTTP address of the task managers' Prometheus /metrics (default: none)")
 	f.StringVar(&haMode, "ha", "standalone", `"standalone" (one job manager) or "embedded" (an etcd in this process and --jobmanagers job managers electing a leader, as --ha etcd does)`)
 	f.IntVar(&jms, "jobmanagers", 1, "job managers to run (more than one needs --ha embedded)")
+	f.StringVar(&stateBackend, "state-backend", "", `state backend of the jobs submitted without one: "heap" or "pebble" (default: heap)`)
+	addStateMemory(cmd, &stateMem)
 	addSavepointAllowed(cmd, &savepointAllowed, "--data-dir")
 	stor.add(cmd, true)
 	return cmd

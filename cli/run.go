@@ -28,11 +28,12 @@ const jobIDFile = "job-id"
 
 func newRunCmd(a *app) *cobra.Command {
 	var (
-		jf     jobFlags
-		dir    string
-		from   savepointStart
-		retain runRetain
-		stor   storageFlags
+		jf       jobFlags
+		dir      string
+		from     savepointStart
+		retain   runRetain
+		stor     storageFlags
+		stateMem byteSize
 	)
 	cmd := &cobra.Command{
 		Use:   "run JOB [--parallelism N] [--checkpoint-interval DUR] [--checkpoint-dir DIR] [--set key=value]... [--from-savepoint PATH [--allow-non-restored-state]] [--retain-on-cancel [--savepoint-dir DIR]]",
@@ -67,7 +68,10 @@ under --checkpoint-dir's "retained", and its path printed ("retained
 checkpoint: PATH"); run --from-savepoint PATH continues the job from it.
 
 --parallelism sets the job's default parallelism (the reserved parameter
-"parallelism"; 0 keeps the job type's). A bounded job ends when its input does;
+"parallelism"; 0 keeps the job type's). --state-backend pebble keeps the job's
+keyed state and timers in pebble instances under --checkpoint-dir's "state"
+(emptied at start; else a temporary directory), in at most --state-memory of memory, rather than on the Go heap (see
+docs/guide/state-backends.md); checkpoints and savepoints are the same on both. A bounded job ends when its input does;
 a streaming one runs until SIGINT/SIGTERM, which cancels it cleanly (its open
 transactions are aborted, its held share records released).`,
 		Args: cobra.ExactArgs(1),
@@ -87,7 +91,8 @@ transactions are aborted, its held share records released).`,
 			if err != nil {
 				return err
 			}
-			opts := []runtime.ClusterOpt{runtime.Logger(log), runtime.CheckpointInterval(jf.interval), runtime.Failpoints(fp)}
+			opts := []runtime.ClusterOpt{runtime.Logger(log), runtime.CheckpointInterval(jf.interval), runtime.Failpoints(fp),
+				runtime.StateMemoryLimit(int64(stateMem))}
 			if jf.timeout > 0 {
 				opts = append(opts, runtime.CheckpointTimeout(jf.timeout))
 			}
@@ -109,6 +114,9 @@ transactions are aborted, its held share records released).`,
 				return err
 			}
 			opts = append(opts, runtime.JobID(id))
+			if dir != "" {
+				opts = append(opts, runtime.StateMemoryDir(filepath.Join(dir, "state")))
+			}
 			// The store is this command's, so that a cancelled job's latest
 			// checkpoint can be retained after the job ended.
 			store, err := openRunStore(dir, log)
@@ -152,6 +160,7 @@ transactions are aborted, its held share records released).`,
 	jf.add(cmd)
 	cmd.Flags().StringVar(&dir, "checkpoint-dir", "", "directory for completed checkpoints (created); restarting on it continues the job")
 	stor.add(cmd, false)
+	addStateMemory(cmd, &stateMem)
 	from.add(cmd, "in this process")
 	cmd.Flags().BoolVar(&retain.on, "retain-on-cancel", false,
 		"when the job is cancelled (SIGINT/SIGTERM), write its latest completed checkpoint out as a savepoint (under --savepoint-dir, else CHECKPOINT_DIR/retained) and print its path")
@@ -206,14 +215,16 @@ func openRunStore(checkpointDir string, log *zap.Logger) (*checkpoint.Store, err
 
 // jobFlags are the flags of the commands that start a job (run, submit).
 type jobFlags struct {
-	parallelism int
-	interval    time.Duration
-	timeout     time.Duration
-	sets        []string
+	parallelism  int
+	stateBackend string
+	interval     time.Duration
+	timeout      time.Duration
+	sets         []string
 }
 
 func (j *jobFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&j.parallelism, "parallelism", 0, "default parallelism of the job's operators (0: the job type's)")
+	cmd.Flags().StringVar(&j.stateBackend, "state-backend", "", `where the job's keyed state lives: "heap" or "pebble" (the reserved parameter "state-backend"; default: heap)`)
 	cmd.Flags().DurationVar(&j.interval, "checkpoint-interval", time.Second, "checkpoint trigger period, a whole number of milliseconds; also the least pause between two checkpoints")
 	cmd.Flags().DurationVar(&j.timeout, "checkpoint-timeout", 0,
 		"how long one of the job's checkpoints may take before it expires (0: the job manager's --checkpoint-timeout; run: "+runtime.DefaultCheckpointTimeout.String()+")")
@@ -235,6 +246,16 @@ func (j *jobFlags) params(cmd *cobra.Command) (map[string]string, error) {
 			return nil, flagError(cmd, fmt.Errorf("--parallelism %d and --set parallelism=%s disagree", j.parallelism, v))
 		}
 		params[runtime.ParamParallelism] = strconv.Itoa(j.parallelism)
+	}
+	if j.stateBackend != "" {
+		k, err := runtime.ParseStateBackend(j.stateBackend)
+		if err != nil {
+			return nil, flagError(cmd, fmt.Errorf("--state-backend: %w", err))
+		}
+		if v, ok := params[runtime.ParamStateBackend]; ok && v != string(k) {
+			return nil, flagError(cmd, fmt.Errorf("--state-backend %s and --set %s=%s disagree", k, runtime.ParamStateBackend, v))
+		}
+		params[runtime.ParamStateBackend] = string(k)
 	}
 	if j.interval <= 0 {
 		return nil, flagError(cmd, fmt.Errorf("--checkpoint-interval %v must be positive", j.interval))

@@ -77,3 +77,27 @@ func TestStatusShowsWhenARestartingJobsNextAttemptStarts(t *testing.T) {
 		})
 	}
 }
+
+// status shows the job's state backend: a line under the table and
+// state_backend in --output json.
+func TestStatusShowsTheJobsStateBackend(t *testing.T) {
+	st := &weirpb.JobStatus{Id: "0123456789abcdef0123456789abcdef", Name: "wordcount", State: "RUNNING", StateBackend: "pebble"}
+	var buf bytes.Buffer
+	if err := printJobs(&buf, "table", []*weirpb.JobStatus{st}, true); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "state backend: pebble\n") {
+		t.Errorf("status table %q lacks the state backend", buf.String())
+	}
+	buf.Reset()
+	if err := printJobs(&buf, "json", []*weirpb.JobStatus{st}, true); err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc["state_backend"] != "pebble" {
+		t.Errorf("state_backend %v, want pebble: %s", doc["state_backend"], buf.String())
+	}
+}

@@ -551,6 +551,13 @@ func (s *Server) Submit(ctx context.Context, jobType string, params map[string]s
 			return "", err
 		}
 	}
+	if k := s.cfg.stateBackend; k != "" && params[runtime.ParamStateBackend] == "" {
+		params = maps.Clone(params)
+		if params == nil {
+			params = map[string]string{}
+		}
+		params[runtime.ParamStateBackend] = string(k)
+	}
 	job, err := s.cfg.jobs.Build(jobType, params)
 	if err != nil {
 		return "", err
@@ -819,7 +826,8 @@ func (s *Server) toStatus(r JobRecord, last checkpoint.ID) *weirpb.JobStatus {
 		LastCompletedCheckpoint: uint64(last), Error: r.Error, Params: r.Params, SubmittedUnixMs: r.SubmittedUnixMs,
 		RestartStrategy: restartStrategyInForce(r.RestartStrategy), CheckpointIntervalMs: r.CheckpointIntervalMs, RestoredFromCheckpoint: uint64(r.RestoredFrom),
 		RecordsIn: r.Records.In, RecordsOut: r.Records.Out, JobType: r.Type, Waiting: r.Waiting, RetainedSavepoint: r.RetainedSavepoint,
-		CheckpointTimeoutMs: s.cpTimeout(r).Milliseconds(), NextAttemptUnixMs: r.NextAttemptUnixMs}
+		CheckpointTimeoutMs: s.cpTimeout(r).Milliseconds(), NextAttemptUnixMs: r.NextAttemptUnixMs,
+		StateBackend: stateBackendOf(r.Params)}
 	if e := r.LastException(); e != nil {
 		st.LastFailure = &weirpb.JobFailure{UnixMs: e.UnixMs, Message: e.Message, Task: e.Task, TaskManager: e.TaskManager, Restarted: e.Restarted}
 	}
@@ -878,4 +886,13 @@ func (s *Server) ListCheckpoints(ctx context.Context, req *weirpb.ListCheckpoint
 	}
 	sort.Slice(out.Checkpoints, func(i, j int) bool { return out.Checkpoints[i].Id > out.Checkpoints[j].Id })
 	return out, nil
+}
+
+// stateBackendOf is the state backend a job's parameters choose.
+func stateBackendOf(params map[string]string) string {
+	k, err := runtime.ParseStateBackend(params[runtime.ParamStateBackend])
+	if err != nil {
+		return params[runtime.ParamStateBackend]
+	}
+	return string(k)
 }

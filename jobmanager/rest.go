@@ -357,6 +357,7 @@ type jobDetails struct {
 	Params                  map[string]string `json:"params"`
 	CheckpointIntervalMs    int64             `json:"checkpoint_interval_ms"`
 	RestartStrategy         string            `json:"restart_strategy"`
+	StateBackend            string            `json:"state_backend"`
 }
 
 func (s *Server) restJob(w http.ResponseWriter, r *http.Request) {
@@ -385,7 +386,8 @@ func (s *Server) details(rec JobRecord, last checkpoint.ID) jobDetails {
 		Restarts: rec.Restarts, LastCompletedCheckpoint: uint64(last), RestoredFromCheckpoint: uint64(rec.RestoredFrom),
 		RecordsIn: rec.Records.In, RecordsOut: rec.Records.Out, Error: rec.Error, Params: rec.Params,
 		CheckpointIntervalMs: rec.CheckpointIntervalMs, RestartStrategy: restartStrategyInForce(rec.RestartStrategy),
-		Vertices: []vertexInfo{}, StatusCounts: stateCounts(), Plan: jobPlan{ID: rec.ID, Name: rec.DisplayName(), Type: "STREAMING", Nodes: []planNode{}},
+		StateBackend: stateBackendOf(rec.Params),
+		Vertices:     []vertexInfo{}, StatusCounts: stateCounts(), Plan: jobPlan{ID: rec.ID, Name: rec.DisplayName(), Type: "STREAMING", Nodes: []planNode{}},
 		Timestamps: map[string]int64{}, LastModification: cmp.Or(rec.ChangedUnixMs, rec.SubmittedUnixMs)}
 	for _, st := range jobStates {
 		d.Timestamps[st] = 0

@@ -98,6 +98,16 @@ type cfg struct {
 	orphanGrace time.Duration
 	// cpTimeout is how long a checkpoint may take before it expires.
 	cpTimeout time.Duration
+	// stateBackend is the state backend of a job submitted without one
+	// ("": the heap).
+	stateBackend runtime.StateBackendKind
+}
+
+// DefaultStateBackend sets the state backend of jobs submitted without
+// the reserved parameter runtime.ParamStateBackend (default
+// runtime.HeapState); streamctl local --state-backend.
+func DefaultStateBackend(k runtime.StateBackendKind) Opt {
+	return optFunc(func(c *cfg) { c.stateBackend = k })
 }
 
 // CheckpointTimeout sets how long a checkpoint of any job may take from its

@@ -87,6 +87,11 @@ type OperatorContext struct {
 	// metrics registers the operator's own metrics (OperatorContext.Metrics).
 	metrics Metrics
 
+	// stateBackend is where a keyed operator keeps its state; stateMem
+	// is the task manager's memory for the pebble backend.
+	stateBackend StateBackendKind
+	stateMem     *StateMemory
+
 	// records counts what a source emitted or a sink wrote (Deployed.Counts);
 	// in a deployment it is the task's records in (source) or out (sink).
 	records *atomic.Int64
@@ -225,6 +230,7 @@ type Job struct {
 	name           string
 	parallelism    int
 	maxParallelism int
+	stateBackend   StateBackendKind
 	nodes          []*node
 	err            error
 }

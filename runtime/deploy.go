@@ -148,6 +148,9 @@ type DeploySpec struct {
 	// rather than reusing the references of unchanged ones (no
 	// incremental checkpoints).
 	FullUploads bool
+	// StateMemory is the task manager's memory and directory for jobs on
+	// the pebble state backend (nil: such a job fails to start here).
+	StateMemory *StateMemory
 }
 
 // ErrRemoteEdge is wrapped by Deploy's error when records of a type that
@@ -374,7 +377,8 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				oc := &OperatorContext{Job: d.spec.JobID, Name: n.name, UID: n.uid, Subtask: sub,
 					Parallelism: n.parallelism, Attempt: d.spec.Attempt, Logger: d.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
 					Failpoints: d.spec.Failpoints, RequestCheckpoint: d.rep.RequestCheckpoint, RestartCause: d.spec.RestartCause,
-					metrics: &operatorMetrics{reg: &d.metrics, operator: n.name, subtask: sub}, now: t.now}
+					metrics: &operatorMetrics{reg: &d.metrics, operator: n.name, subtask: sub}, now: t.now,
+					stateBackend: d.p.job.stateBackend, stateMem: d.spec.StateMemory}
 				if n == tail {
 					oc.sides = sides
 				}

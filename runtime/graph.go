@@ -40,8 +40,11 @@ type node struct {
 	parallelism int
 	kind        nodeKind
 	keyed       bool
-	inputs      []*edge
-	outputs     []*edge
+	// broadcastState: the operator state is broadcast state, one full
+	// copy per subtask (OperatorLayout.BroadcastState).
+	broadcastState bool
+	inputs         []*edge
+	outputs        []*edge
 	// newInstance creates the operator of one subtask; out is the typed
 	// pushFn of its output (nil for sinks).
 	newInstance func(oc *OperatorContext, out any) (instance, error)
@@ -162,6 +165,9 @@ func compile(j *Job) (*plan, error) {
 	if j.maxParallelism < 1 || j.maxParallelism > 1<<15 {
 		return nil, fmt.Errorf("%w: max parallelism %d out of [1, 32768]", ErrInvalidJob, j.maxParallelism)
 	}
+	if _, err := ParseStateBackend(string(j.stateBackend)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidJob, err)
+	}
 	uids := map[string]string{}
 	var sources int
 	for _, n := range j.nodes {
@@ -207,7 +213,7 @@ func compile(j *Job) (*plan, error) {
 func (p *plan) layout() []OperatorLayout {
 	var ops []OperatorLayout
 	for _, n := range p.job.nodes {
-		l := OperatorLayout{UID: n.uid, Parallelism: n.parallelism}
+		l := OperatorLayout{UID: n.uid, Parallelism: n.parallelism, BroadcastState: n.broadcastState}
 		if n.keyed {
 			l.MaxParallelism = p.job.maxParallelism
 		}
@@ -290,4 +296,18 @@ func (j *Job) Graph() (Graph, error) {
 		}
 	}
 	return g, nil
+}
+
+// keyedSubtasks counts the keyed operator subtasks of the job (at least
+// 1): the pebble instances of a job on the pebble state backend.
+func (p *plan) keyedSubtasks() int {
+	n := 0
+	for _, v := range p.vertices {
+		for _, nd := range v.nodes {
+			if nd.keyed {
+				n += v.parallelism
+			}
+		}
+	}
+	return max(n, 1)
 }

@@ -96,7 +96,7 @@ func NewOperatorHarness[U any](ctx context.Context, s *Stream[U], cfg HarnessCon
 	h := &OperatorHarness{n: n, maxPar: j.maxParallelism, sub: cfg.Subtask, par: cfg.Parallelism, wm: MinWatermark}
 	var restore *SubtaskState
 	if cfg.Restore != nil {
-		layout := OperatorLayout{UID: n.uid, Parallelism: cfg.Parallelism}
+		layout := OperatorLayout{UID: n.uid, Parallelism: cfg.Parallelism, BroadcastState: n.broadcastState}
 		if n.keyed {
 			layout.MaxParallelism = j.maxParallelism
 		}
@@ -326,7 +326,10 @@ func (h *OperatorHarness) UID() string { return h.n.uid }
 
 // dumpState implements OperatorHarness.KeyedState.
 func (k *keyedInstance[K, T, U]) dumpState(emit func(StateRecord) error) error {
-	blobs := k.backend.snapshot()()
+	blobs, err := k.backend.snapshot()()
+	if err != nil {
+		return err
+	}
 	kgs := make([]int, 0, len(blobs))
 	for kg := range blobs {
 		kgs = append(kgs, kg)

@@ -361,8 +361,7 @@ func (k *keyedInstance[K, T, U]) nextProcessingTime() (ts int64, ok, changed boo
 }
 
 func (k *keyedInstance[K, T, U]) snapshot(context.Context, checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
-	enc := k.backend.snapshot()
-	return checkpoint.OperatorSnapshot{MaxParallelism: k.maxPar}, func() (map[int][]byte, error) { return enc(), nil }, nil
+	return checkpoint.OperatorSnapshot{MaxParallelism: k.maxPar}, k.backend.snapshot(), nil
 }
 
 func (k *keyedInstance[K, T, U]) restore(r *SubtaskState) error {
@@ -378,6 +377,18 @@ func (k *keyedInstance[K, T, U]) restore(r *SubtaskState) error {
 }
 
 func (k *keyedInstance[K, T, U]) open(ctx context.Context) error {
+	if k.oc.stateBackend == PebbleState {
+		if k.oc.stateMem == nil {
+			return Unrecoverable(fmt.Errorf("%s: the pebble state backend needs the task manager's state memory", k.name))
+		}
+		p, err := k.oc.stateMem.openInstance(fmt.Sprintf("%s-%s-%d", k.oc.Job, k.oc.UID, k.oc.Subtask), k.maxPar)
+		if err != nil {
+			return fmt.Errorf("%s: %w", k.name, err)
+		}
+		k.backend.usePebble(p)
+		k.oc.Metrics().Gauge("stateSizeOnDiskBytes", "Size on disk of the operator subtask's pebble state instance.",
+			func() float64 { return float64(p.diskUsage()) })
+	}
 	st := &StateRegistry[K]{b: k.backend, oc: k.oc}
 	if k.fn.proc != nil {
 		t, err := NewTimers[struct{}](st, "", Codec[struct{}](voidCodec{}))
@@ -395,5 +406,5 @@ func (k *keyedInstance[K, T, U]) notify(ctx context.Context, id checkpoint.ID, c
 	return notifyListener(ctx, k.fn.user(), id, complete)
 }
 
-func (k *keyedInstance[K, T, U]) close() error { return nil }
+func (k *keyedInstance[K, T, U]) close() error { return k.backend.close() }
 func (k *keyedInstance[K, T, U]) user() any    { return k.fn.user() }

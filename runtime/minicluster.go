@@ -96,6 +96,9 @@ type clusterCfg struct {
 	allowNonRestored  bool
 	startFrom         *checkpoint.Completed
 	deployer          Deployer
+	stateBudget       int64        // StateMemoryLimit
+	stateDir          string       // StateMemoryDir
+	stateMem          *StateMemory // the run's, for a job on the pebble state backend
 	suspend           context.Context
 	onRestart         func(restarts int, err error)
 	onRestore         func(attempt int, from checkpoint.ID)
@@ -662,6 +665,18 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 	if cfg.jobID == "" {
 		cfg.jobID = job.name
 	}
+	if job.StateBackendOf() == PebbleState && cfg.deployer == nil {
+		memOpts := []StateMemoryOpt{StateMemoryBudget(cfg.stateBudget), StateSlots(p.keyedSubtasks()), StateLogger(cfg.log)}
+		if cfg.stateDir != "" {
+			memOpts = append(memOpts, StateDir(cfg.stateDir))
+		}
+		mem, err := NewStateMemory(memOpts...)
+		if err != nil {
+			return Result{}, err
+		}
+		defer mem.Close()
+		cfg.stateMem = mem
+	}
 	store := cfg.store
 	if store == nil {
 		dir, opts := cfg.storeDir, []checkpoint.StoreOpt{checkpoint.WithLogger(cfg.log)}
@@ -862,7 +877,7 @@ func (m *MiniCluster) end(ctx context.Context, cfg clusterCfg, store CheckpointS
 	}
 	d, err := deploy(ctx, p, DeploySpec{JobID: cfg.jobID, Attempt: attempt, Restore: restore, LastCompleted: restore.From,
 		BatchSize: cfg.batchSize, ChannelCapacity: cfg.channelCap, Logger: cfg.log,
-		Storage: cfg.stateStorage, StorageURL: cfg.stateStorageURL, InlineLimit: cfg.inlineLimit}, nil, endReports{})
+		Storage: cfg.stateStorage, StorageURL: cfg.stateStorageURL, InlineLimit: cfg.inlineLimit, StateMemory: cfg.stateMem}, nil, endReports{})
 	if err != nil {
 		return restore.From, err
 	}
@@ -931,6 +946,21 @@ type Deployer interface {
 // Run): its operators are built here, and must reach what they end (the
 // brokers).
 func Deployment(d Deployer) ClusterOpt { return clusterOpt(func(c *clusterCfg) { c.deployer = d }) }
+
+// StateMemoryLimit is the memory budget in bytes of a job on the pebble
+// state backend run in this process (default DefaultStateMemory()): its
+// keyed operators' pebble instances live in a temporary directory the run
+// removes when it ends.
+func StateMemoryLimit(bytes int64) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.stateBudget = bytes })
+}
+
+// StateMemoryDir puts the pebble instances of a job on the pebble state
+// backend in dir, emptied when the run starts (default: a temporary
+// directory removed when the run ends).
+func StateMemoryDir(dir string) ClusterOpt {
+	return clusterOpt(func(c *clusterCfg) { c.stateDir = dir })
+}
 
 // localDeployer deploys every task of a plan in this process.
 type localDeployer struct{ p *plan }
@@ -1018,7 +1048,8 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	dep, err := a.deployer.Deploy(ctx, DeploySpec{JobID: a.cfg.jobID, Attempt: a.n, Restore: restore,
 		LastCompleted: restore.From, RestartCause: a.cause, BatchSize: a.cfg.batchSize,
 		ChannelCapacity: a.cfg.channelCap, Logger: a.cfg.log, Failpoints: a.cfg.fp,
-		Storage: a.cfg.stateStorage, StorageURL: a.cfg.stateStorageURL, InlineLimit: a.cfg.inlineLimit, FullUploads: a.cfg.fullUploads}, a)
+		Storage: a.cfg.stateStorage, StorageURL: a.cfg.stateStorageURL, InlineLimit: a.cfg.inlineLimit, FullUploads: a.cfg.fullUploads,
+		StateMemory: a.cfg.stateMem}, a)
 	stopDeploy()
 	if err != nil {
 		if errors.Is(context.Cause(ctx), ErrJobCanceled) {

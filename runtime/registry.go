@@ -47,20 +47,35 @@ type Params map[string]string
 // it and passes p.JobOpts() to NewJob.
 const ParamParallelism = "parallelism"
 
+// ParamStateBackend is the reserved parameter carrying the job's state
+// backend, "heap" or "pebble" (streamctl run|submit --state-backend); like
+// ParamParallelism a JobType need not declare it: p.JobOpts() applies it.
+const ParamStateBackend = "state-backend"
+
+// reservedParam says whether every job type takes the parameter.
+func reservedParam(name string) bool { return name == ParamParallelism || name == ParamStateBackend }
+
 // JobOpts returns the job options the reserved parameters ask for.
 func (p Params) JobOpts() ([]JobOpt, error) {
-	v, ok := p[ParamParallelism]
-	if !ok || v == "" {
-		return nil, nil
+	var opts []JobOpt
+	if v, ok := p[ParamParallelism]; ok && v != "" {
+		n, err := p.Int(ParamParallelism)
+		if err != nil {
+			return nil, err
+		}
+		if n < 1 {
+			return nil, fmt.Errorf("%w: %s=%d must be at least 1", ErrBadParam, ParamParallelism, n)
+		}
+		opts = append(opts, DefaultParallelism(n))
 	}
-	n, err := p.Int(ParamParallelism)
-	if err != nil {
-		return nil, err
+	if v, ok := p[ParamStateBackend]; ok && v != "" {
+		k, err := ParseStateBackend(v)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrBadParam, ParamStateBackend, err)
+		}
+		opts = append(opts, StateBackend(k))
 	}
-	if n < 1 {
-		return nil, fmt.Errorf("%w: %s=%d must be at least 1", ErrBadParam, ParamParallelism, n)
-	}
-	return []JobOpt{DefaultParallelism(n)}, nil
+	return opts, nil
 }
 
 // String returns the parameter's value.
@@ -168,7 +183,7 @@ func (r *Registry) params(name string, params map[string]string) (JobType, Param
 		p[s.Name] = s.Default
 	}
 	for k, v := range params {
-		if !known[k] && k != ParamParallelism {
+		if !known[k] && !reservedParam(k) {
 			return JobType{}, nil, fmt.Errorf("%w: job %q has no parameter %q", ErrBadParam, name, k)
 		}
 		p[k] = v

@@ -41,6 +41,12 @@ type OperatorLayout struct {
 	// Union: the operator's state is union list state (UnionState): every
 	// subtask restores every entry.
 	Union bool
+	// BroadcastState says that the operator state is broadcast state
+	// (ProcessBroadcast): every subtask holds the same entries, so each
+	// subtask restores the entries of one subtask of the checkpoint
+	// (subtask i those of subtask i modulo the checkpoint's parallelism)
+	// instead of a share of all of them.
+	BroadcastState bool
 }
 
 // SubtaskState is the part of a checkpoint assigned to one operator subtask.
@@ -126,7 +132,9 @@ func (a *StateAssignment) handleCount() int {
 //     state entries of subtask i; at another parallelism, the entries of all
 //     subtasks are dealt round-robin (so operator state must be a list of
 //     independent entries). An operator with union state (UnionState) gets
-//     every entry in every subtask. Keyed state moves by key group.
+//     every entry in every subtask; broadcast state
+//     (OperatorLayout.BroadcastState) gets the entries of one subtask in
+//     every subtask. Keyed state moves by key group.
 //   - Every subtask of an operator gets every completed transaction of the
 //     operator (the restored checkpoint's and the skipped ones'), so that
 //     whichever subtask fences or reuses transactional ids first has
@@ -229,6 +237,14 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 		}
 		same := len(snaps) == op.Parallelism
 		var k int
+		if op.BroadcastState && len(snaps) > 0 {
+			for i, sub := range subs {
+				s := snaps[i%len(snaps)]
+				sub.Entries = append(sub.Entries, s.State...)
+				sub.EntryRefs = append(sub.EntryRefs, s.StateRefs...)
+			}
+			snaps = nil // the entries are dealt; the key groups were gathered above
+		}
 		for _, s := range snaps {
 			for _, e := range s.State {
 				dst := k % op.Parallelism

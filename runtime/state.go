@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -11,15 +12,7 @@ import (
 // processed. Values are stored by value: a value that holds pointers, slices
 // or maps must not be changed after Update (snapshots may still read it).
 type ValueState[T any] struct {
-	s cell[T]
-}
-
-// cell is the current key's slot of one state, whatever the key type.
-type cell[V any] interface {
-	get() (V, bool)
-	getForWrite() (V, bool)
-	put(V)
-	del()
+	s valueStore[T]
 }
 
 // Value returns the current key's value and whether it is set.
@@ -33,57 +26,27 @@ func (v *ValueState[T]) Clear() { v.s.del() }
 
 // MapState is a map per key, scoped to the key of the record being processed.
 type MapState[UK comparable, UV any] struct {
-	s cell[map[UK]UV]
+	s mapStore[UK, UV]
 }
 
 // Get returns the current key's value for uk.
-func (m *MapState[UK, UV]) Get(uk UK) (UV, bool) {
-	mm, _ := m.s.get()
-	v, ok := mm[uk]
-	return v, ok
-}
+func (m *MapState[UK, UV]) Get(uk UK) (UV, bool) { return m.s.get(uk) }
 
 // Put sets the current key's value for uk.
-func (m *MapState[UK, UV]) Put(uk UK, uv UV) {
-	mm, _ := m.s.getForWrite()
-	if mm == nil {
-		mm = make(map[UK]UV)
-	}
-	mm[uk] = uv
-	m.s.put(mm)
-}
+func (m *MapState[UK, UV]) Put(uk UK, uv UV) { m.s.put(uk, uv) }
 
 // Delete removes uk from the current key's map.
-func (m *MapState[UK, UV]) Delete(uk UK) {
-	mm, ok := m.s.getForWrite()
-	if !ok {
-		return
-	}
-	delete(mm, uk)
-	if len(mm) == 0 {
-		m.s.del()
-	}
-}
+func (m *MapState[UK, UV]) Delete(uk UK) { m.s.remove(uk) }
 
 // Range calls fn for each entry of the current key's map until it returns
 // false. The map must not be changed from fn.
-func (m *MapState[UK, UV]) Range(fn func(UK, UV) bool) {
-	mm, _ := m.s.get()
-	for k, v := range mm {
-		if !fn(k, v) {
-			return
-		}
-	}
-}
+func (m *MapState[UK, UV]) Range(fn func(UK, UV) bool) { m.s.each(fn) }
 
 // Len is the number of entries of the current key's map.
-func (m *MapState[UK, UV]) Len() int {
-	mm, _ := m.s.get()
-	return len(mm)
-}
+func (m *MapState[UK, UV]) Len() int { return m.s.len() }
 
 // Clear removes the current key's map.
-func (m *MapState[UK, UV]) Clear() { m.s.del() }
+func (m *MapState[UK, UV]) Clear() { m.s.clear() }
 
 // keyScope is the current key of a keyed operator, shared by its states.
 // gen changes with every record (setKey), so that a state can keep where it
@@ -105,9 +68,10 @@ type stateSnapshotter interface {
 	name() string
 	// freeze marks every key group copy-on-write and returns a function that
 	// encodes them; it may run on another goroutine while processing goes on.
-	freeze() func() map[int][]byte
+	freeze() func() (map[int][]byte, error)
 	restore(kg int, b []byte) error
-	stateDumper
+	// close releases what the state holds outside the Go heap.
+	close() error
 }
 
 // stateEntry is one key's value of one state.
@@ -148,6 +112,10 @@ type keyedStore[K comparable, V any] struct {
 	entries func(v V, fn func(k, v any) error) error
 	at      int32 // position of scope.key in its group, -1 absent; valid while atGen == scope.gen
 	atGen   uint64
+	// filter, if set, is called by freeze; what it returns maps every
+	// entry's value to what the snapshot writes, or drops it (a state with
+	// TTL drops expired values, state_ttl.go).
+	filter func() func(V) (V, bool)
 }
 
 func (s *keyedStore[K, V]) name() string { return s.stateName }
@@ -253,7 +221,9 @@ func (s *keyedStore[K, V]) del() {
 	s.at = -1
 }
 
-func (s *keyedStore[K, V]) freeze() func() map[int][]byte {
+func (s *keyedStore[K, V]) close() error { return nil }
+
+func (s *keyedStore[K, V]) freeze() func() (map[int][]byte, error) {
 	frozen := make(map[int][]stateEntry[K, V], len(s.groups))
 	for kg, g := range s.groups {
 		if g == nil || len(g.ents) == 0 {
@@ -262,10 +232,25 @@ func (s *keyedStore[K, V]) freeze() func() map[int][]byte {
 		g.shared = true
 		frozen[kg] = g.ents[:len(g.ents):len(g.ents)]
 	}
-	return func() map[int][]byte {
+	var keep func(V) (V, bool)
+	if s.filter != nil {
+		keep = s.filter()
+	}
+	return func() (map[int][]byte, error) {
 		out := make(map[int][]byte, len(frozen))
 		var kb, vb []byte
 		for kg, ents := range frozen {
+			if keep != nil {
+				kept := make([]stateEntry[K, V], 0, len(ents))
+				for _, e := range ents {
+					if v, ok := keep(e.val); ok {
+						kept = append(kept, stateEntry[K, V]{key: e.key, val: v})
+					}
+				}
+				if ents = kept; len(ents) == 0 {
+					continue
+				}
+			}
 			b := binary.AppendUvarint(nil, uint64(len(ents)))
 			for _, e := range ents {
 				kb = s.keyCodec.Append(kb[:0], e.key)
@@ -275,7 +260,7 @@ func (s *keyedStore[K, V]) freeze() func() map[int][]byte {
 			}
 			out[kg] = b
 		}
-		return out
+		return out, nil
 	}
 }
 
@@ -327,6 +312,27 @@ type keyedBackend[K comparable] struct {
 	keyCodec Codec[K]
 	states   []stateSnapshotter
 	restored map[string]map[int][]byte // state name -> key group -> bytes
+	// pebble is the subtask's pebble instance (nil: the heap backend),
+	// pkey the current key encoded for it.
+	pebble *pebbleState
+	pkey   *pebbleKey[K]
+}
+
+// usePebble puts the states declared from now on in p.
+func (b *keyedBackend[K]) usePebble(p *pebbleState) {
+	b.pebble, b.pkey = p, &pebbleKey[K]{scope: &b.scope, codec: b.keyCodec}
+}
+
+// close releases the states and the pebble instance.
+func (b *keyedBackend[K]) close() error {
+	var errs []error
+	for _, s := range b.states {
+		errs = append(errs, s.close())
+	}
+	if b.pebble != nil {
+		errs = append(errs, b.pebble.close())
+	}
+	return errors.Join(errs...)
 }
 
 func newKeyedBackend[K comparable](kc Codec[K], maxPar int) *keyedBackend[K] {
@@ -341,6 +347,9 @@ func (b *keyedBackend[K]) register(s stateSnapshotter) error {
 			return fmt.Errorf("state %q registered twice", s.name())
 		}
 	}
+	if err := b.checkKind(s.name()); err != nil {
+		return err
+	}
 	b.states = append(b.states, s)
 	for kg, blob := range b.restored[s.name()] {
 		if err := s.restore(kg, blob); err != nil {
@@ -353,8 +362,8 @@ func (b *keyedBackend[K]) register(s stateSnapshotter) error {
 
 // snapshot freezes every state and returns the encoder of the key-group
 // blobs. Each key group's blob holds every state of the operator.
-func (b *keyedBackend[K]) snapshot() func() map[int][]byte {
-	encs := make([]func() map[int][]byte, len(b.states))
+func (b *keyedBackend[K]) snapshot() func() (map[int][]byte, error) {
+	encs := make([]func() (map[int][]byte, error), len(b.states))
 	names := make([]string, len(b.states))
 	for i, s := range b.states {
 		encs[i] = s.freeze()
@@ -363,7 +372,7 @@ func (b *keyedBackend[K]) snapshot() func() map[int][]byte {
 	// State restored but never registered again (the job stopped using it)
 	// is carried along so a later version can still read it.
 	carried := b.restored
-	return func() map[int][]byte {
+	return func() (map[int][]byte, error) {
 		perKG := map[int][]byte{}
 		add := func(name string, kg int, blob []byte) {
 			out := perKG[kg]
@@ -371,10 +380,19 @@ func (b *keyedBackend[K]) snapshot() func() map[int][]byte {
 			out = appendFrame(out, blob)
 			perKG[kg] = out
 		}
+		var errs []error
 		for i, enc := range encs {
-			for kg, blob := range enc() {
+			blobs, err := enc()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("state %q: %w", names[i], err))
+				continue
+			}
+			for kg, blob := range blobs {
 				add(names[i], kg, blob)
 			}
+		}
+		if len(errs) > 0 {
+			return nil, errors.Join(errs...)
 		}
 		cn := make([]string, 0, len(carried))
 		for n := range carried {
@@ -386,7 +404,7 @@ func (b *keyedBackend[K]) snapshot() func() map[int][]byte {
 				add(n, kg, blob)
 			}
 		}
-		return perKG
+		return perKG, nil
 	}
 }
 
@@ -425,13 +443,29 @@ type StateRegistry[K comparable] struct {
 func (r *StateRegistry[K]) Metrics() Metrics { return r.oc.Metrics() }
 
 // NewValueState declares a ValueState named name with codec c (nil: DefaultCodec).
-// Declaring the same name twice is an error.
-func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T]) (*ValueState[T], error) {
+// Declaring the same name twice is an error. Options: WithTTL.
+func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T], opts ...StateOpt) (*ValueState[T], error) {
 	if c == nil {
 		if err := CheckDefaultCodec[T](); err != nil {
 			return nil, Unrecoverable(fmt.Errorf("state %q: %w", name, err))
 		}
 		c = DefaultCodec[T]()
+	}
+	if cfg := stateCfgOf(opts); cfg.ttl != nil {
+		return newTTLValueState[T](r, "", name, c, *cfg.ttl)
+	}
+	return newValueState[T](r, name, c)
+}
+
+// newValueState declares a value state stored under name.
+func newValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T]) (*ValueState[T], error) {
+	if p := r.b.pebble; p != nil {
+		s := &pebbleValue[K, T]{st: p, stateName: name, sid: p.stateID(), key: r.b.pkey, codec: c,
+			stateDumper: &keyedStore[K, T]{stateName: name, keyCodec: r.b.keyCodec, valCodec: c}}
+		if err := r.b.register(s); err != nil {
+			return nil, err
+		}
+		return &ValueState[T]{s: s}, nil
 	}
 	s := &keyedStore[K, T]{stateName: name, scope: &r.b.scope, groups: make([]*keyGroupMap[K, T], r.b.maxPar), keyCodec: r.b.keyCodec, valCodec: c}
 	if err := r.b.register(s); err != nil {
@@ -441,8 +475,8 @@ func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Code
 }
 
 // NewMapState declares a MapState named name with codecs for its keys and values
-// (nil: DefaultCodec).
-func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name string, kc Codec[UK], vc Codec[UV]) (*MapState[UK, UV], error) {
+// (nil: DefaultCodec). Options: WithTTL (a time-to-live per entry).
+func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name string, kc Codec[UK], vc Codec[UV], opts ...StateOpt) (*MapState[UK, UV], error) {
 	if kc == nil {
 		if err := CheckDefaultCodec[UK](); err != nil {
 			return nil, Unrecoverable(fmt.Errorf("map state %q keys: %w", name, err))
@@ -455,6 +489,22 @@ func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name 
 		}
 		vc = DefaultCodec[UV]()
 	}
+	if cfg := stateCfgOf(opts); cfg.ttl != nil {
+		return newTTLMapState[UK, UV](r, name, kc, vc, *cfg.ttl)
+	}
+	return newMapState[UK, UV](r, name, kc, vc)
+}
+
+// newMapState declares a map state stored under name.
+func newMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name string, kc Codec[UK], vc Codec[UV]) (*MapState[UK, UV], error) {
+	if p := r.b.pebble; p != nil {
+		s := &pebbleMap[K, UK, UV]{st: p, stateName: name, sid: p.stateID(), key: r.b.pkey, kc: kc, vc: vc,
+			stateDumper: &keyedStore[K, map[UK]UV]{stateName: name, keyCodec: r.b.keyCodec, valCodec: mapCodec[UK, UV]{kc, vc}, entries: mapEntries[UK, UV]}}
+		if err := r.b.register(s); err != nil {
+			return nil, err
+		}
+		return &MapState[UK, UV]{s: s}, nil
+	}
 	s := &keyedStore[K, map[UK]UV]{
 		stateName: name, scope: &r.b.scope, groups: make([]*keyGroupMap[K, map[UK]UV], r.b.maxPar),
 		keyCodec: r.b.keyCodec, valCodec: mapCodec[UK, UV]{kc, vc},
@@ -465,19 +515,22 @@ func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name 
 			}
 			return c
 		},
-		entries: func(m map[UK]UV, fn func(k, v any) error) error {
-			for k, v := range m {
-				if err := fn(k, v); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
+		entries: mapEntries[UK, UV],
 	}
 	if err := r.b.register(s); err != nil {
 		return nil, err
 	}
-	return &MapState[UK, UV]{s: s}, nil
+	return &MapState[UK, UV]{s: heapMap[K, UK, UV]{s}}, nil
+}
+
+// mapEntries calls fn for each entry of m (keyedStore.entries).
+func mapEntries[UK comparable, UV any](m map[UK]UV, fn func(k, v any) error) error {
+	for k, v := range m {
+		if err := fn(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // mapCodec encodes a map as a count and framed key/value pairs.

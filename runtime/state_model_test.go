@@ -27,9 +27,12 @@ type modelStates struct {
 	m *MapState[string, int]
 }
 
-func newModelStates(t *testing.T, maxPar int, restore map[int][]byte) modelStates {
+func newModelStates(t *testing.T, kind StateBackendKind, maxPar int, restore map[int][]byte) modelStates {
 	t.Helper()
 	b := newKeyedBackend[string](DefaultCodec[string](), maxPar)
+	if kind == PebbleState {
+		b.usePebble(testPebbleState(t, maxPar))
+	}
 	for kg, blob := range restore {
 		if err := b.restoreKeyGroup(kg, blob); err != nil {
 			t.Fatal(err)
@@ -54,14 +57,21 @@ func (s modelStates) scope(key string) {
 // Random reads, read-modify-writes, clears and map changes, with snapshots
 // taken in between and encoded only later (as the asynchronous part does):
 // the states always match a plain map, and every snapshot restores what the
-// states held when it was taken, whatever changed after.
+// states held when it was taken, whatever changed after, on either backend
+// (a snapshot of one restores on the other).
 func TestKeyedStateMatchesAModelAcrossSnapshots(t *testing.T) {
+	for _, kind := range []StateBackendKind{HeapState, PebbleState} {
+		t.Run(string(kind), func(t *testing.T) { testKeyedStateModel(t, kind) })
+	}
+}
+
+func testKeyedStateModel(t *testing.T, kind StateBackendKind) {
 	const maxPar = 8
 	r := rand.New(rand.NewPCG(1, 2))
-	s := newModelStates(t, maxPar, nil)
+	s := newModelStates(t, kind, maxPar, nil)
 	model := stateModel{n: map[string]int64{}, m: map[string]map[string]int{}}
 	type pending struct {
-		enc  func() map[int][]byte
+		enc  func() (map[int][]byte, error)
 		want stateModel
 	}
 	var snaps []pending
@@ -104,7 +114,10 @@ func TestKeyedStateMatchesAModelAcrossSnapshots(t *testing.T) {
 		}
 		if len(snaps) > 3 || step == 19999 {
 			for _, p := range snaps {
-				check(t, newModelStates(t, maxPar, p.enc()), keys, p.want)
+				blobs := encoded(t, p.enc)
+				for _, to := range []StateBackendKind{HeapState, PebbleState} {
+					check(t, newModelStates(t, to, maxPar, blobs), keys, p.want)
+				}
 			}
 			snaps = snaps[:0]
 		}

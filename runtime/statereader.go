@@ -116,7 +116,8 @@ const timersPrefix = "\x00timers/"
 func displayStateName(name string) string {
 	svc, ok := strings.CutPrefix(name, timersPrefix)
 	if !ok {
-		return name
+		_, declared := stateKind(name) // a list, reducing, aggregating or TTL state
+		return declared
 	}
 	if svc == "" {
 		return "timers"
@@ -304,7 +305,7 @@ func readEntries(b []byte, fn func(kb, vb []byte) error) error {
 
 func (s *keyedStore[K, V]) dump(kg int, data []byte, emit func(StateRecord) error) error {
 	return readEntries(data, func(kb, vb []byte) error {
-		rec := StateRecord{KeyGroup: kg, State: s.stateName}
+		rec := StateRecord{KeyGroup: kg, State: displayStateName(s.stateName)}
 		key, err := s.keyCodec.Decode(kb)
 		if err != nil {
 			rec.Undecoded, rec.KeyBase64, rec.ValueBase64 = fmt.Sprintf("key codec: %v", err), kb, vb

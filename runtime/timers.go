@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
@@ -55,7 +56,7 @@ type Timers[K comparable, N comparable] struct {
 	host     *timerHost[K]
 	keyCodec Codec[K]
 	nsCodec  Codec[N]
-	q        [2]*timerQueue // by TimeDomain-1
+	q        [2]timerStore // by TimeDomain-1
 	kbuf     []byte
 	obuf     []byte
 }
@@ -72,7 +73,10 @@ func NewTimers[N comparable, K comparable](st *StateRegistry[K], name string, nc
 		nc = DefaultCodec[N]()
 	}
 	t := &Timers[K, N]{svcName: name, host: st.b.timers, keyCodec: st.b.keyCodec, nsCodec: nc,
-		q: [2]*timerQueue{newTimerQueue(), newTimerQueue()}}
+		q: [2]timerStore{heapTimers{newTimerQueue()}, heapTimers{newTimerQueue()}}}
+	if p := st.b.pebble; p != nil {
+		t.q = [2]timerStore{newPebbleTimers(p, name), newPebbleTimers(p, name)}
+	}
 	if err := st.b.register(t); err != nil {
 		return nil, err
 	}
@@ -106,13 +110,13 @@ func (t *Timers[K, N]) RegisterProcessingTimeTimer(ns N, ts int64) {
 // DeleteEventTimeTimer deletes the event-time timer of the current key and
 // ns at ts, if any.
 func (t *Timers[K, N]) DeleteEventTimeTimer(ns N, ts int64) {
-	t.q[EventTime-1].remove(t.owner(ns), ts)
+	t.q[EventTime-1].remove(t.host.scope.kg, t.owner(ns), ts)
 }
 
 // DeleteProcessingTimeTimer deletes the processing-time timer of the
 // current key and ns at ts, if any.
 func (t *Timers[K, N]) DeleteProcessingTimeTimer(ns N, ts int64) {
-	t.q[ProcessingTime-1].remove(t.owner(ns), ts)
+	t.q[ProcessingTime-1].remove(t.host.scope.kg, t.owner(ns), ts)
 }
 
 // CurrentWatermark is the operator's input watermark.
@@ -179,9 +183,17 @@ func (t *Timers[K, N]) nextProcessingTime() (int64, bool) {
 
 func (t *Timers[K, N]) name() string { return "\x00timers/" + t.svcName }
 
-func (t *Timers[K, N]) freeze() func() map[int][]byte {
-	ev, pr := t.q[EventTime-1].byKeyGroup(), t.q[ProcessingTime-1].byKeyGroup()
-	return func() map[int][]byte {
+func (t *Timers[K, N]) freeze() func() (map[int][]byte, error) {
+	evSnap, prSnap := t.q[EventTime-1].snapshot(), t.q[ProcessingTime-1].snapshot()
+	return func() (map[int][]byte, error) {
+		ev, err := evSnap()
+		if err != nil {
+			return nil, err
+		}
+		pr, err := prSnap()
+		if err != nil {
+			return nil, err
+		}
 		out := map[int][]byte{}
 		for kg, ids := range ev {
 			out[kg] = appendTimers(nil, ids, pr[kg])
@@ -191,15 +203,22 @@ func (t *Timers[K, N]) freeze() func() map[int][]byte {
 				out[kg] = appendTimers(nil, nil, ids)
 			}
 		}
-		return out
+		return out, nil
 	}
 }
 
+func (t *Timers[K, N]) close() error {
+	return errors.Join(t.q[0].close(), t.q[1].close())
+}
+
 func (t *Timers[K, N]) restore(kg int, b []byte) error {
+	var errAdd error
 	err := decodeTimers(b, func(d TimeDomain, owner string, ts int64) {
-		t.q[d-1].register(kg, owner, ts)
+		if errAdd == nil {
+			errAdd = t.q[d-1].restored(kg, owner, ts)
+		}
 	})
-	if err != nil {
+	if err = errors.Join(err, errAdd); err != nil {
 		return fmt.Errorf("timers %q key group %d: %w", t.svcName, kg, err)
 	}
 	t.host.procChanged = true

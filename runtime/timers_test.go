@@ -97,8 +97,8 @@ func (s *eventTimeSorter) OnTimer(ctx *KeyedContext[string], ts int64, out Colle
 }
 
 // sortJob sorts cs by event time per key into txns.
-func sortJob(cs []click, srcPar, par int, txns *memTxns, wrap func(func() Source[click]) func() Source[click]) *Job {
-	j := NewJob("sort", DefaultParallelism(par), MaxParallelism(32))
+func sortJob(cs []click, srcPar, par int, txns *memTxns, wrap func(func() Source[click]) func() Source[click], opts ...JobOpt) *Job {
+	j := NewJob("sort", append([]JobOpt{DefaultParallelism(par), MaxParallelism(32)}, opts...)...)
 	src := SliceSource(cs, 1)
 	if wrap != nil {
 		src = wrap(src)

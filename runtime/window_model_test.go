@@ -398,7 +398,7 @@ func TestWindowSnapshotIsTheStateWhenTakenWhateverChangesAfter(t *testing.T) {
 						t.Fatal(err)
 					}
 					restored.keys = h.keys
-					if err := restored.buildAt(1, enc(), event, nil, wm, 0); err != nil {
+					if err := restored.buildAt(1, encoded(t, enc), event, nil, wm, 0); err != nil {
 						t.Fatal(err)
 					}
 					if got := dump(restored); got != want {
@@ -540,7 +540,7 @@ func TestSlidingReduceRestoredFromPanesFiresEveryWindowOfItsDefinition(t *testin
 				if i == n/2 {
 					st := before.subtasks[0]
 					after.keys = before.keys
-					if err := after.buildAt(1, st.b.snapshot()(), st.timers.event, nil, st.timers.wm, 0); err != nil {
+					if err := after.buildAt(1, encoded(t, st.b.snapshot()), st.timers.event, nil, st.timers.wm, 0); err != nil {
 						t.Fatal(err)
 					}
 					h = after

@@ -447,7 +447,11 @@ func (h *windowHarness) rescale(par int) error {
 	event, proc := map[harnessTimer]bool{}, map[harnessTimer]bool{}
 	wm, now := int64(math.MaxInt64), int64(math.MaxInt64)
 	for _, st := range h.subtasks {
-		maps.Copy(blobs, st.b.snapshot()())
+		b, err := st.b.snapshot()()
+		if err != nil {
+			return err
+		}
+		maps.Copy(blobs, b)
 		maps.Copy(event, st.timers.event)
 		maps.Copy(proc, st.timers.proc)
 		wm, now = min(wm, st.timers.wm), min(now, st.timers.now)

@@ -46,6 +46,7 @@ type collector struct {
 	cur                                                *current
 	recordsIn, recordsOut, backPressured, slots, tasks *prometheus.Desc
 	inputWatermark, outputWatermark                    *prometheus.Desc
+	stateBudget, stateOnDisk                           *prometheus.Desc
 }
 
 func newCollector(c *cfg, cur *current) *collector {
@@ -57,7 +58,9 @@ func newCollector(c *cfg, cur *current) *collector {
 		inputWatermark:  prometheus.NewDesc("weir_task_currentInputWatermark", "The task's input watermark (epoch ms): the minimum over its active inputs, its own for a source task; -9223372036854775808 before the first.", taskLabels, nil),
 		outputWatermark: prometheus.NewDesc("weir_task_currentOutputWatermark", "The last watermark the task emitted (epoch ms); -9223372036854775808 before the first.", taskLabels, nil),
 		slots:           prometheus.NewDesc("weir_taskmanager_slots", "Slots the task manager offers.", []string{"taskmanager_id"}, nil),
-		tasks:           prometheus.NewDesc("weir_taskmanager_tasks", "Tasks deployed on the task manager.", []string{"taskmanager_id"}, nil)}
+		tasks:           prometheus.NewDesc("weir_taskmanager_tasks", "Tasks deployed on the task manager.", []string{"taskmanager_id"}, nil),
+		stateBudget:     prometheus.NewDesc("weir_taskmanager_stateMemoryBudgetBytes", "Memory budget of the pebble state backend shared by the task manager's tasks (--state-memory): block cache plus memtables.", []string{"taskmanager_id"}, nil),
+		stateOnDisk:     prometheus.NewDesc("weir_taskmanager_stateSizeOnDiskBytes", "Size on disk of the task manager's pebble state instances (jobs on the pebble state backend).", []string{"taskmanager_id"}, nil)}
 }
 
 func (*collector) Describe(chan<- *prometheus.Desc) {}
@@ -88,6 +91,10 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(m.slots, prometheus.GaugeValue, float64(m.c.slots), m.c.id)
 	ch <- prometheus.MustNewConstMetric(m.tasks, prometheus.GaugeValue, float64(tasks), m.c.id)
+	if mem := m.c.stateMem; mem != nil {
+		ch <- prometheus.MustNewConstMetric(m.stateBudget, prometheus.GaugeValue, float64(mem.Budget()), m.c.id)
+		ch <- prometheus.MustNewConstMetric(m.stateOnDisk, prometheus.GaugeValue, float64(mem.DiskUsage()), m.c.id)
+	}
 }
 
 // collectOperator emits one operator metric, prefixed weir_ and labelled

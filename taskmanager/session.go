@@ -50,6 +50,9 @@ type cfg struct {
 	storageURL   string   // --checkpoint-storage: wins over the job manager's URL
 	storageOpts  []storage.Opt
 	storages     *storages // opened checkpoint storages, by URL
+	stateBudget  int64     // StateMemory (0: runtime.DefaultStateMemory())
+	stateDir     string    // StateDir ("": a temporary directory)
+	stateMem     *runtime.StateMemory
 }
 
 // ErrDeposedLeader is wrapped by the error that ends a session with a job
@@ -80,6 +83,15 @@ func ID(id string) Opt { return optFunc(func(c *cfg) { c.id = id }) }
 
 // Slots sets how many slots the task manager offers (default 2).
 func Slots(n int) Opt { return optFunc(func(c *cfg) { c.slots = n }) }
+
+// StateMemory sets the memory budget in bytes of the pebble state backend,
+// shared by every task of the task manager (default
+// runtime.DefaultStateMemory()); see runtime.StateMemory.
+func StateMemory(bytes int64) Opt { return optFunc(func(c *cfg) { c.stateBudget = bytes }) }
+
+// StateDir sets the directory of the pebble state backend's instances
+// (default: a temporary directory removed when Run returns).
+func StateDir(dir string) Opt { return optFunc(func(c *cfg) { c.stateDir = dir }) }
 
 // DataHost sets the host (name or IP) on which the task manager receives
 // records from other task managers, and which it announces to the job
@@ -213,6 +225,17 @@ func Run(ctx context.Context, addr string, opts ...Opt) error {
 	if c.jobs == nil {
 		c.jobs = runtime.NewRegistry()
 	}
+	memOpts := []runtime.StateMemoryOpt{runtime.StateMemoryBudget(c.stateBudget), runtime.StateSlots(c.slots),
+		runtime.StateLogger(c.log.Named("state"))}
+	if c.stateDir != "" {
+		memOpts = append(memOpts, runtime.StateDir(c.stateDir))
+	}
+	mem, err := runtime.NewStateMemory(memOpts...)
+	if err != nil {
+		return fmt.Errorf("--state-memory: %w", err)
+	}
+	defer mem.Close()
+	c.stateMem = mem
 	c.dataRejects = rpc.NewRejectLog(c.log, refusalLogInterval)
 	c.storages = &storages{opts: c.storageOpts, m: map[string]storage.Storage{}}
 	defer c.storages.close()

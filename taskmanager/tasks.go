@@ -417,7 +417,8 @@ func (d *deployment) build(m *weirpb.DeployTasks) (runtime.Deployed, *Exchange, 
 	spec := runtime.DeploySpec{JobID: m.JobId, Attempt: int(m.Attempt), Tasks: tasks, Restore: restore,
 		LastCompleted: checkpoint.ID(m.LastCompleted), RestartCause: m.RestartCause,
 		BatchSize: int(m.BatchSize), ChannelCapacity: int(m.ChannelCapacity),
-		Logger: c.log.With(zap.String("job", m.JobId)), Failpoints: c.fp, InlineLimit: m.StateInlineLimit}
+		Logger: c.log.With(zap.String("job", m.JobId)), Failpoints: c.fp, InlineLimit: m.StateInlineLimit,
+		StateMemory: c.stateMem}
 	if u := m.CheckpointStorage; u != "" {
 		if c.storageURL != "" {
 			u = c.storageURL

@@ -43,8 +43,15 @@ func clickRecords(cs []sessions.Click) []*kgo.Record {
 // (the clock user's), then started again on its checkpoint dir: the second
 // process restores the open session, extends it with a click of the second
 // input, and read_committed "sessions" holds exactly the sessions of the
-// whole input, each once, nothing on the late topic.
+// whole input, each once, nothing on the late topic. On each state backend
+// (the session windows' map state and timers on the heap, or in pebble).
 func TestSessionsJobContinuesExactlyOnceAfterSIGKILL(t *testing.T) {
+	for _, backend := range []string{"heap", "pebble"} {
+		t.Run(backend, func(t *testing.T) { testSessionsAfterSIGKILL(t, backend) })
+	}
+}
+
+func testSessionsAfterSIGKILL(t *testing.T, backend string) {
 	env := kafkatest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -61,7 +68,7 @@ func TestSessionsJobContinuesExactlyOnceAfterSIGKILL(t *testing.T) {
 	clock1 := sessions.Click{User: "clock", TS: first[len(first)-1].TS + 10*30_000}
 	first = append(first, clock1)
 	produce(clickRecords(first))
-	job := startRunJob(t, "sessions", t.TempDir(), "brokers="+env.Addr)
+	job := startRunJob(t, "sessions", t.TempDir(), "brokers="+env.Addr, "state-backend="+backend)
 	want1 := sessions.Expected(first, 30*time.Second, 5*time.Second)
 	atLeast(t, ctx, env.Addr, "sessions", len(want1), job)
 	job.kill()

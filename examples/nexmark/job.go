@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -59,6 +60,7 @@ var Type = runtime.JobType{
 		{Name: "topic", Default: "nexmark", Description: "sharegroup, kafka: input topic of JSON events"},
 		{Name: "group", Default: "nexmark", Description: "sharegroup: share group; kafka: consumer group the offsets are committed to for monitoring"},
 		{Name: "output", Default: "nexmark-results", Description: "kafka sink: output topic, created when missing"},
+		{Name: "q3-state-ttl", Default: "0", Description: "q3: time-to-live of the join's state, processing time since its last write (0: none; e.g. 1h)"},
 	}, sharegroup.EventTimeParams()...), input.OffsetParams()...),
 	Build: Build,
 	Check: check,
@@ -231,7 +233,18 @@ func Build(p runtime.Params) (*runtime.Job, error) {
 	if snk == SinkKafka {
 		sinks = Sinks{Brokers: brokers, Topic: p.String("output")}
 	}
-	if err := AddQuery(p.String("query"), events, sinks); err != nil {
+	var ttl time.Duration
+	if p.String("q3-state-ttl") != "" {
+		if ttl, err = p.Duration("q3-state-ttl"); err != nil {
+			return nil, err
+		}
+	}
+	if q := p.String("query"); q == "q3" && ttl > 0 {
+		err = attach(Q3WithStateTTL(ttl))(events, sinks)
+	} else {
+		err = AddQuery(q, events, sinks)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return j, nil

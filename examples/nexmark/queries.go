@@ -153,10 +153,20 @@ func q3Sides(e Event, out runtime.Collector[q3Side]) error {
 // Q3 joins each auction of category 10 with its seller when the seller lives
 // in Oregon, Idaho or California: one result per such pair, whichever comes
 // first (an unbounded inner join, as Flink's regular join).
-func Q3(events *runtime.Stream[Event]) *runtime.Stream[Q3Result] {
-	sides := runtime.FlatMap(events, "q3-select", q3Sides)
-	keyed := runtime.KeyBy(sides, func(s q3Side) int64 { return s.Key }, runtime.Int64Codec())
-	return runtime.Process(keyed, "q3-join", func() runtime.KeyedProcessFunction[int64, q3Side, Q3Result] { return &q3Join{} })
+func Q3(events *runtime.Stream[Event]) *runtime.Stream[Q3Result] { return Q3WithStateTTL(0)(events) }
+
+// Q3WithStateTTL is Q3 whose join state (each seller, and the auctions
+// waiting for their seller) lives ttl of processing time after it was
+// last written (0: forever), as Flink runs q3 with a state TTL
+// (table.exec.state.ttl): the unbounded join's state is bounded by what
+// arrives within ttl, and a seller and an auction further apart than ttl
+// no longer join.
+func Q3WithStateTTL(ttl time.Duration) func(*runtime.Stream[Event]) *runtime.Stream[Q3Result] {
+	return func(events *runtime.Stream[Event]) *runtime.Stream[Q3Result] {
+		sides := runtime.FlatMap(events, "q3-select", q3Sides)
+		keyed := runtime.KeyBy(sides, func(s q3Side) int64 { return s.Key }, runtime.Int64Codec())
+		return runtime.Process(keyed, "q3-join", func() runtime.KeyedProcessFunction[int64, q3Side, Q3Result] { return &q3Join{ttl: ttl} })
+	}
 }
 
 // q3Seller is what q3 keeps of a seller.
@@ -165,16 +175,21 @@ type q3Seller struct{ Name, City, State string }
 // q3Join keeps per person id the seller (once seen) and the ids of its
 // auctions seen before it.
 type q3Join struct {
+	ttl     time.Duration // 0: none
 	seller  *runtime.ValueState[q3Seller]
 	pending *runtime.ValueState[[]int64]
 }
 
 func (j *q3Join) Open(_ context.Context, st *runtime.StateRegistry[int64]) error {
+	var opts []runtime.StateOpt
+	if j.ttl > 0 {
+		opts = append(opts, runtime.WithTTL(runtime.StateTTLConfig{TTL: j.ttl}))
+	}
 	var err error
-	if j.seller, err = runtime.NewValueState[q3Seller](st, "seller", nil); err != nil {
+	if j.seller, err = runtime.NewValueState[q3Seller](st, "seller", nil, opts...); err != nil {
 		return err
 	}
-	j.pending, err = runtime.NewValueState[[]int64](st, "pending-auctions", nil)
+	j.pending, err = runtime.NewValueState[[]int64](st, "pending-auctions", nil, opts...)
 	return err
 }
 

@@ -311,6 +311,7 @@ type JobStatus struct {
 	Restarts                int    `json:"restarts"`
 	LastCompletedCheckpoint uint64 `json:"last_completed_checkpoint"`
 	Error                   string `json:"error"`
+	StateBackend            string `json:"state_backend"`
 }
 
 // Status returns job id's status.

@@ -2815,8 +2815,11 @@ type JobStatus struct {
 	// next_attempt_unix_ms is when a RESTARTING job's next attempt starts,
 	// its restart strategy's delay over (0: it waits for none).
 	NextAttemptUnixMs int64 `protobuf:"varint,19,opt,name=next_attempt_unix_ms,json=nextAttemptUnixMs,proto3" json:"next_attempt_unix_ms,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// state_backend is where the job's keyed state lives: "heap" or
+	// "pebble" (its reserved parameter state-backend, heap when unset).
+	StateBackend  string `protobuf:"bytes,20,opt,name=state_backend,json=stateBackend,proto3" json:"state_backend,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobStatus) Reset() {
@@ -2980,6 +2983,13 @@ func (x *JobStatus) GetNextAttemptUnixMs() int64 {
 		return x.NextAttemptUnixMs
 	}
 	return 0
+}
+
+func (x *JobStatus) GetStateBackend() string {
+	if x != nil {
+		return x.StateBackend
+	}
+	return ""
 }
 
 // JobFailure is one failure of a job, from its exception history.
@@ -3470,7 +3480,7 @@ const file_control_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\")\n" +
 	"\x10CancelJobRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xb6\x06\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xdb\x06\n" +
 	"\tJobStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -3493,7 +3503,8 @@ const file_control_proto_rawDesc = "" +
 	"\flast_failure\x18\x10 \x01(\v2\x17.weir.rpc.v1.JobFailureR\vlastFailure\x12-\n" +
 	"\x12retained_savepoint\x18\x11 \x01(\tR\x11retainedSavepoint\x122\n" +
 	"\x15checkpoint_timeout_ms\x18\x12 \x01(\x03R\x13checkpointTimeoutMs\x12/\n" +
-	"\x14next_attempt_unix_ms\x18\x13 \x01(\x03R\x11nextAttemptUnixMs\x1a9\n" +
+	"\x14next_attempt_unix_ms\x18\x13 \x01(\x03R\x11nextAttemptUnixMs\x12#\n" +
+	"\rstate_backend\x18\x14 \x01(\tR\fstateBackend\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x01\n" +

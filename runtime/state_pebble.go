@@ -1,0 +1,790 @@
+package runtime
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// The pebble state backend: the keyed state and timers of one keyed
+// operator subtask in one pebble instance of its own, under the task
+// manager's state directory (StateMemory), removed when the subtask ends.
+//
+// One instance per keyed operator subtask, not one per task manager, as
+// Flink keeps one RocksDB per keyed operator subtask: with the key group
+// first in every pebble key, a key group of the subtask is one contiguous
+// key range holding every state of the operator and nothing of another
+// operator, so a snapshot, a restore or a rescale works on ranges of one
+// instance (and an instance is dropped whole when its subtask ends). What
+// the instances of a task manager share is the memory budget: one block
+// cache and a memtable size derived from it (StateMemory).
+//
+// Key layout (big endian):
+//
+//	key group (2 bytes) | state id (2 bytes) | rest
+//
+// where the state id numbers the operator's declared states (and each time
+// domain of each timer service) in this instance, and rest is
+//   - value state: the encoded key, framed (uvarint length, bytes);
+//   - map state: the framed encoded key, then the encoded user key (one
+//     pebble key per entry: a Put never rewrites the key's other entries,
+//     and Range is a range scan over the key's prefix);
+//   - timers: the timestamp (8 bytes, sign bit flipped so that byte order
+//     is time order), then the owner (framed key and namespace); only the
+//     head of each key group is cached in memory.
+//
+// Snapshots are full and canonical: the synchronous part takes a pebble
+// snapshot, the asynchronous part scans it key group by key group and
+// encodes the same blobs the heap backend writes, so savepoints, state
+// dumps and restores at any parallelism do not depend on the backend.
+// Restore writes the decoded key groups of the subtask into the fresh
+// instance in batches.
+
+// StateBackendKind names where a job's keyed state and timers live.
+type StateBackendKind string
+
+const (
+	// HeapState keeps keyed state on the Go heap (the default): fastest,
+	// bounded by the memory of the process.
+	HeapState StateBackendKind = "heap"
+	// PebbleState keeps keyed state in pebble on the task manager's disk,
+	// its memory bounded by the task manager's StateMemory budget.
+	PebbleState StateBackendKind = "pebble"
+)
+
+// ErrBadStateBackend is wrapped by errors about an unknown state backend.
+var ErrBadStateBackend = errors.New("unknown state backend")
+
+// ParseStateBackend parses "heap" or "pebble" ("" is heap).
+func ParseStateBackend(s string) (StateBackendKind, error) {
+	switch StateBackendKind(s) {
+	case "", HeapState:
+		return HeapState, nil
+	case PebbleState:
+		return PebbleState, nil
+	}
+	return "", fmt.Errorf("%w %q: want heap or pebble", ErrBadStateBackend, s)
+}
+
+// StateBackend sets where the job's keyed state and timers live (default
+// HeapState). Checkpoints and savepoints are the same format on both: a
+// job restores from either.
+func StateBackend(k StateBackendKind) JobOpt {
+	return jobOpt(func(j *Job) { j.stateBackend = k })
+}
+
+// StateBackendOf is the state backend the job asked for.
+func (j *Job) StateBackendOf() StateBackendKind {
+	if j.stateBackend == "" {
+		return HeapState
+	}
+	return j.stateBackend
+}
+
+// pebbleState is the pebble instance of one keyed operator subtask.
+type pebbleState struct {
+	mem    *StateMemory
+	db     *pebble.DB
+	dir    string
+	maxPar int
+	nextID uint16
+
+	mu      sync.Mutex
+	closed  bool
+	snaps   map[*pebble.Snapshot]struct{} // taken, not released
+	running sync.WaitGroup                // asynchronous snapshot parts running
+}
+
+// errStateClosed is returned by a snapshot whose backend closed first.
+var errStateClosed = errors.New("pebble state backend closed")
+
+// stateID numbers a new state of the instance.
+func (p *pebbleState) stateID() uint16 {
+	id := p.nextID
+	p.nextID++
+	return id
+}
+
+// snapshot takes a pebble snapshot for the asynchronous part of a
+// checkpoint; release it with done.
+func (p *pebbleState) snapshot() *pebble.Snapshot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.db.NewSnapshot()
+	p.snaps[s] = struct{}{}
+	return s
+}
+
+// begin starts the asynchronous part that reads s; false if the instance
+// closed (s is released then).
+func (p *pebbleState) begin(s *pebble.Snapshot) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.running.Add(1)
+	return true
+}
+
+// done releases s after the asynchronous part that read it.
+func (p *pebbleState) done(s *pebble.Snapshot) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.snaps[s]; ok {
+		delete(p.snaps, s)
+		_ = s.Close()
+	}
+	p.running.Done()
+}
+
+// close waits for running snapshot parts, releases the snapshots nobody
+// will read (a declined checkpoint), closes the instance and removes its
+// files.
+func (p *pebbleState) close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.running.Wait()
+	p.mu.Lock()
+	for s := range p.snaps {
+		_ = s.Close()
+	}
+	p.snaps = nil
+	p.mu.Unlock()
+	err := p.db.Close()
+	p.mem.forget(p)
+	if rerr := removeAll(p.mem.fs, p.dir); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	if err != nil {
+		return fmt.Errorf("close pebble state %s: %w", p.dir, err)
+	}
+	return nil
+}
+
+// diskUsage is the instance's size on disk in bytes.
+func (p *pebbleState) diskUsage() uint64 { return p.db.Metrics().DiskSpaceUsage() }
+
+// removeAll removes dir and what it holds from fs.
+func removeAll(fs vfs.FS, dir string) error {
+	if err := fs.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// fail is how a state access that cannot return an error reports one (a
+// pebble I/O error, a value its codec cannot decode): a panic the task
+// turns into a task failure, so the job restarts from its checkpoint.
+func (p *pebbleState) fail(state string, err error) {
+	panic(fmt.Errorf("pebble state %q: %w", state, err))
+}
+
+// appendStatePrefix appends the key group and state id of a pebble key.
+func appendStatePrefix(dst []byte, kg int, sid uint16) []byte {
+	dst = binary.BigEndian.AppendUint16(dst, uint16(kg))
+	return binary.BigEndian.AppendUint16(dst, sid)
+}
+
+// prefixEnd is the first key after every key that starts with p.
+func prefixEnd(p []byte) []byte {
+	end := bytes.Clone(p)
+	for i := len(end) - 1; i >= 0; i-- {
+		end[i]++
+		if end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil // p is all 0xff: no upper bound
+}
+
+// get reads key from r (the db or a snapshot): its value and whether
+// it exists; the value is a copy.
+func pebbleGet(r pebble.Reader, key []byte) ([]byte, bool, error) {
+	v, c, err := r.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	v = bytes.Clone(v)
+	return v, true, c.Close()
+}
+
+// pebbleKey is the current key encoded once per record for every state of
+// the subtask: framed (uvarint length, codec bytes).
+type pebbleKey[K comparable] struct {
+	scope *keyScope[K]
+	codec Codec[K]
+	gen   uint64
+	buf   []byte
+	enc   []byte
+}
+
+func (k *pebbleKey[K]) current() []byte {
+	if k.gen != k.scope.gen || k.gen == 0 {
+		k.buf = k.codec.Append(k.buf[:0], k.scope.key)
+		k.enc = appendFrame(k.enc[:0], k.buf)
+		k.gen = k.scope.gen
+	}
+	return k.enc
+}
+
+// eachKeyGroup scans the entries of state sid in every key group of s,
+// key group by key group, calling fn with each entry's key after the
+// state prefix and its value (valid until fn returns), then end after each
+// non-empty key group.
+func eachKeyGroup(s *pebble.Snapshot, maxPar int, sid uint16, fn func(kg int, rest, val []byte) error, end func(kg int) error) error {
+	var lo, hi []byte
+	for kg := 0; kg < maxPar; kg++ {
+		lo = appendStatePrefix(lo[:0], kg, sid)
+		hi = appendStatePrefix(hi[:0], kg, sid+1)
+		if sid == 0xffff {
+			hi = appendStatePrefix(hi[:0], kg+1, 0)
+		}
+		it, err := s.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+		if err != nil {
+			return err
+		}
+		any := false
+		for ok := it.First(); ok; ok = it.Next() {
+			v, err := it.ValueAndErr()
+			if err != nil {
+				_ = it.Close()
+				return err
+			}
+			any = true
+			if err := fn(kg, it.Key()[4:], v); err != nil {
+				_ = it.Close()
+				return err
+			}
+		}
+		if err := it.Close(); err != nil {
+			return err
+		}
+		if any {
+			if err := end(kg); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// pebbleValue is a value state in pebble: one pebble key per key.
+type pebbleValue[K comparable, V any] struct {
+	st        *pebbleState
+	stateName string
+	sid       uint16
+	key       *pebbleKey[K]
+	codec     Codec[V]
+	kbuf      []byte
+	vbuf      []byte
+	stateDumper
+}
+
+func (s *pebbleValue[K, V]) k() []byte {
+	s.kbuf = appendStatePrefix(s.kbuf[:0], s.key.scope.kg, s.sid)
+	s.kbuf = append(s.kbuf, s.key.current()...)
+	return s.kbuf
+}
+
+func (s *pebbleValue[K, V]) get() (V, bool) {
+	var zero V
+	v, c, err := s.st.db.Get(s.k())
+	if errors.Is(err, pebble.ErrNotFound) {
+		return zero, false
+	}
+	if err != nil {
+		s.st.fail(s.stateName, err)
+	}
+	x, err := s.codec.Decode(v)
+	_ = c.Close()
+	if err != nil {
+		s.st.fail(s.stateName, err)
+	}
+	return x, true
+}
+
+func (s *pebbleValue[K, V]) put(v V) {
+	s.vbuf = s.codec.Append(s.vbuf[:0], v)
+	if err := s.st.db.Set(s.k(), s.vbuf, pebble.NoSync); err != nil {
+		s.st.fail(s.stateName, err)
+	}
+}
+
+func (s *pebbleValue[K, V]) del() {
+	if err := s.st.db.Delete(s.k(), pebble.NoSync); err != nil {
+		s.st.fail(s.stateName, err)
+	}
+}
+
+func (s *pebbleValue[K, V]) name() string { return s.stateName }
+
+func (s *pebbleValue[K, V]) close() error { return nil }
+
+// freeze: the rest of a value's pebble key is the framed key, as the
+// canonical blob frames it, and the pebble value is the codec's bytes.
+func (s *pebbleValue[K, V]) freeze() func() (map[int][]byte, error) {
+	snap := s.st.snapshot()
+	return func() (map[int][]byte, error) {
+		if !s.st.begin(snap) {
+			return nil, errStateClosed
+		}
+		defer s.st.done(snap)
+		out := map[int][]byte{}
+		var body []byte
+		n := 0
+		err := eachKeyGroup(snap, s.st.maxPar, s.sid, func(_ int, rest, val []byte) error {
+			body = append(body, rest...)
+			body = appendFrame(body, val)
+			n++
+			return nil
+		}, func(kg int) error {
+			b := binary.AppendUvarint(make([]byte, 0, len(body)+binary.MaxVarintLen64), uint64(n))
+			out[kg] = append(b, body...)
+			body, n = body[:0], 0
+			return nil
+		})
+		return out, err
+	}
+}
+
+func (s *pebbleValue[K, V]) restore(kg int, blob []byte) error {
+	b := s.st.db.NewBatch()
+	defer b.Close()
+	var key []byte
+	err := readEntries(blob, func(kb, vb []byte) error {
+		key = appendStatePrefix(key[:0], kg, s.sid)
+		key = appendFrame(key, kb)
+		return b.Set(key, vb, nil)
+	})
+	if err != nil {
+		return fmt.Errorf("state %q key group %d: %w", s.stateName, kg, err)
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("state %q key group %d: %w", s.stateName, kg, err)
+	}
+	return nil
+}
+
+// pebbleMap is a map state in pebble: one pebble key per entry.
+type pebbleMap[K comparable, UK comparable, UV any] struct {
+	st        *pebbleState
+	stateName string
+	sid       uint16
+	key       *pebbleKey[K]
+	kc        Codec[UK]
+	vc        Codec[UV]
+	pbuf      []byte // prefix of the current key's entries
+	kbuf      []byte
+	vbuf      []byte
+	stateDumper
+}
+
+// prefix is the current key's entries' prefix.
+func (m *pebbleMap[K, UK, UV]) prefix() []byte {
+	m.pbuf = appendStatePrefix(m.pbuf[:0], m.key.scope.kg, m.sid)
+	m.pbuf = append(m.pbuf, m.key.current()...)
+	return m.pbuf
+}
+
+func (m *pebbleMap[K, UK, UV]) k(uk UK) []byte {
+	m.kbuf = append(m.kbuf[:0], m.prefix()...)
+	m.kbuf = m.kc.Append(m.kbuf, uk)
+	return m.kbuf
+}
+
+func (m *pebbleMap[K, UK, UV]) get(uk UK) (UV, bool) {
+	var zero UV
+	v, c, err := m.st.db.Get(m.k(uk))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return zero, false
+	}
+	if err != nil {
+		m.st.fail(m.stateName, err)
+	}
+	x, err := m.vc.Decode(v)
+	_ = c.Close()
+	if err != nil {
+		m.st.fail(m.stateName, err)
+	}
+	return x, true
+}
+
+func (m *pebbleMap[K, UK, UV]) put(uk UK, uv UV) {
+	m.vbuf = m.vc.Append(m.vbuf[:0], uv)
+	if err := m.st.db.Set(m.k(uk), m.vbuf, pebble.NoSync); err != nil {
+		m.st.fail(m.stateName, err)
+	}
+}
+
+func (m *pebbleMap[K, UK, UV]) remove(uk UK) {
+	if err := m.st.db.Delete(m.k(uk), pebble.NoSync); err != nil {
+		m.st.fail(m.stateName, err)
+	}
+}
+
+// scan calls fn for each entry of the current key: the user key's bytes
+// and the value's (valid until fn returns).
+func (m *pebbleMap[K, UK, UV]) scan(fn func(uk, uv []byte) bool) {
+	p := m.prefix()
+	it, err := m.st.db.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+	if err != nil {
+		m.st.fail(m.stateName, err)
+	}
+	n := len(p)
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			_ = it.Close()
+			m.st.fail(m.stateName, err)
+		}
+		if !fn(it.Key()[n:], v) {
+			break
+		}
+	}
+	if err := it.Close(); err != nil {
+		m.st.fail(m.stateName, err)
+	}
+}
+
+func (m *pebbleMap[K, UK, UV]) each(fn func(UK, UV) bool) {
+	// Decode first, call fn after: fn may read other states (or this
+	// one) of the key, and must not see the iterator's buffers.
+	type entry struct {
+		k UK
+		v UV
+	}
+	var ents []entry
+	m.scan(func(ukb, uvb []byte) bool {
+		uk, err := m.kc.Decode(ukb)
+		if err != nil {
+			m.st.fail(m.stateName, err)
+		}
+		uv, err := m.vc.Decode(uvb)
+		if err != nil {
+			m.st.fail(m.stateName, err)
+		}
+		ents = append(ents, entry{uk, uv})
+		return true
+	})
+	for _, e := range ents {
+		if !fn(e.k, e.v) {
+			return
+		}
+	}
+}
+
+func (m *pebbleMap[K, UK, UV]) len() int {
+	n := 0
+	m.scan(func(_, _ []byte) bool { n++; return true })
+	return n
+}
+
+func (m *pebbleMap[K, UK, UV]) clear() {
+	p := m.prefix()
+	if err := m.st.db.DeleteRange(p, prefixEnd(p), pebble.NoSync); err != nil {
+		m.st.fail(m.stateName, err)
+	}
+}
+
+func (m *pebbleMap[K, UK, UV]) name() string { return m.stateName }
+
+func (m *pebbleMap[K, UK, UV]) close() error { return nil }
+
+// freeze: the canonical blob of a map state is, per key, the framed key
+// and the framed map (count, then framed user keys and values), built
+// from the key's consecutive entries without decoding them.
+func (m *pebbleMap[K, UK, UV]) freeze() func() (map[int][]byte, error) {
+	snap := m.st.snapshot()
+	return func() (map[int][]byte, error) {
+		if !m.st.begin(snap) {
+			return nil, errStateClosed
+		}
+		defer m.st.done(snap)
+		out := map[int][]byte{}
+		var body, cur, ents []byte // cur: the framed key of ents
+		keys, n := 0, 0
+		flush := func() {
+			if n == 0 {
+				return
+			}
+			body = append(body, cur...)
+			mb := binary.AppendUvarint(nil, uint64(n))
+			body = appendFrame(body, append(mb, ents...))
+			keys++
+			ents, n = ents[:0], 0
+		}
+		err := eachKeyGroup(snap, m.st.maxPar, m.sid, func(_ int, rest, val []byte) error {
+			kb, uk, err := readFrame(rest)
+			if err != nil {
+				return err
+			}
+			framed := rest[:len(rest)-len(uk)]
+			if n > 0 && !bytes.Equal(framed, cur) {
+				flush()
+			}
+			if n == 0 {
+				cur = append(cur[:0], framed...)
+			}
+			_ = kb
+			ents = appendFrame(ents, uk)
+			ents = appendFrame(ents, val)
+			n++
+			return nil
+		}, func(kg int) error {
+			flush()
+			b := binary.AppendUvarint(make([]byte, 0, len(body)+binary.MaxVarintLen64), uint64(keys))
+			out[kg] = append(b, body...)
+			body, keys = body[:0], 0
+			return nil
+		})
+		return out, err
+	}
+}
+
+func (m *pebbleMap[K, UK, UV]) restore(kg int, blob []byte) error {
+	b := m.st.db.NewBatch()
+	defer b.Close()
+	var key []byte
+	err := readEntries(blob, func(kb, vb []byte) error {
+		key = appendStatePrefix(key[:0], kg, m.sid)
+		key = appendFrame(key, kb)
+		plen := len(key)
+		return readEntries(vb, func(ukb, uvb []byte) error {
+			key = append(key[:plen], ukb...)
+			return b.Set(key, uvb, nil)
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("state %q key group %d: %w", m.stateName, kg, err)
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("state %q key group %d: %w", m.stateName, kg, err)
+	}
+	return nil
+}
+
+// pebbleTimers is one time domain of one timer service in pebble, ordered
+// by time within each key group. Each key group's earliest timers (up to
+// timerCacheSize) are cached in memory, as Flink's RocksDB timers keep
+// the head of each key group's queue: firing, registering before the
+// cached tail and deleting a cached timer need no pebble read; the cache
+// is refilled by one range scan when it runs empty.
+type pebbleTimers struct {
+	st     *pebbleState
+	name   string
+	sid    uint16
+	n      int
+	caches []timerCache // by key group
+	min    int          // key group of the earliest timer; -1: none; -2: recompute
+	kbuf   []byte
+	lo     []byte
+	hi     []byte
+}
+
+// timerCacheSize is how many of a key group's earliest timers are cached.
+const timerCacheSize = 32
+
+// timerCache is a key group's earliest timers, sorted. complete: they are
+// all of the key group's timers; else every timer not cached is after the
+// last cached one, and ids is not empty.
+type timerCache struct {
+	ids      []timerID
+	complete bool
+}
+
+// find is id's position in the cache and whether it is there.
+func (c *timerCache) find(id timerID) (int, bool) {
+	i := sort.Search(len(c.ids), func(i int) bool { return !c.ids[i].less(id) })
+	return i, i < len(c.ids) && c.ids[i] == id
+}
+
+// covers says whether the cache knows if id exists: every timer up to id
+// is cached.
+func (c *timerCache) covers(id timerID) bool {
+	return c.complete || id.less(c.ids[len(c.ids)-1])
+}
+
+func newPebbleTimers(st *pebbleState, name string) *pebbleTimers {
+	t := &pebbleTimers{st: st, name: name, sid: st.stateID(), caches: make([]timerCache, st.maxPar), min: -1}
+	for i := range t.caches {
+		t.caches[i].complete = true
+	}
+	return t
+}
+
+func appendTimerKey(dst []byte, kg int, sid uint16, owner string, ts int64) []byte {
+	dst = appendStatePrefix(dst, kg, sid)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(ts)^(1<<63))
+	return append(dst, owner...)
+}
+
+// exists reads whether the timer key in kbuf is in pebble.
+func (t *pebbleTimers) exists() bool {
+	_, c, err := t.st.db.Get(t.kbuf)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false
+	}
+	if err != nil {
+		t.st.fail(t.name, err)
+	}
+	_ = c.Close()
+	return true
+}
+
+func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
+	id := timerID{ts: ts, owner: owner}
+	c := &t.caches[kg]
+	if _, ok := c.find(id); ok {
+		return false
+	}
+	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
+	covered := c.covers(id)
+	if !covered && t.exists() {
+		return false
+	}
+	if err := t.st.db.Set(t.kbuf, nil, pebble.NoSync); err != nil {
+		t.st.fail(t.name, err)
+	}
+	t.n++
+	if covered {
+		i, _ := c.find(id)
+		c.ids = slices.Insert(c.ids, i, id)
+		if len(c.ids) > timerCacheSize {
+			c.ids, c.complete = c.ids[:timerCacheSize], false
+		}
+		if i == 0 {
+			t.min = -2
+		}
+	}
+	return true
+}
+
+func (t *pebbleTimers) remove(kg int, owner string, ts int64) bool {
+	id := timerID{ts: ts, owner: owner}
+	c := &t.caches[kg]
+	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
+	i, cached := c.find(id)
+	if !cached && (c.covers(id) || !t.exists()) {
+		return false
+	}
+	if err := t.st.db.Delete(t.kbuf, pebble.NoSync); err != nil {
+		t.st.fail(t.name, err)
+	}
+	t.n--
+	if cached {
+		c.ids = slices.Delete(c.ids, i, i+1)
+		t.refill(kg)
+		if i == 0 {
+			t.min = -2
+		}
+	}
+	return true
+}
+
+// refill loads key group kg's earliest timers after the key in kbuf (every
+// earlier one is gone) if its cache ran empty while pebble holds more.
+func (t *pebbleTimers) refill(kg int) {
+	c := &t.caches[kg]
+	if len(c.ids) > 0 || c.complete {
+		return
+	}
+	t.hi = appendStatePrefix(t.hi[:0], kg, t.sid)
+	t.hi = prefixEnd(t.hi)
+	t.lo = append(t.lo[:0], t.kbuf...)
+	it, err := t.st.db.NewIter(&pebble.IterOptions{LowerBound: t.lo, UpperBound: t.hi})
+	if err != nil {
+		t.st.fail(t.name, err)
+	}
+	for ok := it.First(); ok && len(c.ids) < timerCacheSize; ok = it.Next() {
+		k := it.Key()[4:]
+		c.ids = append(c.ids, timerID{ts: int64(binary.BigEndian.Uint64(k) ^ (1 << 63)), owner: string(k[8:])})
+	}
+	c.complete = !it.Valid()
+	if err := it.Close(); err != nil {
+		t.st.fail(t.name, err)
+	}
+}
+
+func (t *pebbleTimers) peek() (timerID, bool) {
+	if t.min == -2 {
+		t.min = -1
+		for kg := range t.caches {
+			c := &t.caches[kg]
+			if len(c.ids) > 0 && (t.min < 0 || c.ids[0].less(t.caches[t.min].ids[0])) {
+				t.min = kg
+			}
+		}
+	}
+	if t.min < 0 {
+		return timerID{}, false
+	}
+	return t.caches[t.min].ids[0], true
+}
+
+func (t *pebbleTimers) next(upTo int64) (timerID, int, bool) {
+	id, ok := t.peek()
+	if !ok || id.ts > upTo {
+		return timerID{}, 0, false
+	}
+	kg := t.min
+	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, id.owner, id.ts)
+	if err := t.st.db.Delete(t.kbuf, pebble.NoSync); err != nil {
+		t.st.fail(t.name, err)
+	}
+	t.n--
+	c := &t.caches[kg]
+	c.ids = slices.Delete(c.ids, 0, 1)
+	t.refill(kg)
+	t.min = -2
+	return id, kg, true
+}
+
+func (t *pebbleTimers) len() int { return t.n }
+
+func (t *pebbleTimers) close() error { return nil }
+
+func (t *pebbleTimers) snapshot() func() (map[int][]timerID, error) {
+	snap := t.st.snapshot()
+	return func() (map[int][]timerID, error) {
+		if !t.st.begin(snap) {
+			return nil, errStateClosed
+		}
+		defer t.st.done(snap)
+		out := map[int][]timerID{}
+		err := eachKeyGroup(snap, t.st.maxPar, t.sid, func(kg int, rest, _ []byte) error {
+			if len(rest) < 8 {
+				return fmt.Errorf("%w: timer key of %d bytes", ErrDecode, len(rest))
+			}
+			out[kg] = append(out[kg], timerID{ts: int64(binary.BigEndian.Uint64(rest) ^ (1 << 63)), owner: string(rest[8:])})
+			return nil
+		}, func(int) error { return nil })
+		for _, ids := range out {
+			// pebble's order is (timestamp, owner bytes): timerID.less.
+			if !sort.SliceIsSorted(ids, func(i, j int) bool { return ids[i].less(ids[j]) }) {
+				sort.Slice(ids, func(i, j int) bool { return ids[i].less(ids[j]) })
+			}
+		}
+		return out, err
+	}
+}
+
+func (t *pebbleTimers) restored(kg int, owner string, ts int64) error {
+	t.register(kg, owner, ts)
+	return nil
+}
