@@ -210,20 +210,6 @@ func prefixEnd(p []byte) []byte {
 	return nil // p is all 0xff: no upper bound
 }
 
-// get reads key from r (the db or a snapshot): its value and whether
-// it exists; the value is a copy.
-func pebbleGet(r pebble.Reader, key []byte) ([]byte, bool, error) {
-	v, c, err := r.Get(key)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	v = bytes.Clone(v)
-	return v, true, c.Close()
-}
-
 // pebbleKey is the current key encoded once per record for every state of
 // the subtask: framed (uvarint length, codec bytes).
 type pebbleKey[K comparable] struct {
