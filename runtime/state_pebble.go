@@ -38,7 +38,7 @@ import (
 //     and Range is a range scan over the key's prefix);
 //   - timers: the timestamp (8 bytes, sign bit flipped so that byte order
 //     is time order), then the owner (framed key and namespace); only the
-//     head of each key group is cached in memory.
+//     earliest timers of each key group are cached in memory.
 //
 // Snapshots are full and canonical: the synchronous part takes a pebble
 // snapshot, the asynchronous part scans it key group by key group and
