@@ -11,7 +11,7 @@ import (
 
 // wantWordcountParams are the parameters of the wordcount contract, then the
 // reserved parallelism.
-var wantWordcountParams = []string{"brokers", "input", "output", "group", "guarantee", "min-length", "source", "start", "stop", "parallelism"}
+var wantWordcountParams = []string{"brokers", "input", "output", "group", "guarantee", "min-length", "source", "start", "stop", "parallelism", "state-backend"}
 
 func TestJobsTableListsEveryParameterWithoutPromisingFlags(t *testing.T) {
 	out, _, err := runCLI(t, "jobs")
@@ -35,7 +35,7 @@ func TestJobsTableListsEveryParameterWithoutPromisingFlags(t *testing.T) {
 	}
 }
 
-func TestJobsJSONHasLowerCaseFieldsAndTheReservedParallelism(t *testing.T) {
+func TestJobsJSONHasLowerCaseFieldsAndTheReservedParameters(t *testing.T) {
 	out, _, err := runCLI(t, "jobs", "--output", "json")
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func TestJobsJSONHasLowerCaseFieldsAndTheReservedParallelism(t *testing.T) {
 			t.Fatalf("param fields = %v, want default, description, name, reserved", got)
 		}
 		names = append(names, pm["name"].(string))
-		if reserved := pm["name"] == "parallelism"; pm["reserved"] != reserved {
+		if reserved := pm["name"] == "parallelism" || pm["name"] == "state-backend"; pm["reserved"] != reserved {
 			t.Errorf("param %v: reserved = %v, want %v", pm["name"], pm["reserved"], reserved)
 		}
 	}

@@ -38,7 +38,7 @@ import (
 //     and Range is a range scan over the key's prefix);
 //   - timers: the timestamp (8 bytes, sign bit flipped so that byte order
 //     is time order), then the owner (framed key and namespace); only the
-//     head of each key group is cached in memory.
+//     earliest timers of each key group are cached in memory.
 //
 // Snapshots are full and canonical: the synchronous part takes a pebble
 // snapshot, the asynchronous part scans it key group by key group and
@@ -208,20 +208,6 @@ func prefixEnd(p []byte) []byte {
 		}
 	}
 	return nil // p is all 0xff: no upper bound
-}
-
-// get reads key from r (the db or a snapshot): its value and whether
-// it exists; the value is a copy.
-func pebbleGet(r pebble.Reader, key []byte) ([]byte, bool, error) {
-	v, c, err := r.Get(key)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	v = bytes.Clone(v)
-	return v, true, c.Close()
 }
 
 // pebbleKey is the current key encoded once per record for every state of
