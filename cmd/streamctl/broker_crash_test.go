@@ -262,8 +262,11 @@ func crashRun(t *testing.T, seed uint64) {
 		}
 		jobLog := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), &j.log, level))
 		go func() {
-			_, err := runtime.NewMiniCluster(runtime.Logger(jobLog), runtime.CheckpointInterval(100*time.Millisecond),
-				runtime.Restarts(1000, 200*time.Millisecond), runtime.Failpoints(fp)).Run(jobCtx, job)
+			// A job id each: transactional ids are named after it, and the
+			// two jobs must not share (fence) each other's.
+			_, err := runtime.NewMiniCluster(runtime.JobID("wordcount-"+j.source), runtime.Logger(jobLog),
+				runtime.CheckpointInterval(100*time.Millisecond), runtime.Restarts(1000, 200*time.Millisecond),
+				runtime.Failpoints(fp)).Run(jobCtx, job)
 			jobDone <- ended{j.source, err}
 		}()
 	}
