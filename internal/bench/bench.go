@@ -135,6 +135,7 @@ func All() []Benchmark {
 		{Name: "limits", Run: Limits},
 		{Name: "nexmark", Run: Nexmark},
 		{Name: "sharegroup-watermark", Run: ShareGroupWatermark},
+		{Name: "state-memory", Run: StateMemory},
 	}
 }
 
