@@ -110,7 +110,9 @@ func (f *valueFiller) OnTimer(*runtime.KeyedContext[int64], int64, runtime.Colle
 }
 
 // mapFiller puts each record into its key's MapState, under itself.
-type mapFiller struct{ m *runtime.MapState[int64, int64] }
+type mapFiller struct {
+	m *runtime.MapState[int64, int64]
+}
 
 func (f *mapFiller) Open(_ context.Context, st *runtime.StateRegistry[int64]) (err error) {
 	f.m, err = runtime.NewMapState[int64, int64](st, "m", runtime.Int64Codec(), runtime.Int64Codec())
