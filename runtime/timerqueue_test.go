@@ -19,13 +19,13 @@ import (
 //	snapshot                     -> the encoded key groups, restored into a new queue
 func TestTimerQueueTranscripts(t *testing.T) {
 	datadriven.Walk(t, "testdata/timers", func(t *testing.T, path string) {
-		var q *timerQueue
+		var q *timerQueue[string]
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			var owner string
 			var ts int64
 			switch d.Cmd {
 			case "new":
-				q = newTimerQueue()
+				q = newTimerQueue(appendStringOwner)
 				return "ok"
 			case "register":
 				var kg int
@@ -59,6 +59,14 @@ func TestTimerQueueTranscripts(t *testing.T) {
 					if strings.HasPrefix(id.owner, "again-") {
 						q.register(kg, "then-"+strings.TrimPrefix(id.owner, "again-"), id.ts+1)
 					}
+					// Or another at its own timestamp ("same-N" registers
+					// "also-N"), or one earlier ("back-N" registers "prev-N" at ts-1).
+					if strings.HasPrefix(id.owner, "same-") {
+						q.register(kg, "also-"+strings.TrimPrefix(id.owner, "same-"), id.ts)
+					}
+					if strings.HasPrefix(id.owner, "back-") {
+						q.register(kg, "prev-"+strings.TrimPrefix(id.owner, "back-"), id.ts-1)
+					}
 				}
 				if b.Len() == 0 {
 					return "."
@@ -66,14 +74,14 @@ func TestTimerQueueTranscripts(t *testing.T) {
 				return strings.TrimSuffix(b.String(), "\n")
 			case "snapshot":
 				byKG := q.byKeyGroup()
-				restored := newTimerQueue()
+				restored := newTimerQueue(appendStringOwner)
 				var b strings.Builder
 				for kg := 0; kg < 128; kg++ {
 					ids, ok := byKG[kg]
 					if !ok {
 						continue
 					}
-					blob := appendTimers(nil, ids, nil)
+					blob := appendTimers(nil, appendStringOwner, ids, nil)
 					if err := decodeTimers(blob, func(dom TimeDomain, owner string, ts int64) {
 						restored.register(kg, owner, ts)
 					}); err != nil {
@@ -96,3 +104,6 @@ func TestTimerQueueTranscripts(t *testing.T) {
 		})
 	})
 }
+
+// appendStringOwner encodes a transcript's owner as its bytes.
+func appendStringOwner(dst []byte, o string) []byte { return append(dst, o...) }

@@ -55,9 +55,16 @@ type Timers[K comparable, N comparable] struct {
 	host     *timerHost[K]
 	keyCodec Codec[K]
 	nsCodec  Codec[N]
-	q        [2]*timerQueue // by TimeDomain-1
+	q        [2]*timerQueue[timerOwner[K, N]] // by TimeDomain-1
 	kbuf     []byte
-	obuf     []byte
+}
+
+// timerOwner is the key and namespace of a timer of a Timers (the
+// namespace first: a zero-size one, as the default timers', then takes no
+// room).
+type timerOwner[K comparable, N comparable] struct {
+	ns  N
+	key K
 }
 
 // NewTimers declares a timer service named name with namespaces of type N
@@ -71,8 +78,8 @@ func NewTimers[N comparable, K comparable](st *StateRegistry[K], name string, nc
 		}
 		nc = DefaultCodec[N]()
 	}
-	t := &Timers[K, N]{svcName: name, host: st.b.timers, keyCodec: st.b.keyCodec, nsCodec: nc,
-		q: [2]*timerQueue{newTimerQueue(), newTimerQueue()}}
+	t := &Timers[K, N]{svcName: name, host: st.b.timers, keyCodec: st.b.keyCodec, nsCodec: nc}
+	t.q = [2]*timerQueue[timerOwner[K, N]]{newTimerQueue(t.appendOwner), newTimerQueue(t.appendOwner)}
 	if err := st.b.register(t); err != nil {
 		return nil, err
 	}
@@ -80,13 +87,38 @@ func NewTimers[N comparable, K comparable](st *StateRegistry[K], name string, nc
 	return t, nil
 }
 
-// owner encodes the current key and ns.
-func (t *Timers[K, N]) owner(ns N) string {
-	t.kbuf = t.keyCodec.Append(t.kbuf[:0], t.host.scope.key)
-	t.obuf = appendFrame(t.obuf[:0], t.kbuf)
-	t.kbuf = t.nsCodec.Append(t.kbuf[:0], ns)
-	t.obuf = appendFrame(t.obuf, t.kbuf)
-	return string(t.obuf)
+// owner is the current key and ns.
+func (t *Timers[K, N]) owner(ns N) timerOwner[K, N] {
+	return timerOwner[K, N]{ns: ns, key: t.host.scope.key}
+}
+
+// appendOwner appends o's encoding, as snapshots hold it: the framed
+// encoded key, then the framed encoded namespace.
+func (t *Timers[K, N]) appendOwner(dst []byte, o timerOwner[K, N]) []byte {
+	t.kbuf = t.keyCodec.Append(t.kbuf[:0], o.key)
+	dst = appendFrame(dst, t.kbuf)
+	t.kbuf = t.nsCodec.Append(t.kbuf[:0], o.ns)
+	return appendFrame(dst, t.kbuf)
+}
+
+// decodeOwner decodes what appendOwner encoded.
+func (t *Timers[K, N]) decodeOwner(b []byte) (timerOwner[K, N], error) {
+	var o timerOwner[K, N]
+	kb, rest, err := readFrame(b)
+	if err != nil {
+		return o, err
+	}
+	nb, _, err := readFrame(rest)
+	if err != nil {
+		return o, err
+	}
+	if o.key, err = t.keyCodec.Decode(kb); err != nil {
+		return o, fmt.Errorf("key: %w", err)
+	}
+	if o.ns, err = t.nsCodec.Decode(nb); err != nil {
+		return o, fmt.Errorf("namespace: %w", err)
+	}
+	return o, nil
 }
 
 // RegisterEventTimeTimer registers a timer of the current key and ns that
@@ -143,24 +175,8 @@ func (t *Timers[K, N]) fire(d TimeDomain, upTo int64) error {
 		if !ok {
 			return nil
 		}
-		kb, rest, err := readFrame([]byte(id.owner))
-		if err != nil {
-			return fmt.Errorf("timers %q: %w", t.svcName, err)
-		}
-		nb, _, err := readFrame(rest)
-		if err != nil {
-			return fmt.Errorf("timers %q: %w", t.svcName, err)
-		}
-		key, err := t.keyCodec.Decode(kb)
-		if err != nil {
-			return fmt.Errorf("timers %q key: %w", t.svcName, err)
-		}
-		ns, err := t.nsCodec.Decode(nb)
-		if err != nil {
-			return fmt.Errorf("timers %q namespace: %w", t.svcName, err)
-		}
-		t.host.scope.setKey(key, kg)
-		if err := t.host.fire(&firingTimer{service: t, ns: ns, domain: d, ts: id.ts}); err != nil {
+		t.host.scope.setKey(id.owner.key, kg)
+		if err := t.host.fire(&firingTimer{service: t, ns: id.owner.ns, domain: d, ts: id.ts}); err != nil {
 			return err
 		}
 	}
@@ -168,27 +184,30 @@ func (t *Timers[K, N]) fire(d TimeDomain, upTo int64) error {
 
 // nextProcessingTime is t's earliest processing-time timer.
 func (t *Timers[K, N]) nextProcessingTime() (int64, bool) {
-	id, ok := t.q[ProcessingTime-1].peek()
-	return id.ts, ok
+	return t.q[ProcessingTime-1].peek()
 }
 
 // Timers are keyed state (stateSnapshotter): both domains of a key group
 // in one blob, under "timers/" + the name. The synchronous part copies the
-// timer ids (timers are few next to state entries; they are not
-// copy-on-write).
+// live timers' typed ids (timers are not copy-on-write); the asynchronous
+// part groups, sorts and encodes them.
 
 func (t *Timers[K, N]) name() string { return "\x00timers/" + t.svcName }
 
 func (t *Timers[K, N]) freeze() func() map[int][]byte {
-	ev, pr := t.q[EventTime-1].byKeyGroup(), t.q[ProcessingTime-1].byKeyGroup()
+	ev, pr := t.q[EventTime-1].live(), t.q[ProcessingTime-1].live()
 	return func() map[int][]byte {
-		out := map[int][]byte{}
-		for kg, ids := range ev {
-			out[kg] = appendTimers(nil, ids, pr[kg])
+		// Its own encoder: t's buffer belongs to the task's goroutine.
+		enc := (&Timers[K, N]{keyCodec: t.keyCodec, nsCodec: t.nsCodec}).appendOwner
+		evs, prs := groupTimers(ev, enc), groupTimers(pr, enc)
+		ev, pr = nil, nil
+		out := make(map[int][]byte, max(len(evs), len(prs)))
+		for kg, ids := range evs {
+			out[kg] = appendTimers(nil, enc, ids, prs[kg])
 		}
-		for kg, ids := range pr {
-			if _, done := ev[kg]; !done {
-				out[kg] = appendTimers(nil, nil, ids)
+		for kg, ids := range prs {
+			if _, done := evs[kg]; !done {
+				out[kg] = appendTimers(nil, enc, nil, ids)
 			}
 		}
 		return out
@@ -196,9 +215,21 @@ func (t *Timers[K, N]) freeze() func() map[int][]byte {
 }
 
 func (t *Timers[K, N]) restore(kg int, b []byte) error {
+	var errOwner error
 	err := decodeTimers(b, func(d TimeDomain, owner string, ts int64) {
-		t.q[d-1].register(kg, owner, ts)
+		if errOwner != nil {
+			return
+		}
+		o, err := t.decodeOwner([]byte(owner))
+		if err != nil {
+			errOwner = err
+			return
+		}
+		t.q[d-1].register(kg, o, ts)
 	})
+	if err == nil {
+		err = errOwner
+	}
 	if err != nil {
 		return fmt.Errorf("timers %q key group %d: %w", t.svcName, kg, err)
 	}
