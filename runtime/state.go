@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"sort"
@@ -103,11 +104,22 @@ func (sc *keyScope[K]) setKey(key K, kg int) {
 // stateSnapshotter is the untyped face of one named state of an operator.
 type stateSnapshotter interface {
 	name() string
-	// freeze marks every key group copy-on-write and returns a function that
-	// encodes them; it may run on another goroutine while processing goes on.
-	freeze() func() map[int][]byte
+	// freeze marks every key group copy-on-write and returns what encodes
+	// them; its methods may run on another goroutine while processing goes
+	// on.
+	freeze() frozenState
 	restore(kg int, b []byte) error
 	stateDumper
+}
+
+// frozenState is a state's snapshot being encoded, one key group at a time
+// (the asynchronous part of a checkpoint), so that only the key group being
+// encoded is ever held twice.
+type frozenState interface {
+	// keyGroups lists the key groups that hold data, in any order.
+	keyGroups() []int
+	// appendKeyGroup appends kg's encoding to dst; false if kg holds no data.
+	appendKeyGroup(dst []byte, kg int) ([]byte, bool)
 }
 
 // stateEntry is one key's value of one state.
@@ -253,30 +265,47 @@ func (s *keyedStore[K, V]) del() {
 	s.at = -1
 }
 
-func (s *keyedStore[K, V]) freeze() func() map[int][]byte {
-	frozen := make(map[int][]stateEntry[K, V], len(s.groups))
+func (s *keyedStore[K, V]) freeze() frozenState {
+	f := &frozenStore[K, V]{s: s, groups: make(map[int][]stateEntry[K, V], len(s.groups))}
 	for kg, g := range s.groups {
 		if g == nil || len(g.ents) == 0 {
 			continue
 		}
 		g.shared = true
-		frozen[kg] = g.ents[:len(g.ents):len(g.ents)]
+		f.groups[kg] = g.ents[:len(g.ents):len(g.ents)]
 	}
-	return func() map[int][]byte {
-		out := make(map[int][]byte, len(frozen))
-		var kb, vb []byte
-		for kg, ents := range frozen {
-			b := binary.AppendUvarint(nil, uint64(len(ents)))
-			for _, e := range ents {
-				kb = s.keyCodec.Append(kb[:0], e.key)
-				vb = s.valCodec.Append(vb[:0], e.val)
-				b = appendFrame(b, kb)
-				b = appendFrame(b, vb)
-			}
-			out[kg] = b
-		}
-		return out
+	return f
+}
+
+// frozenStore is a keyedStore's entries at a snapshot (shared with the
+// store, copy-on-write).
+type frozenStore[K comparable, V any] struct {
+	s      *keyedStore[K, V] // for its codecs only
+	groups map[int][]stateEntry[K, V]
+	kb, vb []byte
+}
+
+func (f *frozenStore[K, V]) keyGroups() []int {
+	kgs := make([]int, 0, len(f.groups))
+	for kg := range f.groups {
+		kgs = append(kgs, kg)
 	}
+	return kgs
+}
+
+func (f *frozenStore[K, V]) appendKeyGroup(b []byte, kg int) ([]byte, bool) {
+	ents, ok := f.groups[kg]
+	if !ok {
+		return b, false
+	}
+	b = binary.AppendUvarint(b, uint64(len(ents)))
+	for _, e := range ents {
+		f.kb = f.s.keyCodec.Append(f.kb[:0], e.key)
+		f.vb = f.s.valCodec.Append(f.vb[:0], e.val)
+		b = appendFrame(b, f.kb)
+		b = appendFrame(b, f.vb)
+	}
+	return b, true
 }
 
 func (s *keyedStore[K, V]) restore(kg int, b []byte) error {
@@ -352,39 +381,54 @@ func (b *keyedBackend[K]) register(s stateSnapshotter) error {
 }
 
 // snapshot freezes every state and returns the encoder of the key-group
-// blobs. Each key group's blob holds every state of the operator.
+// blobs. Each key group's blob holds every state of the operator. The
+// encoder builds one key group at a time in a reused buffer and keeps an
+// exact-size copy of it, so that the snapshot holds its encoded size once,
+// not each state's blobs and then their concatenation, nor the spare
+// capacity of grown buffers.
 func (b *keyedBackend[K]) snapshot() func() map[int][]byte {
-	encs := make([]func() map[int][]byte, len(b.states))
+	frozen := make([]frozenState, len(b.states))
 	names := make([]string, len(b.states))
 	for i, s := range b.states {
-		encs[i] = s.freeze()
+		frozen[i] = s.freeze()
 		names[i] = s.name()
 	}
 	// State restored but never registered again (the job stopped using it)
 	// is carried along so a later version can still read it.
 	carried := b.restored
 	return func() map[int][]byte {
-		perKG := map[int][]byte{}
-		add := func(name string, kg int, blob []byte) {
-			out := perKG[kg]
-			out = appendFrame(out, []byte(name))
-			out = appendFrame(out, blob)
-			perKG[kg] = out
-		}
-		for i, enc := range encs {
-			for kg, blob := range enc() {
-				add(names[i], kg, blob)
+		kgSet := map[int]struct{}{}
+		for _, f := range frozen {
+			for _, kg := range f.keyGroups() {
+				kgSet[kg] = struct{}{}
 			}
 		}
 		cn := make([]string, 0, len(carried))
-		for n := range carried {
+		for n, blobs := range carried {
 			cn = append(cn, n)
+			for kg := range blobs {
+				kgSet[kg] = struct{}{}
+			}
 		}
 		sort.Strings(cn)
-		for _, n := range cn {
-			for kg, blob := range carried[n] {
-				add(n, kg, blob)
+		perKG := make(map[int][]byte, len(kgSet))
+		var buf, blob []byte
+		for kg := range kgSet {
+			buf = buf[:0]
+			for i, f := range frozen {
+				var ok bool
+				if blob, ok = f.appendKeyGroup(blob[:0], kg); ok {
+					buf = appendFrame(buf, []byte(names[i]))
+					buf = appendFrame(buf, blob)
+				}
 			}
+			for _, n := range cn {
+				if blob, ok := carried[n][kg]; ok {
+					buf = appendFrame(buf, []byte(n))
+					buf = appendFrame(buf, blob)
+				}
+			}
+			perKG[kg] = bytes.Clone(buf)
 		}
 		return perKG
 	}

@@ -295,7 +295,14 @@ func (q *timerQueue[T]) byKeyGroup() map[int][]timerID[T] {
 // groupTimers groups timers by key group, each group sorted by timestamp
 // and then by the owner's encoding.
 func groupTimers[T comparable](ts []kgTimer[T], enc ownerEncoder[T]) map[int][]timerID[T] {
-	out := map[int][]timerID[T]{}
+	counts := map[int32]int{}
+	for _, t := range ts {
+		counts[t.kg]++
+	}
+	out := make(map[int][]timerID[T], len(counts))
+	for kg, n := range counts {
+		out[int(kg)] = make([]timerID[T], 0, n)
+	}
 	for _, t := range ts {
 		out[int(t.kg)] = append(out[int(t.kg)], t.id)
 	}

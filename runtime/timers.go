@@ -194,24 +194,48 @@ func (t *Timers[K, N]) nextProcessingTime() (int64, bool) {
 
 func (t *Timers[K, N]) name() string { return "\x00timers/" + t.svcName }
 
-func (t *Timers[K, N]) freeze() func() map[int][]byte {
-	ev, pr := t.q[EventTime-1].live(), t.q[ProcessingTime-1].live()
-	return func() map[int][]byte {
+func (t *Timers[K, N]) freeze() frozenState {
+	return &frozenTimers[K, N]{ev: t.q[EventTime-1].live(), pr: t.q[ProcessingTime-1].live(),
 		// Its own encoder: t's buffer belongs to the task's goroutine.
-		enc := (&Timers[K, N]{keyCodec: t.keyCodec, nsCodec: t.nsCodec}).appendOwner
-		evs, prs := groupTimers(ev, enc), groupTimers(pr, enc)
-		ev, pr = nil, nil
-		out := make(map[int][]byte, max(len(evs), len(prs)))
-		for kg, ids := range evs {
-			out[kg] = appendTimers(nil, enc, ids, prs[kg])
-		}
-		for kg, ids := range prs {
-			if _, done := evs[kg]; !done {
-				out[kg] = appendTimers(nil, enc, nil, ids)
-			}
-		}
-		return out
+		enc: (&Timers[K, N]{keyCodec: t.keyCodec, nsCodec: t.nsCodec}).appendOwner}
+}
+
+// frozenTimers is a Timers' live timers at a snapshot, grouped and sorted
+// by key group when first asked.
+type frozenTimers[K comparable, N comparable] struct {
+	ev, pr   []kgTimer[timerOwner[K, N]]
+	enc      ownerEncoder[timerOwner[K, N]]
+	evs, prs map[int][]timerID[timerOwner[K, N]]
+}
+
+func (f *frozenTimers[K, N]) group() {
+	if f.evs == nil {
+		f.evs, f.prs = groupTimers(f.ev, f.enc), groupTimers(f.pr, f.enc)
+		f.ev, f.pr = nil, nil
 	}
+}
+
+func (f *frozenTimers[K, N]) keyGroups() []int {
+	f.group()
+	kgs := make([]int, 0, len(f.evs)+len(f.prs))
+	for kg := range f.evs {
+		kgs = append(kgs, kg)
+	}
+	for kg := range f.prs {
+		if _, dup := f.evs[kg]; !dup {
+			kgs = append(kgs, kg)
+		}
+	}
+	return kgs
+}
+
+func (f *frozenTimers[K, N]) appendKeyGroup(dst []byte, kg int) ([]byte, bool) {
+	f.group()
+	ev, pr := f.evs[kg], f.prs[kg]
+	if len(ev) == 0 && len(pr) == 0 {
+		return dst, false
+	}
+	return appendTimers(dst, f.enc, ev, pr), true
 }
 
 func (t *Timers[K, N]) restore(kg int, b []byte) error {
