@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"sort"
@@ -428,7 +427,7 @@ func (b *keyedBackend[K]) snapshot() func() map[int][]byte {
 					buf = appendFrame(buf, blob)
 				}
 			}
-			perKG[kg] = bytes.Clone(buf)
+			perKG[kg] = append(make([]byte, 0, len(buf)), buf...)
 		}
 		return perKG
 	}
