@@ -135,10 +135,41 @@ type stateEntry[K comparable, V any] struct {
 //     rehash of the map);
 //   - adding an entry appends beyond every snapshot's length, without a
 //     copy.
+//
+// For a reference value (a map state's maps) the copy is of the entries
+// only: each value the snapshot still shares is marked in sharedVals and
+// deep-copied when it is first written (copy-on-write per entry), so that a
+// checkpoint costs a copy of the maps written while it encodes, not of
+// every map of every key group written to.
 type keyGroupMap[K comparable, V any] struct {
 	idx    map[K]int32
 	ents   []stateEntry[K, V]
 	shared bool
+	// sharedVals marks, by position, the values of ents a snapshot shares
+	// (only with a clone function); positions beyond it are not shared.
+	sharedVals []uint64
+}
+
+// valShared reports whether the value at i is shared with a snapshot.
+func (g *keyGroupMap[K, V]) valShared(i int32) bool {
+	w := int(i) / 64
+	return w < len(g.sharedVals) && g.sharedVals[w]&(1<<(uint(i)%64)) != 0
+}
+
+// setValShared marks the value at i shared (or not).
+func (g *keyGroupMap[K, V]) setValShared(i int32, on bool) {
+	w := int(i) / 64
+	if w >= len(g.sharedVals) {
+		if !on {
+			return
+		}
+		g.sharedVals = append(g.sharedVals, make([]uint64, w+1-len(g.sharedVals))...)
+	}
+	if on {
+		g.sharedVals[w] |= 1 << (uint(i) % 64)
+	} else {
+		g.sharedVals[w] &^= 1 << (uint(i) % 64)
+	}
 }
 
 // keyedStore holds one named state of one keyed operator subtask, split by key
@@ -205,11 +236,25 @@ func (s *keyedStore[K, V]) unshare(g *keyGroupMap[K, V]) {
 	ents := make([]stateEntry[K, V], len(g.ents), len(g.ents)+len(g.ents)/4+1)
 	copy(ents, g.ents)
 	if s.clone != nil {
-		for i := range ents {
-			ents[i].val = s.clone(ents[i].val)
+		// Every value is the snapshot's until written (cloneAt).
+		n := (len(ents) + 63) / 64
+		g.sharedVals = append(g.sharedVals[:0], make([]uint64, n)...)
+		for w := range g.sharedVals {
+			g.sharedVals[w] = ^uint64(0)
+		}
+		if r := len(ents) % 64; r != 0 {
+			g.sharedVals[n-1] = 1<<uint(r) - 1
 		}
 	}
 	g.ents, g.shared = ents, false
+}
+
+// cloneAt makes the value at i g's own, if a snapshot shares it.
+func (s *keyedStore[K, V]) cloneAt(g *keyGroupMap[K, V], i int32) {
+	if s.clone != nil && g.valShared(i) {
+		g.ents[i].val = s.clone(g.ents[i].val)
+		g.setValShared(i, false)
+	}
 }
 
 // getForWrite returns the current key's value, which the caller may change
@@ -226,6 +271,7 @@ func (s *keyedStore[K, V]) getForWrite() (V, bool) {
 		return zero, false
 	}
 	s.unshare(g)
+	s.cloneAt(g, i)
 	return g.ents[i].val, true
 }
 
@@ -241,6 +287,10 @@ func (s *keyedStore[K, V]) put(v V) {
 	}
 	s.unshare(g)
 	g.ents[i].val = v
+	if s.clone != nil {
+		// v is the caller's (getForWrite's own copy, or a new value).
+		g.setValShared(i, false)
+	}
 }
 
 func (s *keyedStore[K, V]) del() {
@@ -257,6 +307,12 @@ func (s *keyedStore[K, V]) del() {
 	if i != last {
 		g.ents[i] = g.ents[last]
 		g.idx[g.ents[i].key] = i
+		if s.clone != nil {
+			g.setValShared(i, g.valShared(last))
+		}
+	}
+	if s.clone != nil {
+		g.setValShared(last, false)
 	}
 	g.ents[last] = stateEntry[K, V]{}
 	g.ents = g.ents[:last]
