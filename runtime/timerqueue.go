@@ -211,7 +211,9 @@ func (q *timerQueue[T]) next(upTo int64) (timerID[T], int, bool) {
 				// Registered while the batch fired, earlier than it: it
 				// fires first, the batch's rest goes back to the heap.
 				for _, id := range q.batch[q.cur:] {
-					q.push(id)
+					if _, live := q.set[id]; live {
+						q.push(id)
+					}
 				}
 				q.endBatch()
 				continue
