@@ -3,6 +3,7 @@ package runtime
 import (
 	goruntime "runtime"
 	"testing"
+	"time"
 )
 
 // heapLive is the heap's live bytes after a full collection.
@@ -135,5 +136,48 @@ func TestMapStateWriteAfterASnapshotCopiesOnlyThatKeysMap(t *testing.T) {
 	restored.scope.setKey(7, 0)
 	if v, _ := rm.Get(3); v != 7 || rm.Len() != 10 {
 		t.Fatalf("the snapshot holds key 7's entry 3 = %d of %d entries, want 7 of 10 (as before the Put)", v, rm.Len())
+	}
+}
+
+// TTL's incremental cleanup that drops an expired key after a snapshot
+// moves the key group's last entry into its place, with its copy-on-write
+// mark: a write to the moved key's map then copies it instead of changing
+// the map the snapshot still encodes.
+func TestTTLCleanupAfterASnapshotKeepsTheMovedMapCopyOnWrite(t *testing.T) {
+	now := int64(1_000)
+	b := newKeyedBackend[string](DefaultCodec[string](), 1)
+	b.timers.clock = func() time.Time { return time.UnixMilli(now) }
+	opts := []StateOpt{WithTTL(StateTTLConfig{TTL: 100 * time.Millisecond, CleanupPerAccess: 10})}
+	m, err := NewMapState[int64, int64](&StateRegistry[string]{b: b}, "m", Int64Codec(), Int64Codec(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.scope.setKey("a", 0) // the key group's first entry
+	m.Put(1, 1)
+	m.Put(2, 2)
+	now = 1_050
+	b.scope.setKey("b", 0) // its last entry
+	m.Put(1, 1)
+	enc := b.snapshot()
+	b.scope.setKey("a", 0)
+	m.Delete(2) // a's map is its own now; its entry 1 is still of 1000
+	now = 1_120 // a's entry expired, b's not
+	b.scope.setKey("b", 0)
+	m.Put(3, 3) // the cleanup drops a and moves b first
+	restored := newKeyedBackend[string](DefaultCodec[string](), 1)
+	restored.timers.clock = b.timers.clock
+	now = 1_050
+	for kg, blob := range encoded(t, enc) {
+		if err := restored.restoreKeyGroup(kg, blob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rm, err := NewMapState[int64, int64](&StateRegistry[string]{b: restored}, "m", Int64Codec(), Int64Codec(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored.scope.setKey("b", 0)
+	if _, ok := rm.Get(3); ok || rm.Len() != 1 {
+		t.Fatalf("the snapshot holds b's map with %d entries (entry 3: %v), want only entry 1 (as at the snapshot)", rm.Len(), ok)
 	}
 }
