@@ -288,12 +288,6 @@ func (q *timerQueue[T]) live() []kgTimer[T] {
 	return out
 }
 
-// byKeyGroup returns the live timers by key group, each group sorted by
-// timestamp and then by the owner's encoding.
-func (q *timerQueue[T]) byKeyGroup() map[int][]timerID[T] {
-	return groupTimers(q.live(), q.enc)
-}
-
 // groupTimers groups timers by key group, each group sorted by timestamp
 // and then by the owner's encoding.
 func groupTimers[T comparable](ts []kgTimer[T], enc ownerEncoder[T]) map[int][]timerID[T] {
@@ -324,16 +318,13 @@ func groupTimers[T comparable](ts []kgTimer[T], enc ownerEncoder[T]) map[int][]t
 	return out
 }
 
-// appendTimers encodes a key group's timers of both domains: a count, then
-// per timer its domain, timestamp (varint) and owner (framed).
-func appendTimers[T comparable](dst []byte, enc ownerEncoder[T], event, proc []timerID[T]) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(event)+len(proc)))
-	dst = appendTimerEntries(dst, enc, EventTime, event)
-	return appendTimerEntries(dst, enc, ProcessingTime, proc)
-}
+// A key group's timers of both domains are encoded in one blob: a count
+// (uvarint), then per timer its domain, timestamp (varint) and owner
+// (framed); appendTimerEntries appends the timers of one domain after the
+// count.
 
-// appendTimerEntries appends timers of domain d as appendTimers does after
-// the count: per timer d, the timestamp (varint) and the owner (framed).
+// appendTimerEntries appends timers of domain d: per timer d, the
+// timestamp (varint) and the owner (framed).
 func appendTimerEntries[T comparable](dst []byte, enc ownerEncoder[T], d TimeDomain, ids []timerID[T]) []byte {
 	var ob []byte
 	for _, id := range ids {
@@ -345,7 +336,7 @@ func appendTimerEntries[T comparable](dst []byte, enc ownerEncoder[T], d TimeDom
 	return dst
 }
 
-// decodeTimers calls add for every timer appendTimers encoded.
+// decodeTimers calls add for every timer of a key group's timers blob.
 func decodeTimers(b []byte, add func(d TimeDomain, owner string, ts int64)) error {
 	n, k := binary.Uvarint(b)
 	if k <= 0 || n > uint64(len(b)) {

@@ -215,7 +215,7 @@ func (t *Timers[K, N]) freeze() frozenState {
 }
 
 // frozenTimerService is a Timers' snapshot: both domains of a key group
-// in one blob (appendTimers' encoding).
+// in one blob (decodeTimers' encoding).
 type frozenTimerService struct {
 	ev, pr frozenTimers
 	buf    []byte
