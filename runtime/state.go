@@ -66,12 +66,24 @@ func (sc *keyScope[K]) setKey(key K, kg int) {
 // stateSnapshotter is the untyped face of one named state of an operator.
 type stateSnapshotter interface {
 	name() string
-	// freeze marks every key group copy-on-write and returns a function that
-	// encodes them; it may run on another goroutine while processing goes on.
-	freeze() func() (map[int][]byte, error)
+	// freeze marks every key group copy-on-write and returns what encodes
+	// them; its methods may run on another goroutine while processing goes
+	// on.
+	freeze() frozenState
 	restore(kg int, b []byte) error
 	// close releases what the state holds outside the Go heap.
 	close() error
+}
+
+// frozenState is a state's snapshot being encoded, one key group at a time
+// (the asynchronous part of a checkpoint), so that only the key group being
+// encoded is ever held twice.
+type frozenState interface {
+	// keyGroups lists the key groups that hold data, in any order.
+	keyGroups() ([]int, error)
+	// appendKeyGroup appends kg's encoding to dst; false if kg holds no
+	// data.
+	appendKeyGroup(dst []byte, kg int) ([]byte, bool, error)
 }
 
 // stateEntry is one key's value of one state.
@@ -88,10 +100,41 @@ type stateEntry[K comparable, V any] struct {
 //     rehash of the map);
 //   - adding an entry appends beyond every snapshot's length, without a
 //     copy.
+//
+// For a reference value (a map state's maps) the copy is of the entries
+// only: each value the snapshot still shares is marked in sharedVals and
+// deep-copied when it is first written (copy-on-write per entry), so that a
+// checkpoint costs a copy of the maps written while it encodes, not of
+// every map of every key group written to.
 type keyGroupMap[K comparable, V any] struct {
 	idx    map[K]int32
 	ents   []stateEntry[K, V]
 	shared bool
+	// sharedVals marks, by position, the values of ents a snapshot shares
+	// (only with a clone function); positions beyond it are not shared.
+	sharedVals []uint64
+}
+
+// valShared reports whether the value at i is shared with a snapshot.
+func (g *keyGroupMap[K, V]) valShared(i int32) bool {
+	w := int(i) / 64
+	return w < len(g.sharedVals) && g.sharedVals[w]&(1<<(uint(i)%64)) != 0
+}
+
+// setValShared marks the value at i shared (or not).
+func (g *keyGroupMap[K, V]) setValShared(i int32, on bool) {
+	w := int(i) / 64
+	if w >= len(g.sharedVals) {
+		if !on {
+			return
+		}
+		g.sharedVals = append(g.sharedVals, make([]uint64, w+1-len(g.sharedVals))...)
+	}
+	if on {
+		g.sharedVals[w] |= 1 << (uint(i) % 64)
+	} else {
+		g.sharedVals[w] &^= 1 << (uint(i) % 64)
+	}
 }
 
 // keyedStore holds one named state of one keyed operator subtask, split by key
@@ -162,11 +205,25 @@ func (s *keyedStore[K, V]) unshare(g *keyGroupMap[K, V]) {
 	ents := make([]stateEntry[K, V], len(g.ents), len(g.ents)+len(g.ents)/4+1)
 	copy(ents, g.ents)
 	if s.clone != nil {
-		for i := range ents {
-			ents[i].val = s.clone(ents[i].val)
+		// Every value is the snapshot's until written (cloneAt).
+		n := (len(ents) + 63) / 64
+		g.sharedVals = append(g.sharedVals[:0], make([]uint64, n)...)
+		for w := range g.sharedVals {
+			g.sharedVals[w] = ^uint64(0)
+		}
+		if r := len(ents) % 64; r != 0 {
+			g.sharedVals[n-1] = 1<<uint(r) - 1
 		}
 	}
 	g.ents, g.shared = ents, false
+}
+
+// cloneAt makes the value at i g's own, if a snapshot shares it.
+func (s *keyedStore[K, V]) cloneAt(g *keyGroupMap[K, V], i int32) {
+	if s.clone != nil && g.valShared(i) {
+		g.ents[i].val = s.clone(g.ents[i].val)
+		g.setValShared(i, false)
+	}
 }
 
 // getForWrite returns the current key's value, which the caller may change
@@ -183,6 +240,7 @@ func (s *keyedStore[K, V]) getForWrite() (V, bool) {
 		return zero, false
 	}
 	s.unshare(g)
+	s.cloneAt(g, i)
 	return g.ents[i].val, true
 }
 
@@ -198,6 +256,10 @@ func (s *keyedStore[K, V]) put(v V) {
 	}
 	s.unshare(g)
 	g.ents[i].val = v
+	if s.clone != nil {
+		// v is the caller's (getForWrite's own copy, or a new value).
+		g.setValShared(i, false)
+	}
 }
 
 func (s *keyedStore[K, V]) del() {
@@ -214,6 +276,12 @@ func (s *keyedStore[K, V]) del() {
 	if i != last {
 		g.ents[i] = g.ents[last]
 		g.idx[g.ents[i].key] = i
+		if s.clone != nil {
+			g.setValShared(i, g.valShared(last))
+		}
+	}
+	if s.clone != nil {
+		g.setValShared(last, false)
 	}
 	g.ents[last] = stateEntry[K, V]{}
 	g.ents = g.ents[:last]
@@ -223,45 +291,66 @@ func (s *keyedStore[K, V]) del() {
 
 func (s *keyedStore[K, V]) close() error { return nil }
 
-func (s *keyedStore[K, V]) freeze() func() (map[int][]byte, error) {
-	frozen := make(map[int][]stateEntry[K, V], len(s.groups))
+func (s *keyedStore[K, V]) freeze() frozenState {
+	f := &frozenStore[K, V]{s: s, groups: make(map[int][]stateEntry[K, V], len(s.groups))}
 	for kg, g := range s.groups {
 		if g == nil || len(g.ents) == 0 {
 			continue
 		}
 		g.shared = true
-		frozen[kg] = g.ents[:len(g.ents):len(g.ents)]
+		f.groups[kg] = g.ents[:len(g.ents):len(g.ents)]
 	}
-	var keep func(V) (V, bool)
 	if s.filter != nil {
-		keep = s.filter()
+		f.keep = s.filter()
 	}
-	return func() (map[int][]byte, error) {
-		out := make(map[int][]byte, len(frozen))
-		var kb, vb []byte
-		for kg, ents := range frozen {
-			if keep != nil {
-				kept := make([]stateEntry[K, V], 0, len(ents))
-				for _, e := range ents {
-					if v, ok := keep(e.val); ok {
-						kept = append(kept, stateEntry[K, V]{key: e.key, val: v})
-					}
-				}
-				if ents = kept; len(ents) == 0 {
-					continue
-				}
+	return f
+}
+
+// frozenStore is a keyedStore's entries at a snapshot (shared with the
+// store, copy-on-write).
+type frozenStore[K comparable, V any] struct {
+	s      *keyedStore[K, V] // for its codecs only
+	groups map[int][]stateEntry[K, V]
+	// keep, if set, maps each value to what the snapshot writes or drops
+	// it (keyedStore.filter); kept holds a key group's kept entries.
+	keep   func(V) (V, bool)
+	kept   []stateEntry[K, V]
+	kb, vb []byte
+}
+
+func (f *frozenStore[K, V]) keyGroups() ([]int, error) {
+	kgs := make([]int, 0, len(f.groups))
+	for kg := range f.groups {
+		kgs = append(kgs, kg)
+	}
+	return kgs, nil
+}
+
+func (f *frozenStore[K, V]) appendKeyGroup(b []byte, kg int) ([]byte, bool, error) {
+	ents, ok := f.groups[kg]
+	if !ok {
+		return b, false, nil
+	}
+	if f.keep != nil {
+		f.kept = f.kept[:0]
+		for _, e := range ents {
+			if v, ok := f.keep(e.val); ok {
+				f.kept = append(f.kept, stateEntry[K, V]{key: e.key, val: v})
 			}
-			b := binary.AppendUvarint(nil, uint64(len(ents)))
-			for _, e := range ents {
-				kb = s.keyCodec.Append(kb[:0], e.key)
-				vb = s.valCodec.Append(vb[:0], e.val)
-				b = appendFrame(b, kb)
-				b = appendFrame(b, vb)
-			}
-			out[kg] = b
 		}
-		return out, nil
+		clear(f.kept[len(f.kept):cap(f.kept)])
+		if ents = f.kept; len(ents) == 0 {
+			return b, false, nil
+		}
 	}
+	b = binary.AppendUvarint(b, uint64(len(ents)))
+	for _, e := range ents {
+		f.kb = f.s.keyCodec.Append(f.kb[:0], e.key)
+		f.vb = f.s.valCodec.Append(f.vb[:0], e.val)
+		b = appendFrame(b, f.kb)
+		b = appendFrame(b, f.vb)
+	}
+	return b, true, nil
 }
 
 func (s *keyedStore[K, V]) restore(kg int, b []byte) error {
@@ -361,47 +450,67 @@ func (b *keyedBackend[K]) register(s stateSnapshotter) error {
 }
 
 // snapshot freezes every state and returns the encoder of the key-group
-// blobs. Each key group's blob holds every state of the operator.
+// blobs. Each key group's blob holds every state of the operator. The
+// encoder builds one key group at a time in a reused buffer and keeps an
+// exact-size copy of it, so that the snapshot holds its encoded size once,
+// not each state's blobs and then their concatenation, nor the spare
+// capacity of grown buffers.
 func (b *keyedBackend[K]) snapshot() func() (map[int][]byte, error) {
-	encs := make([]func() (map[int][]byte, error), len(b.states))
+	frozen := make([]frozenState, len(b.states))
 	names := make([]string, len(b.states))
 	for i, s := range b.states {
-		encs[i] = s.freeze()
+		frozen[i] = s.freeze()
 		names[i] = s.name()
 	}
 	// State restored but never registered again (the job stopped using it)
 	// is carried along so a later version can still read it.
 	carried := b.restored
 	return func() (map[int][]byte, error) {
-		perKG := map[int][]byte{}
-		add := func(name string, kg int, blob []byte) {
-			out := perKG[kg]
-			out = appendFrame(out, []byte(name))
-			out = appendFrame(out, blob)
-			perKG[kg] = out
-		}
+		kgSet := map[int]struct{}{}
 		var errs []error
-		for i, enc := range encs {
-			blobs, err := enc()
+		for i, f := range frozen {
+			kgs, err := f.keyGroups()
 			if err != nil {
 				errs = append(errs, fmt.Errorf("state %q: %w", names[i], err))
 				continue
 			}
-			for kg, blob := range blobs {
-				add(names[i], kg, blob)
+			for _, kg := range kgs {
+				kgSet[kg] = struct{}{}
 			}
 		}
 		if len(errs) > 0 {
 			return nil, errors.Join(errs...)
 		}
 		cn := make([]string, 0, len(carried))
-		for n := range carried {
+		for n, blobs := range carried {
 			cn = append(cn, n)
+			for kg := range blobs {
+				kgSet[kg] = struct{}{}
+			}
 		}
 		sort.Strings(cn)
-		for _, n := range cn {
-			for kg, blob := range carried[n] {
-				add(n, kg, blob)
+		perKG := make(map[int][]byte, len(kgSet))
+		var buf, blob []byte
+		for kg := range kgSet {
+			buf = buf[:0]
+			for i, f := range frozen {
+				var ok bool
+				var err error
+				if blob, ok, err = f.appendKeyGroup(blob[:0], kg); err != nil {
+					return nil, fmt.Errorf("state %q key group %d: %w", names[i], kg, err)
+				} else if ok {
+					buf = appendFrame(buf, []byte(names[i]))
+					buf = appendFrame(buf, blob)
+				}
+			}
+			for _, n := range cn {
+				if blob, ok := carried[n][kg]; ok {
+					buf = appendFrame(buf, []byte(n))
+					buf = appendFrame(buf, blob)
+				}
+			}
+			if len(buf) > 0 { // not when TTL dropped every entry
+				perKG[kg] = append(make([]byte, 0, len(buf)), buf...)
 			}
 		}
 		return perKG, nil

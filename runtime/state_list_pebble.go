@@ -63,7 +63,9 @@ func (l *pebbleList[K, T]) dump(kg int, data []byte, emit func(StateRecord) erro
 // freeze writes the canonical blob of a list state (the heap's): per key,
 // the framed key and the framed list (its elements' frames), built from
 // the key's consecutive elements without decoding them.
-func (l *pebbleList[K, T]) freeze() func() (map[int][]byte, error) {
+func (l *pebbleList[K, T]) freeze() frozenState { return &frozenBlobs{enc: l.encode()} }
+
+func (l *pebbleList[K, T]) encode() func() (map[int][]byte, error) {
 	m := l.m
 	snap := m.st.snapshot()
 	return func() (map[int][]byte, error) {

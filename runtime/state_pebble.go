@@ -324,7 +324,9 @@ func (s *pebbleValue[K, V]) close() error { return nil }
 
 // freeze: the rest of a value's pebble key is the framed key, as the
 // canonical blob frames it, and the pebble value is the codec's bytes.
-func (s *pebbleValue[K, V]) freeze() func() (map[int][]byte, error) {
+func (s *pebbleValue[K, V]) freeze() frozenState { return &frozenBlobs{enc: s.encode()} }
+
+func (s *pebbleValue[K, V]) encode() func() (map[int][]byte, error) {
 	snap := s.st.snapshot()
 	return func() (map[int][]byte, error) {
 		if !s.st.begin(snap) {
@@ -495,7 +497,9 @@ func (m *pebbleMap[K, UK, UV]) close() error { return nil }
 // freeze: the canonical blob of a map state is, per key, the framed key
 // and the framed map (count, then framed user keys and values), built
 // from the key's consecutive entries without decoding them.
-func (m *pebbleMap[K, UK, UV]) freeze() func() (map[int][]byte, error) {
+func (m *pebbleMap[K, UK, UV]) freeze() frozenState { return &frozenBlobs{enc: m.encode()} }
+
+func (m *pebbleMap[K, UK, UV]) encode() func() (map[int][]byte, error) {
 	snap := m.st.snapshot()
 	return func() (map[int][]byte, error) {
 		if !m.st.begin(snap) {
@@ -583,6 +587,21 @@ type pebbleTimers struct {
 	hi     []byte
 }
 
+// pebbleTimerID is a timer in pebble: its timestamp and encoded owner.
+type pebbleTimerID struct {
+	ts    int64
+	owner string
+}
+
+// less orders timers by timestamp, then by the owner's encoding (pebble's
+// key order).
+func (a pebbleTimerID) less(b pebbleTimerID) bool {
+	if a.ts != b.ts {
+		return a.ts < b.ts
+	}
+	return a.owner < b.owner
+}
+
 // timerCacheSize is how many of a key group's earliest timers are cached.
 const timerCacheSize = 32
 
@@ -590,19 +609,19 @@ const timerCacheSize = 32
 // all of the key group's timers; else every timer not cached is after the
 // last cached one, and ids is not empty.
 type timerCache struct {
-	ids      []timerID
+	ids      []pebbleTimerID
 	complete bool
 }
 
 // find is id's position in the cache and whether it is there.
-func (c *timerCache) find(id timerID) (int, bool) {
+func (c *timerCache) find(id pebbleTimerID) (int, bool) {
 	i := sort.Search(len(c.ids), func(i int) bool { return !c.ids[i].less(id) })
 	return i, i < len(c.ids) && c.ids[i] == id
 }
 
 // covers says whether the cache knows if id exists: every timer up to id
 // is cached.
-func (c *timerCache) covers(id timerID) bool {
+func (c *timerCache) covers(id pebbleTimerID) bool {
 	return c.complete || id.less(c.ids[len(c.ids)-1])
 }
 
@@ -634,7 +653,7 @@ func (t *pebbleTimers) exists() bool {
 }
 
 func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
-	id := timerID{ts: ts, owner: owner}
+	id := pebbleTimerID{ts: ts, owner: owner}
 	c := &t.caches[kg]
 	if _, ok := c.find(id); ok {
 		return false
@@ -662,7 +681,7 @@ func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
 }
 
 func (t *pebbleTimers) remove(kg int, owner string, ts int64) bool {
-	id := timerID{ts: ts, owner: owner}
+	id := pebbleTimerID{ts: ts, owner: owner}
 	c := &t.caches[kg]
 	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
 	i, cached := c.find(id)
@@ -699,7 +718,7 @@ func (t *pebbleTimers) refill(kg int) {
 	}
 	for ok := it.First(); ok && len(c.ids) < timerCacheSize; ok = it.Next() {
 		k := it.Key()[4:]
-		c.ids = append(c.ids, timerID{ts: int64(binary.BigEndian.Uint64(k) ^ (1 << 63)), owner: string(k[8:])})
+		c.ids = append(c.ids, pebbleTimerID{ts: int64(binary.BigEndian.Uint64(k) ^ (1 << 63)), owner: string(k[8:])})
 	}
 	c.complete = !it.Valid()
 	if err := it.Close(); err != nil {
@@ -707,7 +726,7 @@ func (t *pebbleTimers) refill(kg int) {
 	}
 }
 
-func (t *pebbleTimers) peek() (timerID, bool) {
+func (t *pebbleTimers) peek() (pebbleTimerID, bool) {
 	if t.min == -2 {
 		t.min = -1
 		for kg := range t.caches {
@@ -718,15 +737,15 @@ func (t *pebbleTimers) peek() (timerID, bool) {
 		}
 	}
 	if t.min < 0 {
-		return timerID{}, false
+		return pebbleTimerID{}, false
 	}
 	return t.caches[t.min].ids[0], true
 }
 
-func (t *pebbleTimers) next(upTo int64) (timerID, int, bool) {
+func (t *pebbleTimers) next(upTo int64) (pebbleTimerID, int, bool) {
 	id, ok := t.peek()
 	if !ok || id.ts > upTo {
-		return timerID{}, 0, false
+		return pebbleTimerID{}, 0, false
 	}
 	kg := t.min
 	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, id.owner, id.ts)
@@ -745,23 +764,23 @@ func (t *pebbleTimers) len() int { return t.n }
 
 func (t *pebbleTimers) close() error { return nil }
 
-func (t *pebbleTimers) snapshot() func() (map[int][]timerID, error) {
+func (t *pebbleTimers) snapshot() func() (map[int][]pebbleTimerID, error) {
 	snap := t.st.snapshot()
-	return func() (map[int][]timerID, error) {
+	return func() (map[int][]pebbleTimerID, error) {
 		if !t.st.begin(snap) {
 			return nil, errStateClosed
 		}
 		defer t.st.done(snap)
-		out := map[int][]timerID{}
+		out := map[int][]pebbleTimerID{}
 		err := eachKeyGroup(snap, t.st.maxPar, t.sid, func(kg int, rest, _ []byte) error {
 			if len(rest) < 8 {
 				return fmt.Errorf("%w: timer key of %d bytes", ErrDecode, len(rest))
 			}
-			out[kg] = append(out[kg], timerID{ts: int64(binary.BigEndian.Uint64(rest) ^ (1 << 63)), owner: string(rest[8:])})
+			out[kg] = append(out[kg], pebbleTimerID{ts: int64(binary.BigEndian.Uint64(rest) ^ (1 << 63)), owner: string(rest[8:])})
 			return nil
 		}, func(int) error { return nil })
 		for _, ids := range out {
-			// pebble's order is (timestamp, owner bytes): timerID.less.
+			// pebble's order is (timestamp, owner bytes): pebbleTimerID.less.
 			if !sort.SliceIsSorted(ids, func(i, j int) bool { return ids[i].less(ids[j]) }) {
 				sort.Slice(ids, func(i, j int) bool { return ids[i].less(ids[j]) })
 			}

@@ -240,7 +240,8 @@ func TestPebbleStateAfterACrashIsTheCheckpointsNotTheLeftovers(t *testing.T) {
 // and holds the same timers at every snapshot.
 func TestPebbleTimerStoreMatchesTheHeapsAtAnySize(t *testing.T) {
 	const maxPar = 4
-	heap, peb := heapTimers{newTimerQueue()}, newPebbleTimers(testPebbleState(t, maxPar), "t")
+	heap := heapTimers[string]{newTimerQueue(appendStringOwner)}
+	peb := newEncodedTimers(newPebbleTimers(testPebbleState(t, maxPar), "t"), appendStringOwner, decodeStringOwner)
 	r := rand.New(rand.NewPCG(3, 4))
 	type reg struct {
 		kg    int
@@ -266,8 +267,11 @@ func TestPebbleTimerStoreMatchesTheHeapsAtAnySize(t *testing.T) {
 		default:
 			now += int64(r.IntN(40))
 			for {
-				a, akg, aok := heap.next(now)
-				b, bkg, bok := peb.next(now)
+				a, akg, aok, aerr := heap.next(now)
+				b, bkg, bok, berr := peb.next(now)
+				if aerr != nil || berr != nil {
+					t.Fatalf("step %d: next(%d): heap %v, pebble %v", step, now, aerr, berr)
+				}
 				if a != b || akg != bkg || aok != bok {
 					t.Fatalf("step %d: next(%d): heap %v %d %v, pebble %v %d %v", step, now, a, akg, aok, b, bkg, bok)
 				}
@@ -280,11 +284,11 @@ func TestPebbleTimerStoreMatchesTheHeapsAtAnySize(t *testing.T) {
 			t.Fatalf("step %d: heap holds %d timers, pebble %d", step, heap.len(), peb.len())
 		}
 		if step%5000 == 4999 {
-			hs, err := heap.snapshot()()
+			hs, err := frozenTimerBlobs(heap.snapshot(appendStringOwner))
 			if err != nil {
 				t.Fatal(err)
 			}
-			ps, err := peb.snapshot()()
+			ps, err := frozenTimerBlobs(peb.snapshot(appendStringOwner))
 			if err != nil {
 				t.Fatal(err)
 			}

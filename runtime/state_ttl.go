@@ -190,13 +190,20 @@ func (c *heapCleaner[K, V]) run() {
 				g.ents[c.i] = g.ents[last]
 				g.idx[g.ents[c.i].key] = int32(c.i)
 			}
+			if s.clone != nil { // the moved value's copy-on-write mark moves too
+				g.setValShared(int32(c.i), g.valShared(int32(last)))
+				g.setValShared(int32(last), false)
+			}
 			g.ents[last] = stateEntry[K, V]{}
 			g.ents = g.ents[:last]
 			delete(g.idx, key)
 			s.atGen = 0 // positions moved
 		case changed:
 			s.unshare(g)
-			g.ents[c.i].val = v
+			g.ents[c.i].val = v // a new value (expire does not change v in place)
+			if s.clone != nil {
+				g.setValShared(int32(c.i), false)
+			}
 			c.i++
 		default:
 			c.i++

@@ -1,5 +1,7 @@
 package runtime
 
+import "encoding/binary"
+
 // The state backend seam. The typed keyed states (ValueState, MapState)
 // and the timer services (Timers) do not hold their data: they talk to a
 // store of one of the kinds below, one store per declared state (or per
@@ -14,8 +16,9 @@ package runtime
 //     and restore at any parallelism on any backend.
 //
 // The heap backend is keyedStore (values, and a map per key for map state)
-// and timerQueue (timers); the pebble backend (state_pebble.go) keeps
-// every entry and timer in a pebble instance of the subtask.
+// and timerQueue (timers, with typed owners); the pebble backend
+// (state_pebble.go) keeps every entry and timer in a pebble instance of
+// the subtask (a timer's owner encoded in its pebble key).
 
 // valueStore is the current key's value of one value state.
 type valueStore[V any] interface {
@@ -40,26 +43,72 @@ type mapStore[UK comparable, UV any] interface {
 
 // timerStore is the timers of one time domain of one timer service, every
 // key group of the subtask: at most one timer per (owner, timestamp), the
-// owner being the encoded key and namespace.
-type timerStore interface {
+// owner (of type T: the key and namespace) typed. Ties of a timestamp fire
+// in the order of the owners' encodings, the order a restore rebuilds.
+type timerStore[T comparable] interface {
 	// register adds the timer in key group kg; false if it exists.
-	register(kg int, owner string, ts int64) bool
+	register(kg int, owner T, ts int64) bool
 	// remove deletes the timer of key group kg; false if there is none.
-	remove(kg int, owner string, ts int64) bool
-	// peek is the earliest timer.
-	peek() (timerID, bool)
+	remove(kg int, owner T, ts int64) bool
+	// peek is the earliest timer's timestamp.
+	peek() (int64, bool)
 	// next removes and returns the earliest timer at or before upTo, with
-	// its key group; false when there is none.
-	next(upTo int64) (timerID, int, bool)
+	// its key group; false when there is none. The error is a stored
+	// owner that does not decode.
+	next(upTo int64) (timerID[T], int, bool, error)
 	len() int
 	// snapshot is the synchronous part of a snapshot: it returns the
-	// asynchronous part, which lists the timers by key group, each group
-	// sorted (timerID.less).
-	snapshot() func() (map[int][]timerID, error)
+	// timers to encode (the asynchronous part), with enc where owners are
+	// typed (the store's own encoder's buffers belong to the task's
+	// goroutine).
+	snapshot(enc ownerEncoder[T]) frozenTimers
 	// restored adds a timer read from a snapshot.
-	restored(kg int, owner string, ts int64) error
+	restored(kg int, owner T, ts int64) error
 	// close releases what the store holds outside the Go heap.
 	close() error
+}
+
+// frozenTimers is a timer store's timers at a snapshot, encoded one key
+// group at a time (its methods run on the asynchronous part's goroutine).
+type frozenTimers interface {
+	// keyGroups lists the key groups holding timers, in any order.
+	keyGroups() ([]int, error)
+	// appendKeyGroup appends kg's timers, ordered by timestamp and then by
+	// the owners' encodings, each as appendTimerEntries writes it with
+	// domain d; n is how many.
+	appendKeyGroup(dst []byte, kg int, d TimeDomain) (_ []byte, n int, _ error)
+}
+
+// frozenBlobs is the frozenState of a store that encodes every key group
+// in one pass (the pebble stores, from a pebble snapshot): each blob is
+// dropped once appended.
+type frozenBlobs struct {
+	enc   func() (map[int][]byte, error)
+	blobs map[int][]byte
+}
+
+func (f *frozenBlobs) keyGroups() ([]int, error) {
+	if f.blobs == nil {
+		blobs, err := f.enc()
+		if err != nil {
+			return nil, err
+		}
+		f.blobs, f.enc = blobs, nil
+	}
+	kgs := make([]int, 0, len(f.blobs))
+	for kg := range f.blobs {
+		kgs = append(kgs, kg)
+	}
+	return kgs, nil
+}
+
+func (f *frozenBlobs) appendKeyGroup(dst []byte, kg int) ([]byte, bool, error) {
+	b, ok := f.blobs[kg]
+	if !ok {
+		return dst, false, nil
+	}
+	delete(f.blobs, kg)
+	return append(dst, b...), true, nil
 }
 
 // heapMap is the heap backend's map store: a Go map per key in a
@@ -110,22 +159,141 @@ func (m heapMap[K, UK, UV]) len() int {
 
 func (m heapMap[K, UK, UV]) clear() { m.s.del() }
 
-// heapTimers is the heap backend's timer store: a timerQueue.
-type heapTimers struct{ q *timerQueue }
+// heapTimers is the heap backend's timer store: a timerQueue of typed
+// owners.
+type heapTimers[T comparable] struct{ q *timerQueue[T] }
 
-func (h heapTimers) register(kg int, owner string, ts int64) bool { return h.q.register(kg, owner, ts) }
-func (h heapTimers) remove(_ int, owner string, ts int64) bool    { return h.q.remove(owner, ts) }
-func (h heapTimers) peek() (timerID, bool)                        { return h.q.peek() }
-func (h heapTimers) next(upTo int64) (timerID, int, bool)         { return h.q.next(upTo) }
-func (h heapTimers) len() int                                     { return h.q.len() }
-func (h heapTimers) close() error                                 { return nil }
+func (h heapTimers[T]) register(kg int, owner T, ts int64) bool { return h.q.register(kg, owner, ts) }
+func (h heapTimers[T]) remove(_ int, owner T, ts int64) bool    { return h.q.remove(owner, ts) }
+func (h heapTimers[T]) peek() (int64, bool)                     { return h.q.peek() }
+func (h heapTimers[T]) len() int                                { return h.q.len() }
+func (h heapTimers[T]) close() error                            { return nil }
 
-func (h heapTimers) snapshot() func() (map[int][]timerID, error) {
-	ids := h.q.byKeyGroup()
-	return func() (map[int][]timerID, error) { return ids, nil }
+func (h heapTimers[T]) next(upTo int64) (timerID[T], int, bool, error) {
+	id, kg, ok := h.q.next(upTo)
+	return id, kg, ok, nil
 }
 
-func (h heapTimers) restored(kg int, owner string, ts int64) error {
+// snapshot copies the live timers' typed ids (timers are not
+// copy-on-write); the asynchronous part groups, sorts and encodes them.
+func (h heapTimers[T]) snapshot(enc ownerEncoder[T]) frozenTimers {
+	return &frozenHeapTimers[T]{live: h.q.live(), enc: enc}
+}
+
+func (h heapTimers[T]) restored(kg int, owner T, ts int64) error {
 	h.q.register(kg, owner, ts)
 	return nil
+}
+
+// frozenHeapTimers is a heapTimers' live timers at a snapshot, grouped and
+// sorted by key group when first asked.
+type frozenHeapTimers[T comparable] struct {
+	live   []kgTimer[T]
+	enc    ownerEncoder[T]
+	groups map[int][]timerID[T]
+}
+
+func (f *frozenHeapTimers[T]) keyGroups() ([]int, error) {
+	if f.groups == nil {
+		f.groups, f.live = groupTimers(f.live, f.enc), nil
+	}
+	kgs := make([]int, 0, len(f.groups))
+	for kg := range f.groups {
+		kgs = append(kgs, kg)
+	}
+	return kgs, nil
+}
+
+func (f *frozenHeapTimers[T]) appendKeyGroup(dst []byte, kg int, d TimeDomain) ([]byte, int, error) {
+	ids := f.groups[kg]
+	delete(f.groups, kg)
+	return appendTimerEntries(dst, f.enc, d, ids), len(ids), nil
+}
+
+// encodedTimers is the pebble backend's timer store over typed owners: the
+// pebble store keeps each owner encoded (in its pebble key), so owners are
+// encoded to register and delete, and decoded to fire.
+type encodedTimers[T comparable] struct {
+	p   *pebbleTimers
+	enc ownerEncoder[T]
+	dec func([]byte) (T, error)
+	buf []byte
+}
+
+func newEncodedTimers[T comparable](p *pebbleTimers, enc ownerEncoder[T], dec func([]byte) (T, error)) *encodedTimers[T] {
+	return &encodedTimers[T]{p: p, enc: enc, dec: dec}
+}
+
+func (e *encodedTimers[T]) owner(o T) string {
+	e.buf = e.enc(e.buf[:0], o)
+	return string(e.buf)
+}
+
+func (e *encodedTimers[T]) register(kg int, owner T, ts int64) bool {
+	return e.p.register(kg, e.owner(owner), ts)
+}
+
+func (e *encodedTimers[T]) remove(kg int, owner T, ts int64) bool {
+	return e.p.remove(kg, e.owner(owner), ts)
+}
+
+func (e *encodedTimers[T]) peek() (int64, bool) {
+	id, ok := e.p.peek()
+	return id.ts, ok
+}
+
+func (e *encodedTimers[T]) next(upTo int64) (timerID[T], int, bool, error) {
+	id, kg, ok := e.p.next(upTo)
+	if !ok {
+		return timerID[T]{}, 0, false, nil
+	}
+	o, err := e.dec([]byte(id.owner))
+	if err != nil {
+		return timerID[T]{}, 0, false, err
+	}
+	return timerID[T]{ts: id.ts, owner: o}, kg, true, nil
+}
+
+func (e *encodedTimers[T]) len() int     { return e.p.len() }
+func (e *encodedTimers[T]) close() error { return e.p.close() }
+
+func (e *encodedTimers[T]) snapshot(ownerEncoder[T]) frozenTimers {
+	return &frozenPebbleTimers{enc: e.p.snapshot()}
+}
+
+func (e *encodedTimers[T]) restored(kg int, owner T, ts int64) error {
+	return e.p.restored(kg, e.owner(owner), ts)
+}
+
+// frozenPebbleTimers is a pebbleTimers' snapshot: its timers, read from
+// the pebble snapshot when first asked, with their owners as stored.
+type frozenPebbleTimers struct {
+	enc    func() (map[int][]pebbleTimerID, error)
+	groups map[int][]pebbleTimerID
+}
+
+func (f *frozenPebbleTimers) keyGroups() ([]int, error) {
+	if f.groups == nil {
+		groups, err := f.enc()
+		if err != nil {
+			return nil, err
+		}
+		f.groups, f.enc = groups, nil
+	}
+	kgs := make([]int, 0, len(f.groups))
+	for kg := range f.groups {
+		kgs = append(kgs, kg)
+	}
+	return kgs, nil
+}
+
+func (f *frozenPebbleTimers) appendKeyGroup(dst []byte, kg int, d TimeDomain) ([]byte, int, error) {
+	ids := f.groups[kg]
+	delete(f.groups, kg)
+	for _, id := range ids {
+		dst = append(dst, byte(d))
+		dst = binary.AppendVarint(dst, id.ts)
+		dst = appendFrame(dst, []byte(id.owner))
+	}
+	return dst, len(ids), nil
 }

@@ -1,67 +1,86 @@
 package runtime
 
 import (
-	"container/heap"
+	"bytes"
 	"encoding/binary"
 	"fmt"
-	"sort"
+	"slices"
 )
 
-// timerID names one timer of a queue: its timestamp and its owner (the
-// encoded key and namespace). A queue holds at most one timer per id.
-type timerID struct {
+// timerID names one timer of a queue: its timestamp and its owner (the key
+// and namespace, typed). A queue holds at most one timer per id.
+type timerID[T comparable] struct {
 	ts    int64
-	owner string
+	owner T
 }
 
-func (a timerID) less(b timerID) bool {
-	if a.ts != b.ts {
-		return a.ts < b.ts
-	}
-	return a.owner < b.owner
-}
+// ownerEncoder appends the encoding of a timer's owner to dst: the bytes
+// snapshots hold, whose order breaks ties between timers of one timestamp.
+type ownerEncoder[T comparable] func(dst []byte, owner T) []byte
 
 // timerQueue is the timers of one time domain of one timer service of a
 // keyed operator subtask, as a pure state machine: register, delete and
 // next (the firing of every timer at or before a time, earliest first,
-// ties by owner so the order is the same after a restore) over a min-heap
-// with lazy deletion, and each timer's key group for snapshots by key
-// group. It holds no clock and calls nothing.
-type timerQueue struct {
-	set  map[timerID]int // live timers -> key group
-	heap timerHeap       // live and deleted (dead) timers
-	dead int             // deleted entries still in heap
+// ties by the owner's encoding so the order is the same after a restore),
+// and each timer's key group for snapshots by key group. It holds no clock
+// and calls nothing.
+//
+// Its memory is a set of typed ids (owner and timestamp, with the key
+// group) and a min-heap of the same ids ordered by timestamp alone, with
+// lazy deletion: no owner is encoded to register, delete or order timers.
+// Ties are ordered when their timestamp comes due: the heap's timers of
+// that timestamp are taken out as a batch and sorted by their owners'
+// encodings, and fire from the batch in that order (a timer registered at
+// the batch's timestamp while it fires joins it in order; one registered
+// earlier fires first).
+type timerQueue[T comparable] struct {
+	set  map[timerID[T]]int32 // live timers -> key group
+	heap []timerID[T]         // live and deleted (dead) timers, by timestamp
+	dead int                  // deleted entries still in heap
+	enc  ownerEncoder[T]
+
+	// batch[cur:] are the timers of timestamp batchTS due to fire, in
+	// order (dead ones are skipped).
+	batch   []timerID[T]
+	cur     int
+	batchTS int64
+	scratch []byte // encodings while ordering a batch
 }
 
-func newTimerQueue() *timerQueue { return &timerQueue{set: map[timerID]int{}} }
-
-type timerHeap []timerID
-
-func (h timerHeap) Len() int           { return len(h) }
-func (h timerHeap) Less(i, j int) bool { return h[i].less(h[j]) }
-func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timerID)) }
-func (h *timerHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+func newTimerQueue[T comparable](enc ownerEncoder[T]) *timerQueue[T] {
+	return &timerQueue[T]{set: map[timerID[T]]int32{}, enc: enc}
 }
 
 // register adds the timer (ts, owner) in key group kg; false if it exists.
-func (q *timerQueue) register(kg int, owner string, ts int64) bool {
-	id := timerID{ts: ts, owner: owner}
+func (q *timerQueue[T]) register(kg int, owner T, ts int64) bool {
+	id := timerID[T]{ts: ts, owner: owner}
 	if _, ok := q.set[id]; ok {
 		return false
 	}
-	q.set[id] = kg
-	heap.Push(&q.heap, id)
+	q.set[id] = int32(kg)
+	if q.cur < len(q.batch) && ts == q.batchTS {
+		q.insertInBatch(id)
+		return true
+	}
+	q.push(id)
 	return true
 }
 
+// insertInBatch puts id into the batch being fired, at its place by owner.
+func (q *timerQueue[T]) insertInBatch(id timerID[T]) {
+	q.scratch = q.enc(q.scratch[:0], id.owner)
+	n := len(q.scratch)
+	rest := q.batch[q.cur:]
+	i, _ := slices.BinarySearchFunc(rest, id, func(e, _ timerID[T]) int {
+		q.scratch = q.enc(q.scratch[:n], e.owner)
+		return bytes.Compare(q.scratch[n:], q.scratch[:n])
+	})
+	q.batch = slices.Insert(q.batch, q.cur+i, id)
+}
+
 // remove deletes the timer (ts, owner); false if there is none.
-func (q *timerQueue) remove(owner string, ts int64) bool {
-	id := timerID{ts: ts, owner: owner}
+func (q *timerQueue[T]) remove(owner T, ts int64) bool {
+	id := timerID[T]{ts: ts, owner: owner}
 	if _, ok := q.set[id]; !ok {
 		return false
 	}
@@ -74,7 +93,7 @@ func (q *timerQueue) remove(owner string, ts int64) bool {
 }
 
 // compact drops the heap's dead entries.
-func (q *timerQueue) compact() {
+func (q *timerQueue[T]) compact() {
 	h := q.heap[:0]
 	for _, id := range q.heap {
 		if _, ok := q.set[id]; ok {
@@ -83,66 +102,241 @@ func (q *timerQueue) compact() {
 	}
 	clear(q.heap[len(h):])
 	q.heap, q.dead = h, 0
-	heap.Init(&q.heap)
+	for i := len(q.heap)/2 - 1; i >= 0; i-- {
+		q.down(i)
+	}
 }
 
-// peek returns the earliest live timer.
-func (q *timerQueue) peek() (timerID, bool) {
-	for len(q.heap) > 0 {
-		id := q.heap[0]
-		if _, ok := q.set[id]; ok {
-			return id, true
+func (q *timerQueue[T]) push(id timerID[T]) {
+	q.heap = append(q.heap, id)
+	q.up(len(q.heap) - 1)
+}
+
+func (q *timerQueue[T]) pop() timerID[T] {
+	h := q.heap
+	id := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	var zero timerID[T]
+	h[n] = zero
+	q.heap = h[:n]
+	if n > 0 {
+		q.down(0)
+	}
+	return id
+}
+
+func (q *timerQueue[T]) up(i int) {
+	h := q.heap
+	x := h[i]
+	for i > 0 {
+		p := (i - 1) / 2
+		if h[p].ts <= x.ts {
+			break
 		}
-		heap.Pop(&q.heap)
+		h[i] = h[p]
+		i = p
+	}
+	h[i] = x
+}
+
+func (q *timerQueue[T]) down(i int) {
+	h := q.heap
+	n := len(h)
+	x := h[i]
+	for {
+		c := 2*i + 1
+		if c >= n {
+			break
+		}
+		if r := c + 1; r < n && h[r].ts < h[c].ts {
+			c = r
+		}
+		if x.ts <= h[c].ts {
+			break
+		}
+		h[i] = h[c]
+		i = c
+	}
+	h[i] = x
+}
+
+// heapMin drops the heap's dead head entries and returns the earliest live
+// timestamp in the heap.
+func (q *timerQueue[T]) heapMin() (int64, bool) {
+	for len(q.heap) > 0 {
+		if _, ok := q.set[q.heap[0]]; ok {
+			return q.heap[0].ts, true
+		}
+		q.pop()
 		q.dead--
 	}
-	return timerID{}, false
+	return 0, false
+}
+
+// batchHead skips the batch's dead entries and reports whether a live one
+// remains.
+func (q *timerQueue[T]) batchHead() bool {
+	for q.cur < len(q.batch) {
+		if _, ok := q.set[q.batch[q.cur]]; ok {
+			return true
+		}
+		q.cur++
+	}
+	q.endBatch()
+	return false
+}
+
+func (q *timerQueue[T]) endBatch() {
+	clear(q.batch)
+	q.batch, q.cur = q.batch[:0], 0
+}
+
+// peek returns the earliest live timer's timestamp.
+func (q *timerQueue[T]) peek() (int64, bool) {
+	ts, ok := q.heapMin()
+	if q.batchHead() && (!ok || q.batchTS < ts) {
+		return q.batchTS, true
+	}
+	return ts, ok
 }
 
 // next removes and returns the earliest timer at or before upTo, with its
 // key group; false when there is none. Call it in a loop: a timer
 // registered by a firing one (at or before upTo) fires in the same loop.
-func (q *timerQueue) next(upTo int64) (timerID, int, bool) {
-	id, ok := q.peek()
-	if !ok || id.ts > upTo {
-		return timerID{}, 0, false
+func (q *timerQueue[T]) next(upTo int64) (timerID[T], int, bool) {
+	for {
+		if q.batchHead() {
+			if ts, ok := q.heapMin(); ok && ts < q.batchTS {
+				// Registered while the batch fired, earlier than it: it
+				// fires first, the batch's rest goes back to the heap.
+				for _, id := range q.batch[q.cur:] {
+					if _, live := q.set[id]; live {
+						q.push(id)
+					}
+				}
+				q.endBatch()
+				continue
+			}
+			if q.batchTS > upTo {
+				return timerID[T]{}, 0, false
+			}
+			id := q.batch[q.cur]
+			q.batch[q.cur] = timerID[T]{}
+			q.cur++
+			kg := q.set[id]
+			delete(q.set, id)
+			return id, int(kg), true
+		}
+		ts, ok := q.heapMin()
+		if !ok || ts > upTo {
+			return timerID[T]{}, 0, false
+		}
+		for len(q.heap) > 0 && q.heap[0].ts == ts {
+			id := q.pop()
+			if _, live := q.set[id]; live {
+				q.batch = append(q.batch, id)
+			} else {
+				q.dead--
+			}
+		}
+		q.batchTS = ts
+		q.batch = q.sortByOwner(q.batch)
 	}
-	heap.Pop(&q.heap)
-	kg := q.set[id]
-	delete(q.set, id)
-	return id, kg, true
+}
+
+// sortByOwner orders ids (of one timestamp) by their owners' encodings.
+func (q *timerQueue[T]) sortByOwner(ids []timerID[T]) []timerID[T] {
+	if len(ids) < 2 {
+		return ids
+	}
+	type keyed struct {
+		off, end int
+		id       timerID[T]
+	}
+	ks := make([]keyed, len(ids))
+	b := q.scratch[:0]
+	for i, id := range ids {
+		off := len(b)
+		b = q.enc(b, id.owner)
+		ks[i] = keyed{off, len(b), id}
+	}
+	slices.SortFunc(ks, func(x, y keyed) int { return bytes.Compare(b[x.off:x.end], b[y.off:y.end]) })
+	for i, k := range ks {
+		ids[i] = k.id
+	}
+	q.scratch = b[:0]
+	return ids
 }
 
 // len is the number of live timers.
-func (q *timerQueue) len() int { return len(q.set) }
+func (q *timerQueue[T]) len() int { return len(q.set) }
 
-// byKeyGroup returns the live timers by key group, each group sorted.
-func (q *timerQueue) byKeyGroup() map[int][]timerID {
-	out := map[int][]timerID{}
+// kgTimer is a timer with its key group, as a snapshot copies it.
+type kgTimer[T comparable] struct {
+	id timerID[T]
+	kg int32
+}
+
+// live copies the live timers (the synchronous part of a snapshot: typed
+// ids, nothing encoded).
+func (q *timerQueue[T]) live() []kgTimer[T] {
+	out := make([]kgTimer[T], 0, len(q.set))
 	for id, kg := range q.set {
-		out[kg] = append(out[kg], id)
-	}
-	for _, ids := range out {
-		sort.Slice(ids, func(i, j int) bool { return ids[i].less(ids[j]) })
+		out = append(out, kgTimer[T]{id, kg})
 	}
 	return out
 }
 
-// appendTimers encodes a key group's timers of both domains: a count, then
-// per timer its domain, timestamp (varint) and owner (framed).
-func appendTimers(dst []byte, event, proc []timerID) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(event)+len(proc)))
-	for d, ids := range [][]timerID{event, proc} {
-		for _, id := range ids {
-			dst = append(dst, byte(EventTime)+byte(d))
-			dst = binary.AppendVarint(dst, id.ts)
-			dst = appendFrame(dst, []byte(id.owner))
-		}
+// groupTimers groups timers by key group, each group sorted by timestamp
+// and then by the owner's encoding.
+func groupTimers[T comparable](ts []kgTimer[T], enc ownerEncoder[T]) map[int][]timerID[T] {
+	counts := map[int32]int{}
+	for _, t := range ts {
+		counts[t.kg]++
+	}
+	out := make(map[int][]timerID[T], len(counts))
+	for kg, n := range counts {
+		out[int(kg)] = make([]timerID[T], 0, n)
+	}
+	for _, t := range ts {
+		out[int(t.kg)] = append(out[int(t.kg)], t.id)
+	}
+	var a, b []byte
+	for _, ids := range out {
+		slices.SortFunc(ids, func(x, y timerID[T]) int {
+			if x.ts != y.ts {
+				if x.ts < y.ts {
+					return -1
+				}
+				return 1
+			}
+			a, b = enc(a[:0], x.owner), enc(b[:0], y.owner)
+			return bytes.Compare(a, b)
+		})
+	}
+	return out
+}
+
+// A key group's timers of both domains are encoded in one blob: a count
+// (uvarint), then per timer its domain, timestamp (varint) and owner
+// (framed); appendTimerEntries appends the timers of one domain after the
+// count.
+
+// appendTimerEntries appends timers of domain d: per timer d, the
+// timestamp (varint) and the owner (framed).
+func appendTimerEntries[T comparable](dst []byte, enc ownerEncoder[T], d TimeDomain, ids []timerID[T]) []byte {
+	var ob []byte
+	for _, id := range ids {
+		dst = append(dst, byte(d))
+		dst = binary.AppendVarint(dst, id.ts)
+		ob = enc(ob[:0], id.owner)
+		dst = appendFrame(dst, ob)
 	}
 	return dst
 }
 
-// decodeTimers calls add for every timer appendTimers encoded.
+// decodeTimers calls add for every timer of a key group's timers blob.
 func decodeTimers(b []byte, add func(d TimeDomain, owner string, ts int64)) error {
 	n, k := binary.Uvarint(b)
 	if k <= 0 || n > uint64(len(b)) {

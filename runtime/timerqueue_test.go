@@ -1,7 +1,9 @@
 package runtime
 
 import (
+	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -26,15 +28,15 @@ func TestTimerQueueTranscripts(t *testing.T) {
 }
 
 func testTimerStoreTranscripts(t *testing.T, kind StateBackendKind) {
-	newStore := func(t *testing.T) timerStore {
+	newStore := func(t *testing.T) timerStore[string] {
 		if kind == PebbleState {
-			return newPebbleTimers(testPebbleState(t, 128), "t")
+			return newEncodedTimers(newPebbleTimers(testPebbleState(t, 128), "t"), appendStringOwner, decodeStringOwner)
 		}
-		return heapTimers{newTimerQueue()}
+		return heapTimers[string]{newTimerQueue(appendStringOwner)}
 	}
 	datadriven.Walk(t, "testdata/timers", func(t *testing.T, path string) {
-		var q timerStore
-		kgOf := map[timerID]int{} // the transcripts delete without a key group
+		var q timerStore[string]
+		kgOf := map[timerID[string]]int{} // the transcripts delete without a key group
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			var owner string
 			var ts int64
@@ -49,14 +51,14 @@ func testTimerStoreTranscripts(t *testing.T, kind StateBackendKind) {
 				d.ScanArgs(t, "owner", &owner)
 				d.ScanArgs(t, "ts", &ts)
 				if q.register(kg, owner, ts) {
-					kgOf[timerID{ts, owner}] = kg
+					kgOf[timerID[string]{ts, owner}] = kg
 					return "added"
 				}
 				return "exists"
 			case "delete":
 				d.ScanArgs(t, "owner", &owner)
 				d.ScanArgs(t, "ts", &ts)
-				if q.remove(kgOf[timerID{ts, owner}], owner, ts) {
+				if q.remove(kgOf[timerID[string]{ts, owner}], owner, ts) {
 					return "deleted"
 				}
 				return "none"
@@ -66,7 +68,10 @@ func testTimerStoreTranscripts(t *testing.T, kind StateBackendKind) {
 				upTo := parseTS(t, d, to)
 				var b strings.Builder
 				for {
-					id, kg, ok := q.next(upTo)
+					id, kg, ok, err := q.next(upTo)
+					if err != nil {
+						d.Fatalf(t, "next: %v", err)
+					}
 					if !ok {
 						break
 					}
@@ -76,7 +81,19 @@ func testTimerStoreTranscripts(t *testing.T, kind StateBackendKind) {
 					if strings.HasPrefix(id.owner, "again-") {
 						then := "then-" + strings.TrimPrefix(id.owner, "again-")
 						q.register(kg, then, id.ts+1)
-						kgOf[timerID{id.ts + 1, then}] = kg
+						kgOf[timerID[string]{id.ts + 1, then}] = kg
+					}
+					// Or another at its own timestamp ("same-N" registers
+					// "also-N"), or one earlier ("back-N" registers "prev-N" at ts-1).
+					if strings.HasPrefix(id.owner, "same-") {
+						also := "also-" + strings.TrimPrefix(id.owner, "same-")
+						q.register(kg, also, id.ts)
+						kgOf[timerID[string]{id.ts, also}] = kg
+					}
+					if strings.HasPrefix(id.owner, "back-") {
+						prev := "prev-" + strings.TrimPrefix(id.owner, "back-")
+						q.register(kg, prev, id.ts-1)
+						kgOf[timerID[string]{id.ts - 1, prev}] = kg
 					}
 				}
 				if b.Len() == 0 {
@@ -84,28 +101,28 @@ func testTimerStoreTranscripts(t *testing.T, kind StateBackendKind) {
 				}
 				return strings.TrimSuffix(b.String(), "\n")
 			case "snapshot":
-				byKG, err := q.snapshot()()
+				frozen := q.snapshot(appendStringOwner)
+				kgs, err := frozen.keyGroups()
 				if err != nil {
 					d.Fatalf(t, "snapshot: %v", err)
 				}
+				slices.Sort(kgs)
 				restored := newStore(t)
 				var b strings.Builder
-				for kg := 0; kg < 128; kg++ {
-					ids, ok := byKG[kg]
-					if !ok {
-						continue
+				for _, kg := range kgs {
+					entries, n, err := frozen.appendKeyGroup(nil, kg, EventTime)
+					if err != nil {
+						d.Fatalf(t, "snapshot key group %d: %v", kg, err)
 					}
-					blob := appendTimers(nil, ids, nil)
+					blob := append(binary.AppendUvarint(nil, uint64(n)), entries...)
+					fmt.Fprintf(&b, "kg=%d:", kg)
 					if err := decodeTimers(blob, func(dom TimeDomain, owner string, ts int64) {
 						if err := restored.restored(kg, owner, ts); err != nil {
 							d.Fatalf(t, "restore: %v", err)
 						}
+						fmt.Fprintf(&b, " %s@%d", owner, ts)
 					}); err != nil {
 						d.Fatalf(t, "decode: %v", err)
-					}
-					fmt.Fprintf(&b, "kg=%d:", kg)
-					for _, id := range ids {
-						fmt.Fprintf(&b, " %s@%d", id.owner, id.ts)
 					}
 					b.WriteByte('\n')
 				}
@@ -119,4 +136,25 @@ func testTimerStoreTranscripts(t *testing.T, kind StateBackendKind) {
 			return ""
 		})
 	})
+}
+
+// appendStringOwner encodes a transcript's owner as its bytes.
+func appendStringOwner(dst []byte, o string) []byte { return append(dst, o...) }
+
+// decodeStringOwner decodes what appendStringOwner encoded.
+func decodeStringOwner(b []byte) (string, error) { return string(b), nil }
+
+// frozenTimerBlobs encodes every key group of f (event-time timers).
+func frozenTimerBlobs(f frozenTimers) (map[int][]byte, error) {
+	kgs, err := f.keyGroups()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int][]byte, len(kgs))
+	for _, kg := range kgs {
+		if out[kg], _, err = f.appendKeyGroup(nil, kg, EventTime); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -56,9 +57,16 @@ type Timers[K comparable, N comparable] struct {
 	host     *timerHost[K]
 	keyCodec Codec[K]
 	nsCodec  Codec[N]
-	q        [2]timerStore // by TimeDomain-1
+	q        [2]timerStore[timerOwner[K, N]] // by TimeDomain-1
 	kbuf     []byte
-	obuf     []byte
+}
+
+// timerOwner is the key and namespace of a timer of a Timers (the
+// namespace first: a zero-size one, as the default timers', then takes no
+// room).
+type timerOwner[K comparable, N comparable] struct {
+	ns  N
+	key K
 }
 
 // NewTimers declares a timer service named name with namespaces of type N
@@ -72,10 +80,15 @@ func NewTimers[N comparable, K comparable](st *StateRegistry[K], name string, nc
 		}
 		nc = DefaultCodec[N]()
 	}
-	t := &Timers[K, N]{svcName: name, host: st.b.timers, keyCodec: st.b.keyCodec, nsCodec: nc,
-		q: [2]timerStore{heapTimers{newTimerQueue()}, heapTimers{newTimerQueue()}}}
+	t := &Timers[K, N]{svcName: name, host: st.b.timers, keyCodec: st.b.keyCodec, nsCodec: nc}
 	if p := st.b.pebble; p != nil {
-		t.q = [2]timerStore{newPebbleTimers(p, name), newPebbleTimers(p, name)}
+		t.q = [2]timerStore[timerOwner[K, N]]{
+			newEncodedTimers(newPebbleTimers(p, name), t.appendOwner, t.decodeOwner),
+			newEncodedTimers(newPebbleTimers(p, name), t.appendOwner, t.decodeOwner)}
+	} else {
+		t.q = [2]timerStore[timerOwner[K, N]]{
+			heapTimers[timerOwner[K, N]]{newTimerQueue(t.appendOwner)},
+			heapTimers[timerOwner[K, N]]{newTimerQueue(t.appendOwner)}}
 	}
 	if err := st.b.register(t); err != nil {
 		return nil, err
@@ -84,13 +97,38 @@ func NewTimers[N comparable, K comparable](st *StateRegistry[K], name string, nc
 	return t, nil
 }
 
-// owner encodes the current key and ns.
-func (t *Timers[K, N]) owner(ns N) string {
-	t.kbuf = t.keyCodec.Append(t.kbuf[:0], t.host.scope.key)
-	t.obuf = appendFrame(t.obuf[:0], t.kbuf)
-	t.kbuf = t.nsCodec.Append(t.kbuf[:0], ns)
-	t.obuf = appendFrame(t.obuf, t.kbuf)
-	return string(t.obuf)
+// owner is the current key and ns.
+func (t *Timers[K, N]) owner(ns N) timerOwner[K, N] {
+	return timerOwner[K, N]{ns: ns, key: t.host.scope.key}
+}
+
+// appendOwner appends o's encoding, as snapshots hold it: the framed
+// encoded key, then the framed encoded namespace.
+func (t *Timers[K, N]) appendOwner(dst []byte, o timerOwner[K, N]) []byte {
+	t.kbuf = t.keyCodec.Append(t.kbuf[:0], o.key)
+	dst = appendFrame(dst, t.kbuf)
+	t.kbuf = t.nsCodec.Append(t.kbuf[:0], o.ns)
+	return appendFrame(dst, t.kbuf)
+}
+
+// decodeOwner decodes what appendOwner encoded.
+func (t *Timers[K, N]) decodeOwner(b []byte) (timerOwner[K, N], error) {
+	var o timerOwner[K, N]
+	kb, rest, err := readFrame(b)
+	if err != nil {
+		return o, err
+	}
+	nb, _, err := readFrame(rest)
+	if err != nil {
+		return o, err
+	}
+	if o.key, err = t.keyCodec.Decode(kb); err != nil {
+		return o, fmt.Errorf("key: %w", err)
+	}
+	if o.ns, err = t.nsCodec.Decode(nb); err != nil {
+		return o, fmt.Errorf("namespace: %w", err)
+	}
+	return o, nil
 }
 
 // RegisterEventTimeTimer registers a timer of the current key and ns that
@@ -143,28 +181,15 @@ func (t *Timers[K, N]) Len(d TimeDomain) int { return t.q[d-1].len() }
 func (t *Timers[K, N]) fire(d TimeDomain, upTo int64) error {
 	q := t.q[d-1]
 	for {
-		id, kg, ok := q.next(upTo)
+		id, kg, ok, err := q.next(upTo)
+		if err != nil {
+			return fmt.Errorf("timers %q: %w", t.svcName, err)
+		}
 		if !ok {
 			return nil
 		}
-		kb, rest, err := readFrame([]byte(id.owner))
-		if err != nil {
-			return fmt.Errorf("timers %q: %w", t.svcName, err)
-		}
-		nb, _, err := readFrame(rest)
-		if err != nil {
-			return fmt.Errorf("timers %q: %w", t.svcName, err)
-		}
-		key, err := t.keyCodec.Decode(kb)
-		if err != nil {
-			return fmt.Errorf("timers %q key: %w", t.svcName, err)
-		}
-		ns, err := t.nsCodec.Decode(nb)
-		if err != nil {
-			return fmt.Errorf("timers %q namespace: %w", t.svcName, err)
-		}
-		t.host.scope.setKey(key, kg)
-		if err := t.host.fire(&firingTimer{service: t, ns: ns, domain: d, ts: id.ts}); err != nil {
+		t.host.scope.setKey(id.owner.key, kg)
+		if err := t.host.fire(&firingTimer{service: t, ns: id.owner.ns, domain: d, ts: id.ts}); err != nil {
 			return err
 		}
 	}
@@ -172,39 +197,65 @@ func (t *Timers[K, N]) fire(d TimeDomain, upTo int64) error {
 
 // nextProcessingTime is t's earliest processing-time timer.
 func (t *Timers[K, N]) nextProcessingTime() (int64, bool) {
-	id, ok := t.q[ProcessingTime-1].peek()
-	return id.ts, ok
+	return t.q[ProcessingTime-1].peek()
 }
 
 // Timers are keyed state (stateSnapshotter): both domains of a key group
 // in one blob, under "timers/" + the name. The synchronous part copies the
-// timer ids (timers are few next to state entries; they are not
-// copy-on-write).
+// live timers' typed ids (timers are not copy-on-write); the asynchronous
+// part groups, sorts and encodes them.
 
 func (t *Timers[K, N]) name() string { return "\x00timers/" + t.svcName }
 
-func (t *Timers[K, N]) freeze() func() (map[int][]byte, error) {
-	evSnap, prSnap := t.q[EventTime-1].snapshot(), t.q[ProcessingTime-1].snapshot()
-	return func() (map[int][]byte, error) {
-		ev, err := evSnap()
-		if err != nil {
-			return nil, err
-		}
-		pr, err := prSnap()
-		if err != nil {
-			return nil, err
-		}
-		out := map[int][]byte{}
-		for kg, ids := range ev {
-			out[kg] = appendTimers(nil, ids, pr[kg])
-		}
-		for kg, ids := range pr {
-			if _, done := ev[kg]; !done {
-				out[kg] = appendTimers(nil, nil, ids)
-			}
-		}
-		return out, nil
+func (t *Timers[K, N]) freeze() frozenState {
+	// The asynchronous part encodes with its own encoder: t's buffer
+	// belongs to the task's goroutine.
+	enc := (&Timers[K, N]{keyCodec: t.keyCodec, nsCodec: t.nsCodec}).appendOwner
+	return &frozenTimerService{ev: t.q[EventTime-1].snapshot(enc), pr: t.q[ProcessingTime-1].snapshot(enc)}
+}
+
+// frozenTimerService is a Timers' snapshot: both domains of a key group
+// in one blob (decodeTimers' encoding).
+type frozenTimerService struct {
+	ev, pr frozenTimers
+	buf    []byte
+}
+
+func (f *frozenTimerService) keyGroups() ([]int, error) {
+	ev, err := f.ev.keyGroups()
+	if err != nil {
+		return nil, err
 	}
+	pr, err := f.pr.keyGroups()
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[int]bool, len(ev))
+	for _, kg := range ev {
+		seen[kg] = true
+	}
+	for _, kg := range pr {
+		if !seen[kg] {
+			ev = append(ev, kg)
+		}
+	}
+	return ev, nil
+}
+
+func (f *frozenTimerService) appendKeyGroup(dst []byte, kg int) ([]byte, bool, error) {
+	var nev, npr int
+	var err error
+	if f.buf, nev, err = f.ev.appendKeyGroup(f.buf[:0], kg, EventTime); err != nil {
+		return dst, false, err
+	}
+	if f.buf, npr, err = f.pr.appendKeyGroup(f.buf, kg, ProcessingTime); err != nil {
+		return dst, false, err
+	}
+	if nev+npr == 0 {
+		return dst, false, nil
+	}
+	dst = binary.AppendUvarint(dst, uint64(nev+npr))
+	return append(dst, f.buf...), true, nil
 }
 
 func (t *Timers[K, N]) close() error {
@@ -214,9 +265,15 @@ func (t *Timers[K, N]) close() error {
 func (t *Timers[K, N]) restore(kg int, b []byte) error {
 	var errAdd error
 	err := decodeTimers(b, func(d TimeDomain, owner string, ts int64) {
-		if errAdd == nil {
-			errAdd = t.q[d-1].restored(kg, owner, ts)
+		if errAdd != nil {
+			return
 		}
+		o, err := t.decodeOwner([]byte(owner))
+		if err != nil {
+			errAdd = err
+			return
+		}
+		errAdd = t.q[d-1].restored(kg, o, ts)
 	})
 	if err = errors.Join(err, errAdd); err != nil {
 		return fmt.Errorf("timers %q key group %d: %w", t.svcName, kg, err)

@@ -137,6 +137,7 @@ func All() []Benchmark {
 		{Name: "nexmark", Run: Nexmark},
 		{Name: "nexmark-topic", Run: NexmarkTopic},
 		{Name: "sharegroup-watermark", Run: ShareGroupWatermark},
+		{Name: "state-memory", Run: StateMemory},
 	}
 }
 

@@ -88,6 +88,7 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 		"limit-wordcount":             {"records_per_s"},
 		"nexmark-generator":           {"events_per_cpu_s"},
 		"sharegroup-watermark":        {"clicks_per_s", "watermark_lag_p50_ms", "watermark_lag_p99_ms"},
+		"state-memory":                {"heap_bytes_per_value_entry", "heap_bytes_per_map_entry", "heap_bytes_per_timer"},
 	}
 	var nexmarkQueries []string
 	for _, q := range nexmark.Queries() {
