@@ -368,7 +368,13 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 	if perr != nil {
 		return perr
 	}
-	if changed && sc != nil {
+	// A bounded source whose last partition just finished ends at its next
+	// Poll (ErrEndOfInput, then the final watermark): declaring no split
+	// now would mark the subtask idle first, and an idle input lets the
+	// operators downstream advance their watermark past results that this
+	// subtask's records still cause upstream of them (a window that fires
+	// later arrives late). docs/internals/event-time.md.
+	if changed && sc != nil && !(s.cfg.stop != nil && s.allDone()) {
 		sc.SetSplits(s.activeSplits())
 	}
 	return nil
