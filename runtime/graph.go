@@ -63,6 +63,9 @@ type node struct {
 	// stateReader opens a keyed operator's function to read its state
 	// (ReadKeyedState); nil for operators without keyed state.
 	stateReader func(ctx context.Context) (keyedStateReader, error)
+	// broadcastReader opens a broadcast operator's function to read its
+	// broadcast state (ReadBroadcastState); nil for other operators.
+	broadcastReader func(ctx context.Context) (*BroadcastRegistry, error)
 }
 
 // edge connects two operators. Its closures carry the record type.
