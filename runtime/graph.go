@@ -54,7 +54,7 @@ type node struct {
 	// union: the source's or sink's operator state is union list state
 	// (it implements UnionState), recorded when the graph is built so
 	// that restoring never constructs user code to learn it.
-	union bool
+	union   bool
 	fanout  func(pushes []any) any
 	discard func() any
 	// collect makes the node's output push (a pushFn of its type) that

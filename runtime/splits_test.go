@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"testing"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/weirstream/weir/checkpoint"
