@@ -389,6 +389,20 @@ func (a *app) broadcastOperators(s snapshot) func(uid string) bool {
 	return job.HasBroadcastState
 }
 
+// printStates prints the states of one kind (what), by name, and why they
+// could not be split, if they could not.
+func printStates(tw io.Writer, what string, states []inspectedState, splitErr string) {
+	if len(states) > 0 {
+		fmt.Fprintf(tw, "  %s\tBYTES\tENTRIES\n", strings.ToUpper(what))
+		for _, s := range states {
+			fmt.Fprintf(tw, "  %s\t%d\t%d\n", s.Name, s.Bytes, s.Entries)
+		}
+	}
+	if splitErr != "" {
+		fmt.Fprintf(tw, "  %s not readable by name: %s\n", what, splitErr)
+	}
+}
+
 func printInspection(w io.Writer, in inspection) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "%s\t%s\n", strings.ToUpper(in.Kind[:1])+in.Kind[1:], in.Path)
@@ -424,24 +438,8 @@ func printInspection(w io.Writer, in inspection) error {
 			fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%d entries, %d bytes\n", st.Subtask, kgs, st.KeyGroupsWithState, st.KeyedStateBytes,
 				st.OperatorStateEntries, st.OperatorStateBytes)
 		}
-		if len(o.States) > 0 {
-			fmt.Fprintf(tw, "  STATE\tBYTES\tENTRIES\n")
-			for _, s := range o.States {
-				fmt.Fprintf(tw, "  %s\t%d\t%d\n", s.Name, s.Bytes, s.Entries)
-			}
-		}
-		if o.StateError != "" {
-			fmt.Fprintf(tw, "  state not readable by name: %s\n", o.StateError)
-		}
-		if len(o.BroadcastStates) > 0 {
-			fmt.Fprintf(tw, "  BROADCAST STATE\tBYTES\tENTRIES\n")
-			for _, s := range o.BroadcastStates {
-				fmt.Fprintf(tw, "  %s\t%d\t%d\n", s.Name, s.Bytes, s.Entries)
-			}
-		}
-		if o.BroadcastError != "" {
-			fmt.Fprintf(tw, "  broadcast state not readable by name: %s\n", o.BroadcastError)
-		}
+		printStates(tw, "state", o.States, o.StateError)
+		printStates(tw, "broadcast state", o.BroadcastStates, o.BroadcastError)
 		if len(o.Offsets) > 0 {
 			fmt.Fprintf(tw, "  PARTITION\tOFFSET\tSUBTASK\n")
 			for _, p := range o.Offsets {

@@ -23,35 +23,6 @@ type rule struct {
 	Limit int64
 }
 
-// heldRules emits its records in one poll, then nothing, without ending.
-type heldRules struct {
-	recs    []rule
-	emitted *atomic.Int32
-	done    bool
-}
-
-func (s *heldRules) Open(context.Context, *weirruntime.OperatorContext) error { return nil }
-func (s *heldRules) Poll(ctx context.Context, out weirruntime.Collector[rule]) error {
-	if !s.done {
-		for _, r := range s.recs {
-			out.Collect(r)
-		}
-		s.done = true
-		s.emitted.Add(1)
-		return nil
-	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(time.Millisecond):
-	}
-	return nil
-}
-func (s *heldRules) Snapshot(context.Context, checkpoint.ID) (weirruntime.OperatorState, error) {
-	return weirruntime.OperatorState{}, nil
-}
-func (s *heldRules) Close() error { return nil }
-
 // limiter keeps the rules in the broadcast states "limits" (name -> limit)
 // and "names" (limit -> name), and counts each user's clicks in keyed
 // state "clicks".
@@ -91,7 +62,9 @@ func (l *limiter) OnTimer(*weirruntime.KeyedContext[string], int64, weirruntime.
 }
 
 // tagger is a non-keyed broadcast operator with the broadcast state "tags".
-type tagger struct{ tags *weirruntime.BroadcastState[string, int64] }
+type tagger struct {
+	tags *weirruntime.BroadcastState[string, int64]
+}
 
 func (g *tagger) Open(_ context.Context, bs *weirruntime.BroadcastRegistry) error {
 	var err error
@@ -113,7 +86,9 @@ func (g *tagger) ProcessBroadcastElement(_ *weirruntime.BroadcastContext, r rule
 func broadcastJob(rules, clicks []rule, emitted *atomic.Int32) *weirruntime.Job {
 	j := weirruntime.NewJob("test-broadcast", weirruntime.DefaultParallelism(2), weirruntime.MaxParallelism(16))
 	held := func(recs []rule) func() weirruntime.Source[rule] {
-		return func() weirruntime.Source[rule] { return &heldRules{recs: recs, emitted: emitted} }
+		return func() weirruntime.Source[rule] {
+			return &heldSource[rule]{recs: recs, emitted: func() { emitted.Add(1) }}
+		}
 	}
 	rs := weirruntime.FromSource(j, "rules", held(rules), weirruntime.Parallelism(1))
 	cs := weirruntime.FromSource(j, "clicks", held(clicks), weirruntime.Parallelism(1))

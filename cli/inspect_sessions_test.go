@@ -21,22 +21,22 @@ type sessClick struct {
 	TS   int64  `json:"ts"`
 }
 
-// heldSource emits its clicks in one poll, then nothing, without ending:
-// a job whose state holds every click.
-type heldSource struct {
-	clicks  []sessClick
-	emitted *atomic.Bool
+// heldSource emits its records in one poll, calls emitted, then emits
+// nothing, without ending: a job whose state holds every record.
+type heldSource[T any] struct {
+	recs    []T
+	emitted func()
 	done    bool
 }
 
-func (s *heldSource) Open(context.Context, *weirruntime.OperatorContext) error { return nil }
-func (s *heldSource) Poll(ctx context.Context, out weirruntime.Collector[sessClick]) error {
+func (s *heldSource[T]) Open(context.Context, *weirruntime.OperatorContext) error { return nil }
+func (s *heldSource[T]) Poll(ctx context.Context, out weirruntime.Collector[T]) error {
 	if !s.done {
-		for _, c := range s.clicks {
-			out.Collect(c)
+		for _, r := range s.recs {
+			out.Collect(r)
 		}
 		s.done = true
-		s.emitted.Store(true)
+		s.emitted()
 		return nil
 	}
 	select {
@@ -46,10 +46,10 @@ func (s *heldSource) Poll(ctx context.Context, out weirruntime.Collector[sessCli
 	}
 	return nil
 }
-func (s *heldSource) Snapshot(context.Context, checkpoint.ID) (weirruntime.OperatorState, error) {
+func (s *heldSource[T]) Snapshot(context.Context, checkpoint.ID) (weirruntime.OperatorState, error) {
 	return weirruntime.OperatorState{}, nil
 }
-func (s *heldSource) Close() error { return nil }
+func (s *heldSource[T]) Close() error { return nil }
 
 type clickCount struct{}
 
@@ -62,7 +62,9 @@ func (clickCount) Merge(a, b int64) int64         { return a + b }
 // user (none closes: the clicks span seconds).
 func sessionsJob(clicks []sessClick, emitted *atomic.Bool) *weirruntime.Job {
 	j := weirruntime.NewJob("test-sessions", weirruntime.DefaultParallelism(2), weirruntime.MaxParallelism(16))
-	src := weirruntime.FromSource(j, "clicks", func() weirruntime.Source[sessClick] { return &heldSource{clicks: clicks, emitted: emitted} },
+	src := weirruntime.FromSource(j, "clicks", func() weirruntime.Source[sessClick] {
+		return &heldSource[sessClick]{recs: clicks, emitted: func() { emitted.Store(true) }}
+	},
 		weirruntime.Parallelism(1), weirruntime.Watermarks(weirruntime.ForBoundedOutOfOrderness[sessClick](time.Second,
 			weirruntime.WithTimestampAssigner(func(c sessClick, _ int64) int64 { return c.TS }))))
 	byUser := weirruntime.KeyBy(src, func(c sessClick) string { return c.User }, nil)

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 )
 
 // ErrNoBroadcastState is wrapped by ReadBroadcastState's error when the
@@ -85,22 +84,13 @@ func ReadBroadcastState(ctx context.Context, j *Job, uid string, entries [][]byt
 	why := "no codec: no job graph (give --job TYPE)"
 	var reg *BroadcastRegistry
 	if j != nil {
-		if j.err != nil {
-			return j.err
-		}
-		var n *node
-		for _, c := range j.nodes {
-			if c.uid == uid {
-				n = c
-			}
-		}
-		if n == nil {
-			return fmt.Errorf("%w %q: the job's operators are %s", ErrUnknownOperator, uid, strings.Join(j.OperatorUIDs(), ", "))
+		n, err := j.operator(uid)
+		if err != nil {
+			return err
 		}
 		if n.broadcastReader == nil {
 			return fmt.Errorf("%w: %q", ErrNoBroadcastState, uid)
 		}
-		var err error
 		if reg, err = n.broadcastReader(ctx); err != nil {
 			return fmt.Errorf("open operator %q to read its broadcast state: %w", uid, err)
 		}
