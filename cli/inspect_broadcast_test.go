@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -110,30 +109,8 @@ func broadcastJob(rules, clicks []rule, emitted *atomic.Int32) *weirruntime.Job 
 func TestDumpAndInspectShowBroadcastStateByNameAsTheOperatorDeclaresIt(t *testing.T) {
 	rules := []rule{{"gold", 100}, {"silver", 50}, {"bronze", 10}, {"gold", 120}}
 	clicks := []rule{{Name: "ann"}, {Name: "bob"}, {Name: "ann"}}
-	store, err := checkpoint.OpenStore(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
 	var emitted atomic.Int32
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	after := 0
-	mc := weirruntime.NewMiniCluster(weirruntime.CheckpointStore(store), weirruntime.CheckpointInterval(10*time.Millisecond),
-		weirruntime.OnCheckpointComplete(func(weirruntime.CheckpointEvent) {
-			if emitted.Load() == 2 {
-				if after++; after == 3 {
-					cancel()
-				}
-			}
-		}))
-	if _, err := mc.Run(ctx, broadcastJob(rules, clicks, &emitted)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("run: %v", err)
-	}
-	c, err := store.Latest(t.Context(), "test-broadcast")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := checkpointOfHeldJob(t, "test-broadcast", broadcastJob(rules, clicks, &emitted), func() bool { return emitted.Load() == 2 })
 	sp := filepath.Join(t.TempDir(), "sp")
 	if err := checkpoint.WriteSavepoint(t.Context(), sp, c, time.Now(), checkpoint.WithJob("test-broadcast", nil)); err != nil {
 		t.Fatal(err)

@@ -74,6 +74,37 @@ func sessionsJob(clicks []sessClick, emitted *atomic.Bool) *weirruntime.Job {
 	return j
 }
 
+// checkpointOfHeldJob runs job (named name, its sources heldSources) on
+// the mini cluster until emitted says its sources emitted everything and
+// three more checkpoints completed, and returns its latest checkpoint.
+func checkpointOfHeldJob(t *testing.T, name string, job *weirruntime.Job, emitted func() bool) checkpoint.Completed {
+	t.Helper()
+	store, err := checkpoint.OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	after := 0
+	mc := weirruntime.NewMiniCluster(weirruntime.CheckpointStore(store), weirruntime.CheckpointInterval(10*time.Millisecond),
+		weirruntime.OnCheckpointComplete(func(weirruntime.CheckpointEvent) {
+			if emitted() {
+				if after++; after == 3 {
+					cancel()
+				}
+			}
+		}))
+	if _, err := mc.Run(ctx, job); !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: %v", err)
+	}
+	c, err := store.Latest(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // A sessions-like job (event-time session windows, their timers) stopped
 // with every click in open sessions: state dump of its savepoint prints,
 // for every user, the session window (bounds as JSON) with the number of
@@ -95,30 +126,8 @@ func TestDumpOfSessionWindowsGivesEveryUsersWindowCountAndTimer(t *testing.T) {
 		want[c.User] = s
 	}
 
-	store, err := checkpoint.OpenStore(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
 	var emitted atomic.Bool
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	after := 0
-	mc := weirruntime.NewMiniCluster(weirruntime.CheckpointStore(store), weirruntime.CheckpointInterval(10*time.Millisecond),
-		weirruntime.OnCheckpointComplete(func(weirruntime.CheckpointEvent) {
-			if emitted.Load() {
-				if after++; after == 3 {
-					cancel()
-				}
-			}
-		}))
-	if _, err := mc.Run(ctx, sessionsJob(clicks, &emitted)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("run: %v", err)
-	}
-	c, err := store.Latest(t.Context(), "test-sessions")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := checkpointOfHeldJob(t, "test-sessions", sessionsJob(clicks, &emitted), emitted.Load)
 	sp := filepath.Join(t.TempDir(), "sp")
 	if err := checkpoint.WriteSavepoint(t.Context(), sp, c, time.Now(), checkpoint.WithJob("test-sessions", nil)); err != nil {
 		t.Fatal(err)
