@@ -197,8 +197,14 @@ type inspectedOp struct {
 	Subtasks       []inspectedSubtask `json:"subtasks"`
 	States         []inspectedState   `json:"states,omitempty"`
 	// StateError says why the keyed state could not be split by name.
-	StateError string                 `json:"state_error,omitempty"`
-	Handles    []checkpoint.TxnHandle `json:"pending_transactions,omitempty"`
+	StateError string `json:"state_error,omitempty"`
+	// BroadcastStates are the operator's broadcast states, by name, in
+	// one subtask's copy (every subtask holds the same), when the job's
+	// graph says the operator keeps broadcast state; BroadcastError says
+	// why they could not be split.
+	BroadcastStates []inspectedState       `json:"broadcast_states,omitempty"`
+	BroadcastError  string                 `json:"broadcast_state_error,omitempty"`
+	Handles         []checkpoint.TxnHandle `json:"pending_transactions,omitempty"`
 	// Offsets are a Kafka partition source's positions (sources/kafka):
 	// per partition, the offset of the next record to read, and the
 	// subtask whose state holds it.
@@ -256,8 +262,9 @@ type inspectedState struct {
 	Entries int64  `json:"entries"`
 }
 
-// inspect describes s.
-func inspect(s snapshot) inspection {
+// inspect describes s; broadcast says which operators keep broadcast state
+// (nil: none known).
+func inspect(s snapshot, broadcast func(uid string) bool) inspection {
 	out := inspection{Kind: s.Kind, Path: s.Path, Job: s.C.Job, JobType: s.JobType, JobParams: s.Params,
 		Checkpoint: uint64(s.C.ID), Time: s.C.CompletedAt.UTC(), FormatVersion: s.Version, Bytes: s.C.Size()}
 	by, uids := s.operators()
@@ -308,7 +315,17 @@ func inspect(s snapshot) inspection {
 		for _, n := range order {
 			o.States = append(o.States, *states[n])
 		}
-		o.Offsets = partitionOffsets(ops)
+		if broadcast != nil && broadcast(uid) {
+			parts, err := runtime.SplitBroadcastState(ops[0].State)
+			if err != nil {
+				o.BroadcastError = fmt.Sprintf("subtask %d: %v", ops[0].Subtask, err)
+			}
+			for _, p := range parts {
+				o.BroadcastStates = append(o.BroadcastStates, inspectedState{Name: p.Name, Bytes: int64(p.Bytes), Entries: int64(p.Entries)})
+			}
+		} else {
+			o.Offsets = partitionOffsets(ops)
+		}
 		out.Operators = append(out.Operators, o)
 	}
 	return out
@@ -326,7 +343,10 @@ func newSavepointInspectCmd(a *app) *cobra.Command {
 (and its type and parameters when recorded), the checkpoint id and time, the
 savepoint format version, and per operator UID its parallelism, max
 parallelism, each subtask's key-group range, the size in bytes and number of
-entries of each keyed state name, its operator state, and its pending
+entries of each keyed state name, its operator state, the size and number of
+entries of each broadcast state name (in one subtask's copy: every subtask
+holds the same; known when the job's type is recorded and registered here),
+and its pending
 transaction handles (transactional id, producer id and epoch, partitions); for
 a Kafka partition source (sources/kafka), each partition's offset: the next
 record a job restored from it reads.
@@ -343,7 +363,7 @@ naming the file.
 			if err != nil {
 				return err
 			}
-			in := inspect(s)
+			in := inspect(s, a.broadcastOperators(s))
 			if output == "json" {
 				return printJSON(a.stdout, in)
 			}
@@ -353,6 +373,34 @@ naming the file.
 	f.add(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table|json")
 	return cmd
+}
+
+// broadcastOperators says which operators of s keep broadcast state, from
+// the graph of its recorded job type; nil when the type is not recorded or
+// does not build here (inspection then shows operator state as bytes only).
+func (a *app) broadcastOperators(s snapshot) func(uid string) bool {
+	if s.JobType == "" {
+		return nil
+	}
+	job, err := a.reg.Build(s.JobType, s.Params)
+	if err != nil {
+		return nil
+	}
+	return job.HasBroadcastState
+}
+
+// printStates prints the states of one kind (what), by name, and why they
+// could not be split, if they could not.
+func printStates(tw io.Writer, what string, states []inspectedState, splitErr string) {
+	if len(states) > 0 {
+		fmt.Fprintf(tw, "  %s\tBYTES\tENTRIES\n", strings.ToUpper(what))
+		for _, s := range states {
+			fmt.Fprintf(tw, "  %s\t%d\t%d\n", s.Name, s.Bytes, s.Entries)
+		}
+	}
+	if splitErr != "" {
+		fmt.Fprintf(tw, "  %s not readable by name: %s\n", what, splitErr)
+	}
 }
 
 func printInspection(w io.Writer, in inspection) error {
@@ -390,15 +438,8 @@ func printInspection(w io.Writer, in inspection) error {
 			fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%d entries, %d bytes\n", st.Subtask, kgs, st.KeyGroupsWithState, st.KeyedStateBytes,
 				st.OperatorStateEntries, st.OperatorStateBytes)
 		}
-		if len(o.States) > 0 {
-			fmt.Fprintf(tw, "  STATE\tBYTES\tENTRIES\n")
-			for _, s := range o.States {
-				fmt.Fprintf(tw, "  %s\t%d\t%d\n", s.Name, s.Bytes, s.Entries)
-			}
-		}
-		if o.StateError != "" {
-			fmt.Fprintf(tw, "  state not readable by name: %s\n", o.StateError)
-		}
+		printStates(tw, "state", o.States, o.StateError)
+		printStates(tw, "broadcast state", o.BroadcastStates, o.BroadcastError)
 		if len(o.Offsets) > 0 {
 			fmt.Fprintf(tw, "  PARTITION\tOFFSET\tSUBTASK\n")
 			for _, p := range o.Offsets {

@@ -21,22 +21,22 @@ type sessClick struct {
 	TS   int64  `json:"ts"`
 }
 
-// heldSource emits its clicks in one poll, then nothing, without ending:
-// a job whose state holds every click.
-type heldSource struct {
-	clicks  []sessClick
-	emitted *atomic.Bool
+// heldSource emits its records in one poll, calls emitted, then emits
+// nothing, without ending: a job whose state holds every record.
+type heldSource[T any] struct {
+	recs    []T
+	emitted func()
 	done    bool
 }
 
-func (s *heldSource) Open(context.Context, *weirruntime.OperatorContext) error { return nil }
-func (s *heldSource) Poll(ctx context.Context, out weirruntime.Collector[sessClick]) error {
+func (s *heldSource[T]) Open(context.Context, *weirruntime.OperatorContext) error { return nil }
+func (s *heldSource[T]) Poll(ctx context.Context, out weirruntime.Collector[T]) error {
 	if !s.done {
-		for _, c := range s.clicks {
-			out.Collect(c)
+		for _, r := range s.recs {
+			out.Collect(r)
 		}
 		s.done = true
-		s.emitted.Store(true)
+		s.emitted()
 		return nil
 	}
 	select {
@@ -46,10 +46,10 @@ func (s *heldSource) Poll(ctx context.Context, out weirruntime.Collector[sessCli
 	}
 	return nil
 }
-func (s *heldSource) Snapshot(context.Context, checkpoint.ID) (weirruntime.OperatorState, error) {
+func (s *heldSource[T]) Snapshot(context.Context, checkpoint.ID) (weirruntime.OperatorState, error) {
 	return weirruntime.OperatorState{}, nil
 }
-func (s *heldSource) Close() error { return nil }
+func (s *heldSource[T]) Close() error { return nil }
 
 type clickCount struct{}
 
@@ -62,7 +62,9 @@ func (clickCount) Merge(a, b int64) int64         { return a + b }
 // user (none closes: the clicks span seconds).
 func sessionsJob(clicks []sessClick, emitted *atomic.Bool) *weirruntime.Job {
 	j := weirruntime.NewJob("test-sessions", weirruntime.DefaultParallelism(2), weirruntime.MaxParallelism(16))
-	src := weirruntime.FromSource(j, "clicks", func() weirruntime.Source[sessClick] { return &heldSource{clicks: clicks, emitted: emitted} },
+	src := weirruntime.FromSource(j, "clicks", func() weirruntime.Source[sessClick] {
+		return &heldSource[sessClick]{recs: clicks, emitted: func() { emitted.Store(true) }}
+	},
 		weirruntime.Parallelism(1), weirruntime.Watermarks(weirruntime.ForBoundedOutOfOrderness[sessClick](time.Second,
 			weirruntime.WithTimestampAssigner(func(c sessClick, _ int64) int64 { return c.TS }))))
 	byUser := weirruntime.KeyBy(src, func(c sessClick) string { return c.User }, nil)
@@ -70,6 +72,37 @@ func sessionsJob(clicks []sessClick, emitted *atomic.Bool) *weirruntime.Job {
 		weirruntime.AggregateFunction[sessClick, int64, int64](clickCount{}), nil)
 	weirruntime.SinkTo(out, "discard", weirruntime.SinkFunc(func(context.Context, int64) error { return nil }))
 	return j
+}
+
+// checkpointOfHeldJob runs job (named name, its sources heldSources) on
+// the mini cluster until emitted says its sources emitted everything and
+// three more checkpoints completed, and returns its latest checkpoint.
+func checkpointOfHeldJob(t *testing.T, name string, job *weirruntime.Job, emitted func() bool) checkpoint.Completed {
+	t.Helper()
+	store, err := checkpoint.OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	after := 0
+	mc := weirruntime.NewMiniCluster(weirruntime.CheckpointStore(store), weirruntime.CheckpointInterval(10*time.Millisecond),
+		weirruntime.OnCheckpointComplete(func(weirruntime.CheckpointEvent) {
+			if emitted() {
+				if after++; after == 3 {
+					cancel()
+				}
+			}
+		}))
+	if _, err := mc.Run(ctx, job); !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: %v", err)
+	}
+	c, err := store.Latest(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // A sessions-like job (event-time session windows, their timers) stopped
@@ -93,30 +126,8 @@ func TestDumpOfSessionWindowsGivesEveryUsersWindowCountAndTimer(t *testing.T) {
 		want[c.User] = s
 	}
 
-	store, err := checkpoint.OpenStore(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
 	var emitted atomic.Bool
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	after := 0
-	mc := weirruntime.NewMiniCluster(weirruntime.CheckpointStore(store), weirruntime.CheckpointInterval(10*time.Millisecond),
-		weirruntime.OnCheckpointComplete(func(weirruntime.CheckpointEvent) {
-			if emitted.Load() {
-				if after++; after == 3 {
-					cancel()
-				}
-			}
-		}))
-	if _, err := mc.Run(ctx, sessionsJob(clicks, &emitted)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("run: %v", err)
-	}
-	c, err := store.Latest(t.Context(), "test-sessions")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := checkpointOfHeldJob(t, "test-sessions", sessionsJob(clicks, &emitted), emitted.Load)
 	sp := filepath.Join(t.TempDir(), "sp")
 	if err := checkpoint.WriteSavepoint(t.Context(), sp, c, time.Now(), checkpoint.WithJob("test-sessions", nil)); err != nil {
 		t.Fatal(err)

@@ -36,7 +36,7 @@ func newStateDumpCmd(a *app) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "dump PATH --operator UID [--state NAME] [--job TYPE] [--set key=value]...",
-		Short: "Print an operator's keyed state as JSON lines, decoded through its codecs",
+		Short: "Print an operator's keyed and broadcast state as JSON lines, decoded through its codecs",
 		Long: `dump prints the keyed state of the operator UID in a savepoint or a retained
 checkpoint as JSON lines, one per entry, key group by key group:
 
@@ -48,6 +48,15 @@ contents (state "window-contents") one line per key and window, the window in
 (state "timers", or "timers/NAME" for NewTimers) one line per timer with
 "timer":{"domain":"event-time"|"processing-time","timestamp":ms} and its
 namespace, if any.
+
+An operator with broadcast state (ProcessBroadcast, ProcessKeyedBroadcast)
+first gets one line per entry of each broadcast state, state by state in
+name order, entries in the order of their encoded keys:
+
+  {"broadcast_state":"rules","key":"fox","value":3}
+
+Every subtask checkpoints the same copy of it; the first subtask's is
+printed. Broadcast state is known only through the job's graph (below).
 
 Keys and values are decoded through the codecs the operator declares, as
 Flink's State Processor API reads state: the job's graph is built again from
@@ -90,18 +99,41 @@ never an error that hides the rest. --state NAME prints that state only.
 			enc := json.NewEncoder(w)
 			enc.SetEscapeHTML(false)
 			lines := 0
-			err = runtime.ReadKeyedState(cmd.Context(), job, operator, kgs, func(r runtime.StateRecord) error {
-				if state != "" && r.State != state {
-					return nil
-				}
+			// encode prints one line; a decoded value JSON cannot hold (a
+			// NaN, say) is printed as text, with the reason.
+			encode := func(r any, value *any, undecoded *string) error {
 				lines++
 				if err := enc.Encode(r); err != nil {
-					// A decoded value JSON cannot hold (a NaN, say).
-					r.Value, r.Undecoded = fmt.Sprintf("%v", r.Value), fmt.Sprintf("json: %v", err)
+					*value, *undecoded = fmt.Sprintf("%v", *value), fmt.Sprintf("json: %v", err)
 					return enc.Encode(r)
 				}
 				return nil
-			})
+			}
+			broadcast := job != nil && job.HasBroadcastState(operator)
+			if broadcast {
+				// Every subtask checkpoints the same copy: the first
+				// subtask's is read, as Flink's State Processor API reads
+				// one.
+				err = runtime.ReadBroadcastState(cmd.Context(), job, operator, ops[0].State, func(r runtime.BroadcastRecord) error {
+					if state != "" && r.State != state {
+						return nil
+					}
+					return encode(&r, &r.Value, &r.Undecoded)
+				})
+			} else if job == nil && len(ops[0].State) > 0 {
+				fmt.Fprintf(a.stderr, "note: without a job graph the operator state of %q (broadcast state, if it is) is not printed\n", operator)
+			}
+			if err == nil {
+				err = runtime.ReadKeyedState(cmd.Context(), job, operator, kgs, func(r runtime.StateRecord) error {
+					if state != "" && r.State != state {
+						return nil
+					}
+					return encode(&r, &r.Value, &r.Undecoded)
+				})
+				if broadcast && errors.Is(err, runtime.ErrNotKeyed) {
+					err = nil // broadcast state alone (ProcessBroadcast)
+				}
+			}
 			if ferr := w.Flush(); err == nil {
 				err = ferr
 			}
@@ -116,7 +148,7 @@ never an error that hides the rest. --state NAME prints that state only.
 	}
 	f.add(cmd)
 	cmd.Flags().StringVar(&operator, "operator", "", "UID of the operator whose keyed state to print (required)")
-	cmd.Flags().StringVar(&state, "state", "", "print only this state (as named in the output, e.g. count, window-contents, timers)")
+	cmd.Flags().StringVar(&state, "state", "", "print only this state (as named in the output, e.g. count, window-contents, timers, or a broadcast state's name)")
 	cmd.Flags().StringVar(&jobType, "job", "", "registered job type to take codecs from (default: the type recorded with the snapshot)")
 	cmd.Flags().StringArrayVar(&sets, "set", nil, "job parameter key=value (repeatable), over those recorded")
 	return cmd

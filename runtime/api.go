@@ -327,7 +327,8 @@ func KeyBy[T any, K comparable](s *Stream[T], key func(T) K, kc Codec[K]) *Keyed
 }
 
 // FromSource adds a source to the job. newSource is called once per subtask
-// and attempt: every subtask owns its Source. With the Watermarks option
+// and attempt: every subtask owns its Source; and once here, to record what
+// the source declares (UnionState). With the Watermarks option
 // the source assigns event timestamps and emits watermarks; without it its
 // records keep the timestamps it emitted them with and it emits only the
 // final watermark, when a bounded source ends.
@@ -350,6 +351,7 @@ func FromSource[T any](j *Job, name string, newSource func() Source[T], opts ...
 			wms: newSourceWatermarks(ws)}, nil
 	}
 	n.newUser = func() any { return newSource() }
+	_, n.union = newSource().(UnionState)
 	setOutputType[T](n)
 	return &Stream[T]{job: j, node: n}
 }
@@ -474,7 +476,8 @@ func (ProcessFunc[K, T, U]) Open(context.Context, *StateRegistry[K]) error { ret
 func (f ProcessFunc[K, T, U]) Process(key K, v T, out Collector[U]) error { return f(key, v, out) }
 
 // SinkTo writes the stream into a sink. newSink is called once per subtask
-// and attempt.
+// and attempt, and once here, to record what the sink declares
+// (UnionState).
 func SinkTo[T any](s *Stream[T], name string, newSink func() Sink[T], opts ...OpOpt) {
 	n := connect(s, name, opts)
 	n.kind = kindSink
@@ -482,6 +485,7 @@ func SinkTo[T any](s *Stream[T], name string, newSink func() Sink[T], opts ...Op
 		return newSinkInstance(newSink(), oc), nil
 	}
 	n.newUser = func() any { return newSink() }
+	_, n.union = newSink().(UnionState)
 }
 
 var uidPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)

@@ -41,6 +41,9 @@ type broadcastStore interface {
 	name() string
 	encode() []byte
 	restore(b []byte) error
+	// decodeEntry decodes one encoded entry with the state's codecs
+	// (ReadBroadcastState).
+	decodeEntry(kb, vb []byte) (k, v any, err error)
 }
 
 // BroadcastState is a map shared by every key of a broadcast operator
@@ -95,6 +98,18 @@ func (s *BroadcastState[UK, UV]) restore(b []byte) error {
 	}
 	s.m = m
 	return nil
+}
+
+func (s *BroadcastState[UK, UV]) decodeEntry(kb, vb []byte) (any, any, error) {
+	k, err := s.codec.kc.Decode(kb)
+	if err != nil {
+		return nil, nil, fmt.Errorf("key codec: %w", err)
+	}
+	v, err := s.codec.vc.Decode(vb)
+	if err != nil {
+		return k, nil, fmt.Errorf("value codec: %w", err)
+	}
+	return k, v, nil
 }
 
 // Get returns the value of uk.
@@ -173,20 +188,30 @@ func (r *BroadcastRegistry) snapshot() [][]byte {
 func (r *BroadcastRegistry) restore(entries [][]byte) error {
 	r.restored = map[string][]byte{}
 	for _, e := range entries {
-		name, rest, err := readFrame(e)
+		name, b, err := splitBroadcastEntry(e)
 		if err != nil {
-			return fmt.Errorf("broadcast state: %w", err)
+			return err
 		}
-		b, rest, err := readFrame(rest)
-		if err != nil {
-			return fmt.Errorf("broadcast state %q: %w", name, err)
-		}
-		if len(rest) != 0 {
-			return fmt.Errorf("broadcast state %q: %w: %d trailing bytes", name, ErrDecode, len(rest))
-		}
-		r.restored[string(name)] = b
+		r.restored[name] = b
 	}
 	return nil
+}
+
+// splitBroadcastEntry splits one operator state entry of broadcast state
+// (as snapshot writes it) into the state's name and its encoded map.
+func splitBroadcastEntry(e []byte) (string, []byte, error) {
+	name, rest, err := readFrame(e)
+	if err != nil {
+		return "", nil, fmt.Errorf("broadcast state: %w", err)
+	}
+	b, rest, err := readFrame(rest)
+	if err != nil {
+		return "", nil, fmt.Errorf("broadcast state %q: %w", name, err)
+	}
+	if len(rest) != 0 {
+		return "", nil, fmt.Errorf("broadcast state %q: %w: %d trailing bytes", name, ErrDecode, len(rest))
+	}
+	return string(name), b, nil
 }
 
 // BroadcastContext is what both sides of a broadcast process function see.
@@ -245,6 +270,10 @@ func ProcessBroadcast[T, B, U any](s *Stream[T], rules *Stream[B], name string, 
 		bi.ctx = &BroadcastContext{now: oc.recordTime(), side: sideOutputs{pushes: oc.sides, catchAll: oc.sideAny}}
 		return bi, nil
 	}
+	n.broadcastReader = func(ctx context.Context) (*BroadcastRegistry, error) {
+		reg := &BroadcastRegistry{}
+		return reg, newFn().Open(ctx, reg)
+	}
 	setOutputType[U](n)
 	return &Stream[U]{job: j, node: n}
 }
@@ -273,6 +302,11 @@ func ProcessKeyedBroadcast[K comparable, T, B, U any](ks *KeyedStream[K, T], rul
 	}
 	n.stateReader = func(ctx context.Context) (keyedStateReader, error) {
 		return newStateReader[K, T, U](ctx, ks.codec, maxPar, keyedFunction[K, T, U]{proc: keyedBroadcastAdapter[K, T, B, U]{fn: newFn(), reg: &BroadcastRegistry{}}})
+	}
+	n.broadcastReader = func(ctx context.Context) (*BroadcastRegistry, error) {
+		reg := &BroadcastRegistry{}
+		_, err := newStateReader[K, T, U](ctx, ks.codec, maxPar, keyedFunction[K, T, U]{proc: keyedBroadcastAdapter[K, T, B, U]{fn: newFn(), reg: reg}})
+		return reg, err
 	}
 	setOutputType[U](n)
 	return &Stream[U]{job: j, node: n}

@@ -51,6 +51,10 @@ type node struct {
 	// newUser creates a source's or sink's user operator alone (nil for
 	// other operators), for checks outside any task (VerifyRestore).
 	newUser func() any
+	// union: the source's or sink's operator state is union list state
+	// (it implements UnionState), recorded when the graph is built so
+	// that restoring never constructs user code to learn it.
+	union   bool
 	fanout  func(pushes []any) any
 	discard func() any
 	// collect makes the node's output push (a pushFn of its type) that
@@ -63,6 +67,9 @@ type node struct {
 	// stateReader opens a keyed operator's function to read its state
 	// (ReadKeyedState); nil for operators without keyed state.
 	stateReader func(ctx context.Context) (keyedStateReader, error)
+	// broadcastReader opens a broadcast operator's function to read its
+	// broadcast state (ReadBroadcastState); nil for other operators.
+	broadcastReader func(ctx context.Context) (*BroadcastRegistry, error)
 }
 
 // edge connects two operators. Its closures carry the record type.
@@ -213,12 +220,9 @@ func compile(j *Job) (*plan, error) {
 func (p *plan) layout() []OperatorLayout {
 	var ops []OperatorLayout
 	for _, n := range p.job.nodes {
-		l := OperatorLayout{UID: n.uid, Parallelism: n.parallelism, BroadcastState: n.broadcastState}
+		l := OperatorLayout{UID: n.uid, Parallelism: n.parallelism, Union: n.union, BroadcastState: n.broadcastState}
 		if n.keyed {
 			l.MaxParallelism = p.job.maxParallelism
-		}
-		if n.newUser != nil {
-			_, l.Union = n.newUser().(UnionState)
 		}
 		ops = append(ops, l)
 	}

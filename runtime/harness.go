@@ -96,12 +96,9 @@ func NewOperatorHarness[U any](ctx context.Context, s *Stream[U], cfg HarnessCon
 	h := &OperatorHarness{n: n, maxPar: j.maxParallelism, sub: cfg.Subtask, par: cfg.Parallelism, wm: MinWatermark}
 	var restore *SubtaskState
 	if cfg.Restore != nil {
-		layout := OperatorLayout{UID: n.uid, Parallelism: cfg.Parallelism, BroadcastState: n.broadcastState}
+		layout := OperatorLayout{UID: n.uid, Parallelism: cfg.Parallelism, Union: n.union, BroadcastState: n.broadcastState}
 		if n.keyed {
 			layout.MaxParallelism = j.maxParallelism
-		}
-		if n.newUser != nil {
-			_, layout.Union = n.newUser().(UnionState)
 		}
 		snaps := make([]checkpoint.OperatorSnapshot, len(cfg.Restore))
 		copy(snaps, cfg.Restore)

@@ -99,6 +99,24 @@ func (p Params) Duration(name string) (time.Duration, error) {
 	return v, nil
 }
 
+// Durations parses each named parameter as a Go duration that is not
+// negative, in the order of names (the bounds and timeouts of the bundled
+// jobs' event-time parameters).
+func (p Params) Durations(names ...string) ([]time.Duration, error) {
+	out := make([]time.Duration, len(names))
+	for i, name := range names {
+		v, err := p.Duration(name)
+		if err != nil {
+			return nil, err
+		}
+		if v < 0 {
+			return nil, fmt.Errorf("%w: %s=%v < 0", ErrBadParam, name, v)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
 // OneOf checks the parameter is one of allowed and returns it.
 func (p Params) OneOf(name string, allowed ...string) (string, error) {
 	v := p[name]

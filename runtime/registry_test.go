@@ -2,7 +2,10 @@ package runtime
 
 import (
 	"errors"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestRegistryBuildsFromNameAndParams(t *testing.T) {
@@ -50,6 +53,36 @@ func TestRegistryBuildsFromNameAndParams(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := r.Build(tc.job, tc.params); !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// Params.Durations parses every named parameter, in order, and refuses a
+// malformed or negative one by name (ErrBadParam): the event-time
+// parameters of both Kafka sources' ParamWatermarks go through it.
+func TestParamsDurationsParseInOrderAndRefuseMalformedOrNegativeValues(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		params  Params
+		want    []time.Duration
+		wantErr string
+	}{
+		{"every value", Params{"a": "5s", "b": "0s", "c": "1m"}, []time.Duration{5 * time.Second, 0, time.Minute}, ""},
+		{"negative", Params{"a": "5s", "b": "-1s", "c": "1m"}, nil, "b=-1s < 0"},
+		{"malformed", Params{"a": "5s", "b": "1s", "c": "soon"}, nil, `c="soon" is not a duration`},
+		{"missing", Params{"a": "5s", "b": "1s"}, nil, `c="" is not a duration`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.params.Durations("a", "b", "c")
+			if tc.wantErr != "" {
+				if !errors.Is(err, ErrBadParam) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Durations: %v, %v; want ErrBadParam saying %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Fatalf("Durations: %v, %v; want %v", got, err, tc.want)
 			}
 		})
 	}

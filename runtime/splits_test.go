@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,24 +73,42 @@ func (SliceSourceStub) Snapshot(context.Context, checkpoint.ID) (OperatorState, 
 }
 func (unionSource) UnionState() {}
 
-// The job graph's layout marks a source implementing UnionState, and
-// only it.
-func TestLayoutMarksSourcesWithUnionState(t *testing.T) {
+// The job graph's layout marks a source and a sink implementing
+// UnionState, and only them. What they declare is recorded when the graph
+// is built: computing the layout (at every restore) constructs no user
+// operator.
+func TestLayoutMarksUnionStateWithoutConstructingUserOperators(t *testing.T) {
+	var made atomic.Int32
 	j := NewJob("u")
-	a := FromSource(j, "a", func() Source[int] { return unionSource{} })
-	b := FromSource(j, "b", func() Source[int] { return SliceSourceStub{} })
-	SinkTo(a, "sa", SinkFunc(func(context.Context, int) error { return nil }))
+	a := FromSource(j, "a", func() Source[int] { made.Add(1); return unionSource{} })
+	b := FromSource(j, "b", func() Source[int] { made.Add(1); return SliceSourceStub{} })
+	SinkTo(a, "sa", func() Sink[int] { made.Add(1); return unionSink{} })
 	SinkTo(b, "sb", SinkFunc(func(context.Context, int) error { return nil }))
 	p, err := compile(j)
 	if err != nil {
 		t.Fatal(err)
 	}
+	built := made.Load()
 	for _, l := range p.layout() {
-		if want := l.UID == "a"; l.Union != want {
+		if want := l.UID == "a" || l.UID == "sa"; l.Union != want {
 			t.Errorf("operator %q: union %v, want %v", l.UID, l.Union, want)
 		}
 	}
+	if n := made.Load() - built; n != 0 {
+		t.Errorf("%d user operators constructed to lay out the restore, want none", n)
+	}
 }
+
+// unionSink is a sink with union state.
+type unionSink struct{}
+
+func (unionSink) Open(context.Context, *OperatorContext) error { return nil }
+func (unionSink) Write(context.Context, int) error             { return nil }
+func (unionSink) Close() error                                 { return nil }
+func (unionSink) Snapshot(context.Context, checkpoint.ID) (OperatorState, error) {
+	return OperatorState{}, nil
+}
+func (unionSink) UnionState() {}
 
 // splitOut records what a source subtask's watermark machinery sends.
 type splitOut struct {

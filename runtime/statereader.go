@@ -134,6 +134,20 @@ func (j *Job) OperatorUIDs() []string {
 	return uids
 }
 
+// operator is the node of the operator uid, for reading its state: the
+// job's build error, or ErrUnknownOperator listing the UIDs it has.
+func (j *Job) operator(uid string) (*node, error) {
+	if j.err != nil {
+		return nil, j.err
+	}
+	for _, n := range j.nodes {
+		if n.uid == uid {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("%w %q: the job's operators are %s", ErrUnknownOperator, uid, strings.Join(j.OperatorUIDs(), ", "))
+}
+
 // ReadKeyedState decodes the keyed state of the operator uid of job j from
 // the key-group blobs of a snapshot (every subtask's, by key group), and
 // calls emit for every entry, key group by key group, in key group order.
@@ -148,22 +162,13 @@ func (j *Job) OperatorUIDs() []string {
 func ReadKeyedState(ctx context.Context, j *Job, uid string, keyGroups map[int][]byte, emit func(StateRecord) error) error {
 	var r keyedStateReader
 	if j != nil {
-		if j.err != nil {
-			return j.err
-		}
-		var n *node
-		for _, c := range j.nodes {
-			if c.uid == uid {
-				n = c
-			}
-		}
-		if n == nil {
-			return fmt.Errorf("%w %q: the job's operators are %s", ErrUnknownOperator, uid, strings.Join(j.OperatorUIDs(), ", "))
+		n, err := j.operator(uid)
+		if err != nil {
+			return err
 		}
 		if n.stateReader == nil {
 			return fmt.Errorf("%w: %q", ErrNotKeyed, uid)
 		}
-		var err error
 		if r, err = n.stateReader(ctx); err != nil {
 			return fmt.Errorf("open operator %q to read its state: %w", uid, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -209,21 +210,52 @@ func requireRecords(t *testing.T, topic string, got []*kgo.Record, want [][2]str
 // input is never out of order by as much as the bound, so read_committed
 // "sessions" must hold exactly the sessions of the committed input computed
 // by definition, each once, no aborted click counted; and "late-clicks"
-// exactly the clicks written late on purpose at the end, each once.
+// exactly the clicks written late on purpose at the end, each once. On
+// the pebble state backend (the session windows' map state and timers in
+// pebble under the task managers' data dirs), the task manager SIGKILL is
+// followed by a rescale 2 -> 3 -> 2 through savepoints, with the same
+// checks over the four jobs' output.
 func TestSessionsJobSurvivesSIGKILLsWithNoLateClickAndEverySessionOnce(t *testing.T) {
-	for _, kill := range []string{"task manager", "hung task manager", "broker"} {
-		t.Run(strings.ReplaceAll(kill, " ", "-"), func(t *testing.T) { sessionsThroughASIGKILL(t, kill) })
+	for _, tc := range []sessionsFailure{
+		{kill: "task manager", backend: "heap"},
+		{kill: "hung task manager", backend: "heap"},
+		{kill: "broker", backend: "heap"},
+		{kill: "task manager", backend: "pebble", rescale: true},
+	} {
+		name := strings.ReplaceAll(tc.kill, " ", "-")
+		if tc.backend != "heap" {
+			name += "-on-" + tc.backend
+		}
+		if tc.rescale {
+			name += "-and-a-rescale"
+		}
+		t.Run(name, func(t *testing.T) { sessionsThroughASIGKILL(t, tc) })
 	}
 }
 
-func sessionsThroughASIGKILL(t *testing.T, kill string) {
+// sessionsFailure is a case of sessionsThroughASIGKILL: the process killed,
+// the state backend, and whether a rescale 2 -> 3 -> 2 follows.
+type sessionsFailure struct {
+	kill, backend string
+	rescale       bool
+}
+
+func sessionsThroughASIGKILL(t *testing.T, tc sessionsFailure) {
+	kill := tc.kill
 	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
 	b, _ := clicksBroker(t, ctx, 4)
 	addr := func() string { b.mu.Lock(); defer b.mu.Unlock(); return b.addr }
 	c := proctest.NewCluster(t, streamctlBin)
-	c.StartTM("tm-a", 2)
-	c.StartTM("tm-b", 2)
+	startTM := func(id string) {
+		if tc.backend == "heap" {
+			c.StartTM(id, 2)
+			return
+		}
+		c.StartTMWith(id, 2, nil, "--data-dir", filepath.Join(c.DataDir, id), "--state-memory", "64MiB")
+	}
+	startTM("tm-a")
+	startTM("tm-b")
 	c.WaitTMs("tm-a,tm-b")
 	defer func() {
 		if t.Failed() {
@@ -233,8 +265,9 @@ func sessionsThroughASIGKILL(t *testing.T, kill string) {
 
 	feed := &clickFeed{Feeder: kafkatest.Feeder{Lines: 4, Every: 100 * time.Millisecond}, addr: addr, start: time.Now()}
 	feed.Run(ctx, feed.write)
-	id := c.Submit("sessions", "--parallelism", "2", "--checkpoint-interval", "200ms",
-		"--set", "brokers="+b.addr, "--set", "gap=5s")
+	args := []string{"sessions", "--checkpoint-interval", "200ms", "--state-backend", tc.backend,
+		"--set", "brokers=" + b.addr, "--set", "gap=5s"}
+	id := c.Submit(append(args, "--parallelism", "2")...)
 	sessionsAtLeast := func(n int, what string) int {
 		t.Helper()
 		for {
@@ -251,6 +284,13 @@ func sessionsThroughASIGKILL(t *testing.T, kill string) {
 		}
 	}
 	before := sessionsAtLeast(5, "before the kill")
+	if tc.backend == "pebble" {
+		// The session windows' pebble instances live under the task
+		// managers' --data-dir/state.
+		if insts, err := filepath.Glob(filepath.Join(c.DataDir, "tm-*", "state", "*")); err != nil || len(insts) == 0 {
+			t.Fatalf("pebble instances under the task managers' data dirs: %v (%v), want some", insts, err)
+		}
+	}
 	switch kill {
 	case "task manager":
 		c.TMs["tm-a"].Kill(t)
@@ -274,6 +314,23 @@ func sessionsThroughASIGKILL(t *testing.T, kill string) {
 	// return; sessions keep coming.
 	sessionsAtLeast(before+5, "after the kill")
 	time.Sleep(time.Until(killed.Add(45 * time.Second)))
+	restarts := c.Status(id).Restarts
+	if tc.rescale {
+		// 2 -> 3 -> 2 through savepoints while clicks keep coming; the
+		// share group keeps what no job is reading meanwhile.
+		startTM("tm-c")
+		c.WaitTMs("tm-b,tm-c")
+		pc := &procCluster{Cluster: c, t: t}
+		spDir := filepath.Join(c.DataDir, "savepoints")
+		for _, par := range []string{"3", "2"} {
+			sp := pc.stopWithSavepoint(id, spDir)
+			id = c.Submit(append(args, "--parallelism", par, "--from-savepoint", sp)...)
+			sessionsAtLeast(sessionsAtLeast(0, "")+5, "at parallelism "+par)
+		}
+		if st := c.Status(id); st.State != "RUNNING" || st.StateBackend != tc.backend {
+			t.Fatalf("job %s: %+v, want RUNNING on %s", id, st, tc.backend)
+		}
+	}
 	feed.Halt(t)
 
 	// A click far ahead ends every session; then the expected sessions come
@@ -322,8 +379,8 @@ func sessionsThroughASIGKILL(t *testing.T, kill string) {
 	}
 	requireRecords(t, "sessions", committed(t, ctx, addr(), "sessions"), wantOut)
 	requireRecords(t, "late-clicks", committed(t, ctx, addr(), "late-clicks"), wantLate)
-	t.Logf("%s SIGKILL: %d clicks committed, %d sessions (%d before the kill) each once, %d late clicks, restarts %d",
-		kill, len(in), len(want), before, len(late), c.Status(id).Restarts)
+	t.Logf("%s SIGKILL on %s (rescale 2 -> 3 -> 2: %v): %d clicks committed, %d sessions (%d before the kill) each once, %d late clicks, restarts %d",
+		kill, tc.backend, tc.rescale, len(in), len(want), before, len(late), restarts)
 }
 
 // At volume and through a task-manager SIGKILL (issue 36): 50,000 clicks of

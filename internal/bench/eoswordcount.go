@@ -46,22 +46,11 @@ import (
 // It also reports the largest number of records a source subtask held per
 // partition against the broker's cap (share-inflight), over all runs.
 func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
-	lines, runs := cfg.sizeOf(200_000, 60_000, 3_000), cfg.runsOf(3, 2)
-	kb, err := startBroker(ctx)
+	b, err := startEOSBench(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer kb.Close()
-	corpus := Corpus(3, lines, 6, 5_000)
-	want := wordcount.Expected(corpus)
-	words := 0
-	for _, n := range want {
-		words += n
-	}
-	cfg.progress("producing %d lines", lines)
-	if err := produceCorpus(ctx, kb.addr, "bench-lines", corpus); err != nil {
-		return nil, err
-	}
+	defer b.kb.Close()
 	var mu sync.Mutex
 	maxHeld, limit := 0, 0
 	observe := sharegroup.ObserveInFlight(func(held map[acklog.TopicPartition]int, lim int) {
@@ -72,26 +61,19 @@ func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 			maxHeld = max(maxHeld, n)
 		}
 	})
-	vs, err := alternateSides(runs, func(side string, i int) { cfg.progress("run %d/%d: %s", i+1, runs, side) },
-		side{"weir", func(i int) (float64, error) {
-			el, err := weirEOSWordcount(ctx, kb, i, want, words, input.ShareGroup, observe, sharegroup.CommitWhenIdle(eosIdleCommit))
-			return float64(lines) / el.Seconds(), err
-		}},
-		side{"baseline", func(i int) (float64, error) {
-			el, err := shareLoop(ctx, kb, i, want, words)
-			return float64(lines) / el.Seconds(), err
-		}},
-		side{"ceiling", func(i int) (float64, error) {
-			el, err := wordcountCeiling(ctx, kb, i, words)
-			return float64(lines) / el.Seconds(), err
-		}})
+	vs, err := b.alternate(cfg,
+		b.side("weir", func(i int) (time.Duration, error) {
+			return weirEOSWordcount(ctx, b.kb, i, b.want, b.words, input.ShareGroup, observe, sharegroup.CommitWhenIdle(eosIdleCommit))
+		}),
+		b.side("baseline", func(i int) (time.Duration, error) { return shareLoop(ctx, b.kb, i, b.want, b.words) }),
+		b.side("ceiling", func(i int) (time.Duration, error) { return wordcountCeiling(ctx, b.kb, i, b.words) }))
 	if err != nil {
 		return nil, err
 	}
 	weir, base, ceiling := vs[0], vs[1], vs[2]
 	l := compared("eos-wordcount", "records_per_s", "franz-go-share-loop", weir, base)
 	l.Note = fmt.Sprintf("input lines/s; %d lines, %d words, 8 partitions; weir: 100 ms checkpoints, CommitWhenIdle(%v); "+
-		"clocks stop at the last output visible to read_committed (weir) and at the last produce ack (baseline); %s", lines, words, eosIdleCommit, l.Note)
+		"clocks stop at the last output visible to read_committed (weir) and at the last produce ack (baseline); %s", b.lines, b.words, eosIdleCommit, l.Note)
 	lim := compared("limit-wordcount", "records_per_s", "franz-go-share-loop", ceiling, base)
 	lim.Note = fmt.Sprintf("input lines/s of the ceiling of any wordcount on this machine and broker: 2 share consumers "+
 		"that split each line and produce one record per word asynchronously (no counting, no transaction, no ack waited for), "+
@@ -102,6 +84,51 @@ func EOSWordcount(ctx context.Context, cfg Config) ([]Line, error) {
 		{Bench: "share-inflight", Metric: "max_held_per_partition", Value: float64(maxHeld),
 			Baseline: "group.share.partition.max.record.locks", BaselineValue: float64(limit), Ratio: float64(maxHeld) / float64(max(limit, 1))},
 	}, nil
+}
+
+// eosBench is what eos-wordcount and eos-wordcount-kafka share: an
+// in-process broker with the corpus produced to bench-lines, the counts it
+// must give (want, words in all), and the size and number of runs.
+type eosBench struct {
+	kb          *kafkaBroker
+	lines, runs int
+	want        map[string]int
+	words       int
+}
+
+// startEOSBench starts the broker and produces the corpus; the caller
+// closes b.kb.
+func startEOSBench(ctx context.Context, cfg Config) (*eosBench, error) {
+	b := &eosBench{lines: cfg.sizeOf(200_000, 60_000, 3_000), runs: cfg.runsOf(3, 2)}
+	kb, err := startBroker(ctx)
+	if err != nil {
+		return nil, err
+	}
+	corpus := Corpus(3, b.lines, 6, 5_000)
+	b.kb, b.want = kb, wordcount.Expected(corpus)
+	for _, n := range b.want {
+		b.words += n
+	}
+	cfg.progress("producing %d lines", b.lines)
+	if err := produceCorpus(ctx, kb.addr, "bench-lines", corpus); err != nil {
+		kb.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// side is a side measured in input lines per second, run timing its i-th
+// run.
+func (b *eosBench) side(name string, run func(i int) (time.Duration, error)) side {
+	return side{name, func(i int) (float64, error) {
+		el, err := run(i)
+		return float64(b.lines) / el.Seconds(), err
+	}}
+}
+
+// alternate measures the sides in turn, b.runs times.
+func (b *eosBench) alternate(cfg Config, sides ...side) ([][]float64, error) {
+	return alternateSides(b.runs, func(side string, i int) { cfg.progress("run %d/%d: %s", i+1, b.runs, side) }, sides...)
 }
 
 // eosIdleCommit is the CommitWhenIdle time of eos-wordcount's Weir runs.

@@ -28,35 +28,19 @@ import (
 // its last commit returned. Every output is read back and checked record by
 // record outside the timed windows.
 func EOSWordcountKafka(ctx context.Context, cfg Config) ([]Line, error) {
-	lines, runs := cfg.sizeOf(200_000, 60_000, 3_000), cfg.runsOf(3, 2)
-	kb, err := startBroker(ctx)
+	b, err := startEOSBench(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer kb.Close()
-	corpus := Corpus(3, lines, 6, 5_000)
-	want := wordcount.Expected(corpus)
-	words := 0
-	for _, n := range want {
-		words += n
-	}
-	cfg.progress("producing %d lines", lines)
-	if err := produceCorpus(ctx, kb.addr, "bench-lines", corpus); err != nil {
-		return nil, err
-	}
-	vs, err := alternateSides(runs, func(side string, i int) { cfg.progress("run %d/%d: %s", i+1, runs, side) },
-		side{"weir-kafka", func(i int) (float64, error) {
-			el, err := weirEOSWordcount(ctx, kb, i, want, words, input.Partitions)
-			return float64(lines) / el.Seconds(), err
-		}},
-		side{"weir-sharegroup", func(i int) (float64, error) {
-			el, err := weirEOSWordcount(ctx, kb, i, want, words, input.ShareGroup, sharegroup.CommitWhenIdle(eosIdleCommit))
-			return float64(lines) / el.Seconds(), err
-		}},
-		side{"ceiling", func(i int) (float64, error) {
-			el, err := partitionTxnLoop(ctx, kb, i, want)
-			return float64(lines) / el.Seconds(), err
-		}})
+	defer b.kb.Close()
+	vs, err := b.alternate(cfg,
+		b.side("weir-kafka", func(i int) (time.Duration, error) {
+			return weirEOSWordcount(ctx, b.kb, i, b.want, b.words, input.Partitions)
+		}),
+		b.side("weir-sharegroup", func(i int) (time.Duration, error) {
+			return weirEOSWordcount(ctx, b.kb, i, b.want, b.words, input.ShareGroup, sharegroup.CommitWhenIdle(eosIdleCommit))
+		}),
+		b.side("ceiling", func(i int) (time.Duration, error) { return partitionTxnLoop(ctx, b.kb, i, b.want) }))
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +48,7 @@ func EOSWordcountKafka(ctx context.Context, cfg Config) ([]Line, error) {
 	l := compared("eos-wordcount-kafka", "records_per_s", "eos-wordcount-sharegroup", kafka, share)
 	l.Note = fmt.Sprintf("input lines/s of the exactly-once wordcount on the partition source against the same job on the share-group "+
 		"source (CommitWhenIdle(%v)); %d lines, %d words, 8 partitions, parallelism 1, 100 ms checkpoints; clocks stop at the last "+
-		"output visible to read_committed; %s", eosIdleCommit, lines, words, l.Note)
+		"output visible to read_committed; %s", eosIdleCommit, b.lines, b.words, l.Note)
 	c := compared("eos-wordcount-kafka-ceiling", "records_per_s", "franz-go-partition-txn-loop", kafka, ceiling)
 	c.Note = fmt.Sprintf("input lines/s of the exactly-once wordcount on the partition source against a hand-written one: a "+
 		"read_committed partition consumer, a running count per word in a map, every count produced in one transaction per poll "+

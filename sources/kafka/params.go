@@ -3,7 +3,6 @@ package kafka
 import (
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/weirstream/weir/runtime"
 )
@@ -51,16 +50,9 @@ func ParamOpts(p runtime.Params, topicParam string) []Opt {
 // per partition (a "max-drift" parameter is the share group's, ignored:
 // each partition is read by one subtask in order).
 func ParamWatermarks[T any](p runtime.Params, ts func(T) int64) (runtime.WatermarkStrategy[T], error) {
-	var d [2]time.Duration
-	for i, name := range []string{"out-of-orderness", "idle"} {
-		v, err := p.Duration(name)
-		if err != nil {
-			return runtime.WatermarkStrategy[T]{}, err
-		}
-		if v < 0 {
-			return runtime.WatermarkStrategy[T]{}, fmt.Errorf("%w: %s=%v < 0", runtime.ErrBadParam, name, v)
-		}
-		d[i] = v
+	d, err := p.Durations("out-of-orderness", "idle")
+	if err != nil {
+		return runtime.WatermarkStrategy[T]{}, err
 	}
 	return runtime.ForBoundedOutOfOrderness[T](d[0],
 		runtime.WithTimestampAssigner(func(v T, _ int64) int64 { return ts(v) }),

@@ -2,9 +2,7 @@ package sharegroup
 
 import (
 	"context"
-	"fmt"
 	"strings"
-	"time"
 
 	"github.com/weirstream/weir/runtime"
 )
@@ -39,16 +37,9 @@ func EventTimeParams() []runtime.ParamSpec {
 // ParamWatermarks is the watermark strategy of p's EventTimeParams: bounded
 // out-of-orderness on the event time ts gives, idleness and alignment.
 func ParamWatermarks[T any](p runtime.Params, ts func(T) int64) (runtime.WatermarkStrategy[T], error) {
-	var d [3]time.Duration
-	for i, name := range []string{"out-of-orderness", "idle", "max-drift"} {
-		v, err := p.Duration(name)
-		if err != nil {
-			return runtime.WatermarkStrategy[T]{}, err
-		}
-		if v < 0 {
-			return runtime.WatermarkStrategy[T]{}, fmt.Errorf("%w: %s=%v < 0", runtime.ErrBadParam, name, v)
-		}
-		d[i] = v
+	d, err := p.Durations("out-of-orderness", "idle", "max-drift")
+	if err != nil {
+		return runtime.WatermarkStrategy[T]{}, err
 	}
 	return runtime.ForBoundedOutOfOrderness[T](d[0],
 		runtime.WithTimestampAssigner(func(v T, _ int64) int64 { return ts(v) }),
