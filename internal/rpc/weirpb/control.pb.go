@@ -2027,8 +2027,12 @@ type CheckpointAck struct {
 	AlignmentNs int64  `protobuf:"varint,6,opt,name=alignment_ns,json=alignmentNs,proto3" json:"alignment_ns,omitempty"`
 	// snapshot_chunked: snapshot follows in chunks (see Chunked).
 	SnapshotChunked *Chunked `protobuf:"bytes,7,opt,name=snapshot_chunked,json=snapshotChunked,proto3" json:"snapshot_chunked,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// sync_ns and async_ns are the synchronous and asynchronous parts of the
+	// task's snapshot (runtime.SnapshotTimes).
+	SyncNs        int64 `protobuf:"varint,8,opt,name=sync_ns,json=syncNs,proto3" json:"sync_ns,omitempty"`
+	AsyncNs       int64 `protobuf:"varint,9,opt,name=async_ns,json=asyncNs,proto3" json:"async_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckpointAck) Reset() {
@@ -2108,6 +2112,20 @@ func (x *CheckpointAck) GetSnapshotChunked() *Chunked {
 		return x.SnapshotChunked
 	}
 	return nil
+}
+
+func (x *CheckpointAck) GetSyncNs() int64 {
+	if x != nil {
+		return x.SyncNs
+	}
+	return 0
+}
+
+func (x *CheckpointAck) GetAsyncNs() int64 {
+	if x != nil {
+		return x.AsyncNs
+	}
+	return 0
 }
 
 type CheckpointDecline struct {
@@ -3424,7 +3442,7 @@ const file_control_proto_rawDesc = "" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
 	"\atask_id\x18\x03 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12$\n" +
-	"\runrecoverable\x18\x05 \x01(\bR\runrecoverable\"\xfe\x01\n" +
+	"\runrecoverable\x18\x05 \x01(\bR\runrecoverable\"\xb2\x02\n" +
 	"\rCheckpointAck\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
@@ -3432,7 +3450,9 @@ const file_control_proto_rawDesc = "" +
 	"\rcheckpoint_id\x18\x04 \x01(\x04R\fcheckpointId\x12\x1a\n" +
 	"\bsnapshot\x18\x05 \x01(\fR\bsnapshot\x12!\n" +
 	"\falignment_ns\x18\x06 \x01(\x03R\valignmentNs\x12?\n" +
-	"\x10snapshot_chunked\x18\a \x01(\v2\x14.weir.rpc.v1.ChunkedR\x0fsnapshotChunked\"\x9a\x01\n" +
+	"\x10snapshot_chunked\x18\a \x01(\v2\x14.weir.rpc.v1.ChunkedR\x0fsnapshotChunked\x12\x17\n" +
+	"\async_ns\x18\b \x01(\x03R\x06syncNs\x12\x19\n" +
+	"\basync_ns\x18\t \x01(\x03R\aasyncNs\"\x9a\x01\n" +
 	"\x11CheckpointDecline\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
