@@ -676,4 +676,27 @@ func TestRESTShowsEveryAcknowledgedSubtasksSyncAndAsyncDurations(t *testing.T) {
 				v.ID, sub.SyncDurationW, sub.AsyncDurationW, sub.Summary.CheckpointDuration, maxSync, maxAsync)
 		}
 	}
+
+	// streamctl checkpoints shows the longest sync and async part of each
+	// retained checkpoint this job manager saw acknowledged.
+	out, err := c.cli(t, "checkpoints", id, "--output", "json")
+	if err != nil {
+		t.Fatalf("streamctl checkpoints: %v", err)
+	}
+	var listed []struct {
+		ID      uint64 `json:"id"`
+		SyncMs  *int64 `json:"sync_ms"`
+		AsyncMs *int64 `json:"async_ms"`
+	}
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) == 0 {
+		t.Fatalf("streamctl checkpoints --output json: %v: %s", err, out)
+	}
+	for _, l := range listed {
+		if l.SyncMs == nil || l.AsyncMs == nil || *l.SyncMs < 0 || *l.AsyncMs < 0 {
+			t.Errorf("streamctl checkpoints: checkpoint %d has no sync_ms and async_ms: %s", l.ID, out)
+		}
+	}
+	if out, err := c.cli(t, "checkpoints", id); err != nil || !strings.Contains(strings.SplitN(out, "\n", 2)[0], "SYNC  ASYNC") {
+		t.Errorf("streamctl checkpoints: %v: %s, want SYNC and ASYNC columns", err, out)
+	}
 }
