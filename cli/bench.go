@@ -3,10 +3,12 @@ package cli
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -58,11 +60,16 @@ partition source against the share group, in events per CPU-second):
 			cfg.TaskManagers = benchTaskManagers
 			cfg.TaskManager = benchTaskManager
 			cfg.JobManager = benchJobManager
+			cfg.NexmarkProcess = benchNexmarkProcess
 			return bench.Run(cmd.Context(), a.stdout, cfg, only...)
 		}),
 	}
 	cmd.Flags().BoolVar(&cfg.Quick, "quick", false, "shorter runs (whole bench under 60 s)")
 	cmd.Flags().Int64Var(&cfg.NexmarkEvents, "nexmark-events", 0, "events per nexmark run (0: 2000000, 200000 with --quick)")
+	cmd.Flags().StringSliceVar(&cfg.NexmarkBackends, "nexmark-backends", nil,
+		"run every nexmark query to completion on these state backends (heap,pebble), each in a process of its own, checkpoint every 10s; "+
+			"reports nexmark-QUERY-BACKEND with peak RSS and the largest checkpoint (Flink's standard size: --nexmark-events 100000000)")
+	cmd.Flags().StringSliceVar(&cfg.NexmarkQueries, "nexmark-queries", nil, "with --nexmark-backends, run only these queries (e.g. q5,q7)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these benchmarks (repeatable): "+strings.Join(bench.Names(), ", "))
 	return cmd
 }
@@ -97,6 +104,55 @@ func newBenchTaskManagerCmd(a *app) *cobra.Command {
 	cmd.Flags().StringVar(&jm, "jobmanager", "", "job manager address")
 	cmd.Flags().StringVar(&id, "id", "bench-tm", "task manager id")
 	return cmd
+}
+
+// newBenchNexmarkRunCmd is the hidden command nexmark --nexmark-backends
+// runs each query in: one run of bench.RunNexmarkQuery, its result as one
+// JSON object on stdout.
+func newBenchNexmarkRunCmd(a *app) *cobra.Command {
+	var spec bench.NexmarkRunSpec
+	cmd := &cobra.Command{
+		Use:    "bench-nexmark-run --query Q --backend heap|pebble --events N --checkpoint-interval DUR",
+		Short:  "One nexmark query run of bench --nexmark-backends (started by bench)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: a.withLogger(func(cmd *cobra.Command, _ *zap.Logger) error {
+			r, err := bench.RunNexmarkQuery(cmd.Context(), spec)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(a.stdout).Encode(r)
+		}),
+	}
+	cmd.Flags().StringVar(&spec.Query, "query", "", "the query")
+	cmd.Flags().StringVar(&spec.Backend, "backend", "heap", "the state backend")
+	cmd.Flags().Int64Var(&spec.Events, "events", 0, "events to generate")
+	cmd.Flags().DurationVar(&spec.Interval, "checkpoint-interval", 10*time.Second, "checkpoint interval")
+	return cmd
+}
+
+// benchNexmarkProcess runs spec in a bench-nexmark-run process of this
+// binary and returns its result, with the larger of the peak RSS it
+// reported and its rusage maxrss.
+func benchNexmarkProcess(ctx context.Context, spec bench.NexmarkRunSpec) (bench.NexmarkRunResult, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return bench.NexmarkRunResult{}, err
+	}
+	c := exec.CommandContext(ctx, exe, "bench-nexmark-run", "--query", spec.Query, "--backend", spec.Backend,
+		"--events", strconv.FormatInt(spec.Events, 10), "--checkpoint-interval", spec.Interval.String(), "--log-level", "error")
+	var stdout, stderr strings.Builder
+	c.Stdout, c.Stderr = &stdout, &stderr
+	dieWithParent(c)
+	if err := c.Run(); err != nil {
+		return bench.NexmarkRunResult{}, fmt.Errorf("bench-nexmark-run: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	var r bench.NexmarkRunResult
+	if err := json.Unmarshal([]byte(stdout.String()), &r); err != nil {
+		return r, fmt.Errorf("bench-nexmark-run: its result %q: %w", stdout.String(), err)
+	}
+	r.PeakRSS = max(r.PeakRSS, maxRSS(c))
+	return r, nil
 }
 
 // benchTaskManagers starts n bench-taskmanager processes of this binary.

@@ -1,12 +1,15 @@
 package cli
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
 
+	"github.com/weirstream/weir/examples/nexmark"
 	"github.com/weirstream/weir/internal/bench"
 	"github.com/weirstream/weir/internal/demo"
+	weirruntime "github.com/weirstream/weir/runtime"
 )
 
 func TestBenchOnlyUnknownNameIsAnErrorListingTheNames(t *testing.T) {
@@ -46,5 +49,73 @@ func TestDemoRefusesBadFlags(t *testing.T) {
 				t.Fatalf("demo started before refusing: %q", stdout)
 			}
 		})
+	}
+}
+
+// bench --nexmark-backends runs every nexmark query to completion on each
+// backend, each run in a process of its own (this binary), and reports per
+// query and backend the events per CPU-second, the process's peak RSS and
+// the largest checkpoint with its durations; a backend it does not know is
+// an error before any run.
+func TestBenchNexmarkBackendsReportsEveryQueryOnEveryBackendFromItsOwnProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 20 processes")
+	}
+	stdout, stderr, err := runCLI(t, "bench", "--only", "nexmark", "--nexmark-events", "20000", "--nexmark-backends", "heap,pebble")
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	type line struct {
+		Bench          string  `json:"bench"`
+		Metric         string  `json:"metric"`
+		Value          float64 `json:"value"`
+		EventsPerS     float64 `json:"events_per_s"`
+		PeakRSS        int64   `json:"peak_rss_bytes"`
+		Checkpoints    int     `json:"checkpoints"`
+		LargestTotalMs float64 `json:"largest_checkpoint_total_ms"`
+		LargestSyncMs  float64 `json:"largest_checkpoint_sync_ms"`
+		Baseline       string  `json:"baseline"`
+		Ratio          float64 `json:"ratio"`
+	}
+	got := map[string]line{}
+	for _, s := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		var l line
+		if err := json.Unmarshal([]byte(s), &l); err != nil {
+			t.Fatalf("line %q: %v", s, err)
+		}
+		got[l.Bench] = l
+	}
+	var want []string
+	for _, q := range nexmark.Queries() {
+		for _, b := range []string{"heap", "pebble"} {
+			want = append(want, "nexmark-"+q+"-"+b)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d lines, want %d (%v):\n%s", len(got), len(want), want, stdout)
+	}
+	for _, name := range want {
+		l, ok := got[name]
+		switch {
+		case !ok:
+			t.Errorf("no line %s", name)
+		case l.Metric != "events_per_cpu_s" || l.Value <= 0 || l.EventsPerS <= 0:
+			t.Errorf("%s: %+v, want events per CPU-second and per second", name, l)
+		case l.PeakRSS < 8<<20 || l.PeakRSS > 4<<30:
+			t.Errorf("%s: peak RSS %d bytes: not a process's that ran a job", name, l.PeakRSS)
+		case l.Checkpoints < 1 || l.LargestTotalMs <= 0 || l.LargestSyncMs < 0:
+			t.Errorf("%s: %+v, want the completed checkpoints (at least the final one) and the largest one's durations", name, l)
+		}
+	}
+	if l := got["nexmark-q5-pebble"]; l.Baseline != "flink-1.13-rocksdb-per-core" || l.Ratio <= 0 {
+		t.Errorf("nexmark-q5-pebble: %+v, want Flink's per-core figure as its baseline", l)
+	}
+	if l := got["nexmark-q5-heap"]; l.Baseline != "feldera-per-core" || l.Ratio <= 0 {
+		t.Errorf("nexmark-q5-heap: %+v, want Feldera's per-core figure as its baseline", l)
+	}
+
+	_, _, err = runCLI(t, "bench", "--only", "nexmark", "--nexmark-events", "1000", "--nexmark-backends", "heap,rocksdb")
+	if !errors.Is(err, weirruntime.ErrBadStateBackend) {
+		t.Errorf("--nexmark-backends heap,rocksdb: %v, want ErrBadStateBackend", err)
 	}
 }

@@ -567,7 +567,12 @@ type checkpointJSON struct {
 	DurationMs int64  `json:"duration_ms"`
 	SizeBytes  int64  `json:"size_bytes"`
 	Tasks      int32  `json:"tasks"`
-	Error      string `json:"error,omitempty"`
+	// SyncMs and AsyncMs are the longest synchronous and asynchronous
+	// parts of a task's snapshot, when the job manager saw the
+	// acknowledgements (it keeps them in memory).
+	SyncMs  *int64 `json:"sync_ms,omitempty"`
+	AsyncMs *int64 `json:"async_ms,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 func newCheckpointsCmd(a *app) *cobra.Command {
@@ -575,7 +580,12 @@ func newCheckpointsCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "checkpoints JOB_ID [--jobmanager ADDR] [--output table|json]",
 		Short: "List a job's retained completed checkpoints, newest first",
-		Args:  cobra.ExactArgs(1),
+		Long: `checkpoints lists a job's retained completed checkpoints, newest first: id,
+completion time, duration (trigger to completion), full size, tasks, and the
+longest synchronous (SYNC) and asynchronous (ASYNC) part of a task's snapshot
+("-" when this job manager did not see the acknowledgements: it keeps them in
+memory). Per subtask: GET /jobs/{id}/checkpoints/details/{cid}/subtasks/{vid}.`,
+		Args: cobra.ExactArgs(1),
 		RunE: f.runE(a, func(ctx context.Context, cmd *cobra.Command, c *client) error {
 			r, err := c.jm.ListCheckpoints(ctx, &weirpb.ListCheckpointsRequest{JobId: cmd.Flags().Arg(0)})
 			if err != nil {
@@ -584,6 +594,9 @@ func newCheckpointsCmd(a *app) *cobra.Command {
 			out := []checkpointJSON{}
 			for _, ci := range r.Checkpoints {
 				cj := checkpointJSON{ID: ci.Id, DurationMs: ci.DurationMs, SizeBytes: ci.SizeBytes, Tasks: ci.Tasks, Error: ci.Error}
+				if ci.TaskTimes {
+					cj.SyncMs, cj.AsyncMs = &ci.SyncMs, &ci.AsyncMs
+				}
 				if ci.CompletedUnixMs > 0 {
 					cj.Completed = time.UnixMilli(ci.CompletedUnixMs).UTC().Format(time.RFC3339Nano)
 					cj.Triggered = time.UnixMilli(ci.TriggeredUnixMs).UTC().Format(time.RFC3339Nano)
@@ -594,10 +607,16 @@ func newCheckpointsCmd(a *app) *cobra.Command {
 				return printJSON(a.stdout, out)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tCOMPLETED\tDURATION\tSIZE\tTASKS\tERROR")
+			fmt.Fprintln(tw, "ID\tCOMPLETED\tDURATION\tSIZE\tTASKS\tSYNC\tASYNC\tERROR")
+			ms := func(v *int64) string {
+				if v == nil {
+					return "-"
+				}
+				return (time.Duration(*v) * time.Millisecond).String()
+			}
 			for _, cj := range out {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", cj.ID, cj.Completed, time.Duration(cj.DurationMs)*time.Millisecond,
-					strconv.FormatInt(cj.SizeBytes, 10), cj.Tasks, cj.Error)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", cj.ID, cj.Completed, time.Duration(cj.DurationMs)*time.Millisecond,
+					strconv.FormatInt(cj.SizeBytes, 10), cj.Tasks, ms(cj.SyncMs), ms(cj.AsyncMs), cj.Error)
 			}
 			return tw.Flush()
 		}),

@@ -170,6 +170,16 @@ func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 	if !strings.Contains(dom, `class="bar COMPLETED"`) {
 		fail("the checkpoint chart has no bar for a completed checkpoint")
 	}
+	// The latest completed checkpoint, per subtask: end to end, sync,
+	// async and alignment durations, full and added size.
+	for _, v := range job.Vertices {
+		for _, st := range v.Subtasks {
+			row := regexp.MustCompile(`<tr data-cp-task="` + regexp.QuoteMeta(html.EscapeString(st.TaskID)) + `">.*?</tr>`).FindString(dom)
+			if !regexp.MustCompile(`^<tr[^>]*><td>[^<]+</td>(<td>[0-9.]+ (ms|s)</td>){4}(<td>[0-9.]+ (B|KiB|MiB)</td>){2}</tr>$`).MatchString(row) {
+				fail("the checkpoint subtasks table does not show task %s's durations and sizes: %q", st.TaskID, row)
+			}
+		}
+	}
 	for _, tm := range tms {
 		if !strings.Contains(dom, `data-taskmanager="`+tm.ID+`"`) {
 			fail("the task managers table does not show %s", tm.ID)

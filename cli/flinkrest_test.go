@@ -56,6 +56,56 @@ type flinkTaskCheckpoint struct {
 	NumSubtasks        int    `json:"num_subtasks"`
 	NumAcknowledged    int    `json:"num_acknowledged_subtasks"`
 	AlignmentDurationW int64  `json:"alignment_duration"` // Weir's
+	SyncDurationW      int64  `json:"sync_duration"`      // Weir's
+	AsyncDurationW     int64  `json:"async_duration"`     // Weir's
+}
+
+// flinkSubtaskCheckpoint is Flink's SubtaskCheckpointStatistics of an
+// acknowledged subtask.
+type flinkSubtaskCheckpoint struct {
+	Index            int    `json:"index"`
+	Status           string `json:"status"`
+	AckTimestamp     int64  `json:"ack_timestamp"`
+	EndToEndDuration int64  `json:"end_to_end_duration"`
+	StateSize        int64  `json:"state_size"`
+	CheckpointedSize int64  `json:"checkpointed_size"`
+	Checkpoint       struct {
+		Sync  int64 `json:"sync"`
+		Async int64 `json:"async"`
+	} `json:"checkpoint"`
+	Alignment struct {
+		Buffered  int64 `json:"buffered"`
+		Processed int64 `json:"processed"`
+		Persisted int64 `json:"persisted"`
+		Duration  int64 `json:"duration"`
+	} `json:"alignment"`
+	StartDelay          int64 `json:"start_delay"`
+	UnalignedCheckpoint bool  `json:"unaligned_checkpoint"`
+	Aborted             bool  `json:"aborted"`
+}
+
+// flinkSubtasksCheckpoint is Flink's
+// TaskCheckpointStatisticsWithSubtaskDetails.
+type flinkSubtasksCheckpoint struct {
+	flinkTaskCheckpoint
+	Summary struct {
+		CheckpointedSize   flinkStatsSummary `json:"checkpointed_size"`
+		StateSize          flinkStatsSummary `json:"state_size"`
+		EndToEndDuration   flinkStatsSummary `json:"end_to_end_duration"`
+		CheckpointDuration struct {
+			Sync  flinkStatsSummary `json:"sync"`
+			Async flinkStatsSummary `json:"async"`
+		} `json:"checkpoint_duration"`
+		Alignment struct {
+			Buffered  flinkStatsSummary `json:"buffered"`
+			Processed flinkStatsSummary `json:"processed"`
+			Persisted flinkStatsSummary `json:"persisted"`
+			Duration  flinkStatsSummary `json:"duration"`
+		} `json:"alignment"`
+		StartDelay          flinkStatsSummary `json:"start_delay"`
+		UnalignedCheckpoint flinkStatsSummary `json:"unaligned_checkpoint"`
+	} `json:"summary"`
+	Subtasks []flinkSubtaskCheckpoint `json:"subtasks"`
 }
 
 type flinkCheckpoint struct {
@@ -460,12 +510,14 @@ func TestRESTServesFlinksShapesForEveryEndpoint(t *testing.T) {
 		{"/jobs/" + id + "/checkpoints", http.StatusOK, flinkCheckpoints{}},
 		{"/jobs/" + id + "/checkpoints/config", http.StatusOK, flinkCheckpointConfig{}},
 		{fmt.Sprintf("/jobs/%s/checkpoints/details/%d", id, cid), http.StatusOK, flinkCheckpoint{}},
+		{fmt.Sprintf("/jobs/%s/checkpoints/details/%d/subtasks/%s", id, cid, vid), http.StatusOK, flinkSubtasksCheckpoint{}},
 		{"/taskmanagers", http.StatusOK, flinkTaskManagers{}},
 		{"/jobs/nosuchjob", http.StatusNotFound, flinkErrorBody{}},
 		{"/jobs/nosuchjob/checkpoints", http.StatusNotFound, flinkErrorBody{}},
 		{"/jobs/" + id + "/vertices/nosuchvertex", http.StatusNotFound, flinkErrorBody{}},
 		{"/jobs/" + id + "/checkpoints/details/999999", http.StatusNotFound, flinkErrorBody{}},
 		{"/jobs/" + id + "/checkpoints/details/x", http.StatusBadRequest, flinkErrorBody{}},
+		{fmt.Sprintf("/jobs/%s/checkpoints/details/%d/subtasks/nosuchvertex", id, cid), http.StatusNotFound, flinkErrorBody{}},
 		{"/no/such/route", http.StatusNotFound, flinkErrorBody{}},
 	} {
 		t.Run(strings.ReplaceAll(tc.path, "/", "_"), func(t *testing.T) {
@@ -570,5 +622,81 @@ func TestRESTServesFlinksShapesForEveryEndpoint(t *testing.T) {
 	}
 	if code, body := httpDo(t, http.MethodPatch, jm+"/jobs/"+id+"?mode=cancel"); code != http.StatusAccepted {
 		t.Errorf("PATCH ?mode=cancel of a cancelled job: %d %s, want 202", code, body)
+	}
+}
+
+// On a running cluster (task managers acknowledging over the control
+// plane), every acknowledged subtask of a completed checkpoint shows its
+// synchronous and asynchronous snapshot durations per vertex in GET
+// .../checkpoints/details/{cid}/subtasks/{vid}: non-negative, and with the
+// alignment no longer than the subtask's end-to-end duration.
+func TestRESTShowsEveryAcknowledgedSubtasksSyncAndAsyncDurations(t *testing.T) {
+	c := startLocal(t, "--taskmanagers", "2", "--slots", "2")
+	jm := "http://" + c.addr(t, "jobmanager http on")
+	produceLines(t, c.broker, "lines", testLines(300, "s"))
+	waitTaskManagers(t, jm, 2)
+	id := c.submitWordcount(t, "100ms")
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if st := c.status(t, id); st.State == "RUNNING" && st.LastCompletedCheckpoint >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s did not complete 3 checkpoints in 60s: %+v", id, c.status(t, id))
+		}
+	}
+	var job flinkJobDetails
+	getJSON(t, jm+"/jobs/"+id, &job)
+	var cps flinkCheckpoints
+	getJSON(t, jm+"/jobs/"+id+"/checkpoints", &cps)
+	if cps.Latest.Completed == nil {
+		t.Fatalf("GET /jobs/%s/checkpoints: no latest completed checkpoint: %+v", id, cps)
+	}
+	cid := cps.Latest.Completed.ID
+	for _, v := range job.Vertices {
+		var sub flinkSubtasksCheckpoint
+		getJSON(t, fmt.Sprintf("%s/jobs/%s/checkpoints/details/%d/subtasks/%s", jm, id, cid, v.ID), &sub)
+		if len(sub.Subtasks) != v.Parallelism || sub.NumAcknowledged != v.Parallelism || sub.Status != "COMPLETED" {
+			t.Fatalf("vertex %s, checkpoint %d: %+v, want %d acknowledged subtasks", v.ID, cid, sub, v.Parallelism)
+		}
+		var maxSync, maxAsync int64
+		for i, s := range sub.Subtasks {
+			cp, al := s.Checkpoint, s.Alignment.Duration
+			if s.Index != i || s.Status != "completed" || s.AckTimestamp < cps.Latest.Completed.Trigger {
+				t.Errorf("vertex %s subtask %d: %+v, want index %d, completed, acknowledged after the trigger", v.ID, i, s, i)
+			}
+			if cp.Sync < 0 || cp.Async < 0 || al < 0 || cp.Sync+cp.Async+al > s.EndToEndDuration {
+				t.Errorf("vertex %s subtask %d: sync %d ms, async %d ms, alignment %d ms, end to end %d ms: want non-negative parts within end to end",
+					v.ID, i, cp.Sync, cp.Async, al, s.EndToEndDuration)
+			}
+			maxSync, maxAsync = max(maxSync, cp.Sync), max(maxAsync, cp.Async)
+		}
+		if sub.SyncDurationW != maxSync || sub.AsyncDurationW != maxAsync ||
+			sub.Summary.CheckpointDuration.Sync.Max != maxSync || sub.Summary.CheckpointDuration.Async.Max != maxAsync {
+			t.Errorf("vertex %s: sync_duration %d, async_duration %d, summary %+v: want the subtasks' longest, %d and %d ms",
+				v.ID, sub.SyncDurationW, sub.AsyncDurationW, sub.Summary.CheckpointDuration, maxSync, maxAsync)
+		}
+	}
+
+	// streamctl checkpoints shows the longest sync and async part of each
+	// retained checkpoint this job manager saw acknowledged.
+	out, err := c.cli(t, "checkpoints", id, "--output", "json")
+	if err != nil {
+		t.Fatalf("streamctl checkpoints: %v", err)
+	}
+	var listed []struct {
+		ID      uint64 `json:"id"`
+		SyncMs  *int64 `json:"sync_ms"`
+		AsyncMs *int64 `json:"async_ms"`
+	}
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) == 0 {
+		t.Fatalf("streamctl checkpoints --output json: %v: %s", err, out)
+	}
+	for _, l := range listed {
+		if l.SyncMs == nil || l.AsyncMs == nil || *l.SyncMs < 0 || *l.AsyncMs < 0 {
+			t.Errorf("streamctl checkpoints: checkpoint %d has no sync_ms and async_ms: %s", l.ID, out)
+		}
+	}
+	if out, err := c.cli(t, "checkpoints", id); err != nil || !strings.Contains(strings.SplitN(out, "\n", 2)[0], "SYNC  ASYNC") {
+		t.Errorf("streamctl checkpoints: %v: %s, want SYNC and ASYNC columns", err, out)
 	}
 }

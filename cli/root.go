@@ -60,6 +60,7 @@ func subcommands() []func(*app) *cobra.Command {
 		newBrokerCmd,
 		newBenchCmd,
 		newBenchTaskManagerCmd,
+		newBenchNexmarkRunCmd,
 		newCancelCmd,
 		newCheckpointsCmd,
 		newDemoCmd,

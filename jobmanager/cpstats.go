@@ -46,10 +46,13 @@ type cpEntry struct {
 	Uploaded int64
 	Failure  string
 	// Acked counts the tasks that acknowledged it, LatestAck is the last
-	// acknowledgement, Alignment the longest barrier alignment among them.
-	Acked     int
-	LatestAck time.Time
-	Alignment time.Duration
+	// acknowledgement, Alignment the longest barrier alignment among them,
+	// Sync and Async the longest synchronous and asynchronous snapshot
+	// parts.
+	Acked       int
+	LatestAck   time.Time
+	Alignment   time.Duration
+	Sync, Async time.Duration
 	// Acks are the tasks' acknowledgements; dropped once the entry is
 	// older than the newest historySize.
 	Acks map[checkpoint.TaskID]runtime.CheckpointAck
@@ -132,6 +135,7 @@ func (s *cpStats) acked(a runtime.CheckpointAck) {
 	e.Acked++
 	e.LatestAck = a.At
 	e.Alignment = max(e.Alignment, a.Alignment)
+	e.Sync, e.Async = max(e.Sync, a.Sync), max(e.Async, a.Async)
 }
 
 func (s *cpStats) completedCheckpoint(ev runtime.CheckpointEvent) {
@@ -206,6 +210,19 @@ func (s *cpStats) restoredFrom(from checkpoint.ID) {
 	defer s.mu.Unlock()
 	s.restored++
 	s.lastRestore = &cpRestore{ID: from, At: time.Now()}
+}
+
+// taskTimes returns the longest synchronous and asynchronous snapshot
+// parts among checkpoint id's acknowledgements, if this job manager saw
+// them.
+func (s *cpStats) taskTimes(id checkpoint.ID) (sync, async time.Duration, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.byID[id]
+	if e == nil || e.Acked == 0 {
+		return 0, 0, false
+	}
+	return e.Sync, e.Async, true
 }
 
 // cpSnapshot is a consistent copy of a job's checkpoint statistics.

@@ -386,7 +386,8 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 				fmt.Errorf("snapshot of %s from %s: %w", a.TaskId, sh.ss.tm.ID, err))
 			return
 		}
-		sh.rep.Ack(checkpoint.TaskID(a.TaskId), checkpoint.ID(a.CheckpointId), snap, time.Duration(a.AlignmentNs))
+		sh.rep.Ack(checkpoint.TaskID(a.TaskId), checkpoint.ID(a.CheckpointId), snap,
+			runtime.SnapshotTimes{Alignment: time.Duration(a.AlignmentNs), Sync: time.Duration(a.SyncNs), Async: time.Duration(a.AsyncNs)})
 	case *weirpb.TaskManagerMessage_Decline:
 		d := v.Decline
 		sh.rep.Decline(checkpoint.TaskID(d.TaskId), checkpoint.ID(d.CheckpointId), errors.New(d.Reason))

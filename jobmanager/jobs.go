@@ -874,6 +874,7 @@ func (s *Server) ListCheckpoints(ctx context.Context, req *weirpb.ListCheckpoint
 		return nil, rpcError(err)
 	}
 	out := &weirpb.ListCheckpointsResponse{}
+	stats := s.statsOf(req.JobId)
 	for _, c := range sums {
 		ci := &weirpb.CheckpointInfo{Id: uint64(c.ID)}
 		if c.Err != nil {
@@ -881,6 +882,10 @@ func (s *Server) ListCheckpoints(ctx context.Context, req *weirpb.ListCheckpoint
 		} else {
 			ci.CompletedUnixMs, ci.TriggeredUnixMs = c.CompletedAt.UnixMilli(), c.TriggeredAt.UnixMilli()
 			ci.DurationMs, ci.SizeBytes, ci.Tasks = c.Duration.Milliseconds(), c.Size, int32(len(c.Stats))
+			if stats != nil {
+				sync, async, ok := stats.taskTimes(c.ID)
+				ci.TaskTimes, ci.SyncMs, ci.AsyncMs = ok, sync.Milliseconds(), async.Milliseconds()
+			}
 		}
 		out.Checkpoints = append(out.Checkpoints, ci)
 	}

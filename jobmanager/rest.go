@@ -64,6 +64,7 @@ func (s *Server) apiHandler() http.Handler {
 	mux.HandleFunc("GET /jobs/{id}/checkpoints", s.restCheckpoints)
 	mux.HandleFunc("GET /jobs/{id}/checkpoints/config", s.restCheckpointConfig)
 	mux.HandleFunc("GET /jobs/{id}/checkpoints/details/{cid}", s.restCheckpointDetails)
+	mux.HandleFunc("GET /jobs/{id}/checkpoints/details/{cid}/subtasks/{vid}", s.restCheckpointSubtasks)
 	mux.HandleFunc("GET /jobs/{id}/exceptions", s.restExceptions)
 	mux.HandleFunc("POST /jobs/{id}/savepoints", s.restTriggerSavepoint)
 	mux.HandleFunc("GET /jobs/{id}/savepoints", s.restSavepoints)

@@ -67,6 +67,57 @@ type (
 		NumSubtasks             int    `json:"num_subtasks"`
 		NumAcknowledgedSubtasks int    `json:"num_acknowledged_subtasks"`
 		AlignmentDuration       int64  `json:"alignment_duration"`
+		// SyncDuration and AsyncDuration are Weir's: the longest
+		// synchronous and asynchronous part among the vertex's
+		// acknowledged subtasks (per subtask: .../subtasks/{vid}).
+		SyncDuration  int64 `json:"sync_duration"`
+		AsyncDuration int64 `json:"async_duration"`
+	}
+	// cpDurations is Flink's checkpoint_duration of a subtask (and its
+	// summary): the synchronous and asynchronous parts of its snapshot.
+	cpDurations[T any] struct {
+		Sync  T `json:"sync"`
+		Async T `json:"async"`
+	}
+	// cpAlignment is Flink's alignment of a subtask (and its summary).
+	cpAlignment[T any] struct {
+		Buffered  T `json:"buffered"`
+		Processed T `json:"processed"`
+		Persisted T `json:"persisted"`
+		Duration  T `json:"duration"`
+	}
+	// subtaskCheckpoint is Flink's SubtaskCheckpointStatistics, completed
+	// (acknowledged) or pending_or_failed (index and status only).
+	subtaskCheckpoint struct {
+		Index               int                 `json:"index"`
+		Status              string              `json:"status"`
+		AckTimestamp        *int64              `json:"ack_timestamp,omitempty"`
+		EndToEndDuration    *int64              `json:"end_to_end_duration,omitempty"`
+		StateSize           *int64              `json:"state_size,omitempty"`
+		CheckpointedSize    *int64              `json:"checkpointed_size,omitempty"`
+		Checkpoint          *cpDurations[int64] `json:"checkpoint,omitempty"`
+		Alignment           *cpAlignment[int64] `json:"alignment,omitempty"`
+		StartDelay          *int64              `json:"start_delay,omitempty"`
+		UnalignedCheckpoint *bool               `json:"unaligned_checkpoint,omitempty"`
+		Aborted             *bool               `json:"aborted,omitempty"`
+	}
+	// subtasksSummary is Flink's TaskCheckpointStatisticsWithSubtaskDetails
+	// summary, over the acknowledged subtasks.
+	subtasksSummary struct {
+		CheckpointedSize    statsSummary              `json:"checkpointed_size"`
+		StateSize           statsSummary              `json:"state_size"`
+		EndToEndDuration    statsSummary              `json:"end_to_end_duration"`
+		CheckpointDuration  cpDurations[statsSummary] `json:"checkpoint_duration"`
+		Alignment           cpAlignment[statsSummary] `json:"alignment"`
+		StartDelay          statsSummary              `json:"start_delay"`
+		UnalignedCheckpoint statsSummary              `json:"unaligned_checkpoint"`
+	}
+	// taskSubtasks is Flink's TaskCheckpointStatisticsWithSubtaskDetails:
+	// one vertex's part of a checkpoint, subtask by subtask.
+	taskSubtasks struct {
+		taskCheckpoint
+		Summary  subtasksSummary     `json:"summary"`
+		Subtasks []subtaskCheckpoint `json:"subtasks"`
 	}
 	// cpHistory is Flink's CheckpointStatistics with the fields of its
 	// completed and failed kinds (className says which), and Weir's
@@ -143,24 +194,61 @@ func historyOf(e cpEntry, tasks int, graph runtime.Graph, withTasks bool) cpHist
 		return h
 	}
 	for _, v := range graph.Vertices {
-		tc := taskCheckpoint{ID: uint64(e.ID), Status: e.Status, NumSubtasks: len(v.Tasks)}
-		for _, t := range v.Tasks {
-			a, ok := e.Acks[t]
-			if !ok {
-				continue
-			}
-			tc.NumAcknowledgedSubtasks++
-			tc.StateSize += a.Size
-			tc.CheckpointedSize += a.Uploaded
-			tc.LatestAckTimestamp = max(tc.LatestAckTimestamp, a.At.UnixMilli())
-			tc.AlignmentDuration = max(tc.AlignmentDuration, a.Alignment.Milliseconds())
-		}
-		if tc.LatestAckTimestamp > 0 {
-			tc.EndToEndDuration = tc.LatestAckTimestamp - h.TriggerTimestamp
-		}
-		h.Tasks[v.ID] = tc
+		h.Tasks[v.ID] = vertexCheckpoint(e, v, h.TriggerTimestamp)
 	}
 	return h
+}
+
+// vertexCheckpoint sums up vertex v's acknowledgements of e, a checkpoint
+// triggered at trigger (Unix ms).
+func vertexCheckpoint(e cpEntry, v runtime.GraphVertex, trigger int64) taskCheckpoint {
+	tc := taskCheckpoint{ID: uint64(e.ID), Status: e.Status, NumSubtasks: len(v.Tasks)}
+	for _, t := range v.Tasks {
+		a, ok := e.Acks[t]
+		if !ok {
+			continue
+		}
+		tc.NumAcknowledgedSubtasks++
+		tc.StateSize += a.Size
+		tc.CheckpointedSize += a.Uploaded
+		tc.LatestAckTimestamp = max(tc.LatestAckTimestamp, a.At.UnixMilli())
+		tc.AlignmentDuration = max(tc.AlignmentDuration, a.Alignment.Milliseconds())
+		tc.SyncDuration = max(tc.SyncDuration, a.Sync.Milliseconds())
+		tc.AsyncDuration = max(tc.AsyncDuration, a.Async.Milliseconds())
+	}
+	if tc.LatestAckTimestamp > 0 {
+		tc.EndToEndDuration = tc.LatestAckTimestamp - trigger
+	}
+	return tc
+}
+
+// subtasksOf is Flink's per-subtask statistics of vertex v in e.
+func subtasksOf(e cpEntry, v runtime.GraphVertex) taskSubtasks {
+	trigger := e.Triggered.UnixMilli()
+	out := taskSubtasks{taskCheckpoint: vertexCheckpoint(e, v, trigger), Subtasks: []subtaskCheckpoint{}}
+	var ends, sizes, uploaded, syncs, asyncs, aligns []int64
+	for i, t := range v.Tasks {
+		a, ok := e.Acks[t]
+		if !ok {
+			out.Subtasks = append(out.Subtasks, subtaskCheckpoint{Index: i, Status: "pending_or_failed"})
+			continue
+		}
+		at, end := a.At.UnixMilli(), max(a.At.Sub(e.Triggered).Milliseconds(), 0)
+		sync, async, align := a.Sync.Milliseconds(), a.Async.Milliseconds(), a.Alignment.Milliseconds()
+		zero, no := int64(0), false
+		out.Subtasks = append(out.Subtasks, subtaskCheckpoint{Index: i, Status: "completed", AckTimestamp: &at,
+			EndToEndDuration: &end, StateSize: &a.Size, CheckpointedSize: &a.Uploaded,
+			Checkpoint: &cpDurations[int64]{Sync: sync, Async: async},
+			Alignment:  &cpAlignment[int64]{Duration: align}, StartDelay: &zero, UnalignedCheckpoint: &no, Aborted: &no})
+		ends, sizes, uploaded = append(ends, end), append(sizes, a.Size), append(uploaded, a.Uploaded)
+		syncs, asyncs, aligns = append(syncs, sync), append(asyncs, async), append(aligns, align)
+	}
+	zero := summarize(make([]int64, len(ends)))
+	out.Summary = subtasksSummary{CheckpointedSize: summarize(uploaded), StateSize: summarize(sizes), EndToEndDuration: summarize(ends),
+		CheckpointDuration: cpDurations[statsSummary]{Sync: summarize(syncs), Async: summarize(asyncs)},
+		Alignment:          cpAlignment[statsSummary]{Buffered: zero, Processed: zero, Persisted: zero, Duration: summarize(aligns)},
+		StartDelay:         zero, UnalignedCheckpoint: zero}
+	return out
 }
 
 // summarize is Flink's StatsSummaryDto of values (all 0 without any).
@@ -307,6 +395,40 @@ func (s *Server) restCheckpointDetails(w http.ResponseWriter, r *http.Request) {
 		for i, e := range st.snapshot().History {
 			if uint64(e.ID) == cid && i < historySize {
 				writeJSON(w, http.StatusOK, historyOf(e, tasks, graph, true))
+				return
+			}
+		}
+	}
+	restError(w, fmt.Errorf("%w: checkpoint %d of job %s is not among its last %d", errNotFound, cid, id, historySize))
+}
+
+// restCheckpointSubtasks is Flink's GET
+// .../checkpoints/details/{cid}/subtasks/{vid}: one vertex's part of one
+// checkpoint of the recent history, subtask by subtask, with each
+// subtask's synchronous and asynchronous snapshot durations.
+func (s *Server) restCheckpointSubtasks(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	rec, err := s.jobs.store.Get(id)
+	if err != nil {
+		restError(w, err)
+		return
+	}
+	cid, err := strconv.ParseUint(r.PathValue("cid"), 10, 64)
+	if err != nil {
+		restError(w, fmt.Errorf("%w: checkpoint id %q is not a number", errBadRequest, r.PathValue("cid")))
+		return
+	}
+	graph, _ := s.jobGraph(rec)
+	vid := r.PathValue("vid")
+	i := slices.IndexFunc(graph.Vertices, func(v runtime.GraphVertex) bool { return v.ID == vid })
+	if i < 0 {
+		restError(w, fmt.Errorf("%w: job %s has no vertex %q", errNotFound, id, vid))
+		return
+	}
+	if st := s.statsOf(id); st != nil {
+		for n, e := range st.snapshot().History {
+			if uint64(e.ID) == cid && n < historySize {
+				writeJSON(w, http.StatusOK, subtasksOf(e, graph.Vertices[i]))
 				return
 			}
 		}

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -29,8 +28,9 @@ import (
 // master's attempt implements it, a task manager forwards every call to its
 // job manager. Calls come from task goroutines and must not block for long.
 type TaskReports interface {
-	// Ack acknowledges checkpoint id with the task's snapshot.
-	Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration)
+	// Ack acknowledges checkpoint id with the task's snapshot and how long
+	// the task's part of the checkpoint took.
+	Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, times SnapshotTimes)
 	// Decline declines checkpoint id.
 	Decline(task checkpoint.TaskID, id checkpoint.ID, err error)
 	// SourceEnded reports that a source task read all its input.
@@ -804,13 +804,13 @@ func (d *localDeployment) Wait() bool {
 
 // The reporter the local tasks use.
 
-func (d *localDeployment) ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
+func (d *localDeployment) ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, t snapshotTiming) {
 	if d.state == nil {
-		d.rep.Ack(task, id, snap, alignment)
+		d.rep.Ack(task, id, snap, t.times())
 		return
 	}
 	d.state.write(d.ctx, task, id, snap,
-		func(out checkpoint.TaskSnapshot) { d.rep.Ack(task, id, out, alignment) },
+		func(out checkpoint.TaskSnapshot) { d.rep.Ack(task, id, out, t.times()) },
 		func(err error) { d.rep.Decline(task, id, err) })
 }
 

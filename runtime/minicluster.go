@@ -587,6 +587,10 @@ type CheckpointAck struct {
 	// Alignment is how long the task waited for the checkpoint's barrier
 	// on its other inputs after the first one arrived (0 with one input).
 	Alignment time.Duration
+	// Sync and Async are the synchronous and asynchronous parts of the
+	// task's snapshot (SnapshotTimes); Flink's "Sync Duration" and "Async
+	// Duration" of a subtask.
+	Sync, Async time.Duration
 }
 
 // OnCheckpointAck calls fn for each task's acknowledgement of a checkpoint
@@ -893,7 +897,7 @@ func (m *MiniCluster) end(ctx context.Context, cfg clusterCfg, store CheckpointS
 // its tasks read no record and take no checkpoint.
 type endReports struct{}
 
-func (endReports) Ack(checkpoint.TaskID, checkpoint.ID, checkpoint.TaskSnapshot, time.Duration) {}
+func (endReports) Ack(checkpoint.TaskID, checkpoint.ID, checkpoint.TaskSnapshot, SnapshotTimes) {}
 func (endReports) Decline(checkpoint.TaskID, checkpoint.ID, error)                              {}
 func (endReports) SourceEnded(checkpoint.TaskID)                                                {}
 func (endReports) Failed(checkpoint.TaskID, error)                                              {}
@@ -1242,7 +1246,7 @@ func (a *attempt) report(fn func(ctx context.Context) error) {
 }
 
 // Ack implements TaskReports.
-func (a *attempt) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
+func (a *attempt) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, times SnapshotTimes) {
 	a.pending.add(id, snap)
 	a.sizeMu.Lock()
 	if a.sizes == nil {
@@ -1256,9 +1260,10 @@ func (a *attempt) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.
 	a.sizeMu.Unlock()
 	a.gc.acked(id, snap)
 	if a.cfg.onAck != nil {
-		a.cfg.onAck(CheckpointAck{ID: id, Task: task, At: time.Now(), Size: snap.Size(), Uploaded: snap.Uploaded(id), Alignment: alignment})
+		a.cfg.onAck(CheckpointAck{ID: id, Task: task, At: time.Now(), Size: snap.Size(), Uploaded: snap.Uploaded(id), Alignment: times.Alignment,
+			Sync: times.Sync, Async: times.Async})
 	}
-	a.report(func(ctx context.Context) error { return a.driver.Ack(ctx, task, id, snap, alignment) })
+	a.report(func(ctx context.Context) error { return a.driver.Ack(ctx, task, id, snap, times.Alignment) })
 }
 
 // Decline implements TaskReports.

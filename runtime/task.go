@@ -38,7 +38,9 @@ type control struct {
 
 // reporter is how a task talks back to whoever runs it.
 type reporter interface {
-	ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration)
+	// ack acknowledges checkpoint id; the reporter ends the asynchronous
+	// part's time (t.syncEnd on) when the snapshot is ready to be sent.
+	ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, t snapshotTiming)
 	decline(task checkpoint.TaskID, id checkpoint.ID, err error)
 	sourceEnded(task checkpoint.TaskID)
 	// failed reports a failure of the task outside its goroutine (e.g. in
@@ -555,6 +557,8 @@ func (t *task) align(ctx context.Context, acts []alignAction) error {
 // checkpoint snapshots every operator of the chain (synchronous part),
 // forwards the barrier, and acknowledges once the asynchronous parts are done.
 func (t *task) checkpoint(ctx context.Context, id checkpoint.ID, alignment time.Duration) error {
+	timing := snapshotTiming{alignment: alignment}
+	syncStart := time.Now()
 	snap := checkpoint.TaskSnapshot{Task: t.id, Operators: make([]checkpoint.OperatorSnapshot, len(t.ops))}
 	asyncs := make([]func() (map[int][]byte, error), len(t.ops))
 	var declined error
@@ -570,6 +574,8 @@ func (t *task) checkpoint(ctx context.Context, id checkpoint.ID, alignment time.
 		s.UID, s.Subtask, s.Parallelism = t.v.nodes[i].uid, t.subtask, t.v.parallelism
 		snap.Operators[i], asyncs[i] = s, async
 	}
+	timing.syncEnd = time.Now()
+	timing.sync = timing.syncEnd.Sub(syncStart)
 	// The barrier goes on even when declined: downstream alignment must not
 	// wait for a barrier that never comes; the decline aborts the checkpoint.
 	if err := t.event(ctx, envelope{barrier: id}); err != nil {
@@ -580,7 +586,7 @@ func (t *task) checkpoint(ctx context.Context, id checkpoint.ID, alignment time.
 		return nil
 	}
 	if !slices.ContainsFunc(asyncs, func(f func() (map[int][]byte, error)) bool { return f != nil }) {
-		t.rep.ack(t.id, id, snap, alignment) // nothing asynchronous: no goroutine to wait for
+		t.rep.ack(t.id, id, snap, timing) // nothing asynchronous: no goroutine to wait for
 		yieldToCheckpoint()
 		return nil
 	}
@@ -606,9 +612,42 @@ func (t *task) checkpoint(ctx context.Context, id checkpoint.ID, alignment time.
 			}
 			snap.Operators[i].KeyGroups = kgs
 		}
-		t.rep.ack(t.id, id, snap, alignment)
+		t.rep.ack(t.id, id, snap, timing)
 	}()
 	return nil
+}
+
+// SnapshotTimes are the durations of one task's part in a checkpoint, as
+// Flink's checkpoint statistics report them per subtask.
+type SnapshotTimes struct {
+	// Alignment is how long the task waited for the checkpoint's barrier
+	// on its other inputs after the first one arrived (0 with one input).
+	Alignment time.Duration
+	// Sync is the synchronous part: every operator of the chain
+	// snapshotting its state at the barrier (the heap backend's
+	// copy-on-write freeze, pebble's snapshot), while the task processes
+	// nothing else.
+	Sync time.Duration
+	// Async is the asynchronous part, from the end of Sync until the
+	// acknowledgement is sent: encoding the frozen state and writing it to
+	// checkpoint storage, while the task processes records again.
+	Async time.Duration
+}
+
+// snapshotTiming is a checkpoint's times as the task hands them to its
+// reporter: the asynchronous part ends when the reporter sends the ack.
+type snapshotTiming struct {
+	alignment, sync time.Duration
+	syncEnd         time.Time
+}
+
+// times ends the asynchronous part now.
+func (s snapshotTiming) times() SnapshotTimes {
+	t := SnapshotTimes{Alignment: s.alignment, Sync: s.sync}
+	if !s.syncEnd.IsZero() {
+		t.Async = max(time.Since(s.syncEnd), 0)
+	}
+	return t
 }
 
 // yieldToCheckpoint lets the goroutines a snapshot just started (its

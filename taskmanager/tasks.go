@@ -453,7 +453,7 @@ type reporter struct{ d *deployment }
 // Ack sends the ack with the snapshot, the snapshot in chunks if it is
 // large; an ack that cannot be sent because it is too large is a decline
 // saying so.
-func (r *reporter) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, alignment time.Duration) {
+func (r *reporter) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, times runtime.SnapshotTimes) {
 	b, err := json.Marshal(snap)
 	if err != nil {
 		r.Decline(task, id, fmt.Errorf("encode snapshot: %w", err))
@@ -461,7 +461,7 @@ func (r *reporter) Ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint
 	}
 	ds := r.d.ds
 	ack := &weirpb.CheckpointAck{JobId: r.d.key.job, Attempt: r.d.key.attempt, TaskId: string(task), CheckpointId: uint64(id),
-		AlignmentNs: int64(alignment)}
+		AlignmentNs: int64(times.Alignment), SyncNs: int64(times.Sync), AsyncNs: int64(times.Async)}
 	msg := func() *weirpb.TaskManagerMessage {
 		return &weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Ack{Ack: ack}}
 	}

@@ -48,7 +48,20 @@ type Line struct {
 	// EventsPerS is a Nexmark line's events per wall-clock second (its
 	// Value is per CPU-second).
 	EventsPerS float64 `json:"events_per_s,omitempty"`
-	Note       string  `json:"note,omitempty"`
+	// The standard-size Nexmark lines (Config.NexmarkBackends) add the
+	// run's process's peak RSS, its completed checkpoints, the largest
+	// one's size and durations (sync and async: the longest among its
+	// tasks; total: trigger to completion), and the longest checkpoint's
+	// total and the longest sync part of any.
+	PeakRSSBytes             int64   `json:"peak_rss_bytes,omitempty"`
+	Checkpoints              int     `json:"checkpoints,omitempty"`
+	LargestCheckpointBytes   int64   `json:"largest_checkpoint_bytes,omitempty"`
+	LargestCheckpointSyncMs  float64 `json:"largest_checkpoint_sync_ms,omitempty"`
+	LargestCheckpointAsyncMs float64 `json:"largest_checkpoint_async_ms,omitempty"`
+	LargestCheckpointTotalMs float64 `json:"largest_checkpoint_total_ms,omitempty"`
+	LongestCheckpointMs      float64 `json:"longest_checkpoint_ms,omitempty"`
+	LongestSyncMs            float64 `json:"longest_sync_ms,omitempty"`
+	Note                     string  `json:"note,omitempty"`
 }
 
 // Config tunes a run of the benchmarks.
@@ -67,6 +80,17 @@ type Config struct {
 	// NexmarkEvents, when above 0, is how many events each nexmark run
 	// generates (default 2M, --quick 200k).
 	NexmarkEvents int64
+	// NexmarkBackends, when set ("heap", "pebble"), makes nexmark run every
+	// query to completion on each of these state backends instead, one
+	// process per run (NexmarkProcess), with a checkpoint every 10 s, and
+	// report per query and backend the events per CPU-second, the peak
+	// RSS and the largest checkpoint's size and durations.
+	NexmarkBackends []string
+	// NexmarkQueries, when set, limits those runs to these queries.
+	NexmarkQueries []string
+	// NexmarkProcess runs one of those runs in a process of its own
+	// (streamctl bench: its own binary); nil runs it in this process.
+	NexmarkProcess RunNexmarkProcess
 	// TaskManager starts the task managers of recovery, one at a time
 	// (streamctl bench: processes of its own binary, killed with SIGKILL);
 	// nil runs them in this process.

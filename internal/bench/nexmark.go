@@ -40,6 +40,9 @@ func Nexmark(ctx context.Context, cfg Config) ([]Line, error) {
 	if cfg.NexmarkEvents > 0 {
 		events = cfg.NexmarkEvents
 	}
+	if len(cfg.NexmarkBackends) > 0 {
+		return nexmarkStandard(ctx, cfg, events)
+	}
 	runs := cfg.runsOf(1, 1)
 	if _, ok := cpuTime(); !ok {
 		return nil, fmt.Errorf("nexmark: no process CPU time on this platform")

@@ -2027,8 +2027,12 @@ type CheckpointAck struct {
 	AlignmentNs int64  `protobuf:"varint,6,opt,name=alignment_ns,json=alignmentNs,proto3" json:"alignment_ns,omitempty"`
 	// snapshot_chunked: snapshot follows in chunks (see Chunked).
 	SnapshotChunked *Chunked `protobuf:"bytes,7,opt,name=snapshot_chunked,json=snapshotChunked,proto3" json:"snapshot_chunked,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// sync_ns and async_ns are the synchronous and asynchronous parts of the
+	// task's snapshot (runtime.SnapshotTimes).
+	SyncNs        int64 `protobuf:"varint,8,opt,name=sync_ns,json=syncNs,proto3" json:"sync_ns,omitempty"`
+	AsyncNs       int64 `protobuf:"varint,9,opt,name=async_ns,json=asyncNs,proto3" json:"async_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckpointAck) Reset() {
@@ -2108,6 +2112,20 @@ func (x *CheckpointAck) GetSnapshotChunked() *Chunked {
 		return x.SnapshotChunked
 	}
 	return nil
+}
+
+func (x *CheckpointAck) GetSyncNs() int64 {
+	if x != nil {
+		return x.SyncNs
+	}
+	return 0
+}
+
+func (x *CheckpointAck) GetAsyncNs() int64 {
+	if x != nil {
+		return x.AsyncNs
+	}
+	return 0
 }
 
 type CheckpointDecline struct {
@@ -3168,7 +3186,13 @@ type CheckpointInfo struct {
 	TriggeredUnixMs int64                  `protobuf:"varint,5,opt,name=triggered_unix_ms,json=triggeredUnixMs,proto3" json:"triggered_unix_ms,omitempty"`
 	DurationMs      int64                  `protobuf:"varint,6,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
 	// error is set when the stored checkpoint fails verification.
-	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	// task_times: this job manager saw the tasks' acknowledgements, and
+	// sync_ms and async_ms are the longest synchronous and asynchronous
+	// parts of a task's snapshot among them (runtime.SnapshotTimes).
+	TaskTimes     bool  `protobuf:"varint,8,opt,name=task_times,json=taskTimes,proto3" json:"task_times,omitempty"`
+	SyncMs        int64 `protobuf:"varint,9,opt,name=sync_ms,json=syncMs,proto3" json:"sync_ms,omitempty"`
+	AsyncMs       int64 `protobuf:"varint,10,opt,name=async_ms,json=asyncMs,proto3" json:"async_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3250,6 +3274,27 @@ func (x *CheckpointInfo) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *CheckpointInfo) GetTaskTimes() bool {
+	if x != nil {
+		return x.TaskTimes
+	}
+	return false
+}
+
+func (x *CheckpointInfo) GetSyncMs() int64 {
+	if x != nil {
+		return x.SyncMs
+	}
+	return 0
+}
+
+func (x *CheckpointInfo) GetAsyncMs() int64 {
+	if x != nil {
+		return x.AsyncMs
+	}
+	return 0
 }
 
 var File_control_proto protoreflect.FileDescriptor
@@ -3424,7 +3469,7 @@ const file_control_proto_rawDesc = "" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
 	"\atask_id\x18\x03 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12$\n" +
-	"\runrecoverable\x18\x05 \x01(\bR\runrecoverable\"\xfe\x01\n" +
+	"\runrecoverable\x18\x05 \x01(\bR\runrecoverable\"\xb2\x02\n" +
 	"\rCheckpointAck\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
@@ -3432,7 +3477,9 @@ const file_control_proto_rawDesc = "" +
 	"\rcheckpoint_id\x18\x04 \x01(\x04R\fcheckpointId\x12\x1a\n" +
 	"\bsnapshot\x18\x05 \x01(\fR\bsnapshot\x12!\n" +
 	"\falignment_ns\x18\x06 \x01(\x03R\valignmentNs\x12?\n" +
-	"\x10snapshot_chunked\x18\a \x01(\v2\x14.weir.rpc.v1.ChunkedR\x0fsnapshotChunked\"\x9a\x01\n" +
+	"\x10snapshot_chunked\x18\a \x01(\v2\x14.weir.rpc.v1.ChunkedR\x0fsnapshotChunked\x12\x17\n" +
+	"\async_ns\x18\b \x01(\x03R\x06syncNs\x12\x19\n" +
+	"\basync_ns\x18\t \x01(\x03R\aasyncNs\"\x9a\x01\n" +
 	"\x11CheckpointDecline\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x17\n" +
@@ -3518,7 +3565,7 @@ const file_control_proto_rawDesc = "" +
 	"\x16ListCheckpointsRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"X\n" +
 	"\x17ListCheckpointsResponse\x12=\n" +
-	"\vcheckpoints\x18\x01 \x03(\v2\x1b.weir.rpc.v1.CheckpointInfoR\vcheckpoints\"\xe4\x01\n" +
+	"\vcheckpoints\x18\x01 \x03(\v2\x1b.weir.rpc.v1.CheckpointInfoR\vcheckpoints\"\xb7\x02\n" +
 	"\x0eCheckpointInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12*\n" +
 	"\x11completed_unix_ms\x18\x02 \x01(\x03R\x0fcompletedUnixMs\x12\x14\n" +
@@ -3528,7 +3575,12 @@ const file_control_proto_rawDesc = "" +
 	"\x11triggered_unix_ms\x18\x05 \x01(\x03R\x0ftriggeredUnixMs\x12\x1f\n" +
 	"\vduration_ms\x18\x06 \x01(\x03R\n" +
 	"durationMs\x12\x14\n" +
-	"\x05error\x18\a \x01(\tR\x05error2\xe8\x04\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x12\x1d\n" +
+	"\n" +
+	"task_times\x18\b \x01(\bR\ttaskTimes\x12\x17\n" +
+	"\async_ms\x18\t \x01(\x03R\x06syncMs\x12\x19\n" +
+	"\basync_ms\x18\n" +
+	" \x01(\x03R\aasyncMs2\xe8\x04\n" +
 	"\n" +
 	"JobManager\x12N\n" +
 	"\aConnect\x12\x1f.weir.rpc.v1.TaskManagerMessage\x1a\x1e.weir.rpc.v1.JobManagerMessage(\x010\x01\x12J\n" +

@@ -367,6 +367,40 @@ function drawCheckpoints(cps) {
   fill(document.querySelector("#checkpoints tbody"), rows, "no checkpoint yet");
 }
 
+// drawCheckpointSubtasks lists the subtasks of the latest completed
+// checkpoint (GET .../checkpoints/details/{cid}/subtasks/{vid} of every
+// vertex, in graph order) with their sync and async snapshot durations.
+function drawCheckpointSubtasks(cid, vertices) {
+  document.getElementById("cp-subtasks-id").textContent = cid ? ` (${cid})` : "";
+  const rows = [];
+  for (const { v, details } of vertices) {
+    for (const s of details.subtasks) {
+      const task = `${v.id}#${s.index}`;
+      if (s.status !== "completed") {
+        rows.push(el("tr", { "data-cp-task": task }, el("td", {}, task), el("td", { colspan: 6, class: "muted" }, "not acknowledged")));
+        continue;
+      }
+      rows.push(el("tr", { "data-cp-task": task }, el("td", {}, task), el("td", {}, duration(s.end_to_end_duration)),
+        el("td", {}, duration(s.checkpoint.sync)), el("td", {}, duration(s.checkpoint.async)), el("td", {}, duration(s.alignment.duration)),
+        el("td", {}, bytes(s.state_size)), el("td", {}, bytes(s.checkpointed_size))));
+    }
+  }
+  fill(document.querySelector("#cp-subtasks tbody"), rows, cid ? "checkpoint no longer in the recent history" : "no completed checkpoint yet");
+}
+
+// checkpointSubtasks fetches the per-subtask statistics of checkpoint cid
+// for every vertex of job (none without cid, or once cid left the history).
+async function checkpointSubtasks(id, cid, job) {
+  if (!cid) return [];
+  try {
+    return await Promise.all(job.vertices.map(async v =>
+      ({ v, details: await api(`/jobs/${id}/checkpoints/details/${cid}/subtasks/${encodeURIComponent(v.id)}`) })));
+  } catch (e) {
+    if (e.kind === "missing") return [];
+    throw e;
+  }
+}
+
 // drawSavepoints lists the savepoints taken of the job (GET
 // /jobs/{id}/savepoints), newest first: path, checkpoint, time, status.
 function drawSavepoints(sps) {
@@ -495,9 +529,12 @@ async function refresh() {
       const [job, cps, exc, sps] = await Promise.all([api("/jobs/" + id), api("/jobs/" + id + "/checkpoints?history=" + CHART_HISTORY),
         api("/jobs/" + id + "/exceptions").catch(e => { if (e.kind === "missing") return null; throw e; }),
         api("/jobs/" + id + "/savepoints").catch(e => { if (e.kind === "missing") return null; throw e; })]);
+      const cid = cps.latest.completed ? cps.latest.completed.id : 0;
+      const cpTasks = await checkpointSubtasks(id, cid, job);
       if (id === selected) {
         drawJob(job, cps, exc);
         drawSavepoints(sps);
+        drawCheckpointSubtasks(cid, cpTasks);
       }
     } else {
       document.getElementById("job").hidden = true;

@@ -1,0 +1,101 @@
+package runtime
+
+import (
+	"context"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
+)
+
+// slowSnapshotSink discards records and takes delay to snapshot: a
+// synchronous part of known length.
+type slowSnapshotSink struct{ delay time.Duration }
+
+func (*slowSnapshotSink) Open(context.Context, *OperatorContext) error { return nil }
+func (*slowSnapshotSink) Write(context.Context, seqRec) error          { return nil }
+func (s *slowSnapshotSink) Snapshot(context.Context, checkpoint.ID) (OperatorState, error) {
+	time.Sleep(s.delay)
+	return OperatorState{}, nil
+}
+func (*slowSnapshotSink) Close() error { return nil }
+
+// slowWrites is checkpoint storage whose writes take delay: an
+// asynchronous part of known length.
+type slowWrites struct {
+	storage.Storage
+	delay time.Duration
+}
+
+func (s slowWrites) Put(ctx context.Context, key string, body io.Reader) error {
+	time.Sleep(s.delay)
+	return s.Storage.Put(ctx, key, body)
+}
+
+func (s slowWrites) Create(ctx context.Context, key string, body io.Reader) error {
+	time.Sleep(s.delay)
+	return s.Storage.Create(ctx, key, body)
+}
+
+func TestAcknowledgementsCarryTheSnapshotsSyncAndAsyncDurations(t *testing.T) {
+	const syncDelay, asyncDelay = 30 * time.Millisecond, 40 * time.Millisecond
+	st, store := memStores(t)
+	var mu sync.Mutex
+	var acks []CheckpointAck
+	triggered := map[checkpoint.ID]time.Time{}
+	mc := NewMiniCluster(CheckpointStore(store), StateStorage(slowWrites{st, asyncDelay}, "mem://"), StateInlineLimit(-1),
+		CheckpointInterval(20*time.Millisecond),
+		OnCheckpointTriggered(func(ev CheckpointEvent) {
+			mu.Lock()
+			defer mu.Unlock()
+			triggered[ev.ID] = ev.Triggered
+		}),
+		OnCheckpointAck(func(a CheckpointAck) {
+			mu.Lock()
+			defer mu.Unlock()
+			acks = append(acks, a)
+		}))
+	src := seqSourceOf(seqSource{keys: 10, splits: 2, n: 300, perPoll: 1, pollDelay: time.Millisecond})
+	j := seqJobTo(src, &violations{}, func() Sink[seqRec] { return &slowSnapshotSink{delay: syncDelay} }, 2, 2)
+	if _, err := mc.Run(t.Context(), j); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(acks) == 0 {
+		t.Fatal("no acknowledgement")
+	}
+	slowSync, slowAsync := 0, 0
+	for _, a := range acks {
+		if a.Sync < 0 || a.Async < 0 {
+			t.Errorf("checkpoint %d task %s: sync %v, async %v: negative", a.ID, a.Task, a.Sync, a.Async)
+		}
+		if trig, ok := triggered[a.ID]; ok && a.Alignment+a.Sync+a.Async > a.At.Sub(trig) {
+			t.Errorf("checkpoint %d task %s: alignment %v + sync %v + async %v exceed the %v from trigger to ack",
+				a.ID, a.Task, a.Alignment, a.Sync, a.Async, a.At.Sub(trig))
+		}
+		// Every task writes its state to the slow storage (nothing stays
+		// inline); only the tasks with the sink snapshot slowly.
+		if a.Async < asyncDelay {
+			t.Errorf("checkpoint %d task %s: async %v, want at least the storage write's %v", a.ID, a.Task, a.Async, asyncDelay)
+		} else {
+			slowAsync++
+		}
+		if strings.HasPrefix(string(a.Task), "source#") {
+			continue
+		}
+		if a.Sync < syncDelay {
+			t.Errorf("checkpoint %d task %s (with the sink): sync %v, want at least the sink's snapshot's %v", a.ID, a.Task, a.Sync, syncDelay)
+		} else {
+			slowSync++
+		}
+	}
+	if slowSync == 0 || slowAsync == 0 {
+		t.Errorf("of %d acknowledgements, %d took the sink's %v to snapshot and %d the storage's %v to write: want some of each",
+			len(acks), slowSync, syncDelay, slowAsync, asyncDelay)
+	}
+}
