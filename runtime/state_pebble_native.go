@@ -279,7 +279,9 @@ func ingestNative(ctx context.Context, st storage.Storage, fs vfs.FS, db *pebble
 	if err != nil {
 		return err
 	}
-	w := sstable.NewWriter(objstorageprovider.NewFileWritable(f), opts.MakeWriterOptions(0, db.TableFormat()))
+	wopts := opts.Clone()
+	wopts.EnsureDefaults()
+	w := sstable.NewWriter(objstorageprovider.NewFileWritable(f), wopts.MakeWriterOptions(0, db.TableFormat()))
 	any := false
 	for ok := it.First(); ok; ok = it.Next() {
 		v, err := it.ValueAndErr()

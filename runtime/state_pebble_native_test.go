@@ -1,0 +1,228 @@
+package runtime
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
+)
+
+// nativeStates are the states of one keyed operator subtask on the pebble
+// backend, as the native tests fill and check them: a value, a map, a
+// list and event-time timers.
+type nativeStates struct {
+	b  *keyedBackend[string]
+	n  *ValueState[int64]
+	m  *MapState[string, int]
+	l  *ListState[string]
+	tm *Timers[string, string]
+}
+
+func declareNativeStates(t *testing.T, b *keyedBackend[string]) nativeStates {
+	t.Helper()
+	r := &StateRegistry[string]{b: b}
+	s := nativeStates{b: b}
+	var err error
+	if s.n, err = NewValueState[int64](r, "n", nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.m, err = NewMapState[string, int](r, "m", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.l, err = NewListState[string](r, "l", nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.tm, err = NewTimers[string](r, "t", nil); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (s nativeStates) scope(key string) {
+	s.b.scope.setKey(key, int(hashString(key)%uint32(s.b.maxPar)))
+}
+
+// nativeKey is key i, and whether subtask sub of par owns it.
+func nativeKey(i, sub, maxPar, par int) (string, bool) {
+	k := fmt.Sprintf("key-%d", i)
+	return k, SubtaskOf(int(hashString(k)%uint32(maxPar)), maxPar, par) == sub
+}
+
+// fillNative writes every state of each of keys owned by subtask sub of
+// par, each value derived from the key and round.
+func fillNative(s nativeStates, keys, sub, par, round int) {
+	for i := range keys {
+		k, ok := nativeKey(i, sub, s.b.maxPar, par)
+		if !ok {
+			continue
+		}
+		s.scope(k)
+		s.n.Update(int64(i*10 + round))
+		s.m.Put(fmt.Sprint(round%3), i+round)
+		s.l.Add(fmt.Sprintf("%d/%d", i, round))
+		s.tm.RegisterEventTimeTimer(fmt.Sprint(round), int64(i+round))
+	}
+}
+
+// openSubtask opens subtask sub of par of a keyed operator on mem,
+// restored from the native snapshots handles in st that overlap it.
+func openSubtask(t *testing.T, mem *StateMemory, st storage.Storage, maxPar, sub, par int, handles []*checkpoint.NativeState) nativeStates {
+	t.Helper()
+	own := KeyGroupRange(sub, maxPar, par)
+	lo, hi := own[0], own[len(own)-1]+1
+	var mine []*checkpoint.NativeState
+	for _, h := range handles {
+		if h.Overlaps(lo, hi) {
+			mine = append(mine, h)
+		}
+	}
+	p, err := mem.openInstanceFrom(t.Context(), fmt.Sprintf("op-%d-%d", sub, par), maxPar, lo, hi, st, mine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.close() })
+	b := newKeyedBackend[string](DefaultCodec[string](), maxPar)
+	b.usePebble(p)
+	return declareNativeStates(t, b)
+}
+
+// nativeCheckpoint takes a native snapshot of s and writes it to st as
+// checkpoint id of task against base; it returns the handle as
+// acknowledged, the next base and the bytes uploaded.
+func nativeCheckpoint(t *testing.T, st storage.Storage, s nativeStates, task string, id checkpoint.ID, base checkpoint.StateBase) (*checkpoint.NativeState, checkpoint.StateBase, int64) {
+	t.Helper()
+	n, err := s.b.pebble.nativeSnapshot(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := checkpoint.TaskSnapshot{Task: checkpoint.TaskID(task), Operators: []checkpoint.OperatorSnapshot{{UID: "op", Native: n}}}
+	out, next, written, err := checkpoint.NewSegmentWriter(st, "job", 0).Write(t.Context(), id, snap, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Operators[0].Native, next, written
+}
+
+// canonical is the canonical snapshot of s, restricted to key groups
+// [lo, hi).
+func canonical(t *testing.T, s nativeStates, lo, hi int) map[int][]byte {
+	t.Helper()
+	blobs := encoded(t, s.b.snapshot())
+	maps.DeleteFunc(blobs, func(kg int, _ []byte) bool { return kg < lo || kg >= hi })
+	return blobs
+}
+
+// A pebble operator's second checkpoint, with a few keys of a big state
+// changed, uploads a small fraction of the first: the SSTs of the first
+// are referenced again (same objects), only the new SST and the small
+// files (MANIFEST, OPTIONS, markers) are uploaded.
+func TestTheSecondNativeCheckpointOfAMostlyUnchangedStateUploadsASmallFraction(t *testing.T) {
+	const maxPar, keys = 128, 20000
+	st, _ := memStores(t)
+	mem := testStateMemory(t)
+	s := openSubtask(t, mem, st, maxPar, 0, 1, nil)
+	fillNative(s, keys, 0, 1, 0)
+	first, base, w1 := nativeCheckpoint(t, st, s, "op#0", 1, nil)
+	for i := range 20 {
+		k, _ := nativeKey(i, 0, maxPar, 1)
+		s.scope(k)
+		s.n.Update(-1)
+	}
+	second, _, w2 := nativeCheckpoint(t, st, s, "op#0", 2, base)
+	t.Logf("first checkpoint uploaded %d bytes (%d files), the second %d bytes (%d files)", w1, len(first.Files), w2, len(second.Files))
+	if w1 < 200<<10 || w2*20 > w1 {
+		t.Fatalf("uploaded %d bytes, then %d: want the second under 5%% of the first", w1, w2)
+	}
+	reused := 0
+	for _, f := range second.Files {
+		if strings.HasSuffix(f.Name, ".sst") && f.Ref.Checkpoint == 1 {
+			reused++
+			if !slices.ContainsFunc(first.Files, func(g checkpoint.NativeFile) bool { return g.Ref == f.Ref }) {
+				t.Errorf("%s references %s, not an object of the first checkpoint", f.Name, f.Ref.Key)
+			}
+		}
+	}
+	if reused == 0 {
+		t.Fatal("the second checkpoint references no SST of the first")
+	}
+}
+
+// Native checkpoints of two subtasks, their instances then dropped (the
+// task manager is gone), restored at the same parallelism (each subtask's
+// files opened as they are), at three (base instance excised, the other
+// overlapping one's key groups ingested) and at one: every restored
+// subtask holds exactly the key groups it owns, value for value (its
+// canonical snapshot equals the original's there), its lists go on
+// appending after the restored elements, and the native snapshot decoded
+// (a savepoint, a heap restore) is the canonical snapshot.
+func TestNativeCheckpointsRestoreAtTheSameAndAnotherParallelism(t *testing.T) {
+	const maxPar, keys = 128, 3000
+	st, _ := memStores(t)
+	mem := testStateMemory(t)
+	var handles []*checkpoint.NativeState
+	want := map[int][]byte{}
+	for sub := range 2 {
+		s := openSubtask(t, mem, st, maxPar, sub, 2, nil)
+		for round := range 3 {
+			fillNative(s, keys, sub, 2, round)
+			if err := s.b.pebble.db.Flush(); err != nil { // several SSTs, some overlapping
+				t.Fatal(err)
+			}
+		}
+		own := KeyGroupRange(sub, maxPar, 2)
+		maps.Copy(want, canonical(t, s, own[0], own[len(own)-1]+1))
+		n, _, _ := nativeCheckpoint(t, st, s, fmt.Sprintf("op#%d", sub), 1, nil)
+		handles = append(handles, n)
+		decoded, err := DecodeNativeState(t.Context(), st, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := canonical(t, s, 0, maxPar); !maps.EqualFunc(decoded, got, slices.Equal) {
+			t.Fatalf("subtask %d: the decoded native snapshot differs from the canonical snapshot (%d key groups, %d)", sub, len(decoded), len(got))
+		}
+		if err := s.b.pebble.close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, par := range []int{2, 3, 1} {
+		t.Run(fmt.Sprint(par), func(t *testing.T) {
+			got := map[int][]byte{}
+			for sub := range par {
+				s := openSubtask(t, mem, st, maxPar, sub, par, handles)
+				own := KeyGroupRange(sub, maxPar, par)
+				restored := encoded(t, s.b.snapshot())
+				for kg := range restored {
+					if kg < own[0] || kg > own[len(own)-1] {
+						t.Fatalf("subtask %d of %d holds key group %d, which it does not own", sub, par, kg)
+					}
+				}
+				maps.Copy(got, restored)
+				for i := range keys {
+					k, ok := nativeKey(i, sub, maxPar, par)
+					if !ok {
+						continue
+					}
+					s.scope(k)
+					if n, _ := s.n.Value(); n != int64(i*10+2) {
+						t.Fatalf("%s: n = %d, want %d", k, n, i*10+2)
+					}
+					s.l.Add("after")
+					var l []string
+					for v := range s.l.Get() {
+						l = append(l, v)
+					}
+					if w := []string{fmt.Sprintf("%d/0", i), fmt.Sprintf("%d/1", i), fmt.Sprintf("%d/2", i), "after"}; !slices.Equal(l, w) {
+						t.Fatalf("%s: list %v, want %v", k, l, w)
+					}
+				}
+			}
+			if !maps.EqualFunc(got, want, slices.Equal) {
+				t.Fatalf("restored at parallelism %d: %d key groups differ from the checkpoint's %d", par, len(got), len(want))
+			}
+		})
+	}
+}
