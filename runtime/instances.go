@@ -256,7 +256,7 @@ type keyedInstance[K comparable, T, U any] struct {
 	// (restore, then open).
 	native []*checkpoint.NativeState
 	now    *recordTime
-	kctx    *KeyedContext[K]
+	kctx   *KeyedContext[K]
 	// late counts records that arrived with a timestamp at or below the
 	// operator's input watermark.
 	late atomic.Int64
