@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/checkpoint/storage"
@@ -224,5 +225,71 @@ func TestNativeCheckpointsRestoreAtTheSameAndAnotherParallelism(t *testing.T) {
 				t.Fatalf("restored at parallelism %d: %d key groups differ from the checkpoint's %d", par, len(got), len(want))
 			}
 		})
+	}
+}
+
+// A job on the pebble backend with checkpoint storage checkpoints
+// natively; stopped mid-way (its instances gone with the run), it restores
+// from its native checkpoint at another parallelism on pebble, then on the
+// heap (which decodes the native files), and finishes with exactly the
+// output of a run without failure, record by record. Checkpoint storage
+// then holds only objects the retained checkpoints reference (the shared
+// registry deleted the SSTs no checkpoint uses any more).
+func TestAPebbleJobRestoresFromItsNativeCheckpointsAtAnotherParallelismAndOnTheHeap(t *testing.T) {
+	cs := clicks(2000, 23)
+	want := sortedByKey(cs)
+	ref := newMemTxns()
+	if _, err := NewMiniCluster(CheckpointInterval(10*time.Millisecond)).Run(t.Context(), sortJob(cs, 2, 2, ref, nil)); err != nil {
+		t.Fatal(err)
+	}
+	st, store := memStores(t)
+	withStorage := []ClusterOpt{StateStorage(st, "mem://"), StateInlineLimit(-1)}
+	txns := newMemTxns()
+	for i, s := range []struct {
+		kind StateBackendKind
+		par  int
+	}{{PebbleState, 2}, {PebbleState, 3}} {
+		before := len(txns.output())
+		stopMidStream(t, store, len(cs)/8, func(stall stallFn) *Job {
+			return sortJob(cs, 2, s.par, txns, stall, StateBackend(s.kind))
+		}, withStorage...)
+		if got := len(txns.output()); got == before || got >= len(cs) {
+			t.Fatalf("run %d (%v) committed %d records after %d of %d: want a run stopped mid-way", i, s, got, before, len(cs))
+		}
+		c, err := store.Latest(t.Context(), "sort")
+		if err != nil {
+			t.Fatal(err)
+		}
+		native := 0
+		for _, ts := range c.Tasks {
+			for _, op := range ts.Operators {
+				if op.Native != nil {
+					native++
+				}
+			}
+		}
+		if native != s.par {
+			t.Fatalf("run %d: the latest checkpoint holds %d native snapshots, want one per subtask (%d)", i, native, s.par)
+		}
+	}
+	mc := NewMiniCluster(append(withStorage, CheckpointStore(store), CheckpointInterval(5*time.Millisecond))...)
+	if _, err := mc.Run(t.Context(), sortJob(cs, 2, 1, txns, nil, StateBackend(HeapState))); err != nil {
+		t.Fatal(err)
+	}
+	checkSorted(t, txns.output(), want)
+	if !slices.Equal(perKey(txns.output()), perKey(ref.output())) {
+		t.Error("the restored runs' output differs from the run without failure")
+	}
+	objs := listObjects(t, st, "sort")
+	refs, _ := referenced(t, store, "sort")
+	for k := range objs {
+		if !refs[k] {
+			t.Errorf("object %s is referenced by no retained checkpoint", k)
+		}
+	}
+	for k := range refs {
+		if !objs[k] {
+			t.Errorf("retained checkpoints reference %s, which is gone", k)
+		}
 	}
 }
