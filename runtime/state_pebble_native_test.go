@@ -1,12 +1,18 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/checkpoint/storage"
@@ -291,5 +297,97 @@ func TestAPebbleJobRestoresFromItsNativeCheckpointsAtAnotherParallelismAndOnTheH
 		if !objs[k] {
 			t.Errorf("retained checkpoints reference %s, which is gone", k)
 		}
+	}
+}
+
+// Reads of the staged SSTs failing while a native checkpoint uploads them:
+// the write fails with the I/O error (the checkpoint is declined) and
+// releases the staging directory; the next checkpoint uploads and
+// restores every value. An SST missing from checkpoint storage fails the
+// restore with ErrStateUnreadable naming the object, before any state is
+// opened.
+func TestANativeCheckpointFailsOnAFailedUploadAndARestoreOnAMissingSST(t *testing.T) {
+	const maxPar, keys = 32, 2000
+	var failReads atomic.Bool
+	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if failReads.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsRead && strings.Contains(op.Path, ".cp-") && strings.HasSuffix(op.Path, ".sst") {
+			return errorfs.ErrInjected
+		}
+		return nil
+	}))
+	st, _ := memStores(t)
+	mem := testStateMemory(t, stateFS(fs), StateDir("/tm/state"))
+	s := openSubtask(t, mem, st, maxPar, 0, 1, nil)
+	fillNative(s, keys, 0, 1, 0)
+	want := canonical(t, s, 0, maxPar)
+
+	n, err := s.b.pebble.nativeSnapshot(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failReads.Store(true)
+	snap := checkpoint.TaskSnapshot{Task: "op#0", Operators: []checkpoint.OperatorSnapshot{{UID: "op", Native: n}}}
+	_, _, _, err = checkpoint.NewSegmentWriter(st, "job", 0).Write(t.Context(), 1, snap, nil)
+	failReads.Store(false)
+	if !errors.Is(err, errorfs.ErrInjected) {
+		t.Fatalf("upload while reads fail: %v; want the injected error", err)
+	}
+	if left, _ := fs.List("/tm/state"); slices.ContainsFunc(left, func(n string) bool { return strings.Contains(n, ".cp-") }) {
+		t.Fatalf("the failed checkpoint's staging directory is left: %v", left)
+	}
+
+	h, _, _ := nativeCheckpoint(t, st, s, "op#0", 2, nil)
+	if got := canonical(t, openSubtask(t, testStateMemory(t), st, maxPar, 0, 1, []*checkpoint.NativeState{h}), 0, maxPar); !maps.EqualFunc(got, want, slices.Equal) {
+		t.Fatal("the checkpoint after the failed one restores other state")
+	}
+
+	i := slices.IndexFunc(h.Files, func(f checkpoint.NativeFile) bool { return strings.HasSuffix(f.Name, ".sst") })
+	if err := st.Delete(t.Context(), h.Files[i].Ref.Key); err != nil {
+		t.Fatal(err)
+	}
+	_, err = testStateMemory(t).openInstanceFrom(t.Context(), "op", maxPar, 0, maxPar, st, []*checkpoint.NativeState{h})
+	if !errors.Is(err, checkpoint.ErrStateUnreadable) || !strings.Contains(err.Error(), h.Files[i].Ref.Key) {
+		t.Fatalf("restore without %s: %v; want ErrStateUnreadable naming it", h.Files[i].Ref.Key, err)
+	}
+}
+
+// A task manager killed after a native checkpoint (a crash-clone of its
+// filesystem, with the checkpoint's staging directory and writes after
+// it): its state directory is emptied when it starts again, and the
+// restore from checkpoint storage holds exactly the checkpoint's state.
+func TestANativeRestoreAfterACrashIsTheCheckpointNotTheLeftovers(t *testing.T) {
+	const maxPar, keys = 32, 2000
+	for seed := range uint64(3) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			fs := vfs.NewCrashableMem()
+			st, _ := memStores(t)
+			mem, err := NewStateMemory(stateFS(fs), StateDir("/tm/state"), StateMemoryBudget(minStateMemory))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := openSubtask(t, mem, st, maxPar, 0, 1, nil)
+			fillNative(s, keys, 0, 1, 0)
+			want := canonical(t, s, 0, maxPar)
+			h, _, _ := nativeCheckpoint(t, st, s, "op#0", 1, nil)
+			if _, err := s.b.pebble.nativeSnapshot(2); err != nil { // staged, never uploaded
+				t.Fatal(err)
+			}
+			fillNative(s, keys, 0, 1, 1) // after the checkpoint
+			if err := s.b.pebble.db.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rand.New(rand.NewPCG(seed, 1))})
+			_ = s.b.pebble.close()
+			_ = mem.Close()
+
+			again := testStateMemory(t, stateFS(crashed), StateDir("/tm/state"))
+			if left, err := crashed.List("/tm/state"); err != nil || len(left) != 0 {
+				t.Fatalf("state directory after the restart: %v, %v; want it empty", left, err)
+			}
+			got := canonical(t, openSubtask(t, again, st, maxPar, 0, 1, []*checkpoint.NativeState{h}), 0, maxPar)
+			if !maps.EqualFunc(got, want, slices.Equal) {
+				t.Fatal("the restore after the crash differs from the checkpoint")
+			}
+		})
 	}
 }
