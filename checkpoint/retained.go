@@ -57,19 +57,20 @@ func ShortJobID(id string) string {
 // the checkpoint references in checkpoint storage st back in (Resolve), so
 // that what WriteRetained writes is self-contained. st may be nil when the
 // checkpoints reference nothing.
-func Resolving(from LatestReader, st storage.Storage) LatestReader {
-	return resolving{from, st}
+func Resolving(from LatestReader, st storage.Storage, opts ...ResolveOpt) LatestReader {
+	return resolving{from, st, opts}
 }
 
 type resolving struct {
 	from LatestReader
 	st   storage.Storage
+	opts []ResolveOpt
 }
 
 func (r resolving) LatestUsable(ctx context.Context, job string) (Completed, []Skipped, error) {
 	c, skipped, err := r.from.LatestUsable(ctx, job)
 	if err == nil {
-		c, err = Resolve(ctx, r.st, c)
+		c, err = Resolve(ctx, r.st, c, r.opts...)
 	}
 	return c, skipped, err
 }

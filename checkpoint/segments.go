@@ -85,6 +85,9 @@ type StateBase map[baseKey]baseEntry
 type baseKey struct {
 	uid string
 	kg  int
+	// file names an immutable file of a native snapshot (kg is -1 then,
+	// and the entry's hash is the file's size).
+	file string
 }
 
 type baseEntry struct {
@@ -115,7 +118,17 @@ func NewSegmentWriter(st storage.Storage, job string, inline int64) *SegmentWrit
 // group whose bytes hash as in base keeps base's reference and is not
 // written again. At most one object is written.
 func (w *SegmentWriter) Write(ctx context.Context, id ID, snap TaskSnapshot, base StateBase) (out TaskSnapshot, next StateBase, written int64, err error) {
-	if snap.Size() < w.inline {
+	native := slices.ContainsFunc(snap.Operators, func(o OperatorSnapshot) bool { return o.Native != nil && o.Native.Open != nil })
+	if native {
+		defer func() {
+			for _, o := range snap.Operators {
+				if o.Native != nil && o.Native.Release != nil {
+					o.Native.Release()
+				}
+			}
+		}()
+	}
+	if !native && snap.Size() < w.inline {
 		return snap, nil, 0, nil
 	}
 	key, err := segmentKey(w.job, snap.Task, id)
@@ -145,7 +158,7 @@ func (w *SegmentWriter) Write(ctx context.Context, id ID, snap TaskSnapshot, bas
 		}
 		for _, kg := range slices.Sorted(maps.Keys(op.KeyGroups)) {
 			b := op.KeyGroups[kg]
-			k := baseKey{op.UID, kg}
+			k := baseKey{uid: op.UID, kg: kg}
 			h := xxhash.Sum64(b)
 			if e, ok := base[k]; ok && e.hash == h && e.ref.Length == int64(len(b)) {
 				o.KeyGroupRefs[kg] = e.ref
@@ -156,30 +169,171 @@ func (w *SegmentWriter) Write(ctx context.Context, id ID, snap TaskSnapshot, bas
 			o.KeyGroupRefs[kg] = r
 			next[k] = baseEntry{hash: h, ref: r}
 		}
+		if op.Native != nil && op.Native.Open != nil {
+			nat, n, err := w.writeNative(ctx, id, snap.Task, op.UID, op.Native, base, next)
+			if err != nil {
+				return TaskSnapshot{}, nil, 0, err
+			}
+			o.Native, written = nat, written+n
+		}
 		out.Operators[i] = o
 	}
 	if fresh == 0 {
-		return out, next, 0, nil // every key group reused
+		return out, next, written, nil // every key group reused
 	}
-	n := int64(buf.Len())
+	n := written + int64(buf.Len())
 	if err := w.st.Put(ctx, key, &buf); err != nil {
 		return TaskSnapshot{}, nil, 0, fmt.Errorf("checkpoint %d of task %s: write state: %w", id, snap.Task, err)
 	}
 	return out, next, n, nil
 }
 
+// immutableNative says whether a native file never changes under its name
+// (pebble's SSTs and blob files), so that a later checkpoint may
+// reference the object an earlier one uploaded; the others (MANIFEST,
+// OPTIONS, markers) are uploaded with every checkpoint.
+func immutableNative(name string) bool {
+	return strings.HasSuffix(name, ".sst") || strings.HasSuffix(name, ".blob")
+}
+
+// writeNative uploads the files of nat not already in checkpoint storage
+// (an immutable file of base with the same name and size is referenced
+// again), each as an object of its own, and adds the immutable ones to
+// next. It returns the native state to acknowledge with and the bytes
+// uploaded.
+func (w *SegmentWriter) writeNative(ctx context.Context, id ID, task TaskID, uid string, nat *NativeState, base, next StateBase) (*NativeState, int64, error) {
+	out := &NativeState{Backend: nat.Backend, KeyGroupStart: nat.KeyGroupStart, KeyGroupEnd: nat.KeyGroupEnd, Meta: nat.Meta,
+		Files: make([]NativeFile, len(nat.Files))}
+	var r [8]byte
+	if _, err := rand.Read(r[:]); err != nil {
+		return nil, 0, fmt.Errorf("checkpoint %d of task %s: %w", id, task, err)
+	}
+	prefix := fmt.Sprintf("%s%s/%s/%d-%s-", SharedPrefix(w.job), keySegment(string(task)), keySegment(uid), id, hex.EncodeToString(r[:]))
+	var written int64
+	for i, f := range nat.Files {
+		k := baseKey{uid: uid, kg: -1, file: f.Name}
+		if e, ok := base[k]; ok && immutableNative(f.Name) && e.hash == uint64(f.Ref.Length) {
+			out.Files[i] = NativeFile{Name: f.Name, Ref: e.ref}
+			next[k] = e
+			continue
+		}
+		ref, err := w.putFile(ctx, prefix+keySegment(f.Name), id, f, nat.Open)
+		if err != nil {
+			return nil, 0, fmt.Errorf("checkpoint %d of task %s: native state of %s: %w", id, task, uid, err)
+		}
+		out.Files[i] = NativeFile{Name: f.Name, Ref: ref}
+		written += ref.Length
+		if immutableNative(f.Name) {
+			next[k] = baseEntry{hash: uint64(ref.Length), ref: ref}
+		}
+	}
+	return out, written, nil
+}
+
+// putFile uploads one native file as the object key, checking that it has
+// the size the snapshot recorded.
+func (w *SegmentWriter) putFile(ctx context.Context, key string, id ID, f NativeFile, open func(string) (io.ReadCloser, error)) (StateRef, error) {
+	rc, err := open(f.Name)
+	if err != nil {
+		return StateRef{}, fmt.Errorf("read %s: %w", f.Name, err)
+	}
+	defer rc.Close()
+	h := crc32.New(castagnoli)
+	cr := &countingReader{r: io.TeeReader(rc, h)}
+	if err := w.st.Put(ctx, key, cr); err != nil {
+		return StateRef{}, fmt.Errorf("write %s: %w", key, err)
+	}
+	if cr.n != f.Ref.Length {
+		return StateRef{}, fmt.Errorf("write %s: %s has %d bytes, the snapshot recorded %d", key, f.Name, cr.n, f.Ref.Length)
+	}
+	return StateRef{Key: key, Length: cr.n, CRC: h.Sum32(), Checkpoint: id}, nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// ReadNativeFile copies the native file f from st to w, verifying its
+// length and CRC-32C. A missing or corrupt object is an error wrapping
+// ErrStateUnreadable that names it.
+func ReadNativeFile(ctx context.Context, st storage.Storage, f NativeFile, w io.Writer) error {
+	rc, err := st.Open(ctx, f.Ref.Key, 0, -1)
+	if err != nil {
+		return fmt.Errorf("%w: state object %s (%s): %w", ErrStateUnreadable, f.Ref.Key, f.Name, err)
+	}
+	defer rc.Close()
+	h := crc32.New(castagnoli)
+	n, err := io.Copy(io.MultiWriter(w, h), rc)
+	if err != nil {
+		return fmt.Errorf("%w: state object %s (%s): %w", ErrStateUnreadable, f.Ref.Key, f.Name, err)
+	}
+	if n != f.Ref.Length || h.Sum32() != f.Ref.CRC {
+		return fmt.Errorf("%w: state object %s (%s): %d bytes with CRC-32C %08x, the checkpoint recorded %d bytes with %08x",
+			ErrStateUnreadable, f.Ref.Key, f.Name, n, h.Sum32(), f.Ref.Length, f.Ref.CRC)
+	}
+	return nil
+}
+
+// ErrNativeState is wrapped by Resolve's error for a checkpoint holding a
+// native snapshot when it was given no NativeDecoder.
+var ErrNativeState = errors.New("native state backend snapshot")
+
+// ResolveOpt configures Resolve.
+type ResolveOpt interface{ apply(*resolveCfg) }
+
+type resolveCfg struct {
+	decode func(context.Context, storage.Storage, *NativeState) (map[int][]byte, error)
+}
+
+type resolveOpt func(*resolveCfg)
+
+func (o resolveOpt) apply(c *resolveCfg) { o(c) }
+
+// NativeDecoder has Resolve turn each native snapshot (NativeState) into
+// the canonical key groups decode returns (runtime.DecodeNativeState), so
+// that what Resolve returns is backend-independent, as a savepoint must be.
+func NativeDecoder(decode func(context.Context, storage.Storage, *NativeState) (map[int][]byte, error)) ResolveOpt {
+	return resolveOpt(func(c *resolveCfg) { c.decode = decode })
+}
+
 // Resolve reads every referenced state of c from st back into the
 // snapshots, so c holds its state inline (a self-contained checkpoint, as
 // a savepoint must be). A missing or corrupt object is an error wrapping
 // ErrStateUnreadable that names it. st may be nil when c references
-// nothing; a c with references then fails, saying so.
-func Resolve(ctx context.Context, st storage.Storage, c Completed) (Completed, error) {
-	refs := c.Refs()
-	if len(refs) == 0 {
+// nothing; a c with references then fails, saying so. A native snapshot is
+// decoded into canonical key groups with the NativeDecoder, and is an
+// error wrapping ErrNativeState without one.
+func Resolve(ctx context.Context, st storage.Storage, c Completed, opts ...ResolveOpt) (Completed, error) {
+	var cfg resolveCfg
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	var refs []StateRef
+	native := false
+	for _, t := range c.Tasks {
+		for _, op := range t.Operators {
+			refs = append(refs, op.StateRefs...)
+			for _, r := range op.KeyGroupRefs {
+				refs = append(refs, r)
+			}
+			native = native || op.Native != nil
+		}
+	}
+	if len(refs) == 0 && !native {
 		return c, nil
 	}
 	if st == nil {
 		return Completed{}, fmt.Errorf("checkpoint %d of job %q references state in checkpoint storage, and none is configured (--checkpoint-storage)", c.ID, c.Job)
+	}
+	if native && cfg.decode == nil {
+		return Completed{}, fmt.Errorf("checkpoint %d of job %q: %w: it holds native pebble state, which this reader cannot decode", c.ID, c.Job, ErrNativeState)
 	}
 	got, err := ReadRefs(ctx, st, refs)
 	if err != nil {
@@ -203,6 +357,18 @@ func Resolve(ctx context.Context, st storage.Storage, c Completed) (Completed, e
 				for kg, r := range op.KeyGroupRefs {
 					o.KeyGroups[kg] = got[r]
 				}
+			}
+			if op.Native != nil {
+				kgs, err := cfg.decode(ctx, st, op.Native)
+				if err != nil {
+					return Completed{}, fmt.Errorf("checkpoint %d of job %q: task %s operator %s: %w", c.ID, c.Job, id, op.UID, err)
+				}
+				o.KeyGroups = maps.Clone(op.KeyGroups)
+				if o.KeyGroups == nil {
+					o.KeyGroups = map[int][]byte{}
+				}
+				maps.Copy(o.KeyGroups, kgs)
+				o.Native = nil
 			}
 			o.StateRefs, o.KeyGroupRefs = nil, nil
 			nt.Operators[i] = o
@@ -272,7 +438,7 @@ func BaseFrom(uid string, refs map[int]StateRef, bytesOf func(kg int) []byte, in
 		into = StateBase{}
 	}
 	for kg, r := range refs {
-		into[baseKey{uid, kg}] = baseEntry{hash: xxhash.Sum64(bytesOf(kg)), ref: r}
+		into[baseKey{uid: uid, kg: kg}] = baseEntry{hash: xxhash.Sum64(bytesOf(kg)), ref: r}
 	}
 	return into
 }

@@ -52,8 +52,9 @@ const (
 	// entry's operator UID to the handles record; format 1 records are still
 	// read (max parallelism 0: unknown, UIDs empty). Format 3 added each
 	// operator's references to state in checkpoint storage (StateRefs,
-	// KeyGroupRefs) to the meta record; older records have none.
-	recordFormat    = 3
+	// KeyGroupRefs) to the meta record; older records have none. Format 4
+	// added each operator's native snapshot (NativeState).
+	recordFormat    = 4
 	minRecordFormat = 1
 
 	recMeta    = 'm'
@@ -1177,6 +1178,20 @@ func encodeCompleted(c Completed) (meta, handles []byte, err error) {
 				m.varint(int64(kg))
 				m.ref(op.KeyGroupRefs[kg])
 			}
+			if n := op.Native; n == nil {
+				m.uvarint(0)
+			} else {
+				m.uvarint(1)
+				m.str(n.Backend)
+				m.varint(int64(n.KeyGroupStart))
+				m.varint(int64(n.KeyGroupEnd))
+				m.bytes(n.Meta)
+				m.uvarint(uint64(len(n.Files)))
+				for _, f := range n.Files {
+					m.str(f.Name)
+					m.ref(f.Ref)
+				}
+			}
 			m.uvarint(uint64(len(op.Handles)))
 			if len(op.Handles) > 0 {
 				entries = append(entries, handleEntry{task: t, op: i, uid: op.UID, handles: op.Handles})
@@ -1291,6 +1306,16 @@ func decodeMeta(p []byte, format byte, job string, id ID, hs []handleEntry) (Com
 						op.KeyGroupRefs[kg] = d.ref()
 					}
 				}
+			}
+			if format >= 4 && d.uvarint() == 1 {
+				n := &NativeState{Backend: d.str(), KeyGroupStart: int(d.varint()), KeyGroupEnd: int(d.varint()), Meta: d.bytes()}
+				if k := d.count(); k > 0 {
+					n.Files = make([]NativeFile, k)
+					for f := range n.Files {
+						n.Files[f] = NativeFile{Name: d.str(), Ref: d.ref()}
+					}
+				}
+				op.Native = n
 			}
 			// The handles themselves are in the handles record, so this
 			// count is not bounded by the bytes left here.

@@ -12,6 +12,7 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"io"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -91,10 +92,52 @@ type OperatorSnapshot struct {
 	// KeyGroupRefs are key groups written to checkpoint storage, by key
 	// group. A key group is in KeyGroups or in KeyGroupRefs, never both.
 	KeyGroupRefs map[int]StateRef `json:"key_group_refs,omitempty"`
+	// Native, instead of KeyGroups and KeyGroupRefs, is the keyed state
+	// of the subtask as a native (backend-specific) snapshot: the files of
+	// its pebble instance in checkpoint storage. Only checkpoints are
+	// native; a savepoint holds canonical key groups.
+	Native *NativeState `json:"native,omitempty"`
 	// Handles are the transactions this operator pre-committed for the
 	// checkpoint. They are committed when the checkpoint completes and again,
 	// idempotently, on restore from it.
 	Handles []TxnHandle `json:"handles,omitempty"`
+}
+
+// NativeState is the native snapshot of one keyed operator subtask's state
+// backend (docs/internals/checkpoint-storage.md): the files of a pebble
+// checkpoint of its instance, each an object of checkpoint storage, and the
+// key groups [KeyGroupStart, KeyGroupEnd) the instance held, so that a
+// restore at another parallelism takes the instances overlapping its own
+// key groups. An immutable file (an SST) the task uploaded for an earlier
+// checkpoint is referenced again, not uploaded again (its reference's
+// Checkpoint is that earlier checkpoint).
+type NativeState struct {
+	// Backend names the state backend that wrote the files ("pebble").
+	Backend       string `json:"backend"`
+	KeyGroupStart int    `json:"key_group_start"`
+	KeyGroupEnd   int    `json:"key_group_end"`
+	// Meta is the backend's description of what the files hold (its
+	// states), opaque here.
+	Meta  []byte       `json:"meta,omitempty"`
+	Files []NativeFile `json:"files,omitempty"`
+	// Open reads a file of Files (each with its Name and, in
+	// Ref.Length, its size) on the task until SegmentWriter.Write uploads
+	// it; Release then drops the local copy. The task side only: never
+	// sent or stored.
+	Open    func(name string) (io.ReadCloser, error) `json:"-"`
+	Release func()                                   `json:"-"`
+}
+
+// NativeFile is one file of a native snapshot: its name in the backend's
+// directory and where its bytes are (the whole object Ref.Key).
+type NativeFile struct {
+	Name string   `json:"name"`
+	Ref  StateRef `json:"ref"`
+}
+
+// Overlaps reports whether the state covers a key group of [lo, hi).
+func (n *NativeState) Overlaps(lo, hi int) bool {
+	return n != nil && n.KeyGroupStart < hi && lo < n.KeyGroupEnd
 }
 
 // StateRef locates state bytes a task wrote to checkpoint storage (package
@@ -117,6 +160,11 @@ func (s OperatorSnapshot) Refs() []StateRef {
 	refs := slices.Clone(s.StateRefs)
 	for _, r := range s.KeyGroupRefs {
 		refs = append(refs, r)
+	}
+	if s.Native != nil {
+		for _, f := range s.Native.Files {
+			refs = append(refs, f.Ref)
+		}
 	}
 	return refs
 }

@@ -145,7 +145,7 @@ func loadSnapshot(ctx context.Context, path string, f snapshotFlags) (snapshot, 
 			return snapshot{}, fmt.Errorf("--checkpoint-storage: %w", err)
 		}
 		defer st.Close()
-		if c, err = checkpoint.Resolve(ctx, st, c); err != nil {
+		if c, err = checkpoint.Resolve(ctx, st, c, checkpoint.NativeDecoder(runtime.DecodeNativeState)); err != nil {
 			return snapshot{}, err
 		}
 	}

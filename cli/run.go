@@ -146,7 +146,7 @@ transactions are aborted, its held share records released).`,
 			if err != nil && cmd.Context().Err() != nil && errors.Is(err, cmd.Context().Err()) {
 				fmt.Fprintf(a.stdout, "job %s cancelled: %d restarts, last completed checkpoint %d, %s\n", id, res.Restarts, res.LastCheckpoint, recordsLine(res, took))
 				if retain.on {
-					return retain.write(a, checkpoint.Resolving(store, st), id, dir, cmd.Flags().Arg(0), params, log)
+					return retain.write(a, checkpoint.Resolving(store, st, checkpoint.NativeDecoder(runtime.DecodeNativeState)), id, dir, cmd.Flags().Arg(0), params, log)
 				}
 				return nil
 			}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/internal/rpc/weirpb"
+	"github.com/weirstream/weir/runtime"
 )
 
 // Savepoint statuses, as Flink's asynchronous operations report them.
@@ -167,7 +168,7 @@ func (s *Server) retain(r JobRecord, log *zap.Logger) string {
 	ctx, cancel := context.WithTimeout(context.Background(), retainTimeout)
 	defer cancel()
 	// The job's type and parameters let state dump decode it.
-	dir, c, err := checkpoint.WriteRetained(ctx, checkpoint.Resolving(s.jobs.cps, s.storage), r.ID, base, time.Now(), s.savepointOpts(checkpoint.WithJob(r.Type, r.Params))...)
+	dir, c, err := checkpoint.WriteRetained(ctx, checkpoint.Resolving(s.jobs.cps, s.storage, checkpoint.NativeDecoder(runtime.DecodeNativeState)), r.ID, base, time.Now(), s.savepointOpts(checkpoint.WithJob(r.Type, r.Params))...)
 	switch {
 	case errors.Is(err, checkpoint.ErrNotFound):
 		log.Info("retain-on-cancel: the job completed no checkpoint; nothing retained")
@@ -380,5 +381,5 @@ func (s *Server) restSavepoints(w http.ResponseWriter, r *http.Request) {
 // resolve reads the state c references in checkpoint storage into c, for a
 // savepoint, which must be self-contained.
 func (s *Server) resolve(ctx context.Context, c checkpoint.Completed) (checkpoint.Completed, error) {
-	return checkpoint.Resolve(ctx, s.storage, c)
+	return checkpoint.Resolve(ctx, s.storage, c, checkpoint.NativeDecoder(runtime.DecodeNativeState))
 }

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
 )
 
 // ErrEndOfInput is returned by Source.Poll when a bounded source has emitted
@@ -91,6 +92,9 @@ type OperatorContext struct {
 	// is the task manager's memory for the pebble backend.
 	stateBackend StateBackendKind
 	stateMem     *StateMemory
+	// stateStorage is the deployment's checkpoint storage (nil: none):
+	// where native snapshots of pebble state go and come from.
+	stateStorage storage.Storage
 
 	// records counts what a source emitted or a sink wrote (Deployed.Counts);
 	// in a deployment it is the task's records in (source) or out (sink).

@@ -378,7 +378,7 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 					Parallelism: n.parallelism, Attempt: d.spec.Attempt, Logger: d.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
 					Failpoints: d.spec.Failpoints, RequestCheckpoint: d.rep.RequestCheckpoint, RestartCause: d.spec.RestartCause,
 					metrics: &operatorMetrics{reg: &d.metrics, operator: n.name, subtask: sub}, now: t.now,
-					stateBackend: d.p.job.stateBackend, stateMem: d.spec.StateMemory}
+					stateBackend: d.p.job.stateBackend, stateMem: d.spec.StateMemory, stateStorage: d.spec.Storage}
 				if n == tail {
 					oc.sides = sides
 				}

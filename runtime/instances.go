@@ -252,8 +252,11 @@ type keyedInstance[K comparable, T, U any] struct {
 	c       *collector[U]
 	oc      *OperatorContext
 	owned   map[int]bool
-	now     *recordTime
-	kctx    *KeyedContext[K]
+	// native are the native snapshots to restore the pebble instance from
+	// (restore, then open).
+	native []*checkpoint.NativeState
+	now    *recordTime
+	kctx   *KeyedContext[K]
 	// late counts records that arrived with a timestamp at or below the
 	// operator's input watermark.
 	late atomic.Int64
@@ -360,11 +363,56 @@ func (k *keyedInstance[K, T, U]) nextProcessingTime() (ts int64, ok, changed boo
 	return ts, ok, changed
 }
 
-func (k *keyedInstance[K, T, U]) snapshot(context.Context, checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
+// snapshot takes a native snapshot of a pebble instance when the
+// deployment has checkpoint storage to upload its files to (and no state
+// restored from canonical blobs waits to be declared again: only the
+// canonical snapshot carries it); the canonical one otherwise.
+func (k *keyedInstance[K, T, U]) snapshot(_ context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
+	if p := k.backend.pebble; p != nil && k.oc.stateStorage != nil && len(k.backend.restored) == 0 {
+		n, err := p.nativeSnapshot(id)
+		if err != nil {
+			return checkpoint.OperatorSnapshot{}, nil, fmt.Errorf("%w: %s: native snapshot: %w", checkpoint.ErrDeclined, k.name, err)
+		}
+		return checkpoint.OperatorSnapshot{MaxParallelism: k.maxPar, Native: n}, nil, nil
+	}
 	return checkpoint.OperatorSnapshot{MaxParallelism: k.maxPar}, k.backend.snapshot(), nil
 }
 
+// keyGroupSpan is the subtask's key groups [lo, hi).
+func (k *keyedInstance[K, T, U]) keyGroupSpan() (lo, hi int) {
+	kgs := KeyGroupRange(k.oc.Subtask, k.maxPar, k.oc.Parallelism)
+	if len(kgs) == 0 {
+		return 0, 0
+	}
+	return kgs[0], kgs[len(kgs)-1] + 1
+}
+
+// restoreDecoded restores native snapshots through their canonical blobs
+// (a heap backend, or snapshots whose states do not line up).
+func (k *keyedInstance[K, T, U]) restoreDecoded(ctx context.Context, handles []*checkpoint.NativeState) error {
+	for _, n := range handles {
+		kgs, err := DecodeNativeState(ctx, k.oc.stateStorage, n)
+		if err != nil {
+			return fmt.Errorf("%s: restore native state of key groups [%d, %d): %w", k.name, n.KeyGroupStart, n.KeyGroupEnd, err)
+		}
+		if err := k.restore(&SubtaskState{KeyGroups: kgs}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (k *keyedInstance[K, T, U]) restore(r *SubtaskState) error {
+	if len(r.Native) > 0 {
+		if k.oc.stateBackend != PebbleState {
+			// A heap job decodes a pebble job's native checkpoint.
+			if err := k.restoreDecoded(context.Background(), r.Native); err != nil {
+				return err
+			}
+		} else {
+			k.native = r.Native
+		}
+	}
 	for kg, blob := range r.KeyGroups {
 		if !k.owned[kg] {
 			continue
@@ -381,11 +429,22 @@ func (k *keyedInstance[K, T, U]) open(ctx context.Context) error {
 		if k.oc.stateMem == nil {
 			return Unrecoverable(fmt.Errorf("%s: the pebble state backend needs the task manager's state memory", k.name))
 		}
-		p, err := k.oc.stateMem.openInstance(fmt.Sprintf("%s-%s-%d", k.oc.Job, k.oc.UID, k.oc.Subtask), k.maxPar)
+		name := fmt.Sprintf("%s-%s-%d", k.oc.Job, k.oc.UID, k.oc.Subtask)
+		lo, hi := k.keyGroupSpan()
+		p, err := k.oc.stateMem.openInstanceFrom(ctx, name, k.maxPar, lo, hi, k.oc.stateStorage, k.native)
+		if errors.Is(err, errNativeMismatch) {
+			p, err = k.oc.stateMem.openInstanceFrom(ctx, name, k.maxPar, lo, hi, nil, nil)
+			if err == nil {
+				k.backend.usePebble(p)
+				err = k.restoreDecoded(ctx, k.native)
+			}
+		} else if err == nil {
+			k.backend.usePebble(p)
+		}
+		k.native = nil
 		if err != nil {
 			return fmt.Errorf("%s: %w", k.name, err)
 		}
-		k.backend.usePebble(p)
 		k.oc.Metrics().Gauge("stateSizeOnDiskBytes", "Size on disk of the operator subtask's pebble state instance.",
 			func() float64 { return float64(p.diskUsage()) })
 	}

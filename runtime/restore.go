@@ -63,6 +63,10 @@ type SubtaskState struct {
 	// them in Entries and KeyGroups) before the subtask opens.
 	EntryRefs    []checkpoint.StateRef       `json:",omitempty"`
 	KeyGroupRefs map[int]checkpoint.StateRef `json:",omitempty"`
+	// Native are the native snapshots (of the pebble backend) whose key
+	// groups overlap the subtask's: it restores the key groups it owns
+	// from their files.
+	Native []*checkpoint.NativeState `json:",omitempty"`
 	// CommitHandles are the transactions the operator (any of its subtasks)
 	// pre-committed for the restored checkpoint and for newer checkpoints
 	// skipped as corrupt: all of them completed, so all must be committed.
@@ -175,7 +179,7 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 			continue
 		}
 		for _, s := range snaps {
-			if len(s.State) > 0 || len(s.KeyGroups) > 0 || len(s.Handles) > 0 || len(s.StateRefs) > 0 || len(s.KeyGroupRefs) > 0 {
+			if len(s.State) > 0 || len(s.KeyGroups) > 0 || len(s.Handles) > 0 || len(s.StateRefs) > 0 || len(s.KeyGroupRefs) > 0 || s.Native != nil {
 				missing[uid] = true
 			}
 		}
@@ -280,6 +284,13 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 			if len(kgRefs) > 0 {
 				sub.KeyGroupRefs = ownedKeyGroups(kgRefs, op, i)
 			}
+			if own := KeyGroupRange(i, op.MaxParallelism, op.Parallelism); op.MaxParallelism > 0 && len(own) > 0 {
+				for _, s := range snaps {
+					if s.Native.Overlaps(own[0], own[len(own)-1]+1) {
+						sub.Native = append(sub.Native, s.Native)
+					}
+				}
+			}
 		}
 	}
 	return out, nil
@@ -304,7 +315,7 @@ func ownedKeyGroups[V any](kgs map[int]V, op OperatorLayout, i int) map[int]V {
 // checkKeyGroups refuses keyed state that was split into another number of
 // key groups than the operator uses now.
 func checkKeyGroups(id checkpoint.ID, op OperatorLayout, s checkpoint.OperatorSnapshot) error {
-	if len(s.KeyGroups) == 0 && len(s.KeyGroupRefs) == 0 {
+	if len(s.KeyGroups) == 0 && len(s.KeyGroupRefs) == 0 && s.Native == nil {
 		return nil
 	}
 	if op.MaxParallelism == 0 {

@@ -465,56 +465,60 @@ func (b *keyedBackend[K]) snapshot() func() (map[int][]byte, error) {
 	// State restored but never registered again (the job stopped using it)
 	// is carried along so a later version can still read it.
 	carried := b.restored
-	return func() (map[int][]byte, error) {
-		kgSet := map[int]struct{}{}
-		var errs []error
-		for i, f := range frozen {
-			kgs, err := f.keyGroups()
-			if err != nil {
-				errs = append(errs, fmt.Errorf("state %q: %w", names[i], err))
-				continue
-			}
-			for _, kg := range kgs {
-				kgSet[kg] = struct{}{}
-			}
+	return func() (map[int][]byte, error) { return combineFrozen(frozen, names, carried) }
+}
+
+// combineFrozen encodes the key-group blobs of frozen states (named by
+// names) and of the carried ones.
+func combineFrozen(frozen []frozenState, names []string, carried map[string]map[int][]byte) (map[int][]byte, error) {
+	kgSet := map[int]struct{}{}
+	var errs []error
+	for i, f := range frozen {
+		kgs, err := f.keyGroups()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("state %q: %w", names[i], err))
+			continue
 		}
-		if len(errs) > 0 {
-			return nil, errors.Join(errs...)
+		for _, kg := range kgs {
+			kgSet[kg] = struct{}{}
 		}
-		cn := make([]string, 0, len(carried))
-		for n, blobs := range carried {
-			cn = append(cn, n)
-			for kg := range blobs {
-				kgSet[kg] = struct{}{}
-			}
-		}
-		sort.Strings(cn)
-		perKG := make(map[int][]byte, len(kgSet))
-		var buf, blob []byte
-		for kg := range kgSet {
-			buf = buf[:0]
-			for i, f := range frozen {
-				var ok bool
-				var err error
-				if blob, ok, err = f.appendKeyGroup(blob[:0], kg); err != nil {
-					return nil, fmt.Errorf("state %q key group %d: %w", names[i], kg, err)
-				} else if ok {
-					buf = appendFrame(buf, []byte(names[i]))
-					buf = appendFrame(buf, blob)
-				}
-			}
-			for _, n := range cn {
-				if blob, ok := carried[n][kg]; ok {
-					buf = appendFrame(buf, []byte(n))
-					buf = appendFrame(buf, blob)
-				}
-			}
-			if len(buf) > 0 { // not when TTL dropped every entry
-				perKG[kg] = append(make([]byte, 0, len(buf)), buf...)
-			}
-		}
-		return perKG, nil
 	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	cn := make([]string, 0, len(carried))
+	for n, blobs := range carried {
+		cn = append(cn, n)
+		for kg := range blobs {
+			kgSet[kg] = struct{}{}
+		}
+	}
+	sort.Strings(cn)
+	perKG := make(map[int][]byte, len(kgSet))
+	var buf, blob []byte
+	for kg := range kgSet {
+		buf = buf[:0]
+		for i, f := range frozen {
+			var ok bool
+			var err error
+			if blob, ok, err = f.appendKeyGroup(blob[:0], kg); err != nil {
+				return nil, fmt.Errorf("state %q key group %d: %w", names[i], kg, err)
+			} else if ok {
+				buf = appendFrame(buf, []byte(names[i]))
+				buf = appendFrame(buf, blob)
+			}
+		}
+		for _, n := range cn {
+			if blob, ok := carried[n][kg]; ok {
+				buf = appendFrame(buf, []byte(n))
+				buf = appendFrame(buf, blob)
+			}
+		}
+		if len(buf) > 0 { // not when TTL dropped every entry
+			perKG[kg] = append(make([]byte, 0, len(buf)), buf...)
+		}
+	}
+	return perKG, nil
 }
 
 // restoreKeyGroup splits a key-group blob into its states.
@@ -569,7 +573,7 @@ func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Code
 // newValueState declares a value state stored under name.
 func newValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T]) (*ValueState[T], error) {
 	if p := r.b.pebble; p != nil {
-		s := &pebbleValue[K, T]{st: p, stateName: name, sid: p.stateID(), key: r.b.pkey, codec: c,
+		s := &pebbleValue[K, T]{st: p, stateName: name, sid: p.stateID(name, pebbleKindValue), key: r.b.pkey, codec: c,
 			stateDumper: &keyedStore[K, T]{stateName: name, keyCodec: r.b.keyCodec, valCodec: c}}
 		if err := r.b.register(s); err != nil {
 			return nil, err
@@ -607,7 +611,7 @@ func NewMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name 
 // newMapState declares a map state stored under name.
 func newMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name string, kc Codec[UK], vc Codec[UV]) (*MapState[UK, UV], error) {
 	if p := r.b.pebble; p != nil {
-		s := &pebbleMap[K, UK, UV]{st: p, stateName: name, sid: p.stateID(), key: r.b.pkey, kc: kc, vc: vc,
+		s := &pebbleMap[K, UK, UV]{st: p, stateName: name, sid: p.stateID(name, pebbleKindMap), key: r.b.pkey, kc: kc, vc: vc,
 			stateDumper: &keyedStore[K, map[UK]UV]{stateName: name, keyCodec: r.b.keyCodec, valCodec: mapCodec[UK, UV]{kc, vc}, entries: mapEntries[UK, UV]}}
 		if err := r.b.register(s); err != nil {
 			return nil, err

@@ -32,8 +32,12 @@ func (seqCodec) Decode(b []byte) (uint64, error) {
 
 func newPebbleList[K comparable, T any](r *StateRegistry[K], stored string, c Codec[T]) *pebbleList[K, T] {
 	p := r.b.pebble
-	return &pebbleList[K, T]{m: &pebbleMap[K, uint64, T]{st: p, stateName: stored, sid: p.stateID(), key: r.b.pkey, kc: seqCodec{}, vc: c,
+	sid := p.stateID(stored, pebbleKindList)
+	l := &pebbleList[K, T]{m: &pebbleMap[K, uint64, T]{st: p, stateName: stored, sid: sid, key: r.b.pkey, kc: seqCodec{}, vc: c,
 		stateDumper: &keyedStore[K, []T]{stateName: stored, keyCodec: r.b.keyCodec, valCodec: listCodec[T]{c}, entries: listEntries[T]}}}
+	l.next = p.restoredNext[sid]
+	p.infos[sid].next = func() uint64 { return l.next }
+	return l
 }
 
 func (l *pebbleList[K, T]) each(fn func(T) bool) {
@@ -73,41 +77,46 @@ func (l *pebbleList[K, T]) encode() func() (map[int][]byte, error) {
 			return nil, errStateClosed
 		}
 		defer m.st.done(snap)
-		out := map[int][]byte{}
-		var body, cur, elems []byte // cur: the framed key of elems
-		keys, n := 0, 0
-		flush := func() {
-			if n == 0 {
-				return
-			}
-			body = append(body, cur...)
-			body = appendFrame(body, elems)
-			keys++
-			elems, n = elems[:0], 0
-		}
-		err := eachKeyGroup(snap, m.st.maxPar, m.sid, func(_ int, rest, val []byte) error {
-			if len(rest) < 8 {
-				return fmt.Errorf("%w: list element key", ErrDecode)
-			}
-			framed := rest[:len(rest)-8]
-			if n > 0 && !bytes.Equal(framed, cur) {
-				flush()
-			}
-			if n == 0 {
-				cur = append(cur[:0], framed...)
-			}
-			elems = appendFrame(elems, val)
-			n++
-			return nil
-		}, func(kg int) error {
-			flush()
-			b := binary.AppendUvarint(make([]byte, 0, len(body)+binary.MaxVarintLen64), uint64(keys))
-			out[kg] = append(b, body...)
-			body, keys = body[:0], 0
-			return nil
-		})
-		return out, err
+		return encodeListBlobs(snap, m.st.maxPar, m.sid)
 	}
+}
+
+// encodeListBlobs encodes list state sid of r as canonical blobs.
+func encodeListBlobs(r pebbleReader, maxPar int, sid uint16) (map[int][]byte, error) {
+	out := map[int][]byte{}
+	var body, cur, elems []byte // cur: the framed key of elems
+	keys, n := 0, 0
+	flush := func() {
+		if n == 0 {
+			return
+		}
+		body = append(body, cur...)
+		body = appendFrame(body, elems)
+		keys++
+		elems, n = elems[:0], 0
+	}
+	err := eachKeyGroup(r, maxPar, sid, func(_ int, rest, val []byte) error {
+		if len(rest) < 8 {
+			return fmt.Errorf("%w: list element key", ErrDecode)
+		}
+		framed := rest[:len(rest)-8]
+		if n > 0 && !bytes.Equal(framed, cur) {
+			flush()
+		}
+		if n == 0 {
+			cur = append(cur[:0], framed...)
+		}
+		elems = appendFrame(elems, val)
+		n++
+		return nil
+	}, func(kg int) error {
+		flush()
+		b := binary.AppendUvarint(make([]byte, 0, len(body)+binary.MaxVarintLen64), uint64(keys))
+		out[kg] = append(b, body...)
+		body, keys = body[:0], 0
+		return nil
+	})
+	return out, err
 }
 
 func (l *pebbleList[K, T]) restore(kg int, blob []byte) error {

@@ -95,21 +95,46 @@ type pebbleState struct {
 	dir    string
 	maxPar int
 	nextID uint16
+	// infos describes the states by id, for native snapshots (their
+	// meta) and native restores (a state declared again keeps its id).
+	infos map[uint16]*pebbleStateInfo
+	// kgLo, kgHi are the key groups [kgLo, kgHi) the instance holds.
+	kgLo, kgHi int
+	// restoredNext are lists' next sequence numbers restored from native
+	// snapshots, by id; native: the instance was opened on them.
+	restoredNext map[uint16]uint64
+	native       bool
 
 	mu      sync.Mutex
 	closed  bool
 	snaps   map[*pebble.Snapshot]struct{} // taken, not released
+	staging map[string]struct{}           // native snapshots' directories not released
 	running sync.WaitGroup                // asynchronous snapshot parts running
 }
 
 // errStateClosed is returned by a snapshot whose backend closed first.
 var errStateClosed = errors.New("pebble state backend closed")
 
-// stateID numbers a new state of the instance.
-func (p *pebbleState) stateID() uint16 {
-	id := p.nextID
-	p.nextID++
-	return id
+// stateID is the id of the state name of kind: the id a native restore
+// recorded for it, or a new one.
+func (p *pebbleState) stateID(name, kind string) uint16 {
+	for id, in := range p.infos {
+		if in.Name == name && in.Kind == kind && !in.declared {
+			in.declared = true
+			return id
+		}
+	}
+	for {
+		id := p.nextID
+		p.nextID++
+		if _, used := p.infos[id]; !used {
+			if p.infos == nil {
+				p.infos = map[uint16]*pebbleStateInfo{}
+			}
+			p.infos[id] = &pebbleStateInfo{ID: id, Name: name, Kind: kind, declared: true}
+			return id
+		}
+	}
 }
 
 // snapshot takes a pebble snapshot for the asynchronous part of a
@@ -162,11 +187,18 @@ func (p *pebbleState) close() error {
 		_ = s.Close()
 	}
 	p.snaps = nil
+	staging := p.staging
+	p.staging = nil
 	p.mu.Unlock()
 	err := p.db.Close()
 	p.mem.forget(p)
 	if rerr := removeAll(p.mem.fs, p.dir); rerr != nil {
 		err = errors.Join(err, rerr)
+	}
+	for dir := range staging {
+		if rerr := removeAll(p.mem.fs, dir); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("close pebble state %s: %w", p.dir, err)
@@ -233,7 +265,13 @@ func (k *pebbleKey[K]) current() []byte {
 // key group by key group, calling fn with each entry's key after the
 // state prefix and its value (valid until fn returns), then end after each
 // non-empty key group.
-func eachKeyGroup(s *pebble.Snapshot, maxPar int, sid uint16, fn func(kg int, rest, val []byte) error, end func(kg int) error) error {
+// pebbleReader is what a canonical encoder reads: a pebble snapshot, or a
+// pebble instance opened on a native snapshot's files.
+type pebbleReader interface {
+	NewIter(*pebble.IterOptions) (*pebble.Iterator, error)
+}
+
+func eachKeyGroup(s pebbleReader, maxPar int, sid uint16, fn func(kg int, rest, val []byte) error, end func(kg int) error) error {
 	var lo, hi []byte
 	for kg := 0; kg < maxPar; kg++ {
 		lo = appendStatePrefix(lo[:0], kg, sid)
@@ -333,21 +371,7 @@ func (s *pebbleValue[K, V]) encode() func() (map[int][]byte, error) {
 			return nil, errStateClosed
 		}
 		defer s.st.done(snap)
-		out := map[int][]byte{}
-		var body []byte
-		n := 0
-		err := eachKeyGroup(snap, s.st.maxPar, s.sid, func(_ int, rest, val []byte) error {
-			body = append(body, rest...)
-			body = appendFrame(body, val)
-			n++
-			return nil
-		}, func(kg int) error {
-			b := binary.AppendUvarint(make([]byte, 0, len(body)+binary.MaxVarintLen64), uint64(n))
-			out[kg] = append(b, body...)
-			body, n = body[:0], 0
-			return nil
-		})
-		return out, err
+		return encodeValueBlobs(snap, s.st.maxPar, s.sid)
 	}
 }
 
@@ -367,6 +391,25 @@ func (s *pebbleValue[K, V]) restore(kg int, blob []byte) error {
 		return fmt.Errorf("state %q key group %d: %w", s.stateName, kg, err)
 	}
 	return nil
+}
+
+// encodeValueBlobs encodes value state sid of r as canonical blobs.
+func encodeValueBlobs(r pebbleReader, maxPar int, sid uint16) (map[int][]byte, error) {
+	out := map[int][]byte{}
+	var body []byte
+	n := 0
+	err := eachKeyGroup(r, maxPar, sid, func(_ int, rest, val []byte) error {
+		body = append(body, rest...)
+		body = appendFrame(body, val)
+		n++
+		return nil
+	}, func(kg int) error {
+		b := binary.AppendUvarint(make([]byte, 0, len(body)+binary.MaxVarintLen64), uint64(n))
+		out[kg] = append(b, body...)
+		body, n = body[:0], 0
+		return nil
+	})
+	return out, err
 }
 
 // pebbleMap is a map state in pebble: one pebble key per entry.
@@ -506,45 +549,50 @@ func (m *pebbleMap[K, UK, UV]) encode() func() (map[int][]byte, error) {
 			return nil, errStateClosed
 		}
 		defer m.st.done(snap)
-		out := map[int][]byte{}
-		var body, cur, ents []byte // cur: the framed key of ents
-		keys, n := 0, 0
-		flush := func() {
-			if n == 0 {
-				return
-			}
-			body = append(body, cur...)
-			mb := binary.AppendUvarint(nil, uint64(n))
-			body = appendFrame(body, append(mb, ents...))
-			keys++
-			ents, n = ents[:0], 0
-		}
-		err := eachKeyGroup(snap, m.st.maxPar, m.sid, func(_ int, rest, val []byte) error {
-			kb, uk, err := readFrame(rest)
-			if err != nil {
-				return err
-			}
-			framed := rest[:len(rest)-len(uk)]
-			if n > 0 && !bytes.Equal(framed, cur) {
-				flush()
-			}
-			if n == 0 {
-				cur = append(cur[:0], framed...)
-			}
-			_ = kb
-			ents = appendFrame(ents, uk)
-			ents = appendFrame(ents, val)
-			n++
-			return nil
-		}, func(kg int) error {
-			flush()
-			b := binary.AppendUvarint(make([]byte, 0, len(body)+binary.MaxVarintLen64), uint64(keys))
-			out[kg] = append(b, body...)
-			body, keys = body[:0], 0
-			return nil
-		})
-		return out, err
+		return encodeMapBlobs(snap, m.st.maxPar, m.sid)
 	}
+}
+
+// encodeMapBlobs encodes map state sid of r as canonical blobs.
+func encodeMapBlobs(r pebbleReader, maxPar int, sid uint16) (map[int][]byte, error) {
+	out := map[int][]byte{}
+	var body, cur, ents []byte // cur: the framed key of ents
+	keys, n := 0, 0
+	flush := func() {
+		if n == 0 {
+			return
+		}
+		body = append(body, cur...)
+		mb := binary.AppendUvarint(nil, uint64(n))
+		body = appendFrame(body, append(mb, ents...))
+		keys++
+		ents, n = ents[:0], 0
+	}
+	err := eachKeyGroup(r, maxPar, sid, func(_ int, rest, val []byte) error {
+		kb, uk, err := readFrame(rest)
+		if err != nil {
+			return err
+		}
+		framed := rest[:len(rest)-len(uk)]
+		if n > 0 && !bytes.Equal(framed, cur) {
+			flush()
+		}
+		if n == 0 {
+			cur = append(cur[:0], framed...)
+		}
+		_ = kb
+		ents = appendFrame(ents, uk)
+		ents = appendFrame(ents, val)
+		n++
+		return nil
+	}, func(kg int) error {
+		flush()
+		b := binary.AppendUvarint(make([]byte, 0, len(body)+binary.MaxVarintLen64), uint64(keys))
+		out[kg] = append(b, body...)
+		body, keys = body[:0], 0
+		return nil
+	})
+	return out, err
 }
 
 func (m *pebbleMap[K, UK, UV]) restore(kg int, blob []byte) error {
@@ -625,10 +673,13 @@ func (c *timerCache) covers(id pebbleTimerID) bool {
 	return c.complete || id.less(c.ids[len(c.ids)-1])
 }
 
-func newPebbleTimers(st *pebbleState, name string) *pebbleTimers {
-	t := &pebbleTimers{st: st, name: name, sid: st.stateID(), caches: make([]timerCache, st.maxPar), min: -1}
+func newPebbleTimers(st *pebbleState, name, kind string) *pebbleTimers {
+	t := &pebbleTimers{st: st, name: name, sid: st.stateID(name, kind), caches: make([]timerCache, st.maxPar), min: -1}
 	for i := range t.caches {
 		t.caches[i].complete = true
+	}
+	if st.native {
+		t.reload()
 	}
 	return t
 }
@@ -771,22 +822,27 @@ func (t *pebbleTimers) snapshot() func() (map[int][]pebbleTimerID, error) {
 			return nil, errStateClosed
 		}
 		defer t.st.done(snap)
-		out := map[int][]pebbleTimerID{}
-		err := eachKeyGroup(snap, t.st.maxPar, t.sid, func(kg int, rest, _ []byte) error {
-			if len(rest) < 8 {
-				return fmt.Errorf("%w: timer key of %d bytes", ErrDecode, len(rest))
-			}
-			out[kg] = append(out[kg], pebbleTimerID{ts: int64(binary.BigEndian.Uint64(rest) ^ (1 << 63)), owner: string(rest[8:])})
-			return nil
-		}, func(int) error { return nil })
-		for _, ids := range out {
-			// pebble's order is (timestamp, owner bytes): pebbleTimerID.less.
-			if !sort.SliceIsSorted(ids, func(i, j int) bool { return ids[i].less(ids[j]) }) {
-				sort.Slice(ids, func(i, j int) bool { return ids[i].less(ids[j]) })
-			}
-		}
-		return out, err
+		return encodeTimerIDs(snap, t.st.maxPar, t.sid)
 	}
+}
+
+// encodeTimerIDs reads timer state sid of r, by key group, in order.
+func encodeTimerIDs(r pebbleReader, maxPar int, sid uint16) (map[int][]pebbleTimerID, error) {
+	out := map[int][]pebbleTimerID{}
+	err := eachKeyGroup(r, maxPar, sid, func(kg int, rest, _ []byte) error {
+		if len(rest) < 8 {
+			return fmt.Errorf("%w: timer key of %d bytes", ErrDecode, len(rest))
+		}
+		out[kg] = append(out[kg], pebbleTimerID{ts: int64(binary.BigEndian.Uint64(rest) ^ (1 << 63)), owner: string(rest[8:])})
+		return nil
+	}, func(int) error { return nil })
+	for _, ids := range out {
+		// pebble's order is (timestamp, owner bytes): pebbleTimerID.less.
+		if !sort.SliceIsSorted(ids, func(i, j int) bool { return ids[i].less(ids[j]) }) {
+			sort.Slice(ids, func(i, j int) bool { return ids[i].less(ids[j]) })
+		}
+	}
+	return out, err
 }
 
 func (t *pebbleTimers) restored(kg int, owner string, ts int64) error {

@@ -2,12 +2,17 @@ package runtime
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
 )
 
 // rssChildEnv makes the test binary the child of
@@ -20,14 +25,18 @@ func rssValue(i int) string {
 	return strings.Repeat(s, 1024/len(s)+1)[:1024]
 }
 
-// Keyed state far above the memory budget on the pebble backend, in a
-// process of its own: every key written, then every value read back and
-// checked, and the process's peak RSS (VmHWM) stays below a bound derived
-// from the budget (twice the budget, plus 160 MiB for the Go runtime and
-// the test binary), whatever the state's size. The default size is 128 MiB
-// of state under a 32 MiB budget; WEIR_VOLUME=1 writes 2 GiB under 128 MiB
-// (3 GiB measured 2026-12-06 on 2 loaded cores: peak RSS 135 MiB, 12
-// minutes; 2 GiB keeps .ci/run's volume step shorter).
+// Keyed state far above the memory budget on the pebble backend, in
+// processes of their own. The first child writes the state of a keyed
+// operator at parallelism 2 (two pebble instances sharing the budget),
+// reads every value back, takes a native checkpoint of both instances
+// into file checkpoint storage, reports it, and is SIGKILLed. The second
+// restores the checkpoint at parallelism 3 (each subtask opens the old
+// instance overlapping it most, excises what it does not own and ingests
+// the rest from the other) and checks every value. Each child's peak RSS
+// (VmHWM) stays below a bound derived from the budget (twice the budget,
+// plus 160 MiB for the Go runtime and the test binary), whatever the
+// state's size. The default size is 128 MiB of state under a 32 MiB
+// budget; WEIR_VOLUME=1 writes 2 GiB under 128 MiB.
 func TestPebbleStateFarAboveTheBudgetKeepsPeakRSSBounded(t *testing.T) {
 	if spec := os.Getenv(rssChildEnv); spec != "" {
 		rssChild(t, spec)
@@ -40,65 +49,176 @@ func TestPebbleStateFarAboveTheBudgetKeepsPeakRSSBounded(t *testing.T) {
 	if os.Getenv("WEIR_VOLUME") != "" {
 		budget, keys = 128<<20, 2<<20
 	}
-	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestPebbleStateFarAboveTheBudgetKeepsPeakRSSBounded$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%d", rssChildEnv, budget, keys), "TMPDIR="+t.TempDir())
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("child: %v\n%s", err, out)
-	}
-	var hwm int64 = -1
-	for _, l := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "peak-rss-bytes "); ok {
-			hwm, _ = strconv.ParseInt(v, 10, 64)
-		}
-	}
-	if hwm < 0 {
-		t.Fatalf("the child reported no peak RSS:\n%s", out)
-	}
+	dir := t.TempDir()
 	state := int64(keys) * 1024
 	bound := 2*budget + 160<<20
-	t.Logf("%d MiB of state under a %d MiB budget: peak RSS %d MiB (bound %d MiB)", state>>20, budget>>20, hwm>>20, bound>>20)
-	if hwm > bound {
-		t.Fatalf("peak RSS %d MiB above the bound %d MiB (budget %d MiB, state %d MiB)", hwm>>20, bound>>20, budget>>20, state>>20)
+	for _, phase := range []string{"checkpoint", "restore"} {
+		cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestPebbleStateFarAboveTheBudgetKeepsPeakRSSBounded$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s:%d:%d:%s", rssChildEnv, phase, budget, keys, dir), "TMPDIR="+t.TempDir())
+		var out strings.Builder
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = &out
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var hwm int64 = -1
+		killed := false
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			l := sc.Text()
+			out.WriteString(l + "\n")
+			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "peak-rss-bytes "); ok {
+				hwm, _ = strconv.ParseInt(v, 10, 64)
+			}
+			if strings.TrimSpace(l) == "checkpointed" {
+				// The task manager dies with its state: SIGKILL.
+				if err := cmd.Process.Kill(); err != nil {
+					t.Fatal(err)
+				}
+				killed = true
+			}
+		}
+		err = cmd.Wait()
+		if phase == "checkpoint" && !killed || phase == "restore" && err != nil {
+			t.Fatalf("%s child: %v (killed %v)\n%s", phase, err, killed, out.String())
+		}
+		if hwm < 0 {
+			t.Fatalf("the %s child reported no peak RSS:\n%s", phase, out.String())
+		}
+		t.Logf("%s: %d MiB of state under a %d MiB budget in %v: peak RSS %d MiB (bound %d MiB)", phase, state>>20, budget>>20,
+			time.Since(start).Round(time.Second), hwm>>20, bound>>20)
+		if testing.Verbose() {
+			t.Logf("%s child:\n%s", phase, out.String())
+		}
+		if hwm > bound {
+			t.Fatalf("%s: peak RSS %d MiB above the bound %d MiB (budget %d MiB, state %d MiB)", phase, hwm>>20, bound>>20, budget>>20, state>>20)
+		}
 	}
 }
 
-// rssChild writes and checks the state, then prints the peak RSS.
+// rssChild runs one phase of the test and prints its peak RSS.
 func rssChild(t *testing.T, spec string) {
-	b, k, _ := strings.Cut(spec, ":")
-	budget, _ := strconv.ParseInt(b, 10, 64)
-	keys, _ := strconv.Atoi(k)
-	mem, err := NewStateMemory(StateMemoryBudget(budget), StateDir(t.TempDir()))
+	parts := strings.SplitN(spec, ":", 4)
+	if len(parts) != 4 {
+		t.Fatalf("bad %s %q", rssChildEnv, spec)
+	}
+	phase, dir := parts[0], parts[3]
+	budget, _ := strconv.ParseInt(parts[1], 10, 64)
+	keys, _ := strconv.Atoi(parts[2])
+	const maxPar = 128
+	par := 2
+	if phase == "restore" {
+		par = 3
+	}
+	mem, err := NewStateMemory(StateMemoryBudget(budget), StateDir(t.TempDir()), StateSlots(par))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer mem.Close()
-	const maxPar = 128
-	p, err := mem.openInstance("big", maxPar)
+	st, err := storage.Open(t.Context(), "file://"+dir+"/storage")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.close()
-	kb := newKeyedBackend[int64](Int64Codec(), maxPar)
-	kb.usePebble(p)
-	v, err := NewValueState[string](&StateRegistry[int64]{b: kb}, "v", StringCodec())
-	if err != nil {
-		t.Fatal(err)
-	}
-	scope := func(i int) { kb.scope.setKey(int64(i), int(uint64(i)*0x9E3779B97F4A7C15>>57)%maxPar) }
-	for i := range keys {
-		scope(i)
-		v.Update(rssValue(i))
-	}
-	for i := range keys {
-		scope(i)
-		got, ok := v.Value()
-		if !ok || got != rssValue(i) {
-			t.Fatalf("key %d: %q, %v", i, got, ok)
+	defer st.Close()
+	handlesFile := dir + "/handles.json"
+	var handles []*checkpoint.NativeState
+	if phase == "restore" {
+		b, err := os.ReadFile(handlesFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &handles); err != nil {
+			t.Fatal(err)
 		}
 	}
-	t.Logf("state on disk: %d MiB", p.diskUsage()>>20)
+	kgOf := func(i int) int { return int(uint64(i)*0x9E3779B97F4A7C15>>57) % maxPar }
+	var written int64
+	start := time.Now()
+	for sub := range par {
+		own := KeyGroupRange(sub, maxPar, par)
+		lo, hi := own[0], own[len(own)-1]+1
+		var mine []*checkpoint.NativeState
+		for _, h := range handles {
+			if h.Overlaps(lo, hi) {
+				mine = append(mine, h)
+			}
+		}
+		p, err := mem.openInstanceFrom(t.Context(), fmt.Sprintf("big-%d", sub), maxPar, lo, hi, st, mine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kb := newKeyedBackend[int64](Int64Codec(), maxPar)
+		kb.usePebble(p)
+		v, err := NewValueState[string](&StateRegistry[int64]{b: kb}, "v", StringCodec())
+		if err != nil {
+			t.Fatal(err)
+		}
+		scope := func(i int) bool {
+			kg := kgOf(i)
+			kb.scope.setKey(int64(i), kg)
+			return kg >= lo && kg < hi
+		}
+		if phase == "checkpoint" {
+			for i := range keys {
+				if scope(i) {
+					v.Update(rssValue(i))
+				}
+			}
+		}
+		n := 0
+		for i := range keys {
+			if !scope(i) {
+				continue
+			}
+			got, ok := v.Value()
+			if !ok || got != rssValue(i) {
+				t.Fatalf("subtask %d of %d, key %d: %q, %v", sub, par, i, got, ok)
+			}
+			n++
+		}
+		t.Logf("subtask %d of %d: %d keys checked, %d MiB on disk", sub, par, n, p.diskUsage()>>20)
+		if phase == "checkpoint" {
+			cpStart := time.Now()
+			h, err := p.nativeSnapshot(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sync := time.Since(cpStart)
+			snap := checkpoint.TaskSnapshot{Task: checkpoint.TaskID(fmt.Sprintf("big#%d", sub)), Operators: []checkpoint.OperatorSnapshot{{UID: "big", Native: h}}}
+			out, _, w, err := checkpoint.NewSegmentWriter(st, "job", 0).Write(t.Context(), 1, snap, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			written += w
+			handles = append(handles, out.Operators[0].Native)
+			t.Logf("subtask %d: native checkpoint: synchronous part %v, upload of %d MiB %v", sub, sync.Round(time.Millisecond), w>>20, (time.Since(cpStart) - sync).Round(time.Millisecond))
+		}
+		if phase == "restore" {
+			t.Logf("subtask %d of %d restored from %d instances and checked", sub, par, len(mine))
+			if err := p.close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The checkpoint phase's instances stay open: a killed task
+		// manager closes nothing.
+	}
+	t.Logf("%s phase took %v", phase, time.Since(start).Round(time.Millisecond))
 	fmt.Printf("peak-rss-bytes %d\n", vmHWM(t))
+	if phase == "checkpoint" {
+		b, err := json.Marshal(handles)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(handlesFile, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Println("checkpointed")
+		time.Sleep(time.Hour) // until killed
+	}
 }
 
 // vmHWM is the process's peak resident set size (/proc/self/status).

@@ -241,7 +241,7 @@ func TestPebbleStateAfterACrashIsTheCheckpointsNotTheLeftovers(t *testing.T) {
 func TestPebbleTimerStoreMatchesTheHeapsAtAnySize(t *testing.T) {
 	const maxPar = 4
 	heap := heapTimers[string]{newTimerQueue(appendStringOwner)}
-	peb := newEncodedTimers(newPebbleTimers(testPebbleState(t, maxPar), "t"), appendStringOwner, decodeStringOwner)
+	peb := newEncodedTimers(newPebbleTimers(testPebbleState(t, maxPar), "t", pebbleKindEventTimers), appendStringOwner, decodeStringOwner)
 	r := rand.New(rand.NewPCG(3, 4))
 	type reg struct {
 		kg    int

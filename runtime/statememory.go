@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,9 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
 )
 
 // StateMemory is what the pebble state backends of one task manager share:
@@ -181,8 +185,16 @@ func (m *StateMemory) memTableSize() uint64 {
 	return uint64(max(m.cfg.budget/2/int64(m.cfg.slots)/2, 1<<20))
 }
 
-// openInstance opens a new pebble instance for a keyed operator subtask.
+// openInstance opens a new, empty pebble instance for a keyed operator
+// subtask holding the key groups [0, maxPar).
 func (m *StateMemory) openInstance(name string, maxPar int) (*pebbleState, error) {
+	return m.openInstanceFrom(context.Background(), name, maxPar, 0, maxPar, nil, nil)
+}
+
+// openInstanceFrom opens a new pebble instance for a keyed operator
+// subtask holding the key groups [lo, hi): empty, or restored from the
+// native snapshots handles in st (openNative).
+func (m *StateMemory) openInstanceFrom(ctx context.Context, name string, maxPar, lo, hi int, st storage.Storage, handles []*checkpoint.NativeState) (*pebbleState, error) {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -207,13 +219,31 @@ func (m *StateMemory) openInstance(name string, maxPar int) (*pebbleState, error
 		// it needs no write-ahead log (Flink's RocksDB backend writes none).
 		DisableWAL: true,
 		Logger:     stateLogger{m.cfg.log},
+		// Excise (a restore at other key groups) needs virtual SSTs.
+		FormatMajorVersion: pebble.FormatNewest,
 	}
-	db, err := pebble.Open(dir, opts)
+	var db *pebble.DB
+	var meta nativeMeta
+	var err error
+	if len(handles) > 0 {
+		db, meta, err = openNative(ctx, st, m.fs, dir, opts, handles, lo, hi)
+	} else {
+		db, err = pebble.Open(dir, opts)
+	}
 	if err != nil {
 		_ = m.fs.RemoveAll(dir)
 		return nil, fmt.Errorf("pebble state %s: %w", dir, err)
 	}
-	p := &pebbleState{mem: m, db: db, dir: dir, maxPar: maxPar, snaps: map[*pebble.Snapshot]struct{}{}}
+	p := &pebbleState{mem: m, db: db, dir: dir, maxPar: maxPar, kgLo: lo, kgHi: hi,
+		snaps: map[*pebble.Snapshot]struct{}{}, staging: map[string]struct{}{}, infos: map[uint16]*pebbleStateInfo{}}
+	if len(handles) > 0 {
+		p.native, p.restoredNext = true, map[uint16]uint64{}
+		for _, in := range meta.States {
+			p.infos[in.ID] = &pebbleStateInfo{ID: in.ID, Name: in.Name, Kind: in.Kind, Next: in.Next}
+			p.restoredNext[in.ID] = in.Next
+			p.nextID = max(p.nextID, in.ID+1)
+		}
+	}
 	m.mu.Lock()
 	m.open[p] = struct{}{}
 	m.mu.Unlock()

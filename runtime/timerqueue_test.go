@@ -30,7 +30,7 @@ func TestTimerQueueTranscripts(t *testing.T) {
 func testTimerStoreTranscripts(t *testing.T, kind StateBackendKind) {
 	newStore := func(t *testing.T) timerStore[string] {
 		if kind == PebbleState {
-			return newEncodedTimers(newPebbleTimers(testPebbleState(t, 128), "t"), appendStringOwner, decodeStringOwner)
+			return newEncodedTimers(newPebbleTimers(testPebbleState(t, 128), "t", pebbleKindEventTimers), appendStringOwner, decodeStringOwner)
 		}
 		return heapTimers[string]{newTimerQueue(appendStringOwner)}
 	}

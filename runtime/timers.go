@@ -83,8 +83,8 @@ func NewTimers[N comparable, K comparable](st *StateRegistry[K], name string, nc
 	t := &Timers[K, N]{svcName: name, host: st.b.timers, keyCodec: st.b.keyCodec, nsCodec: nc}
 	if p := st.b.pebble; p != nil {
 		t.q = [2]timerStore[timerOwner[K, N]]{
-			newEncodedTimers(newPebbleTimers(p, name), t.appendOwner, t.decodeOwner),
-			newEncodedTimers(newPebbleTimers(p, name), t.appendOwner, t.decodeOwner)}
+			newEncodedTimers(newPebbleTimers(p, name, pebbleKindEventTimers), t.appendOwner, t.decodeOwner),
+			newEncodedTimers(newPebbleTimers(p, name, pebbleKindProcTimers), t.appendOwner, t.decodeOwner)}
 	} else {
 		t.q = [2]timerStore[timerOwner[K, N]]{
 			heapTimers[timerOwner[K, N]]{newTimerQueue(t.appendOwner)},

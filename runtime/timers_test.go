@@ -368,20 +368,20 @@ type stallFn = func(func() Source[click]) func() Source[click]
 // stallFn it is given) on store until two sources stalled and three more
 // checkpoints completed, then cancels it: the job stops mid-stream with a
 // checkpoint to restore from.
-func stopMidStream(t *testing.T, store *checkpoint.Store, stallAt int, build func(stallFn) *Job) {
+func stopMidStream(t *testing.T, store *checkpoint.Store, stallAt int, build func(stallFn) *Job, opts ...ClusterOpt) {
 	t.Helper()
 	var stalled atomic.Int64
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var after int
-	mc := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond),
+	mc := NewMiniCluster(append([]ClusterOpt{CheckpointStore(store), CheckpointInterval(5 * time.Millisecond),
 		OnCheckpointComplete(func(CheckpointEvent) {
 			if stalled.Load() == 2 {
 				if after++; after == 3 {
 					cancel()
 				}
 			}
-		}))
+		})}, opts...)...)
 	stall := func(src func() Source[click]) func() Source[click] {
 		return func() Source[click] {
 			return &stallingSource[click]{Source: src(), stallAt: stallAt, stalled: &stalled}

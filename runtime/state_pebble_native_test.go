@@ -1,0 +1,393 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+
+	"github.com/weirstream/weir/checkpoint"
+	"github.com/weirstream/weir/checkpoint/storage"
+)
+
+// nativeStates are the states of one keyed operator subtask on the pebble
+// backend, as the native tests fill and check them: a value, a map, a
+// list and event-time timers.
+type nativeStates struct {
+	b  *keyedBackend[string]
+	n  *ValueState[int64]
+	m  *MapState[string, int]
+	l  *ListState[string]
+	tm *Timers[string, string]
+}
+
+func declareNativeStates(t *testing.T, b *keyedBackend[string]) nativeStates {
+	t.Helper()
+	r := &StateRegistry[string]{b: b}
+	s := nativeStates{b: b}
+	var err error
+	if s.n, err = NewValueState[int64](r, "n", nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.m, err = NewMapState[string, int](r, "m", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.l, err = NewListState[string](r, "l", nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.tm, err = NewTimers[string](r, "t", nil); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (s nativeStates) scope(key string) {
+	s.b.scope.setKey(key, int(hashString(key)%uint32(s.b.maxPar)))
+}
+
+// nativeKey is key i, and whether subtask sub of par owns it.
+func nativeKey(i, sub, maxPar, par int) (string, bool) {
+	k := fmt.Sprintf("key-%d", i)
+	return k, SubtaskOf(int(hashString(k)%uint32(maxPar)), maxPar, par) == sub
+}
+
+// fillNative writes every state of each of keys owned by subtask sub of
+// par, each value derived from the key and round.
+func fillNative(s nativeStates, keys, sub, par, round int) {
+	for i := range keys {
+		k, ok := nativeKey(i, sub, s.b.maxPar, par)
+		if !ok {
+			continue
+		}
+		s.scope(k)
+		s.n.Update(int64(i*10 + round))
+		s.m.Put(fmt.Sprint(round%3), i+round)
+		s.l.Add(fmt.Sprintf("%d/%d", i, round))
+		s.tm.RegisterEventTimeTimer(fmt.Sprint(round), int64(i+round))
+	}
+}
+
+// openSubtask opens subtask sub of par of a keyed operator on mem,
+// restored from the native snapshots handles in st that overlap it.
+func openSubtask(t *testing.T, mem *StateMemory, st storage.Storage, maxPar, sub, par int, handles []*checkpoint.NativeState) nativeStates {
+	t.Helper()
+	own := KeyGroupRange(sub, maxPar, par)
+	lo, hi := own[0], own[len(own)-1]+1
+	var mine []*checkpoint.NativeState
+	for _, h := range handles {
+		if h.Overlaps(lo, hi) {
+			mine = append(mine, h)
+		}
+	}
+	p, err := mem.openInstanceFrom(t.Context(), fmt.Sprintf("op-%d-%d", sub, par), maxPar, lo, hi, st, mine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.close() })
+	b := newKeyedBackend[string](DefaultCodec[string](), maxPar)
+	b.usePebble(p)
+	return declareNativeStates(t, b)
+}
+
+// nativeCheckpoint takes a native snapshot of s and writes it to st as
+// checkpoint id of task against base; it returns the handle as
+// acknowledged, the next base and the bytes uploaded.
+func nativeCheckpoint(t *testing.T, st storage.Storage, s nativeStates, task string, id checkpoint.ID, base checkpoint.StateBase) (*checkpoint.NativeState, checkpoint.StateBase, int64) {
+	t.Helper()
+	n, err := s.b.pebble.nativeSnapshot(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := checkpoint.TaskSnapshot{Task: checkpoint.TaskID(task), Operators: []checkpoint.OperatorSnapshot{{UID: "op", Native: n}}}
+	out, next, written, err := checkpoint.NewSegmentWriter(st, "job", 0).Write(t.Context(), id, snap, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Operators[0].Native, next, written
+}
+
+// canonical is the canonical snapshot of s, restricted to key groups
+// [lo, hi).
+func canonical(t *testing.T, s nativeStates, lo, hi int) map[int][]byte {
+	t.Helper()
+	blobs := encoded(t, s.b.snapshot())
+	maps.DeleteFunc(blobs, func(kg int, _ []byte) bool { return kg < lo || kg >= hi })
+	return blobs
+}
+
+// A pebble operator's second checkpoint, with a few keys of a big state
+// changed, uploads a small fraction of the first: the SSTs of the first
+// are referenced again (same objects), only the new SST and the small
+// files (MANIFEST, OPTIONS, markers) are uploaded.
+func TestTheSecondNativeCheckpointOfAMostlyUnchangedStateUploadsASmallFraction(t *testing.T) {
+	const maxPar, keys = 128, 20000
+	st, _ := memStores(t)
+	mem := testStateMemory(t)
+	s := openSubtask(t, mem, st, maxPar, 0, 1, nil)
+	fillNative(s, keys, 0, 1, 0)
+	first, base, w1 := nativeCheckpoint(t, st, s, "op#0", 1, nil)
+	for i := range 20 {
+		k, _ := nativeKey(i, 0, maxPar, 1)
+		s.scope(k)
+		s.n.Update(-1)
+	}
+	second, _, w2 := nativeCheckpoint(t, st, s, "op#0", 2, base)
+	t.Logf("first checkpoint uploaded %d bytes (%d files), the second %d bytes (%d files)", w1, len(first.Files), w2, len(second.Files))
+	if w1 < 200<<10 || w2*20 > w1 {
+		t.Fatalf("uploaded %d bytes, then %d: want the second under 5%% of the first", w1, w2)
+	}
+	reused := 0
+	for _, f := range second.Files {
+		if strings.HasSuffix(f.Name, ".sst") && f.Ref.Checkpoint == 1 {
+			reused++
+			if !slices.ContainsFunc(first.Files, func(g checkpoint.NativeFile) bool { return g.Ref == f.Ref }) {
+				t.Errorf("%s references %s, not an object of the first checkpoint", f.Name, f.Ref.Key)
+			}
+		}
+	}
+	if reused == 0 {
+		t.Fatal("the second checkpoint references no SST of the first")
+	}
+}
+
+// Native checkpoints of two subtasks, their instances then dropped (the
+// task manager is gone), restored at the same parallelism (each subtask's
+// files opened as they are), at three (base instance excised, the other
+// overlapping one's key groups ingested) and at one: every restored
+// subtask holds exactly the key groups it owns, value for value (its
+// canonical snapshot equals the original's there), its lists go on
+// appending after the restored elements, and the native snapshot decoded
+// (a savepoint, a heap restore) is the canonical snapshot.
+func TestNativeCheckpointsRestoreAtTheSameAndAnotherParallelism(t *testing.T) {
+	const maxPar, keys = 128, 3000
+	st, _ := memStores(t)
+	mem := testStateMemory(t)
+	var handles []*checkpoint.NativeState
+	want := map[int][]byte{}
+	for sub := range 2 {
+		s := openSubtask(t, mem, st, maxPar, sub, 2, nil)
+		for round := range 3 {
+			fillNative(s, keys, sub, 2, round)
+			if err := s.b.pebble.db.Flush(); err != nil { // several SSTs, some overlapping
+				t.Fatal(err)
+			}
+		}
+		own := KeyGroupRange(sub, maxPar, 2)
+		maps.Copy(want, canonical(t, s, own[0], own[len(own)-1]+1))
+		n, _, _ := nativeCheckpoint(t, st, s, fmt.Sprintf("op#%d", sub), 1, nil)
+		handles = append(handles, n)
+		decoded, err := DecodeNativeState(t.Context(), st, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := canonical(t, s, 0, maxPar); !maps.EqualFunc(decoded, got, slices.Equal) {
+			t.Fatalf("subtask %d: the decoded native snapshot differs from the canonical snapshot (%d key groups, %d)", sub, len(decoded), len(got))
+		}
+		if err := s.b.pebble.close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, par := range []int{2, 3, 1} {
+		t.Run(fmt.Sprint(par), func(t *testing.T) {
+			got := map[int][]byte{}
+			for sub := range par {
+				s := openSubtask(t, mem, st, maxPar, sub, par, handles)
+				own := KeyGroupRange(sub, maxPar, par)
+				restored := encoded(t, s.b.snapshot())
+				for kg := range restored {
+					if kg < own[0] || kg > own[len(own)-1] {
+						t.Fatalf("subtask %d of %d holds key group %d, which it does not own", sub, par, kg)
+					}
+				}
+				maps.Copy(got, restored)
+				for i := range keys {
+					k, ok := nativeKey(i, sub, maxPar, par)
+					if !ok {
+						continue
+					}
+					s.scope(k)
+					if n, _ := s.n.Value(); n != int64(i*10+2) {
+						t.Fatalf("%s: n = %d, want %d", k, n, i*10+2)
+					}
+					s.l.Add("after")
+					var l []string
+					for v := range s.l.Get() {
+						l = append(l, v)
+					}
+					if w := []string{fmt.Sprintf("%d/0", i), fmt.Sprintf("%d/1", i), fmt.Sprintf("%d/2", i), "after"}; !slices.Equal(l, w) {
+						t.Fatalf("%s: list %v, want %v", k, l, w)
+					}
+				}
+			}
+			if !maps.EqualFunc(got, want, slices.Equal) {
+				t.Fatalf("restored at parallelism %d: %d key groups differ from the checkpoint's %d", par, len(got), len(want))
+			}
+		})
+	}
+}
+
+// A job on the pebble backend with checkpoint storage checkpoints
+// natively; stopped mid-way (its instances gone with the run), it restores
+// from its native checkpoint at another parallelism on pebble, then on the
+// heap (which decodes the native files), and finishes with exactly the
+// output of a run without failure, record by record. Checkpoint storage
+// then holds only objects the retained checkpoints reference (the shared
+// registry deleted the SSTs no checkpoint uses any more).
+func TestAPebbleJobRestoresFromItsNativeCheckpointsAtAnotherParallelismAndOnTheHeap(t *testing.T) {
+	cs := clicks(2000, 23)
+	want := sortedByKey(cs)
+	ref := newMemTxns()
+	if _, err := NewMiniCluster(CheckpointInterval(10*time.Millisecond)).Run(t.Context(), sortJob(cs, 2, 2, ref, nil)); err != nil {
+		t.Fatal(err)
+	}
+	st, store := memStores(t)
+	withStorage := []ClusterOpt{StateStorage(st, "mem://"), StateInlineLimit(-1)}
+	txns := newMemTxns()
+	for i, s := range []struct {
+		kind StateBackendKind
+		par  int
+	}{{PebbleState, 2}, {PebbleState, 3}} {
+		before := len(txns.output())
+		stopMidStream(t, store, len(cs)/8, func(stall stallFn) *Job {
+			return sortJob(cs, 2, s.par, txns, stall, StateBackend(s.kind))
+		}, withStorage...)
+		if got := len(txns.output()); got == before || got >= len(cs) {
+			t.Fatalf("run %d (%v) committed %d records after %d of %d: want a run stopped mid-way", i, s, got, before, len(cs))
+		}
+		c, err := store.Latest(t.Context(), "sort")
+		if err != nil {
+			t.Fatal(err)
+		}
+		native := 0
+		for _, ts := range c.Tasks {
+			for _, op := range ts.Operators {
+				if op.Native != nil {
+					native++
+				}
+			}
+		}
+		if native != s.par {
+			t.Fatalf("run %d: the latest checkpoint holds %d native snapshots, want one per subtask (%d)", i, native, s.par)
+		}
+	}
+	mc := NewMiniCluster(append(withStorage, CheckpointStore(store), CheckpointInterval(5*time.Millisecond))...)
+	if _, err := mc.Run(t.Context(), sortJob(cs, 2, 1, txns, nil, StateBackend(HeapState))); err != nil {
+		t.Fatal(err)
+	}
+	checkSorted(t, txns.output(), want)
+	if !slices.Equal(perKey(txns.output()), perKey(ref.output())) {
+		t.Error("the restored runs' output differs from the run without failure")
+	}
+	objs := listObjects(t, st, "sort")
+	refs, _ := referenced(t, store, "sort")
+	for k := range objs {
+		if !refs[k] {
+			t.Errorf("object %s is referenced by no retained checkpoint", k)
+		}
+	}
+	for k := range refs {
+		if !objs[k] {
+			t.Errorf("retained checkpoints reference %s, which is gone", k)
+		}
+	}
+}
+
+// Reads of the staged SSTs failing while a native checkpoint uploads them:
+// the write fails with the I/O error (the checkpoint is declined) and
+// releases the staging directory; the next checkpoint uploads and
+// restores every value. An SST missing from checkpoint storage fails the
+// restore with ErrStateUnreadable naming the object, before any state is
+// opened.
+func TestANativeCheckpointFailsOnAFailedUploadAndARestoreOnAMissingSST(t *testing.T) {
+	const maxPar, keys = 32, 2000
+	var failReads atomic.Bool
+	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if failReads.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsRead && strings.Contains(op.Path, ".cp-") && strings.HasSuffix(op.Path, ".sst") {
+			return errorfs.ErrInjected
+		}
+		return nil
+	}))
+	st, _ := memStores(t)
+	mem := testStateMemory(t, stateFS(fs), StateDir("/tm/state"))
+	s := openSubtask(t, mem, st, maxPar, 0, 1, nil)
+	fillNative(s, keys, 0, 1, 0)
+	want := canonical(t, s, 0, maxPar)
+
+	n, err := s.b.pebble.nativeSnapshot(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failReads.Store(true)
+	snap := checkpoint.TaskSnapshot{Task: "op#0", Operators: []checkpoint.OperatorSnapshot{{UID: "op", Native: n}}}
+	_, _, _, err = checkpoint.NewSegmentWriter(st, "job", 0).Write(t.Context(), 1, snap, nil)
+	failReads.Store(false)
+	if !errors.Is(err, errorfs.ErrInjected) {
+		t.Fatalf("upload while reads fail: %v; want the injected error", err)
+	}
+	if left, _ := fs.List("/tm/state"); slices.ContainsFunc(left, func(n string) bool { return strings.Contains(n, ".cp-") }) {
+		t.Fatalf("the failed checkpoint's staging directory is left: %v", left)
+	}
+
+	h, _, _ := nativeCheckpoint(t, st, s, "op#0", 2, nil)
+	if got := canonical(t, openSubtask(t, testStateMemory(t), st, maxPar, 0, 1, []*checkpoint.NativeState{h}), 0, maxPar); !maps.EqualFunc(got, want, slices.Equal) {
+		t.Fatal("the checkpoint after the failed one restores other state")
+	}
+
+	i := slices.IndexFunc(h.Files, func(f checkpoint.NativeFile) bool { return strings.HasSuffix(f.Name, ".sst") })
+	if err := st.Delete(t.Context(), h.Files[i].Ref.Key); err != nil {
+		t.Fatal(err)
+	}
+	_, err = testStateMemory(t).openInstanceFrom(t.Context(), "op", maxPar, 0, maxPar, st, []*checkpoint.NativeState{h})
+	if !errors.Is(err, checkpoint.ErrStateUnreadable) || !strings.Contains(err.Error(), h.Files[i].Ref.Key) {
+		t.Fatalf("restore without %s: %v; want ErrStateUnreadable naming it", h.Files[i].Ref.Key, err)
+	}
+}
+
+// A task manager killed after a native checkpoint (a crash-clone of its
+// filesystem, with the checkpoint's staging directory and writes after
+// it): its state directory is emptied when it starts again, and the
+// restore from checkpoint storage holds exactly the checkpoint's state.
+func TestANativeRestoreAfterACrashIsTheCheckpointNotTheLeftovers(t *testing.T) {
+	const maxPar, keys = 32, 2000
+	for seed := range uint64(3) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			fs := vfs.NewCrashableMem()
+			st, _ := memStores(t)
+			mem, err := NewStateMemory(stateFS(fs), StateDir("/tm/state"), StateMemoryBudget(minStateMemory))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := openSubtask(t, mem, st, maxPar, 0, 1, nil)
+			fillNative(s, keys, 0, 1, 0)
+			want := canonical(t, s, 0, maxPar)
+			h, _, _ := nativeCheckpoint(t, st, s, "op#0", 1, nil)
+			if _, err := s.b.pebble.nativeSnapshot(2); err != nil { // staged, never uploaded
+				t.Fatal(err)
+			}
+			fillNative(s, keys, 0, 1, 1) // after the checkpoint
+			if err := s.b.pebble.db.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rand.New(rand.NewPCG(seed, 1))})
+			_ = s.b.pebble.close()
+			_ = mem.Close()
+
+			again := testStateMemory(t, stateFS(crashed), StateDir("/tm/state"))
+			if left, err := crashed.List("/tm/state"); err != nil || len(left) != 0 {
+				t.Fatalf("state directory after the restart: %v, %v; want it empty", left, err)
+			}
+			got := canonical(t, openSubtask(t, again, st, maxPar, 0, 1, []*checkpoint.NativeState{h}), 0, maxPar)
+			if !maps.EqualFunc(got, want, slices.Equal) {
+				t.Fatal("the restore after the crash differs from the checkpoint")
+			}
+		})
+	}
+}
