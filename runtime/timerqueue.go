@@ -302,18 +302,29 @@ func groupTimers[T comparable](ts []kgTimer[T], enc ownerEncoder[T]) map[int][]t
 	for _, t := range ts {
 		out[int(t.kg)] = append(out[int(t.kg)], t.id)
 	}
-	var a, b []byte
+	// Each owner is encoded once per snapshot, not at each comparison.
+	type keyed struct {
+		off, end int
+		id       timerID[T]
+	}
+	var ks []keyed
+	var b []byte
 	for _, ids := range out {
-		slices.SortFunc(ids, func(x, y timerID[T]) int {
-			if x.ts != y.ts {
-				if x.ts < y.ts {
-					return -1
-				}
-				return 1
+		ks, b = ks[:0], b[:0]
+		for _, id := range ids {
+			off := len(b)
+			b = enc(b, id.owner)
+			ks = append(ks, keyed{off, len(b), id})
+		}
+		slices.SortFunc(ks, func(x, y keyed) int {
+			if x.id.ts != y.id.ts {
+				return cmpInt64(x.id.ts, y.id.ts)
 			}
-			a, b = enc(a[:0], x.owner), enc(b[:0], y.owner)
-			return bytes.Compare(a, b)
+			return bytes.Compare(b[x.off:x.end], b[y.off:y.end])
 		})
+		for i, k := range ks {
+			ids[i] = k.id
+		}
 	}
 	return out
 }

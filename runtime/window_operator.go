@@ -260,6 +260,14 @@ type windowOperator[K comparable, IN, ACC, OUT any] struct {
 	// stamp sets the event timestamp of what a firing emits and returns the
 	// one it replaces (restored after the firing); nil in the transcripts.
 	stamp func(ts int64) (prev int64)
+
+	// onTimer's scan of the key's windows (scanForTimer), made once:
+	// the timer's window and time, and what the scan collects.
+	timerScan     func(TimeWindow, ACC) bool
+	tw            TimeWindow
+	tts           int64
+	tfires        bool
+	tpanes, tgone []TimeWindow
 }
 
 // windowCollector hands a firing's results to emit, keeping the first error.
@@ -286,13 +294,14 @@ func newWindowOperator[K comparable, IN, ACC, OUT any](r *StateRegistry[K], asg 
 	}
 	perWindow := fn.ordered && asg.kind == windowSliding && asg.paneSize() != asg.size
 	restored := len(r.b.restored[windowState]) > 0
-	st, err := NewMapState[TimeWindow, ACC](r, windowState, windowCodec{}, fn.codec)
+	st, err := newWindowState[ACC](r, fn.codec)
 	if err != nil {
 		return nil, err
 	}
 	op := &windowOperator[K, IN, ACC, OUT]{asg: asg, lateness: lateness, fn: fn, timers: timers, state: st, emit: emit, late: late,
 		perWindow: perWindow, mayHoldPanes: perWindow && restored}
 	op.col.emit = emit
+	op.timerScan = op.scanForTimer
 	return op, nil
 }
 
@@ -337,12 +346,13 @@ func (op *windowOperator[K, IN, ACC, OUT]) deleteTimer(ts int64) {
 }
 
 // registerFireTimer sets w to fire at its end, unless the watermark is past
-// it already (the record then fires w at once: a late firing).
-func (op *windowOperator[K, IN, ACC, OUT]) registerFireTimer(w TimeWindow) {
+// it already (the record then fires w at once: a late firing); false then.
+func (op *windowOperator[K, IN, ACC, OUT]) registerFireTimer(w TimeWindow) bool {
 	if op.asg.eventTime && w.MaxTimestamp() <= op.timers.currentWatermark() {
-		return
+		return false
 	}
 	op.registerTimer(op.fireTime(w))
+	return true
 }
 
 // processElement adds v, of key key and event timestamp ts (ignored in
@@ -413,16 +423,22 @@ func (op *windowOperator[K, IN, ACC, OUT]) processAligned(key K, ts int64, v IN)
 	op.state.Put(pane, acc)
 	if !existed {
 		// A pane lies in the same windows whatever its record, so its
-		// timers are set once, when it is made.
+		// timers are set once, when it is made. The last window's cleanup
+		// time is its fire time without allowed lateness: its timer is
+		// set already (one timer per key and time).
+		last := op.lastWindowOf(ts)
+		lastFires := false
 		if err := op.windowsOf(ts, func(w TimeWindow) error {
-			if !op.isLate(w) {
-				op.registerFireTimer(w)
+			if !op.isLate(w) && op.registerFireTimer(w) && w == last {
+				lastFires = true
 			}
 			return nil
 		}); err != nil {
 			return err
 		}
-		op.registerTimer(op.cleanupTime(op.lastWindowOf(ts)))
+		if cl := op.cleanupTime(last); !lastFires || cl != op.fireTime(last) {
+			op.registerTimer(cl)
+		}
 	}
 	if !op.asg.eventTime {
 		return nil
@@ -539,6 +555,13 @@ func (op *windowOperator[K, IN, ACC, OUT]) migratePanes() error {
 
 // fireAligned emits w's result from its panes, if it has any.
 func (op *windowOperator[K, IN, ACC, OUT]) fireAligned(key K, w TimeWindow, late bool) error {
+	if op.asg.paneSize() == op.asg.size {
+		// A tumbling window is its one pane.
+		if acc, ok := op.state.Get(w); ok {
+			return op.fire(key, w, acc, late)
+		}
+		return nil
+	}
 	var panes []TimeWindow
 	op.state.Range(func(p TimeWindow, _ ACC) bool {
 		if p.Start >= w.Start && p.End <= w.End {
@@ -546,6 +569,11 @@ func (op *windowOperator[K, IN, ACC, OUT]) fireAligned(key K, w TimeWindow, late
 		}
 		return true
 	})
+	return op.firePanes(key, w, panes, late)
+}
+
+// firePanes emits w's result from its panes (any order), if it has any.
+func (op *windowOperator[K, IN, ACC, OUT]) firePanes(key K, w TimeWindow, panes []TimeWindow, late bool) error {
 	if len(panes) == 0 {
 		return nil
 	}
@@ -618,10 +646,16 @@ func (op *windowOperator[K, IN, ACC, OUT]) onTimer(key K, ts int64, eventTime bo
 	if err := op.migratePanes(); err != nil {
 		return err
 	}
-	if windowStart(w.Start, op.asg.offset, op.asg.slide) == w.Start {
+	// One pass over the key's windows finds w's panes (firing reads the
+	// state, never changes it) and what is due for cleanup.
+	fires := windowStart(w.Start, op.asg.offset, op.asg.slide) == w.Start
+	op.tw, op.tts, op.tfires = w, ts, fires && !op.perWindow
+	op.tpanes, op.tgone = op.tpanes[:0], op.tgone[:0]
+	op.state.Range(op.timerScan)
+	if fires {
 		var err error
 		if !op.perWindow {
-			err = op.fireAligned(key, w, false)
+			err = op.firePanes(key, w, op.tpanes, false)
 		} else if acc, ok := op.state.Get(w); ok {
 			err = op.fire(key, w, acc, false)
 		}
@@ -629,21 +663,28 @@ func (op *windowOperator[K, IN, ACC, OUT]) onTimer(key K, ts int64, eventTime bo
 			return err
 		}
 	}
-	var gone []TimeWindow
-	op.state.Range(func(p TimeWindow, _ ACC) bool {
-		last := p // a window, or the pane of its last window
-		if !op.perWindow {
-			last = op.lastWindowOf(p.Start)
-		}
-		if op.cleanupTime(last) <= ts {
-			gone = append(gone, p)
-		}
-		return true
-	})
-	for _, p := range gone {
+	for _, p := range op.tgone {
 		op.state.Delete(p)
 	}
 	return nil
+}
+
+// scanForTimer is onTimer's pass over the key's windows (op.timerScan):
+// the panes of the window firing (op.tw, with op.tfires) into op.tpanes,
+// and the windows or panes whose cleanup time is at or before the timer
+// (op.tts) into op.tgone.
+func (op *windowOperator[K, IN, ACC, OUT]) scanForTimer(p TimeWindow, _ ACC) bool {
+	if op.tfires && p.Start >= op.tw.Start && p.End <= op.tw.End {
+		op.tpanes = append(op.tpanes, p)
+	}
+	last := p // a window, or the pane of its last window
+	if !op.perWindow {
+		last = op.lastWindowOf(p.Start)
+	}
+	if op.cleanupTime(last) <= op.tts {
+		op.tgone = append(op.tgone, p)
+	}
+	return true
 }
 
 // sessions returns the key's session windows, earliest first.

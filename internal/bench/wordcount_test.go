@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"strings"
 	"testing"
 )
 
@@ -24,5 +25,23 @@ func BenchmarkCheckpointCycle(b *testing.B) {
 		if _, err := CheckpointCycle(context.Background(), Config{checkpoints: 100}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkWeirWindowWordcount runs the window-wordcount job on 150k lines
+// (its --quick size), for profiling: go test -run xxx -bench
+// WeirWindowWordcount -benchtime 3x -cpuprofile win.prof ./internal/bench.
+func BenchmarkWeirWindowWordcount(b *testing.B) {
+	corpus := windowCorpus(150_000)
+	var words int
+	for _, l := range corpus {
+		words += len(strings.Fields(l.Line))
+	}
+	for b.Loop() {
+		el, _, err := weirWindowWordcount(b.Context(), corpus)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(words)/el.Seconds(), "words/s")
 	}
 }
