@@ -270,7 +270,11 @@ func ReadNativeFile(ctx context.Context, st storage.Storage, f NativeFile, w io.
 	}
 	defer rc.Close()
 	h := crc32.New(castagnoli)
-	n, err := io.Copy(io.MultiWriter(w, h), rc)
+	// Through a buffer of our own, hashed before w sees it: w may keep or
+	// scribble over what it is given (pebble's invariant builds mangle
+	// written buffers), which must be neither the storage's bytes nor
+	// bytes not yet hashed.
+	n, err := io.CopyBuffer(io.MultiWriter(h, w), struct{ io.Reader }{rc}, make([]byte, 256<<10))
 	if err != nil {
 		return fmt.Errorf("%w: state object %s (%s): %w", ErrStateUnreadable, f.Ref.Key, f.Name, err)
 	}

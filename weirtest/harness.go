@@ -82,7 +82,7 @@ func SnapshotOf(c checkpoint.Completed, uid string) (Snapshot, error) {
 			if op.UID != uid {
 				continue
 			}
-			if len(op.StateRefs) > 0 || len(op.KeyGroupRefs) > 0 {
+			if len(op.StateRefs) > 0 || len(op.KeyGroupRefs) > 0 || op.Native != nil {
 				return Snapshot{}, fmt.Errorf("weirtest: checkpoint %d keeps operator %q's state in checkpoint storage: restore from a savepoint", c.ID, uid)
 			}
 			s.ops = append(s.ops, op)
