@@ -51,7 +51,9 @@ resuming against the lease, limits reports limit-produce
 and limit-share-consume, nexmark reports nexmark-generator and
 nexmark-QUERY-cp10s and -cp1s per query, each in events per CPU-second with
 events_per_s (WEIR_NEXMARK_CPUPROFILE=DIR writes a CPU profile of each query
-run), nexmark-topic reports nexmark-topic-q0-kafka: q0 from a topic on the
+run; with --nexmark-backends it reports nexmark-QUERY-BACKEND instead: every
+query run to completion on each backend in a process of its own, with peak RSS
+and the largest checkpoint's size, sync, async and total durations), nexmark-topic reports nexmark-topic-q0-kafka: q0 from a topic on the
 partition source against the share group, in events per CPU-second):
   ` + strings.Join(bench.Names(), "\n  "),
 		Args: cobra.NoArgs,
