@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/weirstream/weir/internal/bench"
-	"github.com/weirstream/weir/internal/demo"
+	"github.com/weirstream/weir/bench"
+	"github.com/weirstream/weir/test/demo"
 )
 
 func TestBenchOnlyUnknownNameIsAnErrorListingTheNames(t *testing.T) {

@@ -18,7 +18,7 @@ func BenchmarkWeirWordcount(b *testing.B) {
 
 // BenchmarkCheckpointCycle runs checkpoint-cycle (100 checkpoints under the
 // wordcount load), for profiling: go test -bench CheckpointCycle
-// -benchtime 1x -cpuprofile cp.prof ./internal/bench.
+// -benchtime 1x -cpuprofile cp.prof ./bench.
 func BenchmarkCheckpointCycle(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if _, err := CheckpointCycle(context.Background(), Config{checkpoints: 100}); err != nil {
