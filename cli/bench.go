@@ -17,7 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/weirstream/weir/internal/bench"
+	"github.com/weirstream/weir/bench"
 	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/taskmanager"
 )

@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/weirstream/weir/bench"
 	"github.com/weirstream/weir/examples/nexmark"
-	"github.com/weirstream/weir/internal/bench"
-	"github.com/weirstream/weir/internal/demo"
 	weirruntime "github.com/weirstream/weir/runtime"
+	"github.com/weirstream/weir/test/demo"
 )
 
 func TestBenchOnlyUnknownNameIsAnErrorListingTheNames(t *testing.T) {

@@ -6,8 +6,8 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/weirstream/weir/internal/demo"
 	"github.com/weirstream/weir/internal/failpoint"
+	"github.com/weirstream/weir/test/demo"
 )
 
 func newDemoCmd(a *app) *cobra.Command {

@@ -1,6 +1,6 @@
 //go:build race
 
-package clustertest
+package cluster
 
 // raceEnabled: the race detector multiplies the big-state tests' time and
 // memory several times, so their default sizes shrink under it (.ci/run

@@ -19,7 +19,7 @@ func BenchmarkWeirWordcount(b *testing.B) {
 
 // BenchmarkCheckpointCycle runs checkpoint-cycle (100 checkpoints under the
 // wordcount load), for profiling: go test -bench CheckpointCycle
-// -benchtime 1x -cpuprofile cp.prof ./internal/bench.
+// -benchtime 1x -cpuprofile cp.prof ./bench.
 func BenchmarkCheckpointCycle(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if _, err := CheckpointCycle(context.Background(), Config{checkpoints: 100}); err != nil {
@@ -30,7 +30,7 @@ func BenchmarkCheckpointCycle(b *testing.B) {
 
 // BenchmarkWeirWindowWordcount runs the window-wordcount job on 150k lines
 // (its --quick size), for profiling: go test -run xxx -bench
-// WeirWindowWordcount -benchtime 3x -cpuprofile win.prof ./internal/bench.
+// WeirWindowWordcount -benchtime 3x -cpuprofile win.prof ./bench.
 func BenchmarkWeirWindowWordcount(b *testing.B) {
 	corpus := windowCorpus(150_000)
 	var words int
