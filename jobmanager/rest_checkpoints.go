@@ -379,27 +379,12 @@ func (s *Server) checkpointStats(ctx context.Context, id string, n int) (cpRespo
 // restCheckpointDetails is Flink's GET .../checkpoints/details/{cid}: one
 // checkpoint of the recent history (historySize), with its tasks.
 func (s *Server) restCheckpointDetails(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	rec, err := s.jobs.store.Get(id)
-	if err != nil {
-		restError(w, err)
-		return
-	}
-	cid, err := strconv.ParseUint(r.PathValue("cid"), 10, 64)
-	if err != nil {
-		restError(w, fmt.Errorf("%w: checkpoint id %q is not a number", errBadRequest, r.PathValue("cid")))
+	rec, e, ok := s.recentCheckpoint(w, r)
+	if !ok {
 		return
 	}
 	graph, tasks := s.jobGraph(rec)
-	if st := s.statsOf(id); st != nil {
-		for i, e := range st.snapshot().History {
-			if uint64(e.ID) == cid && i < historySize {
-				writeJSON(w, http.StatusOK, historyOf(e, tasks, graph, true))
-				return
-			}
-		}
-	}
-	restError(w, fmt.Errorf("%w: checkpoint %d of job %s is not among its last %d", errNotFound, cid, id, historySize))
+	writeJSON(w, http.StatusOK, historyOf(e, tasks, graph, true))
 }
 
 // restCheckpointSubtasks is Flink's GET
@@ -407,33 +392,45 @@ func (s *Server) restCheckpointDetails(w http.ResponseWriter, r *http.Request) {
 // checkpoint of the recent history, subtask by subtask, with each
 // subtask's synchronous and asynchronous snapshot durations.
 func (s *Server) restCheckpointSubtasks(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	rec, err := s.jobs.store.Get(id)
-	if err != nil {
-		restError(w, err)
-		return
-	}
-	cid, err := strconv.ParseUint(r.PathValue("cid"), 10, 64)
-	if err != nil {
-		restError(w, fmt.Errorf("%w: checkpoint id %q is not a number", errBadRequest, r.PathValue("cid")))
+	rec, e, ok := s.recentCheckpoint(w, r)
+	if !ok {
 		return
 	}
 	graph, _ := s.jobGraph(rec)
 	vid := r.PathValue("vid")
 	i := slices.IndexFunc(graph.Vertices, func(v runtime.GraphVertex) bool { return v.ID == vid })
 	if i < 0 {
-		restError(w, fmt.Errorf("%w: job %s has no vertex %q", errNotFound, id, vid))
+		restError(w, fmt.Errorf("%w: job %s has no vertex %q", errNotFound, rec.ID, vid))
 		return
 	}
+	writeJSON(w, http.StatusOK, subtasksOf(e, graph.Vertices[i]))
+}
+
+// recentCheckpoint finds the checkpoint {cid} of the job {id} among its
+// last historySize, for the checkpoint details routes; when it is not
+// there (or the request is malformed) it writes the error and returns
+// false.
+func (s *Server) recentCheckpoint(w http.ResponseWriter, r *http.Request) (JobRecord, cpEntry, bool) {
+	id := r.PathValue("id")
+	rec, err := s.jobs.store.Get(id)
+	if err != nil {
+		restError(w, err)
+		return JobRecord{}, cpEntry{}, false
+	}
+	cid, err := strconv.ParseUint(r.PathValue("cid"), 10, 64)
+	if err != nil {
+		restError(w, fmt.Errorf("%w: checkpoint id %q is not a number", errBadRequest, r.PathValue("cid")))
+		return JobRecord{}, cpEntry{}, false
+	}
 	if st := s.statsOf(id); st != nil {
-		for n, e := range st.snapshot().History {
-			if uint64(e.ID) == cid && n < historySize {
-				writeJSON(w, http.StatusOK, subtasksOf(e, graph.Vertices[i]))
-				return
+		for i, e := range st.snapshot().History {
+			if uint64(e.ID) == cid && i < historySize {
+				return rec, e, true
 			}
 		}
 	}
 	restError(w, fmt.Errorf("%w: checkpoint %d of job %s is not among its last %d", errNotFound, cid, id, historySize))
+	return JobRecord{}, cpEntry{}, false
 }
 
 // cpConfig is Flink's CheckpointConfigInfo.

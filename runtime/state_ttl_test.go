@@ -220,3 +220,71 @@ func TestTTLStateOnPebbleNeverReturnsAnExpiredValue(t *testing.T) {
 		t.Fatalf("at 100 ms: %+v, want nothing", o)
 	}
 }
+
+// On pebble, expired state is swept without being read: accesses of the
+// states (here reads of a key that has none) run the sweep every
+// pebbleTTLSweepEvery accesses, and it deletes every expired entry of
+// every kind from pebble, and nothing live. Measured: pebble keys held
+// before and after.
+func TestTTLStateOnPebbleIsSweptWithoutBeingRead(t *testing.T) {
+	const maxPar, keys = 8, 500
+	now := int64(1_000)
+	b := newKeyedBackend[string](DefaultCodec[string](), maxPar)
+	b.usePebble(testPebbleState(t, maxPar))
+	b.timers.clock = func() time.Time { return time.UnixMilli(now) }
+	p := &kindsProc{opts: ttlOpts(TTLOnCreateAndWrite, 0)}
+	if err := p.Open(t.Context(), &StateRegistry[string]{b: b}); err != nil {
+		t.Fatal(err)
+	}
+	do := func(o stateOp) {
+		t.Helper()
+		b.scope.setKey(o.Key, int(keyHasher(b.keyCodec)(o.Key)%maxPar))
+		if err := p.ProcessElement(nil, o, &obsCollector{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := func() int {
+		t.Helper()
+		it, err := b.pebble.db.NewIter(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer it.Close()
+		n := 0
+		for ok := it.First(); ok; ok = it.Next() {
+			n++
+		}
+		return n
+	}
+	for i := range keys {
+		do(stateOp{fmt.Sprint("k", i), "add", int64(i)})
+	}
+	do(stateOp{"live", "add", 1})
+	before := held()
+	if before != 5*(keys+1) {
+		t.Fatalf("%d pebble keys held, want %d", before, 5*(keys+1))
+	}
+	now += 99
+	do(stateOp{"live", "add", 2}) // rewritten at +99 ms: live until +199
+	now++
+	reads := 0
+	for ; reads < 4*pebbleTTLSweepEvery && held() > 5; reads++ {
+		do(stateOp{"none", "read", 0})
+	}
+	after := held()
+	t.Logf("pebble keys held: %d before the TTL, %d after %d reads of a key without state", before, after, reads)
+	// "live": its value, reducing, aggregating and map entry rewritten,
+	// its list's second element; its first element expired.
+	if after != 5 {
+		t.Fatalf("%d pebble keys held after %d reads, want the live key's 5", after, reads)
+	}
+	now += 98 // +198: "live" still within its TTL
+	b.scope.setKey("live", int(keyHasher(b.keyCodec)("live")%maxPar))
+	out := &obsCollector{}
+	if err := p.ProcessElement(nil, stateOp{"live", "read", 0}, out); err != nil {
+		t.Fatal(err)
+	}
+	if o := out.got[0]; !o.HasValue || o.MapLen != 1 || len(o.List) != 1 {
+		t.Fatalf("the live key after the sweep: %+v, want its value, map entry and one list element", o)
+	}
+}
