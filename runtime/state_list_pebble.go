@@ -67,18 +67,8 @@ func (l *pebbleList[K, T]) dump(kg int, data []byte, emit func(StateRecord) erro
 // freeze writes the canonical blob of a list state (the heap's): per key,
 // the framed key and the framed list (its elements' frames), built from
 // the key's consecutive elements without decoding them.
-func (l *pebbleList[K, T]) freeze() frozenState { return &frozenBlobs{enc: l.encode()} }
-
-func (l *pebbleList[K, T]) encode() func() (map[int][]byte, error) {
-	m := l.m
-	snap := m.st.snapshot()
-	return func() (map[int][]byte, error) {
-		if !m.st.begin(snap) {
-			return nil, errStateClosed
-		}
-		defer m.st.done(snap)
-		return encodeListBlobs(snap, m.st.maxPar, m.sid)
-	}
+func (l *pebbleList[K, T]) freeze() frozenState {
+	return &frozenBlobs{enc: l.m.st.encodeLater(l.m.sid, encodeListBlobs)}
 }
 
 // encodeListBlobs encodes list state sid of r as canonical blobs.

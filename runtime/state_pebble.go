@@ -362,16 +362,21 @@ func (s *pebbleValue[K, V]) close() error { return nil }
 
 // freeze: the rest of a value's pebble key is the framed key, as the
 // canonical blob frames it, and the pebble value is the codec's bytes.
-func (s *pebbleValue[K, V]) freeze() frozenState { return &frozenBlobs{enc: s.encode()} }
+func (s *pebbleValue[K, V]) freeze() frozenState {
+	return &frozenBlobs{enc: s.st.encodeLater(s.sid, encodeValueBlobs)}
+}
 
-func (s *pebbleValue[K, V]) encode() func() (map[int][]byte, error) {
-	snap := s.st.snapshot()
+// encodeLater is the synchronous part of a pebble state's full snapshot:
+// it takes a pebble snapshot now and returns the asynchronous part, enc
+// of state sid over that snapshot.
+func (p *pebbleState) encodeLater(sid uint16, enc func(pebbleReader, int, uint16) (map[int][]byte, error)) func() (map[int][]byte, error) {
+	snap := p.snapshot()
 	return func() (map[int][]byte, error) {
-		if !s.st.begin(snap) {
+		if !p.begin(snap) {
 			return nil, errStateClosed
 		}
-		defer s.st.done(snap)
-		return encodeValueBlobs(snap, s.st.maxPar, s.sid)
+		defer p.done(snap)
+		return enc(snap, p.maxPar, sid)
 	}
 }
 
@@ -540,17 +545,8 @@ func (m *pebbleMap[K, UK, UV]) close() error { return nil }
 // freeze: the canonical blob of a map state is, per key, the framed key
 // and the framed map (count, then framed user keys and values), built
 // from the key's consecutive entries without decoding them.
-func (m *pebbleMap[K, UK, UV]) freeze() frozenState { return &frozenBlobs{enc: m.encode()} }
-
-func (m *pebbleMap[K, UK, UV]) encode() func() (map[int][]byte, error) {
-	snap := m.st.snapshot()
-	return func() (map[int][]byte, error) {
-		if !m.st.begin(snap) {
-			return nil, errStateClosed
-		}
-		defer m.st.done(snap)
-		return encodeMapBlobs(snap, m.st.maxPar, m.sid)
-	}
+func (m *pebbleMap[K, UK, UV]) freeze() frozenState {
+	return &frozenBlobs{enc: m.st.encodeLater(m.sid, encodeMapBlobs)}
 }
 
 // encodeMapBlobs encodes map state sid of r as canonical blobs.

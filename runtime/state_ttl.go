@@ -268,7 +268,7 @@ func newTTLValueState[T any, K comparable](r *StateRegistry[K], kind, name strin
 		return v, false, !t.expired(v.ts, now)
 	})
 	if s.cleanup == nil {
-		s.cleanup, _ = setupPebbleTTL(in.s, t)
+		s.cleanup = setupPebbleTTL(in.s, t)
 	}
 	return &ValueState[T]{s: s}, nil
 }
@@ -378,7 +378,7 @@ func newTTLMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], na
 			return live, true, true
 		})
 	} else {
-		s.cleanup, _ = setupPebbleTTL(in.s, t)
+		s.cleanup = setupPebbleTTL(in.s, t)
 	}
 	return &MapState[UK, UV]{s: s}, nil
 }
@@ -460,7 +460,7 @@ func newTTLListState[T any, K comparable](r *StateRegistry[K], name string, c Co
 	}
 	s := &ttlListStore[T]{in: in, t: t}
 	if heap == nil {
-		s.cleanup, _ = setupPebbleTTL(in, t)
+		s.cleanup = setupPebbleTTL(in, t)
 		return &ListState[T]{s: s}, nil
 	}
 	s.cleanup = setupHeapTTL[K](heap, t, func(l []ttlValue[T], now int64) ([]ttlValue[T], bool, bool) {

@@ -46,20 +46,18 @@ type pebbleTTLSweep struct {
 	n    int    // accesses since the last sweep
 	kg   int    // the cursor's key group
 	from []byte // the cursor: the next key to check in kg (nil: kg's first)
-	// deleted counts the entries swept.
-	deleted int64
 }
 
 // setupPebbleTTL returns the cleanup of a TTL state stored in pebble (nil
 // if store is not a pebble store, or cleanup is off).
-func setupPebbleTTL(store any, t ttlClock) (func(), *pebbleTTLSweep) {
+func setupPebbleTTL(store any, t ttlClock) func() {
 	ps, ok := store.(pebbleStored)
 	if !ok || t.per == 0 {
-		return nil, nil
+		return nil
 	}
 	st, sid, name := ps.pebbleRange()
 	w := &pebbleTTLSweep{st: st, sid: sid, name: name, t: t, kg: -1}
-	return w.access, w
+	return w.access
 }
 
 // access counts one access of the state and sweeps every
@@ -110,7 +108,6 @@ func (w *pebbleTTLSweep) sweep(limit int) {
 					_ = it.Close()
 					st.fail(w.name, err)
 				}
-				w.deleted++
 			}
 		}
 		if valid {
