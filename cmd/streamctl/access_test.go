@@ -57,6 +57,7 @@ func selfSigned(t *testing.T, dir string) (cert, key string) {
 // with a clear error, and a plaintext client is told to give --tls or
 // --tls-ca.
 func TestJobManagerBeyondLoopbackRequiresATokenAndServesTLS(t *testing.T) {
+	t.Parallel()
 	out, err := exec.Command(streamctlBin, "jobmanager", "--listen", "0.0.0.0:0", "--http", "127.0.0.1:0").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "needs --auth-token-file") {
 		t.Fatalf("jobmanager on 0.0.0.0 without a token: %q, %v; want a refusal", out, err)
@@ -118,6 +119,7 @@ func TestJobManagerBeyondLoopbackRequiresATokenAndServesTLS(t *testing.T) {
 // request and a plaintext gRPC client against its TLS listeners make
 // net/http log a TLS handshake error, which must come through zap.
 func TestJSONLogFormatWritesOnlyJSONLinesToStderr(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cert, key := selfSigned(t, dir)
 	jm := proctest.Start(t, exec.Command(streamctlBin, "--log-format", "json", "jobmanager", "--listen", "127.0.0.1:0",

@@ -37,6 +37,7 @@ func (in *input) produceDistinct(ctx context.Context, first, lines int) {
 // that state on the other one, the same words come again, and every word
 // is counted 1..n, read_committed.
 func TestWordcountWithAMillionDistinctWordsSurvivesATaskManagerSIGKILL(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)

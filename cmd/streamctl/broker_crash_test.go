@@ -130,6 +130,7 @@ func (b *crashingBroker) stderr() string {
 //     were aborted with their marker past it
 //     (TestReadCommittedFinishesPastAnAbortedTailBelowTheStableOffset).
 func TestExactlyOnceWordcountSurvivesBrokerCrashes(t *testing.T) {
+	t.Parallel()
 	// Three random seeds per run: about 15 s each under -race (10-45 s
 	// measured), well inside CI's budget.
 	seeds := []uint64{rand.Uint64N(1 << 20), rand.Uint64N(1 << 20), rand.Uint64N(1 << 20)}
@@ -145,6 +146,7 @@ func TestExactlyOnceWordcountSurvivesBrokerCrashes(t *testing.T) {
 	}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
 			t.Logf("kill schedule seed %d (repeat with WEIR_BROKER_CRASH_SEEDS=%d)", seed, seed)
 			crashRun(t, seed)
 		})
@@ -367,6 +369,7 @@ func jobEnded(t *testing.T, b *crashingBroker, source string, err error) {
 // TestBrokerWarnsAfterAnUncleanStopAndKeepsServing: SIGKILL, then a restart
 // on the same dir logs the unclean stop at WARN and serves the topic.
 func TestBrokerWarnsAfterAnUncleanStopAndKeepsServing(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	b := &crashingBroker{t: t, dir: t.TempDir()}

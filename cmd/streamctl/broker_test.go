@@ -30,6 +30,9 @@ var streamctlBin string
 // TestMain builds streamctl once for the process tests and checks for leaked
 // goroutines after all tests.
 func TestMain(m *testing.M) {
+	// The tests wait on processes (clusters, brokers, fixed waits past a
+	// record lock) far more than they compute: four at once.
+	proctest.DefaultParallel(4)
 	os.Exit(proctest.Main(m, ".", "streamctl", &streamctlBin,
 		// The HA tests' in-process etcd (server and client) keeps
 		// package-level goroutines (its log and the gRPC resolver) beyond
@@ -66,6 +69,7 @@ func (p *brokerProc) stop(t *testing.T) {
 }
 
 func TestBrokerServesClientsAndKeepsStateAcrossRestart(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -166,6 +170,7 @@ func TestBrokerServesClientsAndKeepsStateAcrossRestart(t *testing.T) {
 }
 
 func TestBrokerRefusesUnusableSetupsWithOneErrorLine(t *testing.T) {
+	t.Parallel()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -221,6 +226,7 @@ func TestBrokerRefusesUnusableSetupsWithOneErrorLine(t *testing.T) {
 // does not resolve, says what it bound and what it advertises; stdout's line
 // stays the address clients are told.
 func TestBrokerReportsBoundAndAdvertisedAddresses(t *testing.T) {
+	t.Parallel()
 	p := brokerproc.Run(t, exec.Command(streamctlBin, "broker", "--listen", "0.0.0.0:0", "--advertise", "no-such-host.invalid"))
 	if !regexp.MustCompile(`^no-such-host\.invalid:\d+$`).MatchString(p.Addr) {
 		t.Fatalf("broker listening on %q, want the advertised no-such-host.invalid:PORT", p.Addr)

@@ -127,6 +127,7 @@ func atLeast(t *testing.T, ctx context.Context, addr, topic string, n int, jobs 
 // upper-cased, and each counts topic counts each of their words 1..n;
 // nothing of an aborted or open transaction is read by any job.
 func TestChainedExactlyOnceJobsSurviveSIGKILLsOfEither(t *testing.T) {
+	t.Parallel()
 	if out, err := exec.Command(streamctlBin, "jobs").Output(); err != nil || !strings.Contains(string(out), "uppercase ") {
 		t.Fatalf("streamctl jobs: %q, %v; want the uppercase job listed", out, err)
 	}

@@ -74,6 +74,7 @@ func waitTaskManagers(t *testing.T, httpAddr, want string, within time.Duration)
 // itself to a job manager restarted on the same address; SIGTERM stops each
 // cleanly (exit 0).
 func TestClusterProcessesRegisterDetectDeathAndReconnect(t *testing.T) {
+	t.Parallel()
 	jm := startCluster(t, "jobmanager", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir", t.TempDir())
 	addr := jm.Line(t, `^jobmanager listening on (\S+)$`)
 	httpAddr := jm.Line(t, `^jobmanager http on (\S+)$`)

@@ -81,12 +81,16 @@ func dataFrame(ch uint32, msg []byte) []byte { return rawFrame(1, ch, uint32(len
 // Nothing of it is committed (every word of the input counted exactly
 // 1..n read_committed, no other word), and the job does not restart.
 func TestDataPlaneRefusesStrangersWithoutDisturbingARunningJob(t *testing.T) {
+	t.Parallel()
 	for _, tls := range []bool{false, true} {
 		name := "plaintext"
 		if tls {
 			name = "TLS and token" // the data plane runs over TLS too
 		}
-		t.Run(name, func(t *testing.T) { attackDataPlane(t, tls) })
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			attackDataPlane(t, tls)
+		})
 	}
 }
 

@@ -112,6 +112,7 @@ func (c *haCluster) haLogs() string {
 // checkpoint storage, the task managers find it by themselves, and every
 // word is counted 1..n, read_committed, by each job.
 func TestHAJobManagersFailOverTwiceAndTheWordcountStaysExactlyOnce(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	c := newHACluster(t)
@@ -196,6 +197,7 @@ func TestHAJobManagersFailOverTwiceAndTheWordcountStaysExactlyOnce(t *testing.T)
 // the job's shared state are exactly those its retained checkpoints (their
 // metadata on S3) reference: no orphan.
 func TestStateOnS3SurvivesATaskManagerAndALeaderSIGKILLExactlyOnceAndLeavesNoOrphan(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	srv := startS3(t)

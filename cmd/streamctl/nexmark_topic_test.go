@@ -29,6 +29,7 @@ import (
 // then holds exactly the generator run's results (q4's changelog in count
 // order), read_committed.
 func TestWindowedNexmarkFromATopicThroughATaskManagerSIGKILLEqualsTheGenerator(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()
 	b := &crashingBroker{t: t, dir: t.TempDir()}

@@ -54,6 +54,7 @@ func newS3ProcCluster(t *testing.T, jmArgs ...string) *procCluster {
 // counted 1..n read_committed, and once the job is cancelled no object is
 // left that no retained checkpoint references.
 func TestWordcountWithStateOnS3IsExactlyOnceAcrossATaskManagerSIGKILLAndLeavesNoOrphan(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	srv := startS3(t)
@@ -139,6 +140,7 @@ func retainedRefs(t *testing.T, dir, job string) []string {
 // credentials) resumes the job from the URL at parallelism 3, and every
 // word is counted 1..n once, read_committed, across both jobs.
 func TestWordcountStoppedWithASavepointOnS3ResumesOnAFreshClusterAtAnotherParallelism(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	srv := startS3(t)

@@ -65,6 +65,7 @@ func expectedCounts(t *testing.T, ctx context.Context, addr string) (want map[st
 // finishes the input and stops cleanly on SIGTERM. Every word is counted
 // 1..n, read_committed.
 func TestRunContinuesExactlyOnceAfterSIGKILLOnTheSameCheckpointDir(t *testing.T) {
+	t.Parallel()
 	env := kafkatest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -169,6 +170,7 @@ func TestRunContinuesExactlyOnceAfterSIGKILLOnTheSameCheckpointDir(t *testing.T)
 		lines, len(before), len(mid), len(out))
 }
 func TestRunRefusesBadInputWithAClearError(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -200,6 +202,7 @@ func TestRunRefusesBadInputWithAClearError(t *testing.T) {
 // at another parallelism continues the job while input keeps arriving:
 // every word counted 1..n once, read_committed.
 func TestRunRetainOnCancelLeavesASavepointThatContinuesTheJob(t *testing.T) {
+	t.Parallel()
 	env := kafkatest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()

@@ -19,6 +19,7 @@ import (
 // savepoint URLs naming another endpoint, which receives no request. No
 // job is created.
 func TestAJobManagerProcessReadsAndWritesSavepointsOnlyWhereItAllows(t *testing.T) {
+	t.Parallel()
 	srv := startS3(t)
 	var contacted atomic.Int64
 	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

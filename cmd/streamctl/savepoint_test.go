@@ -45,6 +45,7 @@ func (c *procCluster) stopWithSavepoint(id, dir string) string {
 // savepoint holding state of operators a job does not have is refused at
 // submit, naming them.
 func TestWordcountStoppedWithASavepointResumesAtAnotherParallelismAndWithAnOperatorAdded(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
@@ -85,6 +86,7 @@ func TestWordcountStoppedWithASavepointResumesAtAnotherParallelismAndWithAnOpera
 // savepoint) exactly-once; a truncated copy is refused with one error
 // naming the file, and no job is created.
 func TestSavepointCopiedToAFreshClusterRestoresExactlyOnceAndADamagedOneIsRefused(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
@@ -140,6 +142,7 @@ func TestSavepointCopiedToAFreshClusterRestoresExactlyOnceAndADamagedOneIsRefuse
 // job is created: the committed output does not change), and the latest
 // savepoint of the job then continues it exactly-once, record by record.
 func TestAnOlderSavepointAfterLaterAcknowledgementsCommittedIsRefused(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
@@ -200,6 +203,7 @@ func (c *procCluster) refusedBehindAcks(ctx context.Context, args []string, sp s
 // latest savepoint, taken idle as well, continues it exactly-once: every
 // word counted 1..n once, read_committed.
 func TestASavepointTakenWhileIdleIsRefusedAfterLaterAcknowledgements(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
@@ -257,6 +261,7 @@ func TestASavepointTakenWhileIdleIsRefusedAfterLaterAcknowledgements(t *testing.
 // word's count from the savepoint's state: the words of the lines before
 // those offsets are its restored counts k, and it emits exactly k+1..n.
 func TestAnOlderSavepointOfThePartitionSourceReprocessesToABoundedStopAndFinishes(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)

@@ -47,8 +47,12 @@ func clickRecords(cs []sessions.Click) []*kgo.Record {
 // whole input, each once, nothing on the late topic. On each state backend
 // (the session windows' map state and timers on the heap, or in pebble).
 func TestSessionsJobContinuesExactlyOnceAfterSIGKILL(t *testing.T) {
+	t.Parallel()
 	for _, backend := range []string{"heap", "pebble"} {
-		t.Run(backend, func(t *testing.T) { testSessionsAfterSIGKILL(t, backend) })
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			testSessionsAfterSIGKILL(t, backend)
+		})
 	}
 }
 
@@ -216,6 +220,7 @@ func requireRecords(t *testing.T, topic string, got []*kgo.Record, want [][2]str
 // followed by a rescale 2 -> 3 -> 2 through savepoints, with the same
 // checks over the four jobs' output.
 func TestSessionsJobSurvivesSIGKILLsWithNoLateClickAndEverySessionOnce(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []sessionsFailure{
 		{kill: "task manager", backend: "heap"},
 		{kill: "hung task manager", backend: "heap"},
@@ -229,7 +234,10 @@ func TestSessionsJobSurvivesSIGKILLsWithNoLateClickAndEverySessionOnce(t *testin
 		if tc.rescale {
 			name += "-and-a-rescale"
 		}
-		t.Run(name, func(t *testing.T) { sessionsThroughASIGKILL(t, tc) })
+		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each case waits 45 s or more past its failure
+			sessionsThroughASIGKILL(t, tc)
+		})
 	}
 }
 
@@ -393,6 +401,7 @@ func sessionsThroughASIGKILL(t *testing.T, tc sessionsFailure) {
 // frontier, so none is late, and every session the input holds is emitted
 // once, read_committed.
 func TestSessionsAtVolumeThroughATaskManagerSIGKILLHaveNoLateClick(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()
 	b, adm := clicksBroker(t, ctx, 8)

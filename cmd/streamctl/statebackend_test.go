@@ -16,8 +16,10 @@ import (
 // backend-independent): every word is counted 1..n once, read_committed,
 // and status shows the backend.
 func TestWordcountOnEachStateBackendSurvivesATaskManagerSIGKILLAndARescale(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ backend, other string }{{"pebble", "heap"}, {"heap", "pebble"}} {
 		t.Run(tc.backend, func(t *testing.T) {
+			t.Parallel()
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 			defer cancel()
 			c := newProcCluster(t, streamctlBin)

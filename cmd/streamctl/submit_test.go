@@ -14,6 +14,7 @@ import (
 
 	"github.com/weirstream/weir/examples/wordcount"
 	"github.com/weirstream/weir/internal/broker"
+	"github.com/weirstream/weir/internal/failpoint"
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/internal/proctest"
 )
@@ -159,6 +160,7 @@ func (j *wordcountJob) args(brokers, in string) []string {
 // checkpoint on the task manager left, and every word is counted 1..n,
 // read_committed, by each.
 func TestSubmittedJobIsExactlyOnceAcrossATaskManagerSIGKILL(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
@@ -198,6 +200,7 @@ func TestSubmittedJobIsExactlyOnceAcrossATaskManagerSIGKILL(t *testing.T) {
 // latest completed checkpoint, the task managers reconnect by themselves,
 // and every word is counted 1..n, read_committed, by each.
 func TestSubmittedJobContinuesExactlyOnceAfterTheJobManagerIsSIGKILLed(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
@@ -259,6 +262,7 @@ func lineIDs(values [][]byte) map[string]int {
 // plain share consumer of the job's group then gets exactly the lines whose
 // words the job did not commit, at once.
 func TestCancelLeavesNoOpenTransactionAndNoHeldShareRecord(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin, broker.Config("group.share.record.lock.duration.ms", "600000"))
@@ -341,6 +345,7 @@ func TestCancelLeavesNoOpenTransactionAndNoHeldShareRecord(t *testing.T) {
 // counts every other line: record by record, every line exactly once over
 // both jobs' outputs.
 func TestCancelWhileRestartingCommitsTheCompletedCheckpointAndLeavesNothingOpen(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name      string
 		restartJM bool
@@ -349,10 +354,15 @@ func TestCancelWhileRestartingCommitsTheCompletedCheckpointAndLeavesNothingOpen(
 		{name: "job manager just restarted", restartJM: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 			defer cancel()
-			t.Setenv("WEIR_FAILPOINTS", "jm.after-checkpoint-persisted=error@15") // the job manager's (3s in); task managers never hit it
-			c := newProcCluster(t, streamctlBin, broker.Config("group.share.record.lock.duration.ms", "600000"))
+			// The job manager's failpoint (3s in), in its environment
+			// only: the test process runs other tests at once.
+			jmEnv := []string{failpoint.EnvVar + "=jm.after-checkpoint-persisted=error@15"}
+			c := &procCluster{Cluster: proctest.NewStoppedCluster(t, streamctlBin), t: t,
+				env: kafkatest.New(t, broker.Config("group.share.record.lock.duration.ms", "600000"))}
+			c.StartJMEnv(jmEnv)
 			c.twoTMs()
 			in := newInput(t, ctx, c.env.Addr, "lines", 300)
 			in.run(ctx)
@@ -362,7 +372,7 @@ func TestCancelWhileRestartingCommitsTheCompletedCheckpointAndLeavesNothingOpen(
 			in.halt()
 			if tt.restartJM {
 				c.JM.Kill(t)
-				c.StartJM()
+				c.StartJMEnv(jmEnv)
 			}
 			out, err := c.Run("cancel", id, "--output", "json")
 			if err != nil {
@@ -436,6 +446,7 @@ func outputLines(t *testing.T, recs []*kgo.Record) map[string]int {
 // their job ids, so neither fences the other, and both count every word
 // 1..n, read_committed.
 func TestTwoWordcountJobsRunAtOnceBothExactlyOnce(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	c := newProcCluster(t, streamctlBin)
@@ -472,6 +483,7 @@ func TestTwoWordcountJobsRunAtOnceBothExactlyOnce(t *testing.T) {
 
 // Bad submissions are refused with one clear error and leave no job behind.
 func TestSubmitRefusesBadInputWithAClearError(t *testing.T) {
+	t.Parallel()
 	c := newProcCluster(t, streamctlBin)
 	c.StartTM("tm-a", 2)
 	c.WaitTMs("tm-a")

@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net/http"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -391,4 +393,21 @@ func Main(m *testing.M, pkg, name string, bin *string, ignore ...goleak.Option) 
 		}
 	}
 	return code
+}
+
+// DefaultParallel makes n the default of go test's -parallel (how many
+// tests that call t.Parallel run at once; GOMAXPROCS otherwise), for a
+// TestMain whose tests mostly wait on child processes: their CPU is spent
+// in the processes, so more of them than there are cores keep the cores
+// busy. A -parallel on the command line wins. Call it first in TestMain
+// (it parses the command line).
+func DefaultParallel(n int) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		if err := flag.Set("test.parallel", strconv.Itoa(n)); err != nil {
+			panic(fmt.Sprintf("proctest: %v", err)) // the testing package registers test.parallel
+		}
+	}
 }
