@@ -190,7 +190,6 @@ func TestBackPressuredJobWithDefaultsEmitsEveryRecordOnce(t *testing.T) {
 		{name: "slow pre-commit of a chained sink", sinkPar: 2, inSnapshot: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel() // each case mostly waits: 6 s of input, three 6 s holds of the sink
 			const lock, parts, perPart = 2 * time.Second, 8, 40
 			const total = parts * perPart
 			env := kafkatest.New(t, lockBroker(lock)...)
