@@ -216,7 +216,7 @@ func (w *SegmentWriter) writeNative(ctx context.Context, id ID, task TaskID, uid
 		return nil, 0, fmt.Errorf("checkpoint %d of task %s: %w", id, task, err)
 	}
 	prefix := fmt.Sprintf("%s%s/%s/%d-%s-", SharedPrefix(w.job), keySegment(string(task)), keySegment(uid), id, hex.EncodeToString(r[:]))
-	var written int64
+	var put []int
 	for i, f := range nat.Files {
 		k := nativeBaseKey(uid, f.Name)
 		if e, ok := base[k]; ok && immutableNative(f.Name) && e.hash == uint64(f.Ref.Length) {
@@ -224,17 +224,68 @@ func (w *SegmentWriter) writeNative(ctx context.Context, id ID, task TaskID, uid
 			next[k] = e
 			continue
 		}
+		put = append(put, i)
+	}
+	err := Transfer(ctx, len(put), func(ctx context.Context, j int) error {
+		f := nat.Files[put[j]]
 		ref, err := w.putFile(ctx, prefix+keySegment(f.Name), id, f, nat.Open)
-		if err != nil {
-			return nil, 0, fmt.Errorf("checkpoint %d of task %s: native state of %s: %w", id, task, uid, err)
-		}
-		out.Files[i] = NativeFile{Name: f.Name, Ref: ref}
-		written += ref.Length
+		out.Files[put[j]] = NativeFile{Name: f.Name, Ref: ref}
+		return err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("checkpoint %d of task %s: native state of %s: %w", id, task, uid, err)
+	}
+	var written int64
+	for _, i := range put {
+		f := out.Files[i]
+		written += f.Ref.Length
 		if immutableNative(f.Name) {
-			next[k] = nativeBaseEntry(ref)
+			next[nativeBaseKey(uid, f.Name)] = nativeBaseEntry(f.Ref)
 		}
 	}
 	return out, written, nil
+}
+
+// Transfers is how many files of one native snapshot Transfer moves to or
+// from checkpoint storage at once (Flink's RocksDB backend transfers 4 at
+// once by default, state.backend.rocksdb.checkpoint.transfer.thread.num).
+const Transfers = 4
+
+// Transfer calls fn for each of the n files of a native snapshot, at most
+// Transfers at once, and returns the first error; once one failed, the
+// context the others get is canceled and no further call starts. It
+// returns after every call has.
+func Transfer(ctx context.Context, n int, fn func(ctx context.Context, i int) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	sem := make(chan struct{}, Transfers)
+	for i := range n {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := fn(ctx, i); err != nil {
+				once.Do(func() { first = err; cancel() })
+			}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	return ctx.Err()
 }
 
 // putFile uploads one native file as the object key, checking that it has

@@ -138,7 +138,8 @@ func (p *pebbleState) nativeSnapshot(id checkpoint.ID) (*checkpoint.NativeState,
 	return n, nil
 }
 
-// downloadNative writes the files of n into dir on fs.
+// downloadNative writes the files of n into dir on fs, checkpoint.Transfers
+// at once.
 func downloadNative(ctx context.Context, st storage.Storage, fs vfs.FS, n *checkpoint.NativeState, dir string) error {
 	if err := fs.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -147,6 +148,9 @@ func downloadNative(ctx context.Context, st storage.Storage, fs vfs.FS, n *check
 		if strings.ContainsAny(f.Name, `/\`) || f.Name == ".." || f.Name == "." || f.Name == "" {
 			return fmt.Errorf("%w: native state file name %q", checkpoint.ErrStateUnreadable, f.Name)
 		}
+	}
+	return checkpoint.Transfer(ctx, len(n.Files), func(ctx context.Context, i int) error {
+		f := n.Files[i]
 		w, err := fs.Create(fs.PathJoin(dir, f.Name), vfs.WriteCategoryUnspecified)
 		if err != nil {
 			return err
@@ -158,11 +162,8 @@ func downloadNative(ctx context.Context, st storage.Storage, fs vfs.FS, n *check
 		if cerr := w.Close(); err == nil {
 			err = cerr
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return err
+	})
 }
 
 // parseNativeMeta reads a pebble native snapshot's meta.
