@@ -196,6 +196,13 @@ func immutableNative(name string) bool {
 	return strings.HasSuffix(name, ".sst") || strings.HasSuffix(name, ".blob")
 }
 
+// nativeBaseKey is the base's key of operator uid's native file name.
+func nativeBaseKey(uid, name string) baseKey { return baseKey{uid: uid, kg: -1, file: name} }
+
+// nativeBaseEntry is the base's entry of a native file uploaded as ref:
+// a file is the same when its name and size are (immutableNative).
+func nativeBaseEntry(ref StateRef) baseEntry { return baseEntry{hash: uint64(ref.Length), ref: ref} }
+
 // writeNative uploads the files of nat not already in checkpoint storage
 // (an immutable file of base with the same name and size is referenced
 // again), each as an object of its own, and adds the immutable ones to
@@ -209,25 +216,76 @@ func (w *SegmentWriter) writeNative(ctx context.Context, id ID, task TaskID, uid
 		return nil, 0, fmt.Errorf("checkpoint %d of task %s: %w", id, task, err)
 	}
 	prefix := fmt.Sprintf("%s%s/%s/%d-%s-", SharedPrefix(w.job), keySegment(string(task)), keySegment(uid), id, hex.EncodeToString(r[:]))
-	var written int64
+	var put []int
 	for i, f := range nat.Files {
-		k := baseKey{uid: uid, kg: -1, file: f.Name}
+		k := nativeBaseKey(uid, f.Name)
 		if e, ok := base[k]; ok && immutableNative(f.Name) && e.hash == uint64(f.Ref.Length) {
 			out.Files[i] = NativeFile{Name: f.Name, Ref: e.ref}
 			next[k] = e
 			continue
 		}
+		put = append(put, i)
+	}
+	err := Transfer(ctx, len(put), func(ctx context.Context, j int) error {
+		f := nat.Files[put[j]]
 		ref, err := w.putFile(ctx, prefix+keySegment(f.Name), id, f, nat.Open)
-		if err != nil {
-			return nil, 0, fmt.Errorf("checkpoint %d of task %s: native state of %s: %w", id, task, uid, err)
-		}
-		out.Files[i] = NativeFile{Name: f.Name, Ref: ref}
-		written += ref.Length
+		out.Files[put[j]] = NativeFile{Name: f.Name, Ref: ref}
+		return err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("checkpoint %d of task %s: native state of %s: %w", id, task, uid, err)
+	}
+	var written int64
+	for _, i := range put {
+		f := out.Files[i]
+		written += f.Ref.Length
 		if immutableNative(f.Name) {
-			next[k] = baseEntry{hash: uint64(ref.Length), ref: ref}
+			next[nativeBaseKey(uid, f.Name)] = nativeBaseEntry(f.Ref)
 		}
 	}
 	return out, written, nil
+}
+
+// Transfers is how many files of one native snapshot Transfer moves to or
+// from checkpoint storage at once (Flink's RocksDB backend transfers 4 at
+// once by default, state.backend.rocksdb.checkpoint.transfer.thread.num).
+const Transfers = 4
+
+// Transfer calls fn for each of the n files of a native snapshot, at most
+// Transfers at once, and returns the first error; once one failed, the
+// context the others get is canceled and no further call starts. It
+// returns after every call has.
+func Transfer(ctx context.Context, n int, fn func(ctx context.Context, i int) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	sem := make(chan struct{}, Transfers)
+	for i := range n {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := fn(ctx, i); err != nil {
+				once.Do(func() { first = err; cancel() })
+			}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	return ctx.Err()
 }
 
 // putFile uploads one native file as the object key, checking that it has
@@ -443,6 +501,37 @@ func BaseFrom(uid string, refs map[int]StateRef, bytesOf func(kg int) []byte, in
 	}
 	for kg, r := range refs {
 		into[baseKey{uid: uid, kg: kg}] = baseEntry{hash: xxhash.Sum64(bytesOf(kg)), ref: r}
+	}
+	return into
+}
+
+// Refs returns the objects b references, in no order.
+func (b StateBase) Refs() []StateRef {
+	refs := make([]StateRef, 0, len(b))
+	for _, e := range b {
+		refs = append(refs, e.ref)
+	}
+	return refs
+}
+
+// BaseFromNative is the base a task whose operator uid restored the native
+// snapshot n continues from, added to into: each immutable file of n
+// (immutableNative) keeps its object, so that the first checkpoint after
+// the restore references the files the restored instance still holds
+// instead of uploading them again. Only for the snapshot the instance
+// opened on: a file name is an identity within one instance's lineage
+// only.
+func BaseFromNative(uid string, n *NativeState, into StateBase) StateBase {
+	if n == nil {
+		return into
+	}
+	if into == nil {
+		into = StateBase{}
+	}
+	for _, f := range n.Files {
+		if immutableNative(f.Name) && f.Ref.Key != "" {
+			into[nativeBaseKey(uid, f.Name)] = nativeBaseEntry(f.Ref)
+		}
 	}
 	return into
 }

@@ -380,11 +380,7 @@ func (k *keyedInstance[K, T, U]) snapshot(_ context.Context, id checkpoint.ID) (
 
 // keyGroupSpan is the subtask's key groups [lo, hi).
 func (k *keyedInstance[K, T, U]) keyGroupSpan() (lo, hi int) {
-	kgs := KeyGroupRange(k.oc.Subtask, k.maxPar, k.oc.Parallelism)
-	if len(kgs) == 0 {
-		return 0, 0
-	}
-	return kgs[0], kgs[len(kgs)-1] + 1
+	return KeyGroupSpan(k.oc.Subtask, k.maxPar, k.oc.Parallelism)
 }
 
 // restoreDecoded restores native snapshots through their canonical blobs

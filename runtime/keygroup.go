@@ -55,3 +55,13 @@ func KeyGroupRange(subtask, maxParallelism, parallelism int) []int {
 	}
 	return kgs
 }
+
+// KeyGroupSpan returns the key groups subtask owns as the range [lo, hi)
+// (empty when it owns none).
+func KeyGroupSpan(subtask, maxParallelism, parallelism int) (lo, hi int) {
+	kgs := KeyGroupRange(subtask, maxParallelism, parallelism)
+	if len(kgs) == 0 {
+		return 0, 0
+	}
+	return kgs[0], kgs[len(kgs)-1] + 1
+}

@@ -138,7 +138,8 @@ func (p *pebbleState) nativeSnapshot(id checkpoint.ID) (*checkpoint.NativeState,
 	return n, nil
 }
 
-// downloadNative writes the files of n into dir on fs.
+// downloadNative writes the files of n into dir on fs, checkpoint.Transfers
+// at once.
 func downloadNative(ctx context.Context, st storage.Storage, fs vfs.FS, n *checkpoint.NativeState, dir string) error {
 	if err := fs.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -147,6 +148,9 @@ func downloadNative(ctx context.Context, st storage.Storage, fs vfs.FS, n *check
 		if strings.ContainsAny(f.Name, `/\`) || f.Name == ".." || f.Name == "." || f.Name == "" {
 			return fmt.Errorf("%w: native state file name %q", checkpoint.ErrStateUnreadable, f.Name)
 		}
+	}
+	return checkpoint.Transfer(ctx, len(n.Files), func(ctx context.Context, i int) error {
+		f := n.Files[i]
 		w, err := fs.Create(fs.PathJoin(dir, f.Name), vfs.WriteCategoryUnspecified)
 		if err != nil {
 			return err
@@ -158,11 +162,8 @@ func downloadNative(ctx context.Context, st storage.Storage, fs vfs.FS, n *check
 		if cerr := w.Close(); err == nil {
 			err = cerr
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return err
+	})
 }
 
 // parseNativeMeta reads a pebble native snapshot's meta.
@@ -199,21 +200,9 @@ var errNativeMismatch = errors.New("native snapshots number their states differe
 // snapshots overlapping the key groups [lo, hi) and opens pebble there
 // with opts. It returns the instance and the states' meta.
 func openNative(ctx context.Context, st storage.Storage, fs vfs.FS, dir string, opts *pebble.Options, handles []*checkpoint.NativeState, lo, hi int) (*pebble.DB, nativeMeta, error) {
-	var metas []nativeMeta
-	base := -1
-	overlap := func(n *checkpoint.NativeState) int { return min(hi, n.KeyGroupEnd) - max(lo, n.KeyGroupStart) }
-	for i, n := range handles {
-		m, err := parseNativeMeta(n)
-		if err != nil {
-			return nil, nativeMeta{}, err
-		}
-		if len(metas) > 0 && !sameStates(metas[0], m) {
-			return nil, nativeMeta{}, errNativeMismatch
-		}
-		metas = append(metas, m)
-		if base < 0 || overlap(n) > overlap(handles[base]) {
-			base = i
-		}
+	base, metas, err := nativeBase(handles, lo, hi)
+	if err != nil {
+		return nil, nativeMeta{}, err
 	}
 	if err := downloadNative(ctx, st, fs, handles[base], dir); err != nil {
 		return nil, nativeMeta{}, err
@@ -251,6 +240,51 @@ func openNative(ctx context.Context, st storage.Storage, fs vfs.FS, dir string, 
 		}
 	}
 	return db, meta, nil
+}
+
+// nativeBase chooses, of the native snapshots handles restored into the
+// key groups [lo, hi), the one a new instance opens on (the one that
+// overlaps most; openNative), and returns the index of it and the meta of
+// each. errNativeMismatch: the snapshots' states do not line up (the
+// subtask restores them decoded instead).
+func nativeBase(handles []*checkpoint.NativeState, lo, hi int) (int, []nativeMeta, error) {
+	var metas []nativeMeta
+	base := -1
+	overlap := func(n *checkpoint.NativeState) int { return min(hi, n.KeyGroupEnd) - max(lo, n.KeyGroupStart) }
+	for i, n := range handles {
+		m, err := parseNativeMeta(n)
+		if err != nil {
+			return -1, nil, err
+		}
+		if len(metas) > 0 && !sameStates(metas[0], m) {
+			return -1, nil, errNativeMismatch
+		}
+		metas = append(metas, m)
+		if base < 0 || overlap(n) > overlap(handles[base]) {
+			base = i
+		}
+	}
+	return base, metas, nil
+}
+
+// nativeRestoreBase adds to into the files a pebble instance restored from
+// handles into the key groups [lo, hi) holds as they are in checkpoint
+// storage: the immutable files of the snapshot it opens on (nativeBase),
+// which its first checkpoint then references instead of uploading them
+// again (Flink's incremental RocksDB restore keeps its shared files the
+// same way). Nothing is added when the instance would not open on them
+// (no handle, states that do not line up, an unreadable meta): a file of
+// another snapshot, or of a decoded restore, may have the same name and
+// other bytes.
+func nativeRestoreBase(uid string, handles []*checkpoint.NativeState, lo, hi int, into checkpoint.StateBase) checkpoint.StateBase {
+	if len(handles) == 0 || lo >= hi {
+		return into
+	}
+	base, _, err := nativeBase(handles, lo, hi)
+	if err != nil {
+		return into
+	}
+	return checkpoint.BaseFromNative(uid, handles[base], into)
 }
 
 // ingestNative ingests the key groups [lo, hi) of native snapshot n into

@@ -391,3 +391,160 @@ func TestANativeRestoreAfterACrashIsTheCheckpointNotTheLeftovers(t *testing.T) {
 		})
 	}
 }
+
+// The first native checkpoint after a restore references the files the
+// restored instance opened on instead of uploading them again (Flink's
+// incremental restore keeps its shared files the same way): at the same
+// parallelism it uploads a small fraction of the restored checkpoint, at
+// another the base instance's files are referenced and only the ingested
+// ranges are new. Restored again from those checkpoints, every subtask
+// holds exactly its state.
+func TestTheFirstNativeCheckpointAfterARestoreReferencesTheFilesItOpenedOn(t *testing.T) {
+	const maxPar, keys = 128, 6000
+	st, _ := memStores(t)
+	mem := testStateMemory(t)
+	var handles []*checkpoint.NativeState
+	var first int64
+	for sub := range 2 {
+		s := openSubtask(t, mem, st, maxPar, sub, 2, nil)
+		for round := range 3 {
+			fillNative(s, keys, sub, 2, round)
+			if err := s.b.pebble.db.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n, _, w := nativeCheckpoint(t, st, s, fmt.Sprintf("op#%d", sub), 1, nil)
+		handles, first = append(handles, n), first+w
+		if err := s.b.pebble.close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	uploaded := map[string]bool{}
+	for _, h := range handles {
+		for _, f := range h.Files {
+			uploaded[f.Ref.Key] = true
+		}
+	}
+	for _, par := range []int{2, 3} {
+		t.Run(fmt.Sprint(par), func(t *testing.T) {
+			var second []*checkpoint.NativeState
+			var written int64
+			want := map[int][]byte{}
+			for sub := range par {
+				s := openSubtask(t, mem, st, maxPar, sub, par, handles)
+				lo, hi := KeyGroupSpan(sub, maxPar, par)
+				var mine []*checkpoint.NativeState
+				for _, h := range handles {
+					if h.Overlaps(lo, hi) {
+						mine = append(mine, h)
+					}
+				}
+				for i := range 10 {
+					if k, ok := nativeKey(i, sub, maxPar, par); ok {
+						s.scope(k)
+						s.n.Update(-1)
+					}
+				}
+				maps.Copy(want, canonical(t, s, lo, hi))
+				n, _, w := nativeCheckpoint(t, st, s, fmt.Sprintf("op#%d", sub), 2, nativeRestoreBase("op", mine, lo, hi, nil))
+				second, written = append(second, n), written+w
+				reused := 0
+				for _, f := range n.Files {
+					if f.Ref.Checkpoint == 1 {
+						reused++
+						if !uploaded[f.Ref.Key] {
+							t.Fatalf("subtask %d of %d: %s references %s, not an object of the restored checkpoint", sub, par, f.Name, f.Ref.Key)
+						}
+					}
+				}
+				if reused == 0 {
+					t.Fatalf("subtask %d of %d: the first checkpoint after the restore references no file of the restored one", sub, par)
+				}
+				if err := s.b.pebble.close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Logf("parallelism %d: the restored checkpoint uploaded %d bytes, the first after the restore %d", par, first, written)
+			if par == 2 && written*10 > first {
+				t.Fatalf("the first checkpoint after a restore at the same parallelism uploaded %d bytes of the restored %d: want under 10%%", written, first)
+			}
+			got := map[int][]byte{}
+			for sub := range par {
+				maps.Copy(got, canonical(t, openSubtask(t, mem, st, maxPar, sub, par, second), 0, maxPar))
+			}
+			if !maps.EqualFunc(got, want, slices.Equal) {
+				t.Fatalf("restored from the checkpoints after the restore: %d key groups, want %d, or values differ", len(got), len(want))
+			}
+		})
+	}
+}
+
+// A deployment restoring a pebble job from its native checkpoint starts
+// each keyed task's incremental base with the immutable files of the
+// snapshot its instance opens on, and with nothing of the others: the
+// first checkpoint after the restore references those objects
+// (nativeRestoreBase), and only those.
+func TestARestoredDeploymentStartsItsBaseWithTheNativeFilesItOpensOn(t *testing.T) {
+	cs := clicks(2000, 23)
+	st, store := memStores(t)
+	txns := newMemTxns()
+	stopMidStream(t, store, len(cs)/8, func(stall stallFn) *Job {
+		return sortJob(cs, 2, 2, txns, stall, StateBackend(PebbleState))
+	}, StateStorage(st, "mem://"), StateInlineLimit(-1))
+	c, err := store.Latest(t.Context(), "sort")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, par := range []int{2, 3} {
+		p, err := compile(sortJob(cs, 2, par, txns, nil, StateBackend(PebbleState)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		as, err := AssignState(p.layout(), RestoreInput{Checkpoint: c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, bases, err := resolveRestore(t.Context(), p, DeploySpec{Restore: as, Storage: st}, func(checkpoint.TaskID) bool { return true })
+		if err != nil {
+			t.Fatal(err)
+		}
+		keyed := 0
+		for k, sub := range as.Subtasks {
+			if len(sub.Native) == 0 {
+				continue
+			}
+			keyed++
+			lo, hi := KeyGroupSpan(k.Subtask, p.job.maxParallelism, par)
+			b, _, err := nativeBase(sub.Native, lo, hi)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var task checkpoint.TaskID
+			for _, v := range p.vertices {
+				for _, n := range v.nodes {
+					if n.uid == k.UID {
+						task = v.taskID(k.Subtask)
+					}
+				}
+			}
+			var want []string
+			for _, f := range sub.Native[b].Files {
+				if strings.HasSuffix(f.Name, ".sst") {
+					want = append(want, f.Ref.Key)
+				}
+			}
+			var got []string
+			for _, r := range bases[task].Refs() {
+				got = append(got, r.Key)
+			}
+			slices.Sort(want)
+			slices.Sort(got)
+			if len(want) == 0 || !slices.Equal(got, want) {
+				t.Fatalf("parallelism %d, %s: the base holds %v, want the SSTs of the snapshot it opens on %v", par, task, got, want)
+			}
+		}
+		if keyed != par {
+			t.Fatalf("parallelism %d: %d keyed subtasks restore native snapshots, want %d", par, keyed, par)
+		}
+	}
+}

@@ -118,9 +118,34 @@ func (s *stateWriter) wait() {
 	}
 }
 
+// nativeBases are the bases of the local tasks whose pebble instances
+// restore from native snapshots: the files each instance opens on are in
+// checkpoint storage already (nativeRestoreBase).
+func nativeBases(p *plan, restore *StateAssignment, local func(checkpoint.TaskID) bool) map[checkpoint.TaskID]checkpoint.StateBase {
+	bases := map[checkpoint.TaskID]checkpoint.StateBase{}
+	for _, v := range p.vertices {
+		for sub := 0; sub < v.parallelism; sub++ {
+			id := v.taskID(sub)
+			if !local(id) {
+				continue
+			}
+			lo, hi := KeyGroupSpan(sub, p.job.maxParallelism, v.parallelism)
+			for _, n := range v.nodes {
+				if r := restore.Subtasks[OperatorSubtask{n.uid, sub}]; r != nil && len(r.Native) > 0 {
+					if b := nativeRestoreBase(n.uid, r.Native, lo, hi, bases[id]); b != nil {
+						bases[id] = b
+					}
+				}
+			}
+		}
+	}
+	return bases
+}
+
 // resolveRestore reads the referenced state of the subtasks local runs
 // from spec.Storage, and returns the assignment with that state inline and
-// the base of each local task. Without references it returns restore as is.
+// the base of each local task. Without references it returns restore as is,
+// with the bases of the tasks restoring native snapshots (nativeBases).
 func resolveRestore(ctx context.Context, p *plan, spec DeploySpec, local func(checkpoint.TaskID) bool) (*StateAssignment, map[checkpoint.TaskID]checkpoint.StateBase, error) {
 	restore := spec.Restore
 	var refs []checkpoint.StateRef
@@ -139,8 +164,9 @@ func resolveRestore(ctx context.Context, p *plan, spec DeploySpec, local func(ch
 			}
 		}
 	}
+	bases := nativeBases(p, restore, local)
 	if len(refs) == 0 {
-		return restore, nil, nil
+		return restore, bases, nil
 	}
 	if spec.Storage == nil {
 		return nil, nil, fmt.Errorf("restore from checkpoint %d: its state is in checkpoint storage (e.g. %s), and this deployment has none configured",
@@ -155,7 +181,6 @@ func resolveRestore(ctx context.Context, p *plan, spec DeploySpec, local func(ch
 	for k, v := range restore.Subtasks {
 		out.Subtasks[k] = v
 	}
-	bases := map[checkpoint.TaskID]checkpoint.StateBase{}
 	for _, v := range p.vertices {
 		for sub := 0; sub < v.parallelism; sub++ {
 			id := v.taskID(sub)
