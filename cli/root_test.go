@@ -64,20 +64,27 @@ func testRegistry(t *testing.T) *weirruntime.Registry {
 // package's timeout.
 func runCLI(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
+	return runCLIWithin(t, runCLIDeadline, args...)
+}
+
+// runCLIWithin is runCLI with another deadline, for a command that runs
+// many processes of this (race-instrumented) test binary.
+func runCLIWithin(t *testing.T, deadline time.Duration, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
 	var out, errb bytes.Buffer
 	root := newRootCmd(testRegistry(t), &out, &errb)
 	root.SetArgs(args)
-	ctx, cancel := context.WithTimeout(t.Context(), runCLIDeadline)
+	ctx, cancel := context.WithTimeout(t.Context(), deadline)
 	defer cancel()
 	err = root.ExecuteContext(ctx)
 	if ctx.Err() != nil && t.Context().Err() == nil {
-		err = fmt.Errorf("streamctl %v still running after %v (cancelled): %w", args, runCLIDeadline, err)
+		err = fmt.Errorf("streamctl %v still running after %v (cancelled): %w", args, deadline, err)
 	}
 	return out.String(), errb.String(), err
 }
 
-// runCLIDeadline bounds one runCLI call; no command the tests run takes a
-// minute even under -race.
+// runCLIDeadline bounds one runCLI call; no command the tests run with it
+// takes a minute even under -race.
 const runCLIDeadline = 3 * time.Minute
 
 func TestVersionPrintsModuleAndGoVersion(t *testing.T) {
