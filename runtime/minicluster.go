@@ -1018,12 +1018,13 @@ type attempt struct {
 	reportsOver bool
 	ctx         context.Context
 	fail        func(error)
+	gc          *stateGC                // nil: no checkpoint storage
+	uploaded    map[checkpoint.ID]int64 // state bytes written per checkpoint (sizeMu)
+
 	// failedAt is when the attempt's first failure was reported (zero: it
 	// did not fail, or failed before its tasks were deployed); set before
 	// run returns.
 	failedAt time.Time
-	gc          *stateGC                // nil: no checkpoint storage
-	uploaded    map[checkpoint.ID]int64 // state bytes written per checkpoint (sizeMu)
 }
 
 func newAttempt(cfg clusterCfg, p *plan, store CheckpointStorage, n int, pending *pendingHandles) *attempt {
