@@ -130,9 +130,9 @@ func Recovery(ctx context.Context, cfg Config) ([]Line, error) {
 		"job manager's receipt of the report) to the first committed output of input written after the fault; each fault on a job of its own "+
 		"at its first failure; exactly-once wordcount, parallelism 2, checkpoints every 200 ms, default restart strategy (first delay 1 s, "+
 		"counted from the failure), %d lines/s; 2 %s of 1 slot; median of %d runs; kill %s s; clean failure %s s; "+
-		"kill's steps (medians): %s; clean failure's steps (medians): %s",
+		"kill's steps (medians): %s; clean failure's steps (medians): %s; each kill: %s",
 		failpoint.TaskProcess, recoveryFailAt, int(recoveryLines*time.Second/recoveryTick), where, runs,
-		secs(seconds(kills)), secs(seconds(cleans)), steps(kills, true), steps(cleans, false))
+		secs(seconds(kills)), secs(seconds(cleans)), steps(kills, true), steps(cleans, false), eachRun(kills))
 	return []Line{l}, nil
 }
 
@@ -193,6 +193,25 @@ func steps(rs []recovered, kill bool) string {
 		parts = append(parts, fmt.Sprintf("%s %.2f", n, median(took[n])))
 	}
 	return strings.Join(parts, ", ") + " s"
+}
+
+// eachRun describes each measure of rs in run order, its time split into
+// the fault's detection, the restart (the longer of the cancel and the
+// restart delay), the new attempt's deployment (slots, deploy, restore),
+// the sources' re-open, the first checkpoint, and the commit and read.
+func eachRun(rs []recovered) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		rec, ms := r.rec, func(from, to time.Time) int64 { return to.Sub(from).Milliseconds() }
+		if !rec.Done() {
+			parts[i] = fmt.Sprintf("%.2f s (the restart's timing incomplete: %s)", r.took.Seconds(), rec)
+			continue
+		}
+		parts[i] = fmt.Sprintf("%.2f s = detection %d + restart %d + deployment %d + source re-open %d + first checkpoint %d + commit and read %d ms",
+			r.took.Seconds(), ms(r.fault, rec.Failed), ms(rec.Failed, rec.Restarted), ms(rec.Restarted, rec.Opened),
+			ms(rec.Opened, rec.FirstRecord), ms(rec.FirstRecord, rec.Checkpoint), ms(rec.Checkpoint, r.resumed))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // recoveryRun runs two jobs, each on topics of its own: the clean failure
