@@ -312,7 +312,9 @@ func Restarts(n int, delay time.Duration) ClusterOpt {
 // RestartStrategy sets how the job restarts after failures: Flink's
 // fixed-delay (FixedDelayRestart; the default, 10 attempts 100ms apart),
 // exponential-delay (ExponentialDelayRestart), failure-rate
-// (FailureRateRestart) or none (NoRestart).
+// (FailureRateRestart) or none (NoRestart). A delay counts from the
+// failure, as in Flink: the failed attempt's tasks are cancelled during
+// it, and the next attempt starts once both are over.
 func RestartStrategy(p RestartPolicy) ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) { c.restart = p })
 }
