@@ -108,32 +108,18 @@ func RuntimeWordcount2TM(ctx context.Context, cfg Config) ([]Line, error) {
 	for _, l := range corpus {
 		words += int64(len(strings.Fields(l)))
 	}
-	reg, err := Registry()
+	jm, err := startJobManager(ctx)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := jobmanager.New(jobmanager.Jobs(reg))
-	if err != nil {
-		return nil, err
-	}
-	defer srv.Close()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	sctx, stopJM := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(sctx, lis) }()
-	defer func() {
-		stopJM()
-		<-served
-	}()
+	defer jm.Close()
+	srv := jm.srv
 	start := cfg.TaskManagers
 	where := "task-manager processes"
 	if start == nil {
 		start, where = inProcessTaskManagers, "in-process task managers"
 	}
-	stopTMs, err := start(ctx, lis.Addr().String(), 2)
+	stopTMs, err := start(ctx, jm.addr, 2)
 	if err != nil {
 		return nil, fmt.Errorf("start task managers: %w", err)
 	}
@@ -160,6 +146,42 @@ func RuntimeWordcount2TM(ctx context.Context, cfg Config) ([]Line, error) {
 	l := compared("runtime-wordcount-2tm", "words_per_s", "runtime-wordcount-in-process", cluster, mini)
 	l.Note = fmt.Sprintf("%d lines, %d words, 2 %s of 1 slot; %s", lines, words, where, l.Note)
 	return []Line{l}, nil
+}
+
+// localJobManager is a job manager of JobTypes in this process, serving
+// on a loopback port: the cluster benchmarks' (runtime-wordcount-2tm,
+// recovery).
+type localJobManager struct {
+	srv  *jobmanager.Server
+	addr string
+	stop func() // stops serving and waits
+}
+
+// startJobManager starts a localJobManager; Close stops it.
+func startJobManager(ctx context.Context) (*localJobManager, error) {
+	reg, err := Registry()
+	if err != nil {
+		return nil, err
+	}
+	srv, err := jobmanager.New(jobmanager.Jobs(reg))
+	if err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		srv.Close()
+		return nil, err
+	}
+	sctx, stop := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(sctx, lis) }()
+	return &localJobManager{srv: srv, addr: lis.Addr().String(), stop: func() { stop(); <-served }}, nil
+}
+
+// Close stops serving, then closes the job manager's stores.
+func (j *localJobManager) Close() {
+	j.stop()
+	_ = j.srv.Close()
 }
 
 // waitSlots waits until the task managers offer n slots.

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/weirstream/weir/examples/wordcount"
@@ -26,15 +25,20 @@ import (
 // in the same run: an in-process broker and job manager and two task
 // managers of one slot each (processes of streamctl under `streamctl
 // bench`: Config.TaskManager), the job at parallelism 2 with the default
-// restart strategy, input arriving throughout.
+// restart strategy, input arriving throughout. Each fault hits a job of
+// its own, at its first failure: the default strategy's delay grows with
+// every failure of a job within an hour, and a second failure would be
+// measured against a longer delay than the first.
 //
 // Each is measured from the fault (the kill; the failure as the job
-// manager recorded it) to output resuming: the first committed output
-// record (read_committed) that counts a line produced after the fault.
-// Each line carries a token of its own ("l<N>"), whose count the job
-// emits, so a commit of output from before the fault never counts as
-// resuming. After each run the output is checked record by record
-// (every word counted 1..n).
+// manager learned of it: the task's report) to output resuming: the first
+// committed output record (read_committed) that counts a line produced
+// after the fault. Each line carries a token of its own ("l<N>"), whose
+// count the job emits, so a commit of output from before the fault never
+// counts as resuming. The job manager's timing of the restart
+// (jobmanager.Recovery) splits that time into its steps, reported in the
+// note as medians over the runs. After each run the output is checked
+// record by record (every word counted 1..n).
 
 // TaskManager is a task manager the recovery benchmark started.
 type TaskManager struct {
@@ -83,6 +87,16 @@ const (
 	recoveryTick  = 50 * time.Millisecond
 )
 
+// recovered is one fault's measure: from the fault to output resuming,
+// and the job manager's timing of the restart.
+type recovered struct {
+	took time.Duration
+	// fault is when the fault hit (the kill; the job manager's learning
+	// of the clean failure), resumed when output resumed.
+	fault, resumed time.Time
+	rec            jobmanager.Recovery
+}
+
 // Recovery measures seconds from a task-manager SIGKILL to output
 // resuming, against a clean task failure (3 runs, 1 with Quick).
 func Recovery(ctx context.Context, cfg Config) ([]Line, error) {
@@ -92,46 +106,33 @@ func Recovery(ctx context.Context, cfg Config) ([]Line, error) {
 		return nil, err
 	}
 	defer kb.Close()
-	reg, err := Registry()
+	jm, err := startJobManager(ctx)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := jobmanager.New(jobmanager.Jobs(reg))
-	if err != nil {
-		return nil, err
-	}
-	defer srv.Close()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	sctx, stopJM := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(sctx, lis) }()
-	defer func() {
-		stopJM()
-		<-served
-	}()
+	defer jm.Close()
 	start := cfg.TaskManager
 	where := "task-manager processes (SIGKILL)"
 	if start == nil {
 		start, where = inProcessTaskManager, "in-process task managers (cancelled, not SIGKILLed)"
 	}
-	var kills, cleans []float64
+	var kills, cleans []recovered
 	for i := range runs {
 		cfg.progress("run %d/%d", i+1, runs)
-		k, c, err := recoveryRun(ctx, kb, srv, lis.Addr().String(), start, i)
+		k, c, err := recoveryRun(ctx, kb, jm, start, i)
 		if err != nil {
 			return nil, fmt.Errorf("run %d: %w", i+1, err)
 		}
-		kills, cleans = append(kills, k.Seconds()), append(cleans, c.Seconds())
+		kills, cleans = append(kills, k), append(cleans, c)
 	}
-	l := compared("recovery", "seconds_to_resume", "clean-task-failure", kills, cleans)
-	l.Note = fmt.Sprintf("from a task-manager kill (restarted at once) and from a clean task failure (failpoint %s=error@%d) "+
-		"to the first committed output of input written after the fault; exactly-once wordcount, parallelism 2, "+
-		"checkpoints every 200 ms, default restart strategy (first delay 1 s), %d lines/s; 2 %s of 1 slot; "+
-		"median of %d runs; kill %s s; clean failure %s s",
-		failpoint.TaskProcess, recoveryFailAt, int(recoveryLines*time.Second/recoveryTick), where, runs, secs(kills), secs(cleans))
+	l := compared("recovery", "seconds_to_resume", "clean-task-failure", seconds(kills), seconds(cleans))
+	l.Note = fmt.Sprintf("from a task-manager kill (restarted at once) and from a clean task failure (failpoint %s=error@%d, from the "+
+		"job manager's receipt of the report) to the first committed output of input written after the fault; each fault on a job of its own "+
+		"at its first failure; exactly-once wordcount, parallelism 2, checkpoints every 200 ms, default restart strategy (first delay 1 s, "+
+		"counted from the failure), %d lines/s; 2 %s of 1 slot; median of %d runs; kill %s s; clean failure %s s; "+
+		"kill's steps (medians): %s; clean failure's steps (medians): %s; each kill: %s",
+		failpoint.TaskProcess, recoveryFailAt, int(recoveryLines*time.Second/recoveryTick), where, runs,
+		secs(seconds(kills)), secs(seconds(cleans)), steps(kills, true), steps(cleans, false), eachRun(kills))
 	return []Line{l}, nil
 }
 
@@ -144,105 +145,207 @@ func secs(vs []float64) string {
 	return strings.Join(parts, ", ")
 }
 
-// recoveryRun runs one job on topics of its own: the clean failure comes
-// at the failpoint of task manager b, then a is killed and started again.
-func recoveryRun(ctx context.Context, kb *kafkaBroker, srv *jobmanager.Server, jmAddr string, start StartTaskManager, run int) (kill, clean time.Duration, err error) {
+// seconds are the measures' times in seconds, in run order.
+func seconds(rs []recovered) []float64 {
+	out := make([]float64, len(rs))
+	for i, r := range rs {
+		out[i] = r.took.Seconds()
+	}
+	return out
+}
+
+// steps describes the median of each step over rs: for a kill, first the
+// detection (from the kill to the job manager learning of it, and how),
+// then the job manager's steps (jobmanager.Recovery.Steps), then "commit
+// and read" (from the checkpoint that ended the recovery to the output
+// seen read_committed: the sinks' commit on its notification, the reader's
+// fetch).
+func steps(rs []recovered, kill bool) string {
+	var names []string
+	took := map[string][]float64{}
+	add := func(name string, d time.Duration) {
+		if _, ok := took[name]; !ok {
+			names = append(names, name)
+		}
+		took[name] = append(took[name], d.Seconds())
+	}
+	detected := map[string]int{}
+	for _, r := range rs {
+		if kill {
+			add("detection", r.rec.Failed.Sub(r.fault))
+		}
+		detected[string(r.rec.Detection)]++
+		for _, s := range r.rec.Steps() {
+			add(s.Name, s.Took)
+		}
+		if r.rec.Done() {
+			add("commit and read", r.resumed.Sub(r.rec.Checkpoint))
+		}
+	}
+	parts := make([]string, 0, len(names)+1)
+	how := make([]string, 0, len(detected))
+	for d, n := range detected {
+		how = append(how, fmt.Sprintf("%s %d/%d", d, n, len(rs)))
+	}
+	slices.Sort(how)
+	parts = append(parts, "detected by "+strings.Join(how, ", "))
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s %.2f", n, median(took[n])))
+	}
+	return strings.Join(parts, ", ") + " s"
+}
+
+// eachRun describes each measure of rs in run order, its time split into
+// the fault's detection, the restart (the longer of the cancel and the
+// restart delay), the new attempt's deployment (slots, deploy, restore),
+// the sources' re-open, the first checkpoint, and the commit and read.
+func eachRun(rs []recovered) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		rec, ms := r.rec, func(from, to time.Time) int64 { return to.Sub(from).Milliseconds() }
+		if !rec.Done() {
+			parts[i] = fmt.Sprintf("%.2f s (the restart's timing incomplete: %s)", r.took.Seconds(), rec)
+			continue
+		}
+		parts[i] = fmt.Sprintf("%.2f s = detection %d + restart %d + deployment %d + source re-open %d + first checkpoint %d + commit and read %d ms",
+			r.took.Seconds(), ms(r.fault, rec.Failed), ms(rec.Failed, rec.Restarted), ms(rec.Restarted, rec.Opened),
+			ms(rec.Opened, rec.FirstRecord), ms(rec.FirstRecord, rec.Checkpoint), ms(rec.Checkpoint, r.resumed))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// recoveryRun runs two jobs, each on topics of its own: the clean failure
+// comes at the failpoint of task manager b in the first; then task manager
+// a is killed under the second and started again.
+func recoveryRun(ctx context.Context, kb *kafkaBroker, jm *localJobManager, start StartTaskManager, run int) (kill, clean recovered, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	in, out := fmt.Sprintf("recovery-in-%d", run), fmt.Sprintf("recovery-out-%d", run)
-	if _, err := kadm.NewClient(kb.cl).CreateTopic(ctx, 4, -1, nil, in); err != nil {
-		return 0, 0, err
-	}
-	a, err := start(ctx, jmAddr, fmt.Sprintf("recovery-a-%d", run), "")
+	a, err := start(ctx, jm.addr, fmt.Sprintf("recovery-a-%d", run), "")
 	if err != nil {
-		return 0, 0, fmt.Errorf("start task manager: %w", err)
+		return kill, clean, fmt.Errorf("start task manager: %w", err)
 	}
 	defer func() { a.Stop() }()
-	b, err := start(ctx, jmAddr, fmt.Sprintf("recovery-b-%d", run),
+	b, err := start(ctx, jm.addr, fmt.Sprintf("recovery-b-%d", run),
 		fmt.Sprintf("%s=error@%d", failpoint.TaskProcess, recoveryFailAt))
 	if err != nil {
-		return 0, 0, fmt.Errorf("start task manager: %w", err)
+		return kill, clean, fmt.Errorf("start task manager: %w", err)
 	}
 	defer b.Stop()
-	if err := waitSlots(ctx, srv, 2); err != nil {
-		return 0, 0, err
+
+	// The clean failure: the job manager times the restart from the
+	// failure's report.
+	clean, err = recoveryJob(ctx, kb, jm, fmt.Sprintf("recovery-clean-%d", run), func(id string) (time.Time, error) {
+		for {
+			if rs := jm.srv.Recoveries(id); len(rs) > 0 {
+				return rs[0].Failed, nil
+			}
+			r, _, err := jm.srv.Job(ctx, id)
+			if err != nil {
+				return time.Time{}, err
+			}
+			if r.State == jobmanager.StateFailed || r.State == jobmanager.StateCanceled || r.State == jobmanager.StateFinished {
+				return time.Time{}, fmt.Errorf("job %s ended (%s) before the failpoint fired: %s", id, r.State, r.Error)
+			}
+			if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+				return time.Time{}, fmt.Errorf("the failpoint did not fire: %w", err)
+			}
+		}
+	})
+	if err != nil {
+		return kill, clean, fmt.Errorf("clean failure: %w", err)
+	}
+	// The kill, once output has flowed steadily for a moment.
+	kill, err = recoveryJob(ctx, kb, jm, fmt.Sprintf("recovery-kill-%d", run), func(string) (time.Time, error) {
+		if err := sleepCtx(ctx, 2*time.Second); err != nil {
+			return time.Time{}, err
+		}
+		killed := time.Now()
+		a.Kill()
+		if a, err = start(ctx, jm.addr, fmt.Sprintf("recovery-a-%d", run), ""); err != nil {
+			return time.Time{}, fmt.Errorf("restart task manager: %w", err)
+		}
+		return killed, nil
+	})
+	if err != nil {
+		return kill, clean, fmt.Errorf("kill: %w", err)
+	}
+	return kill, clean, nil
+}
+
+// recoveryJob runs the wordcount on topics named after name, fed
+// throughout; once its output flows, fault injects the fault (or waits
+// for it) and returns when it hit. It returns the measure, once the job
+// manager's timing of the restart is complete, after checking the output
+// record by record, and cancels the job.
+func recoveryJob(ctx context.Context, kb *kafkaBroker, jm *localJobManager, name string, fault func(id string) (time.Time, error)) (recovered, error) {
+	var r recovered
+	in, out := name+"-in", name+"-out"
+	if _, err := kb.adm.CreateTopic(ctx, 4, -1, nil, in); err != nil {
+		return r, err
+	}
+	if err := waitSlots(ctx, jm.srv, 2); err != nil {
+		return r, err
 	}
 	feed, err := startFeed(ctx, kb.addr, in)
 	if err != nil {
-		return 0, 0, err
+		return r, err
 	}
 	defer func() { _, _ = feed.stop() }()
 	mon, err := watchOutput(ctx, kb.addr, out)
 	if err != nil {
-		return 0, 0, err
+		return r, err
 	}
 	defer mon.stop()
-	id, err := srv.Submit(ctx, wordcount.Type.Name, map[string]string{"brokers": kb.addr, "input": in, "output": out,
-		"group": "recovery-" + strconv.Itoa(run), "parallelism": "2"}, 200*time.Millisecond, "")
+	id, err := jm.srv.Submit(ctx, wordcount.Type.Name, map[string]string{"brokers": kb.addr, "input": in, "output": out,
+		"group": name, "parallelism": "2"}, 200*time.Millisecond, "")
 	if err != nil {
-		return 0, 0, err
+		return r, err
 	}
-	defer func() { _, _ = srv.Cancel(context.WithoutCancel(ctx), id) }()
-
-	// The clean failure: the job manager records when the task failed.
-	var failed time.Time
-	for failed.IsZero() {
-		r, _, err := srv.Job(ctx, id)
-		if err != nil {
-			return 0, 0, err
+	defer func() { _, _ = jm.srv.Cancel(context.WithoutCancel(ctx), id) }()
+	if _, err := mon.resumedAfter(ctx, feed.after(time.Now())); err != nil {
+		return r, fmt.Errorf("before the fault: %w", err)
+	}
+	if r.fault, err = fault(id); err != nil {
+		return r, err
+	}
+	if r.resumed, err = mon.resumedAfter(ctx, feed.after(r.fault)); err != nil {
+		return r, fmt.Errorf("after the fault: %w", err)
+	}
+	r.took = r.resumed.Sub(r.fault)
+	// The restart's last steps reach the job manager with the task
+	// managers' heartbeats (every 500 ms).
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		rs := jm.srv.Recoveries(id)
+		if len(rs) > 0 {
+			r.rec = rs[len(rs)-1]
 		}
-		if e := r.LastException(); r.Restarts > 0 && e != nil {
-			failed = time.UnixMilli(e.UnixMs)
+		if r.rec.Done() || time.Now().After(deadline) {
 			break
 		}
-		if r.State == jobmanager.StateFailed || r.State == jobmanager.StateCanceled || r.State == jobmanager.StateFinished {
-			return 0, 0, fmt.Errorf("job %s ended (%s) before the failpoint fired: %s", id, r.State, r.Error)
-		}
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-			return 0, 0, fmt.Errorf("the failpoint did not fire: %w", err)
+		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			return r, err
 		}
 	}
-	resumed, err := mon.resumedAfter(ctx, feed.after(failed))
-	if err != nil {
-		return 0, 0, fmt.Errorf("after the clean failure: %w", err)
-	}
-	clean = resumed.Sub(failed)
-
-	// Steady again for a moment, then the kill.
-	if err := sleepCtx(ctx, 2*time.Second); err != nil {
-		return 0, 0, err
-	}
-	killed := time.Now()
-	a.Kill()
-	if a, err = start(ctx, jmAddr, fmt.Sprintf("recovery-a-%d", run), ""); err != nil {
-		return 0, 0, fmt.Errorf("restart task manager: %w", err)
-	}
-	resumed, err = mon.resumedAfter(ctx, feed.after(killed))
-	if err != nil {
-		return 0, 0, fmt.Errorf("after the kill: %w", err)
-	}
-	kill = resumed.Sub(killed)
-
 	// Every word of every line fed counted 1..n, once.
 	lines, err := feed.stop()
 	if err != nil {
-		return 0, 0, err
+		return r, err
 	}
 	want := wordcount.Expected(lines)
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		rep, err := wordcount.Verify(ctx, []string{kb.addr}, out, want)
 		if err == nil && rep.OK() {
-			return kill, clean, nil
+			return r, nil
 		}
 		if time.Now().After(deadline) {
 			if err != nil {
-				return 0, 0, fmt.Errorf("verify %s: %w", out, err)
+				return r, fmt.Errorf("verify %s: %w", out, err)
 			}
-			return 0, 0, fmt.Errorf("output %s after the faults: %s", out, rep)
+			return r, fmt.Errorf("output %s after the fault: %s", out, rep)
 		}
 		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
-			return 0, 0, err
+			return r, err
 		}
 	}
 }

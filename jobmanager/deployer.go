@@ -77,6 +77,12 @@ type share struct {
 	statsMu sync.Mutex
 	stats   map[checkpoint.TaskID]runtime.TaskStats // per task, as of the last heartbeat
 	statsAt time.Time                               // when the last heartbeat's stats came
+	// startedAt is when the job manager started the tasks (StartTasks;
+	// zero before), firstSource how long after the task manager started
+	// them a source task of the share first emitted a record (0: none
+	// reported yet).
+	startedAt   time.Time
+	firstSource time.Duration
 	// busy is each task's back-pressured share of the time between the
 	// last two heartbeats (Flink's backPressuredTimeMsPerSecond / 1000).
 	busy map[checkpoint.TaskID]float64
@@ -109,6 +115,11 @@ func (sh *share) setStats(tasks []*weirpb.TaskCounts) {
 	now := time.Now()
 	sh.statsMu.Lock()
 	defer sh.statsMu.Unlock()
+	for _, t := range tasks {
+		if f := time.Duration(t.FirstRecordUs) * time.Microsecond; t.Source && f > 0 && (sh.firstSource == 0 || f < sh.firstSource) {
+			sh.firstSource = f
+		}
+	}
 	if dt := now.Sub(sh.statsAt); !sh.statsAt.IsZero() && dt > 0 {
 		busy := make(map[checkpoint.TaskID]float64, len(m))
 		for id, st := range m {
@@ -122,11 +133,15 @@ func (sh *share) setStats(tasks []*weirpb.TaskCounts) {
 }
 
 // taskFailure is a failure reported from a task manager: err (whose
-// text it keeps) with where it happened, for the job's exception history.
+// text it keeps) with where it happened, for the job's exception history,
+// and when and how the job manager learned of it, for the recovery's
+// timing (Recovery).
 type taskFailure struct {
 	task        checkpoint.TaskID // empty: the task manager's session ended
 	taskManager string
 	err         error
+	at          time.Time
+	detection   Detection
 }
 
 func (f *taskFailure) Error() string { return f.err.Error() }
@@ -359,7 +374,7 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 			if p.Unrecoverable {
 				err = runtime.Unrecoverable(err)
 			}
-			err = &taskFailure{taskManager: sh.ss.tm.ID, err: err}
+			err = &taskFailure{taskManager: sh.ss.tm.ID, err: err, at: time.Now(), detection: DetectedDeployFailure}
 		}
 		sh.setPrepared(runtime.Prepared{Discarding: p.Discarding, RestoreCommitters: int(p.RestoreCommitters)}, p.DataAddress, err)
 		if err != nil {
@@ -399,14 +414,16 @@ func (sh *share) handle(m *weirpb.TaskManagerMessage) {
 		if f.Unrecoverable {
 			err = runtime.Unrecoverable(err)
 		}
-		sh.rep.Failed(checkpoint.TaskID(f.TaskId), &taskFailure{task: checkpoint.TaskID(f.TaskId), taskManager: sh.ss.tm.ID, err: err})
+		sh.rep.Failed(checkpoint.TaskID(f.TaskId), &taskFailure{task: checkpoint.TaskID(f.TaskId), taskManager: sh.ss.tm.ID, err: err,
+			at: time.Now(), detection: DetectedTaskFailure})
 	case *weirpb.TaskManagerMessage_RequestCheckpoint:
 		sh.rep.RequestCheckpoint(v.RequestCheckpoint.Reason)
 	}
 }
 
-// end ends the session: every share on it fails its attempt.
-func (ss *session) end(err error) {
+// end ends the session, as how detected it: every share on it fails its
+// attempt.
+func (ss *session) end(err error, how Detection) {
 	ss.mu.Lock()
 	select {
 	case <-ss.done:
@@ -416,6 +433,7 @@ func (ss *session) end(err error) {
 	}
 	ss.err = err
 	close(ss.done)
+	at := time.Now()
 	shares := make([]*share, 0, len(ss.shares))
 	for _, sh := range ss.shares {
 		shares = append(shares, sh)
@@ -427,8 +445,9 @@ func (ss *session) end(err error) {
 			continue
 		default:
 		}
-		sh.rep.Failed(sh.anyTask, &taskFailure{taskManager: ss.tm.ID, err: err})
-		sh.setPrepared(runtime.Prepared{}, "", err)
+		tf := &taskFailure{taskManager: ss.tm.ID, err: err, at: at, detection: how}
+		sh.rep.Failed(sh.anyTask, tf)
+		sh.setPrepared(runtime.Prepared{}, "", tf)
 		sh.end(false)
 	}
 }
@@ -441,6 +460,8 @@ type deployer struct {
 	slots   [][]checkpoint.TaskID // tasks per slot
 	log     *zap.Logger
 	onStart func(*remoteDeployment) // each deployed attempt
+	// onSlots is called when an attempt got its slots.
+	onSlots func(attempt int, at time.Time)
 }
 
 func newDeployer(s *Server, rec JobRecord, job *runtime.Job, log *zap.Logger) (*deployer, error) {
@@ -460,6 +481,9 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 	sessions, err := d.s.allocate(ctx, d.rec.ID, len(d.slots))
 	if err != nil {
 		return nil, err
+	}
+	if d.onSlots != nil {
+		d.onSlots(spec.Attempt, time.Now())
 	}
 	// Group the slots by task manager: one share each.
 	var order []*session
@@ -524,7 +548,7 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 		}()
 	}
 	sending.Wait()
-	rd := &remoteDeployment{shares: shares, release: release}
+	rd := &remoteDeployment{shares: shares, release: release, attempt: spec.Attempt}
 	rd.Deployed = runtime.Combine(asDeployed(shares)...)
 	var errs []error
 	for _, sh := range shares {
@@ -534,7 +558,10 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 				errs = append(errs, sh.prepErr)
 			}
 		case <-ctx.Done():
-			errs = append(errs, ctx.Err())
+			// The cause: the failure that ended the attempt (a task
+			// manager lost while it prepared), not a bare "context
+			// canceled".
+			errs = append(errs, context.Cause(ctx))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -552,6 +579,7 @@ func (d *deployer) Deploy(ctx context.Context, spec runtime.DeploySpec, rep runt
 		sh.peers = peers
 	}
 	rd.stop = context.AfterFunc(ctx, func() { rd.Cancel(errors.Is(context.Cause(ctx), runtime.ErrJobCanceled)) })
+	rd.deployedAt = time.Now()
 	sort.Strings(placed)
 	d.log.Info("attempt deployed", zap.Int("attempt", spec.Attempt), zap.Int("slots", len(d.slots)), zap.Strings("tasks_per_task_manager", placed))
 	if d.onStart != nil {
@@ -583,7 +611,7 @@ func (sh *share) deploy(dt *weirpb.DeployTasks, restore []byte) {
 		sh.setPrepared(runtime.Prepared{}, "", err)
 		sh.end(false)
 	default:
-		ss.end(fmt.Errorf("%w: %s: deploy: %w", ErrTaskManagerLost, ss.tm.ID, err))
+		ss.end(fmt.Errorf("%w: %s: deploy: %w", ErrTaskManagerLost, ss.tm.ID, err), DetectedConnectionLoss)
 	}
 }
 
@@ -601,6 +629,53 @@ type remoteDeployment struct {
 	shares  []*share
 	release func()
 	stop    func() bool
+	attempt int
+
+	// deployedAt is when every task manager had prepared its share,
+	// openedAt when every task had opened (zero: not yet).
+	timesMu              sync.Mutex
+	deployedAt, openedAt time.Time
+}
+
+// Open opens every share (runtime.Deployed) and notes when they all had.
+func (rd *remoteDeployment) Open(ctx context.Context, t checkpoint.Timing) error {
+	err := rd.Deployed.Open(ctx, t)
+	if err == nil {
+		rd.timesMu.Lock()
+		rd.openedAt = time.Now()
+		rd.timesMu.Unlock()
+	}
+	return err
+}
+
+// Start starts every share (runtime.Deployed), noting when in each.
+func (rd *remoteDeployment) Start(ctx context.Context) error {
+	now := time.Now()
+	for _, sh := range rd.shares {
+		sh.statsMu.Lock()
+		sh.startedAt = now
+		sh.statsMu.Unlock()
+	}
+	return rd.Deployed.Start(ctx)
+}
+
+// times returns when the attempt was deployed and opened, and when its
+// first source record came (as the task managers' heartbeats reported
+// it); zero for what did not happen (yet).
+func (rd *remoteDeployment) times() (deployed, opened, firstRecord time.Time) {
+	rd.timesMu.Lock()
+	deployed, opened = rd.deployedAt, rd.openedAt
+	rd.timesMu.Unlock()
+	for _, sh := range rd.shares {
+		sh.statsMu.Lock()
+		if sh.firstSource > 0 && !sh.startedAt.IsZero() {
+			if at := sh.startedAt.Add(sh.firstSource); firstRecord.IsZero() || at.Before(firstRecord) {
+				firstRecord = at
+			}
+		}
+		sh.statsMu.Unlock()
+	}
+	return deployed, opened, firstRecord
 }
 
 // NoteCompleted passes a completed checkpoint on to every share (see

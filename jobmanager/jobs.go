@@ -108,6 +108,8 @@ type runningJob struct {
 	// nextAttempt is when the restart strategy's delay ends and the next
 	// attempt starts (zero once it started, or before the first failure).
 	nextAttempt time.Time
+	// recoveries are the latest restarts, timed (Recovery).
+	recoveries []*recovery
 }
 
 // endedAttempt is the last attempt of a job that stopped here.
@@ -288,8 +290,18 @@ func (s *Server) start(r JobRecord, job *runtime.Job, failover bool) error {
 	d.onStart = func(dep *remoteDeployment) {
 		rj.mu.Lock()
 		rj.current = dep
+		if r := rj.timingLocked(); r != nil && r.Attempt == dep.attempt {
+			r.dep = dep
+		}
 		rj.mu.Unlock()
 		s.setState(rj, StateRunning, nil)
+	}
+	d.onSlots = func(attempt int, at time.Time) {
+		rj.recoveryStep(func(r *recovery) {
+			if r.Attempt == attempt {
+				r.Slots = at
+			}
+		})
 	}
 	interval := time.Duration(r.CheckpointIntervalMs) * time.Millisecond
 	var extra []runtime.ClusterOpt
@@ -311,12 +323,16 @@ func (s *Server) start(r JobRecord, job *runtime.Job, failover bool) error {
 			rj.mu.Lock()
 			rj.last = e.ID
 			rj.mu.Unlock()
+			rj.checkpointCompleted(e.ID, log)
 		}),
 		runtime.OnRestore(func(attempt int, from checkpoint.ID) {
 			stats.restoredFrom(from)
 			rj.mu.Lock()
 			rj.restored = from
 			rj.nextAttempt = time.Time{}
+			if r := rj.timingLocked(); r != nil && r.Restarted.IsZero() {
+				r.Attempt, r.Restarted = attempt, time.Now()
+			}
 			rj.mu.Unlock()
 			if failover && attempt == 0 {
 				s.recordFailover(rj, from)
@@ -325,9 +341,13 @@ func (s *Server) start(r JobRecord, job *runtime.Job, failover bool) error {
 		runtime.OnNextAttempt(func(at time.Time) {
 			rj.mu.Lock()
 			rj.nextAttempt = at
+			if r := rj.timingLocked(); r != nil && r.NextAttempt.IsZero() {
+				r.NextAttempt = at
+			}
 			rj.mu.Unlock()
 		}),
 		runtime.OnRestart(func(_ int, err error) {
+			rj.failed(err)
 			stats.restart(err)
 			// One update: a status read between a counted restart and
 			// the state RESTARTING would show the failed attempt RUNNING

@@ -406,9 +406,27 @@ func (s *Server) connectionEnded(err error) error {
 		return fmt.Errorf("the job manager is stopping: %w", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, io.EOF),
 		status.Code(err) == codes.Canceled, status.Code(err) == codes.Unavailable:
-		return fmt.Errorf("the task manager's connection ended without a goodbye (process exited or network lost): %w", err)
+		return fmt.Errorf("%w (process exited or network lost): %w", errConnectionLost, err)
 	}
 	return fmt.Errorf("connection closed: %w", err)
+}
+
+// errConnectionLost is wrapped by connectionEnded's error for a stream
+// that ended without a goodbye.
+var errConnectionLost = errors.New("the task manager's connection ended without a goodbye")
+
+// detection says how the end of a session with err (Connect's) was
+// detected: a silent task manager by the heartbeat timeout, one that
+// stopped by its goodbye, any other end of the stream (closed, reset,
+// failed) as the connection's loss.
+func detection(err error) Detection {
+	switch {
+	case errors.Is(err, errSilent):
+		return DetectedHeartbeatTimeout
+	case errors.Is(err, errStopped):
+		return DetectedGoodbye
+	}
+	return DetectedConnectionLoss
 }
 
 // errSilent ends a session whose task manager stopped heartbeating.
@@ -462,7 +480,7 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	if old != nil {
 		// The task manager reconnected before its old session timed out:
 		// that session's tasks are gone with it.
-		old.end(fmt.Errorf("%w: %s registered again", ErrTaskManagerLost, tm.ID))
+		old.end(fmt.Errorf("%w: %s registered again", ErrTaskManagerLost, tm.ID), DetectedRegisteredAgain)
 	}
 	s.cfg.log.Info("task manager registered", zap.String("task_manager", tm.ID), zap.Int("slots", tm.Slots),
 		zap.String("data_host", tm.DataHost), zap.Uint64("session", tm.Session))
@@ -536,7 +554,7 @@ func (s *Server) Connect(st grpc.BidiStreamingServer[weirpb.TaskManagerMessage, 
 	if bye != nil && !errors.Is(err, errSilent) {
 		err = fmt.Errorf("%w (%s)", errStopped, *bye)
 	}
-	ss.end(fmt.Errorf("%w: %s: %w", ErrTaskManagerLost, tm.ID, err))
+	ss.end(fmt.Errorf("%w: %s: %w", ErrTaskManagerLost, tm.ID, err), detection(err))
 	if bye != nil || s.stopping.Load() {
 		// A clean stop on either side is no loss to warn about; its
 		// tasks fail over all the same.

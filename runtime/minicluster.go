@@ -312,7 +312,9 @@ func Restarts(n int, delay time.Duration) ClusterOpt {
 // RestartStrategy sets how the job restarts after failures: Flink's
 // fixed-delay (FixedDelayRestart; the default, 10 attempts 100ms apart),
 // exponential-delay (ExponentialDelayRestart), failure-rate
-// (FailureRateRestart) or none (NoRestart).
+// (FailureRateRestart) or none (NoRestart). A delay counts from the
+// failure, as in Flink: the failed attempt's tasks are cancelled during
+// it, and the next attempt starts once both are over.
 func RestartStrategy(p RestartPolicy) ClusterOpt {
 	return clusterOpt(func(c *clusterCfg) { c.restart = p })
 }
@@ -804,7 +806,16 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 		if isConfigError(runErr) {
 			return res, fmt.Errorf("%w (not restarted): %w", ErrJobFailed, runErr)
 		}
-		failures = append(failures, time.Now())
+		// The restart delay counts from the failure, as Flink's scheduler
+		// counts it, not from the end of the failed attempt: cancelling
+		// its other tasks (a share-group source waits for its fetch in
+		// flight) runs during the delay, and the next attempt starts once
+		// both are over.
+		failedAt := time.Now()
+		if a != nil && !a.failedAt.IsZero() {
+			failedAt = a.failedAt
+		}
+		failures = append(failures, failedAt)
 		d := cfg.restart.Decide(failures, rand.Float64())
 		if !d.Restart {
 			return res, fmt.Errorf("%w after %d restarts (%s): %w", ErrJobFailed, attempt, d.Reason, runErr)
@@ -818,7 +829,7 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 		if cfg.restart.name == StrategyFixedDelay {
 			fields = append(fields, zap.Int("max_restarts", cfg.restart.attempts))
 		}
-		next := time.Now().Add(d.Delay)
+		next := failedAt.Add(d.Delay)
 		if cfg.onNextAttempt != nil {
 			cfg.onNextAttempt(next)
 		}
@@ -1011,6 +1022,11 @@ type attempt struct {
 	fail        func(error)
 	gc          *stateGC                // nil: no checkpoint storage
 	uploaded    map[checkpoint.ID]int64 // state bytes written per checkpoint (sizeMu)
+
+	// failedAt is when the attempt's first failure was reported (zero: it
+	// did not fail, or failed before its tasks were deployed); set before
+	// run returns.
+	failedAt time.Time
 }
 
 func newAttempt(cfg clusterCfg, p *plan, store CheckpointStorage, n int, pending *pendingHandles) *attempt {
@@ -1036,7 +1052,7 @@ func (a *attempt) run(parent context.Context, restore *StateAssignment) (checkpo
 	var once sync.Once
 	var firstErr error
 	a.fail = func(err error) {
-		once.Do(func() { firstErr = err })
+		once.Do(func() { firstErr, a.failedAt = err, time.Now() })
 		cancel(err)
 	}
 	if a.cfg.suspend != nil {

@@ -123,3 +123,71 @@ func failingJob(t *testing.T) *Job {
 	}
 	return seqJobTo(src, &violations{}, func() Sink[seqRec] { return &txnSink{txns: txns} }, 1, 1)
 }
+
+// failOnceSource fails its first attempt's first Poll.
+type failOnceSource struct {
+	Source[seqRec]
+	attempt int
+}
+
+func (s *failOnceSource) Open(ctx context.Context, oc *OperatorContext) error {
+	s.attempt = oc.Attempt
+	return s.Source.Open(ctx, oc)
+}
+
+func (s *failOnceSource) Poll(ctx context.Context, out Collector[seqRec]) error {
+	if s.attempt == 0 {
+		return errors.New("injected failure")
+	}
+	return s.Source.Poll(ctx, out)
+}
+
+// slowCloseSink takes closeFor to close in the first attempt: a task that
+// is slow to cancel, as a share-group source waiting for its fetch.
+type slowCloseSink struct {
+	txnSink
+	closeFor time.Duration
+	attempt  int
+}
+
+func (s *slowCloseSink) Open(ctx context.Context, oc *OperatorContext) error {
+	s.attempt = oc.Attempt
+	return s.txnSink.Open(ctx, oc)
+}
+
+func (s *slowCloseSink) Close() error {
+	if s.attempt == 0 {
+		time.Sleep(s.closeFor)
+	}
+	return s.txnSink.Close()
+}
+
+// The restart strategy's delay counts from the failure, as Flink's
+// scheduler counts it: the failed attempt's other tasks are cancelled
+// during the delay, not before it starts. Here they take closeFor to stop,
+// and the next attempt is planned for the failure plus the delay, before
+// the attempt's end (when OnRestart is called) plus the delay.
+func TestTheRestartDelayCountsFromTheFailureNotFromTheEndOfTheCancel(t *testing.T) {
+	const delay, closeFor = 500 * time.Millisecond, 300 * time.Millisecond
+	txns := newMemTxns()
+	src := func() Source[seqRec] {
+		return &failOnceSource{Source: seqSourceOf(seqSource{keys: 4, splits: 1, n: 5, perPoll: 1})()}
+	}
+	job := seqJobTo(src, &violations{}, func() Sink[seqRec] {
+		return &slowCloseSink{txnSink: txnSink{txns: txns}, closeFor: closeFor}
+	}, 1, 1)
+	var ended, next time.Time
+	_, err := NewMiniCluster(RestartStrategy(FixedDelayRestart(1, delay)), CheckpointInterval(10*time.Millisecond),
+		OnRestart(func(int, error) { ended = time.Now() }),
+		OnNextAttempt(func(at time.Time) { next = at })).Run(t.Context(), job)
+	if err != nil {
+		t.Fatalf("Run = %v, want the job to finish after one restart", err)
+	}
+	if ended.IsZero() || next.IsZero() {
+		t.Fatalf("no restart: attempt ended %v, next attempt at %v", ended, next)
+	}
+	if !next.Before(ended.Add(delay)) {
+		t.Errorf("next attempt at %v, %v after the failed attempt ended: want the delay (%v) counted from the failure, "+
+			"which came at least %v (the sink's close) before the attempt ended", next.Format(time.StampMicro), next.Sub(ended), delay, closeFor)
+	}
+}

@@ -110,22 +110,28 @@ func (l *Liveness) Silence() time.Duration {
 }
 
 // Watch blocks until ctx is done (ctx's error) or the peer has been silent
-// for longer than timeout (an error wrapping ErrPeerDead). It checks four
-// times per timeout.
+// for longer than timeout (an error wrapping ErrPeerDead). It wakes when
+// the silence would pass the timeout if nothing came meanwhile, so a
+// silent peer is declared dead as soon as its silence passes the timeout
+// (checking four times per timeout declared it up to a quarter timeout
+// late: 750 ms of a 3 s timeout, added to every recovery from a paused
+// task manager).
 func (l *Liveness) Watch(ctx context.Context, timeout time.Duration) error {
 	if timeout <= 0 {
 		return fmt.Errorf("heartbeat timeout %v must be positive", timeout)
 	}
-	t := time.NewTicker(timeout / 4)
+	t := time.NewTimer(timeout + time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
-			if s := l.Silence(); s > timeout {
+			s := l.Silence()
+			if s > timeout {
 				return fmt.Errorf("%w: silent for %v (timeout %v)", ErrPeerDead, s.Round(time.Millisecond), timeout)
 			}
+			t.Reset(timeout - s + time.Millisecond)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -152,4 +153,27 @@ func TestDialUnreachable(t *testing.T) {
 	if _, err := weirpb.NewJobManagerClient(cc).ListJobs(ctx, &weirpb.ListJobsRequest{}); status.Code(err) != codes.Unavailable && status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("ListJobs to a closed port: %v, want Unavailable", err)
 	}
+}
+
+// A silent peer is declared dead as soon as its silence passes the
+// timeout, not at the next of four checks per timeout: heard from 100 ms
+// into the watch, it is dead 3 s later, not up to 750 ms after that (in
+// synctest's virtual time, so the machine's load cannot move it).
+func TestASilentPeerIsDeclaredDeadWhenItsSilencePassesTheTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 3 * time.Second
+		live := rpc.NewLiveness()
+		start := time.Now()
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			live.Seen()
+		}()
+		err := live.Watch(t.Context(), timeout)
+		if !errors.Is(err, rpc.ErrPeerDead) {
+			t.Fatalf("Watch on a silent peer: %v, want ErrPeerDead", err)
+		}
+		if took, want := time.Since(start), 100*time.Millisecond+timeout+time.Millisecond; took != want {
+			t.Errorf("declared dead %v after the watch began (%v): want %v, as soon as its silence passed the timeout %v", took, err, want, timeout)
+		}
+	})
 }

@@ -1023,6 +1023,12 @@ type TaskCounts struct {
 	// task's source reported (Flink's records-lag-max), -1 when it reported
 	// none.
 	RecordsLagMax int64 `protobuf:"varint,10,opt,name=records_lag_max,json=recordsLagMax,proto3" json:"records_lag_max,omitempty"`
+	// first_record_us is how long after the task manager started the
+	// attempt's tasks (StartTasks) this task had its first record in (a
+	// source task: its source emitted one), in microseconds, as the task
+	// manager sampled it (every 10 ms); 0 while it had none. The job manager
+	// times a recovery's source re-open with it.
+	FirstRecordUs int64 `protobuf:"varint,11,opt,name=first_record_us,json=firstRecordUs,proto3" json:"first_record_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1123,6 +1129,13 @@ func (x *TaskCounts) GetOutputWatermark() int64 {
 func (x *TaskCounts) GetRecordsLagMax() int64 {
 	if x != nil {
 		return x.RecordsLagMax
+	}
+	return 0
+}
+
+func (x *TaskCounts) GetFirstRecordUs() int64 {
+	if x != nil {
+		return x.FirstRecordUs
 	}
 	return 0
 }
@@ -3364,7 +3377,7 @@ const file_control_proto_rawDesc = "" +
 	"\x10DeploymentCounts\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12-\n" +
-	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasksJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"\xe2\x02\n" +
+	"\x05tasks\x18\x05 \x03(\v2\x17.weir.rpc.v1.TaskCountsR\x05tasksJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"\x8a\x03\n" +
 	"\n" +
 	"TaskCounts\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1d\n" +
@@ -3379,7 +3392,8 @@ const file_control_proto_rawDesc = "" +
 	"\x0finput_watermark\x18\b \x01(\x03R\x0einputWatermark\x12)\n" +
 	"\x10output_watermark\x18\t \x01(\x03R\x0foutputWatermark\x12&\n" +
 	"\x0frecords_lag_max\x18\n" +
-	" \x01(\x03R\rrecordsLagMax\"\xda\x04\n" +
+	" \x01(\x03R\rrecordsLagMax\x12&\n" +
+	"\x0ffirst_record_us\x18\v \x01(\x03R\rfirstRecordUs\"\xda\x04\n" +
 	"\vDeployTasks\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\bjob_type\x18\x02 \x01(\tR\ajobType\x12<\n" +
