@@ -4,6 +4,9 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/weirstream/weir/examples/input"
+	"github.com/weirstream/weir/sources/sharegroup"
 )
 
 // BenchmarkWeirWordcount runs the runtime-wordcount job on 200k lines, for
@@ -43,5 +46,31 @@ func BenchmarkWeirWindowWordcount(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.ReportMetric(float64(words)/el.Seconds(), "words/s")
+	}
+}
+
+// BenchmarkWeirEOSWordcount runs eos-wordcount's Weir side (the
+// exactly-once wordcount from a share group, 200k lines) against the
+// limit-wordcount ceiling, alternately, for profiling: go test -run xxx
+// -bench WeirEOSWordcount -benchtime 3x -cpuprofile eos.prof ./bench
+// (the broker runs in the process: its share of the profile is in both).
+func BenchmarkWeirEOSWordcount(b *testing.B) {
+	eb, err := startEOSBench(b.Context(), Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer eb.kb.Close()
+	i := 0
+	for b.Loop() {
+		el, err := weirEOSWordcount(b.Context(), eb.kb, i, eb.want, eb.words, input.ShareGroup, sharegroup.CommitWhenIdle(eosIdleCommit))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ce, err := wordcountCeiling(b.Context(), eb.kb, i, eb.words)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(ce)/float64(el), "of-ceiling")
+		i++
 	}
 }
