@@ -137,3 +137,40 @@ func TestTimerQueueProbesItsSetTwicePerTimerWhenNothingIsDeleted(t *testing.T) {
 		t.Fatalf("%d timers registered and fired took %d operations on the set, want %d", keys*windows, q.probes, want)
 	}
 }
+
+// Firing a timer allocates nothing on the heap backend: the firing timer
+// handed to OnTimer is reused from timer to timer (it was a new object per
+// timer, one allocation per key and window in a window job).
+func TestFiringHeapTimersAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	kb := newKeyedBackend[string](StringCodec(), 128)
+	tm, err := NewTimers[struct{}](&StateRegistry[string]{b: kb}, "", Codec[struct{}](voidCodec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fired := 0
+	kb.timers.onTimer = func(*firingTimer) error { fired++; return nil }
+	keys := make([]string, 1000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%d", i)
+	}
+	var wm int64
+	allocs := testing.AllocsPerRun(5, func() {
+		wm += 10
+		for i, k := range keys {
+			kb.scope.setKey(k, i%128)
+			tm.RegisterEventTimeTimer(struct{}{}, wm)
+		}
+		if err := kb.timers.advanceWatermark(wm); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if fired != 6*len(keys) {
+		t.Fatalf("%d timers fired, want %d", fired, 6*len(keys))
+	}
+	if allocs > 2 {
+		t.Fatalf("registering and firing %d timers allocated %.0f times", len(keys), allocs)
+	}
+}
