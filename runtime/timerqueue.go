@@ -25,105 +25,148 @@ type ownerEncoder[T comparable] func(dst []byte, owner T) []byte
 // and each timer's key group for snapshots by key group. It holds no clock
 // and calls nothing.
 //
-// Its memory is a set of typed ids (owner and timestamp, with the key
-// group) and a min-heap of the same ids ordered by timestamp alone, with
+// Its memory is a set of typed ids (owner and timestamp) and a min-heap of
+// the same ids with their key groups, ordered by timestamp alone, with
 // lazy deletion: no owner is encoded to register, delete or order timers.
 // Ties are ordered when their timestamp comes due: the heap's timers of
 // that timestamp are taken out as a batch and sorted by their owners'
 // encodings, and fire from the batch in that order (a timer registered at
 // the batch's timestamp while it fires joins it in order; one registered
 // earlier fires first).
+//
+// The set is hashed once per timer registered (an insert that tells
+// whether the id was there) and once per timer fired (its delete): dead
+// counts exactly the heap's and the batch's entries that are not live
+// timers (deleted ones, and the older copy of a timer deleted and
+// registered again), so while it is 0, as it is for timers that are never
+// deleted (the window operator's aligned windows), no entry is looked up
+// to know whether it is live.
 type timerQueue[T comparable] struct {
-	set  map[timerID[T]]int32 // live timers -> key group
-	heap []timerID[T]         // live and deleted (dead) timers, by timestamp
-	dead int                  // deleted entries still in heap
+	set  map[timerID[T]]struct{} // live timers
+	heap []kgTimer[T]            // live and dead entries, by timestamp
+	dead int                     // entries of heap and batch[cur:] that are not live timers
 	enc  ownerEncoder[T]
 
 	// batch[cur:] are the timers of timestamp batchTS due to fire, in
 	// order (dead ones are skipped).
-	batch   []timerID[T]
+	batch   []kgTimer[T]
 	cur     int
 	batchTS int64
 	scratch []byte // encodings while ordering a batch
+
+	probes int // operations on set (what the tests count)
 }
 
 func newTimerQueue[T comparable](enc ownerEncoder[T]) *timerQueue[T] {
-	return &timerQueue[T]{set: map[timerID[T]]int32{}, enc: enc}
+	return &timerQueue[T]{set: map[timerID[T]]struct{}{}, enc: enc}
 }
 
 // register adds the timer (ts, owner) in key group kg; false if it exists.
 func (q *timerQueue[T]) register(kg int, owner T, ts int64) bool {
 	id := timerID[T]{ts: ts, owner: owner}
-	if _, ok := q.set[id]; ok {
+	n := len(q.set)
+	q.probes++
+	q.set[id] = struct{}{} // one probe: inserted, or there already
+	if len(q.set) == n {
 		return false
 	}
-	q.set[id] = int32(kg)
+	e := kgTimer[T]{id: id, kg: int32(kg)}
 	if q.cur < len(q.batch) && ts == q.batchTS {
-		q.insertInBatch(id)
+		q.insertInBatch(e)
 		return true
 	}
-	q.push(id)
+	q.push(e)
 	return true
 }
 
-// insertInBatch puts id into the batch being fired, at its place by owner.
-func (q *timerQueue[T]) insertInBatch(id timerID[T]) {
-	q.scratch = q.enc(q.scratch[:0], id.owner)
+// isLive reports whether an entry of the heap or the batch is a live timer.
+func (q *timerQueue[T]) isLive(id timerID[T]) bool {
+	if q.dead == 0 {
+		return true
+	}
+	q.probes++
+	_, ok := q.set[id]
+	return ok
+}
+
+// insertInBatch puts e into the batch being fired, at its place by owner.
+func (q *timerQueue[T]) insertInBatch(e kgTimer[T]) {
+	q.scratch = q.enc(q.scratch[:0], e.id.owner)
 	n := len(q.scratch)
 	rest := q.batch[q.cur:]
-	i, _ := slices.BinarySearchFunc(rest, id, func(e, _ timerID[T]) int {
-		q.scratch = q.enc(q.scratch[:n], e.owner)
+	i, _ := slices.BinarySearchFunc(rest, e, func(x, _ kgTimer[T]) int {
+		q.scratch = q.enc(q.scratch[:n], x.id.owner)
 		return bytes.Compare(q.scratch[n:], q.scratch[:n])
 	})
-	q.batch = slices.Insert(q.batch, q.cur+i, id)
+	q.batch = slices.Insert(q.batch, q.cur+i, e)
 }
 
 // remove deletes the timer (ts, owner); false if there is none.
 func (q *timerQueue[T]) remove(owner T, ts int64) bool {
 	id := timerID[T]{ts: ts, owner: owner}
+	q.probes += 2
 	if _, ok := q.set[id]; !ok {
 		return false
 	}
 	delete(q.set, id)
-	q.dead++
+	q.dead++ // its entry stays, dead
 	if q.dead > 64 && q.dead > len(q.set) {
 		q.compact()
 	}
 	return true
 }
 
-// compact drops the heap's dead entries.
+// compact drops the dead entries of the heap and of the batch's rest,
+// keeping one entry per live timer (and the batch's order).
 func (q *timerQueue[T]) compact() {
-	h := q.heap[:0]
-	for _, id := range q.heap {
-		if _, ok := q.set[id]; ok {
-			h = append(h, id)
-		}
+	if q.dead == 0 {
+		return
 	}
-	clear(q.heap[len(h):])
-	q.heap, q.dead = h, 0
+	// A live timer may have two entries (deleted, registered again): the
+	// first kept takes it out of the set, so the second is dropped; every
+	// kept one goes back after.
+	keep := func(es []kgTimer[T]) []kgTimer[T] {
+		out := es[:0]
+		for _, e := range es {
+			if _, ok := q.set[e.id]; ok {
+				delete(q.set, e.id)
+				out = append(out, e)
+			}
+		}
+		clear(es[len(out):])
+		return out
+	}
+	rest := keep(q.batch[q.cur:])
+	q.batch = q.batch[:q.cur+len(rest)]
+	q.heap = keep(q.heap)
+	for _, e := range rest {
+		q.set[e.id] = struct{}{}
+	}
+	for _, e := range q.heap {
+		q.set[e.id] = struct{}{}
+	}
+	q.dead = 0
 	for i := len(q.heap)/2 - 1; i >= 0; i-- {
 		q.down(i)
 	}
 }
 
-func (q *timerQueue[T]) push(id timerID[T]) {
-	q.heap = append(q.heap, id)
+func (q *timerQueue[T]) push(e kgTimer[T]) {
+	q.heap = append(q.heap, e)
 	q.up(len(q.heap) - 1)
 }
 
-func (q *timerQueue[T]) pop() timerID[T] {
+func (q *timerQueue[T]) pop() kgTimer[T] {
 	h := q.heap
-	id := h[0]
+	e := h[0]
 	n := len(h) - 1
 	h[0] = h[n]
-	var zero timerID[T]
-	h[n] = zero
+	h[n] = kgTimer[T]{}
 	q.heap = h[:n]
 	if n > 0 {
 		q.down(0)
 	}
-	return id
+	return e
 }
 
 func (q *timerQueue[T]) up(i int) {
@@ -131,7 +174,7 @@ func (q *timerQueue[T]) up(i int) {
 	x := h[i]
 	for i > 0 {
 		p := (i - 1) / 2
-		if h[p].ts <= x.ts {
+		if h[p].id.ts <= x.id.ts {
 			break
 		}
 		h[i] = h[p]
@@ -149,10 +192,10 @@ func (q *timerQueue[T]) down(i int) {
 		if c >= n {
 			break
 		}
-		if r := c + 1; r < n && h[r].ts < h[c].ts {
+		if r := c + 1; r < n && h[r].id.ts < h[c].id.ts {
 			c = r
 		}
-		if x.ts <= h[c].ts {
+		if x.id.ts <= h[c].id.ts {
 			break
 		}
 		h[i] = h[c]
@@ -165,8 +208,8 @@ func (q *timerQueue[T]) down(i int) {
 // timestamp in the heap.
 func (q *timerQueue[T]) heapMin() (int64, bool) {
 	for len(q.heap) > 0 {
-		if _, ok := q.set[q.heap[0]]; ok {
-			return q.heap[0].ts, true
+		if q.isLive(q.heap[0].id) {
+			return q.heap[0].id.ts, true
 		}
 		q.pop()
 		q.dead--
@@ -178,10 +221,12 @@ func (q *timerQueue[T]) heapMin() (int64, bool) {
 // remains.
 func (q *timerQueue[T]) batchHead() bool {
 	for q.cur < len(q.batch) {
-		if _, ok := q.set[q.batch[q.cur]]; ok {
+		if q.isLive(q.batch[q.cur].id) {
 			return true
 		}
+		q.batch[q.cur] = kgTimer[T]{}
 		q.cur++
+		q.dead--
 	}
 	q.endBatch()
 	return false
@@ -209,11 +254,10 @@ func (q *timerQueue[T]) next(upTo int64) (timerID[T], int, bool) {
 		if q.batchHead() {
 			if ts, ok := q.heapMin(); ok && ts < q.batchTS {
 				// Registered while the batch fired, earlier than it: it
-				// fires first, the batch's rest goes back to the heap.
-				for _, id := range q.batch[q.cur:] {
-					if _, live := q.set[id]; live {
-						q.push(id)
-					}
+				// fires first, the batch's rest goes back to the heap
+				// (dead entries too: dead counts them still).
+				for _, e := range q.batch[q.cur:] {
+					q.push(e)
 				}
 				q.endBatch()
 				continue
@@ -221,71 +265,68 @@ func (q *timerQueue[T]) next(upTo int64) (timerID[T], int, bool) {
 			if q.batchTS > upTo {
 				return timerID[T]{}, 0, false
 			}
-			id := q.batch[q.cur]
-			q.batch[q.cur] = timerID[T]{}
+			e := q.batch[q.cur]
+			q.batch[q.cur] = kgTimer[T]{}
 			q.cur++
-			kg := q.set[id]
-			delete(q.set, id)
-			return id, int(kg), true
+			q.probes++
+			delete(q.set, e.id)
+			return e.id, int(e.kg), true
 		}
 		ts, ok := q.heapMin()
 		if !ok || ts > upTo {
 			return timerID[T]{}, 0, false
 		}
-		for len(q.heap) > 0 && q.heap[0].ts == ts {
-			id := q.pop()
-			if _, live := q.set[id]; live {
-				q.batch = append(q.batch, id)
-			} else {
-				q.dead--
-			}
+		for len(q.heap) > 0 && q.heap[0].id.ts == ts {
+			// Dead entries go into the batch too (dead counts them
+			// there), skipped when their turn comes.
+			q.batch = append(q.batch, q.pop())
 		}
 		q.batchTS = ts
 		q.batch = q.sortByOwner(q.batch)
 	}
 }
 
-// sortByOwner orders ids (of one timestamp) by their owners' encodings.
-func (q *timerQueue[T]) sortByOwner(ids []timerID[T]) []timerID[T] {
-	if len(ids) < 2 {
-		return ids
+// sortByOwner orders es (of one timestamp) by their owners' encodings.
+func (q *timerQueue[T]) sortByOwner(es []kgTimer[T]) []kgTimer[T] {
+	if len(es) < 2 {
+		return es
 	}
 	type keyed struct {
 		off, end int
-		id       timerID[T]
+		e        kgTimer[T]
 	}
-	ks := make([]keyed, len(ids))
+	ks := make([]keyed, len(es))
 	b := q.scratch[:0]
-	for i, id := range ids {
+	for i, e := range es {
 		off := len(b)
-		b = q.enc(b, id.owner)
-		ks[i] = keyed{off, len(b), id}
+		b = q.enc(b, e.id.owner)
+		ks[i] = keyed{off, len(b), e}
 	}
 	slices.SortFunc(ks, func(x, y keyed) int { return bytes.Compare(b[x.off:x.end], b[y.off:y.end]) })
 	for i, k := range ks {
-		ids[i] = k.id
+		es[i] = k.e
 	}
 	q.scratch = b[:0]
-	return ids
+	return es
 }
 
 // len is the number of live timers.
 func (q *timerQueue[T]) len() int { return len(q.set) }
 
-// kgTimer is a timer with its key group, as a snapshot copies it.
+// kgTimer is a timer with its key group: an entry of the queue's heap and
+// batch, and what a snapshot copies.
 type kgTimer[T comparable] struct {
 	id timerID[T]
 	kg int32
 }
 
 // live copies the live timers (the synchronous part of a snapshot: typed
-// ids, nothing encoded).
+// ids, nothing encoded), after dropping the dead entries if there are any.
 func (q *timerQueue[T]) live() []kgTimer[T] {
+	q.compact()
 	out := make([]kgTimer[T], 0, len(q.set))
-	for id, kg := range q.set {
-		out = append(out, kgTimer[T]{id, kg})
-	}
-	return out
+	out = append(out, q.batch[q.cur:]...)
+	return append(out, q.heap...)
 }
 
 // groupTimers groups timers by key group, each group sorted by timestamp

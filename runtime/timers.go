@@ -59,6 +59,9 @@ type Timers[K comparable, N comparable] struct {
 	nsCodec  Codec[N]
 	q        [2]timerStore[timerOwner[K, N]] // by TimeDomain-1
 	kbuf     []byte
+	// firing is the timer being fired (timerHost.firing points to it
+	// during OnTimer), reused from timer to timer.
+	firing firingTimer
 }
 
 // timerOwner is the key and namespace of a timer of a Timers (the
@@ -189,7 +192,8 @@ func (t *Timers[K, N]) fire(d TimeDomain, upTo int64) error {
 			return nil
 		}
 		t.host.scope.setKey(id.owner.key, kg)
-		if err := t.host.fire(&firingTimer{service: t, ns: id.owner.ns, domain: d, ts: id.ts}); err != nil {
+		t.firing = firingTimer{service: t, ns: id.owner.ns, domain: d, ts: id.ts}
+		if err := t.host.fire(&t.firing); err != nil {
 			return err
 		}
 	}

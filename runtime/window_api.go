@@ -99,16 +99,23 @@ func Aggregate[K comparable, T, ACC, OUT any](ws *WindowedStream[K, T], name str
 func AggregateProcess[K comparable, T, ACC, R, OUT any](ws *WindowedStream[K, T], name string, agg AggregateFunction[T, ACC, R],
 	fn ProcessWindowFunction[K, R, OUT], ac Codec[ACC], opts ...OpOpt) *Stream[OUT] {
 	ac = windowStateCodec(ws, name, "accumulator", ac)
-	wf := windowFunc[K, T, ACC, OUT]{
-		create: agg.CreateAccumulator,
-		add:    func(acc ACC, v T) (ACC, error) { return agg.Add(v, acc), nil },
-		merge:  func(a, b ACC) (ACC, error) { return agg.Merge(a, b), nil },
-		result: func(ctx *WindowContext[K], acc ACC, out Collector[OUT]) error {
-			return fn.Process(ctx, []R{agg.GetResult(acc)}, out)
-		},
-		codec: ac,
-	}
-	return windowed(ws, name, func() windowFunc[K, T, ACC, OUT] { return wf }, opts)
+	return windowed(ws, name, func() windowFunc[K, T, ACC, OUT] {
+		// fn's elements: one array per subtask, reused from firing to
+		// firing (ProcessWindowFunction's elements must not be retained).
+		elems := make([]R, 1)
+		return windowFunc[K, T, ACC, OUT]{
+			create: agg.CreateAccumulator,
+			add:    func(acc ACC, v T) (ACC, error) { return agg.Add(v, acc), nil },
+			merge:  func(a, b ACC) (ACC, error) { return agg.Merge(a, b), nil },
+			result: func(ctx *WindowContext[K], acc ACC, out Collector[OUT]) error {
+				elems = append(elems[:0], agg.GetResult(acc))
+				err := fn.Process(ctx, elems, out)
+				clear(elems) // keeps no result alive
+				return err
+			},
+			codec: ac,
+		}
+	}, opts)
 }
 
 // ReduceWindow reduces each window's records with fn and emits the result
