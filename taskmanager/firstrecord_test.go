@@ -36,65 +36,24 @@ func (lateSource) Snapshot(context.Context, checkpoint.ID) (runtime.OperatorStat
 }
 func (lateSource) Close() error { return nil }
 
-// firstRecordJM deploys job "late" (attempt 1), opens and starts it, and reports
-// the first heartbeat that tells when the source task had its first record
-// after the start.
-type firstRecordJM struct {
-	weirpb.UnimplementedJobManagerServer
-	tasks  []string
-	result chan string
-}
-
-func (f *firstRecordJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, weirpb.JobManagerMessage]) error {
-	report := func(r string) error {
-		select {
-		case f.result <- r:
-		default:
+// firstRecord is what a openingJM does after the open: it starts the
+// tasks once opened, and reports the first heartbeat that tells when the
+// source task had its first record after the start.
+func firstRecord(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, weirpb.JobManagerMessage], m *weirpb.TaskManagerMessage) (string, error) {
+	if o := m.GetOpened(); o != nil {
+		if o.Error != "" {
+			return "not opened: " + o.Error, nil
 		}
-		<-s.Context().Done()
-		return nil
+		return "", s.Send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Start{Start: &weirpb.StartTasks{JobId: "job", Attempt: 1}}})
 	}
-	if m, err := s.Recv(); err != nil || m.GetRegister() == nil {
-		return report(fmt.Sprintf("no registration: %v %v", m, err))
-	}
-	for _, m := range []*weirpb.JobManagerMessage{
-		{Msg: &weirpb.JobManagerMessage_Registered{Registered: &weirpb.Registered{Session: 1, HeartbeatIntervalMs: 50, HeartbeatTimeoutMs: 30000}}},
-		{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: &weirpb.DeployTasks{JobId: "job", JobType: "late", Attempt: 1, TaskIds: f.tasks, DataSecret: secret}}},
-	} {
-		if err := s.Send(m); err != nil {
-			return err
-		}
-	}
-	for {
-		m, err := s.Recv()
-		if err != nil {
-			return report(err.Error())
-		}
-		if p := m.GetPrepared(); p != nil {
-			if p.Error != "" {
-				return report("not prepared: " + p.Error)
-			}
-			if err := s.Send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Open{Open: &weirpb.OpenTasks{JobId: "job", Attempt: 1,
-				IntervalMs: 60000, TimeoutMs: 60000}}}); err != nil {
-				return err
-			}
-		}
-		if o := m.GetOpened(); o != nil {
-			if o.Error != "" {
-				return report("not opened: " + o.Error)
-			}
-			if err := s.Send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Start{Start: &weirpb.StartTasks{JobId: "job", Attempt: 1}}}); err != nil {
-				return err
-			}
-		}
-		for _, c := range m.GetHeartbeat().GetCounts() {
-			for _, tc := range c.Tasks {
-				if tc.Source && tc.FirstRecordUs > 0 {
-					return report(fmt.Sprintf("first record after %dus", tc.FirstRecordUs))
-				}
+	for _, c := range m.GetHeartbeat().GetCounts() {
+		for _, tc := range c.Tasks {
+			if tc.Source && tc.FirstRecordUs > 0 {
+				return fmt.Sprintf("first record after %dus", tc.FirstRecordUs), nil
 			}
 		}
 	}
+	return "", nil
 }
 
 // A task manager's heartbeats say how long after the start of an attempt's
@@ -104,7 +63,8 @@ func (f *firstRecordJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMes
 func TestHeartbeatsTellWhenASourceHadItsFirstRecordAfterTheStart(t *testing.T) {
 	const quiet = 300 * time.Millisecond
 	reg, tasks := oneSourceJob(t, "late", func() runtime.Source[int] { return &lateSource{quiet: quiet} })
-	f := &firstRecordJM{tasks: tasks, result: make(chan string, 1)}
+	f := &openingJM{jobType: "late", heartbeatMs: 50, tasks: tasks, result: make(chan string, 1), then: firstRecord,
+		open: &weirpb.OpenTasks{JobId: "job", Attempt: 1, IntervalMs: 60000, TimeoutMs: 60000}}
 	gs, addr := startJM(t, "127.0.0.1:0", f)
 	t.Cleanup(gs.Stop)
 	r := runScripted(t, addr, f.result, taskmanager.Slots(1), taskmanager.Jobs(reg), taskmanager.ReconnectDelay(time.Hour))

@@ -25,15 +25,20 @@ func (s timingSource) Open(_ context.Context, oc *runtime.OperatorContext) error
 	return nil
 }
 
-// openJM deploys attempt 1 of job "timing" and opens it with open.
-type openJM struct {
+// openingJM deploys attempt 1 of job jobType and opens it with open once
+// its tasks are prepared; every later message of the task manager goes to
+// then, which returns a result to report (and ends the script) or "".
+type openingJM struct {
 	weirpb.UnimplementedJobManagerServer
-	tasks  []string
-	open   *weirpb.OpenTasks
-	result chan string
+	jobType     string
+	heartbeatMs int64
+	tasks       []string
+	open        *weirpb.OpenTasks
+	then        func(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, weirpb.JobManagerMessage], m *weirpb.TaskManagerMessage) (string, error)
+	result      chan string
 }
 
-func (f *openJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, weirpb.JobManagerMessage]) error {
+func (f *openingJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, weirpb.JobManagerMessage]) error {
 	report := func(r string) error {
 		select {
 		case f.result <- r:
@@ -46,8 +51,8 @@ func (f *openJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, w
 		return report(fmt.Sprintf("no registration: %v %v", m, err))
 	}
 	for _, m := range []*weirpb.JobManagerMessage{
-		{Msg: &weirpb.JobManagerMessage_Registered{Registered: &weirpb.Registered{Session: 1, HeartbeatIntervalMs: 500, HeartbeatTimeoutMs: 30000}}},
-		{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: &weirpb.DeployTasks{JobId: "job", JobType: "timing", Attempt: 1, TaskIds: f.tasks, DataSecret: secret}}},
+		{Msg: &weirpb.JobManagerMessage_Registered{Registered: &weirpb.Registered{Session: 1, HeartbeatIntervalMs: f.heartbeatMs, HeartbeatTimeoutMs: 30000}}},
+		{Msg: &weirpb.JobManagerMessage_Deploy{Deploy: &weirpb.DeployTasks{JobId: "job", JobType: f.jobType, Attempt: 1, TaskIds: f.tasks, DataSecret: secret}}},
 	} {
 		if err := s.Send(m); err != nil {
 			return err
@@ -65,9 +70,14 @@ func (f *openJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, w
 			if err := s.Send(&weirpb.JobManagerMessage{Msg: &weirpb.JobManagerMessage_Open{Open: f.open}}); err != nil {
 				return err
 			}
+			continue
 		}
-		if o := m.GetOpened(); o != nil {
-			return report("opened " + o.Error)
+		r, err := f.then(s, m)
+		if err != nil {
+			return err
+		}
+		if r != "" {
+			return report(r)
 		}
 	}
 }
@@ -78,9 +88,15 @@ func (f *openJM) Connect(s grpc.BidiStreamingServer[weirpb.TaskManagerMessage, w
 func TestOperatorsOnATaskManagerLearnTheRestartBudgetsTerms(t *testing.T) {
 	got := make(chan checkpoint.Timing, 1)
 	reg, tasks := oneSourceJob(t, "timing", func() runtime.Source[int] { return timingSource{snapSource{&snapLog{}}, got} })
-	f := &openJM{tasks: tasks, result: make(chan string, 1), open: &weirpb.OpenTasks{JobId: "job", Attempt: 1,
+	f := &openingJM{jobType: "timing", heartbeatMs: 500, tasks: tasks, result: make(chan string, 1), open: &weirpb.OpenTasks{JobId: "job", Attempt: 1,
 		IntervalMs: 1000, TimeoutMs: 60000, MinPauseMs: 10, TolerableFailures: 3, RestartBudgetMs: 183000,
-		DetectionMs: 3000, SlotWaitMs: 60000, RestartDelayMs: 60000, RecoveryMs: 60000}}
+		DetectionMs: 3000, SlotWaitMs: 60000, RestartDelayMs: 60000, RecoveryMs: 60000},
+		then: func(_ grpc.BidiStreamingServer[weirpb.TaskManagerMessage, weirpb.JobManagerMessage], m *weirpb.TaskManagerMessage) (string, error) {
+			if o := m.GetOpened(); o != nil {
+				return "opened " + o.Error, nil
+			}
+			return "", nil
+		}}
 	gs, addr := startJM(t, "127.0.0.1:0", f)
 	t.Cleanup(gs.Stop)
 	if r := runScripted(t, addr, f.result, taskmanager.Slots(1), taskmanager.Jobs(reg), taskmanager.ReconnectDelay(time.Hour)); r != "opened " {
