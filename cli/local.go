@@ -67,8 +67,10 @@ For trying high availability out; it is not highly available (one process).
 
 It prints "broker listening on HOST:PORT" (with --broker HOST:PORT, "using
 broker HOST:PORT": it runs none), "jobmanager listening on HOST:PORT" and
-"jobmanager http on HOST:PORT" on stdout, and stops on SIGINT/SIGTERM (running jobs are suspended, not
-cancelled).`,
+"jobmanager http on HOST:PORT" on stdout, then "cluster ready: N task
+managers of S slots" once every task manager has registered (a job
+submitted before then may find too few slots), and stops on SIGINT/SIGTERM
+(running jobs are suspended, not cancelled).`,
 		Args: cobra.NoArgs,
 		RunE: a.withLogger(func(cmd *cobra.Command, log *zap.Logger) error {
 			if tms < 1 {
@@ -222,17 +224,31 @@ cancelled).`,
 				defer stop()
 				tmOpts = append(tmOpts, taskmanager.Metrics(reg))
 			}
+			// The cluster is ready once every task manager has registered:
+			// a job submitted before then could find no slots.
+			registered := make(chan struct{}, tms)
 			for i := 0; i < tms; i++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					id := fmt.Sprintf("local-tm-%d", i+1)
-					err := taskmanager.Run(ctx, jmAddr, append(slices.Clip(tmOpts), taskmanager.ID(id), taskmanager.Logger(log.Named(id)))...)
+					var once sync.Once
+					onReg := taskmanager.OnRegistered(func(uint64) { once.Do(func() { registered <- struct{}{} }) })
+					err := taskmanager.Run(ctx, jmAddr, append(slices.Clip(tmOpts), taskmanager.ID(id), taskmanager.Logger(log.Named(id)), onReg)...)
 					if err != nil && !errors.Is(err, context.Canceled) {
 						log.Error("task manager stopped", zap.String("task_manager", id), zap.Error(err))
 					}
 				}()
 			}
+			for n := 0; n < tms; n++ {
+				select {
+				case <-registered:
+				case err := <-jmDone:
+					running--
+					return err
+				}
+			}
+			fmt.Fprintf(a.stdout, "cluster ready: %d task managers of %d slots\n", tms, slots)
 			err = <-jmDone // the first job manager to stop stops the cluster
 			running--
 			return err

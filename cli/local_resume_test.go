@@ -32,6 +32,8 @@ func startLocalProcess(t *testing.T, dir string, brokerPort int) (p *proctest.Pr
 		"--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--taskmanagers", "2", "--slots", "2"))
 	brokerAddr = p.Line(t, `^broker listening on (\S+)$`)
 	jm = p.Line(t, `^jobmanager listening on (\S+)$`)
+	p.Line(t, `^jobmanager http on (\S+)$`)
+	p.Line(t, `^cluster ready: (.*)$`) // its task managers have registered
 	return p, brokerAddr, jm
 }
 

@@ -53,7 +53,9 @@ func startLocalWith(t *testing.T, reg *weirruntime.Registry, args ...string) *lo
 			t.Logf("local stderr:\n%s", c.errs.String())
 		}
 	})
-	re := regexp.MustCompile(`(?m)^(?:broker listening on|using broker) (\S+)\n(?s:.*)^jobmanager listening on (\S+)$`)
+	// Jobs are submitted after "cluster ready": before it a task manager
+	// may not have registered its slots yet.
+	re := regexp.MustCompile(`(?m)^(?:broker listening on|using broker) (\S+)\n(?s:.*?)^jobmanager listening on (\S+)\n(?s:.*)^cluster ready: `)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if m := re.FindStringSubmatch(c.out.String()); m != nil {
@@ -66,7 +68,7 @@ func startLocalWith(t *testing.T, reg *weirruntime.Registry, args ...string) *lo
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("local printed no addresses in 30s: %q", c.out.String())
+			t.Fatalf("local printed no addresses and no readiness in 30s: %q", c.out.String())
 		}
 	}
 }
