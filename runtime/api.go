@@ -99,6 +99,9 @@ type OperatorContext struct {
 	// records counts what a source emitted or a sink wrote (Deployed.Counts);
 	// in a deployment it is the task's records in (source) or out (sink).
 	records *atomic.Int64
+	// firstRecord is when a source first emitted (Unix nanoseconds; 0: not
+	// yet), its task's TaskStats.FirstRecord; nil outside a deployment.
+	firstRecord *atomic.Int64
 
 	// sides are the pushes (pushFn[T]) of the operator's side outputs
 	// that something reads, by tag id.
@@ -351,7 +354,7 @@ func FromSource[T any](j *Job, name string, newSource func() Source[T], opts ...
 		ws = &s
 	}
 	n.newInstance = func(oc *OperatorContext, out any) (instance, error) {
-		return &sourceInstance[T]{src: newSource(), out: out.(pushFn[T]), oc: oc, records: oc.countRecords(),
+		return &sourceInstance[T]{src: newSource(), out: out.(pushFn[T]), oc: oc, records: oc.countRecords(), first: oc.firstRecord,
 			wms: newSourceWatermarks(ws)}, nil
 	}
 	n.newUser = func() any { return newSource() }

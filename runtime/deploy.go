@@ -395,7 +395,7 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 				// sink's written ones its task's records out.
 				switch n.kind {
 				case kindSource:
-					oc.records, oc.interrupt = &t.stats.in, t.interrupt
+					oc.records, oc.firstRecord, oc.interrupt = &t.stats.in, &t.stats.firstIn, t.interrupt
 				case kindSink:
 					oc.records = &t.stats.out
 				}

@@ -66,11 +66,18 @@ type sourceInstance[T any] struct {
 	wms     *sourceWatermarks[T]
 	oc      *OperatorContext
 	records *atomic.Int64 // c.n, published
+	first   *atomic.Int64 // when c.n first went above 0, published (nil: not kept)
 }
 
 func (s *sourceInstance[T]) input() any { return nil }
 
-func (s *sourceInstance[T]) publishRecords() { s.records.Store(s.c.n) }
+// publishRecords publishes the records emitted so far and, the first time
+// there are some, when: a recovery's source re-open ends with it.
+func (s *sourceInstance[T]) publishRecords() {
+	if s.records.Swap(s.c.n) == 0 && s.c.n > 0 && s.first != nil {
+		s.first.Store(time.Now().UnixNano())
+	}
+}
 
 // setMarkEmitter gives the source's watermark machinery the way to send
 // watermarks and status through the chain and the outputs, and to read the

@@ -118,6 +118,10 @@ type TaskStats struct {
 	// (partition) its operators reported: the lag of the subtask's most
 	// lagging partition, Flink's records-lag-max; -1 when none reported.
 	RecordsLagMax int64
+	// FirstRecord is when a source task's source first emitted in this
+	// attempt (zero: not yet, or not a source task): the end of a
+	// recovery's source re-open.
+	FirstRecord time.Time
 }
 
 // CountRecords sums the records that entered the job (the source tasks'
@@ -143,6 +147,9 @@ type taskStats struct {
 	// inputWatermark and outputWatermark are the task's current watermarks
 	// (MinWatermark until the first one); set by the task goroutine.
 	inputWatermark, outputWatermark atomic.Int64
+	// firstIn is when a source task's source first emitted (Unix
+	// nanoseconds; 0: not yet).
+	firstIn atomic.Int64
 }
 
 func newTaskStats() *taskStats {
@@ -218,6 +225,9 @@ func (d *localDeployment) TaskStats() []TaskStats {
 			RecordsOut: t.stats.out.Load(), BackPressured: time.Duration(t.stats.backPressuredNs.Load()),
 			InputWatermark: t.stats.inputWatermark.Load(), OutputWatermark: t.stats.outputWatermark.Load(),
 			Source: t.v.isSource(), Sink: t.v.isSink(), PendingRecords: -1, RecordsLagMax: -1}
+		if ns := t.stats.firstIn.Load(); ns != 0 {
+			out[i].FirstRecord = time.Unix(0, ns)
+		}
 		for _, n := range t.v.nodes {
 			k := n.name + "\x00" + strconv.Itoa(t.subtask)
 			if p, ok := pending[k]; ok {

@@ -65,9 +65,11 @@ func TestTaskStatsCountRecordsInOutAndBackPressure(t *testing.T) {
 	doubled := Map(src, "double", func(v int) (int, error) { return 2 * v, nil })
 	SinkTo(Rebalance(doubled), "slow", func() Sink[int] { return &gaugeSink{} }, Parallelism(2))
 	dep := &capturingDeployer{job: j}
+	began := time.Now()
 	if _, err := NewMiniCluster(Deployment(dep), BatchSize(16), ChannelCapacity(1), CheckpointInterval(50*time.Millisecond)).Run(t.Context(), j); err != nil {
 		t.Fatal(err)
 	}
+	ended := time.Now()
 	if len(dep.deps) != 1 {
 		t.Fatalf("%d attempts, want 1", len(dep.deps))
 	}
@@ -79,6 +81,14 @@ func TestTaskStatsCountRecordsInOutAndBackPressure(t *testing.T) {
 	source := stats["numbers#0"]
 	if source.Vertex != "numbers -> double" || source.RecordsIn != n || source.RecordsOut != n {
 		t.Errorf("source task %+v: want vertex \"numbers -> double\", %d in and out", source, n)
+	}
+	// A source task knows when its source first emitted (a recovery's
+	// source re-open ends there); other tasks do not say.
+	if f := source.FirstRecord; f.Before(began) || f.After(ended) {
+		t.Errorf("source task's first record at %v, want within the run [%v, %v]", f, began, ended)
+	}
+	if f := stats["slow#0"].FirstRecord; !f.IsZero() {
+		t.Errorf("sink task's first record %v, want none (not a source task)", f)
 	}
 	if source.BackPressured <= 0 {
 		t.Errorf("source task back-pressured %v behind a slow sink with one-batch channels, want > 0", source.BackPressured)

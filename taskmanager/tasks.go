@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -65,7 +66,7 @@ type deployment struct {
 	forGood  bool
 	dep      runtime.Deployed
 
-	first *firstRecords // since StartTasks
+	started atomic.Int64 // when StartTasks arrived (Unix nanoseconds; 0: not yet)
 }
 
 // receive takes in one message of the job manager: a chunk into asm, a
@@ -126,94 +127,38 @@ func (ds *deployments) handle(m *weirpb.JobManagerMessage) {
 func (ds *deployments) counts() []*weirpb.DeploymentCounts {
 	var out []*weirpb.DeploymentCounts
 	for _, b := range ds.built() {
-		out = append(out, &weirpb.DeploymentCounts{JobId: b.key.job, Attempt: b.key.attempt, Tasks: taskCounts(b.dep, b.first)})
+		out = append(out, &weirpb.DeploymentCounts{JobId: b.key.job, Attempt: b.key.attempt, Tasks: taskCounts(b.dep, b.d.startedAt())})
 	}
 	return out
 }
 
 // taskCounts are the counters of dep's tasks, as the job manager reads
-// them, with when each had its first record (first; nil: unknown).
-func taskCounts(dep runtime.Deployed, first *firstRecords) []*weirpb.TaskCounts {
+// them, with how long after started each source task had its first record
+// (none with started zero).
+func taskCounts(dep runtime.Deployed, started time.Time) []*weirpb.TaskCounts {
 	sr, ok := dep.(statsReader)
 	if !ok {
 		return nil
 	}
 	var out []*weirpb.TaskCounts
 	for _, t := range sr.TaskStats() {
+		var first time.Duration
+		if !t.FirstRecord.IsZero() && !started.IsZero() {
+			first = max(t.FirstRecord.Sub(started), time.Microsecond)
+		}
 		out = append(out, &weirpb.TaskCounts{TaskId: string(t.Task), RecordsIn: t.RecordsIn,
 			RecordsOut: t.RecordsOut, BackPressuredMs: t.BackPressured.Milliseconds(), Source: t.Source, Sink: t.Sink,
 			PendingRecords: t.PendingRecords, RecordsLagMax: t.RecordsLagMax, InputWatermark: t.InputWatermark, OutputWatermark: t.OutputWatermark,
-			FirstRecordUs: first.after(t.Task).Microseconds()})
+			FirstRecordUs: first.Microseconds()})
 	}
 	return out
 }
 
-// firstRecordEvery is how often a deployment's tasks are sampled for
-// their first record after the start (firstRecords).
-const firstRecordEvery = 10 * time.Millisecond
-
-// firstRecordsFor bounds the sampling: a task without a record by then
-// (an idle source) is reported without one.
-const firstRecordsFor = time.Minute
-
-// firstRecords are how long after the start each task of a deployment had
-// its first record in, sampled every firstRecordEvery: the source re-open
-// of a recovery, as the job manager times it (a source's first record
-// comes once it joined its group and fetched).
-type firstRecords struct {
-	mu sync.Mutex
-	at map[checkpoint.TaskID]time.Duration
-}
-
-// after returns how long after the start task t had its first record (0:
-// none yet, or f is nil).
-func (f *firstRecords) after(t checkpoint.TaskID) time.Duration {
-	if f == nil {
-		return 0
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.at[t]
-}
-
-// watch samples dep's tasks from started until each had a record, ctx
-// ends or firstRecordsFor passed.
-func (f *firstRecords) watch(ctx context.Context, dep runtime.Deployed, started time.Time) {
-	sr, ok := dep.(statsReader)
-	if !ok {
-		return
-	}
-	tick := time.NewTicker(firstRecordEvery)
-	defer tick.Stop()
-	for time.Since(started) < firstRecordsFor {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		now, waiting := time.Since(started), false
-		f.mu.Lock()
-		for _, t := range sr.TaskStats() {
-			switch {
-			case f.at[t.Task] > 0:
-			case t.RecordsIn > 0:
-				f.at[t.Task] = max(now, time.Microsecond)
-			default:
-				waiting = true
-			}
-		}
-		f.mu.Unlock()
-		if !waiting {
-			return
-		}
-	}
-}
-
 // builtDeployment is a deployment whose tasks were built.
 type builtDeployment struct {
-	key   depKey
-	dep   runtime.Deployed
-	first *firstRecords
+	key depKey
+	dep runtime.Deployed
+	d   *deployment
 }
 
 // built lists the deployments whose tasks were built, by job and attempt.
@@ -226,7 +171,7 @@ func (ds *deployments) built() []builtDeployment {
 		dep := d.dep
 		d.mu.Unlock()
 		if dep != nil {
-			out = append(out, builtDeployment{k, dep, d.first})
+			out = append(out, builtDeployment{k, dep, d})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -296,8 +241,7 @@ func (c *commands) pop() *weirpb.JobManagerMessage {
 func (ds *deployments) deploy(m *weirpb.DeployTasks) {
 	key := depKey{m.JobId, m.Attempt}
 	ctx, cancel := context.WithCancel(ds.ctx)
-	d := &deployment{key: key, ds: ds, cmds: newCommands(), ctx: ctx, cancel: cancel,
-		first: &firstRecords{at: map[checkpoint.TaskID]time.Duration{}}}
+	d := &deployment{key: key, ds: ds, cmds: newCommands(), ctx: ctx, cancel: cancel}
 	ds.mu.Lock()
 	if ds.deps[key] != nil {
 		ds.mu.Unlock()
@@ -399,12 +343,11 @@ func (d *deployment) run(m *weirpb.DeployTasks) {
 			d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Opened{Opened: op}})
 			go wait()
 		case *weirpb.JobManagerMessage_Start:
-			started := time.Now()
+			d.started.Store(time.Now().UnixNano())
 			if err := dep.Start(d.ctx); err != nil {
 				d.log().Info("start after the tasks stopped", zap.Error(err))
 				break
 			}
-			go d.first.watch(d.ctx, dep, started)
 		case *weirpb.JobManagerMessage_Trigger:
 			t := msg.Trigger
 			srcs := make([]checkpoint.TaskID, len(t.SourceTaskIds))
@@ -452,7 +395,15 @@ func (d *deployment) forGoodNow() bool {
 func (d *deployment) end(dep runtime.Deployed, finished bool) {
 	d.log().Info("tasks ended", zap.Bool("finished", finished))
 	d.reply(&weirpb.TaskManagerMessage{Msg: &weirpb.TaskManagerMessage_Ended{Ended: &weirpb.DeploymentEnded{JobId: d.key.job, Attempt: d.key.attempt,
-		Finished: finished, Tasks: taskCounts(dep, d.first)}}})
+		Finished: finished, Tasks: taskCounts(dep, d.startedAt())}}})
+}
+
+// startedAt is when StartTasks arrived (zero: not yet).
+func (d *deployment) startedAt() time.Time {
+	if ns := d.started.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
 }
 
 // build builds the job from the registry and deploys this share of it.

@@ -1025,9 +1025,9 @@ type TaskCounts struct {
 	RecordsLagMax int64 `protobuf:"varint,10,opt,name=records_lag_max,json=recordsLagMax,proto3" json:"records_lag_max,omitempty"`
 	// first_record_us is how long after the task manager started the
 	// attempt's tasks (StartTasks) this task had its first record in (a
-	// source task: its source emitted one), in microseconds, as the task
-	// manager sampled it (every 10 ms); 0 while it had none. The job manager
-	// times a recovery's source re-open with it.
+	// source task: its source emitted one, noted at the end of that poll),
+	// in microseconds; 0 while it had none, and for other tasks. The job
+	// manager times a recovery's source re-open with it.
 	FirstRecordUs int64 `protobuf:"varint,11,opt,name=first_record_us,json=firstRecordUs,proto3" json:"first_record_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
