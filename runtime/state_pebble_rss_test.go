@@ -32,7 +32,10 @@ func rssValue(i int) string {
 // into file checkpoint storage, reports it, and is SIGKILLed. The second
 // restores the checkpoint at parallelism 3 (each subtask opens the old
 // instance overlapping it most, excises what it does not own and ingests
-// the rest from the other) and checks every value. Each child's peak RSS
+// the rest from the other), checks every value and takes the restored
+// instances' first checkpoint, which references the restored files it
+// still holds: it uploads under a third of the restored checkpoint's bytes
+// (the ranges copied from the other instance). Each child's peak RSS
 // (VmHWM) stays below a bound derived from the budget (twice the budget,
 // plus 160 MiB for the Go runtime and the test binary), whatever the
 // state's size. The default size is 128 MiB of state under a 32 MiB
@@ -199,6 +202,16 @@ func rssChild(t *testing.T, spec string) {
 		}
 		if phase == "restore" {
 			t.Logf("subtask %d of %d restored from %d instances and checked", sub, par, len(mine))
+			h, err := p.nativeSnapshot(2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			snap := checkpoint.TaskSnapshot{Task: checkpoint.TaskID(fmt.Sprintf("big#%d", sub)), Operators: []checkpoint.OperatorSnapshot{{UID: "big", Native: h}}}
+			if _, _, w, err := checkpoint.NewSegmentWriter(st, "job", 0).Write(t.Context(), 2, snap, nativeRestoreBase("big", mine, lo, hi, nil)); err != nil {
+				t.Fatal(err)
+			} else {
+				written += w
+			}
 			if err := p.close(); err != nil {
 				t.Fatal(err)
 			}
@@ -207,6 +220,18 @@ func rssChild(t *testing.T, spec string) {
 		// manager closes nothing.
 	}
 	t.Logf("%s phase took %v", phase, time.Since(start).Round(time.Millisecond))
+	if phase == "restore" {
+		var restored int64
+		for _, h := range handles {
+			for _, f := range h.Files {
+				restored += f.Ref.Length
+			}
+		}
+		t.Logf("the first checkpoint after the restore uploaded %d MiB; the restored one holds %d MiB", written>>20, restored>>20)
+		if written*3 > restored {
+			t.Fatalf("the first checkpoint after the restore at another parallelism uploaded %d MiB of the restored %d MiB: want under a third (the restored files are referenced)", written>>20, restored>>20)
+		}
+	}
 	fmt.Printf("peak-rss-bytes %d\n", vmHWM(t))
 	if phase == "checkpoint" {
 		b, err := json.Marshal(handles)
