@@ -35,7 +35,7 @@ type snapshotFlags struct {
 func (f *snapshotFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.jobID, "job-id", "", "with a job manager data dir or run --checkpoint-dir: the job whose checkpoint to read (default: the directory's only job)")
 	cmd.Flags().Uint64Var(&f.checkpoint, "checkpoint", 0, "with a job manager data dir or run --checkpoint-dir: the checkpoint id to read (default: the latest)")
-	cmd.Flags().StringVar(&f.storageURL, "checkpoint-storage", "", "with a checkpoint whose task state is in checkpoint storage: its URL, to read the state from (as the job manager's --checkpoint-storage)")
+	cmd.Flags().StringVar(&f.storageURL, "checkpoint-storage", "", "with a checkpoint whose task state is in checkpoint storage: its URL, to read the state from (as the job manager's --checkpoint-storage; default for a run --checkpoint-dir: its storage directory)")
 }
 
 const snapshotPathHelp = `PATH is a savepoint directory (it holds _metadata), a savepoint URL
@@ -137,10 +137,17 @@ func loadSnapshot(ctx context.Context, path string, f snapshotFlags) (snapshot, 
 		return snapshot{}, err
 	}
 	if refs := c.Refs(); len(refs) > 0 {
-		if f.storageURL == "" {
+		url := f.storageURL
+		if fi, err := os.Stat(filepath.Join(path, "storage")); url == "" && err == nil && fi.IsDir() {
+			// A run --checkpoint-dir's own checkpoint storage.
+			if url, err = runStorageURL(path); err != nil {
+				return snapshot{}, err
+			}
+		}
+		if url == "" {
 			return snapshot{}, fmt.Errorf("checkpoint %d of job %s keeps its state in checkpoint storage (e.g. %s): give its URL with --checkpoint-storage", c.ID, job, refs[0].Key)
 		}
-		st, err := storage.Open(ctx, f.storageURL)
+		st, err := storage.Open(ctx, url)
 		if err != nil {
 			return snapshot{}, fmt.Errorf("--checkpoint-storage: %w", err)
 		}

@@ -47,7 +47,10 @@ the default restart strategy (fixed-delay, 10 attempts, 100ms apart).
 --checkpoint-dir keeps completed checkpoints (and the pending transaction
 handles) in a pebble store there, with the job's id in DIR/job-id: a process
 killed and started again on the same directory restores its latest completed
-checkpoint and continues exactly-once. The job id names the job's
+checkpoint and continues exactly-once. Task state above --state-inline-limit
+goes to checkpoint storage, by default file://DIR/storage (Flink's
+state.checkpoints.dir keeps state files beside the metadata the same way), so
+the store holds metadata and references. The job id names the job's
 transactional ids, so two runs on different directories never fence each
 other. Without --checkpoint-dir, checkpoints live in memory and a new process
 starts from scratch with a new job id.
@@ -128,6 +131,11 @@ transactions are aborted, its held share records released).`,
 			if err := stor.check(cmd); err != nil {
 				return err
 			}
+			if stor.url == "" && dir != "" {
+				if stor.url, err = runStorageURL(dir); err != nil {
+					return fmt.Errorf("run: --checkpoint-dir: %w", err)
+				}
+			}
 			var st storage.Storage
 			if stor.url != "" {
 				if st, err = storage.Open(cmd.Context(), stor.url); err != nil {
@@ -160,12 +168,25 @@ transactions are aborted, its held share records released).`,
 	jf.add(cmd)
 	cmd.Flags().StringVar(&dir, "checkpoint-dir", "", "directory for completed checkpoints (created); restarting on it continues the job")
 	stor.add(cmd, false)
+	cmd.Flags().Lookup("checkpoint-storage").Usage = "URL of the checkpoint storage task state is written to: file:///DIR, s3://BUCKET/PREFIX?endpoint=URL&region=R (credentials the standard AWS way) or mem:// (default: file://CHECKPOINT_DIR/storage with --checkpoint-dir, else none: state inline in the in-memory store)"
 	addStateMemory(cmd, &stateMem)
 	from.add(cmd, "in this process")
 	cmd.Flags().BoolVar(&retain.on, "retain-on-cancel", false,
 		"when the job is cancelled (SIGINT/SIGTERM), write its latest completed checkpoint out as a savepoint (under --savepoint-dir, else CHECKPOINT_DIR/retained) and print its path")
 	cmd.Flags().StringVar(&retain.dir, "savepoint-dir", "", "directory or savepoint URL (s3://bucket/prefix?endpoint=...) --retain-on-cancel writes the retained savepoint under")
 	return cmd
+}
+
+// runStorageURL is the checkpoint storage of a run --checkpoint-dir DIR
+// given no --checkpoint-storage: file://DIR/storage. As Flink's
+// state.checkpoints.dir, task state goes to files under the directory and
+// only small snapshots stay inline in the store.
+func runStorageURL(dir string) (string, error) {
+	abs, err := filepath.Abs(filepath.Join(dir, "storage"))
+	if err != nil {
+		return "", err
+	}
+	return "file://" + abs, nil
 }
 
 // runRetain is run's --retain-on-cancel.

@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -11,8 +13,11 @@ import (
 
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/checkpoint/storage"
+	"github.com/weirstream/weir/examples/nexmark"
 	"github.com/weirstream/weir/examples/wordcount"
+	"github.com/weirstream/weir/internal/proctest"
 	"github.com/weirstream/weir/internal/s3server"
+	weirruntime "github.com/weirstream/weir/runtime"
 )
 
 // local --checkpoint-storage embedded: the wordcount's task state goes to
@@ -159,5 +164,84 @@ func TestAMissingBucketStopsEveryCommandAtStartup(t *testing.T) {
 			!strings.Contains(err.Error(), "checkpoint storage unusable") {
 			t.Errorf("%s with a missing bucket: %v; want it refused at startup saying NoSuchBucket, without request ids", args[0], err)
 		}
+	}
+}
+
+// run --checkpoint-dir DIR without --checkpoint-storage writes task state
+// to file://DIR/storage, as Flink's state.checkpoints.dir: the store keeps
+// metadata and references (q3's join state only grows, past the inline
+// limit), and `savepoint inspect` and `state dump` of the directory read
+// the state from there without being told where.
+func TestRunWithACheckpointDirWritesTaskStateToStorageBesideTheStore(t *testing.T) {
+	reg := weirruntime.NewRegistry()
+	if err := nexmark.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var out, errb proctest.Buffer
+	root := newRootCmd(reg, &out, &errb)
+	root.SetArgs([]string{"run", "nexmark", "--set", "query=q3", "--set", "events=100000000", "--parallelism", "2",
+		"--checkpoint-interval", "20ms", "--checkpoint-dir", dir})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	// Cancelled (as SIGINT) once checkpoints wrote state to storage.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if files, _ := os.ReadDir(filepath.Join(dir, "storage")); len(files) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing in %s after a minute; run's stderr:\n%s", filepath.Join(dir, "storage"), errb.String())
+		}
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: %v\n%s", err, errb.String())
+	}
+	store, err := checkpoint.OpenStore(filepath.Join(dir, "checkpoints"), checkpoint.ReadOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := store.Jobs(t.Context())
+	if err != nil || len(jobs) != 1 {
+		store.Close()
+		t.Fatalf("jobs in the run's store: %v, %v; want one", jobs, err)
+	}
+	c, err := store.Latest(t.Context(), jobs[0])
+	store.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs := c.Refs()
+	if len(refs) == 0 {
+		t.Fatalf("checkpoint %d keeps all its state inline (%d bytes); want references to %s", c.ID, c.Size(), filepath.Join(dir, "storage"))
+	}
+	for _, r := range refs {
+		if _, err := os.Stat(filepath.Join(dir, "storage", filepath.FromSlash(r.Key))); err != nil {
+			t.Fatalf("checkpoint %d references %s: %v", c.ID, r.Key, err)
+		}
+	}
+	in := inspectJSON(t, dir)
+	if in.Checkpoint != uint64(c.ID) || len(in.Operators) == 0 {
+		t.Fatalf("inspect of the run dir: %+v; want checkpoint %d with its operators", in, c.ID)
+	}
+	keyed, entries := "", int64(0)
+	for _, o := range in.Operators {
+		for _, s := range o.States {
+			if s.Entries > entries {
+				keyed, entries = o.UID, s.Entries
+			}
+		}
+	}
+	if entries == 0 {
+		t.Fatalf("inspect of the run dir reads no state entry: %+v", in.Operators)
+	}
+	dump, _, err := runCLI(t, "state", "dump", dir, "--operator", keyed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(parseDump(t, dump)); int64(n) < entries {
+		t.Fatalf("state dump of %s: %d entries, want at least the %d of its largest state", keyed, n, entries)
 	}
 }
