@@ -135,12 +135,13 @@ func (w *SegmentWriter) Write(ctx context.Context, id ID, snap TaskSnapshot, bas
 	if err != nil {
 		return TaskSnapshot{}, nil, 0, fmt.Errorf("checkpoint %d of task %s: %w", id, snap.Task, err)
 	}
-	var buf bytes.Buffer
-	fresh := 0
+	// The segment is the snapshot's own blobs read in order, not a copy
+	// of them: a heap snapshot's bytes are held once while they upload.
+	var parts []io.Reader
+	var size int64
 	add := func(b []byte) StateRef {
-		fresh++
-		r := StateRef{Key: key, Offset: int64(buf.Len()), Length: int64(len(b)), CRC: crc32.Checksum(b, castagnoli), Checkpoint: id}
-		buf.Write(b)
+		r := StateRef{Key: key, Offset: size, Length: int64(len(b)), CRC: crc32.Checksum(b, castagnoli), Checkpoint: id}
+		parts, size = append(parts, bytes.NewReader(b)), size+int64(len(b))
 		return r
 	}
 	next = StateBase{}
@@ -178,11 +179,11 @@ func (w *SegmentWriter) Write(ctx context.Context, id ID, snap TaskSnapshot, bas
 		}
 		out.Operators[i] = o
 	}
-	if fresh == 0 {
+	if len(parts) == 0 {
 		return out, next, written, nil // every key group reused
 	}
-	n := written + int64(buf.Len())
-	if err := w.st.Put(ctx, key, &buf); err != nil {
+	n := written + size
+	if err := w.st.Put(ctx, key, io.MultiReader(parts...)); err != nil {
 		return TaskSnapshot{}, nil, 0, fmt.Errorf("checkpoint %d of task %s: write state: %w", id, snap.Task, err)
 	}
 	return out, next, n, nil

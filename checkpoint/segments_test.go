@@ -2,11 +2,14 @@ package checkpoint
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"reflect"
+	goruntime "runtime"
 	"strings"
 	"testing"
 	"time"
@@ -238,5 +241,31 @@ func TestASavepointRefusesStateThatIsNotInline(t *testing.T) {
 	err := WriteSavepoint(t.Context(), t.TempDir(), refsTo(1, 1), time.Now())
 	if !errors.Is(err, ErrStateNotInline) {
 		t.Fatalf("savepoint of a checkpoint with references: %v", err)
+	}
+}
+
+// discardStorage takes every Put's body and keeps nothing.
+type discardStorage struct{ storage.Storage }
+
+func (discardStorage) Put(_ context.Context, _ string, body io.Reader) error {
+	_, err := io.Copy(io.Discard, body)
+	return err
+}
+
+// A task's segment is uploaded from the snapshot's own key-group blobs:
+// writing 32 MiB of state allocates a small fraction of it, not a second
+// copy of the snapshot (a heap snapshot's bytes are held once).
+func TestASegmentUploadsTheSnapshotsBytesWithoutCopyingThem(t *testing.T) {
+	snap := keyedSnapshot(rand.New(rand.NewPCG(3, 4)), 128, 256<<10)
+	size := snap.Size()
+	w := NewSegmentWriter(discardStorage{}, "job-1", 0)
+	var before, after goruntime.MemStats
+	goruntime.ReadMemStats(&before)
+	if _, _, _, err := w.Write(t.Context(), 1, snap, nil); err != nil {
+		t.Fatal(err)
+	}
+	goruntime.ReadMemStats(&after)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > uint64(size)/8 {
+		t.Fatalf("writing a segment of %d bytes allocated %d bytes: want under an eighth (no copy of the state)", size, alloc)
 	}
 }
