@@ -169,9 +169,9 @@ func TestAMissingBucketStopsEveryCommandAtStartup(t *testing.T) {
 
 // run --checkpoint-dir DIR without --checkpoint-storage writes task state
 // to file://DIR/storage, as Flink's state.checkpoints.dir: the store keeps
-// metadata and references (q3's join state only grows, past the inline
-// limit), and `savepoint inspect` and `state dump` of the directory read
-// the state from there without being told where.
+// metadata and references (here every snapshot, with
+// --state-inline-limit 0), and `savepoint inspect` and `state dump` of the
+// directory read the state from there without being told where.
 func TestRunWithACheckpointDirWritesTaskStateToStorageBesideTheStore(t *testing.T) {
 	reg := weirruntime.NewRegistry()
 	if err := nexmark.Register(reg); err != nil {
@@ -181,14 +181,24 @@ func TestRunWithACheckpointDirWritesTaskStateToStorageBesideTheStore(t *testing.
 	var out, errb proctest.Buffer
 	root := newRootCmd(reg, &out, &errb)
 	root.SetArgs([]string{"run", "nexmark", "--set", "query=q3", "--set", "events=100000000", "--parallelism", "2",
-		"--checkpoint-interval", "20ms", "--checkpoint-dir", dir})
+		"--checkpoint-interval", "20ms", "--checkpoint-dir", dir, "--state-inline-limit", "0"})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- root.ExecuteContext(ctx) }()
-	// Cancelled (as SIGINT) once checkpoints wrote state to storage.
+	// Cancelled (as SIGINT) once checkpoints wrote 256 KiB of state to
+	// storage: q3's join state only grows.
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		if files, _ := os.ReadDir(filepath.Join(dir, "storage")); len(files) > 0 {
+		var written int64
+		_ = filepath.WalkDir(filepath.Join(dir, "storage"), func(_ string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				if fi, err := d.Info(); err == nil {
+					written += fi.Size()
+				}
+			}
+			return nil
+		})
+		if written >= 256<<10 {
 			break
 		}
 		if time.Now().After(deadline) {
