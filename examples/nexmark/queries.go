@@ -186,10 +186,10 @@ func (j *q3Join) Open(_ context.Context, st *runtime.StateRegistry[int64]) error
 		opts = append(opts, runtime.WithTTL(runtime.StateTTLConfig{TTL: j.ttl}))
 	}
 	var err error
-	if j.seller, err = runtime.NewValueState[q3Seller](st, "seller", nil, opts...); err != nil {
+	if j.seller, err = runtime.NewValueState[q3Seller](st, "seller", q3SellerCodec, opts...); err != nil {
 		return err
 	}
-	j.pending, err = runtime.NewValueState[[]int64](st, "pending-auctions", nil, opts...)
+	j.pending, err = runtime.NewValueState[[]int64](st, "pending-auctions", int64sCodec, opts...)
 	return err
 }
 
@@ -278,10 +278,10 @@ type q4Winners struct {
 
 func (w *q4Winners) Open(_ context.Context, st *runtime.StateRegistry[int64]) error {
 	var err error
-	if w.auction, err = runtime.NewValueState[q4Auction](st, "auction", nil); err != nil {
+	if w.auction, err = runtime.NewValueState[q4Auction](st, "auction", q4AuctionCodec); err != nil {
 		return err
 	}
-	w.early, err = runtime.NewValueState[[]q4Bid](st, "early-bids", nil)
+	w.early, err = runtime.NewValueState[[]q4Bid](st, "early-bids", q4BidsCodec)
 	return err
 }
 
@@ -346,7 +346,7 @@ type q4Average struct {
 
 func (q *q4Average) Open(_ context.Context, st *runtime.StateRegistry[int64]) error {
 	var err error
-	q.acc, err = runtime.NewValueState[[2]int64](st, "count-sum", nil)
+	q.acc, err = runtime.NewValueState[[2]int64](st, "count-sum", pairCodec)
 	return err
 }
 
@@ -384,26 +384,29 @@ func Q5(events *runtime.Stream[Event]) *runtime.Stream[Q5Result] {
 			out.Collect(Q5Result{Auction: ctx.Key, Num: n[0], Start: ctx.Window.Start, End: ctx.Window.End})
 			return nil
 		}), runtime.Int64Codec())
-	return TopPerWindow(counts, "q5-top", q5Window, q5Score)
+	return topPerWindowOf(counts, "q5-top", q5Window, q5Score, q5ResultCodec)
 }
 
-// TopPerWindow keeps, per window (window(v) identifies it), the records of
+// topPerWindowOf keeps, per window (window(v) identifies it), the records of
 // the highest score (all of them on a tie) and emits them when the
 // watermark passes the window: records are window results, whose
-// timestamp is their window's last millisecond.
-func TopPerWindow[T any](s *runtime.Stream[T], name string, window, score func(T) int64) *runtime.Stream[T] {
+// timestamp is their window's last millisecond. codec encodes a record in
+// state.
+func topPerWindowOf[T any](s *runtime.Stream[T], name string, window, score func(T) int64, codec binCodec[T]) *runtime.Stream[T] {
 	keyed := runtime.KeyBy(s, window, runtime.Int64Codec())
-	return runtime.ProcessKeyed(keyed, name, func() runtime.KeyedProcessor[int64, T, T] { return &topPerWindow[T]{score: score} })
+	top := sliceCodec(codec)
+	return runtime.ProcessKeyed(keyed, name, func() runtime.KeyedProcessor[int64, T, T] { return &topPerWindow[T]{score: score, codec: top} })
 }
 
 type topPerWindow[T any] struct {
 	score func(T) int64
+	codec runtime.Codec[[]T]
 	top   *runtime.ValueState[[]T]
 }
 
 func (p *topPerWindow[T]) Open(_ context.Context, st *runtime.StateRegistry[int64]) error {
 	var err error
-	p.top, err = runtime.NewValueState[[]T](st, "top", nil)
+	p.top, err = runtime.NewValueState[[]T](st, "top", p.codec)
 	return err
 }
 
@@ -471,8 +474,8 @@ func Q7(events *runtime.Stream[Event]) *runtime.Stream[Q7Result] {
 				out.Collect(Q7Result{Auction: b.Auction, Price: b.Price, Bidder: b.Bidder, DateTime: b.DateTime, Extra: b.Extra, WindowEnd: ctx.Window.End})
 			}
 			return nil
-		}), nil)
-	return TopPerWindow(tops, "q7-max", q7Window, q7Score)
+		}), q7AccCodec)
+	return topPerWindowOf(tops, "q7-max", q7Window, q7Score, q7ResultCodec)
 }
 
 // q8Acc is what a person id's tumbling window holds: the person if they
@@ -535,7 +538,7 @@ func Q8(events *runtime.Stream[Event]) *runtime.Stream[Q8Result] {
 				out.Collect(Q8Result{ID: ctx.Key, Name: a.Name, Start: windowStart(ctx)})
 			}
 			return nil
-		}), nil)
+		}), q8AccCodec)
 }
 
 // Q11 is the user sessions query: per bidder, the number of bids in each
