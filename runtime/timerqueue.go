@@ -46,6 +46,10 @@ type timerQueue[T comparable] struct {
 	heap []kgTimer[T]            // live and dead entries, by timestamp
 	dead int                     // entries of heap and batch[cur:] that are not live timers
 	enc  ownerEncoder[T]
+	// cmp, when set, orders owners as the bytes of their encodings
+	// compare, without encoding them (ownerOrder): ties of a timestamp
+	// are then sorted on the owners themselves.
+	cmp func(a, b T) int
 
 	// batch[cur:] are the timers of timestamp batchTS due to fire, in
 	// order (dead ones are skipped).
@@ -91,6 +95,11 @@ func (q *timerQueue[T]) isLive(id timerID[T]) bool {
 
 // insertInBatch puts e into the batch being fired, at its place by owner.
 func (q *timerQueue[T]) insertInBatch(e kgTimer[T]) {
+	if q.cmp != nil {
+		i, _ := slices.BinarySearchFunc(q.batch[q.cur:], e, func(x, y kgTimer[T]) int { return q.cmp(x.id.owner, y.id.owner) })
+		q.batch = slices.Insert(q.batch, q.cur+i, e)
+		return
+	}
 	q.scratch = q.enc(q.scratch[:0], e.id.owner)
 	n := len(q.scratch)
 	rest := q.batch[q.cur:]
@@ -289,6 +298,10 @@ func (q *timerQueue[T]) next(upTo int64) (timerID[T], int, bool) {
 // sortByOwner orders es (of one timestamp) by their owners' encodings.
 func (q *timerQueue[T]) sortByOwner(es []kgTimer[T]) []kgTimer[T] {
 	if len(es) < 2 {
+		return es
+	}
+	if q.cmp != nil {
+		slices.SortFunc(es, func(x, y kgTimer[T]) int { return q.cmp(x.id.owner, y.id.owner) })
 		return es
 	}
 	type keyed struct {
