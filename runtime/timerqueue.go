@@ -25,148 +25,212 @@ type ownerEncoder[T comparable] func(dst []byte, owner T) []byte
 // and each timer's key group for snapshots by key group. It holds no clock
 // and calls nothing.
 //
-// Its memory is a set of typed ids (owner and timestamp) and a min-heap of
-// the same ids with their key groups, ordered by timestamp alone, with
-// lazy deletion: no owner is encoded to register, delete or order timers.
-// Ties are ordered when their timestamp comes due: the heap's timers of
-// that timestamp are taken out as a batch and sorted by their owners'
-// encodings, and fire from the batch in that order (a timer registered at
-// the batch's timestamp while it fires joins it in order; one registered
-// earlier fires first).
+// Its memory is a bucket per timestamp (its one timer inline, or a set of
+// typed owners, each with its key group, once it has two: a timer at a
+// timestamp of its own costs no map) and a min-heap of the buckets'
+// timestamps: the aligned
+// windows of a window operator end together for every key, so one heap
+// entry stands for all the keys' timers of a window end, and no owner is
+// encoded to register, delete or order timers. When a timestamp comes due,
+// its bucket is taken out whole as the batch, sorted by owner (the
+// owners' comparison where it is known, ownerOrder, else their
+// encodings), and its timers fire from the batch in that order; the
+// bucket's set is then cleared for reuse, not emptied timer by timer. A
+// timer registered at the batch's timestamp while it fires joins the
+// batch in order (one registered earlier fires first); one deleted then
+// leaves it.
 //
-// The set is hashed once per timer registered (an insert that tells
-// whether the id was there) and once per timer fired (its delete): dead
-// counts exactly the heap's and the batch's entries that are not live
-// timers (deleted ones, and the older copy of a timer deleted and
-// registered again), so while it is 0, as it is for timers that are never
-// deleted (the window operator's aligned windows), no entry is looked up
-// to know whether it is live.
+// A registration hashes the timer's owner once (an insert that tells
+// whether it was there), a deletion once, a firing never. A bucket emptied
+// by deletions goes at once; its heap entry stays until it surfaces or
+// until such stale entries outnumber the buckets (compactHeap).
 type timerQueue[T comparable] struct {
-	set  map[timerID[T]]struct{} // live timers
-	heap []kgTimer[T]            // live and dead entries, by timestamp
-	dead int                     // entries of heap and batch[cur:] that are not live timers
-	enc  ownerEncoder[T]
+	buckets map[int64]tsBucket[T] // live timers by timestamp (the batch's not)
+	heap    []int64               // the buckets' timestamps, and stale ones (len(heap)-len(buckets))
+	n       int                   // live timers
+	enc     ownerEncoder[T]
+	// cmp, when set, orders owners as the bytes of their encodings
+	// compare, without encoding them (ownerOrder): ties of a timestamp
+	// are then sorted on the owners themselves.
+	cmp func(a, b T) int
 
-	// batch[cur:] are the timers of timestamp batchTS due to fire, in
-	// order (dead ones are skipped).
+	// last is the set of the bucket of timestamp lastTS, the last
+	// registered to (nil: none, or a bucket of one timer): a window
+	// operator registers a run of keys' timers at one window end.
+	last   map[T]int32
+	lastTS int64
+	spare  map[T]int32 // a fired bucket's set, cleared, for the next bucket
+
+	// batch[cur:] are the live timers of timestamp batchTS due to fire,
+	// in order.
 	batch   []kgTimer[T]
 	cur     int
 	batchTS int64
 	scratch []byte // encodings while ordering a batch
 
-	probes int // operations on set (what the tests count)
+	probes int // operations on the buckets' sets (what the tests count)
 }
 
 func newTimerQueue[T comparable](enc ownerEncoder[T]) *timerQueue[T] {
-	return &timerQueue[T]{set: map[timerID[T]]struct{}{}, enc: enc}
+	return &timerQueue[T]{buckets: map[int64]tsBucket[T]{}, enc: enc}
 }
+
+// tsBucket is the live timers of one timestamp: one (owner, kg) while set
+// is nil, else set (owner -> key group), which holds them all.
+type tsBucket[T comparable] struct {
+	owner T
+	kg    int32
+	set   map[T]int32
+}
+
+// newSet returns an empty set for a bucket (the spare one if there is).
+func (q *timerQueue[T]) newSet() map[T]int32 {
+	m := q.spare
+	if m == nil {
+		m = map[T]int32{}
+	}
+	q.spare = nil
+	return m
+}
+
+// firing reports whether a batch is being fired.
+func (q *timerQueue[T]) firing() bool { return q.cur < len(q.batch) }
 
 // register adds the timer (ts, owner) in key group kg; false if it exists.
 func (q *timerQueue[T]) register(kg int, owner T, ts int64) bool {
-	id := timerID[T]{ts: ts, owner: owner}
-	n := len(q.set)
 	q.probes++
-	q.set[id] = struct{}{} // one probe: inserted, or there already
-	if len(q.set) == n {
-		return false
-	}
-	e := kgTimer[T]{id: id, kg: int32(kg)}
-	if q.cur < len(q.batch) && ts == q.batchTS {
-		q.insertInBatch(e)
+	if q.firing() && ts == q.batchTS {
+		i, ok := q.findInBatch(owner)
+		if ok {
+			return false
+		}
+		q.batch = slices.Insert(q.batch, q.cur+i, kgTimer[T]{id: timerID[T]{ts: ts, owner: owner}, kg: int32(kg)})
+		q.n++
 		return true
 	}
-	q.push(e)
+	set := q.last
+	if set == nil || q.lastTS != ts {
+		b, ok := q.buckets[ts]
+		switch {
+		case !ok:
+			q.buckets[ts] = tsBucket[T]{owner: owner, kg: int32(kg)}
+			q.push(ts)
+			q.n++
+			return true
+		case b.set == nil:
+			if b.owner == owner {
+				return false
+			}
+			b.set = q.newSet()
+			b.set[b.owner] = b.kg
+			b.owner = *new(T)
+			q.buckets[ts] = b
+		}
+		set = b.set
+		q.last, q.lastTS = set, ts
+	}
+	n := len(set)
+	set[owner] = int32(kg) // one probe: inserted, or there already (an owner's key group is its key's)
+	if len(set) == n {
+		return false
+	}
+	q.n++
 	return true
 }
 
-// isLive reports whether an entry of the heap or the batch is a live timer.
-func (q *timerQueue[T]) isLive(id timerID[T]) bool {
-	if q.dead == 0 {
-		return true
+// dropBucket takes the bucket of ts out of buckets (its heap entry stays,
+// stale if popped later) and returns it.
+func (q *timerQueue[T]) dropBucket(ts int64) tsBucket[T] {
+	b := q.buckets[ts]
+	delete(q.buckets, ts)
+	if q.lastTS == ts {
+		q.last = nil
 	}
-	q.probes++
-	_, ok := q.set[id]
-	return ok
+	return b
 }
 
-// insertInBatch puts e into the batch being fired, at its place by owner.
-func (q *timerQueue[T]) insertInBatch(e kgTimer[T]) {
-	q.scratch = q.enc(q.scratch[:0], e.id.owner)
-	n := len(q.scratch)
+// findInBatch returns owner's position in the batch's rest (sorted by
+// owner), or where it goes.
+func (q *timerQueue[T]) findInBatch(owner T) (int, bool) {
 	rest := q.batch[q.cur:]
-	i, _ := slices.BinarySearchFunc(rest, e, func(x, _ kgTimer[T]) int {
+	if q.cmp != nil {
+		return slices.BinarySearchFunc(rest, owner, func(x kgTimer[T], o T) int { return q.cmp(x.id.owner, o) })
+	}
+	q.scratch = q.enc(q.scratch[:0], owner)
+	n := len(q.scratch)
+	return slices.BinarySearchFunc(rest, owner, func(x kgTimer[T], _ T) int {
 		q.scratch = q.enc(q.scratch[:n], x.id.owner)
 		return bytes.Compare(q.scratch[n:], q.scratch[:n])
 	})
-	q.batch = slices.Insert(q.batch, q.cur+i, e)
 }
 
 // remove deletes the timer (ts, owner); false if there is none.
 func (q *timerQueue[T]) remove(owner T, ts int64) bool {
-	id := timerID[T]{ts: ts, owner: owner}
-	q.probes += 2
-	if _, ok := q.set[id]; !ok {
+	q.probes++
+	if q.firing() && ts == q.batchTS {
+		i, ok := q.findInBatch(owner)
+		if !ok {
+			return false // none, or fired already
+		}
+		q.batch = slices.Delete(q.batch, q.cur+i, q.cur+i+1)
+		q.n--
+		return true
+	}
+	b, ok := q.buckets[ts]
+	switch {
+	case !ok:
 		return false
+	case b.set == nil:
+		if b.owner != owner {
+			return false
+		}
+	default:
+		n := len(b.set)
+		delete(b.set, owner)
+		if len(b.set) == n {
+			return false
+		}
+		if len(b.set) > 0 {
+			q.n--
+			return true
+		}
+		q.spare = b.set
 	}
-	delete(q.set, id)
-	q.dead++ // its entry stays, dead
-	if q.dead > 64 && q.dead > len(q.set) {
-		q.compact()
-	}
+	q.n--
+	q.dropBucket(ts)
+	q.compactHeap()
 	return true
 }
 
-// compact drops the dead entries of the heap and of the batch's rest,
-// keeping one entry per live timer (and the batch's order).
-func (q *timerQueue[T]) compact() {
-	if q.dead == 0 {
+// compactHeap drops the heap's stale entries (timestamps without a
+// bucket) once they outnumber the buckets, so that timers registered and
+// deleted at ever new timestamps do not grow it.
+func (q *timerQueue[T]) compactHeap() {
+	if stale := len(q.heap) - len(q.buckets); stale <= 64 || stale <= len(q.buckets) {
 		return
 	}
-	// A live timer may have two entries (deleted, registered again): the
-	// first kept takes it out of the set, so the second is dropped; every
-	// kept one goes back after.
-	keep := func(es []kgTimer[T]) []kgTimer[T] {
-		out := es[:0]
-		for _, e := range es {
-			if _, ok := q.set[e.id]; ok {
-				delete(q.set, e.id)
-				out = append(out, e)
-			}
-		}
-		clear(es[len(out):])
-		return out
+	q.heap = q.heap[:0]
+	for ts := range q.buckets {
+		q.heap = append(q.heap, ts)
 	}
-	rest := keep(q.batch[q.cur:])
-	q.batch = q.batch[:q.cur+len(rest)]
-	q.heap = keep(q.heap)
-	for _, e := range rest {
-		q.set[e.id] = struct{}{}
-	}
-	for _, e := range q.heap {
-		q.set[e.id] = struct{}{}
-	}
-	q.dead = 0
 	for i := len(q.heap)/2 - 1; i >= 0; i-- {
 		q.down(i)
 	}
 }
 
-func (q *timerQueue[T]) push(e kgTimer[T]) {
-	q.heap = append(q.heap, e)
+func (q *timerQueue[T]) push(ts int64) {
+	q.heap = append(q.heap, ts)
 	q.up(len(q.heap) - 1)
 }
 
-func (q *timerQueue[T]) pop() kgTimer[T] {
+func (q *timerQueue[T]) pop() {
 	h := q.heap
-	e := h[0]
 	n := len(h) - 1
 	h[0] = h[n]
-	h[n] = kgTimer[T]{}
 	q.heap = h[:n]
 	if n > 0 {
 		q.down(0)
 	}
-	return e
 }
 
 func (q *timerQueue[T]) up(i int) {
@@ -174,7 +238,7 @@ func (q *timerQueue[T]) up(i int) {
 	x := h[i]
 	for i > 0 {
 		p := (i - 1) / 2
-		if h[p].id.ts <= x.id.ts {
+		if h[p] <= x {
 			break
 		}
 		h[i] = h[p]
@@ -192,10 +256,10 @@ func (q *timerQueue[T]) down(i int) {
 		if c >= n {
 			break
 		}
-		if r := c + 1; r < n && h[r].id.ts < h[c].id.ts {
+		if r := c + 1; r < n && h[r] < h[c] {
 			c = r
 		}
-		if x.id.ts <= h[c].id.ts {
+		if x <= h[c] {
 			break
 		}
 		h[i] = h[c]
@@ -204,32 +268,17 @@ func (q *timerQueue[T]) down(i int) {
 	h[i] = x
 }
 
-// heapMin drops the heap's dead head entries and returns the earliest live
-// timestamp in the heap.
+// heapMin drops the heap's stale head entries and returns the earliest
+// bucket's timestamp.
 func (q *timerQueue[T]) heapMin() (int64, bool) {
 	for len(q.heap) > 0 {
-		if q.isLive(q.heap[0].id) {
-			return q.heap[0].id.ts, true
+		ts := q.heap[0]
+		if _, ok := q.buckets[ts]; ok {
+			return ts, true
 		}
 		q.pop()
-		q.dead--
 	}
 	return 0, false
-}
-
-// batchHead skips the batch's dead entries and reports whether a live one
-// remains.
-func (q *timerQueue[T]) batchHead() bool {
-	for q.cur < len(q.batch) {
-		if q.isLive(q.batch[q.cur].id) {
-			return true
-		}
-		q.batch[q.cur] = kgTimer[T]{}
-		q.cur++
-		q.dead--
-	}
-	q.endBatch()
-	return false
 }
 
 func (q *timerQueue[T]) endBatch() {
@@ -240,7 +289,7 @@ func (q *timerQueue[T]) endBatch() {
 // peek returns the earliest live timer's timestamp.
 func (q *timerQueue[T]) peek() (int64, bool) {
 	ts, ok := q.heapMin()
-	if q.batchHead() && (!ok || q.batchTS < ts) {
+	if q.firing() && (!ok || q.batchTS < ts) {
 		return q.batchTS, true
 	}
 	return ts, ok
@@ -251,16 +300,21 @@ func (q *timerQueue[T]) peek() (int64, bool) {
 // registered by a firing one (at or before upTo) fires in the same loop.
 func (q *timerQueue[T]) next(upTo int64) (timerID[T], int, bool) {
 	for {
-		if q.batchHead() {
-			if ts, ok := q.heapMin(); ok && ts < q.batchTS {
-				// Registered while the batch fired, earlier than it: it
-				// fires first, the batch's rest goes back to the heap
-				// (dead entries too: dead counts them still).
-				for _, e := range q.batch[q.cur:] {
-					q.push(e)
+		if q.firing() {
+			if len(q.heap) > 0 && q.heap[0] < q.batchTS {
+				if ts, ok := q.heapMin(); ok && ts < q.batchTS {
+					// Registered while the batch fired, earlier than it:
+					// it fires first, the batch's rest goes back to a
+					// bucket.
+					set := q.newSet()
+					for _, e := range q.batch[q.cur:] {
+						set[e.id.owner] = e.kg
+					}
+					q.buckets[q.batchTS] = tsBucket[T]{set: set}
+					q.push(q.batchTS)
+					q.endBatch()
+					continue
 				}
-				q.endBatch()
-				continue
 			}
 			if q.batchTS > upTo {
 				return timerID[T]{}, 0, false
@@ -268,18 +322,26 @@ func (q *timerQueue[T]) next(upTo int64) (timerID[T], int, bool) {
 			e := q.batch[q.cur]
 			q.batch[q.cur] = kgTimer[T]{}
 			q.cur++
-			q.probes++
-			delete(q.set, e.id)
+			q.n--
 			return e.id, int(e.kg), true
+		}
+		if len(q.batch) > 0 {
+			q.endBatch()
 		}
 		ts, ok := q.heapMin()
 		if !ok || ts > upTo {
 			return timerID[T]{}, 0, false
 		}
-		for len(q.heap) > 0 && q.heap[0].id.ts == ts {
-			// Dead entries go into the batch too (dead counts them
-			// there), skipped when their turn comes.
-			q.batch = append(q.batch, q.pop())
+		q.pop()
+		b := q.dropBucket(ts)
+		if b.set == nil {
+			q.batch = append(q.batch, kgTimer[T]{id: timerID[T]{ts: ts, owner: b.owner}, kg: b.kg})
+		} else {
+			for owner, kg := range b.set {
+				q.batch = append(q.batch, kgTimer[T]{id: timerID[T]{ts: ts, owner: owner}, kg: kg})
+			}
+			clear(b.set)
+			q.spare = b.set
 		}
 		q.batchTS = ts
 		q.batch = q.sortByOwner(q.batch)
@@ -289,6 +351,10 @@ func (q *timerQueue[T]) next(upTo int64) (timerID[T], int, bool) {
 // sortByOwner orders es (of one timestamp) by their owners' encodings.
 func (q *timerQueue[T]) sortByOwner(es []kgTimer[T]) []kgTimer[T] {
 	if len(es) < 2 {
+		return es
+	}
+	if q.cmp != nil {
+		slices.SortFunc(es, func(x, y kgTimer[T]) int { return q.cmp(x.id.owner, y.id.owner) })
 		return es
 	}
 	type keyed struct {
@@ -311,7 +377,7 @@ func (q *timerQueue[T]) sortByOwner(es []kgTimer[T]) []kgTimer[T] {
 }
 
 // len is the number of live timers.
-func (q *timerQueue[T]) len() int { return len(q.set) }
+func (q *timerQueue[T]) len() int { return q.n }
 
 // kgTimer is a timer with its key group: an entry of the queue's heap and
 // batch, and what a snapshot copies.
@@ -321,12 +387,20 @@ type kgTimer[T comparable] struct {
 }
 
 // live copies the live timers (the synchronous part of a snapshot: typed
-// ids, nothing encoded), after dropping the dead entries if there are any.
+// ids, nothing encoded).
 func (q *timerQueue[T]) live() []kgTimer[T] {
-	q.compact()
-	out := make([]kgTimer[T], 0, len(q.set))
+	out := make([]kgTimer[T], 0, q.n)
 	out = append(out, q.batch[q.cur:]...)
-	return append(out, q.heap...)
+	for ts, b := range q.buckets {
+		if b.set == nil {
+			out = append(out, kgTimer[T]{id: timerID[T]{ts: ts, owner: b.owner}, kg: b.kg})
+			continue
+		}
+		for owner, kg := range b.set {
+			out = append(out, kgTimer[T]{id: timerID[T]{ts: ts, owner: owner}, kg: kg})
+		}
+	}
+	return out
 }
 
 // groupTimers groups timers by key group, each group sorted by timestamp

@@ -1,9 +1,13 @@
 package runtime
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"time"
 )
 
@@ -89,9 +93,10 @@ func NewTimers[N comparable, K comparable](st *StateRegistry[K], name string, nc
 			newEncodedTimers(newPebbleTimers(p, name, pebbleKindEventTimers), t.appendOwner, t.decodeOwner),
 			newEncodedTimers(newPebbleTimers(p, name, pebbleKindProcTimers), t.appendOwner, t.decodeOwner)}
 	} else {
-		t.q = [2]timerStore[timerOwner[K, N]]{
-			heapTimers[timerOwner[K, N]]{newTimerQueue(t.appendOwner)},
-			heapTimers[timerOwner[K, N]]{newTimerQueue(t.appendOwner)}}
+		ev, proc := newTimerQueue(t.appendOwner), newTimerQueue(t.appendOwner)
+		ev.cmp = ownerOrder[K, N](t.keyCodec)
+		proc.cmp = ev.cmp
+		t.q = [2]timerStore[timerOwner[K, N]]{heapTimers[timerOwner[K, N]]{ev}, heapTimers[timerOwner[K, N]]{proc}}
 	}
 	if err := st.b.register(t); err != nil {
 		return nil, err
@@ -112,6 +117,47 @@ func (t *Timers[K, N]) appendOwner(dst []byte, o timerOwner[K, N]) []byte {
 	dst = appendFrame(dst, t.kbuf)
 	t.kbuf = t.nsCodec.Append(t.kbuf[:0], o.ns)
 	return appendFrame(dst, t.kbuf)
+}
+
+// ownerOrder returns a comparison of owners in the order of their
+// encodings (appendOwner's bytes), which the heap's timer queue uses to
+// order the timers of one timestamp without encoding their owners; nil
+// where it does not know one. It knows string keys under StringCodec with
+// a zero-size namespace (the default timers' and the window operator's):
+// a zero-size type has one value, so one encoding, and two owners compare
+// as their framed keys, a uvarint length and then the bytes.
+func ownerOrder[K, N comparable](kc Codec[K]) func(a, b timerOwner[K, N]) int {
+	if _, ok := any(kc).(stringCodec); !ok || reflect.TypeFor[N]().Size() != 0 {
+		return nil
+	}
+	f, _ := any(cmpStringOwners[N]).(func(a, b timerOwner[K, N]) int)
+	return f
+}
+
+// cmpStringOwners compares owners of string keys and a zero-size namespace
+// as the bytes of their encodings compare: by their keys' frames.
+func cmpStringOwners[N comparable](a, b timerOwner[string, N]) int {
+	return cmpFramedStrings(a.key, b.key)
+}
+
+// cmpFramedStrings compares a and b as appendFrame's encodings of them
+// compare: the uvarint lengths first (which differ in a byte, neither a
+// prefix of the other, or are equal), then the bytes.
+func cmpFramedStrings(a, b string) int {
+	if len(a) < 0x80 && len(b) < 0x80 {
+		// One-byte lengths: the length is the byte.
+		if len(a) != len(b) {
+			return cmp.Compare(len(a), len(b))
+		}
+		return strings.Compare(a, b)
+	}
+	var la, lb [binary.MaxVarintLen64]byte
+	na := binary.PutUvarint(la[:], uint64(len(a)))
+	nb := binary.PutUvarint(lb[:], uint64(len(b)))
+	if c := bytes.Compare(la[:na], lb[:nb]); c != 0 {
+		return c
+	}
+	return strings.Compare(a, b)
 }
 
 // decodeOwner decodes what appendOwner encoded.
