@@ -161,18 +161,7 @@ type inFlight struct {
 	n    int
 	zero chan struct{} // closed when n reaches 0; nil while nobody waits
 	read time.Time     // when the last answer was read
-	sent time.Time     // when the last request was written
-}
-
-// sinceSent returns how long ago the last ShareFetch was written (a long
-// time if none was).
-func (f *inFlight) sinceSent() time.Duration {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.sent.IsZero() {
-		return time.Hour
-	}
-	return time.Since(f.sent)
+	sent time.Time     // when the last request was written (tests)
 }
 
 // sinceRead returns how long ago the last answer was read (a long time if
