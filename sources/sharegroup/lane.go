@@ -136,8 +136,15 @@ func (l *lane) poke() {
 
 // laneFetchWait is how long a lane's share fetch waits at the broker for
 // records (kgo's FetchMaxWait): an idle lane asks again that often, and a
-// fetch in flight ends within it.
-const laneFetchWait = time.Second
+// fetch in flight ends within it. It bounds a cancel: stopFetching waits
+// for every lane's fetch in flight, and nothing ends one sooner without a
+// cost (kgo's Close waits for it too: cancelling it would strand the
+// acknowledgements it carries, which the broker may already have applied;
+// closing the connection releases the lane's held records before their
+// checkpoint's ACCEPT). It was 1 s until 2026-12-06, which made a cancel
+// take 1.1-1.3 s (docs/internals/recovery.md); a shorter wait costs an idle
+// lane four empty fetches a second instead of one.
+const laneFetchWait = 250 * time.Millisecond
 
 // inFlight counts a client's ShareFetch requests in flight (a kgo broker
 // hook). kgo v1.22 lets a lane's client send one more fetch right after a
@@ -154,6 +161,7 @@ type inFlight struct {
 	n    int
 	zero chan struct{} // closed when n reaches 0; nil while nobody waits
 	read time.Time     // when the last answer was read
+	sent time.Time     // when the last request was written (tests)
 }
 
 // sinceRead returns how long ago the last answer was read (a long time if
@@ -177,6 +185,7 @@ func (f *inFlight) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ ti
 	}
 	f.mu.Lock()
 	f.n++
+	f.sent = time.Now()
 	f.mu.Unlock()
 }
 
