@@ -25,7 +25,8 @@ import (
 //   - clicks_per_s: a backlog of clicks read until the group acknowledged
 //     every one;
 //   - watermark_lag_p50_ms and _p99_ms: clicks written while the job runs,
-//     20 minutes of event time in about 10 s, and for each click the time
+//     20 minutes of event time in about 10 s (2 s in this package's
+//     tests), and for each click the time
 //     by which the window operator's watermark trails the newest click it
 //     has seen;
 //
@@ -34,6 +35,9 @@ import (
 // are late.
 func ShareGroupWatermark(ctx context.Context, cfg Config) ([]Line, error) {
 	users, runs := cfg.sizeOf(2000, 700, 60), cfg.runsOf(3, 2)
+	// pace is how long the paced runs take to write their clicks' 20
+	// minutes of event time.
+	pace := time.Duration(cfg.sizeOf(10, 10, 2)) * time.Second
 	kb, err := startBroker(ctx)
 	if err != nil {
 		return nil, err
@@ -52,12 +56,12 @@ func ShareGroupWatermark(ctx context.Context, cfg Config) ([]Line, error) {
 	var res [2]result
 	side := func(k int, opts ...sharegroup.Opt) measure {
 		return func(run int) (float64, error) {
-			r, err := sessionWindowRun(ctx, kb, fmt.Sprintf("bench-sgwm-%d-%d", k, run), "bench-clicks", nil, len(clicks), first, opts...)
+			r, err := sessionWindowRun(ctx, kb, fmt.Sprintf("bench-sgwm-%d-%d", k, run), "bench-clicks", nil, 0, len(clicks), first, opts...)
 			if err != nil {
 				return 0, err
 			}
 			paced := fmt.Sprintf("bench-clicks-paced-%d-%d", k, run)
-			p, err := sessionWindowRun(ctx, kb, paced, paced, clicks, len(clicks), first, opts...)
+			p, err := sessionWindowRun(ctx, kb, paced, paced, clicks, pace, len(clicks), first, opts...)
 			if err != nil {
 				return 0, fmt.Errorf("paced: %w", err)
 			}
@@ -76,8 +80,8 @@ func ShareGroupWatermark(ctx context.Context, cfg Config) ([]Line, error) {
 		"late clicks (backlog and paced runs) weir %v, subtask-watermarks %v; %s", len(clicks), users, res[0].late, res[1].late, l.Note)
 	lag := func(metric string, w, b []float64) Line {
 		x := compared("sharegroup-watermark", metric, "subtask-watermarks", w, b)
-		x.Note = fmt.Sprintf("clicks written while the job runs (20 min of event time in 10 s): ms the window operator's watermark "+
-			"trails the newest click time it has seen, per click; %s", x.Note)
+		x.Note = fmt.Sprintf("clicks written while the job runs (20 min of event time in %v): ms the window operator's watermark "+
+			"trails the newest click time it has seen, per click; %s", pace, x.Note)
 		return x
 	}
 	return []Line{l, lag("watermark_lag_p50_ms", res[0].p50, res[1].p50), lag("watermark_lag_p99_ms", res[0].p99, res[1].p99)}, nil
@@ -135,10 +139,10 @@ type sgwmRun struct {
 
 // sessionWindowRun reads topic as share group group into session windows
 // (30 s gap) and returns once the group has acknowledged all n clicks.
-// With paced clicks, it writes them to topic while the job runs (10 s for
+// With paced clicks, it writes them to topic while the job runs (over
 // their span). first is the earliest click's time: the lag of a click that
 // arrives before any watermark counts from it.
-func sessionWindowRun(ctx context.Context, kb *kafkaBroker, group, topic string, paced []sessions.Click, n int, first int64,
+func sessionWindowRun(ctx context.Context, kb *kafkaBroker, group, topic string, paced []sessions.Click, over time.Duration, n int, first int64,
 	opts ...sharegroup.Opt) (sgwmRun, error) {
 	src, err := sharegroup.New(sessions.ParseClick, append([]sharegroup.Opt{sharegroup.Brokers(kb.addr),
 		sharegroup.Topics(topic), sharegroup.Group(group)}, opts...)...)
@@ -168,7 +172,7 @@ func sessionWindowRun(ctx context.Context, kb *kafkaBroker, group, topic string,
 	}()
 	if paced != nil {
 		go func() {
-			if err := produceClicks(rctx, kb, topic, paced, 10*time.Second); err != nil && rctx.Err() == nil {
+			if err := produceClicks(rctx, kb, topic, paced, over); err != nil && rctx.Err() == nil {
 				done <- err
 			}
 		}()
