@@ -60,7 +60,7 @@ func TestDemoRefusesBadFlags(t *testing.T) {
 // an error before any run.
 func TestBenchNexmarkBackendsReportsEveryQueryOnEveryBackendFromItsOwnProcess(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts 20 processes")
+		t.Skip("starts 16 processes")
 	}
 	// Sixteen processes of this race-instrumented binary, one after the
 	// other: more than runCLI's deadline on a loaded machine. 5,000 events
