@@ -172,7 +172,9 @@ var q4AuctionCodec = binCodec[q4Auction]{
 }
 
 var q4BidsCodec = sliceCodec(binCodec[q4Bid]{
-	put: func(dst []byte, b q4Bid) []byte { return binary.AppendVarint(binary.AppendVarint(dst, b.Time), b.Price) },
+	put: func(dst []byte, b q4Bid) []byte {
+		return binary.AppendVarint(binary.AppendVarint(dst, b.Time), b.Price)
+	},
 	get: func(r *reader) q4Bid { return q4Bid{Time: r.varint(), Price: r.varint()} },
 })
 
