@@ -30,15 +30,7 @@ func TestCrashChild(t *testing.T) {
 	if addr == "" {
 		t.Skip("helper process for TestConsumerCrashMidTransaction")
 	}
-	newSrc, err := New(func(r *kgo.Record) (string, error) { return string(r.Value), nil },
-		Brokers(addr), Topics("in"), Group("g"), Lanes(1), BatchSize(100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newSrc().(*Source[string])
-	if err := s.Open(context.Background(), &runtime.OperatorContext{Job: "job", UID: "src", Parallelism: 1, Logger: zap.NewNop()}); err != nil {
-		t.Fatal(err)
-	}
+	s := openChildSource(t, addr, 1, 100)
 	c := &sliceCollector{}
 	for len(c.vals) < 50 {
 		if err := s.Poll(context.Background(), c); err != nil {
@@ -50,6 +42,23 @@ func TestCrashChild(t *testing.T) {
 	}
 	fmt.Printf("HOLDING %d\n", len(c.vals))
 	time.Sleep(time.Minute) // killed long before
+}
+
+// openChildSource opens, in a helper process, the one subtask of a source
+// reading topic "in" as group "g" from addr with lanes lanes of batch
+// records.
+func openChildSource(t *testing.T, addr string, lanes, batch int) *Source[string] {
+	t.Helper()
+	newSrc, err := New(func(r *kgo.Record) (string, error) { return string(r.Value), nil },
+		Brokers(addr), Topics("in"), Group("g"), Lanes(lanes), BatchSize(batch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSrc().(*Source[string])
+	if err := s.Open(context.Background(), &runtime.OperatorContext{Job: "job", UID: "src", Parallelism: 1, Logger: zap.NewNop()}); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // A consumer process killed mid-transaction (records acquired and emitted,

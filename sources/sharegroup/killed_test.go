@@ -11,13 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/zap"
-
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/kafkatest"
-	"github.com/weirstream/weir/runtime"
 )
 
 const killedLanesEnv = "WEIR_SHAREGROUP_KILLED_LANES_CHILD"
@@ -30,15 +26,7 @@ func TestKilledLanesChild(t *testing.T) {
 	if addr == "" {
 		t.Skip("helper process for TestPartitionsOfKilledMembersWaitForTheSessionTimeout")
 	}
-	newSrc, err := New(func(r *kgo.Record) (string, error) { return string(r.Value), nil },
-		Brokers(addr), Topics("in"), Group("g"), Lanes(2), BatchSize(10))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newSrc().(*Source[string])
-	if err := s.Open(context.Background(), &runtime.OperatorContext{Job: "job", UID: "src", Parallelism: 1, Logger: zap.NewNop()}); err != nil {
-		t.Fatal(err)
-	}
+	s := openChildSource(t, addr, 2, 10)
 	c := &sliceCollector{}
 	for {
 		if err := s.Poll(context.Background(), c); err != nil {
