@@ -102,42 +102,11 @@ func TestEveryBenchmarkReportsItsLines(t *testing.T) {
 		"eos-wordcount-kafka-ceiling", "nexmark-topic-q0-kafka", "limit-wordcount", "recovery", "failover", "sharegroup-watermark"}
 	limits := []string{"limit-produce", "limit-share-consume"}
 	const runs = 2
-	cfg := Config{Quick: true, tiny: true, runs: runs, checkpoints: 5}
-	// Each benchmark runs through Run as a subtest of its own. Those
-	// that start their own broker and cluster run at once (-parallel of
-	// them): most of their time is waits (heartbeats, leases, checkpoint
-	// intervals, output to appear), and no value is asserted beyond being
-	// measured. state-memory measures the heap of the whole process, so it
-	// runs first, alone.
-	var mu sync.Mutex
 	var buf bytes.Buffer
-	runBench := func(t *testing.T, name string) {
-		var out bytes.Buffer
-		if err := Run(t.Context(), &out, cfg, name); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("bench output:\n%s", out.String())
-		mu.Lock()
-		defer mu.Unlock()
-		buf.Write(out.Bytes())
+	if err := Run(t.Context(), &buf, Config{Quick: true, tiny: true, runs: runs, checkpoints: 5}); err != nil {
+		t.Fatal(err)
 	}
-	const alone = "state-memory"
-	t.Run(alone, func(t *testing.T) { runBench(t, alone) })
-	// The longest (mostly waits: paced input, heartbeats, leases) start
-	// first, so the others run beside them.
-	first := []string{"sharegroup-watermark", "recovery", "failover"}
-	names := slices.Concat(first, slices.DeleteFunc(Names(), func(n string) bool { return n == alone || slices.Contains(first, n) }))
-	t.Run("at-once", func(t *testing.T) {
-		for _, name := range names {
-			t.Run(name, func(t *testing.T) {
-				t.Parallel()
-				runBench(t, name)
-			})
-		}
-	})
-	if t.Failed() {
-		return
-	}
+	t.Logf("bench output:\n%s", buf.String())
 	got := map[string][]string{}
 	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
 		var l Line

@@ -296,10 +296,22 @@ func recoveryJob(ctx context.Context, kb *kafkaBroker, jm *localJobManager, name
 		return r, err
 	}
 	defer mon.stop()
-	id, err := jm.srv.Submit(ctx, wordcount.Type.Name, map[string]string{"brokers": kb.addr, "input": in, "output": out,
-		"group": name, "parallelism": "2"}, 200*time.Millisecond, "")
-	if err != nil {
-		return r, err
+	// A task manager of the previous run may still count as registered
+	// until its goodbye arrives: the slots waited for can be its, so a
+	// refusal for slots is retried while the new ones register.
+	var id string
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		id, err = jm.srv.Submit(ctx, wordcount.Type.Name, map[string]string{"brokers": kb.addr, "input": in, "output": out,
+			"group": name, "parallelism": "2"}, 200*time.Millisecond, "")
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, jobmanager.ErrNotEnoughSlots) || time.Now().After(deadline) {
+			return r, err
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return r, err
+		}
 	}
 	defer func() { _, _ = jm.srv.Cancel(context.WithoutCancel(ctx), id) }()
 	if _, err := mon.resumedAfter(ctx, feed.after(time.Now())); err != nil {
