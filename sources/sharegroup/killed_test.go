@@ -1,19 +1,18 @@
 package sharegroup
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/weirstream/weir/checkpoint"
 	"github.com/weirstream/weir/internal/broker"
 	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/internal/proctest"
 )
 
 const killedLanesEnv = "WEIR_SHAREGROUP_KILLED_LANES_CHILD"
@@ -67,37 +66,11 @@ func TestPartitionsOfKilledMembersWaitForTheSessionTimeout(t *testing.T) {
 		produceTo(t, env, "in", p, int(p)*perPartition, int(p+1)*perPartition)
 	}
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledLanesChild$", "-test.v")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledLanesChild$")
 	cmd.Env = append(os.Environ(), killedLanesEnv+"="+env.Addr)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	joined := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if sc.Text() == "JOINED" {
-				joined <- true
-			}
-		}
-		close(joined)
-	}()
-	select {
-	case ok := <-joined:
-		if !ok {
-			t.Fatal("the child ended before its lanes joined")
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the child's lanes did not join")
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
+	child := proctest.Start(t, cmd)
+	child.Line(t, `^(JOINED)$`)
+	child.Kill(t)
 	killed := time.Now()
 
 	s := openSource(t, env, 0, nil, Lanes(2), BatchSize(10))
