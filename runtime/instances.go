@@ -190,6 +190,13 @@ func (c *sourceCollector[T]) SetSplits(splits []string) {
 	}
 }
 
+// SplitPending implements SplitCollector.
+func (c *sourceCollector[T]) SplitPending(split string) {
+	if c.wms != nil {
+		c.wms.pendingSplit(split)
+	}
+}
+
 var _ SplitCollector[int] = (*sourceCollector[int])(nil)
 
 // sinkInstance runs a user Sink.

@@ -24,7 +24,8 @@ type UnionState interface {
 // count); when every split is idle the subtask emits the largest watermark
 // any split reached and is idle, and a subtask that reads no split is
 // idle. A split that has emitted nothing yet holds the watermark back
-// until it is idle. Without a strategy both methods only emit (or do
+// until it is idle; a split with records waiting in the source
+// (SplitPending) is not idle. Without a strategy both methods only emit (or do
 // nothing).
 type SplitCollector[T any] interface {
 	TimestampCollector[T]
@@ -35,4 +36,13 @@ type SplitCollector[T any] interface {
 	// missing from it (finished, or moved) no longer counts, a new one
 	// holds the watermark until it emits or is idle.
 	SetSplits(splits []string)
+	// SplitPending says split has records the source holds but has not
+	// emitted yet (a Kafka partition's records fetched into the client
+	// behind another partition's): its idleness clock restarts, as if it
+	// had emitted. A source that reads several splits calls it after each
+	// Poll for each such split; otherwise a split that waits behind
+	// another's backlog for longer than the idleness timeout is taken for
+	// idle, the subtask's watermark moves to the others', and the split's
+	// own records arrive late.
+	SplitPending(split string)
 }

@@ -243,7 +243,7 @@ type sourceWatermarks[T any] struct {
 type ownSplit[T any] struct {
 	gen     WatermarkGenerator[T]
 	wm      int64
-	emitted bool          // records since the last afterPoll
+	emitted bool          // records (or records pending: SplitPending) since the last afterPoll
 	last    time.Time     // when it last emitted (or was declared)
 	bp      time.Duration // the task's back-pressure counter then
 }
@@ -276,6 +276,12 @@ func (w *sourceWatermarks[T]) observeSplit(split string, v T, ts int64) {
 	if s.gen != nil {
 		s.gen.OnEvent(v, ts, s)
 	}
+}
+
+// pendingSplit restarts split's idleness clock: it has records the source
+// holds and has not emitted yet.
+func (w *sourceWatermarks[T]) pendingSplit(split string) {
+	w.split(split, time.Now()).emitted = true
 }
 
 // setSplits declares the splits the source reads now.

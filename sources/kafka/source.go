@@ -109,6 +109,9 @@ type Source[T any] struct {
 	deadLetters atomic.Int64
 	commitFails atomic.Int64
 	splitsSent  bool // SetSplits told the runtime the current splits
+	// waiting counts the records of each partition in the client, fetched
+	// and not yet polled (its hooks are on cl).
+	waiting waiting
 }
 
 // UnionState implements runtime.UnionState: every subtask restores every
@@ -138,7 +141,7 @@ func (s *Source[T]) Open(ctx context.Context, oc *runtime.OperatorContext) error
 	}
 	s.log = s.log.With(zap.String("source", "kafka"))
 	cl, err := kgo.NewClient(s.clientOpts(kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords(),
-		kgo.ConsumeResetOffset(kgo.NoResetOffset()))...)
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()), kgo.WithHooks(&s.waiting))...)
 	if err != nil {
 		return runtime.Unrecoverable(fmt.Errorf("%w: kafka source: client: %w", ErrInvalidConfig, err))
 	}
@@ -367,6 +370,15 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 	})
 	if perr != nil {
 		return perr
+	}
+	// A partition whose records wait in the client behind another's (this
+	// poll took the other's) is not idle, however long it emitted nothing.
+	if sc != nil {
+		for k, ps := range s.parts {
+			if !ps.done && s.waiting.has(k) {
+				sc.SplitPending(ps.name)
+			}
+		}
 	}
 	// A bounded source whose last partition just finished ends at its next
 	// Poll (ErrEndOfInput, then the final watermark): declaring no split

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/weirstream/weir/internal/kafkatest"
 	"github.com/weirstream/weir/runtime"
 )
@@ -156,6 +158,7 @@ type splitLog struct {
 func (c *splitLog) CollectWithTimestamp(v string, _ int64)       { c.Collect(v) }
 func (c *splitLog) CollectFromSplit(_ string, v string, _ int64) { c.Collect(v) }
 func (c *splitLog) SetSplits(splits []string)                    { c.sets = append(c.sets, slices.Clone(splits)) }
+func (c *splitLog) SplitPending(string)                          {}
 
 // A bounded source whose partitions all reach their stop offsets ends
 // (ErrEndOfInput, then the final watermark) without first declaring that
@@ -195,5 +198,60 @@ func TestABoundedSourceEndsWithoutFirstDeclaringItReadsNoSplit(t *testing.T) {
 		if len(set) == 0 {
 			t.Fatalf("split declaration %d of %d is empty (%v): the subtask would turn idle before its end", i+1, len(c.sets), c.sets)
 		}
+	}
+}
+
+// A partition whose records wait in the client behind another partition's
+// backlog is not idle: a subtask reads two partitions whose records are all
+// fetched at once, but its polls take one partition's records at a time and
+// each poll is slow (a slow decode), longer than the idleness timeout. The
+// waiting partition must keep holding the watermark; taken for idle, it
+// would let the subtask's watermark jump to the other partition's, far ahead
+// in event time, and its own records would then all be late (the sessions
+// job lost about a fifth of its sessions this way under load).
+func TestAPartitionWaitingBehindAnothersBacklogIsNotIdle(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "clicks", 2, nil)
+	const n = 1200
+	// Partition 0 advances 1 s per record, partition 1 10 ms.
+	produce(t, env, "clicks", 2, 0, n, "c", func(i int) int64 {
+		if i%2 == 0 {
+			return 1_000_000 + int64(i/2)*1000
+		}
+		return 1_000_000 + int64(i/2)*10
+	})
+	slow := func(r *kgo.Record) (string, error) {
+		time.Sleep(time.Millisecond)
+		return string(r.Value), nil
+	}
+	src, err := New(slow, Brokers(env.Addr), Topics("clicks"), StopAt(Latest()), MaxPollRecords(200))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := runtime.NewJob("wm")
+	s := runtime.FromSource(j, "source", src, runtime.Watermarks(runtime.ForMonotonousTimestamps[string](
+		runtime.WithIdleness(50*time.Millisecond), runtime.WithWatermarkInterval(time.Millisecond))))
+	ks := runtime.KeyBy(s, func(string) int { return 0 }, nil)
+	checked := runtime.ProcessKeyed(ks, "check", func() runtime.KeyedProcessor[int, string, string] { return lateCheck{} })
+	var mu sync.Mutex
+	var late []string
+	ok := 0
+	runtime.SinkTo(checked, "collect", runtime.SinkFunc(func(_ context.Context, v string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.HasPrefix(v, "late ") {
+			late = append(late, v)
+		} else {
+			ok++
+		}
+		return nil
+	}))
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	if _, err := runtime.NewMiniCluster(runtime.CheckpointInterval(time.Second)).Run(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	if len(late) > 0 || ok != n {
+		t.Fatalf("%d records on time, %d late (e.g. %v); want all %d on time", ok, len(late), head(late), n)
 	}
 }
