@@ -263,7 +263,8 @@ func (s *Source[T]) resolve(ctx context.Context, owned map[tp]bool, restored map
 				stop = l.Offset
 			}
 		}
-		out[k] = resolved{start: start, stop: stop}
+		ls, _ := stable.Lookup(k.topic, k.partition)
+		out[k] = resolved{start: start, stop: stop, stable: ls.Offset}
 	}
 	return nil
 }

@@ -59,6 +59,10 @@ type partition struct {
 	committed atomic.Int64 // last offset committed to the group; -1: none
 	stop      int64        // bounded: the offset not to read; -1: unbounded
 	done      bool         // bounded and reached stop
+	// stable is the largest last stable offset seen (discovery, fetches):
+	// the records below it are readable (read_committed), so while next is
+	// below it the partition is not idle. The task goroutine's.
+	stable int64
 }
 
 // found is one discovery's outcome, for the task goroutine.
@@ -68,9 +72,10 @@ type found struct {
 	err   error
 }
 
-// resolved is a newly found partition with its start (and stop) offsets.
+// resolved is a newly found partition with its start (and stop) offsets
+// and its last stable offset when found.
 type resolved struct {
-	start, stop int64
+	start, stop, stable int64
 }
 
 // Source is one subtask of a Kafka partition source. Build it with New.
@@ -329,6 +334,7 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 		if fp.HighWatermark >= 0 {
 			ps.end.Store(fp.HighWatermark)
 		}
+		ps.stable = max(ps.stable, fp.LastStableOffset)
 		for _, r := range fp.Records {
 			if r.Offset < ps.next.Load() {
 				continue // a fetch from before a reset
@@ -371,11 +377,13 @@ func (s *Source[T]) Poll(ctx context.Context, out runtime.Collector[T]) error {
 	if perr != nil {
 		return perr
 	}
-	// A partition whose records wait in the client behind another's (this
-	// poll took the other's) is not idle, however long it emitted nothing.
+	// A partition with records to read is not idle, however long it
+	// emitted nothing: records fetched and waiting in the client behind
+	// another partition's (this poll took the other's), or readable at the
+	// broker and not fetched yet (the first fetch of a slow start).
 	if sc != nil {
 		for k, ps := range s.parts {
-			if !ps.done && s.waiting.has(k) {
+			if !ps.done && (s.waiting.has(k) || ps.next.Load() < ps.stable) {
 				sc.SplitPending(ps.name)
 			}
 		}
@@ -528,7 +536,7 @@ func (s *Source[T]) takeFound(ctx context.Context, wait bool) error {
 		if s.parts[k] != nil {
 			continue
 		}
-		ps := &partition{name: k.String(), stop: r.stop}
+		ps := &partition{name: k.String(), stop: r.stop, stable: r.stable}
 		ps.next.Store(r.start)
 		ps.end.Store(-1)
 		ps.committed.Store(-1)

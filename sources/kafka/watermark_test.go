@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,5 +255,134 @@ func TestAPartitionWaitingBehindAnothersBacklogIsNotIdle(t *testing.T) {
 	}
 	if len(late) > 0 || ok != n {
 		t.Fatalf("%d records on time, %d late (e.g. %v); want all %d on time", ok, len(late), head(late), n)
+	}
+}
+
+// slowFirstFetch holds the first fetch response any client of the job
+// reads for d: one subtask starts late.
+type slowFirstFetch struct {
+	d    time.Duration
+	done atomic.Bool
+}
+
+func (s *slowFirstFetch) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, _ error) {
+	if key == 1 && s.done.CompareAndSwap(false, true) { // 1: Fetch
+		time.Sleep(s.d)
+	}
+}
+
+// A partition with records readable at the broker is not idle before its
+// first fetch arrives: of two subtasks, one reads its partition at once and
+// the other's first fetch takes twenty times the idleness timeout. Taken for
+// idle, the late subtask would let the operator downstream follow the other
+// to the end of its partition, and every record of the late one would be
+// late.
+func TestAPartitionWithRecordsNotYetFetchedIsNotIdle(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "clicks", 2, nil)
+	const n = 600
+	produce(t, env, "clicks", 2, 0, n, "c", func(i int) int64 { return 1_000_000 + int64(i/2)*1000 })
+	src, err := New(decodeString, Brokers(env.Addr), Topics("clicks"), StopAt(Latest()),
+		ClientOpts(kgo.WithHooks(&slowFirstFetch{d: 2 * time.Second})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := runtime.NewJob("wm", runtime.DefaultParallelism(2))
+	s := runtime.FromSource(j, "source", src, runtime.Watermarks(runtime.ForMonotonousTimestamps[string](
+		runtime.WithIdleness(100*time.Millisecond), runtime.WithWatermarkInterval(time.Millisecond))))
+	ks := runtime.KeyBy(s, func(string) int { return 0 }, nil)
+	checked := runtime.ProcessKeyed(ks, "check", func() runtime.KeyedProcessor[int, string, string] { return lateCheck{} })
+	var mu sync.Mutex
+	var late []string
+	ok := 0
+	runtime.SinkTo(checked, "collect", runtime.SinkFunc(func(_ context.Context, v string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.HasPrefix(v, "late ") {
+			late = append(late, v)
+		} else {
+			ok++
+		}
+		return nil
+	}))
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	if _, err := runtime.NewMiniCluster(runtime.CheckpointInterval(time.Second)).Run(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	if len(late) > 0 || ok != n {
+		t.Fatalf("%d records on time, %d late (e.g. %v); want all %d on time", ok, len(late), head(late), n)
+	}
+}
+
+// pendingLog is a splitLog that counts the splits said to have records
+// pending since the last reset.
+type pendingLog struct {
+	splitLog
+	pending map[string]int
+}
+
+func (c *pendingLog) SplitPending(split string) { c.pending[split]++ }
+
+// Records fetched into the client and not yet polled keep their partition
+// active even when the last stable offset the source knows of it is stale
+// (records written since its last fetch, the usual case on a live topic):
+// a Poll that takes one partition's records says the other, whose records
+// wait behind them, has records pending.
+func TestRecordsWaitingInTheClientKeepTheirPartitionActive(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "in", 2, nil)
+	s, err := openSource(t, env, nil, Topics("in"), MaxPollRecords(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &pendingLog{pending: map[string]int{}}
+	deadline := time.Now().Add(time.Minute)
+	for len(c.sets) == 0 { // discovered: both partitions known, empty
+		if err := s.Poll(t.Context(), c); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no splits declared in a minute")
+		}
+	}
+	// Both partitions' records in one produce request, so in one fetch.
+	cl := env.Client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(100*time.Millisecond))
+	const n = 500
+	var recs []*kgo.Record
+	for i := range 2 * n {
+		recs = append(recs, &kgo.Record{Topic: "in", Partition: int32(i % 2), Value: []byte("r" + strconv.Itoa(i))})
+	}
+	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	for s.cl.BufferedFetchRecords() < 2*n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d records buffered in the client, want %d", s.cl.BufferedFetchRecords(), 2*n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	clear(c.pending)
+	if err := s.Poll(t.Context(), c); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.vals) != 100 {
+		t.Fatalf("the poll took %d records, want 100 (MaxPollRecords)", len(c.vals))
+	}
+	taken := map[string]bool{}
+	for k, ps := range s.parts {
+		if ps.next.Load() > 0 {
+			taken[k.String()] = true
+		}
+	}
+	for k, ps := range s.parts {
+		if name := k.String(); !taken[name] {
+			if ps.stable != 0 {
+				t.Fatalf("%s: last stable offset known %d, want 0 (nothing of it polled yet)", name, ps.stable)
+			}
+			if c.pending[name] == 0 {
+				t.Fatalf("%s has %d records waiting in the client, but the poll did not say it has records pending (pending: %v)", name, n, c.pending)
+			}
+		}
 	}
 }
