@@ -164,6 +164,8 @@ func (w *world) round(i int, f fault, rng *rand.Rand) (res roundResult) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	in, up, cnt, cnt2 := fmt.Sprintf("in-%d", i), fmt.Sprintf("up-%d", i), fmt.Sprintf("cnt-%d", i), fmt.Sprintf("cnt2-%d", i)
+	topics := roundTopics{in: in, up: up, cnt: cnt, cnt2: cnt2}
+	w.ended = nil
 	cl, err := kgo.NewClient(append(w.kafkaOpts(), kgo.DefaultProduceTopic(in), kgo.RecordRetries(1000),
 		kgo.RetryTimeout(2*time.Minute))...)
 	if err != nil {
@@ -221,6 +223,7 @@ func (w *world) round(i int, f fault, rng *rand.Rand) (res roundResult) {
 	if f.before == nil {
 		if err := mon.waitAll(ctx, time.Now(), 90*time.Second); err != nil {
 			res.problem, res.logs = fmt.Sprintf("no output before the fault: %v", err), w.logs(30)
+			w.dump(ctx, i, jobs, topics)
 			return res
 		}
 		time.Sleep(time.Duration(rng.IntN(2000)) * time.Millisecond)
@@ -241,6 +244,7 @@ func (w *world) round(i int, f fault, rng *rand.Rand) (res roundResult) {
 			what = "a job failed: " + failed
 		}
 		res.problem, res.logs = fmt.Sprintf("output did not resume after the fault (%s): %v", what, err), w.logs(40)+"\nstatuses: "+w.statuses(jobs)
+		w.dump(ctx, i, jobs, topics)
 		return res
 	}
 	res.recovery = mon.resumed(ended).Sub(start)
@@ -299,6 +303,7 @@ func (w *world) round(i int, f fault, rng *rand.Rand) (res roundResult) {
 	}
 	if res.problem != "" {
 		res.logs = w.logs(40)
+		w.dump(ctx, i, jobs, topics)
 	}
 	return res
 }

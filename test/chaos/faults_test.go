@@ -112,7 +112,7 @@ func failpointCrash(rng *rand.Rand, name string) fault {
 			return time.Time{}, fmt.Errorf("failpoint %s not hit %d times within 90s", name, n)
 		}
 		if onJM {
-			w.cl.StartJM()
+			w.startJM(nil)
 		} else {
 			w.startTM("tm-a", nil)
 		}
@@ -143,7 +143,7 @@ func (w *world) killAndRestart(target string, down time.Duration) {
 	case "jobmanager":
 		kill(w.t, w.cl.JM)
 		time.Sleep(down)
-		w.cl.StartJM()
+		w.startJM(nil)
 	default:
 		kill(w.t, w.cl.TMs[target])
 		time.Sleep(down)

@@ -59,6 +59,20 @@ type world struct {
 	// tm's advertised data host: every record sent to tm crosses it.
 	dataProxy map[string][]*chaosproxy.Proxy
 	tmArgs    map[string][]string
+	// ended holds the logs of the processes this round replaced (killed,
+	// crashed or stopped, then started again), for dump.
+	ended []endedProc
+}
+
+// endedProc is the log of a process that was replaced.
+type endedProc struct {
+	name   string
+	stderr string
+}
+
+// retire keeps the log of process name before it is replaced.
+func (w *world) retire(name, stderr string) {
+	w.ended = append(w.ended, endedProc{name: name, stderr: stderr})
 }
 
 // freePort returns a port free on host now.
@@ -143,6 +157,9 @@ func newWorld(t *testing.T) *world {
 // startBroker starts (again) the broker on its dir and address.
 func (w *world) startBroker() {
 	w.t.Helper()
+	if w.broker != nil {
+		w.retire("broker", w.broker.Stderr())
+	}
 	w.broker = brokerproc.Run(w.t, exec.Command(streamctlBin, "broker", "--listen", w.brokerAddr,
 		"--advertise", w.brokerProxy.Addr(), "--data-dir", w.brokerDir, "--log-format", "json",
 		"--config", fmt.Sprintf("group.share.record.lock.duration.ms=%d", lockDuration.Milliseconds()),
@@ -152,6 +169,9 @@ func (w *world) startBroker() {
 // startTM starts (again) task manager id, with env (failpoints) added.
 func (w *world) startTM(id string, env []string) {
 	w.t.Helper()
+	if p := w.cl.TMs[id]; p != nil {
+		w.retire(id, p.Stderr.String())
+	}
 	w.cl.StartTMWith(id, slots, env, w.tmArgs[id]...)
 }
 
@@ -159,8 +179,15 @@ func (w *world) startTM(id string, env []string) {
 func (w *world) restartJM(env []string) {
 	w.t.Helper()
 	w.cl.JM.Stop(w.t)
-	w.cl.StartJMEnv(env)
+	w.startJM(env)
 	w.cl.WaitTMs(strings.Join(taskManagers, ","))
+}
+
+// startJM starts the job manager again, with env (failpoints) added.
+func (w *world) startJM(env []string) {
+	w.t.Helper()
+	w.retire("jobmanager", w.cl.JM.Stderr.String())
+	w.cl.StartJMEnv(env)
 }
 
 // restartTM stops task manager id cleanly and starts it again with env.
