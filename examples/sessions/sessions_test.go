@@ -104,8 +104,8 @@ func produce(t *testing.T, env *kafkatest.Env, recs ...*kgo.Record) {
 
 // waitFor waits until topic holds at least n records read_committed. It
 // fails when no new record came for 2 minutes (the job stalled; a loaded
-// machine only makes it slower: the source=kafka case at volume took over
-// 2 minutes, still emitting, at a load average of 15), or after 10 minutes.
+// machine only makes it slower: a fixed 2-minute deadline failed the
+// source=kafka case at volume at a load average of 15), or after 10 minutes.
 func waitFor(t *testing.T, env *kafkatest.Env, done <-chan error, topic string, n int) {
 	t.Helper()
 	const stall = 2 * time.Minute
