@@ -102,20 +102,29 @@ func produce(t *testing.T, env *kafkatest.Env, recs ...*kgo.Record) {
 	}
 }
 
-// waitFor waits until topic holds at least n records read_committed.
+// waitFor waits until topic holds at least n records read_committed. It
+// fails when no new record came for 2 minutes (the job stalled; a loaded
+// machine only makes it slower: a fixed 2-minute deadline failed the
+// source=kafka case at volume at a load average of 15), or after 10 minutes.
 func waitFor(t *testing.T, env *kafkatest.Env, done <-chan error, topic string, n int) {
 	t.Helper()
-	deadline := time.After(2 * time.Minute)
+	const stall = 2 * time.Minute
+	deadline := time.Now().Add(10 * time.Minute)
+	last, since := -1, time.Now()
 	for {
 		recs, err := kafkatest.ReadCommitted(t.Context(), []string{env.Addr}, topic)
 		if err == nil && len(recs) >= n {
 			return
 		}
+		if err == nil && len(recs) != last {
+			last, since = len(recs), time.Now()
+		}
+		if now := time.Now(); now.Sub(since) > stall || now.After(deadline) {
+			t.Fatalf("%s did not reach %d records: %d read_committed, the last new one %v ago (%v)", topic, n, len(recs), now.Sub(since).Round(time.Second), err)
+		}
 		select {
 		case err := <-done:
 			t.Fatalf("job ended early: %v", err)
-		case <-deadline:
-			t.Fatalf("%s did not reach %d records: %d read_committed (%v)", topic, n, len(recs), err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
