@@ -280,10 +280,10 @@ func (h *OperatorHarness) Snapshot(ctx context.Context, id checkpoint.ID) (_ che
 			return checkpoint.OperatorSnapshot{}, err
 		}
 	}
+	s.UID, s.Subtask, s.Parallelism = h.n.uid, h.sub, h.par
 	if err := s.EncodeKeyGroups(); err != nil {
 		return checkpoint.OperatorSnapshot{}, err
 	}
-	s.UID, s.Subtask, s.Parallelism = h.n.uid, h.sub, h.par
 	return s, nil
 }
 
