@@ -574,10 +574,12 @@ func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Code
 func newValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T]) (*ValueState[T], error) {
 	if p := r.b.pebble; p != nil {
 		s := &pebbleValue[K, T]{st: p, stateName: name, sid: p.stateID(name, pebbleKindValue), key: r.b.pkey, codec: c,
+			cache:       map[K]valueCacheEntry[T]{},
 			stateDumper: &keyedStore[K, T]{stateName: name, keyCodec: r.b.keyCodec, valCodec: c}}
 		if err := r.b.register(s); err != nil {
 			return nil, err
 		}
+		p.caches = append(p.caches, s)
 		return &ValueState[T]{s: s}, nil
 	}
 	s := &keyedStore[K, T]{stateName: name, scope: &r.b.scope, groups: make([]*keyGroupMap[K, T], r.b.maxPar), keyCodec: r.b.keyCodec, valCodec: c}
