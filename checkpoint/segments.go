@@ -14,7 +14,6 @@ package checkpoint
 // the objects none references.
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -22,6 +21,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"iter"
 	"maps"
 	"slices"
 	"sort"
@@ -116,7 +116,14 @@ func NewSegmentWriter(st storage.Storage, job string, inline int64) *SegmentWrit
 // state replaced by references), the base the next checkpoint compares
 // against once id is confirmed complete, and the bytes written. A key
 // group whose bytes hash as in base keeps base's reference and is not
-// written again. At most one object is written.
+// written again. At most one object is written besides a native
+// snapshot's files.
+//
+// The segment is the snapshot's bytes read in order as the upload asks for
+// them, not a copy: a key group an operator's Encode produces is hashed
+// and written while it is the one key group the task holds encoded. An
+// error of Encode fails the upload (no object is written) and is wrapped
+// by Write's error.
 func (w *SegmentWriter) Write(ctx context.Context, id ID, snap TaskSnapshot, base StateBase) (out TaskSnapshot, next StateBase, written int64, err error) {
 	native := slices.ContainsFunc(snap.Operators, func(o OperatorSnapshot) bool { return o.Native != nil && o.Native.Open != nil })
 	if native {
@@ -128,65 +135,241 @@ func (w *SegmentWriter) Write(ctx context.Context, id ID, snap TaskSnapshot, bas
 			}
 		}()
 	}
-	if !native && snap.Size() < w.inline {
-		return snap, nil, 0, nil
+	var encErr error
+	pull, stop := iter.Pull(snapshotParts(snap, &encErr))
+	defer stop()
+	// Up to the inline limit, the parts are held (copied if encoded): a
+	// smaller snapshot stays inline.
+	var held []segmentPart
+	if !native {
+		var total int64
+		for total < w.inline {
+			p, ok := pull()
+			if !ok {
+				if encErr != nil {
+					return TaskSnapshot{}, nil, 0, fmt.Errorf("checkpoint %d of task %s: %w", id, snap.Task, encErr)
+				}
+				return inlineSnapshot(snap, held), nil, 0, nil
+			}
+			if p.encoded {
+				p.b = slices.Clone(p.b)
+			}
+			held, total = append(held, p), total+int64(len(p.b))
+		}
 	}
 	key, err := segmentKey(w.job, snap.Task, id)
 	if err != nil {
 		return TaskSnapshot{}, nil, 0, fmt.Errorf("checkpoint %d of task %s: %w", id, snap.Task, err)
 	}
-	// The segment is the snapshot's own blobs read in order, not a copy
-	// of them: a heap snapshot's bytes are held once while they upload.
-	var parts []io.Reader
-	var size int64
-	add := func(b []byte) StateRef {
-		r := StateRef{Key: key, Offset: size, Length: int64(len(b)), CRC: crc32.Checksum(b, castagnoli), Checkpoint: id}
-		parts, size = append(parts, bytes.NewReader(b)), size+int64(len(b))
-		return r
-	}
 	next = StateBase{}
 	out = TaskSnapshot{Task: snap.Task, Operators: make([]OperatorSnapshot, len(snap.Operators))}
 	for i, op := range snap.Operators {
 		o := op
-		o.State, o.KeyGroups = nil, nil
+		o.State, o.KeyGroups, o.Encode = nil, nil, nil
 		o.StateRefs = slices.Clone(op.StateRefs)
 		o.KeyGroupRefs = maps.Clone(op.KeyGroupRefs)
-		for _, e := range op.State {
-			o.StateRefs = append(o.StateRefs, add(e))
-		}
-		if len(op.KeyGroups) > 0 && o.KeyGroupRefs == nil {
-			o.KeyGroupRefs = make(map[int]StateRef, len(op.KeyGroups))
-		}
-		for _, kg := range slices.Sorted(maps.Keys(op.KeyGroups)) {
-			b := op.KeyGroups[kg]
-			k := baseKey{uid: op.UID, kg: kg}
-			h := xxhash.Sum64(b)
-			if e, ok := base[k]; ok && e.hash == h && e.ref.Length == int64(len(b)) {
-				o.KeyGroupRefs[kg] = e.ref
-				next[k] = e
-				continue
-			}
-			r := add(b)
-			o.KeyGroupRefs[kg] = r
-			next[k] = baseEntry{hash: h, ref: r}
-		}
-		if op.Native != nil && op.Native.Open != nil {
-			nat, n, err := w.writeNative(ctx, id, snap.Task, op.UID, op.Native, base, next)
-			if err != nil {
-				return TaskSnapshot{}, nil, 0, err
-			}
-			o.Native, written = nat, written+n
+		if (len(op.KeyGroups) > 0 || op.Encode != nil) && o.KeyGroupRefs == nil {
+			o.KeyGroupRefs = map[int]StateRef{}
 		}
 		out.Operators[i] = o
 	}
-	if len(parts) == 0 {
-		return out, next, written, nil // every key group reused
+	r := &segmentReader{held: held, pull: pull, err: &encErr}
+	r.place = func(p segmentPart) bool {
+		o := &out.Operators[p.op]
+		ref := func() StateRef {
+			ref := StateRef{Key: key, Offset: r.size, Length: int64(len(p.b)), CRC: crc32.Checksum(p.b, castagnoli), Checkpoint: id}
+			r.size += ref.Length
+			return ref
+		}
+		if p.kg < 0 {
+			o.StateRefs = append(o.StateRefs, ref())
+			return true
+		}
+		k := baseKey{uid: o.UID, kg: p.kg}
+		h := xxhash.Sum64(p.b)
+		if e, ok := base[k]; ok && e.hash == h && e.ref.Length == int64(len(p.b)) {
+			o.KeyGroupRefs[p.kg] = e.ref
+			next[k] = e
+			return false
+		}
+		ref1 := ref()
+		o.KeyGroupRefs[p.kg] = ref1
+		next[k] = baseEntry{hash: h, ref: ref1}
+		return true
 	}
-	n := written + size
-	if err := w.st.Put(ctx, key, io.MultiReader(parts...)); err != nil {
-		return TaskSnapshot{}, nil, 0, fmt.Errorf("checkpoint %d of task %s: write state: %w", id, snap.Task, err)
+	// No object when every key group is reused.
+	if r.advance() {
+		if err := w.st.Put(ctx, key, r); err != nil || encErr != nil {
+			if encErr != nil {
+				err = encErr
+			}
+			return TaskSnapshot{}, nil, 0, fmt.Errorf("checkpoint %d of task %s: write state: %w", id, snap.Task, err)
+		}
+		if !r.done {
+			return TaskSnapshot{}, nil, 0, fmt.Errorf("checkpoint %d of task %s: write state: %w", id, snap.Task, errSegmentUnread)
+		}
+	} else if encErr != nil {
+		return TaskSnapshot{}, nil, 0, fmt.Errorf("checkpoint %d of task %s: %w", id, snap.Task, encErr)
 	}
-	return out, next, n, nil
+	written = r.size
+	for i, op := range snap.Operators {
+		if op.Native == nil || op.Native.Open == nil {
+			continue
+		}
+		nat, n, err := w.writeNative(ctx, id, snap.Task, op.UID, op.Native, base, next)
+		if err != nil {
+			return TaskSnapshot{}, nil, 0, err
+		}
+		out.Operators[i].Native, written = nat, written+n
+	}
+	return out, next, written, nil
+}
+
+// errSegmentUnread is a storage's Put that returned before reading the
+// whole segment.
+var errSegmentUnread = errors.New("storage returned before reading the whole segment")
+
+// segmentPart is one piece of a task's state in a segment: an operator
+// state entry (kg -1) or a key group of operator op.
+type segmentPart struct {
+	op, kg int
+	b      []byte
+	// encoded: b is an Encode's, valid until the next part is pulled.
+	encoded bool
+}
+
+// errPartsStopped ends an Encode when the parts are no longer pulled.
+var errPartsStopped = errors.New("segment parts no longer read")
+
+// snapshotParts yields the state of snap's operators in segment order:
+// each operator's state entries, then its key groups in order (KeyGroups'
+// and then Encode's). An Encode's error is put in *encErr and ends it.
+func snapshotParts(snap TaskSnapshot, encErr *error) iter.Seq[segmentPart] {
+	return func(yield func(segmentPart) bool) {
+		for i, op := range snap.Operators {
+			for _, e := range op.State {
+				if !yield(segmentPart{op: i, kg: -1, b: e}) {
+					return
+				}
+			}
+			for _, kg := range slices.Sorted(maps.Keys(op.KeyGroups)) {
+				if !yield(segmentPart{op: i, kg: kg, b: op.KeyGroups[kg]}) {
+					return
+				}
+			}
+			if op.Encode == nil {
+				continue
+			}
+			err := op.Encode(func(kg int, b []byte) error {
+				if !yield(segmentPart{op: i, kg: kg, b: b, encoded: true}) {
+					return errPartsStopped
+				}
+				return nil
+			})
+			if err != nil {
+				if !errors.Is(err, errPartsStopped) {
+					*encErr = fmt.Errorf("encode the key groups of %s: %w", op.UID, err)
+				}
+				return
+			}
+		}
+	}
+}
+
+// inlineSnapshot is snap with the key groups its operators' Encode
+// produced (in held, copied) in their KeyGroups.
+func inlineSnapshot(snap TaskSnapshot, held []segmentPart) TaskSnapshot {
+	out := TaskSnapshot{Task: snap.Task, Operators: slices.Clone(snap.Operators)}
+	for i := range out.Operators {
+		o := &out.Operators[i]
+		if o.Encode != nil {
+			o.Encode, o.KeyGroups = nil, maps.Clone(o.KeyGroups)
+		}
+	}
+	for _, p := range held {
+		if p.encoded {
+			o := &out.Operators[p.op]
+			if o.KeyGroups == nil {
+				o.KeyGroups = map[int][]byte{}
+			}
+			o.KeyGroups[p.kg] = p.b
+		}
+	}
+	return out
+}
+
+// segmentReader is a segment's bytes as the storage reads them: the parts
+// held, then the ones pulled, each placed (given its reference, or its
+// base's) as it comes; the parts place says to write are read.
+type segmentReader struct {
+	held  []segmentPart
+	pull  func() (segmentPart, bool)
+	place func(segmentPart) bool
+	err   *error // an Encode's
+	cur   []byte // the rest of the part being read
+	size  int64  // of the parts placed in the segment
+	done  bool   // every part was read
+}
+
+// advance moves to the next part to write; false at the end (or on an
+// Encode's error).
+func (r *segmentReader) advance() bool {
+	for {
+		var p segmentPart
+		if len(r.held) > 0 {
+			p, r.held = r.held[0], r.held[1:]
+		} else {
+			var ok bool
+			if p, ok = r.pull(); !ok {
+				r.done = *r.err == nil
+				return false
+			}
+		}
+		if r.place(p) {
+			r.cur = p.b
+			return true
+		}
+	}
+}
+
+func (r *segmentReader) Read(b []byte) (int, error) {
+	for len(r.cur) == 0 {
+		if r.done {
+			return 0, io.EOF
+		}
+		if !r.advance() {
+			if err := *r.err; err != nil {
+				return 0, err
+			}
+			return 0, io.EOF
+		}
+	}
+	n := copy(b, r.cur)
+	r.cur = r.cur[n:]
+	return n, nil
+}
+
+// WriteTo writes the parts to w as they are, without a copy (io.Copy
+// into a file).
+func (r *segmentReader) WriteTo(w io.Writer) (int64, error) {
+	var n int64
+	for {
+		if len(r.cur) > 0 {
+			m, err := w.Write(r.cur)
+			n += int64(m)
+			r.cur = r.cur[m:]
+			if err != nil {
+				return n, err
+			}
+			continue
+		}
+		if r.done {
+			return n, nil
+		}
+		if !r.advance() {
+			return n, *r.err
+		}
+	}
 }
 
 // immutableNative says whether a native file never changes under its name

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"reflect"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -267,5 +269,111 @@ func TestASegmentUploadsTheSnapshotsBytesWithoutCopyingThem(t *testing.T) {
 	goruntime.ReadMemStats(&after)
 	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > uint64(size)/8 {
 		t.Fatalf("writing a segment of %d bytes allocated %d bytes: want under an eighth (no copy of the state)", size, alloc)
+	}
+}
+
+// encodedSnapshot is keyedSnapshot's snapshot with its key groups given by
+// an Encode that yields each from one reused buffer (as the heap backend
+// does), failing with fail after failAfter key groups if fail is set.
+func encodedSnapshot(snap TaskSnapshot, fail error, failAfter int) TaskSnapshot {
+	op := snap.Operators[0]
+	kgs := op.KeyGroups
+	op.KeyGroups = nil
+	op.Encode = func(yield func(int, []byte) error) error {
+		var buf []byte
+		for i, kg := range slices.Sorted(maps.Keys(kgs)) {
+			if fail != nil && i == failAfter {
+				return fail
+			}
+			buf = append(buf[:0], kgs[kg]...)
+			if err := yield(kg, buf); err != nil {
+				return err
+			}
+			clear(buf) // the bytes are the Encode's again
+		}
+		return nil
+	}
+	return TaskSnapshot{Task: snap.Task, Operators: []OperatorSnapshot{op}}
+}
+
+// Key groups an operator's Encode yields go to the segment as they are
+// encoded: the segment reads back as the same bytes (each valid only
+// while yielded), written without a copy of the snapshot; a small one
+// stays inline with its key groups; an incremental one reuses the key
+// groups whose bytes did not change.
+func TestEncodedKeyGroupsAreWrittenAsTheyAreEncoded(t *testing.T) {
+	st, err := storage.Open(t.Context(), "file://"+t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	plain := keyedSnapshot(rand.New(rand.NewPCG(5, 6)), 64, 64<<10)
+	w := NewSegmentWriter(st, "job-1", 0)
+	var before, after goruntime.MemStats
+	goruntime.ReadMemStats(&before)
+	out, base, n, err := w.Write(t.Context(), 1, encodedSnapshot(plain, nil, 0), nil)
+	goruntime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != plain.Size() {
+		t.Fatalf("%d bytes written, want %d", n, plain.Size())
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > uint64(n)/8 {
+		t.Errorf("writing %d encoded bytes allocated %d: want under an eighth", n, alloc)
+	}
+	got, err := Resolve(t.Context(), st, Completed{ID: 1, Tasks: map[TaskID]TaskSnapshot{"counts#0": out}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := got.Tasks["counts#0"].Operators[0]; !reflect.DeepEqual(g.KeyGroups, plain.Operators[0].KeyGroups) || !reflect.DeepEqual(g.State, plain.Operators[0].State) {
+		t.Fatal("the segment does not read back as the encoded key groups")
+	}
+
+	// The next checkpoint changes one key group: only it is written.
+	changed := keyedSnapshot(rand.New(rand.NewPCG(5, 6)), 64, 64<<10)
+	changed.Operators[0].KeyGroups[7][0]++
+	out2, _, n2, err := w.Write(t.Context(), 2, encodedSnapshot(changed, nil, 0), base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(64<<10 + len("offsets")); n2 != want {
+		t.Errorf("incremental checkpoint wrote %d bytes, want %d (one key group and the state entry)", n2, want)
+	}
+	for kg, r := range out2.Operators[0].KeyGroupRefs {
+		if (r.Checkpoint == 2) != (kg == 7) {
+			t.Errorf("key group %d refers to checkpoint %d's segment", kg, r.Checkpoint)
+		}
+	}
+
+	small := keyedSnapshot(rand.New(rand.NewPCG(5, 6)), 4, 100)
+	in, _, n, err := w.Write(t.Context(), 3, encodedSnapshot(small, nil, 0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op := in.Operators[0]; n != 0 || op.Encode != nil || len(op.KeyGroupRefs) != 0 || !reflect.DeepEqual(op.KeyGroups, small.Operators[0].KeyGroups) {
+		t.Errorf("a %d-byte snapshot: %d bytes written, key groups %d inline and %d referenced; want it inline, whole", small.Size(), n, len(op.KeyGroups), len(op.KeyGroupRefs))
+	}
+}
+
+// An Encode failing halfway fails the write with its error, and no
+// segment is left in storage (no truncated object a restore could read).
+func TestAnEncodeFailingHalfwayWritesNoSegment(t *testing.T) {
+	st, err := storage.Open(t.Context(), "file://"+t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	errCodec := errors.New("codec broke")
+	snap := encodedSnapshot(keyedSnapshot(rand.New(rand.NewPCG(7, 8)), 64, 64<<10), errCodec, 32)
+	if _, _, _, err := NewSegmentWriter(st, "job-1", 0).Write(t.Context(), 1, snap, nil); !errors.Is(err, errCodec) {
+		t.Fatalf("got %v, want the Encode's error", err)
+	}
+	var objs []string
+	if err := st.List(t.Context(), SharedPrefix("job-1"), func(o storage.Object) error { objs = append(objs, o.Key); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 0 {
+		t.Fatalf("objects %v left by a failed write", objs)
 	}
 }

@@ -12,6 +12,7 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"sync/atomic"
@@ -101,6 +102,47 @@ type OperatorSnapshot struct {
 	// checkpoint. They are committed when the checkpoint completes and again,
 	// idempotently, on restore from it.
 	Handles []TxnHandle `json:"handles,omitempty"`
+	// Encode, if set, is keyed state not encoded yet (the heap backend's
+	// frozen state): it encodes the key groups one at a time in increasing
+	// order and calls yield with each, whose bytes are valid only until
+	// yield returns, and returns yield's first error. SegmentWriter.Write
+	// uploads each key group as it is encoded, so that the task never
+	// holds its whole encoded state; EncodeKeyGroups puts them in
+	// KeyGroups where the snapshot stays inline. Its key groups are not in
+	// KeyGroups. It runs once. The task side only: never sent or stored.
+	Encode func(yield func(kg int, b []byte) error) error `json:"-"`
+}
+
+// EncodeKeyGroups runs s.Encode, if set, adding a copy of each key group it
+// encodes to s.KeyGroups, and clears it.
+func (s *OperatorSnapshot) EncodeKeyGroups() error {
+	if s.Encode == nil {
+		return nil
+	}
+	enc := s.Encode
+	s.Encode = nil
+	err := enc(func(kg int, b []byte) error {
+		if s.KeyGroups == nil {
+			s.KeyGroups = map[int][]byte{}
+		}
+		s.KeyGroups[kg] = slices.Clone(b)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("encode the key groups of %s: %w", s.UID, err)
+	}
+	return nil
+}
+
+// EncodeKeyGroups runs EncodeKeyGroups on every operator of s, the first
+// error ending it.
+func (s TaskSnapshot) EncodeKeyGroups() error {
+	for i := range s.Operators {
+		if err := s.Operators[i].EncodeKeyGroups(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // NativeState is the native snapshot of one keyed operator subtask's state

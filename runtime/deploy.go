@@ -806,12 +806,23 @@ func (d *localDeployment) Wait() bool {
 
 func (d *localDeployment) ack(task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot, t snapshotTiming) {
 	if d.state == nil {
-		d.rep.Ack(task, id, snap, t.times())
+		if encodeSnapshot(d, task, id, snap) {
+			d.rep.Ack(task, id, snap, t.times())
+		}
 		return
 	}
 	d.state.write(d.ctx, task, id, snap,
 		func(out checkpoint.TaskSnapshot) { d.rep.Ack(task, id, out, t.times()) },
-		func(err error) { d.rep.Decline(task, id, err) })
+		func(err error) {
+			// A codec's panic while the state was encoded for the upload
+			// fails the task, as in the task's asynchronous part.
+			var pe *panicError
+			if errors.As(err, &pe) {
+				d.rep.Failed(task, fmt.Errorf("task %s: async snapshot for checkpoint %d: %w", task, id, err))
+				return
+			}
+			d.rep.Decline(task, id, err)
+		})
 }
 
 func (d *localDeployment) decline(task checkpoint.TaskID, id checkpoint.ID, err error) {

@@ -281,6 +281,9 @@ func (h *OperatorHarness) Snapshot(ctx context.Context, id checkpoint.ID) (_ che
 		}
 	}
 	s.UID, s.Subtask, s.Parallelism = h.n.uid, h.sub, h.par
+	if err := s.EncodeKeyGroups(); err != nil {
+		return checkpoint.OperatorSnapshot{}, err
+	}
 	return s, nil
 }
 

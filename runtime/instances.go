@@ -380,14 +380,21 @@ func (k *keyedInstance[K, T, U]) nextProcessingTime() (ts int64, ok, changed boo
 // snapshot takes a native snapshot of a pebble instance when the
 // deployment has checkpoint storage to upload its files to (and no state
 // restored from canonical blobs waits to be declared again: only the
-// canonical snapshot carries it); the canonical one otherwise.
+// canonical snapshot carries it); the canonical one otherwise. The heap
+// backend's canonical snapshot is encoded as it is written (Encode, see
+// keyedBackend.encoder); a pebble instance's is encoded by the task's
+// asynchronous part, while the instance is open.
 func (k *keyedInstance[K, T, U]) snapshot(_ context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
-	if p := k.backend.pebble; p != nil && k.oc.stateStorage != nil && len(k.backend.restored) == 0 {
+	p := k.backend.pebble
+	if p != nil && k.oc.stateStorage != nil && len(k.backend.restored) == 0 {
 		n, err := p.nativeSnapshot(id)
 		if err != nil {
 			return checkpoint.OperatorSnapshot{}, nil, fmt.Errorf("%w: %s: native snapshot: %w", checkpoint.ErrDeclined, k.name, err)
 		}
 		return checkpoint.OperatorSnapshot{MaxParallelism: k.maxPar, Native: n}, nil, nil
+	}
+	if p == nil {
+		return checkpoint.OperatorSnapshot{MaxParallelism: k.maxPar, Encode: k.backend.encoder()}, nil, nil
 	}
 	return checkpoint.OperatorSnapshot{MaxParallelism: k.maxPar}, k.backend.snapshot(), nil
 }

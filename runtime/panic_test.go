@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/weirstream/weir/checkpoint/storage"
 )
 
 // holder's interface field is encodable or not depending on its dynamic
@@ -44,28 +46,42 @@ func (panickyCloseSink) Close() error { panic("close exploded") }
 // Every panic in user code, a codec or Close is a task failure carrying the
 // panic, never a crashed process.
 func TestPanicsAreTaskFailures(t *testing.T) {
+	poison := func(txns *memTxns) *Job {
+		j := NewJob("async-panic")
+		recs := FromSource(j, "source", seqSourceOf(seqSource{keys: 2, splits: 1, n: 50, perPoll: 1, pollDelay: time.Millisecond}))
+		out := Process(KeyBy(recs, func(r seqRec) string { return r.Key }, nil), "poison",
+			func() KeyedProcessFunction[string, seqRec, seqRec] { return &poisonState{} })
+		SinkTo(out, "sink", func() Sink[seqRec] { return &txnSink{txns: txns} })
+		return j
+	}
 	for _, tc := range []struct {
 		name, want string
 		build      func(txns *memTxns) *Job
+		storage    bool
 	}{
-		{"codec in the asynchronous snapshot", "JSONCodec cannot encode", func(txns *memTxns) *Job {
-			j := NewJob("async-panic")
-			recs := FromSource(j, "source", seqSourceOf(seqSource{keys: 2, splits: 1, n: 50, perPoll: 1, pollDelay: time.Millisecond}))
-			out := Process(KeyBy(recs, func(r seqRec) string { return r.Key }, nil), "poison",
-				func() KeyedProcessFunction[string, seqRec, seqRec] { return &poisonState{} })
-			SinkTo(out, "sink", func() Sink[seqRec] { return &txnSink{txns: txns} })
-			return j
-		}},
+		{"codec in the asynchronous snapshot", "JSONCodec cannot encode", poison, false},
+		// The heap backend encodes as it writes to checkpoint storage.
+		{"codec in the snapshot's upload", "JSONCodec cannot encode", poison, true},
 		{"operator Close", "close exploded", func(txns *memTxns) *Job {
 			j := NewJob("close-panic")
 			recs := FromSource(j, "source", seqSourceOf(seqSource{keys: 2, splits: 1, n: 20, perPoll: 1}))
 			SinkTo(recs, "sink", func() Sink[seqRec] { return panickyCloseSink{&txnSink{txns: txns}} })
 			return j
-		}},
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			txns := newMemTxns()
-			_, err := NewMiniCluster(CheckpointInterval(5*time.Millisecond), Restarts(0, 0)).Run(t.Context(), tc.build(txns))
+			opts := []ClusterOpt{CheckpointInterval(5 * time.Millisecond), Restarts(0, 0)}
+			if tc.storage {
+				url := "file://" + t.TempDir()
+				st, err := storage.Open(t.Context(), url)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer st.Close()
+				opts = append(opts, StateStorage(st, url), StateInlineLimit(-1))
+			}
+			_, err := NewMiniCluster(opts...).Run(t.Context(), tc.build(txns))
 			var pe *panicError
 			if !errors.Is(err, ErrJobFailed) || !errors.As(err, &pe) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v; want a job failure carrying the panic %q", err, tc.want)

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 )
@@ -450,27 +452,58 @@ func (b *keyedBackend[K]) register(s stateSnapshotter) error {
 }
 
 // snapshot freezes every state and returns the encoder of the key-group
-// blobs. Each key group's blob holds every state of the operator. The
-// encoder builds one key group at a time in a reused buffer and keeps an
-// exact-size copy of it, so that the snapshot holds its encoded size once,
-// not each state's blobs and then their concatenation, nor the spare
-// capacity of grown buffers.
+// blobs (combineFrozen). Each key group's blob holds every state of the
+// operator.
 func (b *keyedBackend[K]) snapshot() func() (map[int][]byte, error) {
-	frozen := make([]frozenState, len(b.states))
-	names := make([]string, len(b.states))
+	frozen, names, carried := b.freeze()
+	return func() (map[int][]byte, error) { return combineFrozen(frozen, names, carried) }
+}
+
+// encoder freezes every state and returns what encodes the key-group
+// blobs one at a time into a reused buffer (encodeFrozen), for
+// checkpoint.OperatorSnapshot.Encode: the checkpoint's upload writes each
+// blob as it is encoded, so the task never holds its encoded snapshot. A
+// panic of a codec is returned as a *panicError.
+func (b *keyedBackend[K]) encoder() func(yield func(kg int, blob []byte) error) error {
+	frozen, names, carried := b.freeze()
+	return func(yield func(int, []byte) error) (err error) {
+		defer recoverInto(&err)
+		return encodeFrozen(frozen, names, carried, yield)
+	}
+}
+
+// freeze freezes every state (the synchronous part of a snapshot).
+func (b *keyedBackend[K]) freeze() (frozen []frozenState, names []string, carried map[string]map[int][]byte) {
+	frozen = make([]frozenState, len(b.states))
+	names = make([]string, len(b.states))
 	for i, s := range b.states {
 		frozen[i] = s.freeze()
 		names[i] = s.name()
 	}
 	// State restored but never registered again (the job stopped using it)
 	// is carried along so a later version can still read it.
-	carried := b.restored
-	return func() (map[int][]byte, error) { return combineFrozen(frozen, names, carried) }
+	return frozen, names, b.restored
 }
 
 // combineFrozen encodes the key-group blobs of frozen states (named by
-// names) and of the carried ones.
+// names) and of the carried ones, each kept at its exact size.
 func combineFrozen(frozen []frozenState, names []string, carried map[string]map[int][]byte) (map[int][]byte, error) {
+	perKG := map[int][]byte{}
+	err := encodeFrozen(frozen, names, carried, func(kg int, blob []byte) error {
+		perKG[kg] = append(make([]byte, 0, len(blob)), blob...)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return perKG, nil
+}
+
+// encodeFrozen encodes the key-group blobs of frozen states (named by
+// names) and of the carried ones in increasing key-group order, each in
+// the same reused buffer, and calls yield with each (not with a key group
+// whose entries TTL dropped every one of), returning its first error.
+func encodeFrozen(frozen []frozenState, names []string, carried map[string]map[int][]byte, yield func(kg int, blob []byte) error) error {
 	kgSet := map[int]struct{}{}
 	var errs []error
 	for i, f := range frozen {
@@ -484,7 +517,7 @@ func combineFrozen(frozen []frozenState, names []string, carried map[string]map[
 		}
 	}
 	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+		return errors.Join(errs...)
 	}
 	cn := make([]string, 0, len(carried))
 	for n, blobs := range carried {
@@ -494,15 +527,14 @@ func combineFrozen(frozen []frozenState, names []string, carried map[string]map[
 		}
 	}
 	sort.Strings(cn)
-	perKG := make(map[int][]byte, len(kgSet))
 	var buf, blob []byte
-	for kg := range kgSet {
+	for _, kg := range slices.Sorted(maps.Keys(kgSet)) {
 		buf = buf[:0]
 		for i, f := range frozen {
 			var ok bool
 			var err error
 			if blob, ok, err = f.appendKeyGroup(blob[:0], kg); err != nil {
-				return nil, fmt.Errorf("state %q key group %d: %w", names[i], kg, err)
+				return fmt.Errorf("state %q key group %d: %w", names[i], kg, err)
 			} else if ok {
 				buf = appendFrame(buf, []byte(names[i]))
 				buf = appendFrame(buf, blob)
@@ -514,11 +546,14 @@ func combineFrozen(frozen []frozenState, names []string, carried map[string]map[
 				buf = appendFrame(buf, blob)
 			}
 		}
-		if len(buf) > 0 { // not when TTL dropped every entry
-			perKG[kg] = append(make([]byte, 0, len(buf)), buf...)
+		if len(buf) == 0 { // TTL dropped every entry
+			continue
+		}
+		if err := yield(kg, buf); err != nil {
+			return err
 		}
 	}
-	return perKG, nil
+	return nil
 }
 
 // restoreKeyGroup splits a key-group blob into its states.
@@ -574,10 +609,12 @@ func NewValueState[T any, K comparable](r *StateRegistry[K], name string, c Code
 func newValueState[T any, K comparable](r *StateRegistry[K], name string, c Codec[T]) (*ValueState[T], error) {
 	if p := r.b.pebble; p != nil {
 		s := &pebbleValue[K, T]{st: p, stateName: name, sid: p.stateID(name, pebbleKindValue), key: r.b.pkey, codec: c,
+			cache:       map[K]valueCacheEntry[T]{},
 			stateDumper: &keyedStore[K, T]{stateName: name, keyCodec: r.b.keyCodec, valCodec: c}}
 		if err := r.b.register(s); err != nil {
 			return nil, err
 		}
+		p.caches = append(p.caches, s)
 		return &ValueState[T]{s: s}, nil
 	}
 	s := &keyedStore[K, T]{stateName: name, scope: &r.b.scope, groups: make([]*keyGroupMap[K, T], r.b.maxPar), keyCodec: r.b.keyCodec, valCodec: c}

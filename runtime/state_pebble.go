@@ -104,6 +104,13 @@ type pebbleState struct {
 	// snapshots, by id; native: the instance was opened on them.
 	restoredNext map[uint16]uint64
 	native       bool
+	// caches are the write-back caches of the instance's states (task
+	// goroutine only; pebbleValue): writeBack writes them before every
+	// snapshot. cached is the bytes they are charged, cacheLimit their
+	// bound.
+	caches     []stateCache
+	cached     int
+	cacheLimit int
 
 	mu      sync.Mutex
 	closed  bool
@@ -134,6 +141,59 @@ func (p *pebbleState) stateID(name, kind string) uint16 {
 			p.infos[id] = &pebbleStateInfo{ID: id, Name: name, Kind: kind, declared: true}
 			return id
 		}
+	}
+}
+
+// stateCache is a state's write-back cache.
+type stateCache interface {
+	// writeBack adds the dirty entries to b, keeping them cached.
+	writeBack(b *pebble.Batch) error
+	// evict drops about a quarter of the cache, adding the dirty entries
+	// it drops to b.
+	evict(b *pebble.Batch) error
+}
+
+// writeBack writes the states' cached writes to pebble in one batch, so
+// that a pebble snapshot or checkpoint taken next holds every write made
+// before it.
+func (p *pebbleState) writeBack() error {
+	if len(p.caches) == 0 {
+		return nil
+	}
+	b := p.db.NewBatch()
+	defer b.Close()
+	for _, c := range p.caches {
+		if err := c.writeBack(b); err != nil {
+			return err
+		}
+	}
+	if b.Empty() {
+		return nil
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("write back cached state: %w", err)
+	}
+	return nil
+}
+
+// makeRoom evicts from the states' caches until they are under 3/4 of
+// their bound, writing what they drop that pebble lacks in one batch.
+func (p *pebbleState) makeRoom() {
+	b := p.db.NewBatch()
+	defer b.Close()
+	for i := 0; p.cached > p.cacheLimit*3/4; i++ {
+		before := p.cached
+		for _, c := range p.caches {
+			if err := c.evict(b); err != nil {
+				panic(fmt.Errorf("pebble state: %w", err))
+			}
+		}
+		if p.cached == before {
+			break
+		}
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		panic(fmt.Errorf("pebble state: write evicted cache entries: %w", err))
 	}
 }
 
@@ -309,6 +369,16 @@ func eachKeyGroup(s pebbleReader, maxPar int, sid uint16, fn func(kg int, rest, 
 }
 
 // pebbleValue is a value state in pebble: one pebble key per key.
+//
+// In front of pebble sits a write-back cache of decoded values (cache): a
+// read of a cached key, and a write, touch no pebble key; a write reaches
+// pebble when its entry is evicted, or in the synchronous part of the next
+// snapshot (pebbleState.writeBack, before pebble's snapshot or checkpoint
+// is taken), so that every snapshot holds every write made before its
+// barrier. A key that lives and dies between two snapshots (q4's
+// auctions) never reaches pebble. The caches of an instance's states share
+// a bound in bytes (pebbleState.cacheLimit), each entry charged its
+// encoded size plus valueCacheOverhead.
 type pebbleValue[K comparable, V any] struct {
 	st        *pebbleState
 	stateName string
@@ -317,8 +387,27 @@ type pebbleValue[K comparable, V any] struct {
 	codec     Codec[V]
 	kbuf      []byte
 	vbuf      []byte
+	// cache is nil when off (a state with TTL cleanup: its sweep deletes
+	// pebble's expired entries).
+	cache map[K]valueCacheEntry[V]
 	stateDumper
 }
+
+// valueCacheEntry is a key's value in a pebbleValue's cache.
+type valueCacheEntry[V any] struct {
+	val  V
+	kg   int
+	size int // bytes charged to the instance's cache bound
+	// present: the key has a value (else it has none: a read that found
+	// nothing, or a deleted value); dirty: pebble does not hold it yet;
+	// stored: pebble may hold a value for the key (a deletion must be
+	// written back).
+	present, dirty, stored bool
+}
+
+// valueCacheOverhead is what a cached entry is charged beyond its
+// encoded value: the map's slot, the decoded value's header, the key.
+const valueCacheOverhead = 64
 
 func (s *pebbleValue[K, V]) k() []byte {
 	s.kbuf = appendStatePrefix(s.kbuf[:0], s.key.scope.kg, s.sid)
@@ -326,34 +415,168 @@ func (s *pebbleValue[K, V]) k() []byte {
 	return s.kbuf
 }
 
-func (s *pebbleValue[K, V]) get() (V, bool) {
+// keyOf is the pebble key of key k in key group kg.
+func (s *pebbleValue[K, V]) keyOf(kg int, k K) []byte {
+	s.kbuf = appendStatePrefix(s.kbuf[:0], kg, s.sid)
+	s.vbuf = s.key.codec.Append(s.vbuf[:0], k)
+	s.kbuf = appendFrame(s.kbuf, s.vbuf)
+	return s.kbuf
+}
+
+// load reads the current key's value from pebble, and its encoded size.
+func (s *pebbleValue[K, V]) load() (V, int, bool) {
 	var zero V
 	v, c, err := s.st.db.Get(s.k())
 	if errors.Is(err, pebble.ErrNotFound) {
-		return zero, false
+		return zero, 0, false
 	}
 	if err != nil {
 		s.st.fail(s.stateName, err)
 	}
 	x, err := s.codec.Decode(v)
+	n := len(v)
 	_ = c.Close()
 	if err != nil {
 		s.st.fail(s.stateName, err)
 	}
-	return x, true
+	return x, n, true
+}
+
+func (s *pebbleValue[K, V]) get() (V, bool) {
+	if s.cache == nil {
+		x, _, ok := s.load()
+		return x, ok
+	}
+	key := s.key.scope.key
+	if e, ok := s.cache[key]; ok {
+		return e.val, e.present
+	}
+	x, n, ok := s.load()
+	s.set(key, valueCacheEntry[V]{val: x, kg: s.key.scope.kg, size: n + valueCacheOverhead, present: ok, stored: ok})
+	return x, ok
+}
+
+// set caches e for key, charging the instance's bound the difference
+// with what key's entry was charged (old, 0 if none), and makes room if
+// the bound is passed.
+func (s *pebbleValue[K, V]) set(key K, e valueCacheEntry[V]) {
+	old := s.cache[key].size
+	s.cache[key] = e
+	s.st.cached += e.size - old
+	if s.st.cached > s.st.cacheLimit {
+		s.st.makeRoom()
+	}
 }
 
 func (s *pebbleValue[K, V]) put(v V) {
 	s.vbuf = s.codec.Append(s.vbuf[:0], v)
-	if err := s.st.db.Set(s.k(), s.vbuf, pebble.NoSync); err != nil {
-		s.st.fail(s.stateName, err)
+	if s.cache == nil {
+		if err := s.st.db.Set(s.k(), s.vbuf, pebble.NoSync); err != nil {
+			s.st.fail(s.stateName, err)
+		}
+		return
 	}
+	key := s.key.scope.key
+	e, ok := s.cache[key]
+	if !ok {
+		e.stored = true // not known: pebble may hold a value
+	}
+	e.val, e.kg, e.size, e.present, e.dirty = v, s.key.scope.kg, len(s.vbuf)+valueCacheOverhead, true, true
+	s.set(key, e)
 }
 
 func (s *pebbleValue[K, V]) del() {
-	if err := s.st.db.Delete(s.k(), pebble.NoSync); err != nil {
+	if s.cache == nil {
+		if err := s.st.db.Delete(s.k(), pebble.NoSync); err != nil {
+			s.st.fail(s.stateName, err)
+		}
+		return
+	}
+	key := s.key.scope.key
+	e, ok := s.cache[key]
+	if ok && !e.stored {
+		// pebble holds nothing for the key: forget it.
+		s.st.cached -= e.size
+		delete(s.cache, key)
+		return
+	}
+	s.set(key, valueCacheEntry[V]{kg: s.key.scope.kg, size: valueCacheOverhead, stored: true, dirty: true})
+}
+
+// writeEntry adds e, the cached value of k, to b if pebble lacks it.
+func (s *pebbleValue[K, V]) writeEntry(b *pebble.Batch, k K, e valueCacheEntry[V]) error {
+	switch {
+	case !e.dirty:
+		return nil
+	case e.present:
+		key := s.keyOf(e.kg, k)
+		s.vbuf = s.codec.Append(s.vbuf[:0], e.val)
+		return b.Set(key, s.vbuf, nil)
+	case e.stored:
+		return b.Delete(s.keyOf(e.kg, k), nil)
+	}
+	return nil
+}
+
+// evict drops about a quarter of the cache's bytes (at least one entry),
+// adding the dirty ones to b. Which entries go is the map's iteration
+// order: no bookkeeping per access.
+func (s *pebbleValue[K, V]) evict(b *pebble.Batch) error {
+	n := 0
+	for _, e := range s.cache {
+		n += e.size
+	}
+	goal := n / 4
+	for k, e := range s.cache {
+		if err := s.writeEntry(b, k, e); err != nil {
+			return fmt.Errorf("state %q: %w", s.stateName, err)
+		}
+		delete(s.cache, k)
+		s.st.cached -= e.size
+		if goal -= e.size; goal <= 0 {
+			break
+		}
+	}
+	return nil
+}
+
+// writeBack adds the cache's dirty entries to b: they stay cached, clean
+// (a deleted key's entry is dropped).
+func (s *pebbleValue[K, V]) writeBack(b *pebble.Batch) error {
+	for k, e := range s.cache {
+		if !e.dirty {
+			continue
+		}
+		if err := s.writeEntry(b, k, e); err != nil {
+			return fmt.Errorf("state %q: %w", s.stateName, err)
+		}
+		if !e.present {
+			s.st.cached -= e.size
+			delete(s.cache, k)
+			continue
+		}
+		e.dirty, e.stored = false, true
+		s.cache[k] = e
+	}
+	return nil
+}
+
+// noCache turns the cache off (a state with TTL cleanup, whose sweep
+// deletes pebble's expired entries).
+func (s *pebbleValue[K, V]) noCache() {
+	b := s.st.db.NewBatch()
+	defer b.Close()
+	err := s.writeBack(b)
+	if err == nil {
+		err = b.Commit(pebble.NoSync)
+	}
+	if err != nil {
 		s.st.fail(s.stateName, err)
 	}
+	for _, e := range s.cache {
+		s.st.cached -= e.size
+	}
+	s.cache = nil
 }
 
 func (s *pebbleValue[K, V]) name() string { return s.stateName }
@@ -363,6 +586,9 @@ func (s *pebbleValue[K, V]) close() error { return nil }
 // freeze: the rest of a value's pebble key is the framed key, as the
 // canonical blob frames it, and the pebble value is the codec's bytes.
 func (s *pebbleValue[K, V]) freeze() frozenState {
+	if err := s.st.writeBack(); err != nil {
+		s.st.fail(s.stateName, err)
+	}
 	return &frozenBlobs{enc: s.st.encodeLater(s.sid, encodeValueBlobs)}
 }
 
@@ -626,9 +852,15 @@ type pebbleTimers struct {
 	n      int
 	caches []timerCache // by key group
 	min    int          // key group of the earliest timer; -1: none; -2: recompute
-	kbuf   []byte
-	lo     []byte
-	hi     []byte
+	// known holds timers beyond the cached heads that pebble is known to
+	// hold (registered, or found by a read), so that registering one again
+	// (a window operator registers its window's timer with every record)
+	// needs no pebble read. Removing or firing a timer forgets it; full,
+	// it is emptied.
+	known map[pebbleTimerID]struct{}
+	kbuf  []byte
+	lo    []byte
+	hi    []byte
 }
 
 // pebbleTimerID is a timer in pebble: its timestamp and encoded owner.
@@ -648,6 +880,17 @@ func (a pebbleTimerID) less(b pebbleTimerID) bool {
 
 // timerCacheSize is how many of a key group's earliest timers are cached.
 const timerCacheSize = 32
+
+// timerKnownSize bounds pebbleTimers.known.
+const timerKnownSize = 1 << 15
+
+// know records that pebble holds timer id.
+func (t *pebbleTimers) know(id pebbleTimerID) {
+	if len(t.known) >= timerKnownSize {
+		clear(t.known)
+	}
+	t.known[id] = struct{}{}
+}
 
 // timerCache is a key group's earliest timers, sorted. complete: they are
 // all of the key group's timers; else every timer not cached is after the
@@ -670,7 +913,8 @@ func (c *timerCache) covers(id pebbleTimerID) bool {
 }
 
 func newPebbleTimers(st *pebbleState, name, kind string) *pebbleTimers {
-	t := &pebbleTimers{st: st, name: name, sid: st.stateID(name, kind), caches: make([]timerCache, st.maxPar), min: -1}
+	t := &pebbleTimers{st: st, name: name, sid: st.stateID(name, kind), caches: make([]timerCache, st.maxPar), min: -1,
+		known: map[pebbleTimerID]struct{}{}}
 	for i := range t.caches {
 		t.caches[i].complete = true
 	}
@@ -705,24 +949,31 @@ func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
 	if _, ok := c.find(id); ok {
 		return false
 	}
+	if _, ok := t.known[id]; ok {
+		return false
+	}
 	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
 	covered := c.covers(id)
 	if !covered && t.exists() {
+		t.know(id)
 		return false
 	}
 	if err := t.st.db.Set(t.kbuf, nil, pebble.NoSync); err != nil {
 		t.st.fail(t.name, err)
 	}
 	t.n++
-	if covered {
-		i, _ := c.find(id)
-		c.ids = slices.Insert(c.ids, i, id)
-		if len(c.ids) > timerCacheSize {
-			c.ids, c.complete = c.ids[:timerCacheSize], false
-		}
-		if i == 0 {
-			t.min = -2
-		}
+	if !covered {
+		t.know(id)
+		return true
+	}
+	i, _ := c.find(id)
+	c.ids = slices.Insert(c.ids, i, id)
+	if len(c.ids) > timerCacheSize {
+		t.know(c.ids[timerCacheSize])
+		c.ids, c.complete = c.ids[:timerCacheSize], false
+	}
+	if i == 0 {
+		t.min = -2
 	}
 	return true
 }
@@ -732,7 +983,9 @@ func (t *pebbleTimers) remove(kg int, owner string, ts int64) bool {
 	c := &t.caches[kg]
 	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
 	i, cached := c.find(id)
-	if !cached && (c.covers(id) || !t.exists()) {
+	if _, ok := t.known[id]; ok {
+		delete(t.known, id)
+	} else if !cached && (c.covers(id) || !t.exists()) {
 		return false
 	}
 	if err := t.st.db.Delete(t.kbuf, pebble.NoSync); err != nil {
@@ -800,6 +1053,7 @@ func (t *pebbleTimers) next(upTo int64) (pebbleTimerID, int, bool) {
 		t.st.fail(t.name, err)
 	}
 	t.n--
+	delete(t.known, id)
 	c := &t.caches[kg]
 	c.ids = slices.Delete(c.ids, 0, 1)
 	t.refill(kg)

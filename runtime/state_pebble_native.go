@@ -90,6 +90,9 @@ func (p *pebbleState) nativeSnapshot(id checkpoint.ID) (*checkpoint.NativeState,
 	if err != nil {
 		return nil, err
 	}
+	if err := p.writeBack(); err != nil {
+		return nil, err
+	}
 	if err := p.db.Flush(); err != nil {
 		return nil, fmt.Errorf("flush: %w", err)
 	}
@@ -426,6 +429,7 @@ func (quietLogger) Fatalf(format string, args ...any) {
 // decoded).
 func (t *pebbleTimers) reload() {
 	t.n = 0
+	clear(t.known)
 	for kg := range t.caches {
 		c := &t.caches[kg]
 		c.ids, c.complete = nil, true

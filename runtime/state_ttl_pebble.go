@@ -55,6 +55,9 @@ func setupPebbleTTL(store any, t ttlClock) func() {
 	if !ok || t.per == 0 {
 		return nil
 	}
+	if c, ok := store.(interface{ noCache() }); ok {
+		c.noCache()
+	}
 	st, sid, name := ps.pebbleRange()
 	w := &pebbleTTLSweep{st: st, sid: sid, name: name, t: t, kg: -1}
 	return w.access

@@ -74,7 +74,7 @@ type frozenTimers interface {
 	// keyGroups lists the key groups holding timers, in any order.
 	keyGroups() ([]int, error)
 	// appendKeyGroup appends kg's timers, ordered by timestamp and then by
-	// the owners' encodings, each as appendTimerEntries writes it with
+	// the owners' encodings, each as appendSortedEntries writes it with
 	// domain d; n is how many.
 	appendKeyGroup(dst []byte, kg int, d TimeDomain) (_ []byte, n int, _ error)
 }
@@ -185,17 +185,18 @@ func (h heapTimers[T]) restored(kg int, owner T, ts int64) error {
 	return nil
 }
 
-// frozenHeapTimers is a heapTimers' live timers at a snapshot, grouped and
-// sorted by key group when first asked.
+// frozenHeapTimers is a heapTimers' live timers at a snapshot, grouped by
+// key group when first asked, each group sorted as it is encoded.
 type frozenHeapTimers[T comparable] struct {
 	live   []kgTimer[T]
 	enc    ownerEncoder[T]
 	groups map[int][]timerID[T]
+	sorted timerSorter
 }
 
 func (f *frozenHeapTimers[T]) keyGroups() ([]int, error) {
 	if f.groups == nil {
-		f.groups, f.live = groupTimers(f.live, f.enc), nil
+		f.groups, f.live = groupTimers(f.live), nil
 	}
 	kgs := make([]int, 0, len(f.groups))
 	for kg := range f.groups {
@@ -207,7 +208,7 @@ func (f *frozenHeapTimers[T]) keyGroups() ([]int, error) {
 func (f *frozenHeapTimers[T]) appendKeyGroup(dst []byte, kg int, d TimeDomain) ([]byte, int, error) {
 	ids := f.groups[kg]
 	delete(f.groups, kg)
-	return appendTimerEntries(dst, f.enc, d, ids), len(ids), nil
+	return appendSortedEntries(&f.sorted, dst, f.enc, d, ids), len(ids), nil
 }
 
 // encodedTimers is the pebble backend's timer store over typed owners: the

@@ -23,10 +23,11 @@ import (
 // a memory budget and the directory their instances live in. The budget
 // bounds the memory pebble takes, whatever the size of the state (Flink's
 // managed memory): half of it is one block cache shared by every instance,
-// the other half is memtables, split evenly between the task manager's
-// slots (each instance's memtable is budget/2/slots/2, as pebble keeps up to
-// two memtables per instance before it stalls writes). State beyond the
-// budget lives on disk.
+// the other half is split evenly between the task manager's slots, and
+// each slot's share in three: two memtables (pebble keeps up to two per
+// instance before it stalls writes; each is budget/2/slots/3) and the
+// write-back cache of the instance's value states (pebbleValue). State
+// beyond the budget lives on disk.
 type StateMemory struct {
 	cfg   stateMemoryCfg
 	fs    vfs.FS
@@ -180,9 +181,18 @@ func (m *StateMemory) DiskUsage() int64 {
 	return int64(n)
 }
 
-// memTableSize is each instance's memtable size.
+// memTableSize is each instance's memtable size: a third of the
+// instance's share of the memtable half (pebble keeps up to two
+// memtables), the last third being its states' write-back caches
+// (cacheBytes).
 func (m *StateMemory) memTableSize() uint64 {
-	return uint64(max(m.cfg.budget/2/int64(m.cfg.slots)/2, 1<<20))
+	return uint64(max(m.cfg.budget/2/int64(m.cfg.slots)/3, 1<<20))
+}
+
+// cacheBytes bounds the bytes each instance's value states cache
+// (pebbleValue).
+func (m *StateMemory) cacheBytes() int {
+	return int(max(m.cfg.budget/2/int64(m.cfg.slots)/3, 1<<20))
 }
 
 // openInstance opens a new, empty pebble instance for a keyed operator
@@ -234,7 +244,7 @@ func (m *StateMemory) openInstanceFrom(ctx context.Context, name string, maxPar,
 		_ = m.fs.RemoveAll(dir)
 		return nil, fmt.Errorf("pebble state %s: %w", dir, err)
 	}
-	p := &pebbleState{mem: m, db: db, dir: dir, maxPar: maxPar, kgLo: lo, kgHi: hi,
+	p := &pebbleState{mem: m, db: db, dir: dir, maxPar: maxPar, kgLo: lo, kgHi: hi, cacheLimit: m.cacheBytes(),
 		snaps: map[*pebble.Snapshot]struct{}{}, staging: map[string]struct{}{}, infos: map[uint16]*pebbleStateInfo{}}
 	if len(handles) > 0 {
 		p.native, p.restoredNext = true, map[uint16]uint64{}

@@ -63,7 +63,7 @@ func (s *stateWriter) write(ctx context.Context, task checkpoint.TaskID, id chec
 		}
 		if n > 0 {
 			s.log.Debug("task state written to checkpoint storage", zap.String("task", string(task)), zap.Uint64("checkpoint", uint64(id)),
-				zap.Int64("bytes", n), zap.Int64("state_bytes", snap.Size()), zap.Duration("took", time.Since(start)))
+				zap.Int64("bytes", n), zap.Int64("state_bytes", out.Size()), zap.Duration("took", time.Since(start)))
 		}
 		s.mu.Lock()
 		p := s.pending[task]

@@ -585,7 +585,8 @@ func (t *task) checkpoint(ctx context.Context, id checkpoint.ID, alignment time.
 		t.rep.decline(t.id, id, declined)
 		return nil
 	}
-	if !slices.ContainsFunc(asyncs, func(f func() (map[int][]byte, error)) bool { return f != nil }) {
+	encoded := slices.ContainsFunc(snap.Operators, func(o checkpoint.OperatorSnapshot) bool { return o.Encode != nil })
+	if !encoded && !slices.ContainsFunc(asyncs, func(f func() (map[int][]byte, error)) bool { return f != nil }) {
 		t.rep.ack(t.id, id, snap, timing) // nothing asynchronous: no goroutine to wait for
 		yieldToCheckpoint()
 		return nil
@@ -612,9 +613,36 @@ func (t *task) checkpoint(ctx context.Context, id checkpoint.ID, alignment time.
 			}
 			snap.Operators[i].KeyGroups = kgs
 		}
+		// Operators' Encode runs in the reporter's ack: as the state is
+		// written to checkpoint storage, or here (encodeSnapshot).
 		t.rep.ack(t.id, id, snap, timing)
 	}()
 	return nil
+}
+
+// encodeSnapshot runs the Encode of snap's operators (the snapshot goes
+// inline: no checkpoint storage) and reports an error as the asynchronous
+// part's: a task failure for a panic (a codec's), a decline otherwise;
+// false then.
+func encodeSnapshot(rep reporter, task checkpoint.TaskID, id checkpoint.ID, snap checkpoint.TaskSnapshot) bool {
+	err := snap.EncodeKeyGroups()
+	if err == nil {
+		return true
+	}
+	reportAsyncError(rep, task, id, err)
+	return false
+}
+
+// reportAsyncError reports err of the asynchronous part of task's snapshot
+// for checkpoint id: a task failure if a codec or user code panicked, a
+// declined checkpoint otherwise.
+func reportAsyncError(rep reporter, task checkpoint.TaskID, id checkpoint.ID, err error) {
+	var pe *panicError
+	if errors.As(err, &pe) {
+		rep.failed(task, fmt.Errorf("task %s: async snapshot for checkpoint %d: %w", task, id, err))
+		return
+	}
+	rep.decline(task, id, fmt.Errorf("%w: async snapshot: %w", checkpoint.ErrDeclined, err))
 }
 
 // SnapshotTimes are the durations of one task's part in a checkpoint, as

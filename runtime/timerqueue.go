@@ -403,9 +403,9 @@ func (q *timerQueue[T]) live() []kgTimer[T] {
 	return out
 }
 
-// groupTimers groups timers by key group, each group sorted by timestamp
-// and then by the owner's encoding.
-func groupTimers[T comparable](ts []kgTimer[T], enc ownerEncoder[T]) map[int][]timerID[T] {
+// groupTimers groups timers by key group (each group in no order:
+// timerSorter orders one when it is encoded).
+func groupTimers[T comparable](ts []kgTimer[T]) map[int][]timerID[T] {
 	counts := map[int32]int{}
 	for _, t := range ts {
 		counts[t.kg]++
@@ -417,50 +417,63 @@ func groupTimers[T comparable](ts []kgTimer[T], enc ownerEncoder[T]) map[int][]t
 	for _, t := range ts {
 		out[int(t.kg)] = append(out[int(t.kg)], t.id)
 	}
-	// Each owner is encoded once per snapshot, not at each comparison.
-	type keyed struct {
-		off, end int
-		id       timerID[T]
-	}
-	var ks []keyed
-	var b []byte
-	for _, ids := range out {
-		ks, b = ks[:0], b[:0]
-		for _, id := range ids {
-			off := len(b)
-			b = enc(b, id.owner)
-			ks = append(ks, keyed{off, len(b), id})
-		}
-		slices.SortFunc(ks, func(x, y keyed) int {
-			if x.id.ts != y.id.ts {
-				return cmpInt64(x.id.ts, y.id.ts)
-			}
-			return bytes.Compare(b[x.off:x.end], b[y.off:y.end])
-		})
-		for i, k := range ks {
-			ids[i] = k.id
-		}
-	}
 	return out
+}
+
+// timerSorter encodes the timers of one key group in a snapshot's order,
+// by timestamp and then by the owner's encoding, encoding each owner once
+// (not at each comparison, nor again to write it). Its buffers are reused
+// from one key group to the next.
+type timerSorter struct {
+	ks []timerSortKey
+	ob []byte
+}
+
+// timerSortKey is one timer being sorted: its timestamp, its owner's
+// encoding ob[off:end] of the timerSorter, and the encoding's first 8
+// bytes (big endian, zero-padded), which decide most comparisons.
+type timerSortKey struct {
+	ts       int64
+	prefix   uint64
+	off, end int
+}
+
+// appendSortedEntries appends ids' entries of domain d in order: per
+// timer d, the timestamp (varint) and the owner (framed).
+func appendSortedEntries[T comparable](s *timerSorter, dst []byte, enc ownerEncoder[T], d TimeDomain, ids []timerID[T]) []byte {
+	s.ks, s.ob = s.ks[:0], s.ob[:0]
+	for _, id := range ids {
+		off := len(s.ob)
+		s.ob = enc(s.ob, id.owner)
+		var p [8]byte
+		copy(p[:], s.ob[off:])
+		s.ks = append(s.ks, timerSortKey{ts: id.ts, prefix: binary.BigEndian.Uint64(p[:]), off: off, end: len(s.ob)})
+	}
+	ob := s.ob
+	slices.SortFunc(s.ks, func(x, y timerSortKey) int {
+		if x.ts != y.ts {
+			return cmpInt64(x.ts, y.ts)
+		}
+		if x.prefix != y.prefix {
+			if x.prefix < y.prefix {
+				return -1
+			}
+			return 1
+		}
+		return bytes.Compare(ob[x.off:x.end], ob[y.off:y.end])
+	})
+	for _, k := range s.ks {
+		dst = append(dst, byte(d))
+		dst = binary.AppendVarint(dst, k.ts)
+		dst = appendFrame(dst, ob[k.off:k.end])
+	}
+	return dst
 }
 
 // A key group's timers of both domains are encoded in one blob: a count
 // (uvarint), then per timer its domain, timestamp (varint) and owner
-// (framed); appendTimerEntries appends the timers of one domain after the
-// count.
-
-// appendTimerEntries appends timers of domain d: per timer d, the
-// timestamp (varint) and the owner (framed).
-func appendTimerEntries[T comparable](dst []byte, enc ownerEncoder[T], d TimeDomain, ids []timerID[T]) []byte {
-	var ob []byte
-	for _, id := range ids {
-		dst = append(dst, byte(d))
-		dst = binary.AppendVarint(dst, id.ts)
-		ob = enc(ob[:0], id.owner)
-		dst = appendFrame(dst, ob)
-	}
-	return dst
-}
+// (framed); appendSortedEntries appends the timers of one domain after
+// the count.
 
 // decodeTimers calls add for every timer of a key group's timers blob.
 func decodeTimers(b []byte, add func(d TimeDomain, owner string, ts int64)) error {
