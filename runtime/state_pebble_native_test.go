@@ -29,6 +29,15 @@ type nativeStates struct {
 	tm *Timers[string, string]
 }
 
+// flush writes the value states' caches back and flushes the memtable:
+// an SST of its own.
+func (p *pebbleState) flush() error {
+	if err := p.writeBack(); err != nil {
+		return err
+	}
+	return p.db.Flush()
+}
+
 func declareNativeStates(t *testing.T, b *keyedBackend[string]) nativeStates {
 	t.Helper()
 	r := &StateRegistry[string]{b: b}
@@ -176,7 +185,7 @@ func TestNativeCheckpointsRestoreAtTheSameAndAnotherParallelism(t *testing.T) {
 		s := openSubtask(t, mem, st, maxPar, sub, 2, nil)
 		for round := range 3 {
 			fillNative(s, keys, sub, 2, round)
-			if err := s.b.pebble.db.Flush(); err != nil { // several SSTs, some overlapping
+			if err := s.b.pebble.flush(); err != nil { // several SSTs, some overlapping
 				t.Fatal(err)
 			}
 		}
@@ -373,7 +382,7 @@ func TestANativeRestoreAfterACrashIsTheCheckpointNotTheLeftovers(t *testing.T) {
 				t.Fatal(err)
 			}
 			fillNative(s, keys, 0, 1, 1) // after the checkpoint
-			if err := s.b.pebble.db.Flush(); err != nil {
+			if err := s.b.pebble.flush(); err != nil {
 				t.Fatal(err)
 			}
 			crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rand.New(rand.NewPCG(seed, 1))})
@@ -409,7 +418,7 @@ func TestTheFirstNativeCheckpointAfterARestoreReferencesTheFilesItOpenedOn(t *te
 		s := openSubtask(t, mem, st, maxPar, sub, 2, nil)
 		for round := range 3 {
 			fillNative(s, keys, sub, 2, round)
-			if err := s.b.pebble.db.Flush(); err != nil {
+			if err := s.b.pebble.flush(); err != nil {
 				t.Fatal(err)
 			}
 		}
