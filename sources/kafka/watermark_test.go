@@ -34,30 +34,13 @@ func (lateCheck) OnTimer(*runtime.KeyedContext[int], int64, runtime.Collector[st
 	return nil
 }
 
-// Two partitions at very different event-time speeds, read by one subtask
-// in many small polls with a watermark after each: the runtime keeps a
-// watermark per partition (runtime.SplitCollector) and the subtask's is
-// their minimum, so no record of the slow partition is late, although the
-// fast one runs far ahead in event time (a watermark over the subtask's
-// records would pass the slow partition's records at once).
-func TestPerPartitionWatermarksMakeNoRecordOfASlowPartitionLate(t *testing.T) {
-	env := kafkatest.New(t)
-	env.CreateTopic(t, "clicks", 2, nil)
-	const n = 4000
-	// Partition 0 advances 1 s per record, partition 1 10 ms.
-	produce(t, env, "clicks", 2, 0, n, "c", func(i int) int64 {
-		if i%2 == 0 {
-			return 1_000_000 + int64(i/2)*1000
-		}
-		return 1_000_000 + int64(i/2)*10
-	})
-	src, err := New(decodeString, Brokers(env.Addr), Topics("clicks"), StopAt(Latest()), MaxPollRecords(50))
-	if err != nil {
-		t.Fatal(err)
-	}
-	j := runtime.NewJob("wm")
-	s := runtime.FromSource(j, "source", src, runtime.Watermarks(runtime.ForMonotonousTimestamps[string](
-		runtime.WithWatermarkInterval(time.Millisecond))))
+// requireNoneLate runs src at parallelism par with watermark strategy ws,
+// keyed to one key, and fails unless all its n records arrive on time
+// (ahead of their operator's watermark).
+func requireNoneLate(t *testing.T, src func() runtime.Source[string], par int, ws runtime.WatermarkStrategy[string], n int) {
+	t.Helper()
+	j := runtime.NewJob("wm", runtime.DefaultParallelism(par))
+	s := runtime.FromSource(j, "source", src, runtime.Watermarks(ws))
 	ks := runtime.KeyBy(s, func(string) int { return 0 }, nil)
 	checked := runtime.ProcessKeyed(ks, "check", func() runtime.KeyedProcessor[int, string, string] { return lateCheck{} })
 	var mu sync.Mutex
@@ -81,6 +64,31 @@ func TestPerPartitionWatermarksMakeNoRecordOfASlowPartitionLate(t *testing.T) {
 	if len(late) > 0 || ok != n {
 		t.Fatalf("%d records on time, %d late (e.g. %v); want all %d on time", ok, len(late), head(late), n)
 	}
+}
+
+// Two partitions at very different event-time speeds, read by one subtask
+// in many small polls with a watermark after each: the runtime keeps a
+// watermark per partition (runtime.SplitCollector) and the subtask's is
+// their minimum, so no record of the slow partition is late, although the
+// fast one runs far ahead in event time (a watermark over the subtask's
+// records would pass the slow partition's records at once).
+func TestPerPartitionWatermarksMakeNoRecordOfASlowPartitionLate(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "clicks", 2, nil)
+	const n = 4000
+	// Partition 0 advances 1 s per record, partition 1 10 ms.
+	produce(t, env, "clicks", 2, 0, n, "c", func(i int) int64 {
+		if i%2 == 0 {
+			return 1_000_000 + int64(i/2)*1000
+		}
+		return 1_000_000 + int64(i/2)*10
+	})
+	src, err := New(decodeString, Brokers(env.Addr), Topics("clicks"), StopAt(Latest()), MaxPollRecords(50))
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireNoneLate(t, src, 1, runtime.ForMonotonousTimestamps[string](
+		runtime.WithWatermarkInterval(time.Millisecond)), n)
 }
 
 // timerAtRecord registers an event-time timer at each record's timestamp
@@ -230,32 +238,8 @@ func TestAPartitionWaitingBehindAnothersBacklogIsNotIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j := runtime.NewJob("wm")
-	s := runtime.FromSource(j, "source", src, runtime.Watermarks(runtime.ForMonotonousTimestamps[string](
-		runtime.WithIdleness(50*time.Millisecond), runtime.WithWatermarkInterval(time.Millisecond))))
-	ks := runtime.KeyBy(s, func(string) int { return 0 }, nil)
-	checked := runtime.ProcessKeyed(ks, "check", func() runtime.KeyedProcessor[int, string, string] { return lateCheck{} })
-	var mu sync.Mutex
-	var late []string
-	ok := 0
-	runtime.SinkTo(checked, "collect", runtime.SinkFunc(func(_ context.Context, v string) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if strings.HasPrefix(v, "late ") {
-			late = append(late, v)
-		} else {
-			ok++
-		}
-		return nil
-	}))
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	if _, err := runtime.NewMiniCluster(runtime.CheckpointInterval(time.Second)).Run(ctx, j); err != nil {
-		t.Fatal(err)
-	}
-	if len(late) > 0 || ok != n {
-		t.Fatalf("%d records on time, %d late (e.g. %v); want all %d on time", ok, len(late), head(late), n)
-	}
+	requireNoneLate(t, src, 1, runtime.ForMonotonousTimestamps[string](
+		runtime.WithIdleness(50*time.Millisecond), runtime.WithWatermarkInterval(time.Millisecond)), n)
 }
 
 // slowFirstFetch holds the first fetch response any client of the job
@@ -287,32 +271,8 @@ func TestAPartitionWithRecordsNotYetFetchedIsNotIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j := runtime.NewJob("wm", runtime.DefaultParallelism(2))
-	s := runtime.FromSource(j, "source", src, runtime.Watermarks(runtime.ForMonotonousTimestamps[string](
-		runtime.WithIdleness(100*time.Millisecond), runtime.WithWatermarkInterval(time.Millisecond))))
-	ks := runtime.KeyBy(s, func(string) int { return 0 }, nil)
-	checked := runtime.ProcessKeyed(ks, "check", func() runtime.KeyedProcessor[int, string, string] { return lateCheck{} })
-	var mu sync.Mutex
-	var late []string
-	ok := 0
-	runtime.SinkTo(checked, "collect", runtime.SinkFunc(func(_ context.Context, v string) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if strings.HasPrefix(v, "late ") {
-			late = append(late, v)
-		} else {
-			ok++
-		}
-		return nil
-	}))
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	if _, err := runtime.NewMiniCluster(runtime.CheckpointInterval(time.Second)).Run(ctx, j); err != nil {
-		t.Fatal(err)
-	}
-	if len(late) > 0 || ok != n {
-		t.Fatalf("%d records on time, %d late (e.g. %v); want all %d on time", ok, len(late), head(late), n)
-	}
+	requireNoneLate(t, src, 2, runtime.ForMonotonousTimestamps[string](
+		runtime.WithIdleness(100*time.Millisecond), runtime.WithWatermarkInterval(time.Millisecond)), n)
 }
 
 // pendingLog is a splitLog that counts the splits said to have records
