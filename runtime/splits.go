@@ -36,10 +36,10 @@ type SplitCollector[T any] interface {
 	// missing from it (finished, or moved) no longer counts, a new one
 	// holds the watermark until it emits or is idle.
 	SetSplits(splits []string)
-	// SplitPending says split has records the source holds but has not
+	// SplitPending says split has records to read that the source has not
 	// emitted yet (a Kafka partition's records fetched into the client
-	// behind another partition's): its idleness clock restarts, as if it
-	// had emitted. A source that reads several splits calls it after each
+	// behind another partition's, or readable at the broker and not
+	// fetched yet): its idleness clock restarts, as if it had emitted. A source that reads several splits calls it after each
 	// Poll for each such split; otherwise a split that waits behind
 	// another's backlog for longer than the idleness timeout is taken for
 	// idle, the subtask's watermark moves to the others', and the split's
