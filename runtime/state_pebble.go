@@ -390,6 +390,9 @@ type pebbleValue[K comparable, V any] struct {
 	// cache is nil when off (a state with TTL cleanup: its sweep deletes
 	// pebble's expired entries).
 	cache map[K]valueCacheEntry[V]
+	// cached is the bytes cache's entries are charged (their share of
+	// st.cached).
+	cached int
 	stateDumper
 }
 
@@ -462,7 +465,7 @@ func (s *pebbleValue[K, V]) get() (V, bool) {
 func (s *pebbleValue[K, V]) set(key K, e valueCacheEntry[V]) {
 	old := s.cache[key].size
 	s.cache[key] = e
-	s.st.cached += e.size - old
+	s.charge(e.size - old)
 	if s.st.cached > s.st.cacheLimit {
 		s.st.makeRoom()
 	}
@@ -496,7 +499,7 @@ func (s *pebbleValue[K, V]) del() {
 	e, ok := s.cache[key]
 	if ok && !e.stored {
 		// pebble holds nothing for the key: forget it.
-		s.st.cached -= e.size
+		s.charge(-e.size)
 		delete(s.cache, key)
 		return
 	}
@@ -518,21 +521,23 @@ func (s *pebbleValue[K, V]) writeEntry(b *pebble.Batch, k K, e valueCacheEntry[V
 	return nil
 }
 
+// charge adds d bytes to what the cache is charged, and its instance's.
+func (s *pebbleValue[K, V]) charge(d int) {
+	s.cached += d
+	s.st.cached += d
+}
+
 // evict drops about a quarter of the cache's bytes (at least one entry),
 // adding the dirty ones to b. Which entries go is the map's iteration
 // order: no bookkeeping per access.
 func (s *pebbleValue[K, V]) evict(b *pebble.Batch) error {
-	n := 0
-	for _, e := range s.cache {
-		n += e.size
-	}
-	goal := n / 4
+	goal := s.cached / 4
 	for k, e := range s.cache {
 		if err := s.writeEntry(b, k, e); err != nil {
 			return fmt.Errorf("state %q: %w", s.stateName, err)
 		}
 		delete(s.cache, k)
-		s.st.cached -= e.size
+		s.charge(-e.size)
 		if goal -= e.size; goal <= 0 {
 			break
 		}
@@ -551,7 +556,7 @@ func (s *pebbleValue[K, V]) writeBack(b *pebble.Batch) error {
 			return fmt.Errorf("state %q: %w", s.stateName, err)
 		}
 		if !e.present {
-			s.st.cached -= e.size
+			s.charge(-e.size)
 			delete(s.cache, k)
 			continue
 		}
@@ -573,9 +578,7 @@ func (s *pebbleValue[K, V]) noCache() {
 	if err != nil {
 		s.st.fail(s.stateName, err)
 	}
-	for _, e := range s.cache {
-		s.st.cached -= e.size
-	}
+	s.charge(-s.cached)
 	s.cache = nil
 }
 
