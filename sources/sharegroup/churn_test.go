@@ -2,6 +2,7 @@ package sharegroup
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -33,6 +34,7 @@ type deliveryLog struct {
 	unseen   int                       // deliveries seen by no lane
 	most     map[string]int32          // topic -> highest delivery count of one of its records
 	perCount map[int32]int             // delivery count -> acquisitions seen at it
+	hist     map[string][]string       // record -> each acquisition seen: lane, count, time, lock left
 }
 
 // seenAt is a delivery seen: its count and attempt.
@@ -43,7 +45,7 @@ type seenAt struct {
 
 func newDeliveryLog() *deliveryLog {
 	return &deliveryLog{attempt: 1, last: map[string]seenAt{}, now: map[string]int{}, by: map[string]map[string]int{},
-		most: map[string]int32{}, perCount: map[int32]int{}}
+		most: map[string]int32{}, perCount: map[int32]int{}, hist: map[string][]string{}}
 }
 
 func (d *deliveryLog) opt() Opt { return withCfg(func(c *cfg) { c.testAcquired = d.acquired }) }
@@ -55,8 +57,11 @@ func (d *deliveryLog) acquired(lane string, recs []*kgo.Record) {
 	if d.by[sub] == nil {
 		d.by[sub] = map[string]int{}
 	}
+	now := time.Now()
 	for _, r := range recs {
 		k := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
+		d.hist[k] = append(d.hist[k], fmt.Sprintf("%s#%d at %s (lock left %v)", lane, r.DeliveryCount(),
+			now.Format("15:04:05.000"), r.AcquisitionDeadline().Sub(now).Round(time.Millisecond)))
 		prev, dc := d.last[k], r.DeliveryCount()
 		if dc-prev.count > int32(d.attempt-prev.attempt) {
 			d.overrun = append(d.overrun, fmt.Sprintf("%s: delivery %d in attempt %d (%s), after delivery %d in attempt %d",
@@ -69,6 +74,19 @@ func (d *deliveryLog) acquired(lane string, recs []*kgo.Record) {
 		d.most[r.Topic] = max(d.most[r.Topic], dc)
 		d.perCount[dc]++
 	}
+}
+
+// redelivered returns the acquisitions of up to n records delivered more
+// than once, for a failure's message. d.mu is held.
+func (d *deliveryLog) redelivered(n int) []string {
+	var out []string
+	for k, h := range d.hist {
+		if len(h) > 1 && len(out) < n {
+			out = append(out, k+": "+strings.Join(h, ", "))
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // subtasksSeen is how many lane prefixes acquired something this attempt.
