@@ -60,6 +60,58 @@ func TestRefusedRenewalDeclinesAndTheLaneNeverAccepts(t *testing.T) {
 	checkEveryRecordOnce(t, env, append(bVals, vals...), 10, "B")
 }
 
+// A lane whose batch waits behind a blocked task (acquired, not admitted)
+// and whose renewal the broker refuses (its locks lapsed while the process
+// was paused, and another subtask holds the records now) has emitted
+// nothing of them: at admission it releases them instead of emitting them,
+// and its checkpoint goes through. Emitting them would force the decline
+// above and roll the whole job back for records this lane never
+// processed, which under load (renewals starved) turned into restart after
+// restart. Its own lock clock is off, so only the refusal can tell.
+func TestARefusedBatchNotYetAdmittedIsReleasedNotEmitted(t *testing.T) {
+	env := kafkatest.New(t, lockBroker(shortLock)...)
+	env.CreateTopic(t, "in", 1, nil)
+	produceN(t, env, "in", 10)
+	ctx := t.Context()
+	a := openSource(t, env, 0, nil, noLockClock, pausedOpt)
+	if !waitLaneReady(t, a, 10*time.Second) {
+		t.Fatal("setup: A's lane acquired nothing")
+	}
+	time.Sleep(shortLock + time.Second) // A's locks lapse: it is paused
+	b := openSource(t, env, 1, nil)
+	bVals := pollFor(t, b, 10, 10*time.Second)
+	if d := exactlyOnce(counts(t, bVals), 10); d != "" {
+		t.Fatalf("setup: the redelivery to B: %s", d)
+	}
+	a.setPaused(false) // A renews; the broker refuses: B holds the records
+	l := a.lanes[0]
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		l.mu.Lock()
+		lost := len(l.clock.lost)
+		l.mu.Unlock()
+		if lost > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("setup: A's renewal was not refused within 10 s")
+		}
+	}
+	c := &sliceCollector{}
+	if err := a.Poll(ctx, c); err != nil {
+		t.Fatalf("A's Poll: %v", err)
+	}
+	if len(c.vals) != 0 {
+		t.Errorf("A emitted %d records of a partition whose renewal the broker had refused before they were admitted, "+
+			"want none", len(c.vals))
+	}
+	if _, err := a.Snapshot(ctx, 1); err != nil {
+		t.Fatalf("A's checkpoint 1: %v, want it to go through (A emitted nothing it lost)", err)
+	}
+	notifyComplete(t, a, 1)
+	vals, _ := runCheckpoints(t, env, b, "g", in0, 10, 1, 15*time.Second)
+	checkEveryRecordOnce(t, env, append(bVals, vals...), 10, "B")
+}
+
 // Issue 9, case 3a: a job that pre-committed a marker and is cancelled for
 // good aborts its open and pre-committed transactions and releases what it
 // holds: the next job (another transactional-id prefix) gets every record

@@ -16,7 +16,7 @@ type sourceCounters struct {
 	deadLetters  atomic.Int64 // records copied to the dead-letter topic
 	lapsed       atomic.Int64 // checkpoints declined because locks lapsed
 	deduplicated atomic.Int64 // redeliveries the ack-log showed processed
-	nearExpiry   atomic.Int64 // records released unprocessed: lock too close to expiry at admission
+	nearExpiry   atomic.Int64 // records released unprocessed: lock too close to expiry (or refused) at admission
 }
 
 // registerMetrics registers the subtask's metrics; the lanes exist.
@@ -60,7 +60,7 @@ func (s *Source[T]) registerMetrics(m runtime.Metrics) {
 		func() float64 { return float64(s.counters.lapsed.Load()) })
 	m.Counter("sharegroup_redeliveriesDeduplicated_total", "Redelivered records the ack-log showed already processed: acknowledged, not emitted again.",
 		func() float64 { return float64(s.counters.deduplicated.Load()) })
-	m.Counter("sharegroup_releasedNearExpiry_total", "Records released unprocessed because, by the source's lock clock (renewals included), their lock had less than the margin left when they were admitted: each costs a delivery.",
+	m.Counter("sharegroup_releasedNearExpiry_total", "Records released unprocessed because, by the source's lock clock (renewals included), their lock had less than the margin left when they were admitted, or the broker had refused their partition's renewal before: each costs a delivery.",
 		func() float64 { return float64(s.counters.nearExpiry.Load()) })
 	if s.txn != nil {
 		runtime.TransactionMetrics(m, func() int { return len(s.txn.Pending()) }, s.txn.LostTransactions)

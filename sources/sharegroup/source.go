@@ -1001,7 +1001,14 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	batch := l.batch
 	l.batch, l.state, l.epoch = nil, laneAdmitting, 0
 	margin := lockMargin(s.cfg.lockMargin, l.clock.dur)
-	clock := l.clock // as renewed so far (its lost partitions are not read)
+	clock := l.clock // as renewed so far
+	// Partitions whose renewal the broker refused while the batch waited:
+	// their records are no longer (all) ours, and nothing of them was
+	// emitted yet, so they are released here instead of emitted; once
+	// emitted, the checkpoint would have to decline (lockClock.lapsed) and
+	// roll the whole job back for records nobody processed.
+	lost := maps.Clone(l.clock.lost)
+	clock.lost = lost
 	l.mu.Unlock()
 	if s.cfg.mode == Transactional && len(batch) > 0 {
 		if err := s.ix.CatchUpToEnd(ctx); err != nil {
@@ -1012,6 +1019,10 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	var stale, emitted, rejected, accepted, requeue []*kgo.Record
 	var aside []asideRec
 	for _, r := range batch {
+		if clock.isLost(r) {
+			stale = append(stale, r)
+			continue
+		}
 		v, e, cause := s.judge(r, &clock, now, margin)
 		switch v {
 		case verdictStale:
@@ -1047,13 +1058,20 @@ func (s *Source[T]) admit(ctx context.Context, l *lane, out runtime.Collector[T]
 	}
 	if len(stale) > 0 {
 		s.counters.nearExpiry.Add(int64(len(stale)))
-		s.log.Info("releasing records whose lock was too close to expiry to process", zap.String("lane", l.name), zap.Int("records", len(stale)))
+		s.log.Info("releasing records whose lock was refused or too close to expiry to process", zap.String("lane", l.name), zap.Int("records", len(stale)))
 		// Out of held before the release, under the acknowledgement
 		// lock: a renewal after it must not renew released records (the
 		// broker would refuse the partition, and the epoch roll back).
 		l.ack.mu.Lock()
 		l.mu.Lock()
 		l.drop(stale)
+		// The lane holds nothing of a partition refused before admission
+		// any more (every record of it is in stale, and a ready lane holds
+		// its batch only): it is not lost to this batch's epoch. One first
+		// refused since stays lost: its records may have been emitted.
+		for tp := range lost {
+			delete(l.clock.lost, tp)
+		}
 		l.mu.Unlock()
 		refused, err := l.ack.ackLocked(ctx, kgo.AckRelease, stale...)
 		l.ack.mu.Unlock()
