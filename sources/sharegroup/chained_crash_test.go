@@ -296,3 +296,87 @@ func TestAMarkerTransactionTheBrokerCrashLostIsRecommittedOrRolledBackNeverSkipp
 		})
 	}
 }
+
+// TestRecordsHeldByTwoEndedAttemptsAndABrokerCrashAreEachProcessedOnce: the
+// chaos round's delivery history of the backlog. The attempt the task
+// manager's kill ended emitted the records (one delivery, released); the
+// attempt after it held them, its marker pre-committed, when the broker was
+// killed (a second delivery); the attempt after the restart reads them
+// again. That third delivery would be where the source re-queues a record no
+// committed marker covers (restartBurn), but the crash loses the broker's
+// share state and its delivery counts: the repair redelivers every record
+// from the journaled start once, so the next attempt gets them at delivery
+// count 2 and processes the originals (measured here: the ack-log holds no
+// re-queue marker). Every record must come out once, and the share start
+// offset must pass them.
+func TestRecordsHeldByTwoEndedAttemptsAndABrokerCrashAreEachProcessedOnce(t *testing.T) {
+	const n = 50
+	ctx := t.Context()
+	c := startChainedBroker(t)
+	env := &kafkatest.Env{Addr: c.addr}
+	if _, err := kadm.NewClient(c.client()).CreateTopic(ctx, 1, 1, nil, "in"); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for i := range n {
+		recs = append(recs, kgo.StringRecord(strconv.Itoa(i)))
+	}
+	if err := c.client(kgo.DefaultProduceTopic("in")).ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	newSrc := testSources(t, env)
+	// Attempt 0 is the one the task manager's kill ended: its batch is
+	// released (one delivery).
+	a, err := openFrom(t, newSrc, 0, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pollFor(t, a, n, 20*time.Second); len(got) != n {
+		t.Fatalf("attempt 0 emitted %d records, want %d", len(got), n)
+	}
+	a.Close()
+	// Attempt 1 holds them (the second delivery) with its marker
+	// pre-committed when the broker is killed.
+	b, err := openFrom(t, newSrc, 0, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pollFor(t, b, n, 20*time.Second); len(got) != n {
+		t.Fatalf("attempt 1 emitted %d records, want %d", len(got), n)
+	}
+	if _, err := b.Snapshot(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	c.crash()
+	if err := b.NotifyCheckpointAborted(ctx, 1); err == nil {
+		t.Fatal("checkpoint 1 aborted while holding its records, and the subtask did not roll back")
+	}
+	b.Close()
+
+	// Attempt 2: the records come back and are processed once.
+	d, err := openFrom(t, newSrc, 0, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := pollFor(t, d, n, 30*time.Second)
+	if msg := exactlyOnce(counts(t, got), n); msg != "" {
+		t.Fatalf("attempt 2 after the broker crash: %s", msg)
+	}
+	if _, err := d.Snapshot(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.NotifyCheckpointComplete(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	tp := acklog.TopicPartition{Topic: "in", Partition: 0}
+	deadline := time.Now().Add(20 * time.Second)
+	for shareStart(t, env, "g", tp) < n && time.Now().Before(deadline) {
+		if more := pollFor(t, d, 1, 200*time.Millisecond); len(more) > 0 {
+			t.Fatalf("attempt 2 emitted %v again", more)
+		}
+	}
+	if s := shareStart(t, env, "g", tp); s < n {
+		t.Fatalf("share start offset of in[0] is %d, want %d", s, n)
+	}
+	t.Logf("ack-log:\n%s", describeMarkers(ackLogEntries(t, env, "g")))
+}
