@@ -380,3 +380,62 @@ func TestRecordsHeldByTwoEndedAttemptsAndABrokerCrashAreEachProcessedOnce(t *tes
 	}
 	t.Logf("ack-log:\n%s", describeMarkers(ackLogEntries(t, env, "g")))
 }
+
+// TestALaneParkedBehindAMarkerTheBrokerCrashLostResumes: explanation (A) of
+// the chained job's loss is a lane that sets records aside behind an open
+// ack marker of its own job that never ends, and parks for good. Here a
+// process holding 50 records with its marker pre-committed is SIGKILLed (its
+// records are released at once, its transaction stays open), a subtask of
+// the same job gets them and sets them aside behind that marker (a marker of
+// its own job: it never aborts it), and then the broker is SIGKILLed and
+// restarted: the repair aborts the open transaction with a lost-state
+// marker, and the parked lane must resolve, take the records again and emit
+// each once.
+func TestALaneParkedBehindAMarkerTheBrokerCrashLostResumes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const n = 50
+	ctx := t.Context()
+	c := startChainedBroker(t)
+	env := &kafkatest.Env{Addr: c.addr}
+	if _, err := kadm.NewClient(c.client()).CreateTopic(ctx, 1, 1, nil, "in"); err != nil {
+		t.Fatal(err)
+	}
+	produceN(t, env, "in", n)
+	killChildHoldingRecords(t, env) // subtask 0 of a one-subtask attempt: transactional ids weir-job-src-0-*
+
+	// Subtask 1 (of 2) does not recover subtask 0's ids: the marker stays open.
+	b, err := openFrom(t, testSources(t, env), 1, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for !b.anyParked() && time.Now().Before(deadline) {
+		if got := pollFor(t, b, 1, 100*time.Millisecond); len(got) > 0 {
+			t.Fatalf("emitted %v, covered by the killed process's open marker", got)
+		}
+	}
+	if !b.anyParked() {
+		t.Fatal("no lane set the records aside behind the killed process's open marker")
+	}
+	c.crash()
+	got := pollFor(t, b, n, 30*time.Second)
+	if msg := exactlyOnce(counts(t, got), n); msg != "" {
+		t.Fatalf("after the broker crash: %s", msg)
+	}
+}
+
+// anyParked reports whether a lane is parked (records set aside behind an
+// open marker).
+func (s *Source[T]) anyParked() bool {
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		p := l.state == laneParked
+		l.mu.Unlock()
+		if p {
+			return true
+		}
+	}
+	return false
+}
