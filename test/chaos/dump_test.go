@@ -76,8 +76,9 @@ func (w *world) dump(ctx context.Context, i int, jobs []string, tp roundTopics) 
 		errs = append(errs, err)
 		write("acklog-"+g+".txt", log)
 	}
-	for _, o := range []struct{ from, to string }{{tp.in, tp.up}, {tp.in, tp.cnt}, {tp.up, tp.cnt2}} {
-		missing, err := w.missingDump(ctx, o.from, o.to, o.to == tp.up)
+	for _, o := range []struct{ from, to, group string }{{tp.in, tp.up, "up-" + tp.in}, {tp.in, tp.cnt, "wc-" + tp.in},
+		{tp.up, tp.cnt2, "wc-" + tp.up}} {
+		missing, err := w.missingDump(ctx, o.from, o.to, o.group, o.to == tp.up)
 		errs = append(errs, err)
 		write("missing-"+o.to+".txt", missing)
 	}
@@ -211,8 +212,9 @@ func (w *world) ackLogDump(ctx context.Context, topic string) (string, error) {
 // missingDump lists the committed records of from that output to lacks:
 // lines (upper, the uppercase job's output) or words (a wordcount's), each
 // with where it is in from, read_uncommitted (every copy of it, aborted
-// ones included).
-func (w *world) missingDump(ctx context.Context, from, to string, upper bool) (string, error) {
+// ones included), and what the job's share group (group) and its ack-log
+// say of it (explain): which of the explanations of a loss it fits.
+func (w *world) missingDump(ctx context.Context, from, to, group string, upper bool) (string, error) {
 	committed, err := kafkatest.ReadCommitted(ctx, []string{w.brokerAddr}, from, kgo.Dialer(w.dial))
 	if err != nil {
 		return "", fmt.Errorf("read %s: %w", from, err)
@@ -247,11 +249,80 @@ func (w *world) missingDump(ctx context.Context, from, to string, upper bool) (s
 		}
 	}
 	all, err := w.readAll(ctx, from)
-	var b strings.Builder
+	if err != nil {
+		return "", err
+	}
+	var lacking []*kgo.Record
 	for _, r := range all {
 		if !r.Attrs.IsControl() && lacks[string(r.Value)] {
-			fmt.Fprintf(&b, "%s %q\n", describe(r), r.Value)
+			lacking = append(lacking, r)
 		}
 	}
+	if len(lacking) == 0 {
+		return "", nil
+	}
+	verdicts, err := explain(ctx, []string{w.brokerAddr}, group, lacking, kgo.Dialer(w.dial))
+	var b strings.Builder
+	for k, r := range lacking {
+		fmt.Fprintf(&b, "%s %q: %s\n", describe(r), r.Value, verdicts[k])
+	}
 	return b.String(), err
+}
+
+// explain says, for each record of a share group's input, what the group
+// and the job's ack-log say of it, naming the explanation of a loss it fits
+// (the chained job's loss after a task manager and a broker SIGKILL, issue
+// 41; docs/internals/recovery.md):
+//   - (A) an open marker covers it: set aside, waiting for that marker;
+//   - (B) a committed marker, or the ack-log's watermark, covers it: it was
+//     acknowledged as processed, so the output of that marker's checkpoint
+//     is what went missing;
+//   - (C) below the share start offset, and nothing covers it: the group
+//     skipped or archived it, unprocessed;
+//   - at or above the share start offset, nothing covers it: not
+//     acknowledged, never delivered or still held.
+func explain(ctx context.Context, seeds []string, group string, recs []*kgo.Record, opts ...kgo.Opt) ([]string, error) {
+	out := make([]string, len(recs))
+	ix, err := acklog.NewIndex(ctx, seeds, acklog.TopicFor(group), opts...)
+	if err != nil {
+		return out, fmt.Errorf("ack-log of %s: %w", group, err)
+	}
+	defer ix.Close()
+	if err := ix.CatchUpToEnd(ctx); err != nil {
+		return out, fmt.Errorf("ack-log of %s: %w", group, err)
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, opts...)...)
+	if err != nil {
+		return out, err
+	}
+	defer cl.Close()
+	d, err := kadm.NewClient(cl).DescribeShareGroupOffsets(ctx, group)
+	if err != nil {
+		return out, fmt.Errorf("share start offsets of %s: %w", group, err)
+	}
+	for k, r := range recs {
+		tp := acklog.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+		start, known := int64(-1), false
+		if o, ok := d[group].Offsets[r.Topic][r.Partition]; ok && o.Err == nil {
+			start, known = o.StartOffset, true
+		}
+		e, covered := ix.Lookup(tp, r.Offset)
+		switch {
+		case covered && e.Offset < 0:
+			out[k] = fmt.Sprintf("(B) below the ack-log watermark of %s: acknowledged as processed", tp)
+		case covered && e.Status == acklog.Committed:
+			out[k] = fmt.Sprintf("(B) committed marker at ack-log %d covers it (checkpoint %d, member %s, transaction %s): acknowledged as processed",
+				e.Offset, e.Marker.Checkpoint, e.Marker.Member, e.Marker.TransactionalID)
+		case covered:
+			out[k] = fmt.Sprintf("(A) %s marker at ack-log %d covers it (checkpoint %d, member %s, transaction %s): set aside",
+				e.Status, e.Offset, e.Marker.Checkpoint, e.Marker.Member, e.Marker.TransactionalID)
+		case !known:
+			out[k] = "no share start offset for its partition, no marker covers it"
+		case r.Offset < start:
+			out[k] = fmt.Sprintf("(C) below the share start offset %d and no marker covers it: skipped or archived by the group", start)
+		default:
+			out[k] = fmt.Sprintf("at or above the share start offset %d, no marker covers it: not acknowledged", start)
+		}
+	}
+	return out, nil
 }
