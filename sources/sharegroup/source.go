@@ -1419,12 +1419,20 @@ func (s *Source[T]) renewLoop(ctx context.Context) {
 			if s.paused.Load() {
 				continue
 			}
+			// Each lane renews on its own client and connection, all at
+			// once: one after another, a slow broker's answers would add
+			// up, and a subtask's last lane would renew only after every
+			// other lane's round trip (TestASlowBrokerDoesNotAddTheLanesRenewalsUp).
+			var wg sync.WaitGroup
 			for _, l := range s.lanes {
-				if err := l.renew(ctx, now); err != nil && ctx.Err() == nil {
-					s.log.Warn("renewing held records failed; the lane's epoch will decline if its locks are gone",
-						zap.String("lane", l.name), zap.Error(err))
-				}
+				wg.Go(func() {
+					if err := l.renew(ctx, now); err != nil && ctx.Err() == nil {
+						s.log.Warn("renewing held records failed; the lane's epoch will decline if its locks are gone",
+							zap.String("lane", l.name), zap.Error(err))
+					}
+				})
 			}
+			wg.Wait()
 		}
 	}
 }

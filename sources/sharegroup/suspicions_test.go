@@ -267,3 +267,83 @@ func TestASkipBesideAnOpenMarkerIsReportedAtOnce(t *testing.T) {
 		t.Fatalf("Open with in[0] 0-9 under an open marker and 10-19 skipped: %v, want ErrRecordsSkipped naming in[0] offsets [10, 20)", err)
 	}
 }
+
+// A slow broker must not add the renewals of a subtask's lanes up: each
+// lane renews on its own connection, so one lane's renewal waiting for its
+// answer must not hold back another's. Four lanes hold a batch each (one
+// record per lane, waiting for their checkpoint) while the broker answers
+// every acknowledgement 700 ms late, with 4 s locks (the own clock's
+// margin 1 s). One after another, a round of four renewals takes 2.8 s, a
+// lane's last confirmed renewal is up to 3.5 s old, and its own clock
+// declines the checkpoint (or the broker refuses a late renewal); at once,
+// each lane renews every 1.4 s or so (a third of the lock), confirmed
+// 0.7 s later, and the checkpoint goes through.
+func TestASlowBrokerDoesNotAddTheLanesRenewalsUp(t *testing.T) {
+	const lanes, lock, slow = 4, 4 * time.Second, 700 * time.Millisecond
+	env := kafkatest.New(t, lockBroker(lock)...)
+	env.CreateTopic(t, "in", 1, nil)
+	s := openSource(t, env, 0, nil, Lanes(lanes), withCfg(func(c *cfg) { c.stagger = 0 }))
+	col := &sliceCollector{}
+	holding := func() int {
+		n := 0
+		for _, l := range s.lanes {
+			l.mu.Lock()
+			if l.state == laneHolding {
+				n++
+			}
+			l.mu.Unlock()
+		}
+		return n
+	}
+	// One record at a time: each goes to a lane that holds nothing yet.
+	for i := range lanes {
+		produceTo(t, env, "in", 0, i, i+1)
+		for deadline := time.Now().Add(10 * time.Second); holding() < i+1; {
+			if time.Now().After(deadline) {
+				t.Fatalf("setup: %d lanes hold a batch, want %d", holding(), i+1)
+			}
+			if err := s.Poll(t.Context(), col); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var slowed atomic.Int32
+	c := env.Broker.Cluster()
+	for _, key := range []int16{kmsg.ShareAcknowledge.Int16(), kmsg.ShareFetch.Int16()} {
+		c.ControlKey(key, func(req kmsg.Request) (kmsg.Response, error, bool) {
+			c.KeepControl()
+			if hasAcks(req) {
+				slowed.Add(1)
+				c.SleepControl(func() { time.Sleep(slow) })
+			}
+			return nil, nil, false
+		})
+	}
+	time.Sleep(2*lock + time.Second) // several renewal rounds, all slow
+	if slowed.Load() < lanes {
+		t.Fatalf("setup: %d acknowledgements were slowed, want at least %d", slowed.Load(), lanes)
+	}
+	if _, err := s.Snapshot(t.Context(), 1); err != nil {
+		t.Fatalf("checkpoint 1 after %d slow acknowledgements: %v, want it to go through: each lane renews on its own "+
+			"connection", slowed.Load(), err)
+	}
+	notifyComplete(t, s, 1)
+	checkEveryRecordOnce(t, env, col.vals, lanes, "the source")
+}
+
+// hasAcks reports whether a share request carries acknowledgements.
+func hasAcks(req kmsg.Request) bool {
+	switch r := req.(type) {
+	case *kmsg.ShareAcknowledgeRequest:
+		return true
+	case *kmsg.ShareFetchRequest:
+		for _, tp := range r.Topics {
+			for _, p := range tp.Partitions {
+				if len(p.AcknowledgementBatches) > 0 {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
