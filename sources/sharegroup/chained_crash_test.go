@@ -411,12 +411,12 @@ func TestALaneParkedBehindAMarkerTheBrokerCrashLostResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(15 * time.Second)
-	for !b.anyParked() && time.Now().Before(deadline) {
+	for !parked(b) && time.Now().Before(deadline) {
 		if got := pollFor(t, b, 1, 100*time.Millisecond); len(got) > 0 {
 			t.Fatalf("emitted %v, covered by the killed process's open marker", got)
 		}
 	}
-	if !b.anyParked() {
+	if !parked(b) {
 		t.Fatal("no lane set the records aside behind the killed process's open marker")
 	}
 	c.crash()
@@ -424,18 +424,4 @@ func TestALaneParkedBehindAMarkerTheBrokerCrashLostResumes(t *testing.T) {
 	if msg := exactlyOnce(counts(t, got), n); msg != "" {
 		t.Fatalf("after the broker crash: %s", msg)
 	}
-}
-
-// anyParked reports whether a lane is parked (records set aside behind an
-// open marker).
-func (s *Source[T]) anyParked() bool {
-	for _, l := range s.lanes {
-		l.mu.Lock()
-		p := l.state == laneParked
-		l.mu.Unlock()
-		if p {
-			return true
-		}
-	}
-	return false
 }

@@ -88,16 +88,19 @@ func TestSlowStaleMarkerAbortDoesNotStopRenewalsOfOtherLanes(t *testing.T) {
 }
 
 // parked reports whether a lane of s is parked.
-func parked(s *Source[string]) bool {
+func parked(s *Source[string]) bool { return lanesIn(s, laneParked) > 0 }
+
+// lanesIn counts the lanes of s in state st.
+func lanesIn(s *Source[string], st laneState) int {
+	n := 0
 	for _, l := range s.lanes {
 		l.mu.Lock()
-		p := l.state == laneParked
-		l.mu.Unlock()
-		if p {
-			return true
+		if l.state == st {
+			n++
 		}
+		l.mu.Unlock()
 	}
-	return false
+	return n
 }
 
 // Suspicion S2: a marker of job "a-b" is not job "a"'s, though its
@@ -284,17 +287,7 @@ func TestASlowBrokerDoesNotAddTheLanesRenewalsUp(t *testing.T) {
 	env.CreateTopic(t, "in", 1, nil)
 	s := openSource(t, env, 0, nil, Lanes(lanes), withCfg(func(c *cfg) { c.stagger = 0 }))
 	col := &sliceCollector{}
-	holding := func() int {
-		n := 0
-		for _, l := range s.lanes {
-			l.mu.Lock()
-			if l.state == laneHolding {
-				n++
-			}
-			l.mu.Unlock()
-		}
-		return n
-	}
+	holding := func() int { return lanesIn(s, laneHolding) }
 	// One record at a time: each goes to a lane that holds nothing yet.
 	for i := range lanes {
 		produceTo(t, env, "in", 0, i, i+1)
