@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +50,18 @@ func (c *chainedCrash) crash() {
 	c.proc.Kill(c.t)
 	c.proc = brokerproc.Start(c.t, c.dir, c.addr, "group.share.session.timeout.ms=3000",
 		"group.share.heartbeat.interval.ms=200")
+}
+
+// input creates the topic "in" (one partition) and produces the values
+// 0..n-1 to it; it returns the environment the source tests use.
+func (c *chainedCrash) input(t *testing.T, n int) *kafkatest.Env {
+	t.Helper()
+	if _, err := kadm.NewClient(c.client()).CreateTopic(t.Context(), 1, 1, nil, "in"); err != nil {
+		t.Fatal(err)
+	}
+	env := &kafkatest.Env{Addr: c.addr}
+	produceN(t, env, "in", n)
+	return env
 }
 
 func (c *chainedCrash) client(opts ...kgo.Opt) *kgo.Client {
@@ -220,17 +231,7 @@ func TestAMarkerTransactionTheBrokerCrashLostIsRecommittedOrRolledBackNeverSkipp
 		t.Run(fmt.Sprintf("checkpoint completed=%v", completed), func(t *testing.T) {
 			ctx := t.Context()
 			c := startChainedBroker(t)
-			env := &kafkatest.Env{Addr: c.addr}
-			if _, err := kadm.NewClient(c.client()).CreateTopic(ctx, 1, 1, nil, "in"); err != nil {
-				t.Fatal(err)
-			}
-			var recs []*kgo.Record
-			for i := range n {
-				recs = append(recs, kgo.StringRecord(strconv.Itoa(i)))
-			}
-			if err := c.client(kgo.DefaultProduceTopic("in")).ProduceSync(ctx, recs...).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
+			env := c.input(t, n)
 			newSrc := testSources(t, env)
 			a, err := openFrom(t, newSrc, 0, 0, nil)
 			if err != nil {
@@ -313,17 +314,7 @@ func TestRecordsHeldByTwoEndedAttemptsAndABrokerCrashAreEachProcessedOnce(t *tes
 	const n = 50
 	ctx := t.Context()
 	c := startChainedBroker(t)
-	env := &kafkatest.Env{Addr: c.addr}
-	if _, err := kadm.NewClient(c.client()).CreateTopic(ctx, 1, 1, nil, "in"); err != nil {
-		t.Fatal(err)
-	}
-	var recs []*kgo.Record
-	for i := range n {
-		recs = append(recs, kgo.StringRecord(strconv.Itoa(i)))
-	}
-	if err := c.client(kgo.DefaultProduceTopic("in")).ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	env := c.input(t, n)
 	newSrc := testSources(t, env)
 	// Attempt 0 is the one the task manager's kill ended: its batch is
 	// released (one delivery).
@@ -396,13 +387,8 @@ func TestALaneParkedBehindAMarkerTheBrokerCrashLostResumes(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	const n = 50
-	ctx := t.Context()
 	c := startChainedBroker(t)
-	env := &kafkatest.Env{Addr: c.addr}
-	if _, err := kadm.NewClient(c.client()).CreateTopic(ctx, 1, 1, nil, "in"); err != nil {
-		t.Fatal(err)
-	}
-	produceN(t, env, "in", n)
+	env := c.input(t, n)
 	killChildHoldingRecords(t, env) // subtask 0 of a one-subtask attempt: transactional ids weir-job-src-0-*
 
 	// Subtask 1 (of 2) does not recover subtask 0's ids: the marker stays open.
