@@ -59,7 +59,6 @@ func TestDemoRefusesBadFlags(t *testing.T) {
 // the largest checkpoint with its durations; a backend it does not know is
 // an error before any run.
 func TestBenchNexmarkBackendsReportsEveryQueryOnEveryBackendFromItsOwnProcess(t *testing.T) {
-	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts 16 processes")
 	}
