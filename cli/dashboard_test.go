@@ -63,7 +63,6 @@ func render(t *testing.T, url string, budget time.Duration) string {
 // refreshes), completed checkpoints in the table and the chart, and both
 // task managers.
 func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
-	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs a cluster and a browser")
 	}
@@ -198,7 +197,6 @@ func TestDashboardRendersTheRunningJobInABrowser(t *testing.T) {
 // loads; and when the job manager goes away the page says it is
 // unreachable instead of "no jobs yet".
 func TestDashboardAsksForTheTokenOnceAndSaysWhyItFailed(t *testing.T) {
-	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs a browser")
 	}
@@ -258,7 +256,6 @@ func TestDashboardAsksForTheTokenOnceAndSaysWhyItFailed(t *testing.T) {
 // WEIR_DASHBOARD_SCREENSHOT=$PWD/docs/dashboard.png to refresh the docs'
 // screenshot (taken before the cancel).
 func TestDashboardShowsLiveRatesAndCancelsAJobInRealTime(t *testing.T) {
-	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs a cluster and a browser")
 	}

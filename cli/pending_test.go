@@ -15,7 +15,6 @@ import (
 // details, with records-lag-max (the most lagging partition's); once the
 // job has counted every line they are 0.
 func TestPendingRecordsShowInTheMetricsAndTheJobsDetails(t *testing.T) {
-	t.Parallel()
 	c := startLocal(t, "--taskmanagers", "2", "--slots", "2", "--metrics", "127.0.0.1:0")
 	jm := "http://" + c.addr(t, "jobmanager http on")
 	tmMetrics := "http://" + c.addr(t, "taskmanager metrics on") + "/metrics"
