@@ -371,19 +371,57 @@ func Build(pkg, name string) (bin string, remove func(), err error) {
 	return bin, remove, nil
 }
 
+// BinEnv returns the environment variable that names a binary of the main
+// package called name already built from this tree, which Main then uses
+// instead of building its own: WEIR_TEST_BIN_STREAMCTL for "streamctl".
+// CI builds streamctl once and sets it, so that the packages whose tests
+// run streamctl do not each build (and link) it again.
+func BinEnv(name string) string {
+	return "WEIR_TEST_BIN_" + strings.ToUpper(name)
+}
+
+// prebuilt returns the binary named by name's BinEnv, or "" when it is
+// unset; an unusable one is an error, not a reason to build another.
+func prebuilt(name string) (string, error) {
+	path := os.Getenv(BinEnv(name))
+	if path == "" {
+		return "", nil
+	}
+	if !filepath.IsAbs(path) {
+		return "", fmt.Errorf("%s=%s: want an absolute path (tests run in their package's directory)", BinEnv(name), path)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", BinEnv(name), err)
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("%s=%s: not an executable file", BinEnv(name), path)
+	}
+	return path, nil
+}
+
 // Main is a TestMain for tests that run a binary: it builds the main package
 // pkg (see Build) into *bin, runs m's tests, checks for leaked goroutines
 // after a passing run (goleak), removes the binary, and returns the exit
 // code: func TestMain(m *testing.M) { os.Exit(proctest.Main(m, ".", "streamctl", &bin)) }.
-// ignore are passed to goleak (e.g. the goroutines an in-process etcd
-// leaves behind).
+// When name's BinEnv names a binary, that one is used (and left in place)
+// instead of building pkg. ignore are passed to goleak (e.g. the goroutines
+// an in-process etcd leaves behind).
 func Main(m *testing.M, pkg, name string, bin *string, ignore ...goleak.Option) int {
-	b, remove, err := Build(pkg, name)
+	b, err := prebuilt(name)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer remove()
+	if b == "" {
+		built, remove, err := Build(pkg, name)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer remove()
+		b = built
+	}
 	*bin = b
 	code := m.Run()
 	if code == 0 {

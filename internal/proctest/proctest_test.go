@@ -2,6 +2,8 @@ package proctest
 
 import (
 	"flag"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 )
@@ -25,5 +27,42 @@ func TestDefaultParallelSetsParallelUnlessTheCommandLineGaveIt(t *testing.T) {
 	DefaultParallel(7)
 	if got := f.Value.String(); got != strconv.Itoa(want) {
 		t.Fatalf("-parallel %s after DefaultParallel(7) (given on the command line: %v), want %d", got, given, want)
+	}
+}
+
+// Main uses the binary named by BinEnv when it is set, builds one when it
+// is unset, and refuses one it could not run.
+func TestPrebuiltBinaryIsUsedWhenNamedAndRefusedWhenUnusable(t *testing.T) {
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "streamctl")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	plain := filepath.Join(dir, "plain")
+	if err := os.WriteFile(plain, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, env, want string
+		wantErr         bool
+	}{
+		{name: "unset: build one", env: "", want: ""},
+		{name: "an executable file", env: exe, want: exe},
+		{name: "a relative path", env: "streamctl", wantErr: true},
+		{name: "a missing file", env: filepath.Join(dir, "missing"), wantErr: true},
+		{name: "a file that is not executable", env: plain, wantErr: true},
+		{name: "a directory", env: dir, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv(BinEnv("streamctl"), tt.env)
+			got, err := prebuilt("streamctl")
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Fatalf("prebuilt with %s=%q = %q, %v; want %q, error %v", BinEnv("streamctl"), tt.env, got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+	if got := BinEnv("streamctl"); got != "WEIR_TEST_BIN_STREAMCTL" {
+		t.Fatalf("BinEnv(streamctl) = %q", got)
 	}
 }
