@@ -105,7 +105,7 @@ type pebbleState struct {
 	restoredNext map[uint16]uint64
 	native       bool
 	// caches are the write-back caches of the instance's states (task
-	// goroutine only; pebbleValue): writeBack writes them before every
+	// goroutine only; pebbleValue, pebbleMap): writeBack writes them before every
 	// snapshot. cached is the bytes they are charged, cacheLimit their
 	// bound.
 	caches     []stateCache
@@ -647,6 +647,19 @@ func encodeValueBlobs(r pebbleReader, maxPar int, sid uint16) (map[int][]byte, e
 }
 
 // pebbleMap is a map state in pebble: one pebble key per entry.
+//
+// In front of pebble sits a write-back cache of whole keys (cache): the
+// first access to a key reads its entries with one range scan, and every
+// access after that, read or write, Range, Len and Clear included, works
+// on the cached entries alone, so the cache needs no merge with pebble: a
+// cached key's entries are all of them. Writes reach pebble as the value
+// cache's do (pebbleValue): when the key is evicted, or in the synchronous
+// part of the next snapshot (pebbleState.writeBack). A key with more than
+// mapCacheEntries entries is not cached (its accesses go to pebble, as
+// with the cache off); the window operator's keys hold a few windows. The
+// caches of an instance's states share its bound in bytes, each entry
+// charged its encoded size plus mapCacheOverhead. Lists (pebbleList) and
+// maps with TTL cleanup have the cache off.
 type pebbleMap[K comparable, UK comparable, UV any] struct {
 	st        *pebbleState
 	stateName string
@@ -657,7 +670,347 @@ type pebbleMap[K comparable, UK comparable, UV any] struct {
 	pbuf      []byte // prefix of the current key's entries
 	kbuf      []byte
 	vbuf      []byte
+	// cache is nil when off; big holds keys found with too many entries
+	// to cache (bounded: emptied when full).
+	cache  map[K]*mapCacheKey[UK, UV]
+	big    map[K]struct{}
+	cached int // bytes cache's entries are charged (their share of st.cached)
 	stateDumper
+}
+
+// mapCacheKey is a key's entries in a pebbleMap's cache: all of them.
+type mapCacheKey[UK comparable, UV any] struct {
+	kg    int
+	ents  []mapCacheEntry[UK, UV]
+	size  int  // bytes charged
+	dirty bool // some entry is dirty
+}
+
+// mapCacheEntry is one entry of a cached key. present: the entry exists
+// (else it was removed, and pebble still holds it: a deletion to write
+// back); dirty: pebble does not hold it as cached; stored: pebble holds
+// an entry for uk.
+type mapCacheEntry[UK comparable, UV any] struct {
+	uk                     UK
+	uv                     UV
+	size                   int
+	present, dirty, stored bool
+}
+
+// mapCacheEntries is the most entries (removed ones included) a cached
+// key holds; mapCacheOverhead is what a key and each entry are charged
+// beyond their encoded bytes; mapCacheBig bounds pebbleMap.big.
+const (
+	mapCacheEntries  = 16
+	mapCacheOverhead = 48
+	mapCacheBig      = 1 << 12
+)
+
+// withCache turns m's cache on.
+func (m *pebbleMap[K, UK, UV]) withCache() *pebbleMap[K, UK, UV] {
+	m.cache = map[K]*mapCacheKey[UK, UV]{}
+	m.big = map[K]struct{}{}
+	m.st.caches = append(m.st.caches, m)
+	return m
+}
+
+// cachedKey is the current key's cache entry, read from pebble if it is
+// not cached; nil if the cache is off or the key has too many entries.
+func (m *pebbleMap[K, UK, UV]) cachedKey() *mapCacheKey[UK, UV] {
+	if m.cache == nil {
+		return nil
+	}
+	key := m.key.scope.key
+	if c, ok := m.cache[key]; ok {
+		return c
+	}
+	if _, ok := m.big[key]; ok {
+		return nil
+	}
+	c := &mapCacheKey[UK, UV]{kg: m.key.scope.kg, size: mapCacheOverhead}
+	big := false
+	m.scan(func(ukb, uvb []byte) bool {
+		if len(c.ents) == mapCacheEntries {
+			big = true
+			return false
+		}
+		uk, err := m.kc.Decode(ukb)
+		if err != nil {
+			m.st.fail(m.stateName, err)
+		}
+		uv, err := m.vc.Decode(uvb)
+		if err != nil {
+			m.st.fail(m.stateName, err)
+		}
+		n := len(ukb) + len(uvb) + mapCacheOverhead
+		c.ents = append(c.ents, mapCacheEntry[UK, UV]{uk: uk, uv: uv, size: n, present: true, stored: true})
+		c.size += n
+		return true
+	})
+	if big {
+		m.markBig(key)
+		return nil
+	}
+	m.cache[key] = c
+	m.charge(c.size)
+	return c
+}
+
+// markBig records that key is not cached.
+func (m *pebbleMap[K, UK, UV]) markBig(key K) {
+	if len(m.big) >= mapCacheBig {
+		clear(m.big)
+	}
+	m.big[key] = struct{}{}
+}
+
+// find is uk's position in c.
+func (c *mapCacheKey[UK, UV]) find(uk UK) int {
+	for i := range c.ents {
+		if c.ents[i].uk == uk {
+			return i
+		}
+	}
+	return -1
+}
+
+// charge adds d bytes to what the cache is charged, and its instance's.
+func (m *pebbleMap[K, UK, UV]) charge(d int) {
+	m.cached += d
+	m.st.cached += d
+}
+
+// bound makes room in the instance's caches if they passed their bound.
+// Called last in an access: an eviction writes what it drops.
+func (m *pebbleMap[K, UK, UV]) bound() {
+	if m.st.cached > m.st.cacheLimit {
+		m.st.makeRoom()
+	}
+}
+
+func (m *pebbleMap[K, UK, UV]) get(uk UK) (UV, bool) {
+	if c := m.cachedKey(); c != nil {
+		var uv UV
+		ok := false
+		if i := c.find(uk); i >= 0 && c.ents[i].present {
+			uv, ok = c.ents[i].uv, true
+		}
+		m.bound()
+		return uv, ok
+	}
+	return m.getDirect(uk)
+}
+
+func (m *pebbleMap[K, UK, UV]) put(uk UK, uv UV) {
+	c := m.cachedKey()
+	if c == nil {
+		m.putDirect(uk, uv)
+		return
+	}
+	m.vbuf = m.kc.Append(m.vc.Append(m.vbuf[:0], uv), uk)
+	n := len(m.vbuf) + mapCacheOverhead
+	if i := c.find(uk); i >= 0 {
+		e := &c.ents[i]
+		m.charge(n - e.size)
+		c.size += n - e.size
+		e.uv, e.size, e.present, e.dirty = uv, n, true, true
+	} else {
+		if len(c.ents) == mapCacheEntries {
+			// Too many entries to cache: the key's writes go to pebble.
+			m.uncache(m.key.scope.key, c)
+			m.putDirect(uk, uv)
+			return
+		}
+		c.ents = append(c.ents, mapCacheEntry[UK, UV]{uk: uk, uv: uv, size: n, present: true, dirty: true})
+		c.size += n
+		m.charge(n)
+	}
+	c.dirty = true
+	m.bound()
+}
+
+func (m *pebbleMap[K, UK, UV]) remove(uk UK) {
+	c := m.cachedKey()
+	if c == nil {
+		m.removeDirect(uk)
+		return
+	}
+	if i := c.find(uk); i >= 0 {
+		m.removeAt(c, i)
+	}
+	m.bound()
+}
+
+// removeAt removes c's entry i: forgotten if pebble lacks it, else kept
+// as a deletion to write back.
+func (m *pebbleMap[K, UK, UV]) removeAt(c *mapCacheKey[UK, UV], i int) {
+	e := &c.ents[i]
+	if !e.stored {
+		m.charge(-e.size)
+		c.size -= e.size
+		c.ents = slices.Delete(c.ents, i, i+1)
+		return
+	}
+	if e.present {
+		var zero UV
+		e.uv, e.present, e.dirty = zero, false, true
+		c.dirty = true
+	}
+}
+
+// uncache writes key's dirty entries to pebble and drops it from the
+// cache, marking it big.
+func (m *pebbleMap[K, UK, UV]) uncache(key K, c *mapCacheKey[UK, UV]) {
+	b := m.st.db.NewBatch()
+	defer b.Close()
+	err := m.writeKey(b, key, c)
+	if err == nil {
+		err = b.Commit(pebble.NoSync)
+	}
+	if err != nil {
+		m.st.fail(m.stateName, err)
+	}
+	delete(m.cache, key)
+	m.charge(-c.size)
+	m.markBig(key)
+}
+
+func (m *pebbleMap[K, UK, UV]) each(fn func(UK, UV) bool) {
+	c := m.cachedKey()
+	if c == nil {
+		m.eachDirect(fn)
+		return
+	}
+	// Copy first, call fn after: fn may change the state (or another
+	// one, evicting this key).
+	type entry struct {
+		k UK
+		v UV
+	}
+	var buf [mapCacheEntries]entry
+	ents := buf[:0]
+	for _, e := range c.ents {
+		if e.present {
+			ents = append(ents, entry{e.uk, e.uv})
+		}
+	}
+	m.bound()
+	for _, e := range ents {
+		if !fn(e.k, e.v) {
+			return
+		}
+	}
+}
+
+func (m *pebbleMap[K, UK, UV]) len() int {
+	c := m.cachedKey()
+	if c == nil {
+		return m.lenDirect()
+	}
+	n := 0
+	for _, e := range c.ents {
+		if e.present {
+			n++
+		}
+	}
+	m.bound()
+	return n
+}
+
+func (m *pebbleMap[K, UK, UV]) clear() {
+	c := m.cachedKey()
+	if c == nil {
+		m.clearDirect()
+		return
+	}
+	for i := len(c.ents) - 1; i >= 0; i-- {
+		m.removeAt(c, i)
+	}
+	m.bound()
+}
+
+// writeKey adds the dirty entries of c, key's cached entries, to b: they
+// stay cached, clean (removed ones are dropped).
+func (m *pebbleMap[K, UK, UV]) writeKey(b *pebble.Batch, key K, c *mapCacheKey[UK, UV]) error {
+	if !c.dirty {
+		return nil
+	}
+	m.pbuf = appendStatePrefix(m.pbuf[:0], c.kg, m.sid)
+	m.vbuf = m.key.codec.Append(m.vbuf[:0], key)
+	m.pbuf = appendFrame(m.pbuf, m.vbuf)
+	out := c.ents[:0]
+	for _, e := range c.ents {
+		if !e.dirty {
+			out = append(out, e)
+			continue
+		}
+		m.kbuf = m.kc.Append(append(m.kbuf[:0], m.pbuf...), e.uk)
+		if !e.present {
+			if err := b.Delete(m.kbuf, nil); err != nil {
+				return fmt.Errorf("state %q: %w", m.stateName, err)
+			}
+			m.charge(-e.size)
+			c.size -= e.size
+			continue
+		}
+		m.vbuf = m.vc.Append(m.vbuf[:0], e.uv)
+		if err := b.Set(m.kbuf, m.vbuf, nil); err != nil {
+			return fmt.Errorf("state %q: %w", m.stateName, err)
+		}
+		e.dirty, e.stored = false, true
+		out = append(out, e)
+	}
+	clear(c.ents[len(out):])
+	c.ents = out
+	c.dirty = false
+	return nil
+}
+
+// writeBack adds the cache's dirty entries to b (stateCache).
+func (m *pebbleMap[K, UK, UV]) writeBack(b *pebble.Batch) error {
+	for k, c := range m.cache {
+		if err := m.writeKey(b, k, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// evict drops about a quarter of the cache's bytes (at least one key),
+// adding their dirty entries to b (stateCache), in the map's order.
+func (m *pebbleMap[K, UK, UV]) evict(b *pebble.Batch) error {
+	goal := m.cached / 4
+	for k, c := range m.cache {
+		if err := m.writeKey(b, k, c); err != nil {
+			return err
+		}
+		delete(m.cache, k)
+		m.charge(-c.size)
+		if goal -= c.size; goal <= 0 {
+			break
+		}
+	}
+	return nil
+}
+
+// noCache turns the cache off (a map with TTL cleanup, whose sweep
+// deletes pebble's expired entries).
+func (m *pebbleMap[K, UK, UV]) noCache() {
+	if m.cache == nil {
+		return
+	}
+	b := m.st.db.NewBatch()
+	defer b.Close()
+	err := m.writeBack(b)
+	if err == nil {
+		err = b.Commit(pebble.NoSync)
+	}
+	if err != nil {
+		m.st.fail(m.stateName, err)
+	}
+	m.charge(-m.cached)
+	m.cache, m.big = nil, nil
+	m.st.caches = slices.DeleteFunc(m.st.caches, func(c stateCache) bool { return c == stateCache(m) })
 }
 
 // prefix is the current key's entries' prefix.
@@ -673,7 +1026,7 @@ func (m *pebbleMap[K, UK, UV]) k(uk UK) []byte {
 	return m.kbuf
 }
 
-func (m *pebbleMap[K, UK, UV]) get(uk UK) (UV, bool) {
+func (m *pebbleMap[K, UK, UV]) getDirect(uk UK) (UV, bool) {
 	var zero UV
 	v, c, err := m.st.db.Get(m.k(uk))
 	if errors.Is(err, pebble.ErrNotFound) {
@@ -690,14 +1043,14 @@ func (m *pebbleMap[K, UK, UV]) get(uk UK) (UV, bool) {
 	return x, true
 }
 
-func (m *pebbleMap[K, UK, UV]) put(uk UK, uv UV) {
+func (m *pebbleMap[K, UK, UV]) putDirect(uk UK, uv UV) {
 	m.vbuf = m.vc.Append(m.vbuf[:0], uv)
 	if err := m.st.db.Set(m.k(uk), m.vbuf, pebble.NoSync); err != nil {
 		m.st.fail(m.stateName, err)
 	}
 }
 
-func (m *pebbleMap[K, UK, UV]) remove(uk UK) {
+func (m *pebbleMap[K, UK, UV]) removeDirect(uk UK) {
 	if err := m.st.db.Delete(m.k(uk), pebble.NoSync); err != nil {
 		m.st.fail(m.stateName, err)
 	}
@@ -727,7 +1080,7 @@ func (m *pebbleMap[K, UK, UV]) scan(fn func(uk, uv []byte) bool) {
 	}
 }
 
-func (m *pebbleMap[K, UK, UV]) each(fn func(UK, UV) bool) {
+func (m *pebbleMap[K, UK, UV]) eachDirect(fn func(UK, UV) bool) {
 	// Decode first, call fn after: fn may read other states (or this
 	// one) of the key, and must not see the iterator's buffers.
 	type entry struct {
@@ -754,13 +1107,13 @@ func (m *pebbleMap[K, UK, UV]) each(fn func(UK, UV) bool) {
 	}
 }
 
-func (m *pebbleMap[K, UK, UV]) len() int {
+func (m *pebbleMap[K, UK, UV]) lenDirect() int {
 	n := 0
 	m.scan(func(_, _ []byte) bool { n++; return true })
 	return n
 }
 
-func (m *pebbleMap[K, UK, UV]) clear() {
+func (m *pebbleMap[K, UK, UV]) clearDirect() {
 	p := m.prefix()
 	if err := m.st.db.DeleteRange(p, prefixEnd(p), pebble.NoSync); err != nil {
 		m.st.fail(m.stateName, err)
@@ -775,6 +1128,9 @@ func (m *pebbleMap[K, UK, UV]) close() error { return nil }
 // and the framed map (count, then framed user keys and values), built
 // from the key's consecutive entries without decoding them.
 func (m *pebbleMap[K, UK, UV]) freeze() frozenState {
+	if err := m.st.writeBack(); err != nil {
+		m.st.fail(m.stateName, err)
+	}
 	return &frozenBlobs{enc: m.st.encodeLater(m.sid, encodeMapBlobs)}
 }
 
