@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"sort"
 	"sync"
@@ -1217,9 +1218,21 @@ type pebbleTimers struct {
 	// needs no pebble read. Removing or firing a timer forgets it; full,
 	// it is emptied.
 	known map[pebbleTimerID]struct{}
-	kbuf  []byte
-	lo    []byte
-	hi    []byte
+	// filter is a Bloom filter over the timers pebble holds (those it held
+	// when the filter was built, and every timer registered since), so
+	// that registering a timer pebble does not hold, as a window's first
+	// registration, needs no pebble read. A removed timer stays in it
+	// (a read then, as without it) until it is rebuilt by a scan of the
+	// timers, after filterAdds more registrations. nil: off, the timers
+	// too many for its bound (timerFilterShare of the instance's cache
+	// bound).
+	filter     []uint64
+	filterAdds int
+	seed       maphash.Seed
+	reads      int // pebble point reads (exists) made
+	kbuf       []byte
+	lo         []byte
+	hi         []byte
 }
 
 // pebbleTimerID is a timer in pebble: its timestamp and encoded owner.
@@ -1242,6 +1255,95 @@ const timerCacheSize = 32
 
 // timerKnownSize bounds pebbleTimers.known.
 const timerKnownSize = 1 << 15
+
+// The Bloom filter of pebbleTimers: sized for twice the timers pebble
+// holds when it is built (at least timerFilterMin), timerFilterBits bits
+// per timer and timerFilterHashes bits set by each (under 1% false
+// positives when full), at most 1/timerFilterShare of the instance's
+// cache bound.
+const (
+	timerFilterMin    = 1 << 12
+	timerFilterBits   = 16
+	timerFilterHashes = 4
+	timerFilterShare  = 8
+)
+
+// filterHash is id's hash for the filter.
+func (t *pebbleTimers) filterHash(id pebbleTimerID) uint64 {
+	h := maphash.String(t.seed, id.owner) ^ uint64(id.ts)*0x9E3779B97F4A7C15
+	h ^= h >> 31
+	h *= 0xbf58476d1ce4e5b9
+	return h ^ h>>29
+}
+
+// mayHold says whether pebble may hold id: false only if the filter is on
+// and lacks it.
+func (t *pebbleTimers) mayHold(id pebbleTimerID) bool {
+	if t.filter == nil {
+		return true
+	}
+	h := t.filterHash(id)
+	mask := uint64(len(t.filter))*64 - 1
+	for i, d := uint64(0), h>>32|1; i < timerFilterHashes; i++ {
+		b := (h + i*d) & mask
+		if t.filter[b/64]&(1<<(b%64)) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// addFilter records that pebble holds id, and rebuilds the filter when it
+// took as many timers as it was sized for.
+func (t *pebbleTimers) addFilter(id pebbleTimerID) {
+	if t.filter != nil {
+		h := t.filterHash(id)
+		mask := uint64(len(t.filter))*64 - 1
+		for i, d := uint64(0), h>>32|1; i < timerFilterHashes; i++ {
+			b := (h + i*d) & mask
+			t.filter[b/64] |= 1 << (b % 64)
+		}
+	}
+	if t.filterAdds--; t.filterAdds <= 0 {
+		t.rebuildFilter()
+	}
+}
+
+// rebuildFilter builds the filter again from the timers pebble holds, or
+// turns it off if they are too many for its bound.
+func (t *pebbleTimers) rebuildFilter() {
+	want := max(2*t.n, timerFilterMin)
+	t.filterAdds = want - t.n
+	words := 1
+	for words*64 < want*timerFilterBits {
+		words *= 2
+	}
+	if words*8 > t.st.cacheLimit/timerFilterShare {
+		t.filter = nil
+		return
+	}
+	if len(t.filter) == words {
+		clear(t.filter)
+	} else {
+		t.filter = make([]uint64, words)
+	}
+	filter := t.filter
+	err := eachKeyGroup(t.st.db, t.st.maxPar, t.sid, func(_ int, rest, _ []byte) error {
+		if len(rest) < 8 {
+			return fmt.Errorf("%w: timer key of %d bytes", ErrDecode, len(rest))
+		}
+		h := t.filterHash(pebbleTimerID{ts: int64(binary.BigEndian.Uint64(rest) ^ (1 << 63)), owner: string(rest[8:])})
+		mask := uint64(len(filter))*64 - 1
+		for i, d := uint64(0), h>>32|1; i < timerFilterHashes; i++ {
+			b := (h + i*d) & mask
+			filter[b/64] |= 1 << (b % 64)
+		}
+		return nil
+	}, func(int) error { return nil })
+	if err != nil {
+		t.st.fail(t.name, err)
+	}
+}
 
 // know records that pebble holds timer id.
 func (t *pebbleTimers) know(id pebbleTimerID) {
@@ -1273,13 +1375,14 @@ func (c *timerCache) covers(id pebbleTimerID) bool {
 
 func newPebbleTimers(st *pebbleState, name, kind string) *pebbleTimers {
 	t := &pebbleTimers{st: st, name: name, sid: st.stateID(name, kind), caches: make([]timerCache, st.maxPar), min: -1,
-		known: map[pebbleTimerID]struct{}{}}
+		known: map[pebbleTimerID]struct{}{}, seed: maphash.MakeSeed()}
 	for i := range t.caches {
 		t.caches[i].complete = true
 	}
 	if st.native {
 		t.reload()
 	}
+	t.rebuildFilter()
 	return t
 }
 
@@ -1291,6 +1394,7 @@ func appendTimerKey(dst []byte, kg int, sid uint16, owner string, ts int64) []by
 
 // exists reads whether the timer key in kbuf is in pebble.
 func (t *pebbleTimers) exists() bool {
+	t.reads++
 	_, c, err := t.st.db.Get(t.kbuf)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false
@@ -1313,7 +1417,7 @@ func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
 	}
 	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
 	covered := c.covers(id)
-	if !covered && t.exists() {
+	if !covered && t.mayHold(id) && t.exists() {
 		t.know(id)
 		return false
 	}
@@ -1321,6 +1425,7 @@ func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
 		t.st.fail(t.name, err)
 	}
 	t.n++
+	t.addFilter(id)
 	if !covered {
 		t.know(id)
 		return true
@@ -1344,7 +1449,7 @@ func (t *pebbleTimers) remove(kg int, owner string, ts int64) bool {
 	i, cached := c.find(id)
 	if _, ok := t.known[id]; ok {
 		delete(t.known, id)
-	} else if !cached && (c.covers(id) || !t.exists()) {
+	} else if !cached && (c.covers(id) || !t.mayHold(id) || !t.exists()) {
 		return false
 	}
 	if err := t.st.db.Delete(t.kbuf, pebble.NoSync); err != nil {

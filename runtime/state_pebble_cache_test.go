@@ -239,3 +239,43 @@ func TestAMapStateAloneHasItsCachedWritesInACanonicalSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// Registering a timer pebble does not hold (a window's first timer) reads
+// no pebble key, beyond the cached heads of the key groups too: the
+// timers' filter says it is new (false positives aside, under 2%). With
+// the filter rebuilt many times on the way, and timers removed, every
+// timer registered fires once, in order.
+func TestANewTimerBeyondTheCachedHeadIsRegisteredWithoutAPebbleRead(t *testing.T) {
+	const maxPar, n = 4, 5 * timerFilterMin
+	pt := newPebbleTimers(testPebbleState(t, maxPar), "t", pebbleKindEventTimers)
+	owner := func(i int) string { return fmt.Sprint("key-", i) }
+	for i := range n {
+		if !pt.register(i%maxPar, owner(i), int64(i)) {
+			t.Fatalf("timer %d registered before", i)
+		}
+	}
+	if pt.reads*50 > n {
+		t.Fatalf("%d new timers registered with %d pebble reads; want under 2%%", n, pt.reads)
+	}
+	// Registered again: no new timer. Every third removed.
+	for i := range n {
+		if pt.register(i%maxPar, owner(i), int64(i)) {
+			t.Fatalf("timer %d registered twice", i)
+		}
+		if i%3 == 0 && !pt.remove(i%maxPar, owner(i), int64(i)) {
+			t.Fatalf("timer %d not removed", i)
+		}
+	}
+	for i := range n {
+		if i%3 == 0 {
+			continue
+		}
+		id, kg, ok := pt.next(int64(n))
+		if !ok || id.ts != int64(i) || id.owner != owner(i) || kg != i%maxPar {
+			t.Fatalf("fired %v (key group %d, %v); want timer %d", id, kg, ok, i)
+		}
+	}
+	if id, _, ok := pt.next(int64(n)); ok || pt.len() != 0 {
+		t.Fatalf("fired %v after every timer, %d left", id, pt.len())
+	}
+}
