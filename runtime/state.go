@@ -653,6 +653,7 @@ func newMapState[UK comparable, UV any, K comparable](r *StateRegistry[K], name 
 		if err := r.b.register(s); err != nil {
 			return nil, err
 		}
+		s.withCache()
 		return &MapState[UK, UV]{s: s}, nil
 	}
 	s := &keyedStore[K, map[UK]UV]{

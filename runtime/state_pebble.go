@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"sort"
 	"sync"
@@ -105,7 +106,7 @@ type pebbleState struct {
 	restoredNext map[uint16]uint64
 	native       bool
 	// caches are the write-back caches of the instance's states (task
-	// goroutine only; pebbleValue): writeBack writes them before every
+	// goroutine only; pebbleValue, pebbleMap): writeBack writes them before every
 	// snapshot. cached is the bytes they are charged, cacheLimit their
 	// bound.
 	caches     []stateCache
@@ -647,6 +648,19 @@ func encodeValueBlobs(r pebbleReader, maxPar int, sid uint16) (map[int][]byte, e
 }
 
 // pebbleMap is a map state in pebble: one pebble key per entry.
+//
+// In front of pebble sits a write-back cache of whole keys (cache): the
+// first access to a key reads its entries with one range scan, and every
+// access after that, read or write, Range, Len and Clear included, works
+// on the cached entries alone, so the cache needs no merge with pebble: a
+// cached key's entries are all of them. Writes reach pebble as the value
+// cache's do (pebbleValue): when the key is evicted, or in the synchronous
+// part of the next snapshot (pebbleState.writeBack). A key with more than
+// mapCacheEntries entries is not cached (its accesses go to pebble, as
+// with the cache off); the window operator's keys hold a few windows. The
+// caches of an instance's states share its bound in bytes, each entry
+// charged its encoded size plus mapCacheOverhead. Lists (pebbleList) and
+// maps with TTL cleanup have the cache off.
 type pebbleMap[K comparable, UK comparable, UV any] struct {
 	st        *pebbleState
 	stateName string
@@ -657,7 +671,347 @@ type pebbleMap[K comparable, UK comparable, UV any] struct {
 	pbuf      []byte // prefix of the current key's entries
 	kbuf      []byte
 	vbuf      []byte
+	// cache is nil when off; big holds keys found with too many entries
+	// to cache (bounded: emptied when full).
+	cache  map[K]*mapCacheKey[UK, UV]
+	big    map[K]struct{}
+	cached int // bytes cache's entries are charged (their share of st.cached)
 	stateDumper
+}
+
+// mapCacheKey is a key's entries in a pebbleMap's cache: all of them.
+type mapCacheKey[UK comparable, UV any] struct {
+	kg    int
+	ents  []mapCacheEntry[UK, UV]
+	size  int  // bytes charged
+	dirty bool // some entry is dirty
+}
+
+// mapCacheEntry is one entry of a cached key. present: the entry exists
+// (else it was removed, and pebble still holds it: a deletion to write
+// back); dirty: pebble does not hold it as cached; stored: pebble holds
+// an entry for uk.
+type mapCacheEntry[UK comparable, UV any] struct {
+	uk                     UK
+	uv                     UV
+	size                   int
+	present, dirty, stored bool
+}
+
+// mapCacheEntries is the most entries (removed ones included) a cached
+// key holds; mapCacheOverhead is what a key and each entry are charged
+// beyond their encoded bytes; mapCacheBig bounds pebbleMap.big.
+const (
+	mapCacheEntries  = 16
+	mapCacheOverhead = 48
+	mapCacheBig      = 1 << 12
+)
+
+// withCache turns m's cache on.
+func (m *pebbleMap[K, UK, UV]) withCache() *pebbleMap[K, UK, UV] {
+	m.cache = map[K]*mapCacheKey[UK, UV]{}
+	m.big = map[K]struct{}{}
+	m.st.caches = append(m.st.caches, m)
+	return m
+}
+
+// cachedKey is the current key's cache entry, read from pebble if it is
+// not cached; nil if the cache is off or the key has too many entries.
+func (m *pebbleMap[K, UK, UV]) cachedKey() *mapCacheKey[UK, UV] {
+	if m.cache == nil {
+		return nil
+	}
+	key := m.key.scope.key
+	if c, ok := m.cache[key]; ok {
+		return c
+	}
+	if _, ok := m.big[key]; ok {
+		return nil
+	}
+	c := &mapCacheKey[UK, UV]{kg: m.key.scope.kg, size: mapCacheOverhead}
+	big := false
+	m.scan(func(ukb, uvb []byte) bool {
+		if len(c.ents) == mapCacheEntries {
+			big = true
+			return false
+		}
+		uk, err := m.kc.Decode(ukb)
+		if err != nil {
+			m.st.fail(m.stateName, err)
+		}
+		uv, err := m.vc.Decode(uvb)
+		if err != nil {
+			m.st.fail(m.stateName, err)
+		}
+		n := len(ukb) + len(uvb) + mapCacheOverhead
+		c.ents = append(c.ents, mapCacheEntry[UK, UV]{uk: uk, uv: uv, size: n, present: true, stored: true})
+		c.size += n
+		return true
+	})
+	if big {
+		m.markBig(key)
+		return nil
+	}
+	m.cache[key] = c
+	m.charge(c.size)
+	return c
+}
+
+// markBig records that key is not cached.
+func (m *pebbleMap[K, UK, UV]) markBig(key K) {
+	if len(m.big) >= mapCacheBig {
+		clear(m.big)
+	}
+	m.big[key] = struct{}{}
+}
+
+// find is uk's position in c.
+func (c *mapCacheKey[UK, UV]) find(uk UK) int {
+	for i := range c.ents {
+		if c.ents[i].uk == uk {
+			return i
+		}
+	}
+	return -1
+}
+
+// charge adds d bytes to what the cache is charged, and its instance's.
+func (m *pebbleMap[K, UK, UV]) charge(d int) {
+	m.cached += d
+	m.st.cached += d
+}
+
+// bound makes room in the instance's caches if they passed their bound.
+// Called last in an access: an eviction writes what it drops.
+func (m *pebbleMap[K, UK, UV]) bound() {
+	if m.st.cached > m.st.cacheLimit {
+		m.st.makeRoom()
+	}
+}
+
+func (m *pebbleMap[K, UK, UV]) get(uk UK) (UV, bool) {
+	if c := m.cachedKey(); c != nil {
+		var uv UV
+		ok := false
+		if i := c.find(uk); i >= 0 && c.ents[i].present {
+			uv, ok = c.ents[i].uv, true
+		}
+		m.bound()
+		return uv, ok
+	}
+	return m.getDirect(uk)
+}
+
+func (m *pebbleMap[K, UK, UV]) put(uk UK, uv UV) {
+	c := m.cachedKey()
+	if c == nil {
+		m.putDirect(uk, uv)
+		return
+	}
+	m.vbuf = m.kc.Append(m.vc.Append(m.vbuf[:0], uv), uk)
+	n := len(m.vbuf) + mapCacheOverhead
+	if i := c.find(uk); i >= 0 {
+		e := &c.ents[i]
+		m.charge(n - e.size)
+		c.size += n - e.size
+		e.uv, e.size, e.present, e.dirty = uv, n, true, true
+	} else {
+		if len(c.ents) == mapCacheEntries {
+			// Too many entries to cache: the key's writes go to pebble.
+			m.uncache(m.key.scope.key, c)
+			m.putDirect(uk, uv)
+			return
+		}
+		c.ents = append(c.ents, mapCacheEntry[UK, UV]{uk: uk, uv: uv, size: n, present: true, dirty: true})
+		c.size += n
+		m.charge(n)
+	}
+	c.dirty = true
+	m.bound()
+}
+
+func (m *pebbleMap[K, UK, UV]) remove(uk UK) {
+	c := m.cachedKey()
+	if c == nil {
+		m.removeDirect(uk)
+		return
+	}
+	if i := c.find(uk); i >= 0 {
+		m.removeAt(c, i)
+	}
+	m.bound()
+}
+
+// removeAt removes c's entry i: forgotten if pebble lacks it, else kept
+// as a deletion to write back.
+func (m *pebbleMap[K, UK, UV]) removeAt(c *mapCacheKey[UK, UV], i int) {
+	e := &c.ents[i]
+	if !e.stored {
+		m.charge(-e.size)
+		c.size -= e.size
+		c.ents = slices.Delete(c.ents, i, i+1)
+		return
+	}
+	if e.present {
+		var zero UV
+		e.uv, e.present, e.dirty = zero, false, true
+		c.dirty = true
+	}
+}
+
+// uncache writes key's dirty entries to pebble and drops it from the
+// cache, marking it big.
+func (m *pebbleMap[K, UK, UV]) uncache(key K, c *mapCacheKey[UK, UV]) {
+	b := m.st.db.NewBatch()
+	defer b.Close()
+	err := m.writeKey(b, key, c)
+	if err == nil {
+		err = b.Commit(pebble.NoSync)
+	}
+	if err != nil {
+		m.st.fail(m.stateName, err)
+	}
+	delete(m.cache, key)
+	m.charge(-c.size)
+	m.markBig(key)
+}
+
+func (m *pebbleMap[K, UK, UV]) each(fn func(UK, UV) bool) {
+	c := m.cachedKey()
+	if c == nil {
+		m.eachDirect(fn)
+		return
+	}
+	// Copy first, call fn after: fn may change the state (or another
+	// one, evicting this key).
+	type entry struct {
+		k UK
+		v UV
+	}
+	var buf [mapCacheEntries]entry
+	ents := buf[:0]
+	for _, e := range c.ents {
+		if e.present {
+			ents = append(ents, entry{e.uk, e.uv})
+		}
+	}
+	m.bound()
+	for _, e := range ents {
+		if !fn(e.k, e.v) {
+			return
+		}
+	}
+}
+
+func (m *pebbleMap[K, UK, UV]) len() int {
+	c := m.cachedKey()
+	if c == nil {
+		return m.lenDirect()
+	}
+	n := 0
+	for _, e := range c.ents {
+		if e.present {
+			n++
+		}
+	}
+	m.bound()
+	return n
+}
+
+func (m *pebbleMap[K, UK, UV]) clear() {
+	c := m.cachedKey()
+	if c == nil {
+		m.clearDirect()
+		return
+	}
+	for i := len(c.ents) - 1; i >= 0; i-- {
+		m.removeAt(c, i)
+	}
+	m.bound()
+}
+
+// writeKey adds the dirty entries of c, key's cached entries, to b: they
+// stay cached, clean (removed ones are dropped).
+func (m *pebbleMap[K, UK, UV]) writeKey(b *pebble.Batch, key K, c *mapCacheKey[UK, UV]) error {
+	if !c.dirty {
+		return nil
+	}
+	m.pbuf = appendStatePrefix(m.pbuf[:0], c.kg, m.sid)
+	m.vbuf = m.key.codec.Append(m.vbuf[:0], key)
+	m.pbuf = appendFrame(m.pbuf, m.vbuf)
+	out := c.ents[:0]
+	for _, e := range c.ents {
+		if !e.dirty {
+			out = append(out, e)
+			continue
+		}
+		m.kbuf = m.kc.Append(append(m.kbuf[:0], m.pbuf...), e.uk)
+		if !e.present {
+			if err := b.Delete(m.kbuf, nil); err != nil {
+				return fmt.Errorf("state %q: %w", m.stateName, err)
+			}
+			m.charge(-e.size)
+			c.size -= e.size
+			continue
+		}
+		m.vbuf = m.vc.Append(m.vbuf[:0], e.uv)
+		if err := b.Set(m.kbuf, m.vbuf, nil); err != nil {
+			return fmt.Errorf("state %q: %w", m.stateName, err)
+		}
+		e.dirty, e.stored = false, true
+		out = append(out, e)
+	}
+	clear(c.ents[len(out):])
+	c.ents = out
+	c.dirty = false
+	return nil
+}
+
+// writeBack adds the cache's dirty entries to b (stateCache).
+func (m *pebbleMap[K, UK, UV]) writeBack(b *pebble.Batch) error {
+	for k, c := range m.cache {
+		if err := m.writeKey(b, k, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// evict drops about a quarter of the cache's bytes (at least one key),
+// adding their dirty entries to b (stateCache), in the map's order.
+func (m *pebbleMap[K, UK, UV]) evict(b *pebble.Batch) error {
+	goal := m.cached / 4
+	for k, c := range m.cache {
+		if err := m.writeKey(b, k, c); err != nil {
+			return err
+		}
+		delete(m.cache, k)
+		m.charge(-c.size)
+		if goal -= c.size; goal <= 0 {
+			break
+		}
+	}
+	return nil
+}
+
+// noCache turns the cache off (a map with TTL cleanup, whose sweep
+// deletes pebble's expired entries).
+func (m *pebbleMap[K, UK, UV]) noCache() {
+	if m.cache == nil {
+		return
+	}
+	b := m.st.db.NewBatch()
+	defer b.Close()
+	err := m.writeBack(b)
+	if err == nil {
+		err = b.Commit(pebble.NoSync)
+	}
+	if err != nil {
+		m.st.fail(m.stateName, err)
+	}
+	m.charge(-m.cached)
+	m.cache, m.big = nil, nil
+	m.st.caches = slices.DeleteFunc(m.st.caches, func(c stateCache) bool { return c == stateCache(m) })
 }
 
 // prefix is the current key's entries' prefix.
@@ -673,7 +1027,7 @@ func (m *pebbleMap[K, UK, UV]) k(uk UK) []byte {
 	return m.kbuf
 }
 
-func (m *pebbleMap[K, UK, UV]) get(uk UK) (UV, bool) {
+func (m *pebbleMap[K, UK, UV]) getDirect(uk UK) (UV, bool) {
 	var zero UV
 	v, c, err := m.st.db.Get(m.k(uk))
 	if errors.Is(err, pebble.ErrNotFound) {
@@ -690,14 +1044,14 @@ func (m *pebbleMap[K, UK, UV]) get(uk UK) (UV, bool) {
 	return x, true
 }
 
-func (m *pebbleMap[K, UK, UV]) put(uk UK, uv UV) {
+func (m *pebbleMap[K, UK, UV]) putDirect(uk UK, uv UV) {
 	m.vbuf = m.vc.Append(m.vbuf[:0], uv)
 	if err := m.st.db.Set(m.k(uk), m.vbuf, pebble.NoSync); err != nil {
 		m.st.fail(m.stateName, err)
 	}
 }
 
-func (m *pebbleMap[K, UK, UV]) remove(uk UK) {
+func (m *pebbleMap[K, UK, UV]) removeDirect(uk UK) {
 	if err := m.st.db.Delete(m.k(uk), pebble.NoSync); err != nil {
 		m.st.fail(m.stateName, err)
 	}
@@ -727,7 +1081,7 @@ func (m *pebbleMap[K, UK, UV]) scan(fn func(uk, uv []byte) bool) {
 	}
 }
 
-func (m *pebbleMap[K, UK, UV]) each(fn func(UK, UV) bool) {
+func (m *pebbleMap[K, UK, UV]) eachDirect(fn func(UK, UV) bool) {
 	// Decode first, call fn after: fn may read other states (or this
 	// one) of the key, and must not see the iterator's buffers.
 	type entry struct {
@@ -754,13 +1108,13 @@ func (m *pebbleMap[K, UK, UV]) each(fn func(UK, UV) bool) {
 	}
 }
 
-func (m *pebbleMap[K, UK, UV]) len() int {
+func (m *pebbleMap[K, UK, UV]) lenDirect() int {
 	n := 0
 	m.scan(func(_, _ []byte) bool { n++; return true })
 	return n
 }
 
-func (m *pebbleMap[K, UK, UV]) clear() {
+func (m *pebbleMap[K, UK, UV]) clearDirect() {
 	p := m.prefix()
 	if err := m.st.db.DeleteRange(p, prefixEnd(p), pebble.NoSync); err != nil {
 		m.st.fail(m.stateName, err)
@@ -775,6 +1129,9 @@ func (m *pebbleMap[K, UK, UV]) close() error { return nil }
 // and the framed map (count, then framed user keys and values), built
 // from the key's consecutive entries without decoding them.
 func (m *pebbleMap[K, UK, UV]) freeze() frozenState {
+	if err := m.st.writeBack(); err != nil {
+		m.st.fail(m.stateName, err)
+	}
 	return &frozenBlobs{enc: m.st.encodeLater(m.sid, encodeMapBlobs)}
 }
 
@@ -861,9 +1218,21 @@ type pebbleTimers struct {
 	// needs no pebble read. Removing or firing a timer forgets it; full,
 	// it is emptied.
 	known map[pebbleTimerID]struct{}
-	kbuf  []byte
-	lo    []byte
-	hi    []byte
+	// filter is a Bloom filter over the timers pebble holds (those it held
+	// when the filter was built, and every timer registered since), so
+	// that registering a timer pebble does not hold, as a window's first
+	// registration, needs no pebble read. A removed timer stays in it
+	// (a read then, as without it) until it is rebuilt by a scan of the
+	// timers, after filterAdds more registrations. nil: off, the timers
+	// too many for its bound (timerFilterShare of the instance's cache
+	// bound).
+	filter     []uint64
+	filterAdds int
+	seed       maphash.Seed
+	reads      int // pebble point reads (exists) made
+	kbuf       []byte
+	lo         []byte
+	hi         []byte
 }
 
 // pebbleTimerID is a timer in pebble: its timestamp and encoded owner.
@@ -886,6 +1255,95 @@ const timerCacheSize = 32
 
 // timerKnownSize bounds pebbleTimers.known.
 const timerKnownSize = 1 << 15
+
+// The Bloom filter of pebbleTimers: sized for twice the timers pebble
+// holds when it is built (at least timerFilterMin), timerFilterBits bits
+// per timer and timerFilterHashes bits set by each (under 1% false
+// positives when full), at most 1/timerFilterShare of the instance's
+// cache bound.
+const (
+	timerFilterMin    = 1 << 12
+	timerFilterBits   = 16
+	timerFilterHashes = 4
+	timerFilterShare  = 8
+)
+
+// filterHash is id's hash for the filter.
+func (t *pebbleTimers) filterHash(id pebbleTimerID) uint64 {
+	h := maphash.String(t.seed, id.owner) ^ uint64(id.ts)*0x9E3779B97F4A7C15
+	h ^= h >> 31
+	h *= 0xbf58476d1ce4e5b9
+	return h ^ h>>29
+}
+
+// mayHold says whether pebble may hold id: false only if the filter is on
+// and lacks it.
+func (t *pebbleTimers) mayHold(id pebbleTimerID) bool {
+	if t.filter == nil {
+		return true
+	}
+	h := t.filterHash(id)
+	mask := uint64(len(t.filter))*64 - 1
+	for i, d := uint64(0), h>>32|1; i < timerFilterHashes; i++ {
+		b := (h + i*d) & mask
+		if t.filter[b/64]&(1<<(b%64)) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// addFilter records that pebble holds id, and rebuilds the filter when it
+// took as many timers as it was sized for.
+func (t *pebbleTimers) addFilter(id pebbleTimerID) {
+	if t.filter != nil {
+		h := t.filterHash(id)
+		mask := uint64(len(t.filter))*64 - 1
+		for i, d := uint64(0), h>>32|1; i < timerFilterHashes; i++ {
+			b := (h + i*d) & mask
+			t.filter[b/64] |= 1 << (b % 64)
+		}
+	}
+	if t.filterAdds--; t.filterAdds <= 0 {
+		t.rebuildFilter()
+	}
+}
+
+// rebuildFilter builds the filter again from the timers pebble holds, or
+// turns it off if they are too many for its bound.
+func (t *pebbleTimers) rebuildFilter() {
+	want := max(2*t.n, timerFilterMin)
+	t.filterAdds = want - t.n
+	words := 1
+	for words*64 < want*timerFilterBits {
+		words *= 2
+	}
+	if words*8 > t.st.cacheLimit/timerFilterShare {
+		t.filter = nil
+		return
+	}
+	if len(t.filter) == words {
+		clear(t.filter)
+	} else {
+		t.filter = make([]uint64, words)
+	}
+	filter := t.filter
+	err := eachKeyGroup(t.st.db, t.st.maxPar, t.sid, func(_ int, rest, _ []byte) error {
+		if len(rest) < 8 {
+			return fmt.Errorf("%w: timer key of %d bytes", ErrDecode, len(rest))
+		}
+		h := t.filterHash(pebbleTimerID{ts: int64(binary.BigEndian.Uint64(rest) ^ (1 << 63)), owner: string(rest[8:])})
+		mask := uint64(len(filter))*64 - 1
+		for i, d := uint64(0), h>>32|1; i < timerFilterHashes; i++ {
+			b := (h + i*d) & mask
+			filter[b/64] |= 1 << (b % 64)
+		}
+		return nil
+	}, func(int) error { return nil })
+	if err != nil {
+		t.st.fail(t.name, err)
+	}
+}
 
 // know records that pebble holds timer id.
 func (t *pebbleTimers) know(id pebbleTimerID) {
@@ -917,13 +1375,14 @@ func (c *timerCache) covers(id pebbleTimerID) bool {
 
 func newPebbleTimers(st *pebbleState, name, kind string) *pebbleTimers {
 	t := &pebbleTimers{st: st, name: name, sid: st.stateID(name, kind), caches: make([]timerCache, st.maxPar), min: -1,
-		known: map[pebbleTimerID]struct{}{}}
+		known: map[pebbleTimerID]struct{}{}, seed: maphash.MakeSeed()}
 	for i := range t.caches {
 		t.caches[i].complete = true
 	}
 	if st.native {
 		t.reload()
 	}
+	t.rebuildFilter()
 	return t
 }
 
@@ -935,6 +1394,7 @@ func appendTimerKey(dst []byte, kg int, sid uint16, owner string, ts int64) []by
 
 // exists reads whether the timer key in kbuf is in pebble.
 func (t *pebbleTimers) exists() bool {
+	t.reads++
 	_, c, err := t.st.db.Get(t.kbuf)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false
@@ -957,7 +1417,7 @@ func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
 	}
 	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
 	covered := c.covers(id)
-	if !covered && t.exists() {
+	if !covered && t.mayHold(id) && t.exists() {
 		t.know(id)
 		return false
 	}
@@ -965,6 +1425,7 @@ func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
 		t.st.fail(t.name, err)
 	}
 	t.n++
+	t.addFilter(id)
 	if !covered {
 		t.know(id)
 		return true
@@ -988,7 +1449,7 @@ func (t *pebbleTimers) remove(kg int, owner string, ts int64) bool {
 	i, cached := c.find(id)
 	if _, ok := t.known[id]; ok {
 		delete(t.known, id)
-	} else if !cached && (c.covers(id) || !t.exists()) {
+	} else if !cached && (c.covers(id) || !t.mayHold(id) || !t.exists()) {
 		return false
 	}
 	if err := t.st.db.Delete(t.kbuf, pebble.NoSync); err != nil {

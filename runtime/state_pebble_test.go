@@ -180,7 +180,10 @@ func TestPebbleSnapshotFailsWithTheIOErrorAndNeverYieldsPartialState(t *testing.
 	}
 	t.Cleanup(func() { _ = p.close() })
 	s, model, keys := pebbleModel(t, p, maxPar, 1)
-	if err := p.db.Flush(); err != nil { // the state in SSTs, which the scan must read
+	if err := p.writeBack(); err != nil { // the cached writes in pebble,
+		t.Fatal(err)
+	}
+	if err := p.db.Flush(); err != nil { // then in SSTs, which the scan must read
 		t.Fatal(err)
 	}
 	failReads.Store(true)
