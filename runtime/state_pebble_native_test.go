@@ -135,13 +135,24 @@ func canonical(t *testing.T, s nativeStates, lo, hi int) map[int][]byte {
 // A pebble operator's second checkpoint, with a few keys of a big state
 // changed, uploads a small fraction of the first: the SSTs of the first
 // are referenced again (same objects), only the new SST and the small
-// files (MANIFEST, OPTIONS, markers) are uploaded.
+// files (MANIFEST, OPTIONS, markers) are uploaded. The filled state is
+// compacted to its last level before the first checkpoint: a background
+// compaction of the fill's flushes that ended between the two checkpoints
+// (timing, on a loaded machine) would rewrite files the first uploaded,
+// and the second would upload them again (it failed, rarely, on a loaded
+// machine).
 func TestTheSecondNativeCheckpointOfAMostlyUnchangedStateUploadsASmallFraction(t *testing.T) {
 	const maxPar, keys = 128, 20000
 	st, _ := memStores(t)
 	mem := testStateMemory(t)
 	s := openSubtask(t, mem, st, maxPar, 0, 1, nil)
 	fillNative(s, keys, 0, 1, 0)
+	if err := s.b.pebble.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.b.pebble.db.Compact(t.Context(), kgKey(0), kgKey(maxPar), false); err != nil {
+		t.Fatal(err)
+	}
 	first, base, w1 := nativeCheckpoint(t, st, s, "op#0", 1, nil)
 	for i := range 20 {
 		k, _ := nativeKey(i, 0, maxPar, 1)
