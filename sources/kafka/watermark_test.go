@@ -292,7 +292,7 @@ func (c *pendingLog) SplitPending(split string) { c.pending[split]++ }
 func TestRecordsWaitingInTheClientKeepTheirPartitionActive(t *testing.T) {
 	env := kafkatest.New(t)
 	env.CreateTopic(t, "in", 2, nil)
-	s, err := openSource(t, env, nil, Topics("in"), MaxPollRecords(100))
+	s, err := openSource(t, env, nil, Topics("in"), MaxPollRecords(100), ClientOpts(kgo.FetchMaxWait(100*time.Millisecond)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +306,12 @@ func TestRecordsWaitingInTheClientKeepTheirPartitionActive(t *testing.T) {
 			t.Fatal("no splits declared in a minute")
 		}
 	}
-	// Both partitions' records in one produce request, so in one fetch.
+	// Both partitions' records in one fetch: the client fetches nothing
+	// while they are written (a fetch waiting at the broker would be
+	// answered with the first partition written, and the client fetches
+	// again only after a poll), then one fetch finds both.
+	s.cl.PauseFetchTopics("in")
+	time.Sleep(500 * time.Millisecond) // a fetch in flight ends (FetchMaxWait), empty
 	cl := env.Client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(100*time.Millisecond))
 	const n = 500
 	var recs []*kgo.Record
@@ -316,6 +321,7 @@ func TestRecordsWaitingInTheClientKeepTheirPartitionActive(t *testing.T) {
 	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
+	s.cl.ResumeFetchTopics("in")
 	for s.cl.BufferedFetchRecords() < 2*n {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d records buffered in the client, want %d", s.cl.BufferedFetchRecords(), 2*n)
