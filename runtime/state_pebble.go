@@ -177,6 +177,22 @@ func (p *pebbleState) writeBack() error {
 	return nil
 }
 
+// writeNow commits what write puts in a batch at once; a failure fails
+// state name's task (p.fail), as a failed state access does. It is how a
+// cache writes outside a snapshot's or an eviction's batch (turned off,
+// or one key dropped).
+func (p *pebbleState) writeNow(name string, write func(*pebble.Batch) error) {
+	b := p.db.NewBatch()
+	defer b.Close()
+	err := write(b)
+	if err == nil {
+		err = b.Commit(pebble.NoSync)
+	}
+	if err != nil {
+		p.fail(name, err)
+	}
+}
+
 // makeRoom evicts from the states' caches until they are under 3/4 of
 // their bound, writing what they drop that pebble lacks in one batch.
 func (p *pebbleState) makeRoom() {
@@ -570,15 +586,7 @@ func (s *pebbleValue[K, V]) writeBack(b *pebble.Batch) error {
 // noCache turns the cache off (a state with TTL cleanup, whose sweep
 // deletes pebble's expired entries).
 func (s *pebbleValue[K, V]) noCache() {
-	b := s.st.db.NewBatch()
-	defer b.Close()
-	err := s.writeBack(b)
-	if err == nil {
-		err = b.Commit(pebble.NoSync)
-	}
-	if err != nil {
-		s.st.fail(s.stateName, err)
-	}
+	s.st.writeNow(s.stateName, s.writeBack)
 	s.charge(-s.cached)
 	s.cache = nil
 }
@@ -862,15 +870,7 @@ func (m *pebbleMap[K, UK, UV]) removeAt(c *mapCacheKey[UK, UV], i int) {
 // uncache writes key's dirty entries to pebble and drops it from the
 // cache, marking it big.
 func (m *pebbleMap[K, UK, UV]) uncache(key K, c *mapCacheKey[UK, UV]) {
-	b := m.st.db.NewBatch()
-	defer b.Close()
-	err := m.writeKey(b, key, c)
-	if err == nil {
-		err = b.Commit(pebble.NoSync)
-	}
-	if err != nil {
-		m.st.fail(m.stateName, err)
-	}
+	m.st.writeNow(m.stateName, func(b *pebble.Batch) error { return m.writeKey(b, key, c) })
 	delete(m.cache, key)
 	m.charge(-c.size)
 	m.markBig(key)
@@ -1000,15 +1000,7 @@ func (m *pebbleMap[K, UK, UV]) noCache() {
 	if m.cache == nil {
 		return
 	}
-	b := m.st.db.NewBatch()
-	defer b.Close()
-	err := m.writeBack(b)
-	if err == nil {
-		err = b.Commit(pebble.NoSync)
-	}
-	if err != nil {
-		m.st.fail(m.stateName, err)
-	}
+	m.st.writeNow(m.stateName, m.writeBack)
 	m.charge(-m.cached)
 	m.cache, m.big = nil, nil
 	m.st.caches = slices.DeleteFunc(m.st.caches, func(c stateCache) bool { return c == stateCache(m) })

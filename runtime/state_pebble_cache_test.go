@@ -73,18 +73,7 @@ func TestValueWritesCachedBeforeASnapshotAreInIt(t *testing.T) {
 	}
 	// The canonical snapshot, decoded into a fresh instance.
 	blobs := canonical(t, s, 0, maxPar)
-	p, err := mem.openInstance("canonical", maxPar)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
-	b := newKeyedBackend[string](DefaultCodec[string](), maxPar)
-	b.usePebble(p)
-	for kg, blob := range blobs {
-		if err := b.restoreKeyGroup(kg, blob); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b := pebbleBackendFrom(t, mem, "canonical", maxPar, blobs)
 	check("canonical snapshot", declareNativeStates(t, b), want)
 }
 
@@ -182,18 +171,7 @@ func TestMapEntriesCachedBeforeASnapshotAreInIt(t *testing.T) {
 	// More writes after the native checkpoint, for the canonical one.
 	write(3)
 	blobs := canonical(t, s, 0, maxPar)
-	p, err := mem.openInstance("canonical", maxPar)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
-	b := newKeyedBackend[string](DefaultCodec[string](), maxPar)
-	b.usePebble(p)
-	for kg, blob := range blobs {
-		if err := b.restoreKeyGroup(kg, blob); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b := pebbleBackendFrom(t, mem, "canonical", maxPar, blobs)
 	check("canonical snapshot", declareNativeStates(t, b), want)
 }
 
@@ -204,18 +182,7 @@ func TestAMapStateAloneHasItsCachedWritesInACanonicalSnapshot(t *testing.T) {
 	const maxPar, keys = 8, 200
 	mem := testStateMemory(t)
 	declare := func(name string, blobs map[int][]byte) (*keyedBackend[string], *MapState[string, int]) {
-		p, err := mem.openInstance(name, maxPar)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.close() })
-		b := newKeyedBackend[string](DefaultCodec[string](), maxPar)
-		b.usePebble(p)
-		for kg, blob := range blobs {
-			if err := b.restoreKeyGroup(kg, blob); err != nil {
-				t.Fatal(err)
-			}
-		}
+		b := pebbleBackendFrom(t, mem, name, maxPar, blobs)
 		m, err := NewMapState[string, int](&StateRegistry[string]{b: b}, "m", nil, nil)
 		if err != nil {
 			t.Fatal(err)

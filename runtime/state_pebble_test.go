@@ -133,10 +133,12 @@ func pebbleModel(t *testing.T, p *pebbleState, maxPar int, seed uint64) (modelSt
 	return s, model, keys
 }
 
-// restoreModel restores blobs into a fresh pebble instance of mem.
-func restoreModel(t *testing.T, mem *StateMemory, maxPar int, blobs map[int][]byte) modelStates {
+// pebbleBackendFrom opens pebble instance name of mem (closed when t
+// ends) and restores a keyed backend on it from the canonical key-group
+// blobs.
+func pebbleBackendFrom(t *testing.T, mem *StateMemory, name string, maxPar int, blobs map[int][]byte) *keyedBackend[string] {
 	t.Helper()
-	p, err := mem.openInstance("op", maxPar) // the name (and directory) the crashed one had
+	p, err := mem.openInstance(name, maxPar)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,6 +150,13 @@ func restoreModel(t *testing.T, mem *StateMemory, maxPar int, blobs map[int][]by
 			t.Fatal(err)
 		}
 	}
+	return b
+}
+
+// restoreModel restores blobs into a fresh pebble instance of mem.
+func restoreModel(t *testing.T, mem *StateMemory, maxPar int, blobs map[int][]byte) modelStates {
+	t.Helper()
+	b := pebbleBackendFrom(t, mem, "op", maxPar, blobs) // the name (and directory) the crashed one had
 	r := &StateRegistry[string]{b: b}
 	n, err := NewValueState[int64](r, "n", nil)
 	if err != nil {
