@@ -306,7 +306,9 @@ func TestDriverTriggersPeriodically(t *testing.T) {
 		t.Fatalf("Pending() = %+v, %v", ps, err)
 	}
 	ackAll(t, d, cfg.Tasks, 2) // completes 2, subsumes 1
-	waitFor(t, "third trigger", func() bool { return rec.lastTrigger() == 3 })
+	// Both slots are free again: the fourth trigger follows the third within
+	// an interval (5 ms), so a poll that comes later than that sees 4.
+	waitFor(t, "third trigger", func() bool { return rec.lastTrigger() >= 3 })
 	if !rec.has("abort 1") || !rec.has("complete 2") {
 		t.Fatalf("calls %v", rec.snapshot())
 	}
