@@ -46,7 +46,7 @@ func slidingSumOperator(t *testing.T, asg WindowAssigner, blobs map[int][]byte) 
 // sumInts sums int64 records.
 type sumInts struct{}
 
-func (sumInts) CreateAccumulator() int64    { return 0 }
+func (sumInts) CreateAccumulator() int64     { return 0 }
 func (sumInts) Add(v int64, acc int64) int64 { return acc + v }
 func (sumInts) GetResult(acc int64) int64    { return acc }
 func (sumInts) Merge(a, b int64) int64       { return a + b }
