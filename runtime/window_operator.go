@@ -479,15 +479,15 @@ func (op *windowOperator[K, IN, ACC, OUT]) timerSet(w, pane TimeWindow) bool {
 		(op.asg.eventTime && w.MaxTimestamp() <= op.timers.currentWatermark()) {
 		return false
 	}
-	found := false
-	op.state.Range(func(p TimeWindow, _ ACC) bool {
-		if p != pane && p.Start >= w.Start && p.End <= w.End {
-			found = true
-			return false
+	es, _ := op.heap.s.get() // the key's windows, sorted by start
+	for _, e := range es {
+		if p := e.w; p.Start >= w.End {
+			break
+		} else if p != pane && p.Start >= w.Start && p.End <= w.End {
+			return true
 		}
-		return p.Start < w.End // sorted by start
-	})
-	return found
+	}
+	return false
 }
 
 // processPerWindow adds v to each of its windows that is not late, in
