@@ -115,6 +115,35 @@ type keyGroupMap[K comparable, V any] struct {
 	// sharedVals marks, by position, the values of ents a snapshot shares
 	// (only with a clone function); positions beyond it are not shared.
 	sharedVals []uint64
+	// idle marks, by position, the entries whose value was empty at the
+	// last sweep and has not been set since (a store with an empty
+	// function, sweepEmpties); sweepAt is the length at which a new key
+	// sweeps next.
+	idle    []uint64
+	sweepAt int
+}
+
+// bit reports bit i of a bitset; setBit sets it (or clears it), growing
+// the set as needed.
+func bit(set []uint64, i int32) bool {
+	w := int(i) / 64
+	return w < len(set) && set[w]&(1<<(uint(i)%64)) != 0
+}
+
+func setBit(set []uint64, i int32, on bool) []uint64 {
+	w := int(i) / 64
+	if w >= len(set) {
+		if !on {
+			return set
+		}
+		set = append(set, make([]uint64, w+1-len(set))...)
+	}
+	if on {
+		set[w] |= 1 << (uint(i) % 64)
+	} else {
+		set[w] &^= 1 << (uint(i) % 64)
+	}
+	return set
 }
 
 // valShared reports whether the value at i is shared with a snapshot.
@@ -161,6 +190,13 @@ type keyedStore[K comparable, V any] struct {
 	// entry's value to what the snapshot writes, or drops it (a state with
 	// TTL drops expired values, state_ttl.go).
 	filter func() func(V) (V, bool)
+	// empty, if set, tells a value that stands for no value (the window
+	// state's key without windows): putting one keeps the key's entry, its
+	// position and its value's capacity, so that a key that comes back
+	// (the next window's word) costs no index insert, delete or
+	// allocation. Snapshots skip such entries; a key group sweeps out
+	// those that stayed empty from one sweep to the next (sweepEmpties).
+	empty func(V) bool
 }
 
 func (s *keyedStore[K, V]) name() string { return s.stateName }
@@ -250,10 +286,18 @@ func (s *keyedStore[K, V]) put(v V) {
 	g := s.group()
 	i, ok := s.find(g)
 	if !ok {
+		if s.empty != nil {
+			if s.empty(v) {
+				return // no value: no entry
+			}
+			if len(g.ents) >= g.sweepAt {
+				s.sweepEmpties(g)
+			}
+		}
 		i = int32(len(g.ents))
 		g.idx[s.scope.key] = i
 		g.ents = append(g.ents, stateEntry[K, V]{key: s.scope.key, val: v})
-		s.at = i
+		s.at, s.atGen = i, s.scope.gen
 		return
 	}
 	s.unshare(g)
@@ -262,6 +306,51 @@ func (s *keyedStore[K, V]) put(v V) {
 		// v is the caller's (getForWrite's own copy, or a new value).
 		g.setValShared(i, false)
 	}
+	if s.empty != nil && len(g.idle) > 0 {
+		g.idle = setBit(g.idle, i, false) // set since the last sweep
+	}
+}
+
+// sweepEmpties drops g's entries that were empty at the last sweep and
+// have not been set since (keys that did not come back), keeping the
+// order of the others, and marks the entries empty now for the next
+// sweep. It runs when a new key would make g reach sweepAt, half as long
+// again as the last sweep left it (at least 8 more), so that a key
+// without value goes by the second sweep after it went empty, and a
+// sweep's cost (the length) is spread over the new keys since the last
+// one. A key that comes back between two sweeps is not swept. The current
+// key's position is looked up again.
+func (s *keyedStore[K, V]) sweepEmpties(g *keyGroupMap[K, V]) {
+	s.unshare(g)
+	var idle []uint64
+	n := int32(0)
+	for i := range g.ents {
+		e := g.ents[i]
+		empty := s.empty(e.val)
+		if empty && bit(g.idle, int32(i)) {
+			delete(g.idx, e.key)
+			continue
+		}
+		if n != int32(i) {
+			g.ents[n] = e
+			g.idx[e.key] = n
+			if s.clone != nil {
+				g.setValShared(n, g.valShared(int32(i)))
+			}
+		}
+		if empty {
+			idle = setBit(idle, n, true)
+		}
+		n++
+	}
+	clear(g.ents[n:])
+	if s.clone != nil {
+		for i := n; i < int32(len(g.ents)); i++ {
+			g.setValShared(i, false)
+		}
+	}
+	g.ents, g.idle, g.sweepAt = g.ents[:n], idle, int(n)+max(8, int(n)/2)
+	s.atGen = 0
 }
 
 func (s *keyedStore[K, V]) del() {
@@ -281,6 +370,12 @@ func (s *keyedStore[K, V]) del() {
 		if s.clone != nil {
 			g.setValShared(i, g.valShared(last))
 		}
+		if len(g.idle) > 0 {
+			g.idle = setBit(g.idle, i, bit(g.idle, last))
+		}
+	}
+	if len(g.idle) > 0 {
+		g.idle = setBit(g.idle, last, false)
 	}
 	if s.clone != nil {
 		g.setValShared(last, false)
@@ -311,7 +406,7 @@ func (s *keyedStore[K, V]) freeze() frozenState {
 // frozenStore is a keyedStore's entries at a snapshot (shared with the
 // store, copy-on-write).
 type frozenStore[K comparable, V any] struct {
-	s      *keyedStore[K, V] // for its codecs only
+	s      *keyedStore[K, V] // for its codecs and empty only
 	groups map[int][]stateEntry[K, V]
 	// keep, if set, maps each value to what the snapshot writes or drops
 	// it (keyedStore.filter); kept holds a key group's kept entries.
@@ -345,8 +440,22 @@ func (f *frozenStore[K, V]) appendKeyGroup(b []byte, kg int) ([]byte, bool, erro
 			return b, false, nil
 		}
 	}
-	b = binary.AppendUvarint(b, uint64(len(ents)))
+	n := len(ents)
+	if f.s.empty != nil {
+		for _, e := range ents {
+			if f.s.empty(e.val) {
+				n--
+			}
+		}
+		if n == 0 {
+			return b, false, nil
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(n))
 	for _, e := range ents {
+		if n != len(ents) && f.s.empty(e.val) {
+			continue // a key without value, kept for its return
+		}
 		f.kb = f.s.keyCodec.Append(f.kb[:0], e.key)
 		f.vb = f.s.valCodec.Append(f.vb[:0], e.val)
 		b = appendFrame(b, f.kb)
@@ -385,6 +494,9 @@ func (s *keyedStore[K, V]) restore(kg int, b []byte) error {
 		if i, dup := g.idx[key]; dup {
 			g.ents[i].val = val
 			continue
+		}
+		if s.empty != nil && s.empty(val) {
+			continue // no value: no entry
 		}
 		g.idx[key] = int32(len(g.ents))
 		g.ents = append(g.ents, stateEntry[K, V]{key: key, val: val})

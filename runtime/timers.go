@@ -122,22 +122,43 @@ func (t *Timers[K, N]) appendOwner(dst []byte, o timerOwner[K, N]) []byte {
 // ownerOrder returns a comparison of owners in the order of their
 // encodings (appendOwner's bytes), which the heap's timer queue uses to
 // order the timers of one timestamp without encoding their owners; nil
-// where it does not know one. It knows string keys under StringCodec with
-// a zero-size namespace (the default timers' and the window operator's):
-// a zero-size type has one value, so one encoding, and two owners compare
-// as their framed keys, a uvarint length and then the bytes.
+// where it does not know one. It knows owners with a zero-size namespace
+// (the default timers' and the window operator's: a zero-size type has
+// one value, so one encoding), whose order is their framed keys': string
+// keys under StringCodec (a uvarint length, then the bytes), and int64,
+// int and uint64 keys under Int64Codec, IntCodec and Uint64Codec (a
+// length of 8, then 8 big-endian bytes: the order of the keys as
+// unsigned numbers, negative ones after the others).
 func ownerOrder[K, N comparable](kc Codec[K]) func(a, b timerOwner[K, N]) int {
-	if _, ok := any(kc).(stringCodec); !ok || reflect.TypeFor[N]().Size() != 0 {
+	if reflect.TypeFor[N]().Size() != 0 {
 		return nil
 	}
-	f, _ := any(cmpStringOwners[N]).(func(a, b timerOwner[K, N]) int)
-	return f
+	var f any
+	switch any(kc).(type) {
+	case stringCodec:
+		f = cmpStringOwners[N]
+	case int64Codec:
+		f = cmpUnsignedOwners[int64, N]
+	case intCodec:
+		f = cmpUnsignedOwners[int, N]
+	case uint64Codec:
+		f = cmpUnsignedOwners[uint64, N]
+	}
+	order, _ := f.(func(a, b timerOwner[K, N]) int)
+	return order
 }
 
 // cmpStringOwners compares owners of string keys and a zero-size namespace
 // as the bytes of their encodings compare: by their keys' frames.
 func cmpStringOwners[N comparable](a, b timerOwner[string, N]) int {
 	return cmpFramedStrings(a.key, b.key)
+}
+
+// cmpUnsignedOwners compares owners of integer keys encoded as 8
+// big-endian bytes and a zero-size namespace as the bytes of their
+// encodings compare: by their keys' bits as uint64.
+func cmpUnsignedOwners[I int64 | int | uint64, N comparable](a, b timerOwner[I, N]) int {
+	return cmp.Compare(uint64(a.key), uint64(b.key))
 }
 
 // cmpFramedStrings compares a and b as appendFrame's encodings of them

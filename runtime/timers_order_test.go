@@ -3,6 +3,7 @@ package runtime
 import (
 	"bytes"
 	"cmp"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -42,11 +43,47 @@ func TestStringOwnersCompareAsTheirEncodings(t *testing.T) {
 	}
 }
 
+// The comparison of integer-keyed owners (int64, int and uint64 keys under
+// their 8-byte codecs) orders every pair as the bytes of their snapshot
+// encodings compare: negative keys after the others, as their bits are.
+func TestIntegerOwnersCompareAsTheirEncodings(t *testing.T) {
+	vals := []int64{0, 1, -1, 2, -2, 255, 256, -256, 1 << 31, -(1 << 31), 1<<62 + 5, math.MaxInt64, math.MinInt64, math.MinInt64 + 1}
+	t.Run("int64", func(t *testing.T) { checkIntegerOwnerOrder(t, Int64Codec(), vals) })
+	ints := make([]int, len(vals))
+	u64s := make([]uint64, len(vals))
+	for i, v := range vals {
+		ints[i], u64s[i] = int(v), uint64(v)
+	}
+	t.Run("int", func(t *testing.T) { checkIntegerOwnerOrder(t, IntCodec(), ints) })
+	t.Run("uint64", func(t *testing.T) { checkIntegerOwnerOrder(t, Uint64Codec(), u64s) })
+}
+
+func checkIntegerOwnerOrder[I comparable](t *testing.T, kc Codec[I], vals []I) {
+	t.Helper()
+	tm := &Timers[I, struct{}]{keyCodec: kc, nsCodec: DefaultCodec[struct{}]()}
+	order := ownerOrder[I, struct{}](kc)
+	if order == nil {
+		t.Fatalf("no order for %T keys and a zero-size namespace", *new(I))
+	}
+	for _, a := range vals {
+		for _, b := range vals {
+			oa, ob := timerOwner[I, struct{}]{key: a}, timerOwner[I, struct{}]{key: b}
+			want := bytes.Compare(tm.appendOwner(nil, oa), tm.appendOwner(nil, ob))
+			if got := order(oa, ob); cmp.Compare(got, 0) != want {
+				t.Fatalf("keys %v and %v: compared %d, their encodings %d", a, b, got, want)
+			}
+		}
+	}
+}
+
 // Owners whose order the queue cannot know without encoding them get no
 // comparison: other key codecs, and namespaces with more than one value.
-func TestOwnerOrderIsOnlyForStringKeysAndZeroSizeNamespaces(t *testing.T) {
-	if ownerOrder[int64, struct{}](Int64Codec()) != nil {
-		t.Error("an order for int64 keys")
+func TestOwnerOrderIsOnlyForKnownKeyCodecsAndZeroSizeNamespaces(t *testing.T) {
+	if ownerOrder[int64, struct{}](JSONCodec[int64]{}) != nil {
+		t.Error("an order for int64 keys under JSON")
+	}
+	if ownerOrder[int64, TimeWindow](Int64Codec()) != nil {
+		t.Error("an order for int64 keys with a window namespace")
 	}
 	if ownerOrder[string, TimeWindow](StringCodec()) != nil {
 		t.Error("an order for a window namespace")

@@ -242,6 +242,12 @@ type windowOperator[K comparable, IN, ACC, OUT any] struct {
 	// turned into windows when the key is next in scope.
 	perWindow    bool
 	mayHoldPanes bool
+	// heap is the heap backend's window store (nil on pebble), and
+	// restoredEnd the latest end of a window restored into it: a pane
+	// that starts at or after it was made by this operator, which set
+	// the timers of its windows then (timerSet).
+	heap        *heapWindows[K, ACC]
+	restoredEnd int64
 	// state maps each window (a pane, for aligned windows) of the key in
 	// scope to its accumulator.
 	state *MapState[TimeWindow, ACC]
@@ -299,7 +305,13 @@ func newWindowOperator[K comparable, IN, ACC, OUT any](r *StateRegistry[K], asg 
 		return nil, err
 	}
 	op := &windowOperator[K, IN, ACC, OUT]{asg: asg, lateness: lateness, fn: fn, timers: timers, state: st, emit: emit, late: late,
-		perWindow: perWindow, mayHoldPanes: perWindow && restored}
+		perWindow: perWindow, mayHoldPanes: perWindow && restored, restoredEnd: math.MinInt64}
+	if h, ok := st.s.(heapWindows[K, ACC]); ok {
+		op.heap = &h
+		if restored {
+			op.restoredEnd = h.maxEnd()
+		}
+	}
 	op.col.emit = emit
 	op.timerScan = op.scanForTimer
 	return op, nil
@@ -429,7 +441,7 @@ func (op *windowOperator[K, IN, ACC, OUT]) processAligned(key K, ts int64, v IN)
 		last := op.lastWindowOf(ts)
 		lastFires := false
 		if err := op.windowsOf(ts, func(w TimeWindow) error {
-			if !op.isLate(w) && op.registerFireTimer(w) && w == last {
+			if !op.isLate(w) && (op.timerSet(w, pane) || op.registerFireTimer(w)) && w == last {
 				lastFires = true
 			}
 			return nil
@@ -450,6 +462,32 @@ func (op *windowOperator[K, IN, ACC, OUT]) processAligned(key K, ts int64, v IN)
 		}
 		return nil
 	})
+}
+
+// timerSet reports whether w's fire timer is set for the key in scope
+// already, so that its new pane need not register it again (a registration
+// probes the timer queue's set of every key's timers at that time: q5's
+// sliding windows set five a pane, four of them set already when the key
+// had a record in the pane before). It is, on the heap backend, when w is
+// not due yet and the key has another pane in w made by this operator
+// (one starting at or after every restored window's end): that pane's
+// record registered w's fire timer, and aligned windows delete none. It
+// says false where it does not know (pebble, where looking would cost a
+// range scan; tumbling windows, whose window is the pane).
+func (op *windowOperator[K, IN, ACC, OUT]) timerSet(w, pane TimeWindow) bool {
+	if op.heap == nil || w == pane || w.Start < op.restoredEnd ||
+		(op.asg.eventTime && w.MaxTimestamp() <= op.timers.currentWatermark()) {
+		return false
+	}
+	es, _ := op.heap.s.get() // the key's windows, sorted by start
+	for _, e := range es {
+		if p := e.w; p.Start >= w.End {
+			break
+		} else if p != pane && p.Start >= w.Start && p.End <= w.End {
+			return true
+		}
+	}
+	return false
 }
 
 // processPerWindow adds v to each of its windows that is not late, in

@@ -3,6 +3,7 @@ package runtime
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -77,6 +78,7 @@ func newWindowState[ACC any, K comparable](r *StateRegistry[K], c Codec[ACC]) (*
 		keyCodec: r.b.keyCodec, valCodec: windowListCodec[ACC]{c},
 		clone:   slices.Clone[[]windowEntry[ACC]],
 		entries: windowEntries[ACC],
+		empty:   noWindows[ACC],
 	}
 	if err := r.b.register(s); err != nil {
 		return nil, err
@@ -109,11 +111,17 @@ func (h heapWindows[K, ACC]) remove(w TimeWindow) {
 	if !ok {
 		return
 	}
-	if len(es) == 1 {
-		h.s.del()
+	es = slices.Delete(es, i, i+1) // zeroes the freed last entry
+	if len(es) == 0 {
+		// The key keeps its entry and its slice: its next window (a
+		// word of the next second) reuses both (keyedStore.empty), but
+		// not what a burst of windows grew.
+		if cap(es) > 2*windowLinear {
+			es = nil
+		}
+		h.s.put(es)
 		return
 	}
-	es = slices.Delete(es, i, i+1) // zeroes the freed last entry
 	if cap(es) > 2*windowLinear && len(es) < cap(es)/4 {
 		es = slices.Clip(slices.Clone(es)) // release what a burst of windows grew
 	}
@@ -135,6 +143,26 @@ func (h heapWindows[K, ACC]) len() int {
 }
 
 func (h heapWindows[K, ACC]) clear() { h.s.del() }
+
+// maxEnd is the latest end of a window in the store, math.MinInt64 if it
+// holds none (the window operator reads it once, after a restore).
+func (h heapWindows[K, ACC]) maxEnd() int64 {
+	end := int64(math.MinInt64)
+	for _, g := range h.s.groups {
+		if g == nil {
+			continue
+		}
+		for _, e := range g.ents {
+			for _, we := range e.val {
+				end = max(end, we.w.End)
+			}
+		}
+	}
+	return end
+}
+
+// noWindows reports a key without windows (keyedStore.empty).
+func noWindows[ACC any](es []windowEntry[ACC]) bool { return len(es) == 0 }
 
 // windowEntries calls fn for each window of es (keyedStore.entries, for
 // state dumps: one record per window, as a map state's).

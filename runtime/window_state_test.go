@@ -194,3 +194,108 @@ func TestWindowStateOfAKeyTakesNoMapOnTheHeap(t *testing.T) {
 		t.Errorf("%.1f bytes of heap per key and window, want at most 128", per)
 	}
 }
+
+// A key whose last window goes keeps its entry and its slice on the heap:
+// its next window (a word that comes back in the next second) costs no
+// allocation, where deleting the key's entry made it allocate a slice and
+// insert the key again.
+func TestWindowStateKeyWhoseLastWindowWentComesBackWithoutAllocating(t *testing.T) {
+	b := newKeyedBackend[int64](Int64Codec(), 4)
+	st, err := newWindowState[int64](&StateRegistry[int64]{b: b}, Int64Codec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var start int64
+	allocs := testing.AllocsPerRun(1000, func() {
+		for k := range int64(64) {
+			b.scope.setKey(k, int(k%4))
+			st.Put(TimeWindow{Start: start, End: start + 10}, k)
+		}
+		for k := range int64(64) {
+			b.scope.setKey(k, int(k%4))
+			st.Delete(TimeWindow{Start: start, End: start + 10})
+		}
+		start += 10
+	})
+	if allocs != 0 {
+		t.Errorf("%.1f allocations per window of 64 keys that come back, want 0", allocs)
+	}
+	for k := range int64(64) {
+		b.scope.setKey(k, int(k%4))
+		if n := st.Len(); n != 0 {
+			t.Fatalf("key %d: %d windows after its last went", k, n)
+		}
+	}
+}
+
+// Keys without windows are absent from snapshots (a key group with only
+// such keys has no blob), and a key group sweeps out the keys that stay
+// without windows, so that keys that never come back do not grow it while
+// those that come back every window keep their entries.
+func TestWindowStateSnapshotsAndSweepsKeysWithoutWindows(t *testing.T) {
+	const maxPar = 4
+	b := newKeyedBackend[int64](Int64Codec(), maxPar)
+	st, err := newWindowState[int64](&StateRegistry[int64]{b: b}, Int64Codec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := func(i int64) TimeWindow { return TimeWindow{Start: i * 10, End: i*10 + 10} }
+	// Keys 0-99 (key group k%4) each hold window k; keys in key group 0
+	// lose theirs, the others only if odd.
+	for k := range int64(100) {
+		b.scope.setKey(k, int(k%maxPar))
+		st.Put(w(k), k)
+	}
+	live := map[int64]bool{}
+	for k := range int64(100) {
+		b.scope.setKey(k, int(k%maxPar))
+		if k%maxPar == 0 || k%2 == 1 {
+			st.Delete(w(k))
+			continue
+		}
+		live[k] = true
+	}
+	blobs := snapshotBlobs(t, b)
+	if _, ok := blobs[0]; ok {
+		t.Errorf("key group 0, whose keys have no windows, has a blob of %d bytes", len(blobs[0]))
+	}
+	back := restoredBackend(t, blobs, maxPar)
+	ms, err := NewMapState[TimeWindow, int64](&StateRegistry[int64]{b: back}, windowState, windowCodec{}, Int64Codec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range int64(100) {
+		back.scope.setKey(k, int(k%maxPar))
+		if got, want := ms.Len(), map[bool]int{true: 1}[live[k]]; got != want {
+			t.Fatalf("key %d: %d windows restored, want %d", k, got, want)
+		}
+	}
+
+	// 200 windows in key group 1: keys 1001-1005 every window, 10 keys
+	// of their own each window (2000 in all).
+	store := st.s.(heapWindows[int64, int64]).s
+	const kg = 1
+	for r := range int64(200) {
+		keys := []int64{1001, 1002, 1003, 1004, 1005}
+		for i := range int64(10) {
+			keys = append(keys, 10_000+r*10+i)
+		}
+		for _, k := range keys {
+			b.scope.setKey(k, kg)
+			st.Put(w(r), k)
+		}
+		for _, k := range keys {
+			b.scope.setKey(k, kg)
+			st.Delete(w(r))
+		}
+		g := store.groups[kg]
+		if len(g.ents) > 80 {
+			t.Fatalf("window %d: key group %d keeps %d entries for 15 keys a window", r, kg, len(g.ents))
+		}
+		for _, k := range keys[:5] {
+			if _, ok := g.idx[k]; !ok && r > 0 {
+				t.Fatalf("window %d: key %d, which comes back every window, was swept", r, k)
+			}
+		}
+	}
+}
