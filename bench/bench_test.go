@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -406,5 +408,26 @@ func TestFirstDeliveriesSkipsARecordDeliveredAgain(t *testing.T) {
 		if got := f.first(&kgo.Record{Partition: c.partition, Offset: c.offset}); got != c.first {
 			t.Errorf("first(%d/%d) = %v, want %v", c.partition, c.offset, got, c.first)
 		}
+	}
+}
+
+// A run of --nexmark-backends writes its CPU profile when
+// WEIR_NEXMARK_CPUPROFILE names a directory, as the default runs do.
+func TestANexmarkRunOnABackendWritesACPUProfileWhenAsked(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(EnvNexmarkCPUProfile, dir)
+	r, err := RunNexmarkQuery(t.Context(), NexmarkRunSpec{Query: "q1", Backend: "pebble", Events: 5000, Interval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.CPU <= 0 {
+		t.Errorf("CPU %v", r.CPU)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "nexmark-q1-pebble.pprof"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b { // a pprof profile is gzipped
+		t.Errorf("the profile is %d bytes, not gzip: % x", len(b), b[:min(len(b), 8)])
 	}
 }

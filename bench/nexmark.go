@@ -23,8 +23,31 @@ const nexmarkPar = 2
 
 // EnvNexmarkCPUProfile, when set to a directory, makes the nexmark
 // benchmark write a CPU profile of each query's run there
-// (nexmark-<query>-<interval>.pprof).
+// (nexmark-<query>-<interval>.pprof; with --nexmark-backends,
+// nexmark-<query>-<backend>.pprof, written by the run's own process).
 const EnvNexmarkCPUProfile = "WEIR_NEXMARK_CPUPROFILE"
+
+// startNexmarkProfile starts a CPU profile of this process into
+// EnvNexmarkCPUProfile's directory as name.pprof when it is set; stop
+// ends it and closes the file.
+func startNexmarkProfile(name string) (stop func(), err error) {
+	dir := os.Getenv(EnvNexmarkCPUProfile)
+	if dir == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(filepath.Join(dir, name+".pprof"))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s: %w", EnvNexmarkCPUProfile, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
+}
 
 // Nexmark runs the Nexmark queries on the mini cluster: the in-process
 // generator (parallel source, nexmarkRate events per second of event
@@ -108,16 +131,12 @@ func nexmarkRun(ctx context.Context, cfg Config, query string, events int64, int
 	} else if err := nexmark.AddQuery(query, ev, nexmark.Sinks{}); err != nil {
 		return 0, 0, err
 	}
-	if dir := os.Getenv(EnvNexmarkCPUProfile); dir != "" && query != "" {
-		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("nexmark-%s-%s.pprof", query, interval)))
+	if query != "" {
+		stop, err := startNexmarkProfile(fmt.Sprintf("nexmark-%s-%s", query, interval))
 		if err != nil {
 			return 0, 0, err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return 0, 0, err
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	c0, _ := cpuTime()
 	start := time.Now()

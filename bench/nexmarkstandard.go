@@ -215,6 +215,11 @@ func RunNexmarkQuery(ctx context.Context, spec NexmarkRunSpec) (NexmarkRunResult
 			defer mu.Unlock()
 			delete(perCP, ev.ID)
 		})}
+	stop, err := startNexmarkProfile(fmt.Sprintf("nexmark-%s-%s", spec.Query, spec.Backend))
+	if err != nil {
+		return res, err
+	}
+	defer stop()
 	c0, ok := cpuTime()
 	if !ok {
 		return res, fmt.Errorf("nexmark: no process CPU time on this platform")
