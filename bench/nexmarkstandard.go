@@ -38,6 +38,9 @@ type NexmarkRunSpec struct {
 	Events  int64  `json:"events"`
 	// Interval is the checkpoint interval.
 	Interval time.Duration `json:"interval"`
+	// StateMemory is the pebble backend's memory budget in bytes (0:
+	// runtime.DefaultStateMemory()).
+	StateMemory int64 `json:"state_memory,omitempty"`
 }
 
 // NexmarkRunResult is what one run measured.
@@ -59,6 +62,9 @@ type NexmarkRunResult struct {
 	// and the longest synchronous part of any completed checkpoint.
 	LongestTotal time.Duration `json:"longest_total"`
 	LongestSync  time.Duration `json:"longest_sync"`
+	// Longest is the completed checkpoint with the longest end-to-end
+	// duration (its Total is LongestTotal).
+	Longest CheckpointTimes `json:"longest"`
 }
 
 // CheckpointTimes are one checkpoint's size and durations: Sync is the
@@ -70,6 +76,8 @@ type CheckpointTimes struct {
 	Sync  time.Duration `json:"sync"`
 	Async time.Duration `json:"async"`
 	Total time.Duration `json:"total"`
+	// At is when it was triggered, from the start of the run.
+	At time.Duration `json:"at"`
 }
 
 // RunNexmarkProcess runs one NexmarkRunSpec in a process of its own
@@ -115,7 +123,7 @@ func nexmarkStandard(ctx context.Context, cfg Config, events int64) ([]Line, err
 	var out []Line
 	for _, q := range queries {
 		for _, b := range backends {
-			spec := NexmarkRunSpec{Query: q, Backend: string(b), Events: events, Interval: nexmarkStandardInterval}
+			spec := NexmarkRunSpec{Query: q, Backend: string(b), Events: events, Interval: nexmarkStandardInterval, StateMemory: cfg.NexmarkStateMemory}
 			cfg.progress("%s on %s, %d events", q, b, events)
 			r, err := run(ctx, spec)
 			if err != nil {
@@ -145,10 +153,15 @@ func nexmarkStandardLine(r NexmarkRunResult) Line {
 		l.Baseline, l.BaselineValue, l.Ratio = name, v, l.Value/v
 	}
 	l.Note = fmt.Sprintf("%d events (rate %d/s of event time), parallelism %d, %s state backend, checkpoint every %s, discarding sink, "+
-		"one process per run: %.1f s wall, %.1f CPU-s, peak RSS %d MiB; %d checkpoints, the largest %d bytes (sync %v, async %v, total %v), the longest %v",
+		"one process per run: %.1f s wall, %.1f CPU-s, peak RSS %d MiB; %d checkpoints, the largest %d bytes (sync %v, async %v, total %v), "+
+		"the longest %v (checkpoint %d, %d bytes, triggered %.1f s into the run, sync %v, async %v)",
 		s.Events, nexmarkRate, nexmarkPar, s.Backend, s.Interval, r.Wall.Seconds(), r.CPU.Seconds(), r.PeakRSS>>20,
 		r.Checkpoints, r.Largest.Size, r.Largest.Sync.Round(time.Millisecond), r.Largest.Async.Round(time.Millisecond),
-		r.Largest.Total.Round(time.Millisecond), r.LongestTotal.Round(time.Millisecond))
+		r.Largest.Total.Round(time.Millisecond), r.LongestTotal.Round(time.Millisecond),
+		r.Longest.ID, r.Longest.Size, r.Longest.At.Seconds(), r.Longest.Sync.Round(time.Millisecond), r.Longest.Async.Round(time.Millisecond))
+	if s.StateMemory > 0 {
+		l.Note += fmt.Sprintf("; state memory %d MiB", s.StateMemory>>20)
+	}
 	return l
 }
 
@@ -188,10 +201,11 @@ func RunNexmarkQuery(ctx context.Context, spec NexmarkRunSpec) (NexmarkRunResult
 	defer st.Close()
 
 	var mu sync.Mutex
+	start := time.Now() // reset when the run starts; read by the callbacks after
 	type acks struct{ sync, async time.Duration }
 	perCP := map[checkpoint.ID]acks{}
 	opts := []runtime.ClusterOpt{runtime.CheckpointInterval(spec.Interval), runtime.CheckpointDir(filepath.Join(dir, "checkpoints")),
-		runtime.StateMemoryDir(filepath.Join(dir, "state")), runtime.StateStorage(st, "file://"+filepath.Join(dir, "storage")),
+		runtime.StateMemoryDir(filepath.Join(dir, "state")), runtime.StateMemoryLimit(spec.StateMemory), runtime.StateStorage(st, "file://"+filepath.Join(dir, "storage")),
 		runtime.OnCheckpointAck(func(a runtime.CheckpointAck) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -205,9 +219,13 @@ func RunNexmarkQuery(ctx context.Context, spec NexmarkRunSpec) (NexmarkRunResult
 			c := perCP[ev.ID]
 			delete(perCP, ev.ID)
 			res.Checkpoints++
-			res.LongestTotal, res.LongestSync = max(res.LongestTotal, ev.Cycle), max(res.LongestSync, c.sync)
+			res.LongestSync = max(res.LongestSync, c.sync)
+			t := CheckpointTimes{ID: ev.ID, Size: ev.Size, Sync: c.sync, Async: c.async, Total: ev.Cycle, At: ev.Triggered.Sub(start)}
+			if ev.Cycle >= res.LongestTotal {
+				res.LongestTotal, res.Longest = ev.Cycle, t
+			}
 			if ev.Size >= res.Largest.Size {
-				res.Largest = CheckpointTimes{ID: ev.ID, Size: ev.Size, Sync: c.sync, Async: c.async, Total: ev.Cycle}
+				res.Largest = t
 			}
 		}),
 		runtime.OnCheckpointAborted(func(ev runtime.CheckpointEvent) {
@@ -224,7 +242,9 @@ func RunNexmarkQuery(ctx context.Context, spec NexmarkRunSpec) (NexmarkRunResult
 	if !ok {
 		return res, fmt.Errorf("nexmark: no process CPU time on this platform")
 	}
-	start := time.Now()
+	mu.Lock()
+	start = time.Now()
+	mu.Unlock()
 	_, err = runtime.NewMiniCluster(opts...).Run(ctx, j)
 	res.Wall = time.Since(start)
 	c1, _ := cpuTime()

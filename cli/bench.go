@@ -72,6 +72,8 @@ partition source against the share group, in events per CPU-second):
 		"run every nexmark query to completion on these state backends (heap,pebble), each in a process of its own, checkpoint every 10s; "+
 			"reports nexmark-QUERY-BACKEND with peak RSS and the largest checkpoint (Flink's standard size: --nexmark-events 100000000)")
 	cmd.Flags().StringSliceVar(&cfg.NexmarkQueries, "nexmark-queries", nil, "with --nexmark-backends, run only these queries (e.g. q5,q7)")
+	cmd.Flags().Var((*byteSize)(&cfg.NexmarkStateMemory), "nexmark-state-memory",
+		"with --nexmark-backends, the pebble backend's memory budget in each run, as run --state-memory (default: an eighth of the machine's memory)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these benchmarks (repeatable): "+strings.Join(bench.Names(), ", "))
 	return cmd
 }
@@ -130,6 +132,7 @@ func newBenchNexmarkRunCmd(a *app) *cobra.Command {
 	cmd.Flags().StringVar(&spec.Backend, "backend", "heap", "the state backend")
 	cmd.Flags().Int64Var(&spec.Events, "events", 0, "events to generate")
 	cmd.Flags().DurationVar(&spec.Interval, "checkpoint-interval", 10*time.Second, "checkpoint interval")
+	cmd.Flags().Var((*byteSize)(&spec.StateMemory), "state-memory", "the pebble backend's memory budget (default: an eighth of the machine's memory)")
 	return cmd
 }
 
@@ -143,6 +146,9 @@ func benchNexmarkProcess(ctx context.Context, spec bench.NexmarkRunSpec) (bench.
 	}
 	c := exec.CommandContext(ctx, exe, "bench-nexmark-run", "--query", spec.Query, "--backend", spec.Backend,
 		"--events", strconv.FormatInt(spec.Events, 10), "--checkpoint-interval", spec.Interval.String(), "--log-level", "error")
+	if spec.StateMemory > 0 {
+		c.Args = append(c.Args, "--state-memory", strconv.FormatInt(spec.StateMemory, 10))
+	}
 	var stdout, stderr strings.Builder
 	c.Stdout, c.Stderr = &stdout, &stderr
 	dieWithParent(c)

@@ -124,3 +124,33 @@ func TestBenchNexmarkBackendsReportsEveryQueryOnEveryBackendFromItsOwnProcess(t 
 		t.Errorf("--nexmark-backends heap,rocksdb: %v, want ErrBadStateBackend", err)
 	}
 }
+
+// bench --nexmark-state-memory is the pebble backend's budget in each run's
+// process: the line's note names it and the longest checkpoint, and a
+// budget the backend refuses fails the run with the backend's reason.
+func TestBenchNexmarkStateMemoryIsThePebbleBudgetOfEachRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 2 processes")
+	}
+	stdout, stderr, err := runCLIWithin(t, 4*time.Minute, "bench", "--only", "nexmark", "--nexmark-events", "5000",
+		"--nexmark-backends", "pebble", "--nexmark-queries", "q3", "--nexmark-state-memory", "64MiB")
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	var l struct {
+		Bench string `json:"bench"`
+		Note  string `json:"note"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(stdout)), &l); err != nil {
+		t.Fatalf("output %q: %v", stdout, err)
+	}
+	if l.Bench != "nexmark-q3-pebble" || !strings.Contains(l.Note, "state memory 64 MiB") || !strings.Contains(l.Note, "the longest") {
+		t.Errorf("line %+v, want nexmark-q3-pebble whose note names state memory 64 MiB and the longest checkpoint", l)
+	}
+
+	_, stderr, err = runCLIWithin(t, 4*time.Minute, "bench", "--only", "nexmark", "--nexmark-events", "1000",
+		"--nexmark-backends", "pebble", "--nexmark-queries", "q3", "--nexmark-state-memory", "1MiB")
+	if err == nil || !strings.Contains(err.Error()+stderr, "below the minimum") {
+		t.Errorf("--nexmark-state-memory 1MiB: %v (%s), want the run refused: below the backend's minimum", err, stderr)
+	}
+}

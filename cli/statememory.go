@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/weirstream/weir/runtime"
 )
 
 // byteSize is a flag holding a number of bytes: a plain number or one with
@@ -54,9 +53,8 @@ func (b *byteSize) Type() string { return "size" }
 // addStateMemory adds --state-memory: the memory budget of the pebble state
 // backend per task manager (run: per run).
 func addStateMemory(cmd *cobra.Command, b *byteSize) {
-	cmd.Flags().Var(b, "state-memory", fmt.Sprintf(
-		"memory budget of the pebble state backend per task manager, shared by its tasks: half block cache, half memtables (default: an eighth of the machine's memory, here %s)",
-		(*byteSize)(ptr(runtime.DefaultStateMemory())).String()))
+	// The help names no value: the reference page is generated from it
+	// and must not depend on the machine that generates it.
+	cmd.Flags().Var(b, "state-memory",
+		"memory budget of the pebble state backend per task manager, shared by its tasks: half block cache, half memtables (default: an eighth of the machine's memory, at least 256MiB)")
 }
-
-func ptr[T any](v T) *T { return &v }
