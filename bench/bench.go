@@ -51,8 +51,10 @@ type Line struct {
 	// The standard-size Nexmark lines (Config.NexmarkBackends) add the
 	// run's process's peak RSS, its completed checkpoints, the largest
 	// one's size and durations (sync and async: the longest among its
-	// tasks; total: trigger to completion), and the longest checkpoint's
-	// total and the longest sync part of any.
+	// tasks; total: trigger to completion), the longest checkpoint's
+	// total and the longest sync part of any, and the longest total of
+	// the checkpoints triggered while every source ran (the others
+	// include the drain: the final watermark firing every window left).
 	PeakRSSBytes             int64   `json:"peak_rss_bytes,omitempty"`
 	Checkpoints              int     `json:"checkpoints,omitempty"`
 	LargestCheckpointBytes   int64   `json:"largest_checkpoint_bytes,omitempty"`
@@ -61,6 +63,7 @@ type Line struct {
 	LargestCheckpointTotalMs float64 `json:"largest_checkpoint_total_ms,omitempty"`
 	LongestCheckpointMs      float64 `json:"longest_checkpoint_ms,omitempty"`
 	LongestSyncMs            float64 `json:"longest_sync_ms,omitempty"`
+	LongestRunningMs         float64 `json:"longest_running_checkpoint_ms,omitempty"`
 	Note                     string  `json:"note,omitempty"`
 }
 

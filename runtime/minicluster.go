@@ -544,6 +544,11 @@ type CheckpointEvent struct {
 	ID checkpoint.ID
 	// Triggered is when the checkpoint was triggered.
 	Triggered time.Time
+	// AfterSourceEnd is set when a source of the job had run out of input
+	// when the checkpoint was triggered: its barriers then follow that
+	// source's final watermark, so its cycle includes the downstream
+	// tasks firing every timer and window left (a bounded job's drain).
+	AfterSourceEnd bool
 	// Cycle is from the trigger to the last task's notification being sent
 	// (completed checkpoints).
 	Cycle time.Duration
@@ -1006,7 +1011,7 @@ type attempt struct {
 	lastDone  checkpoint.Latest
 	sizeMu    sync.Mutex
 	sizes     map[checkpoint.ID]int64     // state bytes acknowledged per checkpoint
-	triggered map[checkpoint.ID]time.Time // driver goroutine only
+	triggered map[checkpoint.ID]triggered // driver goroutine only
 	cause     string                      // failure that led to this attempt
 	summary   *checkpointSummary          // the job's, across attempts
 	// endedForGood: every task opened, and the attempt ended with the job's
@@ -1029,12 +1034,18 @@ type attempt struct {
 	failedAt time.Time
 }
 
+// triggered is what an attempt remembers of a checkpoint it triggered.
+type triggered struct {
+	at             time.Time
+	afterSourceEnd bool // a source had ended (CheckpointEvent.AfterSourceEnd)
+}
+
 func newAttempt(cfg clusterCfg, p *plan, store CheckpointStorage, n int, pending *pendingHandles) *attempt {
 	d := cfg.deployer
 	if d == nil {
 		d = localDeployer{p}
 	}
-	return &attempt{cfg: cfg, p: p, deployer: d, store: store, n: n, pending: pending, triggered: map[checkpoint.ID]time.Time{}}
+	return &attempt{cfg: cfg, p: p, deployer: d, store: store, n: n, pending: pending, triggered: map[checkpoint.ID]triggered{}}
 }
 
 // run deploys, opens, starts and waits for every task; it returns the last
@@ -1300,14 +1311,14 @@ func (a *attempt) SourceEnded(checkpoint.TaskID) {
 
 // TriggerCheckpoint implements checkpoint.Executor.
 func (a *attempt) TriggerCheckpoint(ctx context.Context, id checkpoint.ID, sources []checkpoint.TaskID, drain bool) error {
-	final := int(a.ended.Load()) == len(a.sources)
-	now := time.Now()
-	a.triggered[id] = now
-	if err := a.dep.Trigger(ctx, id, sources, Barrier{Final: final, Drain: drain}); err != nil {
+	ended := int(a.ended.Load())
+	tr := triggered{at: time.Now(), afterSourceEnd: ended > 0}
+	a.triggered[id] = tr
+	if err := a.dep.Trigger(ctx, id, sources, Barrier{Final: ended == len(a.sources), Drain: drain}); err != nil {
 		return err
 	}
 	if a.cfg.onTriggered != nil {
-		a.cfg.onTriggered(CheckpointEvent{ID: id, Triggered: now})
+		a.cfg.onTriggered(CheckpointEvent{ID: id, Triggered: tr.at, AfterSourceEnd: tr.afterSourceEnd})
 	}
 	return nil
 }
@@ -1317,8 +1328,8 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 	a.pending.completed(id)
 	a.lastDone.Note(id)
 	a.dep.Notify(ctx, id, true)
-	triggered := a.triggered[id]
-	cycle := time.Since(triggered)
+	tr := a.triggered[id]
+	cycle := time.Since(tr.at)
 	a.sizeMu.Lock()
 	size, uploaded := a.sizes[id], a.uploaded[id]
 	for cid := range a.sizes {
@@ -1330,7 +1341,7 @@ func (a *attempt) NotifyComplete(ctx context.Context, id checkpoint.ID) {
 	a.sizeMu.Unlock()
 	a.summary.completed(time.Now(), id, cycle, size)
 	if a.cfg.onCheckpoint != nil {
-		a.cfg.onCheckpoint(CheckpointEvent{ID: id, Triggered: triggered, Cycle: cycle, Size: size, Uploaded: uploaded})
+		a.cfg.onCheckpoint(CheckpointEvent{ID: id, Triggered: tr.at, AfterSourceEnd: tr.afterSourceEnd, Cycle: cycle, Size: size, Uploaded: uploaded})
 	}
 	for cid := range a.triggered {
 		if cid <= id {
@@ -1349,7 +1360,8 @@ func (a *attempt) NotifyAborted(ctx context.Context, id checkpoint.ID, reason er
 	delete(a.uploaded, id)
 	a.sizeMu.Unlock()
 	if a.cfg.onAborted != nil {
-		a.cfg.onAborted(CheckpointEvent{ID: id, Triggered: a.triggered[id], Err: reason})
+		tr := a.triggered[id]
+		a.cfg.onAborted(CheckpointEvent{ID: id, Triggered: tr.at, AfterSourceEnd: tr.afterSourceEnd, Err: reason})
 	}
 	delete(a.triggered, id)
 }

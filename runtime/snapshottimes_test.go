@@ -103,3 +103,38 @@ func TestAcknowledgementsCarryTheSnapshotsSyncAndAsyncDurations(t *testing.T) {
 			len(acks), slowSync, syncDelay, slowAsync, asyncDelay)
 	}
 }
+
+// A checkpoint triggered once a source had run out of input says so: its
+// barriers follow that source's final watermark, so its cycle includes the
+// drain. The checkpoints of the running job do not; the final one does.
+func TestCheckpointsTriggeredAfterASourceEndedSaySo(t *testing.T) {
+	_, store := memStores(t)
+	var mu sync.Mutex
+	var done []CheckpointEvent
+	mc := NewMiniCluster(CheckpointStore(store), CheckpointInterval(20*time.Millisecond),
+		OnCheckpointComplete(func(ev CheckpointEvent) {
+			mu.Lock()
+			defer mu.Unlock()
+			done = append(done, ev)
+		}))
+	src := seqSourceOf(seqSource{keys: 10, splits: 2, n: 200, perPoll: 1, pollDelay: time.Millisecond})
+	if _, err := mc.Run(t.Context(), seqJob(src, &violations{}, newMemTxns(), nil, 2, 2)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(done) < 2 {
+		t.Fatalf("%d completed checkpoints, want some while the sources ran and the final one", len(done))
+	}
+	if last := done[len(done)-1]; !last.AfterSourceEnd {
+		t.Errorf("the final checkpoint %d: AfterSourceEnd false, want true (triggered once every source ended)", last.ID)
+	}
+	if first := done[0]; first.AfterSourceEnd {
+		t.Errorf("checkpoint %d, the first of %d: AfterSourceEnd true, want false (the sources run for 100 polls each)", first.ID, len(done))
+	}
+	for i := 1; i < len(done); i++ {
+		if done[i-1].AfterSourceEnd && !done[i].AfterSourceEnd {
+			t.Errorf("checkpoint %d after a source ended, %d after it not: a source does not start again", done[i-1].ID, done[i].ID)
+		}
+	}
+}
