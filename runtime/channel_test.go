@@ -142,9 +142,7 @@ func TestBatchDecodedFromAnExchangeKeepsTimestamps(t *testing.T) {
 	s := FromSource(j, "src", SliceSource([]int{1}, 1))
 	Map(s, "m", func(v int) (int, error) { return v, nil })
 	for _, n := range j.nodes {
-		for _, in := range n.inputs {
-			edges = append(edges, in)
-		}
+		edges = append(edges, n.inputs...)
 	}
 	if len(edges) == 0 || edges[0].encode == nil {
 		t.Fatal("no edge with a codec")
