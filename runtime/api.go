@@ -537,14 +537,14 @@ func addInput[T any](s *Stream[T], n *node) *edge {
 			n := len(b.vs)
 			if pushKG != nil && len(b.kgs) == n {
 				for i, v := range b.vs {
-					now.ts = b.ts[i]
+					now.ts = b.timestamp(i)
 					if err := pushKG(v, int(b.kgs[i])); err != nil {
 						return i, err
 					}
 				}
 			} else {
 				for i, v := range b.vs {
-					now.ts = b.ts[i]
+					now.ts = b.timestamp(i)
 					if err := push(v); err != nil {
 						return i, err
 					}
@@ -567,7 +567,7 @@ func addInput[T any](s *Stream[T], n *node) *edge {
 			var buf []byte
 			for i, v := range b.vs {
 				if withTS {
-					dst = binary.AppendVarint(dst, b.ts[i])
+					dst = binary.AppendVarint(dst, b.timestamp(i))
 				}
 				buf = codec.Append(buf[:0], v)
 				dst = appendFrame(dst, buf)
@@ -593,7 +593,8 @@ func addInput[T any](s *Stream[T], n *node) *edge {
 				if err != nil {
 					return nil, err
 				}
-				out.vs, out.ts, b = append(out.vs, v), append(out.ts, ts), rest
+				out.vs, b = append(out.vs, v), rest
+				out.stamp(ts)
 			}
 			return out, nil
 		}

@@ -40,9 +40,36 @@ type batch[T any] struct {
 	// edges and on batches decoded from an Exchange.
 	kgs []int32
 	// ts are the records' event timestamps (ts[i] is vs[i]'s), NoTimestamp
-	// for a record without one.
+	// for a record without one; empty while no record of the batch has
+	// one, so that a job without event time neither writes nor reads a
+	// timestamp per record (timestamp reads them).
 	ts   []int64
 	free chan *batch[T] // nil: not recycled
+}
+
+// timestamp returns the timestamp of record i.
+func (b *batch[T]) timestamp(i int) int64 {
+	if len(b.ts) == 0 {
+		return NoTimestamp
+	}
+	return b.ts[i]
+}
+
+// stamp records ts as the timestamp of the record just appended to b.
+func (b *batch[T]) stamp(ts int64) {
+	if ts == NoTimestamp && len(b.ts) == 0 {
+		return
+	}
+	b.stampSlow(ts)
+}
+
+// stampSlow is stamp once a record of the batch has a timestamp: the
+// records before it without one get NoTimestamp.
+func (b *batch[T]) stampSlow(ts int64) {
+	for len(b.ts) < len(b.vs)-1 {
+		b.ts = append(b.ts, NoTimestamp)
+	}
+	b.ts = append(b.ts, ts)
 }
 
 func (b *batch[T]) release() {
@@ -83,13 +110,16 @@ type outWriter[T any] struct {
 	free     []chan *batch[T] // released batches, per channel
 	size     int
 	keyGroup func(T) int // hash edges
-	maxPar   int
-	route    func(T) int
-	next     int // round robin position
-	kind     edgeKind
-	par      int // parallelism of the downstream vertex
-	stats    *taskStats
-	now      *recordTime // the timestamp of the record being pushed
+	// owner is the channel of each key group on a hash edge
+	// (SubtaskOf, without a division per record).
+	owner  []int32
+	maxPar int
+	route  func(T) int
+	next   int // round robin position
+	kind   edgeKind
+	par    int // parallelism of the downstream vertex
+	stats  *taskStats
+	now    *recordTime // the timestamp of the record being pushed
 	// pushed counts records pushed since the last batch went out; they are
 	// added to stats.out when one does (one atomic add per batch).
 	pushed int64
@@ -110,6 +140,10 @@ func newOutWriter[T any](tw *taskWiring, chans []chan envelope, e *edge, subtask
 	switch e.kind {
 	case edgeHash:
 		w.keyGroup = e.keyGroup.(func(T) int)
+		w.owner = make([]int32, w.maxPar)
+		for kg := range w.owner {
+			w.owner[kg] = int32(SubtaskOf(kg, w.maxPar, w.par))
+		}
 	case edgeRebalance:
 		w.route = func(T) int {
 			w.next++
@@ -125,7 +159,7 @@ func newOutWriter[T any](tw *taskWiring, chans []chan envelope, e *edge, subtask
 }
 
 func (w *outWriter[T]) newBatch(i int) *batch[T] {
-	b := &batch[T]{vs: make([]T, 0, w.size), ts: make([]int64, 0, w.size), free: w.free[i]}
+	b := &batch[T]{vs: make([]T, 0, w.size), free: w.free[i]}
 	if w.kind == edgeHash {
 		b.kgs = make([]int32, 0, w.size)
 	}
@@ -137,11 +171,12 @@ func (w *outWriter[T]) push(v T) error {
 	switch w.kind {
 	case edgeHash:
 		kg := w.keyGroup(v)
-		i := SubtaskOf(kg, w.maxPar, w.par)
+		i := w.owner[kg]
 		b := w.bufs[i]
-		b.vs, b.kgs, b.ts = append(b.vs, v), append(b.kgs, int32(kg)), append(b.ts, w.now.ts)
+		b.vs, b.kgs = append(b.vs, v), append(b.kgs, int32(kg))
+		b.stamp(w.now.ts)
 		if len(b.vs) >= w.size {
-			return w.send(w.ctx, i)
+			return w.send(w.ctx, int(i))
 		}
 		return nil
 	case edgeBroadcast:
@@ -157,7 +192,8 @@ func (w *outWriter[T]) push(v T) error {
 
 func (w *outWriter[T]) add(i int, v T) error {
 	b := w.bufs[i]
-	b.vs, b.ts = append(b.vs, v), append(b.ts, w.now.ts)
+	b.vs = append(b.vs, v)
+	b.stamp(w.now.ts)
 	if len(b.vs) >= w.size {
 		return w.send(w.ctx, i)
 	}
