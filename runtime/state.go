@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -209,6 +210,12 @@ func (s *keyedStore[K, V]) find(g *keyGroupMap[K, V]) (int32, bool) {
 	i, ok := g.idx[s.scope.key]
 	if !ok {
 		i = -1
+	} else {
+		// The scope takes the stored key (an equal value): what the
+		// record does next with its key (a timer registered, the next
+		// state looked up) then shares the store's copy, and a timer's
+		// key found again here compares by pointer, not byte by byte.
+		s.scope.key = g.ents[i].key
 	}
 	s.at, s.atGen = i, s.scope.gen
 	return i, ok
@@ -295,8 +302,10 @@ func (s *keyedStore[K, V]) put(v V) {
 			}
 		}
 		i = int32(len(g.ents))
-		g.idx[s.scope.key] = i
-		g.ents = append(g.ents, stateEntry[K, V]{key: s.scope.key, val: v})
+		key := ownKey(s.scope.key)
+		s.scope.key = key
+		g.idx[key] = i
+		g.ents = append(g.ents, stateEntry[K, V]{key: key, val: v})
 		s.at, s.atGen = i, s.scope.gen
 		return
 	}
@@ -320,6 +329,24 @@ func (s *keyedStore[K, V]) put(v V) {
 // sweep's cost (the length) is spread over the new keys since the last
 // one. A key that comes back between two sweeps is not swept. The current
 // key's position is looked up again.
+// ownKey returns a string key as a copy of its own, any other key as it
+// is. A key's first record often holds it as a slice of a larger string
+// (a word of its line): the store keeps the key for as long as the key has
+// state, and would keep the whole line with it, each key's bytes in
+// another line's memory. Copies of the keys are allocated one after the
+// other, and are the store's only: a lookup compares the record's key
+// with them (memory that stays in the cache), a timer's key (the scope's,
+// which find sets to the stored copy) compares by pointer.
+func ownKey[K comparable](k K) K {
+	var zero K
+	if _, ok := any(zero).(string); !ok {
+		return k // (no boxing of k: a zero value boxes without allocating)
+	}
+	s, _ := any(k).(string)
+	k, _ = any(strings.Clone(s)).(K)
+	return k
+}
+
 func (s *keyedStore[K, V]) sweepEmpties(g *keyGroupMap[K, V]) {
 	s.unshare(g)
 	var idle []uint64
