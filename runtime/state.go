@@ -329,24 +329,6 @@ func (s *keyedStore[K, V]) put(v V) {
 // sweep's cost (the length) is spread over the new keys since the last
 // one. A key that comes back between two sweeps is not swept. The current
 // key's position is looked up again.
-// ownKey returns a string key as a copy of its own, any other key as it
-// is. A key's first record often holds it as a slice of a larger string
-// (a word of its line): the store keeps the key for as long as the key has
-// state, and would keep the whole line with it, each key's bytes in
-// another line's memory. Copies of the keys are allocated one after the
-// other, and are the store's only: a lookup compares the record's key
-// with them (memory that stays in the cache), a timer's key (the scope's,
-// which find sets to the stored copy) compares by pointer.
-func ownKey[K comparable](k K) K {
-	var zero K
-	if _, ok := any(zero).(string); !ok {
-		return k // (no boxing of k: a zero value boxes without allocating)
-	}
-	s, _ := any(k).(string)
-	k, _ = any(strings.Clone(s)).(K)
-	return k
-}
-
 func (s *keyedStore[K, V]) sweepEmpties(g *keyGroupMap[K, V]) {
 	s.unshare(g)
 	var idle []uint64
@@ -378,6 +360,24 @@ func (s *keyedStore[K, V]) sweepEmpties(g *keyGroupMap[K, V]) {
 	}
 	g.ents, g.idle, g.sweepAt = g.ents[:n], idle, int(n)+max(8, int(n)/2)
 	s.atGen = 0
+}
+
+// ownKey returns a string key as a copy of its own, any other key as it
+// is. A key's first record often holds it as a slice of a larger string
+// (a word of its line): the store keeps the key for as long as the key has
+// state, and would keep the whole line with it, each key's bytes in
+// another line's memory. Copies of the keys are allocated one after the
+// other, and are the store's only: a lookup compares the record's key
+// with them (memory that stays in the cache), a timer's key (the scope's,
+// which find sets to the stored copy) compares by pointer.
+func ownKey[K comparable](k K) K {
+	var zero K
+	if _, ok := any(zero).(string); !ok {
+		return k // (no boxing of k: a zero value boxes without allocating)
+	}
+	s, _ := any(k).(string)
+	k, _ = any(strings.Clone(s)).(K)
+	return k
 }
 
 func (s *keyedStore[K, V]) del() {
