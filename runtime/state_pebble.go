@@ -112,6 +112,14 @@ type pebbleState struct {
 	caches     []stateCache
 	cached     int
 	cacheLimit int
+	// dirty bounds the bytes of the caches' dirty entries: it grows as
+	// entries turn dirty, is not lowered when a dirty entry is evicted or
+	// forgotten, and is zeroed by writeBack. Past cacheLimit/dirtyShare
+	// the task writes the dirty entries back (dirtied), so that a
+	// checkpoint's synchronous write-back commits at most that many
+	// bytes, however large the state and however long since the last
+	// checkpoint.
+	dirty int
 
 	mu      sync.Mutex
 	closed  bool
@@ -145,9 +153,17 @@ func (p *pebbleState) stateID(name, kind string) uint16 {
 	}
 }
 
+// dirtyShare is the share of an instance's cache bound its caches' dirty
+// entries may reach before the task writes them back: the most a
+// checkpoint's synchronous part writes back is cacheLimit/dirtyShare.
+const dirtyShare = 8
+
 // stateCache is a state's write-back cache.
 type stateCache interface {
-	// writeBack adds the dirty entries to b, keeping them cached.
+	// writeBack adds the dirty entries to b, keeping them cached. The
+	// cache finds them in a list of the keys turned dirty since its last
+	// writeBack, which it empties: the work is the dirty entries', not
+	// the cache's.
 	writeBack(b *pebble.Batch) error
 	// evict drops about a quarter of the cache, adding the dirty entries
 	// it drops to b.
@@ -168,6 +184,7 @@ func (p *pebbleState) writeBack() error {
 			return err
 		}
 	}
+	p.dirty = 0
 	if b.Empty() {
 		return nil
 	}
@@ -175,6 +192,19 @@ func (p *pebbleState) writeBack() error {
 		return fmt.Errorf("write back cached state: %w", err)
 	}
 	return nil
+}
+
+// dirtied adds d bytes to the dirty bytes' bound (pebbleState.dirty) and
+// writes the dirty entries back once it passes cacheLimit/dirtyShare. Called last in an access, as
+// makeRoom: the write-back keeps the entries cached.
+func (p *pebbleState) dirtied(d int) {
+	p.dirty += d
+	if p.dirty <= p.cacheLimit/dirtyShare {
+		return
+	}
+	if err := p.writeBack(); err != nil {
+		panic(fmt.Errorf("pebble state: %w", err))
+	}
 }
 
 // writeNow commits what write puts in a batch at once; a failure fails
@@ -407,6 +437,9 @@ type pebbleValue[K comparable, V any] struct {
 	// cache is nil when off (a state with TTL cleanup: its sweep deletes
 	// pebble's expired entries).
 	cache map[K]valueCacheEntry[V]
+	// dirtyKeys lists the keys whose entries turned dirty since the last
+	// writeBack (some may have been evicted or written since).
+	dirtyKeys []K
 	// cached is the bytes cache's entries are charged (their share of
 	// st.cached).
 	cached int
@@ -478,13 +511,25 @@ func (s *pebbleValue[K, V]) get() (V, bool) {
 
 // set caches e for key, charging the instance's bound the difference
 // with what key's entry was charged (old, 0 if none), and makes room if
-// the bound is passed.
+// the bound is passed; a dirty e is counted in the instance's dirty bytes
+// (pebbleState.dirtied).
 func (s *pebbleValue[K, V]) set(key K, e valueCacheEntry[V]) {
-	old := s.cache[key].size
+	old := s.cache[key]
 	s.cache[key] = e
-	s.charge(e.size - old)
+	s.charge(e.size - old.size)
+	d := 0
+	if e.dirty {
+		if d = e.size; old.dirty {
+			d -= old.size
+		} else {
+			s.dirtyKeys = append(s.dirtyKeys, key)
+		}
+	}
 	if s.st.cached > s.st.cacheLimit {
 		s.st.makeRoom()
+	}
+	if d != 0 {
+		s.st.dirtied(d)
 	}
 }
 
@@ -563,10 +608,15 @@ func (s *pebbleValue[K, V]) evict(b *pebble.Batch) error {
 }
 
 // writeBack adds the cache's dirty entries to b: they stay cached, clean
-// (a deleted key's entry is dropped).
+// (a deleted key's entry is dropped). Every dirty entry's key is in
+// dirtyKeys.
 func (s *pebbleValue[K, V]) writeBack(b *pebble.Batch) error {
-	for k, e := range s.cache {
-		if !e.dirty {
+	keys := s.dirtyKeys
+	s.dirtyKeys = keys[:0]
+	defer clear(keys)
+	for _, k := range keys {
+		e, ok := s.cache[k]
+		if !ok || !e.dirty {
 			continue
 		}
 		if err := s.writeEntry(b, k, e); err != nil {
@@ -588,7 +638,7 @@ func (s *pebbleValue[K, V]) writeBack(b *pebble.Batch) error {
 func (s *pebbleValue[K, V]) noCache() {
 	s.st.writeNow(s.stateName, s.writeBack)
 	s.charge(-s.cached)
-	s.cache = nil
+	s.cache, s.dirtyKeys = nil, nil
 }
 
 func (s *pebbleValue[K, V]) name() string { return s.stateName }
@@ -681,9 +731,12 @@ type pebbleMap[K comparable, UK comparable, UV any] struct {
 	vbuf      []byte
 	// cache is nil when off; big holds keys found with too many entries
 	// to cache (bounded: emptied when full).
-	cache  map[K]*mapCacheKey[UK, UV]
-	big    map[K]struct{}
-	cached int // bytes cache's entries are charged (their share of st.cached)
+	cache map[K]*mapCacheKey[UK, UV]
+	big   map[K]struct{}
+	// dirtyKeys lists the keys turned dirty since the last writeBack
+	// (some may have been evicted or written since).
+	dirtyKeys []K
+	cached    int // bytes cache's entries are charged (their share of st.cached)
 	stateDumper
 }
 
@@ -818,10 +871,14 @@ func (m *pebbleMap[K, UK, UV]) put(uk UK, uv UV) {
 	}
 	m.vbuf = m.kc.Append(m.vc.Append(m.vbuf[:0], uv), uk)
 	n := len(m.vbuf) + mapCacheOverhead
+	d := n
 	if i := c.find(uk); i >= 0 {
 		e := &c.ents[i]
 		m.charge(n - e.size)
 		c.size += n - e.size
+		if e.dirty {
+			d -= e.size
+		}
 		e.uv, e.size, e.present, e.dirty = uv, n, true, true
 	} else {
 		if len(c.ents) == mapCacheEntries {
@@ -834,8 +891,18 @@ func (m *pebbleMap[K, UK, UV]) put(uk UK, uv UV) {
 		c.size += n
 		m.charge(n)
 	}
-	c.dirty = true
+	m.turnDirty(c)
 	m.bound()
+	m.st.dirtied(d)
+}
+
+// turnDirty marks c, the current key's entries, dirty, listing the key
+// if it was clean.
+func (m *pebbleMap[K, UK, UV]) turnDirty(c *mapCacheKey[UK, UV]) {
+	if !c.dirty {
+		c.dirty = true
+		m.dirtyKeys = append(m.dirtyKeys, m.key.scope.key)
+	}
 }
 
 func (m *pebbleMap[K, UK, UV]) remove(uk UK) {
@@ -844,27 +911,37 @@ func (m *pebbleMap[K, UK, UV]) remove(uk UK) {
 		m.removeDirect(uk)
 		return
 	}
+	d := 0
 	if i := c.find(uk); i >= 0 {
-		m.removeAt(c, i)
+		d = m.removeAt(c, i)
 	}
 	m.bound()
+	if d != 0 {
+		m.st.dirtied(d)
+	}
 }
 
-// removeAt removes c's entry i: forgotten if pebble lacks it, else kept
-// as a deletion to write back.
-func (m *pebbleMap[K, UK, UV]) removeAt(c *mapCacheKey[UK, UV], i int) {
+// removeAt removes c's entry i, the current key's: forgotten if pebble
+// lacks it, else kept as a deletion to write back. It returns the bytes
+// the removal turned dirty.
+func (m *pebbleMap[K, UK, UV]) removeAt(c *mapCacheKey[UK, UV], i int) int {
 	e := &c.ents[i]
 	if !e.stored {
 		m.charge(-e.size)
 		c.size -= e.size
 		c.ents = slices.Delete(c.ents, i, i+1)
-		return
+		return 0
 	}
+	d := 0
 	if e.present {
+		if !e.dirty {
+			d = e.size
+		}
 		var zero UV
 		e.uv, e.present, e.dirty = zero, false, true
-		c.dirty = true
+		m.turnDirty(c)
 	}
+	return d
 }
 
 // uncache writes key's dirty entries to pebble and drops it from the
@@ -924,10 +1001,14 @@ func (m *pebbleMap[K, UK, UV]) clear() {
 		m.clearDirect()
 		return
 	}
+	d := 0
 	for i := len(c.ents) - 1; i >= 0; i-- {
-		m.removeAt(c, i)
+		d += m.removeAt(c, i)
 	}
 	m.bound()
+	if d != 0 {
+		m.st.dirtied(d)
+	}
 }
 
 // writeKey adds the dirty entries of c, key's cached entries, to b: they
@@ -967,11 +1048,17 @@ func (m *pebbleMap[K, UK, UV]) writeKey(b *pebble.Batch, key K, c *mapCacheKey[U
 	return nil
 }
 
-// writeBack adds the cache's dirty entries to b (stateCache).
+// writeBack adds the cache's dirty entries to b (stateCache): every
+// dirty key is in dirtyKeys.
 func (m *pebbleMap[K, UK, UV]) writeBack(b *pebble.Batch) error {
-	for k, c := range m.cache {
-		if err := m.writeKey(b, k, c); err != nil {
-			return err
+	keys := m.dirtyKeys
+	m.dirtyKeys = keys[:0]
+	defer clear(keys)
+	for _, k := range keys {
+		if c, ok := m.cache[k]; ok {
+			if err := m.writeKey(b, k, c); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -1002,7 +1089,7 @@ func (m *pebbleMap[K, UK, UV]) noCache() {
 	}
 	m.st.writeNow(m.stateName, m.writeBack)
 	m.charge(-m.cached)
-	m.cache, m.big = nil, nil
+	m.cache, m.big, m.dirtyKeys = nil, nil, nil
 	m.st.caches = slices.DeleteFunc(m.st.caches, func(c stateCache) bool { return c == stateCache(m) })
 }
 

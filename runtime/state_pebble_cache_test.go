@@ -246,3 +246,107 @@ func TestANewTimerBeyondTheCachedHeadIsRegisteredWithoutAPebbleRead(t *testing.T
 		t.Fatalf("fired %v after every timer, %d left", id, pt.len())
 	}
 }
+
+// dirtyBytes is the bytes charged to the cache's dirty entries: what a
+// write-back would commit.
+func (s *pebbleValue[K, V]) dirtyBytes() int {
+	n := 0
+	for _, e := range s.cache {
+		if e.dirty {
+			n += e.size
+		}
+	}
+	return n
+}
+
+func (m *pebbleMap[K, UK, UV]) dirtyBytes() int {
+	n := 0
+	for _, c := range m.cache {
+		for _, e := range c.ents {
+			if e.dirty {
+				n += e.size
+			}
+		}
+	}
+	return n
+}
+
+// dirtyBytes is the bytes of dirty entries in p's caches: what the
+// synchronous part of a checkpoint taken now writes back.
+func (p *pebbleState) dirtyBytes() int {
+	n := 0
+	for _, c := range p.caches {
+		n += c.(interface{ dirtyBytes() int }).dirtyBytes()
+	}
+	return n
+}
+
+// The dirty entries of an instance's write-back caches, which the
+// synchronous part of a checkpoint writes back, stay under
+// cacheLimit/dirtyShare however many writes were made since the last
+// checkpoint: with state far above the cache bound (the cache evicts) and
+// with a few hot keys the cache holds (it never evicts), for value and
+// map states. Every value is then read back as last written, and a native
+// checkpoint restored holds them all.
+func TestCheckpointWritesBackAtMostAShareOfTheCacheBound(t *testing.T) {
+	const maxPar, cacheLimit, rounds = 8, 64 << 10, 6
+	for _, tc := range []struct {
+		name     string
+		keys     int
+		mapState bool
+	}{
+		{"values far above the bound", 20000, false},
+		{"hot values within the bound", 300, false},
+		{"map entries far above the bound", 10000, true},
+		{"hot map entries within the bound", 100, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem := testStateMemory(t)
+			st, err := storage.Open(t.Context(), "file://"+t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			s := openSubtask(t, mem, st, maxPar, 0, 1, nil)
+			p := s.b.pebble
+			p.cacheLimit = cacheLimit
+			most := 0
+			for round := range rounds {
+				for i := range tc.keys {
+					s.scope(fmt.Sprintf("key-%d", i))
+					if tc.mapState {
+						s.m.Put("a", i*rounds+round)
+						s.m.Put("b", round)
+					} else {
+						s.n.Update(int64(i*rounds + round))
+					}
+					most = max(most, p.dirtyBytes())
+				}
+			}
+			if most == 0 {
+				t.Fatal("nothing dirty: the test checks nothing")
+			}
+			if most > cacheLimit/dirtyShare {
+				t.Fatalf("up to %d dirty bytes to write back at a barrier; want at most %d (cache bound %d / %d)", most, cacheLimit/dirtyShare, cacheLimit, dirtyShare)
+			}
+			h, _, _ := nativeCheckpoint(t, st, s, "op#0", 1, nil)
+			r := openSubtask(t, mem, st, maxPar, 0, 1, []*checkpoint.NativeState{h})
+			last := rounds - 1
+			for i := range tc.keys {
+				k := fmt.Sprintf("key-%d", i)
+				for _, got := range []nativeStates{s, r} {
+					got.scope(k)
+					if tc.mapState {
+						a, aok := got.m.Get("a")
+						b, bok := got.m.Get("b")
+						if !aok || !bok || a != i*rounds+last || b != last {
+							t.Fatalf("%s: a=%d,%v b=%d,%v; want %d, %d", k, a, aok, b, bok, i*rounds+last, last)
+						}
+					} else if v, ok := got.n.Value(); !ok || v != int64(i*rounds+last) {
+						t.Fatalf("%s = %d, %v; want %d", k, v, ok, i*rounds+last)
+					}
+				}
+			}
+		})
+	}
+}
