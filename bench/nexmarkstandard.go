@@ -58,12 +58,11 @@ type NexmarkRunResult struct {
 	Checkpoints int `json:"checkpoints"`
 	// Largest is the completed checkpoint with the largest state.
 	Largest CheckpointTimes `json:"largest"`
-	// LongestTotal and LongestSync are the longest end-to-end duration
-	// and the longest synchronous part of any completed checkpoint.
-	LongestTotal time.Duration `json:"longest_total"`
-	LongestSync  time.Duration `json:"longest_sync"`
+	// LongestSync is the longest synchronous part of any completed
+	// checkpoint.
+	LongestSync time.Duration `json:"longest_sync"`
 	// Longest is the completed checkpoint with the longest end-to-end
-	// duration (its Total is LongestTotal).
+	// duration.
 	Longest CheckpointTimes `json:"longest"`
 	// LongestRunning is the longest of the completed checkpoints
 	// triggered while every source ran: the others' barriers follow a
@@ -147,7 +146,7 @@ func nexmarkStandardLine(r NexmarkRunResult) Line {
 		Value: float64(s.Events) / r.CPU.Seconds(), EventsPerS: float64(s.Events) / r.Wall.Seconds(),
 		PeakRSSBytes: r.PeakRSS, Checkpoints: r.Checkpoints, LargestCheckpointBytes: r.Largest.Size,
 		LargestCheckpointSyncMs: float64(r.Largest.Sync.Microseconds()) / 1e3, LargestCheckpointAsyncMs: float64(r.Largest.Async.Microseconds()) / 1e3,
-		LargestCheckpointTotalMs: float64(r.Largest.Total.Microseconds()) / 1e3, LongestCheckpointMs: float64(r.LongestTotal.Microseconds()) / 1e3,
+		LargestCheckpointTotalMs: float64(r.Largest.Total.Microseconds()) / 1e3, LongestCheckpointMs: float64(r.Longest.Total.Microseconds()) / 1e3,
 		LongestSyncMs: float64(r.LongestSync.Microseconds()) / 1e3, LongestRunningMs: float64(r.LongestRunning.Total.Microseconds()) / 1e3}
 	l.ValueMin, l.ValueMax = l.Value, l.Value
 	ref, name := felderaPerCore, "feldera-per-core"
@@ -162,7 +161,7 @@ func nexmarkStandardLine(r NexmarkRunResult) Line {
 		"the longest %v (checkpoint %d, %d bytes, triggered %.1f s into the run, sync %v, async %v), the longest while every source ran %v (checkpoint %d)",
 		s.Events, nexmarkRate, nexmarkPar, s.Backend, s.Interval, r.Wall.Seconds(), r.CPU.Seconds(), r.PeakRSS>>20,
 		r.Checkpoints, r.Largest.Size, r.Largest.Sync.Round(time.Millisecond), r.Largest.Async.Round(time.Millisecond),
-		r.Largest.Total.Round(time.Millisecond), r.LongestTotal.Round(time.Millisecond),
+		r.Largest.Total.Round(time.Millisecond), r.Longest.Total.Round(time.Millisecond),
 		r.Longest.ID, r.Longest.Size, r.Longest.At.Seconds(), r.Longest.Sync.Round(time.Millisecond), r.Longest.Async.Round(time.Millisecond),
 		r.LongestRunning.Total.Round(time.Millisecond), r.LongestRunning.ID)
 	if s.StateMemory > 0 {
@@ -227,8 +226,8 @@ func RunNexmarkQuery(ctx context.Context, spec NexmarkRunSpec) (NexmarkRunResult
 			res.Checkpoints++
 			res.LongestSync = max(res.LongestSync, c.sync)
 			t := CheckpointTimes{ID: ev.ID, Size: ev.Size, Sync: c.sync, Async: c.async, Total: ev.Cycle, At: ev.Triggered.Sub(start)}
-			if ev.Cycle >= res.LongestTotal {
-				res.LongestTotal, res.Longest = ev.Cycle, t
+			if ev.Cycle >= res.Longest.Total {
+				res.Longest = t
 			}
 			if !ev.AfterSourceEnd && ev.Cycle >= res.LongestRunning.Total {
 				res.LongestRunning = t
