@@ -112,10 +112,12 @@ type pebbleState struct {
 	caches     []stateCache
 	cached     int
 	cacheLimit int
+	// dirtyMax caps dirtyLimit in bytes (maxDirtyBytes).
+	dirtyMax int
 	// dirty bounds the bytes of the caches' dirty entries: it grows as
 	// entries turn dirty, is not lowered when a dirty entry is evicted or
-	// forgotten, and is zeroed by writeBack. Past cacheLimit/dirtyShare
-	// the task writes the dirty entries back (dirtied), so that a
+	// forgotten, and is zeroed by writeBack. Past dirtyLimit the task
+	// writes the dirty entries back (dirtied), so that a
 	// checkpoint's synchronous write-back commits at most that many
 	// bytes, however large the state and however long since the last
 	// checkpoint.
@@ -154,9 +156,20 @@ func (p *pebbleState) stateID(name, kind string) uint16 {
 }
 
 // dirtyShare is the share of an instance's cache bound its caches' dirty
-// entries may reach before the task writes them back: the most a
-// checkpoint's synchronous part writes back is cacheLimit/dirtyShare.
-const dirtyShare = 8
+// entries may reach before the task writes them back, and maxDirtyBytes
+// the most they may reach whatever the bound: the most a checkpoint's
+// synchronous part writes back is dirtyLimit. The cap keeps the barrier's
+// write-back short at large budgets (a 3 GiB budget over two slots gives
+// each instance a 256 MiB cache bound, whose eighth took seconds to commit
+// on a loaded machine: docs/guide/state-backends.md).
+const (
+	dirtyShare    = 8
+	maxDirtyBytes = 8 << 20
+)
+
+// dirtyLimit is the bytes of dirty entries past which the task writes
+// them back (dirtied): cacheLimit/dirtyShare, at most dirtyMax.
+func (p *pebbleState) dirtyLimit() int { return min(p.cacheLimit/dirtyShare, p.dirtyMax) }
 
 // stateCache is a state's write-back cache.
 type stateCache interface {
@@ -195,11 +208,11 @@ func (p *pebbleState) writeBack() error {
 }
 
 // dirtied adds d bytes to the dirty bytes' bound (pebbleState.dirty) and
-// writes the dirty entries back once it passes cacheLimit/dirtyShare. Called last in an access, as
-// makeRoom: the write-back keeps the entries cached.
+// writes the dirty entries back once it passes dirtyLimit. Called last in
+// an access, as makeRoom: the write-back keeps the entries cached.
 func (p *pebbleState) dirtied(d int) {
 	p.dirty += d
-	if p.dirty <= p.cacheLimit/dirtyShare {
+	if p.dirty <= p.dirtyLimit() {
 		return
 	}
 	if err := p.writeBack(); err != nil {

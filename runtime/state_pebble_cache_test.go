@@ -283,22 +283,27 @@ func (p *pebbleState) dirtyBytes() int {
 
 // The dirty entries of an instance's write-back caches, which the
 // synchronous part of a checkpoint writes back, stay under
-// cacheLimit/dirtyShare however many writes were made since the last
-// checkpoint: with state far above the cache bound (the cache evicts) and
-// with a few hot keys the cache holds (it never evicts), for value and
-// map states. Every value is then read back as last written, and a native
-// checkpoint restored holds them all.
+// cacheLimit/dirtyShare, and under the cap in bytes (dirtyMax) where that
+// is lower, however many writes were made since the last checkpoint: with
+// state far above the cache bound (the cache evicts) and with a few hot
+// keys the cache holds (it never evicts), for value and map states. Every
+// value is then read back as last written, and a native checkpoint
+// restored holds them all.
 func TestCheckpointWritesBackAtMostAShareOfTheCacheBound(t *testing.T) {
 	const maxPar, cacheLimit, rounds = 8, 64 << 10, 6
 	for _, tc := range []struct {
 		name     string
 		keys     int
 		mapState bool
+		// dirtyMax, when set, caps the dirty bytes below cacheLimit/dirtyShare.
+		dirtyMax int
 	}{
-		{"values far above the bound", 20000, false},
-		{"hot values within the bound", 300, false},
-		{"map entries far above the bound", 10000, true},
-		{"hot map entries within the bound", 100, true},
+		{name: "values far above the bound", keys: 20000},
+		{name: "hot values within the bound", keys: 300},
+		{name: "map entries far above the bound", keys: 10000, mapState: true},
+		{name: "hot map entries within the bound", keys: 100, mapState: true},
+		{name: "hot values under a cap below the share", keys: 300, dirtyMax: 2 << 10},
+		{name: "hot map entries under a cap below the share", keys: 100, mapState: true, dirtyMax: 2 << 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mem := testStateMemory(t)
@@ -310,6 +315,10 @@ func TestCheckpointWritesBackAtMostAShareOfTheCacheBound(t *testing.T) {
 			s := openSubtask(t, mem, st, maxPar, 0, 1, nil)
 			p := s.b.pebble
 			p.cacheLimit = cacheLimit
+			limit := cacheLimit / dirtyShare
+			if tc.dirtyMax > 0 {
+				p.dirtyMax, limit = tc.dirtyMax, tc.dirtyMax
+			}
 			most := 0
 			for round := range rounds {
 				for i := range tc.keys {
@@ -326,8 +335,8 @@ func TestCheckpointWritesBackAtMostAShareOfTheCacheBound(t *testing.T) {
 			if most == 0 {
 				t.Fatal("nothing dirty: the test checks nothing")
 			}
-			if most > cacheLimit/dirtyShare {
-				t.Fatalf("up to %d dirty bytes to write back at a barrier; want at most %d (cache bound %d / %d)", most, cacheLimit/dirtyShare, cacheLimit, dirtyShare)
+			if most > limit {
+				t.Fatalf("up to %d dirty bytes to write back at a barrier; want at most %d (cache bound %d / %d, cap %d)", most, limit, cacheLimit, dirtyShare, tc.dirtyMax)
 			}
 			h, _, _ := nativeCheckpoint(t, st, s, "op#0", 1, nil)
 			r := openSubtask(t, mem, st, maxPar, 0, 1, []*checkpoint.NativeState{h})
@@ -346,6 +355,46 @@ func TestCheckpointWritesBackAtMostAShareOfTheCacheBound(t *testing.T) {
 						t.Fatalf("%s = %d, %v; want %d", k, v, ok, i*rounds+last)
 					}
 				}
+			}
+		})
+	}
+}
+
+// What a barrier flushes and writes back is capped in bytes, not only a
+// share of the budget: at the default budget of a large machine the
+// shares were hundreds of MiB, seconds of synchronous work at a barrier.
+// Small budgets keep their shares.
+func TestTheBarriersFlushAndWriteBackAreCappedInBytes(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		budget                 int64
+		slots                  int
+		memTable, dirty, cache int
+	}{
+		{name: "3 GiB over two slots", budget: 3 << 30, slots: 2, memTable: 64 << 20, dirty: 8 << 20, cache: 256 << 20},
+		{name: "1 GiB over two slots", budget: 1 << 30, slots: 2, memTable: 64 << 20, dirty: 8 << 20, cache: (1 << 30) / 12},
+		{name: "256 MiB over one slot", budget: 256 << 20, slots: 1, memTable: (256 << 20) / 6, dirty: (256 << 20) / 6 / 8, cache: (256 << 20) / 6},
+		{name: "the smallest budget", budget: minStateMemory, slots: 1, memTable: minStateMemory / 6, dirty: minStateMemory / 6 / 8, cache: minStateMemory / 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem, err := NewStateMemory(StateDir(t.TempDir()), StateMemoryBudget(tc.budget), StateSlots(tc.slots))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mem.Close()
+			p, err := mem.openInstance("op", 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.close()
+			if got := int(mem.memTableSize()); got != tc.memTable {
+				t.Errorf("memtable %d bytes, want %d", got, tc.memTable)
+			}
+			if p.cacheLimit != tc.cache {
+				t.Errorf("cache bound %d bytes, want %d", p.cacheLimit, tc.cache)
+			}
+			if got := p.dirtyLimit(); got != tc.dirty {
+				t.Errorf("dirty bytes written back past %d, want %d", got, tc.dirty)
 			}
 		})
 	}

@@ -184,10 +184,20 @@ func (m *StateMemory) DiskUsage() int64 {
 // memTableSize is each instance's memtable size: a third of the
 // instance's share of the memtable half (pebble keeps up to two
 // memtables), the last third being its states' write-back caches
-// (cacheBytes).
+// (cacheBytes); at most maxMemTable.
 func (m *StateMemory) memTableSize() uint64 {
-	return uint64(max(m.cfg.budget/2/int64(m.cfg.slots)/3, 1<<20))
+	return uint64(min(max(m.cfg.budget/2/int64(m.cfg.slots)/3, 1<<20), maxMemTable))
 }
+
+// maxMemTable caps an instance's memtable: a checkpoint's synchronous part
+// flushes the memtable, so its size is the barrier's flush (a 3 GiB
+// budget over two slots made 256 MiB memtables, seconds to flush on a
+// loaded machine; docs/guide/state-backends.md). 64 MiB is the write
+// buffer of Flink's RocksDB backend. Pebble flushes a full memtable in the
+// background, so between barriers smaller memtables cost more, smaller
+// flushes, not waits. The budget's memtable share beyond two of them is
+// left unused.
+const maxMemTable = 64 << 20
 
 // cacheBytes bounds the bytes each instance's value states cache
 // (pebbleValue).
@@ -244,7 +254,7 @@ func (m *StateMemory) openInstanceFrom(ctx context.Context, name string, maxPar,
 		_ = m.fs.RemoveAll(dir)
 		return nil, fmt.Errorf("pebble state %s: %w", dir, err)
 	}
-	p := &pebbleState{mem: m, db: db, dir: dir, maxPar: maxPar, kgLo: lo, kgHi: hi, cacheLimit: m.cacheBytes(),
+	p := &pebbleState{mem: m, db: db, dir: dir, maxPar: maxPar, kgLo: lo, kgHi: hi, cacheLimit: m.cacheBytes(), dirtyMax: maxDirtyBytes,
 		snaps: map[*pebble.Snapshot]struct{}{}, staging: map[string]struct{}{}, infos: map[uint16]*pebbleStateInfo{}}
 	if len(handles) > 0 {
 		p.native, p.restoredNext = true, map[uint16]uint64{}
