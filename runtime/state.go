@@ -95,9 +95,9 @@ type stateEntry[K comparable, V any] struct {
 	val V
 }
 
-// keyGroupMap is one key group of one state: its entries in a slice, and
-// each key's position in it. A snapshot takes the entries (ents[:n:n]) and
-// never the index, so:
+// keyGroupMap is one key group of one state: its entries in a slice (each
+// key's position in it is in the store's index, keyedStore.idx). A
+// snapshot takes the entries (ents[:n:n]) and never the index, so:
 //   - shared marks ents[:n] as owned by an in-flight snapshot: changing or
 //     removing an entry copies the slice first (a copy of values, not a
 //     rehash of the map);
@@ -110,7 +110,6 @@ type stateEntry[K comparable, V any] struct {
 // checkpoint costs a copy of the maps written while it encodes, not of
 // every map of every key group written to.
 type keyGroupMap[K comparable, V any] struct {
-	idx    map[K]int32
 	ents   []stateEntry[K, V]
 	shared bool
 	// sharedVals marks, by position, the values of ents a snapshot shares
@@ -173,15 +172,23 @@ func (g *keyGroupMap[K, V]) setValShared(i int32, on bool) {
 // group, copy-on-write at key-group granularity so a snapshot's synchronous
 // part is O(key groups) and encoding runs asynchronously.
 //
+// One index (idx) finds every key of the subtask: a key's lookup is one
+// probe of one map, whose header and directory stay in the cache, where a
+// map per key group (64 or more per subtask) missed the cache on the key
+// group's map before its probe. A key lives in one key group (its key
+// group is a function of the key).
+//
 // A read-modify-write of the current key (Value, then Update) looks the key
 // up once: the read keeps its position (at) for the record (scope.gen).
 type keyedStore[K comparable, V any] struct {
 	stateName string
 	scope     *keyScope[K]
 	groups    []*keyGroupMap[K, V] // by key group; nil: empty
-	keyCodec  Codec[K]
-	valCodec  Codec[V]
-	clone     func(V) V // deep copy for copy-on-write of reference values; nil: plain copy
+	// idx is where each key's entry is (nil until the first entry).
+	idx      map[K]keyPos
+	keyCodec Codec[K]
+	valCodec Codec[V]
+	clone    func(V) V // deep copy for copy-on-write of reference values; nil: plain copy
 	// entries calls fn for each entry of a map value (map state), so a
 	// state dump has one record per entry; nil: a value state.
 	entries func(v V, fn func(k, v any) error) error
@@ -202,30 +209,62 @@ type keyedStore[K comparable, V any] struct {
 
 func (s *keyedStore[K, V]) name() string { return s.stateName }
 
-// find returns the current key's position in g (the current key group).
-func (s *keyedStore[K, V]) find(g *keyGroupMap[K, V]) (int32, bool) {
-	if s.atGen == s.scope.gen && s.atGen != 0 { // gen 0: no record yet
-		return s.at, s.at >= 0
+// keyPos is where a key's entry is: its key group (the high 32 bits) and
+// its position in the key group's entries.
+type keyPos uint64
+
+func posOf(kg int, i int32) keyPos { return keyPos(uint64(kg)<<32 | uint64(uint32(i))) }
+func (p keyPos) kg() int           { return int(p >> 32) }
+func (p keyPos) pos() int32        { return int32(uint32(p)) }
+
+// index sets key's position to i in key group kg.
+func (s *keyedStore[K, V]) index(key K, kg int, i int32) {
+	if s.idx == nil {
+		s.idx = make(map[K]keyPos)
 	}
-	i, ok := g.idx[s.scope.key]
-	if !ok {
-		i = -1
-	} else {
-		// The scope takes the stored key (an equal value): what the
-		// record does next with its key (a timer registered, the next
-		// state looked up) then shares the store's copy, and a timer's
-		// key found again here compares by pointer, not byte by byte.
-		s.scope.key = g.ents[i].key
+	s.idx[key] = posOf(kg, i)
+}
+
+// lookup returns key's position in key group kg.
+func (s *keyedStore[K, V]) lookup(key K, kg int) (int32, bool) {
+	p, ok := s.idx[key]
+	if !ok || p.kg() != kg {
+		return -1, false
 	}
-	s.at, s.atGen = i, s.scope.gen
-	return i, ok
+	return p.pos(), true
+}
+
+// find returns the current key's position in its key group (small
+// enough to be inlined: the second access of a record costs a compare).
+func (s *keyedStore[K, V]) find() (int32, bool) {
+	if s.atGen != s.scope.gen || s.atGen == 0 { // gen 0: no record yet
+		s.seek()
+	}
+	return s.at, s.at >= 0
+}
+
+// seek looks the current key up for the record (find).
+func (s *keyedStore[K, V]) seek() {
+	sc := s.scope
+	s.at, s.atGen = -1, sc.gen
+	p, ok := s.idx[sc.key]
+	if !ok || p.kg() != sc.kg {
+		return
+	}
+	s.at = p.pos()
+	// The scope takes the stored key (an equal value): what the record
+	// does next with its key (a timer registered, the next state looked
+	// up) then shares the store's copy, and a timer's key found again
+	// here compares by pointer, not byte by byte.
+	sc.key = s.groups[sc.kg].ents[s.at].key
 }
 
 func (s *keyedStore[K, V]) get() (V, bool) {
-	if g := s.groups[s.scope.kg]; g != nil {
-		if i, ok := s.find(g); ok {
-			return g.ents[i].val, true
-		}
+	if s.atGen != s.scope.gen || s.atGen == 0 { // find, inlined
+		s.seek()
+	}
+	if i := s.at; i >= 0 {
+		return s.groups[s.scope.kg].ents[i].val, true
 	}
 	var zero V
 	return zero, false
@@ -235,7 +274,7 @@ func (s *keyedStore[K, V]) get() (V, bool) {
 func (s *keyedStore[K, V]) group() *keyGroupMap[K, V] {
 	g := s.groups[s.scope.kg]
 	if g == nil {
-		g = &keyGroupMap[K, V]{idx: make(map[K]int32)}
+		g = &keyGroupMap[K, V]{}
 		s.groups[s.scope.kg] = g
 	}
 	return g
@@ -274,37 +313,51 @@ func (s *keyedStore[K, V]) cloneAt(g *keyGroupMap[K, V], i int32) {
 // getForWrite returns the current key's value, which the caller may change
 // in place (a reference value) and then put.
 func (s *keyedStore[K, V]) getForWrite() (V, bool) {
-	g := s.groups[s.scope.kg]
-	if g == nil {
-		var zero V
-		return zero, false
-	}
-	i, ok := s.find(g)
+	i, ok := s.find()
 	if !ok {
 		var zero V
 		return zero, false
 	}
+	g := s.groups[s.scope.kg]
 	s.unshare(g)
 	s.cloneAt(g, i)
 	return g.ents[i].val, true
 }
 
 func (s *keyedStore[K, V]) put(v V) {
+	if s.atGen != s.scope.gen || s.atGen == 0 { // find, inlined
+		s.seek()
+	}
+	i, ok := s.at, s.at >= 0
+	if ok && s.clone == nil && s.empty == nil {
+		// A plain value (a ValueState's): set it in place.
+		g := s.groups[s.scope.kg]
+		if g.shared {
+			s.unshare(g)
+		}
+		g.ents[i].val = v
+		return
+	}
+	s.putSlow(v, i, ok)
+}
+
+// putSlow is put of a new key, or of a value with copy-on-write marks or
+// an empty value; i, ok are the key's position (find).
+func (s *keyedStore[K, V]) putSlow(v V, i int32, ok bool) {
 	g := s.group()
-	i, ok := s.find(g)
 	if !ok {
 		if s.empty != nil {
 			if s.empty(v) {
 				return // no value: no entry
 			}
 			if len(g.ents) >= g.sweepAt {
-				s.sweepEmpties(g)
+				s.sweepEmpties(g, s.scope.kg)
 			}
 		}
 		i = int32(len(g.ents))
 		key := ownKey(s.scope.key)
 		s.scope.key = key
-		g.idx[key] = i
+		s.index(key, s.scope.kg, i)
 		g.ents = append(g.ents, stateEntry[K, V]{key: key, val: v})
 		s.at, s.atGen = i, s.scope.gen
 		return
@@ -328,8 +381,8 @@ func (s *keyedStore[K, V]) put(v V) {
 // without value goes by the second sweep after it went empty, and a
 // sweep's cost (the length) is spread over the new keys since the last
 // one. A key that comes back between two sweeps is not swept. The current
-// key's position is looked up again.
-func (s *keyedStore[K, V]) sweepEmpties(g *keyGroupMap[K, V]) {
+// key's position is looked up again. g is key group kg.
+func (s *keyedStore[K, V]) sweepEmpties(g *keyGroupMap[K, V], kg int) {
 	s.unshare(g)
 	var idle []uint64
 	n := int32(0)
@@ -337,12 +390,12 @@ func (s *keyedStore[K, V]) sweepEmpties(g *keyGroupMap[K, V]) {
 		e := g.ents[i]
 		empty := s.empty(e.val)
 		if empty && bit(g.idle, int32(i)) {
-			delete(g.idx, e.key)
+			delete(s.idx, e.key)
 			continue
 		}
 		if n != int32(i) {
 			g.ents[n] = e
-			g.idx[e.key] = n
+			s.index(e.key, kg, n)
 			if s.clone != nil {
 				g.setValShared(n, g.valShared(int32(i)))
 			}
@@ -381,19 +434,16 @@ func ownKey[K comparable](k K) K {
 }
 
 func (s *keyedStore[K, V]) del() {
-	g := s.groups[s.scope.kg]
-	if g == nil {
-		return
-	}
-	i, ok := s.find(g)
+	i, ok := s.find()
 	if !ok {
 		return
 	}
+	g := s.groups[s.scope.kg]
 	s.unshare(g)
 	last := int32(len(g.ents) - 1)
 	if i != last {
 		g.ents[i] = g.ents[last]
-		g.idx[g.ents[i].key] = i
+		s.index(g.ents[i].key, s.scope.kg, i)
 		if s.clone != nil {
 			g.setValShared(i, g.valShared(last))
 		}
@@ -409,7 +459,7 @@ func (s *keyedStore[K, V]) del() {
 	}
 	g.ents[last] = stateEntry[K, V]{}
 	g.ents = g.ents[:last]
-	delete(g.idx, s.scope.key)
+	delete(s.idx, s.scope.key)
 	s.at = -1
 }
 
@@ -500,7 +550,17 @@ func (s *keyedStore[K, V]) restore(kg int, b []byte) error {
 	if n > uint64(len(b)) { // every entry takes at least two bytes
 		return fmt.Errorf("state %q key group %d: %w: entry count %d", s.stateName, kg, ErrDecode, n)
 	}
-	g := &keyGroupMap[K, V]{idx: make(map[K]int32, n), ents: make([]stateEntry[K, V], 0, n)}
+	if old := s.groups[kg]; old != nil { // restored again: the new entries replace it
+		for _, e := range old.ents {
+			delete(s.idx, e.key)
+		}
+		s.groups[kg] = nil
+		s.atGen = 0
+	}
+	if s.idx == nil {
+		s.idx = make(map[K]keyPos, n)
+	}
+	g := &keyGroupMap[K, V]{ents: make([]stateEntry[K, V], 0, n)}
 	for i := uint64(0); i < n; i++ {
 		var kb, vb []byte
 		var err error
@@ -518,14 +578,14 @@ func (s *keyedStore[K, V]) restore(kg int, b []byte) error {
 		if err != nil {
 			return fmt.Errorf("state %q key group %d value: %w", s.stateName, kg, err)
 		}
-		if i, dup := g.idx[key]; dup {
+		if i, dup := s.lookup(key, kg); dup {
 			g.ents[i].val = val
 			continue
 		}
 		if s.empty != nil && s.empty(val) {
 			continue // no value: no entry
 		}
-		g.idx[key] = int32(len(g.ents))
+		s.index(key, kg, int32(len(g.ents)))
 		g.ents = append(g.ents, stateEntry[K, V]{key: key, val: val})
 	}
 	s.groups[kg] = g

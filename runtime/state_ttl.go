@@ -188,7 +188,7 @@ func (c *heapCleaner[K, V]) run() {
 			key := g.ents[c.i].key
 			if c.i != last {
 				g.ents[c.i] = g.ents[last]
-				g.idx[g.ents[c.i].key] = int32(c.i)
+				s.index(g.ents[c.i].key, c.kg, int32(c.i))
 			}
 			if s.clone != nil { // the moved value's copy-on-write mark moves too
 				g.setValShared(int32(c.i), g.valShared(int32(last)))
@@ -196,7 +196,7 @@ func (c *heapCleaner[K, V]) run() {
 			}
 			g.ents[last] = stateEntry[K, V]{}
 			g.ents = g.ents[:last]
-			delete(g.idx, key)
+			delete(s.idx, key)
 			s.atGen = 0 // positions moved
 		case changed:
 			s.unshare(g)
