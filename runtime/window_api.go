@@ -214,6 +214,12 @@ func (p *windowProcessor[K, T, ACC, OUT]) ProcessElement(ctx *KeyedContext[K], v
 // OnTimer implements KeyedProcessor.
 func (p *windowProcessor[K, T, ACC, OUT]) OnTimer(ctx *KeyedContext[K], ts int64, out Collector[OUT]) error {
 	p.ctx, p.out = ctx, out
+	if al := p.op.al; al != nil {
+		if w, e, ok := al.firingEntry(ctx.host.firing); ok {
+			return p.op.fire(e.key, w, e.acc, false)
+		}
+		return nil // a default timer: none is registered with aligned windows, and a restore adopts the windows'
+	}
 	return p.op.onTimer(ctx.Key(), ts, ctx.TimeDomain() == EventTime)
 }
 
