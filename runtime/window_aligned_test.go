@@ -146,25 +146,31 @@ func TestAlignedWindowsEmitAndSnapshotWhatTheGeneralPathDoes(t *testing.T) {
 // general path registers a timer per key and window in the operator's
 // timer queue, each inserted, ordered and fired on its own).
 func TestTumblingEventTimeWindowsRegisterNoTimerPerKey(t *testing.T) {
-	var out []string
-	h := alignedHarness(t, false, 0, 0, 1, nil, &out)
-	for i := range 100 {
-		if err := PushInput(h, 0, click{Key: fmt.Sprintf("k%d", i), TS: int64(i % 30), ID: i}, int64(i%30)); err != nil {
+	for _, tc := range []struct {
+		name    string
+		general bool
+		timers  int
+	}{{"aligned", false, 0}, {"general", true, 100}} {
+		var out []string
+		h := alignedHarness(t, tc.general, 0, 0, 1, nil, &out)
+		for i := range 100 {
+			if err := PushInput(h, 0, click{Key: fmt.Sprintf("k%d", i), TS: int64(i % 30), ID: i}, int64(i%30)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		k, ok := h.inst.(*keyedInstance[string, click, string])
+		if !ok {
+			t.Fatalf("instance %T", h.inst)
+		}
+		dt := k.backend.timers.services[0].(*Timers[string, struct{}])
+		if n := dt.Len(EventTime); n != tc.timers {
+			t.Fatalf("%s: %d event-time timers registered for 100 keys' windows, want %d", tc.name, n, tc.timers)
+		}
+		if err := h.Watermark(t.Context(), math.MaxInt64); err != nil {
 			t.Fatal(err)
 		}
-	}
-	k, ok := h.inst.(*keyedInstance[string, click, string])
-	if !ok {
-		t.Fatalf("instance %T", h.inst)
-	}
-	dt := k.backend.timers.services[0].(*Timers[string, struct{}])
-	if n := dt.Len(EventTime); n != 0 {
-		t.Fatalf("%d event-time timers registered for 100 keys' windows, want none", n)
-	}
-	if err := h.Watermark(t.Context(), math.MaxInt64); err != nil {
-		t.Fatal(err)
-	}
-	if len(out) != 100 {
-		t.Fatalf("%d results for 100 key-windows", len(out))
+		if len(out) != 100 {
+			t.Fatalf("%s: %d results for 100 key-windows", tc.name, len(out))
+		}
 	}
 }
