@@ -46,3 +46,31 @@ func TestWindowStateSizeHoldsEveryWordWindow(t *testing.T) {
 	}
 	t.Logf("%d bytes for %d word-windows", size, len(want))
 }
+
+// The collecting sink hands its subtask's counts over when it closes
+// without copying them (the loop appends each count once and copies
+// nothing while timed): the slice collected is the one written, and all
+// joins the subtasks' slices after the run.
+func TestCollectingSinkHandsItsCountsOverWithoutCopying(t *testing.T) {
+	c := &collected{}
+	sinks := []*collectingSink{{all: c}, {all: c}}
+	for i, s := range sinks {
+		for n := range 3 {
+			if err := s.Write(t.Context(), windowCount{wordWindow{"w", int64(i)}, int64(n)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	first := &sinks[0].counts[0]
+	for _, s := range sinks {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(c.parts) != 2 || &c.parts[0][0] != first {
+		t.Fatalf("the first sink's counts were copied when it closed (%d parts)", len(c.parts))
+	}
+	if got := c.all(); len(got) != 6 {
+		t.Fatalf("%d counts collected, want 6", len(got))
+	}
+}

@@ -66,6 +66,10 @@ type Timers[K comparable, N comparable] struct {
 	// firing is the timer being fired (timerHost.firing points to it
 	// during OnTimer), reused from timer to timer.
 	firing firingTimer
+	// moreEvent, if set, adds to a snapshot's event-time timers those that
+	// another store keeps for these timers (the window operator's aligned
+	// windows, window_aligned.go).
+	moreEvent func(frozenTimers, ownerEncoder[timerOwner[K, N]]) frozenTimers
 }
 
 // timerOwner is the key and namespace of a timer of a Timers (the
@@ -282,7 +286,11 @@ func (t *Timers[K, N]) freeze() frozenState {
 	// The asynchronous part encodes with its own encoder: t's buffer
 	// belongs to the task's goroutine.
 	enc := (&Timers[K, N]{keyCodec: t.keyCodec, nsCodec: t.nsCodec}).appendOwner
-	return &frozenTimerService{ev: t.q[EventTime-1].snapshot(enc), pr: t.q[ProcessingTime-1].snapshot(enc)}
+	ev := t.q[EventTime-1].snapshot(enc)
+	if t.moreEvent != nil {
+		ev = t.moreEvent(ev, enc)
+	}
+	return &frozenTimerService{ev: ev, pr: t.q[ProcessingTime-1].snapshot(enc)}
 }
 
 // frozenTimerService is a Timers' snapshot: both domains of a key group

@@ -20,6 +20,9 @@ type windowCfg struct {
 	lateness int64 // ms
 	lateTag  any   // an OutputTag[T] of the stream's record type, or nil
 	err      error
+	// general: event-time tumbling windows keep the general path's state
+	// and timers, not aligned windows (the tests compare the two).
+	general bool
 }
 
 // WindowOpt configures the windows of a WindowedStream.
@@ -50,6 +53,11 @@ func AllowedLateness(d time.Duration) WindowOpt {
 func LateOutput[T any](tag OutputTag[T]) WindowOpt {
 	return windowOpt(func(c *windowCfg) { c.lateTag = tag })
 }
+
+// generalWindows makes event-time tumbling windows take the general path
+// (window_operator.go's state and a timer per key and window) instead of
+// aligned windows (window_aligned.go), for the tests that compare them.
+func generalWindows() WindowOpt { return windowOpt(func(c *windowCfg) { c.general = true }) }
 
 // Window cuts the keyed stream ks into the windows of asg.
 //
@@ -159,7 +167,7 @@ func windowStateCodec[K comparable, T, V any](ws *WindowedStream[K, T], name, wh
 // function, once per subtask and attempt.
 func windowed[K comparable, T, ACC, OUT any](ws *WindowedStream[K, T], name string, newFn func() windowFunc[K, T, ACC, OUT], opts []OpOpt) *Stream[OUT] {
 	return ProcessKeyed(ws.ks, name, func() KeyedProcessor[K, T, OUT] {
-		p := &windowProcessor[K, T, ACC, OUT]{name: name, asg: ws.asg, lateness: ws.cfg.lateness, fn: newFn()}
+		p := &windowProcessor[K, T, ACC, OUT]{name: name, asg: ws.asg, lateness: ws.cfg.lateness, general: ws.cfg.general, fn: newFn()}
 		if tag, ok := ws.cfg.lateTag.(OutputTag[T]); ok {
 			p.late = func(v T) error {
 				Output(p.ctx, tag, v)
@@ -176,6 +184,7 @@ type windowProcessor[K comparable, T, ACC, OUT any] struct {
 	name     string
 	asg      WindowAssigner
 	lateness int64
+	general  bool // no aligned windows (windowCfg.general)
 	fn       windowFunc[K, T, ACC, OUT]
 	late     func(T) error // nil: late records are dropped (and counted)
 	op       *windowOperator[K, T, ACC, OUT]
@@ -187,8 +196,8 @@ type windowProcessor[K comparable, T, ACC, OUT any] struct {
 // Open implements KeyedProcessor.
 func (p *windowProcessor[K, T, ACC, OUT]) Open(_ context.Context, st *StateRegistry[K]) error {
 	var err error
-	p.op, err = newWindowOperator(st, p.asg, p.lateness, p.fn, ctxTimers[K, T, ACC, OUT]{p},
-		func(_ TimeWindow, v OUT) error { p.out.Collect(v); return nil }, p.late)
+	p.op, err = newWindowOperatorOn(st, p.asg, p.lateness, p.fn, ctxTimers[K, T, ACC, OUT]{p},
+		func(_ TimeWindow, v OUT) error { p.out.Collect(v); return nil }, p.late, !p.general)
 	if err != nil {
 		return err
 	}
@@ -214,6 +223,12 @@ func (p *windowProcessor[K, T, ACC, OUT]) ProcessElement(ctx *KeyedContext[K], v
 // OnTimer implements KeyedProcessor.
 func (p *windowProcessor[K, T, ACC, OUT]) OnTimer(ctx *KeyedContext[K], ts int64, out Collector[OUT]) error {
 	p.ctx, p.out = ctx, out
+	if al := p.op.al; al != nil {
+		if w, e, ok := al.firingEntry(ctx.host.firing); ok {
+			return p.op.fire(e.key, w, e.acc, false)
+		}
+		return nil // a default timer: none is registered with aligned windows, and a restore adopts the windows'
+	}
 	return p.op.onTimer(ctx.Key(), ts, ctx.TimeDomain() == EventTime)
 }
 

@@ -249,8 +249,12 @@ type windowOperator[K comparable, IN, ACC, OUT any] struct {
 	heap        *heapWindows[K, ACC]
 	restoredEnd int64
 	// state maps each window (a pane, for aligned windows) of the key in
-	// scope to its accumulator.
+	// scope to its accumulator; nil with al.
 	state *MapState[TimeWindow, ACC]
+	// al is the state of event-time tumbling windows on the heap backend,
+	// a window at a time (window_aligned.go), instead of state and the
+	// key's timers.
+	al *alignedWindows[K, ACC]
 	// emit receives a window's results; late receives the late records (nil:
 	// they are counted and dropped).
 	emit func(w TimeWindow, v OUT) error
@@ -289,9 +293,17 @@ func (c *windowCollector[OUT]) Collect(v OUT) {
 	}
 }
 
-// newWindowOperator declares the operator's state in r.
+// newWindowOperator declares the operator's state in r: aligned windows
+// (window_aligned.go) where they apply.
 func newWindowOperator[K comparable, IN, ACC, OUT any](r *StateRegistry[K], asg WindowAssigner, lateness int64,
 	fn windowFunc[K, IN, ACC, OUT], timers windowTimers, emit func(TimeWindow, OUT) error, late func(IN) error) (*windowOperator[K, IN, ACC, OUT], error) {
+	return newWindowOperatorOn(r, asg, lateness, fn, timers, emit, late, true)
+}
+
+// newWindowOperatorOn is newWindowOperator; without aligned, event-time
+// tumbling windows keep the general path's state and timers.
+func newWindowOperatorOn[K comparable, IN, ACC, OUT any](r *StateRegistry[K], asg WindowAssigner, lateness int64,
+	fn windowFunc[K, IN, ACC, OUT], timers windowTimers, emit func(TimeWindow, OUT) error, late func(IN) error, aligned bool) (*windowOperator[K, IN, ACC, OUT], error) {
 	if err := asg.validate(); err != nil {
 		return nil, err
 	}
@@ -300,6 +312,19 @@ func newWindowOperator[K comparable, IN, ACC, OUT any](r *StateRegistry[K], asg 
 	}
 	perWindow := fn.ordered && asg.kind == windowSliding && asg.paneSize() != asg.size
 	restored := len(r.b.restored[windowState]) > 0
+	if aligned && asg.eventTime && asg.kind != windowSession && asg.paneSize() == asg.size {
+		op := &windowOperator[K, IN, ACC, OUT]{asg: asg, lateness: lateness, fn: fn, timers: timers, emit: emit, late: late,
+			restoredEnd: math.MinInt64}
+		al, err := newAlignedWindows[K](r, fn.codec, lateness, op.cleanupTime)
+		if err != nil {
+			return nil, err
+		}
+		if al != nil {
+			op.al = al
+			op.col.emit = emit
+			return op, nil
+		}
+	}
 	st, err := newWindowState[ACC](r, fn.codec)
 	if err != nil {
 		return nil, err
@@ -372,6 +397,9 @@ func (op *windowOperator[K, IN, ACC, OUT]) registerFireTimer(w TimeWindow) bool 
 func (op *windowOperator[K, IN, ACC, OUT]) processElement(key K, ts int64, v IN) error {
 	if !op.asg.eventTime {
 		ts = op.timers.currentProcessingTime()
+	}
+	if op.al != nil {
+		return op.processAlignedWindow(key, ts, v)
 	}
 	if op.asg.kind == windowSession {
 		return op.processSession(key, ts, v)
@@ -462,6 +490,27 @@ func (op *windowOperator[K, IN, ACC, OUT]) processAligned(key K, ts int64, v IN)
 		}
 		return nil
 	})
+}
+
+// processAlignedWindow adds v to its window's accumulator of the key in
+// scope (op.al: event-time tumbling windows), and fires the window at once
+// if the watermark passed its end (a late firing).
+func (op *windowOperator[K, IN, ACC, OUT]) processAlignedWindow(key K, ts int64, v IN) error {
+	w := op.lastWindowOf(ts)
+	if op.isLate(w) {
+		return op.lateRecord(v)
+	}
+	win := op.al.window(w)
+	e := op.al.entry(win, op.fn.create)
+	acc, err := op.fn.add(e.acc, v)
+	if err != nil {
+		return err
+	}
+	e.acc = acc
+	if w.MaxTimestamp() <= op.timers.currentWatermark() {
+		return op.fire(key, w, acc, true)
+	}
+	return nil
 }
 
 // timerSet reports whether w's fire timer is set for the key in scope
