@@ -246,11 +246,14 @@ func (a *alignedWindows[K, ACC]) dump(kg int, data []byte, emit func(StateRecord
 
 // restore adds a key group's windows (the heap window store's bytes).
 func (a *alignedWindows[K, ACC]) restore(kg int, b []byte) error {
+	// The codec decodes into its store and index; what it decoded moves
+	// to the windows, and the codec keeps nothing (a key left in its
+	// index would hold the key's memory and point into a dropped group).
+	defer func() { a.codec.groups[kg], a.codec.idx, a.codec.atGen = nil, nil, 0 }()
 	if err := a.codec.restore(kg, b); err != nil {
 		return err
 	}
 	g := a.codec.groups[kg]
-	a.codec.groups[kg] = nil
 	if g == nil {
 		return nil
 	}

@@ -174,3 +174,51 @@ func TestTumblingEventTimeWindowsRegisterNoTimerPerKey(t *testing.T) {
 		}
 	}
 }
+
+// A restore into aligned windows moves what the window store's codec
+// decoded into the windows: the codec keeps no key (its index would hold
+// every restored key's memory for the operator's life).
+func TestAlignedWindowsRestoredKeepNothingInTheirCodec(t *testing.T) {
+	var out []string
+	h := alignedHarness(t, false, 0, 0, 1, nil, &out)
+	for i := range 100 {
+		if err := PushInput(h, 0, click{Key: fmt.Sprintf("k%d", i), TS: int64(i % 30), ID: i}, int64(i%30)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := h.Snapshot(t.Context(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = h.Close()
+	r := alignedHarness(t, false, 0, 0, 1, []checkpoint.OperatorSnapshot{snap}, &out)
+	k, ok := r.inst.(*keyedInstance[string, click, string])
+	if !ok {
+		t.Fatalf("instance %T", r.inst)
+	}
+	found := false
+	for _, s := range k.backend.states {
+		a, ok := s.(*alignedWindows[string, sumAcc])
+		if !ok {
+			continue
+		}
+		found = true
+		if n := len(a.codec.idx); n != 0 {
+			t.Errorf("the codec's index holds %d keys after the restore, want none", n)
+		}
+		for kg, g := range a.codec.groups {
+			if g != nil {
+				t.Errorf("the codec holds key group %d after the restore", kg)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no aligned windows among the states %T", k.backend.states)
+	}
+	if err := r.Watermark(t.Context(), math.MaxInt64); err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 100 {
+		t.Fatalf("%d results for 100 restored key-windows", len(out))
+	}
+}
