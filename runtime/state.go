@@ -493,11 +493,7 @@ type frozenStore[K comparable, V any] struct {
 }
 
 func (f *frozenStore[K, V]) keyGroups() ([]int, error) {
-	kgs := make([]int, 0, len(f.groups))
-	for kg := range f.groups {
-		kgs = append(kgs, kg)
-	}
-	return kgs, nil
+	return slices.Collect(maps.Keys(f.groups)), nil
 }
 
 func (f *frozenStore[K, V]) appendKeyGroup(b []byte, kg int) ([]byte, bool, error) {

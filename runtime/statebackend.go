@@ -1,6 +1,10 @@
 package runtime
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"maps"
+	"slices"
+)
 
 // The state backend seam. The typed keyed states (ValueState, MapState)
 // and the timer services (Timers) do not hold their data: they talk to a
@@ -95,11 +99,7 @@ func (f *frozenBlobs) keyGroups() ([]int, error) {
 		}
 		f.blobs, f.enc = blobs, nil
 	}
-	kgs := make([]int, 0, len(f.blobs))
-	for kg := range f.blobs {
-		kgs = append(kgs, kg)
-	}
-	return kgs, nil
+	return slices.Collect(maps.Keys(f.blobs)), nil
 }
 
 func (f *frozenBlobs) appendKeyGroup(dst []byte, kg int) ([]byte, bool, error) {
@@ -198,11 +198,7 @@ func (f *frozenHeapTimers[T]) keyGroups() ([]int, error) {
 	if f.groups == nil {
 		f.groups, f.live = groupTimers(f.live), nil
 	}
-	kgs := make([]int, 0, len(f.groups))
-	for kg := range f.groups {
-		kgs = append(kgs, kg)
-	}
-	return kgs, nil
+	return slices.Collect(maps.Keys(f.groups)), nil
 }
 
 func (f *frozenHeapTimers[T]) appendKeyGroup(dst []byte, kg int, d TimeDomain) ([]byte, int, error) {
@@ -281,11 +277,7 @@ func (f *frozenPebbleTimers) keyGroups() ([]int, error) {
 		}
 		f.groups, f.enc = groups, nil
 	}
-	kgs := make([]int, 0, len(f.groups))
-	for kg := range f.groups {
-		kgs = append(kgs, kg)
-	}
-	return kgs, nil
+	return slices.Collect(maps.Keys(f.groups)), nil
 }
 
 func (f *frozenPebbleTimers) appendKeyGroup(dst []byte, kg int, d TimeDomain) ([]byte, int, error) {

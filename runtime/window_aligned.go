@@ -3,6 +3,7 @@ package runtime
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"slices"
 )
 
@@ -321,11 +322,7 @@ func (f *frozenAligned[K, ACC]) keyGroups() ([]int, error) {
 	if f.refs == nil {
 		f.refs = refsByKeyGroup(f.wins)
 	}
-	kgs := make([]int, 0, len(f.refs))
-	for kg := range f.refs {
-		kgs = append(kgs, kg)
-	}
-	return kgs, nil
+	return slices.Collect(maps.Keys(f.refs)), nil
 }
 
 func (f *frozenAligned[K, ACC]) appendKeyGroup(b []byte, kg int) ([]byte, bool, error) {
