@@ -93,6 +93,7 @@ type savedSnapshot struct {
 	State          []blobRef   `json:"state,omitempty"`
 	KeyGroups      []kgRef     `json:"key_groups,omitempty"`
 	Handles        []TxnHandle `json:"handles,omitempty"`
+	Watermark      *int64      `json:"watermark,omitempty"`
 }
 
 type kgRef struct {
@@ -154,7 +155,7 @@ func WriteSavepoint(ctx context.Context, loc string, c Completed, now time.Time,
 		for _, op := range c.Tasks[task].Operators {
 			f := fileFor(op.UID)
 			s := savedSnapshot{UID: op.UID, Subtask: op.Subtask, Parallelism: op.Parallelism,
-				MaxParallelism: op.MaxParallelism, Handles: op.Handles}
+				MaxParallelism: op.MaxParallelism, Handles: op.Handles, Watermark: op.Watermark}
 			for _, e := range op.State {
 				s.State = append(s.State, f.append(e))
 			}
@@ -258,7 +259,7 @@ func ReadSavepoint(ctx context.Context, loc string, opts ...SavepointOpt) (Compl
 	c := Completed{Job: meta.Job, ID: meta.Checkpoint, CompletedAt: meta.CreatedAt, Tasks: map[TaskID]TaskSnapshot{}}
 	for _, s := range meta.Snapshots {
 		op := OperatorSnapshot{UID: s.UID, Subtask: s.Subtask, Parallelism: s.Parallelism,
-			MaxParallelism: s.MaxParallelism, Handles: s.Handles}
+			MaxParallelism: s.MaxParallelism, Handles: s.Handles, Watermark: s.Watermark}
 		for i, ref := range s.State {
 			b, err := read(ref, fmt.Sprintf("state entry %d of %s#%d", i, s.UID, s.Subtask))
 			if err != nil {

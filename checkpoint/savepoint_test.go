@@ -25,9 +25,10 @@ func savepointFixture() Completed {
 		return TxnHandle{TransactionalID: id, ProducerID: 7, Epoch: 3, Checkpoint: 12,
 			Partitions: []TxnPartition{{Topic: "counts", Partition: 1, FirstOffset: 40}}}
 	}
+	wm := int64(1_700_000_000_000)
 	return Completed{Job: "job-1", ID: 12, Tasks: map[TaskID]TaskSnapshot{
 		"source#0": {Task: "source#0", Operators: []OperatorSnapshot{
-			{UID: "source", Subtask: 0, Parallelism: 2, State: [][]byte{[]byte("offsets-0"), {}}, Handles: []TxnHandle{h("acks-0")}},
+			{UID: "source", Subtask: 0, Parallelism: 2, State: [][]byte{[]byte("offsets-0"), {}}, Handles: []TxnHandle{h("acks-0")}, Watermark: &wm},
 		}},
 		"source#1": {Task: "source#1", Operators: []OperatorSnapshot{
 			{UID: "source", Subtask: 1, Parallelism: 2, State: [][]byte{[]byte("offsets-1")}},

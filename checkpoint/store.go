@@ -53,8 +53,9 @@ const (
 	// read (max parallelism 0: unknown, UIDs empty). Format 3 added each
 	// operator's references to state in checkpoint storage (StateRefs,
 	// KeyGroupRefs) to the meta record; older records have none. Format 4
-	// added each operator's native snapshot (NativeState).
-	recordFormat    = 4
+	// added each operator's native snapshot (NativeState). Format 5 added
+	// each operator's watermark (a source subtask's, at the barrier).
+	recordFormat    = 5
 	minRecordFormat = 1
 
 	recMeta    = 'm'
@@ -1206,6 +1207,12 @@ func encodeCompleted(c Completed) (meta, handles []byte, err error) {
 				}
 			}
 			m.uvarint(uint64(len(op.Handles)))
+			if op.Watermark == nil {
+				m.uvarint(0)
+			} else {
+				m.uvarint(1)
+				m.varint(*op.Watermark)
+			}
 			if len(op.Handles) > 0 {
 				entries = append(entries, handleEntry{task: t, op: i, uid: op.UID, handles: op.Handles})
 			}
@@ -1336,6 +1343,10 @@ func decodeMeta(p []byte, format byte, job string, id ID, hs []handleEntry) (Com
 				d.fail(fmt.Errorf("handle count %d", n))
 			} else {
 				want[j] = int(n)
+			}
+			if format >= 5 && d.uvarint() == 1 {
+				wm := d.varint()
+				op.Watermark = &wm
 			}
 		}
 		if _, dup := c.Tasks[t]; dup && d.err == nil {

@@ -58,6 +58,13 @@ func testCheckpoint(job string, id ID) Completed {
 			if name == "source#0" && id%2 == 1 { // odd ids: handles with partitions
 				ops[0].Handles[0].Partitions = []TxnPartition{{Topic: "out", Partition: 3, FirstOffset: int64(id) * 10}, {Topic: "acks", Partition: 0}}
 			}
+			if name == "source#0" { // a source's watermark, negative on even ids
+				wm := int64(id) * 1_000
+				if id%2 == 0 {
+					wm = -wm
+				}
+				ops[0].Watermark = &wm
+			}
 		}
 		if name == "sink#0" {
 			// A second operator without handles or state, chained after the first.

@@ -102,6 +102,13 @@ type OperatorSnapshot struct {
 	// checkpoint. They are committed when the checkpoint completes and again,
 	// idempotently, on restore from it.
 	Handles []TxnHandle `json:"handles,omitempty"`
+	// Watermark is the last watermark a source subtask emitted before the
+	// barrier (nil: none, or not a source). A restore starts the source's
+	// watermark there, so that a record late before a failure is late
+	// after it too (docs/internals/event-time.md, "Watermarks across a
+	// restore"). Never MaxWatermark: a source that ended or drained keeps
+	// nothing.
+	Watermark *int64 `json:"watermark,omitempty"`
 	// Encode, if set, is keyed state not encoded yet (the heap backend's
 	// frozen state): it encodes the key groups one at a time in increasing
 	// order and calls yield with each, whose bytes are valid only until

@@ -123,3 +123,43 @@ func TestRecordTimestampsSurviveChainsChannelsAndTheDataPlane(t *testing.T) {
 		})
 	}
 }
+
+// What a checkpoint keeps of a source's watermark: the last one sent, or
+// the restored one not sent yet; nothing before the first, and nothing
+// after the final one (a drained or ended source resumed with it would
+// make every record late).
+func TestACheckpointKeepsTheSourcesLastWatermarkButNeverTheFinalOne(t *testing.T) {
+	strategy := ForMonotonousTimestamps[int]()
+	at := func(wm int64) *int64 { return &wm }
+	for _, tc := range []struct {
+		name     string
+		strategy *WatermarkStrategy[int]
+		sent     []int64
+		restored *int64
+		want     *int64
+	}{
+		{"no strategy", nil, nil, nil, nil},
+		{"none sent yet", &strategy, nil, nil, nil},
+		{"the last sent", &strategy, []int64{5, 9}, nil, at(9)},
+		{"restored, not sent yet", &strategy, nil, at(7), at(7)},
+		{"sent past the restored one", &strategy, []int64{8}, at(7), at(8)},
+		{"the final one", &strategy, []int64{5, MaxWatermark}, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newSourceWatermarks(tc.strategy)
+			w.restore(tc.restored)
+			if tc.restored != nil && tc.sent != nil {
+				if err := w.resume(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, wm := range tc.sent {
+				w.emitWatermark(wm)
+			}
+			got := w.snapshotWatermark()
+			if (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+				t.Fatalf("kept %v, want %v", deref(got), deref(tc.want))
+			}
+		})
+	}
+}

@@ -89,6 +89,9 @@ func (s *sourceInstance[T]) setMarkEmitter(emit func(envelope) error, backPressu
 // poll runs one Poll, then the watermark machinery: the periodic watermark
 // and idleness after a Poll, the final watermark at the end of the input.
 func (s *sourceInstance[T]) poll(ctx context.Context) error {
+	if err := s.wms.resume(); err != nil {
+		return err
+	}
 	before := s.c.n
 	err := s.src.Poll(ctx, s.c)
 	if perr := s.c.take(); perr != nil {
@@ -119,10 +122,13 @@ func (s *sourceInstance[T]) drain() error { return s.wms.end() }
 
 func (s *sourceInstance[T]) snapshot(ctx context.Context, id checkpoint.ID) (checkpoint.OperatorSnapshot, func() (map[int][]byte, error), error) {
 	st, err := s.src.Snapshot(ctx, id)
-	return checkpoint.OperatorSnapshot{State: st.Entries, Handles: st.Handles}, nil, err
+	return checkpoint.OperatorSnapshot{State: st.Entries, Handles: st.Handles, Watermark: s.wms.snapshotWatermark()}, nil, err
 }
 
-func (s *sourceInstance[T]) restore(*SubtaskState) error { return nil }
+func (s *sourceInstance[T]) restore(st *SubtaskState) error {
+	s.wms.restore(st.Watermark)
+	return nil
+}
 
 func (s *sourceInstance[T]) hasRestoreCommitter() bool { return isRestoreCommitter(s.src) }
 func (s *sourceInstance[T]) mustCommitRestored() bool  { return hasHandlesToCommit(s.oc) }

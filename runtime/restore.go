@@ -74,6 +74,10 @@ type SubtaskState struct {
 	// AbortHandles are transactions of this subtask from acknowledged
 	// checkpoints that never completed.
 	AbortHandles []checkpoint.TxnHandle
+	// Watermark is where a source subtask's watermark resumes: the least
+	// its operator's subtasks had sent at the barrier, whatever the
+	// parallelism then (nil: none, or one of them had sent none).
+	Watermark *int64 `json:",omitempty"`
 }
 
 // RestoreInput is what AssignState restores from.
@@ -233,10 +237,11 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 		if len(snaps) == 0 && len(commit) == 0 {
 			from = 0
 		}
+		wm := leastWatermark(snaps)
 		subs := make([]*SubtaskState, op.Parallelism)
 		for i := range subs {
 			subs[i] = &SubtaskState{From: from, KeyGroups: kgs, CommitHandles: commit,
-				AbortHandles: in.Abort[OperatorSubtask{op.UID, i}]}
+				AbortHandles: in.Abort[OperatorSubtask{op.UID, i}], Watermark: wm}
 			out.Subtasks[OperatorSubtask{op.UID, i}] = subs[i]
 		}
 		same := len(snaps) == op.Parallelism
@@ -294,6 +299,27 @@ func AssignState(ops []OperatorLayout, in RestoreInput) (*StateAssignment, error
 		}
 	}
 	return out, nil
+}
+
+// leastWatermark is where an operator's restored subtasks resume their
+// watermark: the least of its snapshots' watermarks, since at another
+// parallelism a subtask may take over any of their splits; none if there
+// are no snapshots or one has none (that subtask had sent no watermark).
+func leastWatermark(snaps []checkpoint.OperatorSnapshot) *int64 {
+	var least *int64
+	for _, s := range snaps {
+		if s.Watermark == nil {
+			return nil
+		}
+		if least == nil || *s.Watermark < *least {
+			least = s.Watermark
+		}
+	}
+	if least == nil {
+		return nil
+	}
+	wm := *least
+	return &wm
 }
 
 // ownedKeyGroups are the key groups of kgs that subtask i of op owns: a

@@ -89,14 +89,16 @@ func first(s []string) string {
 }
 
 // crashAfterPersisting runs job until the coordinator "dies" right after
-// persisting its third checkpoint, so that checkpoint's transactions are
-// pre-committed and never notified, and returns that checkpoint.
+// persisting the first checkpoint that holds a transaction, so that
+// checkpoint's transactions are pre-committed and never notified, and
+// returns that checkpoint. (A fixed count of checkpoints was not enough:
+// on a loaded machine the source's records could all be committed by the
+// third, which then held none.)
 func crashAfterPersisting(t *testing.T, store *checkpoint.Store, job *Job) checkpoint.Completed {
 	t.Helper()
-	var persisted int
 	fp := &hookFailpoints{fn: func(name string) error {
 		if name == "jm.after-checkpoint-persisted" {
-			if persisted++; persisted == 3 {
+			if c, err := store.Latest(t.Context(), job.Name()); err == nil && len(c.Handles()) > 0 {
 				return errors.New("coordinator crash")
 			}
 		}

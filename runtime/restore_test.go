@@ -184,3 +184,43 @@ func TestAssignStateRules(t *testing.T) {
 		})
 	}
 }
+
+// A restored source resumes its watermark at the least its subtasks had
+// sent at the barrier, at any parallelism (a subtask may take over any
+// split), and at none when one of them had sent none.
+func TestAssignStateResumesASourceAtTheLeastWatermarkOfItsSubtasks(t *testing.T) {
+	src := func(sub int, wm *int64) checkpoint.OperatorSnapshot {
+		return checkpoint.OperatorSnapshot{UID: "src", Subtask: sub, Parallelism: 2, Watermark: wm}
+	}
+	at := func(wm int64) *int64 { return &wm }
+	for _, tc := range []struct {
+		name  string
+		snaps []checkpoint.OperatorSnapshot
+		want  *int64
+	}{
+		{"the least of the subtasks'", []checkpoint.OperatorSnapshot{src(0, at(9_000)), src(1, at(4_000))}, at(4_000)},
+		{"negative event times", []checkpoint.OperatorSnapshot{src(0, at(-5)), src(1, at(3))}, at(-5)},
+		{"none when a subtask had sent none", []checkpoint.OperatorSnapshot{src(0, at(9_000)), src(1, nil)}, nil},
+		{"none for an operator the checkpoint does not hold", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			as, err := AssignState([]OperatorLayout{{UID: "src", Parallelism: 3}}, RestoreInput{Checkpoint: completedOf(4, tc.snaps...)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 3 {
+				got := as.Subtasks[OperatorSubtask{"src", i}].Watermark
+				if (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+					t.Fatalf("subtask %d resumes at %v, want %v", i, deref(got), deref(tc.want))
+				}
+			}
+		})
+	}
+}
+
+func deref(p *int64) any {
+	if p == nil {
+		return "none"
+	}
+	return *p
+}

@@ -370,13 +370,20 @@ type stallFn = func(func() Source[click]) func() Source[click]
 // checkpoint to restore from.
 func stopMidStream(t *testing.T, store *checkpoint.Store, stallAt int, build func(stallFn) *Job, opts ...ClusterOpt) {
 	t.Helper()
+	stopMidStreamOf(t, store, 2, stallAt, build, opts...)
+}
+
+// stopMidStreamOf is stopMidStream for a job whose sources have subtasks
+// subtasks in all.
+func stopMidStreamOf(t *testing.T, store *checkpoint.Store, subtasks int64, stallAt int, build func(stallFn) *Job, opts ...ClusterOpt) {
+	t.Helper()
 	var stalled atomic.Int64
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var after int
 	mc := NewMiniCluster(append([]ClusterOpt{CheckpointStore(store), CheckpointInterval(5 * time.Millisecond),
 		OnCheckpointComplete(func(CheckpointEvent) {
-			if stalled.Load() == 2 {
+			if stalled.Load() == subtasks {
 				if after++; after == 3 {
 					cancel()
 				}

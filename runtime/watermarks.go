@@ -216,6 +216,10 @@ type sourceWatermarks[T any] struct {
 	// lastWM is the last watermark sent; idle the last status sent.
 	lastWM int64
 	idle   bool
+	// restored is the watermark to send before the first Poll after a
+	// restore (the least the source's subtasks had sent at the restored
+	// checkpoint's barrier); nil: none, or sent.
+	restored *int64
 	// nextEmit is when OnPeriodicEmit runs next.
 	nextEmit time.Time
 	// lastRecord is when the last Poll that emitted records returned, and
@@ -452,6 +456,43 @@ func (w *sourceWatermarks[T]) followFrontier(now time.Time) bool {
 		w.frontier.AlignSplits(ahead)
 	}
 	return true
+}
+
+// snapshotWatermark is what a checkpoint keeps of the watermark: the last
+// one sent (or restored and not sent yet), none if there is none or it was
+// the final one (a source that ended or drained must not make everything
+// late after a restore).
+func (w *sourceWatermarks[T]) snapshotWatermark() *int64 {
+	wm := w.lastWM
+	if w.restored != nil {
+		wm = max(wm, *w.restored)
+	}
+	if !w.strategy || wm == MinWatermark || wm == MaxWatermark {
+		return nil
+	}
+	return &wm
+}
+
+// restore keeps wm (nil: none) to send before the first Poll: a restored
+// source resumes at the watermark it had reached, as its keyed state and
+// timers do, instead of starting over from the minimum
+// (docs/internals/event-time.md, "Watermarks across a restore").
+func (w *sourceWatermarks[T]) restore(wm *int64) {
+	if w.strategy && wm != nil {
+		w.restored = new(int64)
+		*w.restored = *wm
+	}
+}
+
+// resume sends the restored watermark, once, before the first record.
+func (w *sourceWatermarks[T]) resume() error {
+	if w.restored == nil {
+		return nil
+	}
+	wm := *w.restored
+	w.restored = nil
+	w.emitWatermark(wm)
+	return w.take()
 }
 
 // end emits the final watermark: everything downstream fires.

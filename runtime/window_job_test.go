@@ -257,6 +257,51 @@ func TestEventTimeWindowJobsEmitEveryWindowOnceRecordByRecord(t *testing.T) {
 	}
 }
 
+// A record late before a failure is late after the restore too: the
+// restored source resumes at the watermark it had sent at the checkpoint's
+// barrier, not at the minimum. A job stopped right before a late record
+// and resumed at another parallelism commits exactly what the window state
+// machine emits without a failure: the late record on the late output,
+// not in a window of its own.
+func TestAWindowJobRestoredRightBeforeALateRecordSendsItToTheLateOutput(t *testing.T) {
+	c := windowHarnessConfig{kind: "tumbling", size: 50, lateness: 0, time: "event"}
+	cs := windowClicks(11, 1500, 20, true)
+	fires, lates := harnessWindows(t, c, cs)
+	late := map[string]bool{}
+	for _, l := range lates {
+		late[l] = true
+	}
+	stallAt := -1
+	for i := len(cs) / 3; i < len(cs); i++ {
+		if late[fmt.Sprintf("late %s %d", cs[i].Key, cs[i].ID+1)] {
+			stallAt = i
+			break
+		}
+	}
+	if stallAt < 0 {
+		t.Fatal("the input has no late record after its first third")
+	}
+	store, err := checkpoint.OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	txns, lateTxns := newMemTxns(), newMemTxns()
+	stopMidStreamOf(t, store, 1, stallAt, func(stall stallFn) *Job {
+		return windowJobWithSides(t, cs, c, "process", 1, 2, txns, lateTxns, nil, stall)
+	})
+	if _, err := NewMiniCluster(CheckpointStore(store), CheckpointInterval(5*time.Millisecond)).Run(t.Context(),
+		windowJobWithSides(t, cs, c, "process", 1, 3, txns, lateTxns, nil, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got := sortedLines(lateTxns.output()); !slices.Equal(got, lates) {
+		t.Fatalf("%d late records, a run without failure %d; first difference:\n%s", len(got), len(lates), firstDiff(got, lates))
+	}
+	if got := sortedLines(txns.output()); !slices.Equal(got, fires) {
+		t.Fatalf("%d window results, a run without failure %d; first difference:\n%s", len(got), len(fires), firstDiff(got, fires))
+	}
+}
+
 // A windows job stopped mid-window (state and timers in its last
 // checkpoint) and resumed with the window operator at another parallelism
 // commits exactly the window results of a run without failure, record by
