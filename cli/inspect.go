@@ -261,6 +261,9 @@ type inspectedSubtask struct {
 	OperatorStateEntries int   `json:"operator_state_entries,omitempty"`
 	OperatorStateBytes   int64 `json:"operator_state_bytes,omitempty"`
 	KeyedStateBytes      int64 `json:"keyed_state_bytes,omitempty"`
+	// Watermark is the last watermark a source subtask sent before the
+	// barrier: where it resumes after a restore.
+	Watermark *int64 `json:"watermark,omitempty"`
 }
 
 type inspectedState struct {
@@ -281,7 +284,7 @@ func inspect(s snapshot, broadcast func(uid string) bool) inspection {
 		states := map[string]*inspectedState{}
 		var order []string
 		for _, op := range ops {
-			st := inspectedSubtask{Subtask: op.Subtask, OperatorStateEntries: len(op.State), KeyGroupsWithState: len(op.KeyGroups)}
+			st := inspectedSubtask{Subtask: op.Subtask, OperatorStateEntries: len(op.State), KeyGroupsWithState: len(op.KeyGroups), Watermark: op.Watermark}
 			for _, e := range op.State {
 				st.OperatorStateBytes += int64(len(e))
 			}
@@ -345,7 +348,7 @@ func newSavepointInspectCmd(a *app) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "inspect PATH [--output table|json] [--job-id ID] [--checkpoint N]",
-		Short: "Describe a savepoint or a retained checkpoint: operators, key groups, state sizes, pending transactions",
+		Short: "Describe a savepoint or a retained checkpoint: operators, key groups, state sizes, source watermarks, pending transactions",
 		Long: `inspect reads a savepoint or a retained checkpoint and describes it: the job
 (and its type and parameters when recorded), the checkpoint id and time, the
 savepoint format version, and per operator UID its parallelism, max
@@ -444,6 +447,11 @@ func printInspection(w io.Writer, in inspection) error {
 			}
 			fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%d entries, %d bytes\n", st.Subtask, kgs, st.KeyGroupsWithState, st.KeyedStateBytes,
 				st.OperatorStateEntries, st.OperatorStateBytes)
+		}
+		for _, st := range o.Subtasks {
+			if st.Watermark != nil {
+				fmt.Fprintf(tw, "  watermark\tsubtask %d\t%d\n", st.Subtask, *st.Watermark)
+			}
 		}
 		printStates(tw, "state", o.States, o.StateError)
 		printStates(tw, "broadcast state", o.BroadcastStates, o.BroadcastError)

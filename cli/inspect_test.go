@@ -327,11 +327,12 @@ func smallSavepoint(t *testing.T) string {
 	val := binary.BigEndian.AppendUint64(nil, 7)
 	state := frame(frame(binary.AppendUvarint(nil, 1), []byte("fox")), val)
 	blob := frame(frame(nil, []byte("count")), state)
+	wm := int64(1_764_849_600_000)
 	c := checkpoint.Completed{Job: "job-1", ID: 9, Tasks: map[checkpoint.TaskID]checkpoint.TaskSnapshot{
 		"count#0": {Task: "count#0", Operators: []checkpoint.OperatorSnapshot{{UID: "count", Subtask: 0, Parallelism: 2, MaxParallelism: 8,
 			KeyGroups: map[int][]byte{3: blob}}}},
 		"count#1": {Task: "count#1", Operators: []checkpoint.OperatorSnapshot{{UID: "count", Subtask: 1, Parallelism: 2, MaxParallelism: 8}}},
-		"sink#0": {Task: "sink#0", Operators: []checkpoint.OperatorSnapshot{{UID: "sink", Parallelism: 1, State: [][]byte{[]byte("entry")},
+		"sink#0": {Task: "sink#0", Operators: []checkpoint.OperatorSnapshot{{UID: "sink", Parallelism: 1, State: [][]byte{[]byte("entry")}, Watermark: &wm,
 			Handles: []checkpoint.TxnHandle{{TransactionalID: "weir-job-1-sink-0", ProducerID: 4001, Epoch: 3, Checkpoint: 9,
 				Partitions: []checkpoint.TxnPartition{{Topic: "out", Partition: 2, FirstOffset: 40}}}}}}},
 	}}
@@ -358,14 +359,15 @@ func TestInspectReportsKeyGroupsStatesAndPendingTransactions(t *testing.T) {
 		t.Fatalf("count %+v", count)
 	}
 	if len(sink.Handles) != 1 || sink.Handles[0].TransactionalID != "weir-job-1-sink-0" || sink.Handles[0].ProducerID != 4001 ||
-		sink.Handles[0].Epoch != 3 || len(sink.Handles[0].Partitions) != 1 || sink.Subtasks[0].OperatorStateEntries != 1 {
+		sink.Handles[0].Epoch != 3 || len(sink.Handles[0].Partitions) != 1 || sink.Subtasks[0].OperatorStateEntries != 1 ||
+		sink.Subtasks[0].Watermark == nil || *sink.Subtasks[0].Watermark != 1_764_849_600_000 || count.Subtasks[0].Watermark != nil {
 		t.Fatalf("sink %+v", sink)
 	}
 	table, _, err := runCLI(t, "savepoint", "inspect", sp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Format version  1", "0-3 (4)", "weir-job-1-sink-0", "producer 4001 epoch 3", "out/2@40"} {
+	for _, want := range []string{"Format version  1", "0-3 (4)", "weir-job-1-sink-0", "producer 4001 epoch 3", "out/2@40", "1764849600000"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
