@@ -479,8 +479,8 @@ func (w *sourceWatermarks[T]) snapshotWatermark() *int64 {
 // (docs/internals/event-time.md, "Watermarks across a restore").
 func (w *sourceWatermarks[T]) restore(wm *int64) {
 	if w.strategy && wm != nil {
-		w.restored = new(int64)
-		*w.restored = *wm
+		v := *wm
+		w.restored = &v
 	}
 }
 
