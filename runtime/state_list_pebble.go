@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-
-	"github.com/cockroachdb/pebble/v2"
 )
 
 // pebbleList is a list state in pebble: one pebble key per element, the
@@ -111,8 +109,8 @@ func encodeListBlobs(r pebbleReader, maxPar int, sid uint16) (map[int][]byte, er
 
 func (l *pebbleList[K, T]) restore(kg int, blob []byte) error {
 	m := l.m
-	b := m.st.db.NewBatch()
-	defer b.Close()
+	b := m.st.newBatch()
+	defer b.close()
 	var key []byte
 	err := readEntries(blob, func(kb, vb []byte) error {
 		key = appendStatePrefix(key[:0], kg, m.sid)
@@ -126,7 +124,7 @@ func (l *pebbleList[K, T]) restore(kg int, blob []byte) error {
 			vb = rest
 			key = binary.BigEndian.AppendUint64(key[:plen], l.next)
 			l.next++
-			if err := b.Set(key, elem, nil); err != nil {
+			if err := b.Set(key, elem); err != nil {
 				return err
 			}
 		}
@@ -135,7 +133,7 @@ func (l *pebbleList[K, T]) restore(kg int, blob []byte) error {
 	if err != nil {
 		return fmt.Errorf("state %q key group %d: %w", m.stateName, kg, err)
 	}
-	if err := b.Commit(pebble.NoSync); err != nil {
+	if err := b.commit(); err != nil {
 		return fmt.Errorf("state %q key group %d: %w", m.stateName, kg, err)
 	}
 	return nil

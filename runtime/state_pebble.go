@@ -114,6 +114,9 @@ type pebbleState struct {
 	cacheLimit int
 	// dirtyMax caps dirtyLimit in bytes (maxDirtyBytes).
 	dirtyMax int
+	// chunk is the most a stateBatch holds before it commits, in pebble's
+	// accounting: an eighth of a memtable.
+	chunk uint64
 	// dirty bounds the bytes of the caches' dirty entries: it grows as
 	// entries turn dirty, is not lowered when a dirty entry is evicted or
 	// forgotten, and is zeroed by writeBack. Past dirtyLimit the task
@@ -177,31 +180,28 @@ type stateCache interface {
 	// cache finds them in a list of the keys turned dirty since its last
 	// writeBack, which it empties: the work is the dirty entries', not
 	// the cache's.
-	writeBack(b *pebble.Batch) error
+	writeBack(b *stateBatch) error
 	// evict drops about a quarter of the cache, adding the dirty entries
 	// it drops to b.
-	evict(b *pebble.Batch) error
+	evict(b *stateBatch) error
 }
 
-// writeBack writes the states' cached writes to pebble in one batch, so
-// that a pebble snapshot or checkpoint taken next holds every write made
-// before it.
+// writeBack writes the states' cached writes to pebble (in chunks:
+// stateBatch), so that a pebble snapshot or checkpoint taken next holds
+// every write made before it.
 func (p *pebbleState) writeBack() error {
 	if len(p.caches) == 0 {
 		return nil
 	}
-	b := p.db.NewBatch()
-	defer b.Close()
+	b := p.newBatch()
+	defer b.close()
 	for _, c := range p.caches {
 		if err := c.writeBack(b); err != nil {
 			return err
 		}
 	}
 	p.dirty = 0
-	if b.Empty() {
-		return nil
-	}
-	if err := b.Commit(pebble.NoSync); err != nil {
+	if err := b.commit(); err != nil {
 		return fmt.Errorf("write back cached state: %w", err)
 	}
 	return nil
@@ -224,12 +224,12 @@ func (p *pebbleState) dirtied(d int) {
 // state name's task (p.fail), as a failed state access does. It is how a
 // cache writes outside a snapshot's or an eviction's batch (turned off,
 // or one key dropped).
-func (p *pebbleState) writeNow(name string, write func(*pebble.Batch) error) {
-	b := p.db.NewBatch()
-	defer b.Close()
+func (p *pebbleState) writeNow(name string, write func(*stateBatch) error) {
+	b := p.newBatch()
+	defer b.close()
 	err := write(b)
 	if err == nil {
-		err = b.Commit(pebble.NoSync)
+		err = b.commit()
 	}
 	if err != nil {
 		p.fail(name, err)
@@ -239,8 +239,8 @@ func (p *pebbleState) writeNow(name string, write func(*pebble.Batch) error) {
 // makeRoom evicts from the states' caches until they are under 3/4 of
 // their bound, writing what they drop that pebble lacks in one batch.
 func (p *pebbleState) makeRoom() {
-	b := p.db.NewBatch()
-	defer b.Close()
+	b := p.newBatch()
+	defer b.close()
 	for i := 0; p.cached > p.cacheLimit*3/4; i++ {
 		before := p.cached
 		for _, c := range p.caches {
@@ -252,7 +252,7 @@ func (p *pebbleState) makeRoom() {
 			break
 		}
 	}
-	if err := b.Commit(pebble.NoSync); err != nil {
+	if err := b.commit(); err != nil {
 		panic(fmt.Errorf("pebble state: write evicted cache entries: %w", err))
 	}
 }
@@ -582,16 +582,16 @@ func (s *pebbleValue[K, V]) del() {
 }
 
 // writeEntry adds e, the cached value of k, to b if pebble lacks it.
-func (s *pebbleValue[K, V]) writeEntry(b *pebble.Batch, k K, e valueCacheEntry[V]) error {
+func (s *pebbleValue[K, V]) writeEntry(b *stateBatch, k K, e valueCacheEntry[V]) error {
 	switch {
 	case !e.dirty:
 		return nil
 	case e.present:
 		key := s.keyOf(e.kg, k)
 		s.vbuf = s.codec.Append(s.vbuf[:0], e.val)
-		return b.Set(key, s.vbuf, nil)
+		return b.Set(key, s.vbuf)
 	case e.stored:
-		return b.Delete(s.keyOf(e.kg, k), nil)
+		return b.Delete(s.keyOf(e.kg, k))
 	}
 	return nil
 }
@@ -605,7 +605,7 @@ func (s *pebbleValue[K, V]) charge(d int) {
 // evict drops about a quarter of the cache's bytes (at least one entry),
 // adding the dirty ones to b. Which entries go is the map's iteration
 // order: no bookkeeping per access.
-func (s *pebbleValue[K, V]) evict(b *pebble.Batch) error {
+func (s *pebbleValue[K, V]) evict(b *stateBatch) error {
 	goal := s.cached / 4
 	for k, e := range s.cache {
 		if err := s.writeEntry(b, k, e); err != nil {
@@ -623,7 +623,7 @@ func (s *pebbleValue[K, V]) evict(b *pebble.Batch) error {
 // writeBack adds the cache's dirty entries to b: they stay cached, clean
 // (a deleted key's entry is dropped). Every dirty entry's key is in
 // dirtyKeys.
-func (s *pebbleValue[K, V]) writeBack(b *pebble.Batch) error {
+func (s *pebbleValue[K, V]) writeBack(b *stateBatch) error {
 	keys := s.dirtyKeys
 	s.dirtyKeys = keys[:0]
 	defer clear(keys)
@@ -682,18 +682,18 @@ func (p *pebbleState) encodeLater(sid uint16, enc func(pebbleReader, int, uint16
 }
 
 func (s *pebbleValue[K, V]) restore(kg int, blob []byte) error {
-	b := s.st.db.NewBatch()
-	defer b.Close()
+	b := s.st.newBatch()
+	defer b.close()
 	var key []byte
 	err := readEntries(blob, func(kb, vb []byte) error {
 		key = appendStatePrefix(key[:0], kg, s.sid)
 		key = appendFrame(key, kb)
-		return b.Set(key, vb, nil)
+		return b.Set(key, vb)
 	})
 	if err != nil {
 		return fmt.Errorf("state %q key group %d: %w", s.stateName, kg, err)
 	}
-	if err := b.Commit(pebble.NoSync); err != nil {
+	if err := b.commit(); err != nil {
 		return fmt.Errorf("state %q key group %d: %w", s.stateName, kg, err)
 	}
 	return nil
@@ -960,7 +960,7 @@ func (m *pebbleMap[K, UK, UV]) removeAt(c *mapCacheKey[UK, UV], i int) int {
 // uncache writes key's dirty entries to pebble and drops it from the
 // cache, marking it big.
 func (m *pebbleMap[K, UK, UV]) uncache(key K, c *mapCacheKey[UK, UV]) {
-	m.st.writeNow(m.stateName, func(b *pebble.Batch) error { return m.writeKey(b, key, c) })
+	m.st.writeNow(m.stateName, func(b *stateBatch) error { return m.writeKey(b, key, c) })
 	delete(m.cache, key)
 	m.charge(-c.size)
 	m.markBig(key)
@@ -1026,7 +1026,7 @@ func (m *pebbleMap[K, UK, UV]) clear() {
 
 // writeKey adds the dirty entries of c, key's cached entries, to b: they
 // stay cached, clean (removed ones are dropped).
-func (m *pebbleMap[K, UK, UV]) writeKey(b *pebble.Batch, key K, c *mapCacheKey[UK, UV]) error {
+func (m *pebbleMap[K, UK, UV]) writeKey(b *stateBatch, key K, c *mapCacheKey[UK, UV]) error {
 	if !c.dirty {
 		return nil
 	}
@@ -1041,7 +1041,7 @@ func (m *pebbleMap[K, UK, UV]) writeKey(b *pebble.Batch, key K, c *mapCacheKey[U
 		}
 		m.kbuf = m.kc.Append(append(m.kbuf[:0], m.pbuf...), e.uk)
 		if !e.present {
-			if err := b.Delete(m.kbuf, nil); err != nil {
+			if err := b.Delete(m.kbuf); err != nil {
 				return fmt.Errorf("state %q: %w", m.stateName, err)
 			}
 			m.charge(-e.size)
@@ -1049,7 +1049,7 @@ func (m *pebbleMap[K, UK, UV]) writeKey(b *pebble.Batch, key K, c *mapCacheKey[U
 			continue
 		}
 		m.vbuf = m.vc.Append(m.vbuf[:0], e.uv)
-		if err := b.Set(m.kbuf, m.vbuf, nil); err != nil {
+		if err := b.Set(m.kbuf, m.vbuf); err != nil {
 			return fmt.Errorf("state %q: %w", m.stateName, err)
 		}
 		e.dirty, e.stored = false, true
@@ -1063,7 +1063,7 @@ func (m *pebbleMap[K, UK, UV]) writeKey(b *pebble.Batch, key K, c *mapCacheKey[U
 
 // writeBack adds the cache's dirty entries to b (stateCache): every
 // dirty key is in dirtyKeys.
-func (m *pebbleMap[K, UK, UV]) writeBack(b *pebble.Batch) error {
+func (m *pebbleMap[K, UK, UV]) writeBack(b *stateBatch) error {
 	keys := m.dirtyKeys
 	m.dirtyKeys = keys[:0]
 	defer clear(keys)
@@ -1079,7 +1079,7 @@ func (m *pebbleMap[K, UK, UV]) writeBack(b *pebble.Batch) error {
 
 // evict drops about a quarter of the cache's bytes (at least one key),
 // adding their dirty entries to b (stateCache), in the map's order.
-func (m *pebbleMap[K, UK, UV]) evict(b *pebble.Batch) error {
+func (m *pebbleMap[K, UK, UV]) evict(b *stateBatch) error {
 	goal := m.cached / 4
 	for k, c := range m.cache {
 		if err := m.writeKey(b, k, c); err != nil {
@@ -1270,8 +1270,8 @@ func encodeMapBlobs(r pebbleReader, maxPar int, sid uint16) (map[int][]byte, err
 }
 
 func (m *pebbleMap[K, UK, UV]) restore(kg int, blob []byte) error {
-	b := m.st.db.NewBatch()
-	defer b.Close()
+	b := m.st.newBatch()
+	defer b.close()
 	var key []byte
 	err := readEntries(blob, func(kb, vb []byte) error {
 		key = appendStatePrefix(key[:0], kg, m.sid)
@@ -1279,13 +1279,13 @@ func (m *pebbleMap[K, UK, UV]) restore(kg int, blob []byte) error {
 		plen := len(key)
 		return readEntries(vb, func(ukb, uvb []byte) error {
 			key = append(key[:plen], ukb...)
-			return b.Set(key, uvb, nil)
+			return b.Set(key, uvb)
 		})
 	})
 	if err != nil {
 		return fmt.Errorf("state %q key group %d: %w", m.stateName, kg, err)
 	}
-	if err := b.Commit(pebble.NoSync); err != nil {
+	if err := b.commit(); err != nil {
 		return fmt.Errorf("state %q key group %d: %w", m.stateName, kg, err)
 	}
 	return nil

@@ -254,7 +254,7 @@ func (m *StateMemory) openInstanceFrom(ctx context.Context, name string, maxPar,
 		_ = m.fs.RemoveAll(dir)
 		return nil, fmt.Errorf("pebble state %s: %w", dir, err)
 	}
-	p := &pebbleState{mem: m, db: db, dir: dir, maxPar: maxPar, kgLo: lo, kgHi: hi, cacheLimit: m.cacheBytes(), dirtyMax: maxDirtyBytes,
+	p := &pebbleState{mem: m, db: db, dir: dir, maxPar: maxPar, kgLo: lo, kgHi: hi, cacheLimit: m.cacheBytes(), dirtyMax: maxDirtyBytes, chunk: opts.MemTableSize / 8,
 		snaps: map[*pebble.Snapshot]struct{}{}, staging: map[string]struct{}{}, infos: map[uint16]*pebbleStateInfo{}}
 	if len(handles) > 0 {
 		p.native, p.restoredNext = true, map[uint16]uint64{}
