@@ -14,9 +14,9 @@ import (
 // times its Len.
 const memTableEntryOverhead = 200
 
-// stateBatch is the batch every write of the pebble backend that is not
-// a single key goes through: write-backs, evictions, restores of a key
-// group. It commits what it holds once pebble's size of it (Len plus
+// stateBatch is the batch the pebble backend's large writes go through:
+// write-backs, evictions, restores of a key group (a TTL sweep's batch,
+// bounded by the entries a sweep checks, commits on its own). It commits what it holds once pebble's size of it (Len plus
 // memTableEntryOverhead per entry) reaches chunk, so that no commit
 // reaches pebble's large-batch threshold (half a memtable), at or above
 // which pebble turns a batch into a flushable batch of its own: a

@@ -62,8 +62,16 @@ func TestAHandshakeFloodHoldsAtMostMaxHandshakesAndASenderGetsThrough(t *testing
 	if err := snd.Open(ch); err != nil {
 		t.Fatal(err)
 	}
-	if got := handshakeGoroutines(t); got > taskmanager.MaxHandshakes+1 {
-		t.Fatalf("%d connections of a flood of %d are served; want at most %d and the sender's", got, flood, taskmanager.MaxHandshakes)
+	// A cut-off connection's goroutine ends soon after its connection is
+	// closed, not at once: on a loaded machine some are still ending.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got := handshakeGoroutines(t)
+		if got <= taskmanager.MaxHandshakes+1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections of a flood of %d are served after 10 s; want at most %d and the sender's", got, flood, taskmanager.MaxHandshakes)
+		}
 	}
 	sent := make(chan error, 1)
 	go func() { sent <- sendAll(t.Context(), snd, ch, n) }()

@@ -140,8 +140,13 @@ func TestAKillBetweenABatchAndItsIndexEntryCannotExposeAnAbortedTransaction(t *t
 	}
 
 	p = brokerproc.Start(t, dir, p.Addr)
-	if !strings.Contains(p.Stderr(), "t-0/0.idx") {
-		t.Errorf("the unclean start did not report rebuilding t-0/0.idx; stderr:\n%s", p.Stderr())
+	// Stderr is copied from its pipe apart from the listening line on
+	// stdout: the report may reach the test after it.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.Stderr(), "t-0/0.idx"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("the unclean start did not report rebuilding t-0/0.idx; stderr:\n%s", p.Stderr())
+			break
+		}
 	}
 	cl := txnClient(t, p.Addr, "b", time.Minute)
 	inTxn(ctx, t, cl, false, "aborted") // one batch
