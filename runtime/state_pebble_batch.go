@@ -16,7 +16,8 @@ const memTableEntryOverhead = 200
 
 // stateBatch is the batch the pebble backend's large writes go through:
 // write-backs, evictions, restores of a key group (a TTL sweep's batch,
-// bounded by the entries a sweep checks, commits on its own). It commits what it holds once pebble's size of it (Len plus
+// bounded by the entries a sweep checks, commits on its own). It commits
+// what it holds once pebble's size of it (Len plus
 // memTableEntryOverhead per entry) reaches chunk, so that no commit
 // reaches pebble's large-batch threshold (half a memtable), at or above
 // which pebble turns a batch into a flushable batch of its own: a
@@ -28,7 +29,6 @@ const memTableEntryOverhead = 200
 // snapshot is taken after the write-back returns. After a failure the
 // instance is rebuilt from a checkpoint.
 type stateBatch struct {
-	db    *pebble.DB
 	b     *pebble.Batch
 	chunk uint64
 }
@@ -36,7 +36,7 @@ type stateBatch struct {
 // newBatch returns an empty stateBatch of the instance; commit it (commit)
 // and release it (close).
 func (p *pebbleState) newBatch() *stateBatch {
-	return &stateBatch{db: p.db, b: p.db.NewBatch(), chunk: p.chunk}
+	return &stateBatch{b: p.db.NewBatch(), chunk: p.chunk}
 }
 
 // Set adds key = value to the batch, committing the batch first if it
