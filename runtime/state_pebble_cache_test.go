@@ -399,9 +399,9 @@ func TestTheBarriersFlushAndWriteBackAreCappedInBytes(t *testing.T) {
 			// Pebble makes a batch of half a memtable or more (counting its
 			// per-entry overhead, a few times a small entry's bytes) a
 			// flushable batch of its own: a memtable rotation and an L0 file
-			// per write-back. Write-backs of 32 MiB beside 64 MiB memtables
-			// more than doubled q5's CPU at 100M events
-			// (docs/guide/state-backends.md).
+			// per write-back (pebble's DB.commitWrite). A q5 run at 100M
+			// events with 32 MiB write-backs beside 64 MiB memtables was
+			// stopped unfinished (docs/guide/state-backends.md).
 			if got := p.dirtyLimit(); got*8 > int(mem.memTableSize()) {
 				t.Errorf("write-back of up to %d bytes beside %d-byte memtables: want an eighth of a memtable or less", got, mem.memTableSize())
 			}
