@@ -863,6 +863,17 @@ func (m *pebbleMap[K, UK, UV]) bound() {
 	}
 }
 
+// cachedEntry reports whether uk is present for the key in scope, and whether
+// the cache knows (it holds the key): it never reads pebble nor evicts.
+func (m *pebbleMap[K, UK, UV]) cachedEntry(uk UK) (present, known bool) {
+	c, ok := m.cache[m.key.scope.key]
+	if !ok {
+		return false, false
+	}
+	i := c.find(uk)
+	return i >= 0 && c.ents[i].present, true
+}
+
 func (m *pebbleMap[K, UK, UV]) get(uk UK) (UV, bool) {
 	if c := m.cachedKey(); c != nil {
 		var uv UV
@@ -1618,6 +1629,44 @@ func (t *pebbleTimers) next(upTo int64) (pebbleTimerID, int, bool) {
 }
 
 func (t *pebbleTimers) len() int { return t.n }
+
+// latest is the latest timer's timestamp: the last cached of a key group
+// whose timers are all cached, else one seek to the end of its range.
+func (t *pebbleTimers) latest() (int64, bool) {
+	ts, ok := int64(0), false
+	for kg := range t.caches {
+		c := &t.caches[kg]
+		var last int64
+		if c.complete {
+			if len(c.ids) == 0 {
+				continue
+			}
+			last = c.ids[len(c.ids)-1].ts
+		} else {
+			t.lo = appendStatePrefix(t.lo[:0], kg, t.sid)
+			t.hi = prefixEnd(append(t.hi[:0], t.lo...))
+			it, err := t.st.db.NewIter(&pebble.IterOptions{LowerBound: t.lo, UpperBound: t.hi})
+			if err != nil {
+				t.st.fail(t.name, err)
+				return 0, false
+			}
+			found := it.Last()
+			if found {
+				last = int64(binary.BigEndian.Uint64(it.Key()[4:]) ^ (1 << 63))
+			}
+			if err := it.Close(); err != nil {
+				t.st.fail(t.name, err)
+			}
+			if !found {
+				continue
+			}
+		}
+		if !ok || last > ts {
+			ts, ok = last, true
+		}
+	}
+	return ts, ok
+}
 
 func (t *pebbleTimers) close() error { return nil }
 

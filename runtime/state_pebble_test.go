@@ -295,6 +295,13 @@ func TestPebbleTimerStoreMatchesTheHeapsAtAnySize(t *testing.T) {
 		if heap.len() != peb.len() {
 			t.Fatalf("step %d: heap holds %d timers, pebble %d", step, heap.len(), peb.len())
 		}
+		if step%50 == 0 {
+			a, aok := heap.latest()
+			b, bok := peb.latest()
+			if a != b || aok != bok {
+				t.Fatalf("step %d: latest timer: heap %d %v, pebble %d %v", step, a, aok, b, bok)
+			}
+		}
 		if step%5000 == 4999 {
 			hs, err := frozenTimerBlobs(heap.snapshot(appendStringOwner))
 			if err != nil {

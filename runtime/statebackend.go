@@ -56,6 +56,8 @@ type timerStore[T comparable] interface {
 	remove(kg int, owner T, ts int64) bool
 	// peek is the earliest timer's timestamp.
 	peek() (int64, bool)
+	// latest is the latest timer's timestamp.
+	latest() (int64, bool)
 	// next removes and returns the earliest timer at or before upTo, with
 	// its key group; false when there is none. The error is a stored
 	// owner that does not decode.
@@ -166,6 +168,7 @@ type heapTimers[T comparable] struct{ q *timerQueue[T] }
 func (h heapTimers[T]) register(kg int, owner T, ts int64) bool { return h.q.register(kg, owner, ts) }
 func (h heapTimers[T]) remove(_ int, owner T, ts int64) bool    { return h.q.remove(owner, ts) }
 func (h heapTimers[T]) peek() (int64, bool)                     { return h.q.peek() }
+func (h heapTimers[T]) latest() (int64, bool)                   { return h.q.latest() }
 func (h heapTimers[T]) len() int                                { return h.q.len() }
 func (h heapTimers[T]) close() error                            { return nil }
 
@@ -238,6 +241,8 @@ func (e *encodedTimers[T]) peek() (int64, bool) {
 	id, ok := e.p.peek()
 	return id.ts, ok
 }
+
+func (e *encodedTimers[T]) latest() (int64, bool) { return e.p.latest() }
 
 func (e *encodedTimers[T]) next(upTo int64) (timerID[T], int, bool, error) {
 	id, kg, ok := e.p.next(upTo)

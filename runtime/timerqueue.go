@@ -295,6 +295,21 @@ func (q *timerQueue[T]) peek() (int64, bool) {
 	return ts, ok
 }
 
+// latest is the latest live timer's timestamp: a pass over the timestamps
+// (a restore asks it once).
+func (q *timerQueue[T]) latest() (int64, bool) {
+	ts, ok := int64(0), false
+	for t := range q.buckets {
+		if !ok || t > ts {
+			ts, ok = t, true
+		}
+	}
+	if q.firing() && (!ok || q.batchTS > ts) {
+		ts, ok = q.batchTS, true
+	}
+	return ts, ok
+}
+
 // next removes and returns the earliest timer at or before upTo, with its
 // key group; false when there is none. Call it in a loop: a timer
 // registered by a firing one (at or before upTo) fires in the same loop.

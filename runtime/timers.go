@@ -361,6 +361,16 @@ func (t *Timers[K, N]) restore(kg int, b []byte) error {
 	return nil
 }
 
+// latestTimer is the latest timestamp of any of t's timers, in either
+// time domain; false if there is none.
+func (t *Timers[K, N]) latestTimer() (int64, bool) {
+	ts, ok := t.q[0].latest()
+	if p, pok := t.q[1].latest(); pok && (!ok || p > ts) {
+		ts, ok = p, true
+	}
+	return ts, ok
+}
+
 // timerService is the untyped face of a Timers.
 type timerService interface {
 	fire(d TimeDomain, upTo int64) error

@@ -3,7 +3,6 @@ package runtime
 import (
 	"encoding/binary"
 	"fmt"
-	"math"
 	"slices"
 )
 
@@ -143,23 +142,6 @@ func (h heapWindows[K, ACC]) len() int {
 }
 
 func (h heapWindows[K, ACC]) clear() { h.s.del() }
-
-// maxEnd is the latest end of a window in the store, math.MinInt64 if it
-// holds none (the window operator reads it once, after a restore).
-func (h heapWindows[K, ACC]) maxEnd() int64 {
-	end := int64(math.MinInt64)
-	for _, g := range h.s.groups {
-		if g == nil {
-			continue
-		}
-		for _, e := range g.ents {
-			for _, we := range e.val {
-				end = max(end, we.w.End)
-			}
-		}
-	}
-	return end
-}
 
 // noWindows reports a key without windows (keyedStore.empty).
 func noWindows[ACC any](es []windowEntry[ACC]) bool { return len(es) == 0 }
