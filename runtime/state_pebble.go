@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"slices"
 	"sort"
 	"sync"
@@ -1312,27 +1311,12 @@ type pebbleTimers struct {
 	st     *pebbleState
 	name   string
 	sid    uint16
-	n      int
 	caches []timerCache // by key group
 	min    int          // key group of the earliest timer; -1: none; -2: recompute
 	// known holds timers beyond the cached heads that pebble is known to
-	// hold (registered, or found by a read), so that registering one again
-	// (a window operator registers its window's timer with every record)
-	// needs no pebble read. Removing or firing a timer forgets it; full,
-	// it is emptied.
+	// hold (registered), so that registering one again writes nothing.
+	// Removing or firing a timer forgets it; full, it is emptied.
 	known map[pebbleTimerID]struct{}
-	// filter is a Bloom filter over the timers pebble holds (those it held
-	// when the filter was built, and every timer registered since), so
-	// that registering a timer pebble does not hold, as a window's first
-	// registration, needs no pebble read. A removed timer stays in it
-	// (a read then, as without it) until it is rebuilt by a scan of the
-	// timers, after filterAdds more registrations. nil: off, the timers
-	// too many for its bound (timerFilterShare of the instance's cache
-	// bound).
-	filter     []uint64
-	filterAdds int
-	seed       maphash.Seed
-	reads      int // pebble point reads (exists) made
 	kbuf       []byte
 	lo         []byte
 	hi         []byte
@@ -1358,95 +1342,6 @@ const timerCacheSize = 32
 
 // timerKnownSize bounds pebbleTimers.known.
 const timerKnownSize = 1 << 15
-
-// The Bloom filter of pebbleTimers: sized for twice the timers pebble
-// holds when it is built (at least timerFilterMin), timerFilterBits bits
-// per timer and timerFilterHashes bits set by each (under 1% false
-// positives when full), at most 1/timerFilterShare of the instance's
-// cache bound.
-const (
-	timerFilterMin    = 1 << 12
-	timerFilterBits   = 16
-	timerFilterHashes = 4
-	timerFilterShare  = 8
-)
-
-// filterHash is id's hash for the filter.
-func (t *pebbleTimers) filterHash(id pebbleTimerID) uint64 {
-	h := maphash.String(t.seed, id.owner) ^ uint64(id.ts)*0x9E3779B97F4A7C15
-	h ^= h >> 31
-	h *= 0xbf58476d1ce4e5b9
-	return h ^ h>>29
-}
-
-// mayHold says whether pebble may hold id: false only if the filter is on
-// and lacks it.
-func (t *pebbleTimers) mayHold(id pebbleTimerID) bool {
-	if t.filter == nil {
-		return true
-	}
-	h := t.filterHash(id)
-	mask := uint64(len(t.filter))*64 - 1
-	for i, d := uint64(0), h>>32|1; i < timerFilterHashes; i++ {
-		b := (h + i*d) & mask
-		if t.filter[b/64]&(1<<(b%64)) == 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// addFilter records that pebble holds id, and rebuilds the filter when it
-// took as many timers as it was sized for.
-func (t *pebbleTimers) addFilter(id pebbleTimerID) {
-	if t.filter != nil {
-		h := t.filterHash(id)
-		mask := uint64(len(t.filter))*64 - 1
-		for i, d := uint64(0), h>>32|1; i < timerFilterHashes; i++ {
-			b := (h + i*d) & mask
-			t.filter[b/64] |= 1 << (b % 64)
-		}
-	}
-	if t.filterAdds--; t.filterAdds <= 0 {
-		t.rebuildFilter()
-	}
-}
-
-// rebuildFilter builds the filter again from the timers pebble holds, or
-// turns it off if they are too many for its bound.
-func (t *pebbleTimers) rebuildFilter() {
-	want := max(2*t.n, timerFilterMin)
-	t.filterAdds = want - t.n
-	words := 1
-	for words*64 < want*timerFilterBits {
-		words *= 2
-	}
-	if words*8 > t.st.cacheLimit/timerFilterShare {
-		t.filter = nil
-		return
-	}
-	if len(t.filter) == words {
-		clear(t.filter)
-	} else {
-		t.filter = make([]uint64, words)
-	}
-	filter := t.filter
-	err := eachKeyGroup(t.st.db, t.st.maxPar, t.sid, func(_ int, rest, _ []byte) error {
-		if len(rest) < 8 {
-			return fmt.Errorf("%w: timer key of %d bytes", ErrDecode, len(rest))
-		}
-		h := t.filterHash(pebbleTimerID{ts: int64(binary.BigEndian.Uint64(rest) ^ (1 << 63)), owner: string(rest[8:])})
-		mask := uint64(len(filter))*64 - 1
-		for i, d := uint64(0), h>>32|1; i < timerFilterHashes; i++ {
-			b := (h + i*d) & mask
-			filter[b/64] |= 1 << (b % 64)
-		}
-		return nil
-	}, func(int) error { return nil })
-	if err != nil {
-		t.st.fail(t.name, err)
-	}
-}
 
 // know records that pebble holds timer id.
 func (t *pebbleTimers) know(id pebbleTimerID) {
@@ -1478,14 +1373,13 @@ func (c *timerCache) covers(id pebbleTimerID) bool {
 
 func newPebbleTimers(st *pebbleState, name, kind string) *pebbleTimers {
 	t := &pebbleTimers{st: st, name: name, sid: st.stateID(name, kind), caches: make([]timerCache, st.maxPar), min: -1,
-		known: map[pebbleTimerID]struct{}{}, seed: maphash.MakeSeed()}
+		known: map[pebbleTimerID]struct{}{}}
 	for i := range t.caches {
 		t.caches[i].complete = true
 	}
 	if st.native {
 		t.reload()
 	}
-	t.rebuildFilter()
 	return t
 }
 
@@ -1495,20 +1389,13 @@ func appendTimerKey(dst []byte, kg int, sid uint16, owner string, ts int64) []by
 	return append(dst, owner...)
 }
 
-// exists reads whether the timer key in kbuf is in pebble.
-func (t *pebbleTimers) exists() bool {
-	t.reads++
-	_, c, err := t.st.db.Get(t.kbuf)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return false
-	}
-	if err != nil {
-		t.st.fail(t.name, err)
-	}
-	_ = c.Close()
-	return true
-}
-
+// register writes the timer. Beyond its key group's cached head it does
+// not read whether pebble holds it: setting a key pebble holds changes
+// nothing, and the read (for a new timer, which a window's pane registers)
+// was a sixth to a third of Nexmark q5's CPU with its state beyond the
+// caches (docs/internals/benchmarks.md). Flink's RocksDB timers write
+// without reading too. It reports false when the timer is known to exist
+// (cached, or in known), true when it is new or may be.
 func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
 	id := pebbleTimerID{ts: ts, owner: owner}
 	c := &t.caches[kg]
@@ -1519,17 +1406,10 @@ func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
 		return false
 	}
 	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
-	covered := c.covers(id)
-	if !covered && t.mayHold(id) && t.exists() {
-		t.know(id)
-		return false
-	}
 	if err := t.st.db.Set(t.kbuf, nil, pebble.NoSync); err != nil {
 		t.st.fail(t.name, err)
 	}
-	t.n++
-	t.addFilter(id)
-	if !covered {
+	if !c.covers(id) {
 		t.know(id)
 		return true
 	}
@@ -1545,20 +1425,21 @@ func (t *pebbleTimers) register(kg int, owner string, ts int64) bool {
 	return true
 }
 
+// remove deletes the timer, without reading whether pebble holds it
+// (register). It reports false when the timer is known not to exist (its
+// key group's cached head covers it), true when it existed or may have.
 func (t *pebbleTimers) remove(kg int, owner string, ts int64) bool {
 	id := pebbleTimerID{ts: ts, owner: owner}
 	c := &t.caches[kg]
-	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
 	i, cached := c.find(id)
-	if _, ok := t.known[id]; ok {
-		delete(t.known, id)
-	} else if !cached && (c.covers(id) || !t.mayHold(id) || !t.exists()) {
+	if !cached && c.covers(id) {
 		return false
 	}
+	delete(t.known, id)
+	t.kbuf = appendTimerKey(t.kbuf[:0], kg, t.sid, owner, ts)
 	if err := t.st.db.Delete(t.kbuf, pebble.NoSync); err != nil {
 		t.st.fail(t.name, err)
 	}
-	t.n--
 	if cached {
 		c.ids = slices.Delete(c.ids, i, i+1)
 		t.refill(kg)
@@ -1619,7 +1500,6 @@ func (t *pebbleTimers) next(upTo int64) (pebbleTimerID, int, bool) {
 	if err := t.st.db.Delete(t.kbuf, pebble.NoSync); err != nil {
 		t.st.fail(t.name, err)
 	}
-	t.n--
 	delete(t.known, id)
 	c := &t.caches[kg]
 	c.ids = slices.Delete(c.ids, 0, 1)
@@ -1628,7 +1508,19 @@ func (t *pebbleTimers) next(upTo int64) (pebbleTimerID, int, bool) {
 	return id, kg, true
 }
 
-func (t *pebbleTimers) len() int { return t.n }
+// len counts the timers in pebble: a scan of them all, as Flink's RocksDB
+// timers count theirs (register does not know whether a timer is new).
+func (t *pebbleTimers) len() int {
+	n := 0
+	err := eachKeyGroup(t.st.db, t.st.maxPar, t.sid, func(int, []byte, []byte) error {
+		n++
+		return nil
+	}, func(int) error { return nil })
+	if err != nil {
+		t.st.fail(t.name, err)
+	}
+	return n
+}
 
 // latest is the latest timer's timestamp: the last cached of a key group
 // whose timers are all cached, else one seek to the end of its range.

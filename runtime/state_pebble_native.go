@@ -424,11 +424,10 @@ func (quietLogger) Fatalf(format string, args ...any) {
 	panic(fmt.Sprintf(format, args...))
 }
 
-// reload rebuilds the timers' count and the head of each key group's
-// queue after a native restore: one scan of the timer keys (no owner is
+// reload rebuilds the head of each key group's queue after a native
+// restore: its first timers, by a range scan of each key group (no owner is
 // decoded).
 func (t *pebbleTimers) reload() {
-	t.n = 0
 	clear(t.known)
 	for kg := range t.caches {
 		c := &t.caches[kg]
@@ -445,8 +444,8 @@ func (t *pebbleTimers) reload() {
 				c.ids = append(c.ids, pebbleTimerID{ts: int64(binary.BigEndian.Uint64(k) ^ (1 << 63)), owner: string(k[8:])})
 			} else {
 				c.complete = false
+				break
 			}
-			t.n++
 		}
 		if err := it.Close(); err != nil {
 			t.st.fail(t.name, err)

@@ -248,7 +248,9 @@ func (t *Timers[K, N]) Namespace(ctx *KeyedContext[K]) (N, bool) {
 	return f.ns.(N), true
 }
 
-// Len is the number of timers registered in the domain, every key.
+// Len is the number of timers registered in the domain, every key. On the
+// pebble backend it counts them by a scan (a registration does not read
+// whether its timer is new), as Flink's RocksDB timers count theirs.
 func (t *Timers[K, N]) Len(d TimeDomain) int { return t.q[d-1].len() }
 
 // fire fires t's timers of domain d at or before upTo.
