@@ -1317,9 +1317,9 @@ type pebbleTimers struct {
 	// hold (registered), so that registering one again writes nothing.
 	// Removing or firing a timer forgets it; full, it is emptied.
 	known map[pebbleTimerID]struct{}
-	kbuf       []byte
-	lo         []byte
-	hi         []byte
+	kbuf  []byte
+	lo    []byte
+	hi    []byte
 }
 
 // pebbleTimerID is a timer in pebble: its timestamp and encoded owner.
