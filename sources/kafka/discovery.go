@@ -173,6 +173,15 @@ func (s *Source[T]) resolve(ctx context.Context, owned map[tp]bool, restored map
 		if err != nil {
 			return nil, fmt.Errorf("list %s offsets: %w", what, err)
 		}
+		// A partition the listing lacks (its topic's metadata named
+		// fewer partitions, as a broker just restarted can answer) has no
+		// offset: Lookup's zero would read as offset 0, a stop offset that
+		// ends a restored partition unread or a position out of range.
+		for k := range owned {
+			if _, ok := l.Lookup(k.topic, k.partition); !ok {
+				return nil, fmt.Errorf("list %s offsets: partition %s/%d not in the listing (retried)", what, k.topic, k.partition)
+			}
+		}
 		return l, nil
 	}
 	starts, err := list("start", s.adm.ListStartOffsets)

@@ -1,0 +1,64 @@
+package kafka
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/weirstream/weir/internal/kafkatest"
+	"github.com/weirstream/weir/runtime"
+)
+
+// A broker whose offsets listing lacks a partition (as one just restarted
+// can answer, its metadata naming fewer partitions) must not stop a bounded
+// source's partition at offset 0: the listing is asked again, and every
+// record is read, exactly once.
+func TestAPartitionMissingFromTheOffsetsListingIsListedAgainNotEndedAtZero(t *testing.T) {
+	env := kafkatest.New(t)
+	env.CreateTopic(t, "in", 4, nil)
+	env.CreateTopic(t, "out", 1, nil)
+	const n = 4000
+	produce(t, env, "in", 4, 0, n, "r", nil)
+	c := env.Broker.Cluster()
+	var answered atomic.Int32
+	c.ControlKey(kmsg.ListOffsets.Int16(), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kr.(*kmsg.ListOffsetsRequest)
+		// The first two last-stable listings (read_committed) lack
+		// partition 3; every partition holds n/4 records.
+		if req.IsolationLevel != 1 || answered.Add(1) > 2 {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				if rt.Topic == "in" && rp.Partition == 3 {
+					continue
+				}
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.Offset = n / 4
+				sp.Timestamp = -1
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	j := copyJob(t, env, "listing", "in", "out", 1, StopAt(Latest()))
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	if _, err := runtime.NewMiniCluster(runtime.CheckpointInterval(50*time.Millisecond)).Run(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	sameSet(t, values(t, env, "out"), names("r", 0, n))
+	if answered.Load() < 2 {
+		t.Errorf("the listing lacking partition 3 was answered %d times, want it asked again after the first", answered.Load())
+	}
+}
