@@ -1389,6 +1389,12 @@ func appendTimerKey(dst []byte, kg int, sid uint16, owner string, ts int64) []by
 	return append(dst, owner...)
 }
 
+// decodeTimerKey is the timer of a timer key's rest (after its key group
+// and state id): appendTimerKey's inverse. rest holds 8 bytes or more.
+func decodeTimerKey(rest []byte) pebbleTimerID {
+	return pebbleTimerID{ts: int64(binary.BigEndian.Uint64(rest) ^ (1 << 63)), owner: string(rest[8:])}
+}
+
 // register writes the timer. Beyond its key group's cached head it does
 // not read whether pebble holds it: setting a key pebble holds changes
 // nothing, and the read (for a new timer, which a window's pane registers)
@@ -1465,8 +1471,7 @@ func (t *pebbleTimers) refill(kg int) {
 		t.st.fail(t.name, err)
 	}
 	for ok := it.First(); ok && len(c.ids) < timerCacheSize; ok = it.Next() {
-		k := it.Key()[4:]
-		c.ids = append(c.ids, pebbleTimerID{ts: int64(binary.BigEndian.Uint64(k) ^ (1 << 63)), owner: string(k[8:])})
+		c.ids = append(c.ids, decodeTimerKey(it.Key()[4:]))
 	}
 	c.complete = !it.Valid()
 	if err := it.Close(); err != nil {
@@ -1544,7 +1549,7 @@ func (t *pebbleTimers) latest() (int64, bool) {
 			}
 			found := it.Last()
 			if found {
-				last = int64(binary.BigEndian.Uint64(it.Key()[4:]) ^ (1 << 63))
+				last = decodeTimerKey(it.Key()[4:]).ts
 			}
 			if err := it.Close(); err != nil {
 				t.st.fail(t.name, err)
@@ -1580,7 +1585,7 @@ func encodeTimerIDs(r pebbleReader, maxPar int, sid uint16) (map[int][]pebbleTim
 		if len(rest) < 8 {
 			return fmt.Errorf("%w: timer key of %d bytes", ErrDecode, len(rest))
 		}
-		out[kg] = append(out[kg], pebbleTimerID{ts: int64(binary.BigEndian.Uint64(rest) ^ (1 << 63)), owner: string(rest[8:])})
+		out[kg] = append(out[kg], decodeTimerKey(rest))
 		return nil
 	}, func(int) error { return nil })
 	for _, ids := range out {

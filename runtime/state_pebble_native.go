@@ -22,7 +22,6 @@ package runtime
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -425,31 +424,13 @@ func (quietLogger) Fatalf(format string, args ...any) {
 }
 
 // reload rebuilds the head of each key group's queue after a native
-// restore: its first timers, by a range scan of each key group (no owner is
-// decoded).
+// restore: each key group's cache emptied and refilled from its start.
 func (t *pebbleTimers) reload() {
 	clear(t.known)
 	for kg := range t.caches {
-		c := &t.caches[kg]
-		c.ids, c.complete = nil, true
-		t.lo = appendStatePrefix(t.lo[:0], kg, t.sid)
-		t.hi = prefixEnd(append(t.hi[:0], t.lo...))
-		it, err := t.st.db.NewIter(&pebble.IterOptions{LowerBound: t.lo, UpperBound: t.hi})
-		if err != nil {
-			t.st.fail(t.name, err)
-		}
-		for ok := it.First(); ok; ok = it.Next() {
-			if len(c.ids) < timerCacheSize {
-				k := it.Key()[4:]
-				c.ids = append(c.ids, pebbleTimerID{ts: int64(binary.BigEndian.Uint64(k) ^ (1 << 63)), owner: string(k[8:])})
-			} else {
-				c.complete = false
-				break
-			}
-		}
-		if err := it.Close(); err != nil {
-			t.st.fail(t.name, err)
-		}
+		t.caches[kg] = timerCache{}
+		t.kbuf = appendStatePrefix(t.kbuf[:0], kg, t.sid)
+		t.refill(kg)
 	}
 	t.min = -2
 }

@@ -242,12 +242,10 @@ type windowOperator[K comparable, IN, ACC, OUT any] struct {
 	// turned into windows when the key is next in scope.
 	perWindow    bool
 	mayHoldPanes bool
-	// heap is the heap backend's window store (nil on pebble), and
 	// restoredEnd bounds the end of every window restored into the
 	// operator (restoredWindowsEnd): a pane that starts at or after it was
 	// made by this operator, which set the timers of its windows then
 	// (timerSet).
-	heap        *heapWindows[K, ACC]
 	restoredEnd int64
 	// state maps each window (a pane, for aligned windows) of the key in
 	// scope to its accumulator; nil with al.
@@ -332,9 +330,6 @@ func newWindowOperatorOn[K comparable, IN, ACC, OUT any](r *StateRegistry[K], as
 	}
 	op := &windowOperator[K, IN, ACC, OUT]{asg: asg, lateness: lateness, fn: fn, timers: timers, state: st, emit: emit, late: late,
 		perWindow: perWindow, mayHoldPanes: perWindow && restored, restoredEnd: restoredWindowsEnd(r.b.timers)}
-	if h, ok := st.s.(heapWindows[K, ACC]); ok {
-		op.heap = &h
-	}
 	op.col.emit = emit
 	op.timerScan = op.scanForTimer
 	return op, nil
@@ -531,56 +526,43 @@ func (op *windowOperator[K, IN, ACC, OUT]) processAlignedWindow(key K, ts int64,
 	return nil
 }
 
-// cachedPanes is the pebble map state's view of its cache: whether a pane
-// of the key in scope is present, when the cache holds the key (it never
-// reads pebble).
+// cachedPanes is a window store's view of the panes of the key in scope
+// without a read of storage: the heap store always knows whether a pane is
+// present; the pebble map state knows when its cache holds the key.
 type cachedPanes interface {
 	cachedEntry(p TimeWindow) (present, known bool)
 }
 
 // timerSet reports whether w's fire timer is set for the key in scope
 // already, so that its new pane need not register it again (a registration
-// probes the timer queue's set of every key's timers at that time: q5's
-// sliding windows set five a pane, four of them set already when the key
-// had a record in the pane before). It is when w is not due yet and the
-// key has another pane in w made by this operator (one starting at or
-// after every restored window's end): that pane's record registered w's
-// fire timer, and aligned windows delete none. It says false where it does
-// not know (tumbling windows, whose window is the pane). On pebble it looks
-// the panes of w up in the map state's cache, which the pane's own lookup
-// has just filled with the key's panes, and says false where the cache
-// does not hold the key: a timer registration beyond the pebble timer
-// queue's cached head reads pebble (q5 at 100M events: 29% of its CPU).
+// probes the heap timer queue's set, or writes a pebble key: q5's sliding
+// windows set five a pane, four of them set already when the key had a
+// record in the pane before). It is when w is not due yet and the key has
+// another pane in w made by this operator (one starting at or after every
+// restored window's end): that pane's record registered w's fire timer,
+// and aligned windows delete none. It says false where it does not know:
+// tumbling windows, whose window is the pane, and on pebble a key the map
+// state's cache does not hold (the pane's own lookup has just filled it,
+// so this is rare).
 func (op *windowOperator[K, IN, ACC, OUT]) timerSet(w, pane TimeWindow) bool {
 	if w == pane || w.Start < op.restoredEnd ||
 		(op.asg.eventTime && w.MaxTimestamp() <= op.timers.currentWatermark()) {
 		return false
 	}
-	if op.heap == nil {
-		c, ok := op.state.s.(cachedPanes)
-		if !ok {
-			return false
-		}
-		ps := op.asg.paneSize()
-		for p := (TimeWindow{Start: w.Start, End: w.Start + ps}); p.End <= w.End; p.Start, p.End = p.End, p.End+ps {
-			if p == pane {
-				continue
-			}
-			present, known := c.cachedEntry(p)
-			if !known {
-				return false
-			}
-			if present {
-				return true
-			}
-		}
+	c, ok := op.state.s.(cachedPanes)
+	if !ok {
 		return false
 	}
-	es, _ := op.heap.s.get() // the key's windows, sorted by start
-	for _, e := range es {
-		if p := e.w; p.Start >= w.End {
-			break
-		} else if p != pane && p.Start >= w.Start && p.End <= w.End {
+	ps := op.asg.paneSize()
+	for p := (TimeWindow{Start: w.Start, End: w.Start + ps}); p.End <= w.End; p.Start, p.End = p.End, p.End+ps {
+		if p == pane {
+			continue
+		}
+		present, known := c.cachedEntry(p)
+		if !known {
+			return false
+		}
+		if present {
 			return true
 		}
 	}

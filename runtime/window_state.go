@@ -94,6 +94,13 @@ func (h heapWindows[K, ACC]) get(w TimeWindow) (ACC, bool) {
 	return zero, false
 }
 
+// cachedEntry reports whether the key in scope has window w: the heap
+// always knows (the window operator's cachedPanes).
+func (h heapWindows[K, ACC]) cachedEntry(w TimeWindow) (present, known bool) {
+	_, ok := h.get(w)
+	return ok, true
+}
+
 func (h heapWindows[K, ACC]) put(w TimeWindow, acc ACC) {
 	es, _ := h.s.getForWrite() // the key's own slice (cloned if a snapshot shares it)
 	i, ok := findWindow(es, w)
