@@ -196,17 +196,26 @@ func (s *Source[T]) resolve(ctx context.Context, owned map[tp]bool, restored map
 	if err != nil {
 		return err
 	}
+	// One listing per timestamp (a start and a stop may name two) serves
+	// every partition.
+	byTime := map[int64]kadm.ListedOffsets{}
 	at := func(o Offset, k tp, committed kadm.OffsetResponses) (int64, error) {
 		switch o.kind {
 		case offsetLatest:
 			l, _ := stable.Lookup(k.topic, k.partition)
 			return l.Offset, nil
 		case offsetTimestamp:
-			l, err := list("timestamp", func(ctx context.Context, ts ...string) (kadm.ListedOffsets, error) {
-				return s.adm.ListOffsetsAfterMilli(ctx, o.ts.UnixMilli(), ts...)
-			})
-			if err != nil {
-				return 0, err
+			ms := o.ts.UnixMilli()
+			l, ok := byTime[ms]
+			if !ok {
+				var err error
+				l, err = list("timestamp", func(ctx context.Context, ts ...string) (kadm.ListedOffsets, error) {
+					return s.adm.ListOffsetsAfterMilli(ctx, ms, ts...)
+				})
+				if err != nil {
+					return 0, err
+				}
+				byTime[ms] = l
 			}
 			lo, _ := l.Lookup(k.topic, k.partition)
 			if lo.Offset < 0 {

@@ -63,3 +63,35 @@ func TestAPartitionMissingFromTheOffsetsListingIsListedAgainNotEndedAtZero(t *te
 		t.Errorf("the listing lacking partition 3 was answered %d times, want it asked again after the first", answered.Load())
 	}
 }
+
+// A start and a stop at timestamps cost one offsets listing each, for
+// every partition at once, not one per partition (a topic of hundreds of
+// partitions would otherwise be listed hundreds of times at every start).
+func TestTimestampOffsetsAreListedOncePerTimestampNotPerPartition(t *testing.T) {
+	env := kafkatest.New(t)
+	const parts = 8
+	env.CreateTopic(t, "in", parts, nil)
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	// Record i is in partition i mod 8, stamped base + i seconds.
+	produce(t, env, "in", parts, 0, 80, "r", func(i int) int64 { return base.Add(time.Duration(i) * time.Second).UnixMilli() })
+	c := env.Broker.Cluster()
+	var listings atomic.Int32
+	c.ControlKey(kmsg.ListOffsets.Int16(), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, rt := range kr.(*kmsg.ListOffsetsRequest).Topics {
+			if len(rt.Partitions) > 0 && rt.Partitions[0].Timestamp >= 0 {
+				listings.Add(1)
+			}
+		}
+		return nil, nil, false
+	})
+	s, err := openSource(t, env, nil, Topics("in"), StartAt(AtTimestamp(base.Add(16*time.Second))),
+		StopAt(AtTimestamp(base.Add(64*time.Second))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameSet(t, pollAll(t, s), names("r", 16, 48))
+	if n := listings.Load(); n != 2 {
+		t.Errorf("%d timestamp listings of %d partitions, want 2 (one for the start, one for the stop)", n, parts)
+	}
+}
