@@ -92,6 +92,10 @@ type OperatorContext struct {
 	// is the task manager's memory for the pebble backend.
 	stateBackend StateBackendKind
 	stateMem     *StateMemory
+	// stateShare is how many keyed operator subtasks of the deployment
+	// share the slot of this one (subtask s of every vertex), and so the
+	// slot's share of stateMem.
+	stateShare int
 	// stateStorage is the deployment's checkpoint storage (nil: none):
 	// where native snapshots of pebble state go and come from.
 	stateStorage storage.Storage

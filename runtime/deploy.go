@@ -324,6 +324,20 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 	}
 	tw := &taskWiring{ctx: d.ctx, batchSize: d.spec.BatchSize, maxPar: d.p.job.maxParallelism}
 	restore := d.spec.Restore
+	// The keyed operator subtasks of each slot here (slot s holds subtask
+	// s of every vertex): they split the slot's state memory.
+	keyedIn := map[int]int{}
+	for _, v := range d.p.vertices {
+		for sub := 0; sub < v.parallelism; sub++ {
+			if local(v.taskID(sub)) {
+				for _, n := range v.nodes {
+					if n.keyed {
+						keyedIn[sub]++
+					}
+				}
+			}
+		}
+	}
 	for _, v := range d.p.vertices {
 		for sub := 0; sub < v.parallelism; sub++ {
 			if !local(v.taskID(sub)) {
@@ -378,7 +392,7 @@ func (d *localDeployment) build(local func(checkpoint.TaskID) bool, ex Exchange)
 					Parallelism: n.parallelism, Attempt: d.spec.Attempt, Logger: d.log.With(zap.String("operator", n.name), zap.Int("subtask", sub)),
 					Failpoints: d.spec.Failpoints, RequestCheckpoint: d.rep.RequestCheckpoint, RestartCause: d.spec.RestartCause,
 					metrics: &operatorMetrics{reg: &d.metrics, operator: n.name, subtask: sub}, now: t.now,
-					stateBackend: d.p.job.stateBackend, stateMem: d.spec.StateMemory, stateStorage: d.spec.Storage}
+					stateBackend: d.p.job.stateBackend, stateMem: d.spec.StateMemory, stateShare: keyedIn[sub], stateStorage: d.spec.Storage}
 				if n == tail {
 					oc.sides = sides
 				}

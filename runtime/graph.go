@@ -302,16 +302,12 @@ func (j *Job) Graph() (Graph, error) {
 	return g, nil
 }
 
-// keyedSubtasks counts the keyed operator subtasks of the job (at least
-// 1): the pebble instances of a job on the pebble state backend.
-func (p *plan) keyedSubtasks() int {
-	n := 0
+// slots is the number of slots the job runs in: its largest parallelism
+// (slot s holds subtask s of every vertex, SlotShares).
+func (p *plan) slots() int {
+	n := 1
 	for _, v := range p.vertices {
-		for _, nd := range v.nodes {
-			if nd.keyed {
-				n += v.parallelism
-			}
-		}
+		n = max(n, v.parallelism)
 	}
-	return max(n, 1)
+	return n
 }

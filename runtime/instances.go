@@ -454,9 +454,9 @@ func (k *keyedInstance[K, T, U]) open(ctx context.Context) error {
 		}
 		name := fmt.Sprintf("%s-%s-%d", k.oc.Job, k.oc.UID, k.oc.Subtask)
 		lo, hi := k.keyGroupSpan()
-		p, err := k.oc.stateMem.openInstanceFrom(ctx, name, k.maxPar, lo, hi, k.oc.stateStorage, k.native)
+		p, err := k.oc.stateMem.openInstanceFrom(ctx, name, k.maxPar, lo, hi, k.oc.stateShare, k.oc.stateStorage, k.native)
 		if errors.Is(err, errNativeMismatch) {
-			p, err = k.oc.stateMem.openInstanceFrom(ctx, name, k.maxPar, lo, hi, nil, nil)
+			p, err = k.oc.stateMem.openInstanceFrom(ctx, name, k.maxPar, lo, hi, k.oc.stateShare, nil, nil)
 			if err == nil {
 				k.backend.usePebble(p)
 				err = k.restoreDecoded(ctx, k.native)

@@ -677,7 +677,7 @@ func (m *MiniCluster) run(ctx context.Context, job *Job) (Result, error) {
 		cfg.jobID = job.name
 	}
 	if job.StateBackendOf() == PebbleState && cfg.deployer == nil {
-		memOpts := []StateMemoryOpt{StateMemoryBudget(cfg.stateBudget), StateSlots(p.keyedSubtasks()), StateLogger(cfg.log)}
+		memOpts := []StateMemoryOpt{StateMemoryBudget(cfg.stateBudget), StateSlots(p.slots()), StateLogger(cfg.log)}
 		if cfg.stateDir != "" {
 			memOpts = append(memOpts, StateDir(cfg.stateDir))
 		}

@@ -100,6 +100,8 @@ type pebbleState struct {
 	infos map[uint16]*pebbleStateInfo
 	// kgLo, kgHi are the key groups [kgLo, kgHi) the instance holds.
 	kgLo, kgHi int
+	// memTable is the instance's memtable size (StateMemory.memTableSize).
+	memTable uint64
 	// restoredNext are lists' next sequence numbers restored from native
 	// snapshots, by id; native: the instance was opened on them.
 	restoredNext map[uint16]uint64

@@ -18,12 +18,12 @@ func TestAWriteBackOfHalfAMemtableIsCommittedInChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.close()
-	if p.chunk*8 > mem.memTableSize() || p.chunk == 0 {
-		t.Fatalf("chunks of %d bytes beside %d-byte memtables; want an eighth of a memtable or less", p.chunk, mem.memTableSize())
+	if p.chunk*8 > mem.memTableSize(1) || p.chunk == 0 {
+		t.Fatalf("chunks of %d bytes beside %d-byte memtables; want an eighth of a memtable or less", p.chunk, mem.memTableSize(1))
 	}
 	// Entries as small as q5's counts: 0.7 of a memtable in all.
 	const keyLen, valueLen = 20, 8
-	n := int(mem.memTableSize() * 7 / 10 / (keyLen + valueLen + memTableEntryOverhead))
+	n := int(mem.memTableSize(1) * 7 / 10 / (keyLen + valueLen + memTableEntryOverhead))
 	key := func(i int) []byte { return fmt.Appendf(nil, "k%019d", i) }
 	commits := 0
 	p.writeNow("test", func(b *stateBatch) error {
@@ -42,7 +42,7 @@ func TestAWriteBackOfHalfAMemtableIsCommittedInChunks(t *testing.T) {
 		return nil
 	})
 	if commits < 5 {
-		t.Fatalf("%d entries (0.7 of a %d-byte memtable) committed in %d chunks; want 5 or more", n, mem.memTableSize(), commits+1)
+		t.Fatalf("%d entries (0.7 of a %d-byte memtable) committed in %d chunks; want 5 or more", n, mem.memTableSize(1), commits+1)
 	}
 	for i := range n {
 		v, closer, err := p.db.Get(key(i))

@@ -385,7 +385,7 @@ func TestTheBarriersFlushAndWriteBackAreCappedInBytes(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer p.close()
-			if got := int(mem.memTableSize()); got != tc.memTable {
+			if got := int(mem.memTableSize(1)); got != tc.memTable {
 				t.Errorf("memtable %d bytes, want %d", got, tc.memTable)
 			}
 			if p.cacheLimit != tc.cache {
@@ -400,8 +400,8 @@ func TestTheBarriersFlushAndWriteBackAreCappedInBytes(t *testing.T) {
 			// per write-back (pebble's DB.commitWrite). A q5 run at 100M
 			// events with 32 MiB write-backs beside 64 MiB memtables was
 			// stopped unfinished (docs/guide/state-backends.md).
-			if got := p.dirtyLimit(); got*8 > int(mem.memTableSize()) {
-				t.Errorf("write-back of up to %d bytes beside %d-byte memtables: want an eighth of a memtable or less", got, mem.memTableSize())
+			if got := p.dirtyLimit(); got*8 > int(mem.memTableSize(1)) {
+				t.Errorf("write-back of up to %d bytes beside %d-byte memtables: want an eighth of a memtable or less", got, mem.memTableSize(1))
 			}
 		})
 	}

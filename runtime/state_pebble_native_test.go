@@ -96,7 +96,7 @@ func openSubtask(t *testing.T, mem *StateMemory, st storage.Storage, maxPar, sub
 			mine = append(mine, h)
 		}
 	}
-	p, err := mem.openInstanceFrom(t.Context(), fmt.Sprintf("op-%d-%d", sub, par), maxPar, lo, hi, st, mine)
+	p, err := mem.openInstanceFrom(t.Context(), fmt.Sprintf("op-%d-%d", sub, par), maxPar, lo, hi, 1, st, mine)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +365,7 @@ func TestANativeCheckpointFailsOnAFailedUploadAndARestoreOnAMissingSST(t *testin
 	if err := st.Delete(t.Context(), h.Files[i].Ref.Key); err != nil {
 		t.Fatal(err)
 	}
-	_, err = testStateMemory(t).openInstanceFrom(t.Context(), "op", maxPar, 0, maxPar, st, []*checkpoint.NativeState{h})
+	_, err = testStateMemory(t).openInstanceFrom(t.Context(), "op", maxPar, 0, maxPar, 1, st, []*checkpoint.NativeState{h})
 	if !errors.Is(err, checkpoint.ErrStateUnreadable) || !strings.Contains(err.Error(), h.Files[i].Ref.Key) {
 		t.Fatalf("restore without %s: %v; want ErrStateUnreadable naming it", h.Files[i].Ref.Key, err)
 	}

@@ -150,7 +150,7 @@ func rssChild(t *testing.T, spec string) {
 				mine = append(mine, h)
 			}
 		}
-		p, err := mem.openInstanceFrom(t.Context(), fmt.Sprintf("big-%d", sub), maxPar, lo, hi, st, mine)
+		p, err := mem.openInstanceFrom(t.Context(), fmt.Sprintf("big-%d", sub), maxPar, lo, hi, 1, st, mine)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,10 +23,13 @@ import (
 // a memory budget and the directory their instances live in. The budget
 // bounds the memory pebble takes, whatever the size of the state (Flink's
 // managed memory): half of it is one block cache shared by every instance,
-// the other half is split evenly between the task manager's slots, and
-// each slot's share in three: two memtables (pebble keeps up to two per
-// instance before it stalls writes; each is budget/2/slots/3) and the
-// write-back cache of the instance's value states (pebbleValue). State
+// the other half is split evenly between the task manager's slots, a
+// slot's share evenly between the instances in it (a slot holds subtask s
+// of every vertex of a job, so one instance per keyed operator; Flink
+// splits a slot's managed memory between its operators the same way), and
+// each instance's share in three: two memtables (pebble keeps up to two per
+// instance before it stalls writes; each is budget/2/slots/instances/3) and
+// the write-back cache of the instance's value states (pebbleValue). State
 // beyond the budget lives on disk.
 type StateMemory struct {
 	cfg   stateMemoryCfg
@@ -69,9 +72,9 @@ func StateMemoryBudget(bytes int64) StateMemoryOpt {
 	return stateMemoryOpt(func(c *stateMemoryCfg) { c.budget = bytes })
 }
 
-// StateSlots is the number of pebble instances expected to share the
-// budget's memtables: a task manager's slots, a mini cluster's keyed
-// operator subtasks (default 1).
+// StateSlots is the number of slots that share the budget's memtables: a
+// task manager's slots, a mini cluster's (its job's largest parallelism)
+// (default 1). The instances of one slot split its share.
 func StateSlots(n int) StateMemoryOpt {
 	return stateMemoryOpt(func(c *stateMemoryCfg) { c.slots = n })
 }
@@ -170,6 +173,17 @@ func (m *StateMemory) Budget() int64 { return m.cfg.budget }
 // Dir is the directory the instances live in.
 func (m *StateMemory) Dir() string { return m.cfg.dir }
 
+// reserved is what the open instances take of the budget's memtable half
+// at most: two memtables and a write-back cache bound each.
+func (m *StateMemory) reserved() (bytes int64, instances int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for p := range m.open {
+		bytes += 2*int64(p.memTable) + int64(p.cacheLimit)
+	}
+	return bytes, len(m.open)
+}
+
 // DiskUsage is the size on disk of every open instance, in bytes.
 func (m *StateMemory) DiskUsage() int64 {
 	m.mu.Lock()
@@ -181,12 +195,18 @@ func (m *StateMemory) DiskUsage() int64 {
 	return int64(n)
 }
 
-// memTableSize is each instance's memtable size: a third of the
-// instance's share of the memtable half (pebble keeps up to two
-// memtables), the last third being its states' write-back caches
-// (cacheBytes); at most maxMemTable.
-func (m *StateMemory) memTableSize() uint64 {
-	return uint64(min(max(m.cfg.budget/2/int64(m.cfg.slots)/3, 1<<20), maxMemTable))
+// instanceShare is the bytes of the budget's memtable half that one of
+// the instances sharing a slot takes (share: how many; at least 1).
+func (m *StateMemory) instanceShare(share int) int64 {
+	return m.cfg.budget / 2 / int64(m.cfg.slots) / int64(max(share, 1))
+}
+
+// memTableSize is the memtable size of an instance of a slot of share
+// instances: a third of its share (pebble keeps up to two memtables), the
+// last third being its states' write-back caches (cacheBytes); at most
+// maxMemTable.
+func (m *StateMemory) memTableSize(share int) uint64 {
+	return uint64(min(max(m.instanceShare(share)/3, 1<<20), maxMemTable))
 }
 
 // maxMemTable caps an instance's memtable: a checkpoint's synchronous part
@@ -199,22 +219,23 @@ func (m *StateMemory) memTableSize() uint64 {
 // left unused.
 const maxMemTable = 64 << 20
 
-// cacheBytes bounds the bytes each instance's value states cache
-// (pebbleValue).
-func (m *StateMemory) cacheBytes() int {
-	return int(max(m.cfg.budget/2/int64(m.cfg.slots)/3, 1<<20))
+// cacheBytes bounds the bytes the value states of an instance of a slot
+// of share instances cache (pebbleValue).
+func (m *StateMemory) cacheBytes(share int) int {
+	return int(max(m.instanceShare(share)/3, 1<<20))
 }
 
 // openInstance opens a new, empty pebble instance for a keyed operator
 // subtask holding the key groups [0, maxPar).
 func (m *StateMemory) openInstance(name string, maxPar int) (*pebbleState, error) {
-	return m.openInstanceFrom(context.Background(), name, maxPar, 0, maxPar, nil, nil)
+	return m.openInstanceFrom(context.Background(), name, maxPar, 0, maxPar, 1, nil, nil)
 }
 
 // openInstanceFrom opens a new pebble instance for a keyed operator
-// subtask holding the key groups [lo, hi): empty, or restored from the
-// native snapshots handles in st (openNative).
-func (m *StateMemory) openInstanceFrom(ctx context.Context, name string, maxPar, lo, hi int, st storage.Storage, handles []*checkpoint.NativeState) (*pebbleState, error) {
+// subtask holding the key groups [lo, hi), one of share instances of its
+// slot: empty, or restored from the native snapshots handles in st
+// (openNative).
+func (m *StateMemory) openInstanceFrom(ctx context.Context, name string, maxPar, lo, hi, share int, st storage.Storage, handles []*checkpoint.NativeState) (*pebbleState, error) {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -233,7 +254,7 @@ func (m *StateMemory) openInstanceFrom(ctx context.Context, name string, maxPar,
 	opts := &pebble.Options{
 		FS:                          m.fs,
 		Cache:                       m.cache,
-		MemTableSize:                m.memTableSize(),
+		MemTableSize:                m.memTableSize(share),
 		MemTableStopWritesThreshold: 2,
 		// The state is rebuilt from the latest checkpoint after a failure:
 		// it needs no write-ahead log (Flink's RocksDB backend writes none).
@@ -254,7 +275,7 @@ func (m *StateMemory) openInstanceFrom(ctx context.Context, name string, maxPar,
 		_ = m.fs.RemoveAll(dir)
 		return nil, fmt.Errorf("pebble state %s: %w", dir, err)
 	}
-	p := &pebbleState{mem: m, db: db, dir: dir, maxPar: maxPar, kgLo: lo, kgHi: hi, cacheLimit: m.cacheBytes(), dirtyMax: maxDirtyBytes, chunk: opts.MemTableSize / 8,
+	p := &pebbleState{mem: m, db: db, dir: dir, maxPar: maxPar, kgLo: lo, kgHi: hi, memTable: opts.MemTableSize, cacheLimit: m.cacheBytes(share), dirtyMax: maxDirtyBytes, chunk: opts.MemTableSize / 8,
 		snaps: map[*pebble.Snapshot]struct{}{}, staging: map[string]struct{}{}, infos: map[uint16]*pebbleStateInfo{}}
 	if len(handles) > 0 {
 		p.native, p.restoredNext = true, map[uint16]uint64{}

@@ -111,7 +111,7 @@ func TestSessionWindowsOnPebbleUnderATinyCacheEqualTheHeapThroughANativeAndACano
 	}
 	defer st.Close()
 	openPebble := func(name string, handles []*checkpoint.NativeState) *keyedBackend[string] {
-		p, err := mem.openInstanceFrom(t.Context(), name, maxPar, 0, maxPar, st, handles)
+		p, err := mem.openInstanceFrom(t.Context(), name, maxPar, 0, maxPar, 1, st, handles)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,132 @@
+package runtime
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// slotMemoryProbe is a keyed counter that records, at every record, what
+// the open instances of its state memory take of the budget.
+type slotMemoryProbe struct {
+	seen *sync.Map // *StateMemory -> *slotMemorySeen
+	mem  *StateMemory
+	n    *ValueState[int64]
+}
+
+type slotMemorySeen struct{ bytes, instances atomic.Int64 }
+
+func (p *slotMemoryProbe) Open(_ context.Context, st *StateRegistry[string]) (err error) {
+	p.mem = st.oc.stateMem
+	p.n, err = NewValueState[int64](st, "n", nil)
+	return err
+}
+
+func (p *slotMemoryProbe) Process(_ string, r seqRec, out Collector[seqRec]) error {
+	n, _ := p.n.Value()
+	p.n.Update(n + 1)
+	v, _ := p.seen.LoadOrStore(p.mem, &slotMemorySeen{})
+	s := v.(*slotMemorySeen)
+	bytes, instances := p.mem.reserved()
+	if int64(instances) > s.instances.Load() {
+		s.instances.Store(int64(instances))
+	}
+	if bytes > s.bytes.Load() {
+		s.bytes.Store(bytes)
+	}
+	out.Collect(r)
+	return nil
+}
+
+// slotDeployer deploys an attempt as task managers of one slot each (slot
+// s in task manager s), each with its own state memory.
+type slotDeployer struct {
+	job  *Job
+	mems []*StateMemory
+}
+
+func (s slotDeployer) Deploy(ctx context.Context, spec DeploySpec, rep TaskReports) (Deployed, error) {
+	shares, _, err := SlotShares(s.job, len(s.mems))
+	if err != nil {
+		return nil, err
+	}
+	ex := &memExchange{sent: &atomic.Int64{}}
+	var parts []Deployed
+	for i, share := range shares {
+		ps := spec
+		ps.Tasks, ps.StateMemory = share, s.mems[i]
+		d, err := Deploy(ctx, s.job, ps, ex, rep)
+		if err != nil {
+			for _, p := range parts {
+				p.Cancel(false)
+				p.Wait()
+			}
+			return nil, err
+		}
+		parts = append(parts, d)
+	}
+	return Combine(parts...), nil
+}
+
+// The keyed operators of one slot split the slot's state memory, as Flink
+// splits a slot's managed memory between its operators: a job of two
+// keyed operators in task managers of one slot each takes no more of a
+// task manager's budget than a job of one would (each instance used to
+// take the whole slot's share: twice the memtable half of the budget).
+func TestTheKeyedOperatorsOfASlotSplitItsStateMemory(t *testing.T) {
+	const budget = 64 << 20
+	for _, tc := range []struct {
+		name      string
+		tms       int   // task managers of one slot each; 0: a mini cluster
+		instances int64 // keyed subtasks per state memory
+	}{
+		{name: "two task managers of one slot", tms: 2, instances: 2},
+		{name: "a mini cluster", tms: 0, instances: 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := NewJob("slots", DefaultParallelism(2), StateBackend(PebbleState))
+			src := FromSource(j, "source", seqSourceOf(seqSource{keys: 200, splits: 2, n: 50, perPoll: 100}))
+			seen := &sync.Map{}
+			probe := func() KeyedProcessFunction[string, seqRec, seqRec] { return &slotMemoryProbe{seen: seen} }
+			key := func(r seqRec) string { return r.Key }
+			first := Process(KeyBy(src, key, nil), "first", probe)
+			second := Process(KeyBy(first, key, nil), "second", probe)
+			SinkTo(second, "sink", func() Sink[seqRec] { return discardSink[seqRec]{} })
+			opts := []ClusterOpt{CheckpointInterval(50 * time.Millisecond), StateMemoryLimit(budget)}
+			if tc.tms > 0 {
+				d := slotDeployer{job: j}
+				for range tc.tms {
+					m, err := NewStateMemory(StateDir(t.TempDir()), StateMemoryBudget(budget), StateSlots(1))
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer m.Close()
+					d.mems = append(d.mems, m)
+				}
+				opts = append(opts, Deployment(d))
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			if _, err := NewMiniCluster(opts...).Run(ctx, j); err != nil {
+				t.Fatal(err)
+			}
+			mems := 0
+			seen.Range(func(k, v any) bool {
+				mems++
+				s := v.(*slotMemorySeen)
+				if s.instances.Load() != tc.instances {
+					t.Errorf("a state memory seen with at most %d open instances, want %d (the test saw no moment with all open)", s.instances.Load(), tc.instances)
+				}
+				if s.bytes.Load() > budget/2 {
+					t.Errorf("%d instances took %d bytes of memtables and caches, above the budget's half (%d)", s.instances.Load(), s.bytes.Load(), budget/2)
+				}
+				return true
+			})
+			if want := max(tc.tms, 1); mems != want {
+				t.Errorf("%d state memories seen, want %d", mems, want)
+			}
+		})
+	}
+}
