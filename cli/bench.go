@@ -73,7 +73,7 @@ partition source against the share group, in events per CPU-second):
 			"reports nexmark-QUERY-BACKEND with peak RSS and the largest checkpoint (Flink's standard size: --nexmark-events 100000000)")
 	cmd.Flags().StringSliceVar(&cfg.NexmarkQueries, "nexmark-queries", nil, "with --nexmark-backends, run only these queries (e.g. q5,q7)")
 	cmd.Flags().Var((*byteSize)(&cfg.NexmarkStateMemory), "nexmark-state-memory",
-		"with --nexmark-backends, the pebble backend's memory budget in each run, as run --state-memory (default: an eighth of the machine's memory)")
+		"with --nexmark-backends, the pebble backend's memory budget in each run, as run --state-memory (default: as run's)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these benchmarks (repeatable): "+strings.Join(bench.Names(), ", "))
 	return cmd
 }
@@ -132,7 +132,7 @@ func newBenchNexmarkRunCmd(a *app) *cobra.Command {
 	cmd.Flags().StringVar(&spec.Backend, "backend", "heap", "the state backend")
 	cmd.Flags().Int64Var(&spec.Events, "events", 0, "events to generate")
 	cmd.Flags().DurationVar(&spec.Interval, "checkpoint-interval", 10*time.Second, "checkpoint interval")
-	cmd.Flags().Var((*byteSize)(&spec.StateMemory), "state-memory", "the pebble backend's memory budget (default: an eighth of the machine's memory)")
+	cmd.Flags().Var((*byteSize)(&spec.StateMemory), "state-memory", "the pebble backend's memory budget (default: as run's)")
 	return cmd
 }
 

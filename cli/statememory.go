@@ -56,5 +56,5 @@ func addStateMemory(cmd *cobra.Command, b *byteSize) {
 	// The help names no value: the reference page is generated from it
 	// and must not depend on the machine that generates it.
 	cmd.Flags().Var(b, "state-memory",
-		"memory budget of the pebble state backend per task manager, shared by its tasks: half block cache, half memtables (default: an eighth of the machine's memory, at least 256MiB)")
+		"memory budget of the pebble state backend per task manager, shared by its tasks: half block cache, half memtables (default: an eighth of the machine's memory or of its container's limit where lower, at least 256MiB)")
 }

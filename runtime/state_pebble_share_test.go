@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/fstest"
 	"time"
 )
 
@@ -126,6 +127,36 @@ func TestTheKeyedOperatorsOfASlotSplitItsStateMemory(t *testing.T) {
 			})
 			if want := max(tc.tms, 1); mems != want {
 				t.Errorf("%d state memories seen, want %d", mems, want)
+			}
+		})
+	}
+}
+
+// The default budget is an eighth of what the process may use: the
+// machine's memory, or its container's cgroup limit where that is lower
+// (a task manager in a pod of a large node must not size its caches for
+// the node).
+func TestTheDefaultStateMemoryIsAnEighthOfTheMachineOrItsContainersLimit(t *testing.T) {
+	const gib = int64(1) << 30
+	meminfo := &fstest.MapFile{Data: []byte("MemTotal:       25165824 kB\nMemFree:        1000 kB\n")} // 24 GiB
+	for _, tc := range []struct {
+		name  string
+		files fstest.MapFS
+		want  int64
+	}{
+		{"the machine", fstest.MapFS{"proc/meminfo": meminfo}, 3 * gib},
+		{"a cgroup v2 limit", fstest.MapFS{"proc/meminfo": meminfo, "sys/fs/cgroup/memory.max": {Data: []byte("4294967296\n")}}, gib / 2},
+		{"a cgroup v2 without a limit", fstest.MapFS{"proc/meminfo": meminfo, "sys/fs/cgroup/memory.max": {Data: []byte("max\n")}}, 3 * gib},
+		{"a cgroup v1 limit", fstest.MapFS{"proc/meminfo": meminfo, "sys/fs/cgroup/memory/memory.limit_in_bytes": {Data: []byte("8589934592\n")}}, gib},
+		{"a cgroup v1 without a limit", fstest.MapFS{"proc/meminfo": meminfo, "sys/fs/cgroup/memory/memory.limit_in_bytes": {Data: []byte("9223372036854771712\n")}}, 3 * gib},
+		{"a limit above the machine", fstest.MapFS{"proc/meminfo": meminfo, "sys/fs/cgroup/memory.max": {Data: []byte("68719476736\n")}}, 3 * gib},
+		{"a small container: the floor", fstest.MapFS{"proc/meminfo": meminfo, "sys/fs/cgroup/memory.max": {Data: []byte("1073741824\n")}}, 256 << 20},
+		{"a limit without meminfo", fstest.MapFS{"sys/fs/cgroup/memory.max": {Data: []byte("4294967296\n")}}, gib / 2},
+		{"nothing known", fstest.MapFS{}, gib},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := defaultStateMemory(tc.files); got != tc.want {
+				t.Errorf("default budget %d bytes, want %d", got, tc.want)
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -94,21 +95,48 @@ func stateFS(fs vfs.FS) StateMemoryOpt {
 // a few MiB.
 const minStateMemory = 16 << 20
 
-// DefaultStateMemory is the default budget: an eighth of the machine's
-// memory (/proc/meminfo MemTotal), at least 256 MiB; 1 GiB where the total
-// is unknown. An eighth leaves room for several task managers per machine
-// and for the heap of the tasks themselves.
+// DefaultStateMemory is the default budget: an eighth of the memory the
+// process may use, at least 256 MiB; 1 GiB where that is unknown. The
+// memory the process may use is the machine's (/proc/meminfo MemTotal) or
+// its container's limit where lower (cgroup v2 memory.max, v1
+// memory.limit_in_bytes): a task manager in a Kubernetes pod takes an
+// eighth of the pod's limit, not of the node. An eighth leaves room for
+// several task managers per machine and for the heap of the tasks
+// themselves.
 func DefaultStateMemory() int64 {
-	total := memTotal()
+	return defaultStateMemory(os.DirFS("/"))
+}
+
+func defaultStateMemory(root fs.FS) int64 {
+	total := memoryLimit(root)
 	if total <= 0 {
 		return 1 << 30
 	}
 	return max(total/8, 256<<20)
 }
 
-// memTotal is MemTotal of /proc/meminfo in bytes (0: unknown).
-func memTotal() int64 {
-	f, err := os.Open("/proc/meminfo")
+// memoryLimit is what the process may use, in bytes (0: unknown): MemTotal
+// of proc/meminfo, or the container's cgroup limit where it is lower.
+// root is the filesystem root.
+func memoryLimit(root fs.FS) int64 {
+	total := memTotal(root)
+	for _, f := range []string{"sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory/memory.limit_in_bytes"} {
+		b, err := fs.ReadFile(root, f)
+		if err != nil {
+			continue
+		}
+		// "max" (v2) or a value near 2^63 (v1): no limit.
+		l, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err == nil && l > 0 && (total <= 0 || l < total) {
+			total = l
+		}
+	}
+	return total
+}
+
+// memTotal is MemTotal of proc/meminfo under root, in bytes (0: unknown).
+func memTotal(root fs.FS) int64 {
+	f, err := root.Open("proc/meminfo")
 	if err != nil {
 		return 0
 	}
