@@ -92,7 +92,7 @@ type Config struct {
 	// NexmarkQueries, when set, limits those runs to these queries.
 	NexmarkQueries []string
 	// NexmarkStateMemory, when above 0, is the pebble backend's memory
-	// budget in bytes in those runs (default runtime.DefaultStateMemory()).
+	// budget in bytes in those runs (default FlinkNexmarkStateMemory).
 	NexmarkStateMemory int64
 	// NexmarkProcess runs one of those runs in a process of its own
 	// (streamctl bench: its own binary); nil runs it in this process.

@@ -39,7 +39,8 @@ type NexmarkRunSpec struct {
 	// Interval is the checkpoint interval.
 	Interval time.Duration `json:"interval"`
 	// StateMemory is the pebble backend's memory budget in bytes (0:
-	// runtime.DefaultStateMemory()).
+	// runtime.DefaultStateMemory()). nexmarkStandard sets it to
+	// FlinkNexmarkStateMemory unless told otherwise.
 	StateMemory int64 `json:"state_memory,omitempty"`
 }
 
@@ -97,6 +98,16 @@ var (
 	felderaPerCore = map[string]float64{"q0": 436e3, "q1": 412e3, "q2": 422e3, "q3": 413e3, "q4": 265e3, "q5": 412e3, "q7": 196e3, "q8": 415e3}
 )
 
+// FlinkNexmarkStateMemory is the pebble budget of the standard-size runs
+// unless Config.NexmarkStateMemory sets one: the RocksDB memory of the
+// Flink runs whose figures they compare with, per slot, times the runs'
+// parallelism (a slot each). nexmark-flink's flink-conf.yaml gives each
+// task manager (one slot) a 4096 MiB process with a managed memory
+// fraction of 0.23; Flink takes the JVM overhead (a tenth of the process,
+// 409.6 MiB) and the metaspace (256 MiB) off the process before the
+// fraction: 0.23 x 3430.4 MiB = 789 MiB a slot.
+const FlinkNexmarkStateMemory = nexmarkPar * 789 << 20
+
 // nexmarkStandard runs every query (or cfg.NexmarkQueries) to completion
 // on each of cfg.NexmarkBackends, one process per run, and reports per
 // query and backend the events per CPU-second (value; baseline: Flink's
@@ -128,6 +139,9 @@ func nexmarkStandard(ctx context.Context, cfg Config, events int64) ([]Line, err
 	for _, q := range queries {
 		for _, b := range backends {
 			spec := NexmarkRunSpec{Query: q, Backend: string(b), Events: events, Interval: nexmarkStandardInterval, StateMemory: cfg.NexmarkStateMemory}
+			if spec.StateMemory == 0 && b == runtime.PebbleState {
+				spec.StateMemory = FlinkNexmarkStateMemory
+			}
 			cfg.progress("%s on %s, %d events", q, b, events)
 			r, err := run(ctx, spec)
 			if err != nil {

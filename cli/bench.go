@@ -73,7 +73,7 @@ partition source against the share group, in events per CPU-second):
 			"reports nexmark-QUERY-BACKEND with peak RSS and the largest checkpoint (Flink's standard size: --nexmark-events 100000000)")
 	cmd.Flags().StringSliceVar(&cfg.NexmarkQueries, "nexmark-queries", nil, "with --nexmark-backends, run only these queries (e.g. q5,q7)")
 	cmd.Flags().Var((*byteSize)(&cfg.NexmarkStateMemory), "nexmark-state-memory",
-		"with --nexmark-backends, the pebble backend's memory budget in each run, as run --state-memory (default: as run's)")
+		"with --nexmark-backends, the pebble backend's memory budget in each run, as run --state-memory (default: the RocksDB memory of Flink's published runs, 789MiB a slot, times the parallelism of 2)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these benchmarks (repeatable): "+strings.Join(bench.Names(), ", "))
 	return cmd
 }
