@@ -63,6 +63,8 @@ type splitDeployer struct {
 	job   *Job
 	parts int
 	sent  *atomic.Int64
+	// mems, if set, is each part's state memory (a task manager's).
+	mems []*StateMemory
 }
 
 func (s splitDeployer) Deploy(ctx context.Context, spec DeploySpec, rep TaskReports) (Deployed, error) {
@@ -75,6 +77,9 @@ func (s splitDeployer) Deploy(ctx context.Context, spec DeploySpec, rep TaskRepo
 	for _, share := range shares {
 		ps := spec
 		ps.Tasks = share
+		if s.mems != nil {
+			ps.StateMemory = s.mems[len(parts)]
+		}
 		d, err := Deploy(ctx, s.job, ps, ex, rep)
 		if err != nil {
 			for _, p := range parts {

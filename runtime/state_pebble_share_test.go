@@ -41,36 +41,6 @@ func (p *slotMemoryProbe) Process(_ string, r seqRec, out Collector[seqRec]) err
 	return nil
 }
 
-// slotDeployer deploys an attempt as task managers of one slot each (slot
-// s in task manager s), each with its own state memory.
-type slotDeployer struct {
-	job  *Job
-	mems []*StateMemory
-}
-
-func (s slotDeployer) Deploy(ctx context.Context, spec DeploySpec, rep TaskReports) (Deployed, error) {
-	shares, _, err := SlotShares(s.job, len(s.mems))
-	if err != nil {
-		return nil, err
-	}
-	ex := &memExchange{sent: &atomic.Int64{}}
-	var parts []Deployed
-	for i, share := range shares {
-		ps := spec
-		ps.Tasks, ps.StateMemory = share, s.mems[i]
-		d, err := Deploy(ctx, s.job, ps, ex, rep)
-		if err != nil {
-			for _, p := range parts {
-				p.Cancel(false)
-				p.Wait()
-			}
-			return nil, err
-		}
-		parts = append(parts, d)
-	}
-	return Combine(parts...), nil
-}
-
 // The keyed operators of one slot split the slot's state memory, as Flink
 // splits a slot's managed memory between its operators: a job of two
 // keyed operators in task managers of one slot each takes no more of a
@@ -97,7 +67,7 @@ func TestTheKeyedOperatorsOfASlotSplitItsStateMemory(t *testing.T) {
 			SinkTo(second, "sink", func() Sink[seqRec] { return discardSink[seqRec]{} })
 			opts := []ClusterOpt{CheckpointInterval(50 * time.Millisecond), StateMemoryLimit(budget)}
 			if tc.tms > 0 {
-				d := slotDeployer{job: j}
+				d := splitDeployer{job: j, parts: tc.tms, sent: &atomic.Int64{}}
 				for range tc.tms {
 					m, err := NewStateMemory(StateDir(t.TempDir()), StateMemoryBudget(budget), StateSlots(1))
 					if err != nil {
